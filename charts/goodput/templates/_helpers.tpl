@@ -1,0 +1,376 @@
+{{/*
+Shared snippets. Every service is rendered by the same generic templates (configmap, deployment,
+service, hpa, pdb, servicemonitor, networkpolicy) from a context dict:
+  (dict "root" $ "svc" "<values key>")
+and the static facts of the service in "goodput.serviceMeta" (ports, env prefix, component, who may call
+it and whom it calls), which follow docs/services.md.
+*/}}
+
+{{- define "goodput.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "goodput.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "goodput.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels shared by every resource of the release; pass the root context. */}}
+{{- define "goodput.commonLabels" -}}
+app.kubernetes.io/name: {{ include "goodput.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{ include "goodput.releaseLabels" . }}
+{{- end }}
+
+{{- define "goodput.releaseLabels" -}}
+helm.sh/chart: {{ include "goodput.chart" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: goodput
+{{- end }}
+
+{{/* Static facts of every service (docs/services.md). */}}
+{{- define "goodput.serviceMeta" -}}
+gateway:
+  component: gateway
+  prefix: GOODPUT_GATEWAY_
+  grpcPort: 50051
+  httpPort: 8080
+  ingressFrom: []
+  egressTo: [scheduler, inference, cache, retriever, embedder]
+  external: []
+scheduler:
+  component: scheduler
+  prefix: GOODPUT_SCHEDULER_
+  grpcPort: 50052
+  httpPort: 9102
+  ingressFrom: [gateway]
+  egressTo: [inference]
+  external: [redis]
+inference:
+  component: inference
+  prefix: GOODPUT_INFERENCE_
+  grpcPort: 50061
+  httpPort: 9161
+  ingressFrom: [gateway, scheduler]
+  egressTo: []
+  external: []
+embedder:
+  component: embedder
+  prefix: GOODPUT_EMBEDDER_
+  grpcPort: 50053
+  httpPort: 9103
+  ingressFrom: [gateway, retriever, cache]
+  egressTo: []
+  external: [redis, qdrant, elasticsearch]
+retriever:
+  component: retriever
+  prefix: GOODPUT_RETRIEVER_
+  grpcPort: 50054
+  httpPort: 9104
+  ingressFrom: [gateway]
+  egressTo: [embedder]
+  external: [qdrant, elasticsearch]
+cache:
+  component: cache
+  prefix: GOODPUT_CACHE_
+  grpcPort: 50055
+  httpPort: 9105
+  ingressFrom: [gateway]
+  egressTo: [embedder]
+  external: [redis]
+indexWorker:
+  component: indexing-worker
+  prefix: GOODPUT_EMBEDDER_
+  grpcPort: 0
+  httpPort: 9106
+  ingressFrom: []
+  egressTo: [embedder]
+  external: [redis, qdrant, elasticsearch]
+{{- end }}
+
+{{/* The meta dict of one service: include "goodput.meta" $ctx | fromYaml */}}
+{{- define "goodput.meta" -}}
+{{- $all := include "goodput.serviceMeta" . | fromYaml }}
+{{- index $all .svc | toYaml }}
+{{- end }}
+
+{{/* A number as a plain string: whole floats (YAML ints arrive as float64) without an exponent. */}}
+{{- define "goodput.num" -}}
+{{- if and (kindIs "float64" .) (eq (floor .) .) }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
+{{- end }}
+
+{{/* Values of one service. */}}
+{{- define "goodput.values" -}}
+{{- index .root.Values .svc | toYaml }}
+{{- end }}
+
+{{/* Name of a component's resources: <fullname>-<component>. ctx: root, svc */}}
+{{- define "goodput.componentName" -}}
+{{- $meta := include "goodput.meta" . | fromYaml }}
+{{- printf "%s-%s" (include "goodput.fullname" .root) $meta.component | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of a component's resources. ctx: root, svc */}}
+{{- define "goodput.labels" -}}
+{{ include "goodput.releaseLabels" .root }}
+{{ include "goodput.selectorLabels" . }}
+{{- end }}
+
+{{/* Selector labels of a component. ctx: root, svc */}}
+{{- define "goodput.selectorLabels" -}}
+{{- $meta := include "goodput.meta" . | fromYaml -}}
+app.kubernetes.io/name: {{ include "goodput.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ $meta.component }}
+{{- end }}
+
+{{- define "goodput.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "goodput.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Full image reference of a service. ctx: root, svc */}}
+{{- define "goodput.image" -}}
+{{- $v := index .root.Values .svc }}
+{{- $g := .root.Values.global }}
+{{- $tag := $v.image.tag | default $g.imageTag | default .root.Chart.AppVersion }}
+{{- printf "%s%s:%s" $g.imageRegistry $v.image.repository $tag }}
+{{- end }}
+
+{{/* In-cluster gRPC address of a service. ctx: root, svc */}}
+{{- define "goodput.grpcAddr" -}}
+{{- $meta := include "goodput.meta" . | fromYaml }}
+{{- printf "%s:%v" (include "goodput.componentName" .) $meta.grpcPort }}
+{{- end }}
+
+{{/* True ("true") when a service is enabled. ctx: root, svc */}}
+{{- define "goodput.enabled" -}}
+{{- if (index .root.Values .svc).enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+Plain (non-secret) settings of a service as a flat name -> string map; rendered into its ConfigMap
+and loaded with envFrom. ctx: root, svc
+*/}}
+{{- define "goodput.config" -}}
+{{- $root := .root }}
+{{- $v := index $root.Values .svc }}
+{{- $meta := include "goodput.meta" . | fromYaml }}
+{{- $p := $meta.prefix }}
+{{- $c := $root.Values.common }}
+{{- $env := dict }}
+{{- if $meta.grpcPort }}
+{{- $_ := set $env (printf "%sGRPC_HOST" $p) "0.0.0.0" }}
+{{- $_ := set $env (printf "%sGRPC_PORT" $p) (toString $meta.grpcPort) }}
+{{- end }}
+{{- $_ := set $env (printf "%sHTTP_PORT" $p) (toString $meta.httpPort) }}
+{{- $_ := set $env (printf "%sLOG_LEVEL" $p) $c.logLevel }}
+{{- $_ := set $env (printf "%sLOG_FORMAT" $p) $c.logFormat }}
+{{- $_ := set $env (printf "%sOTEL_EXPORTER" $p) $c.otel.exporter }}
+{{- $_ := set $env (printf "%sDRAIN_GRACE_S" $p) (include "goodput.num" $v.drainGraceSeconds) }}
+{{- if $c.otel.endpoint }}
+{{- $_ := set $env "OTEL_EXPORTER_OTLP_ENDPOINT" $c.otel.endpoint }}
+{{- end }}
+{{- $_ := set $env "OTEL_SERVICE_NAME" (printf "goodput-%s" $meta.component) }}
+{{- /* Writable locations: the root filesystem is read-only. */}}
+{{- $_ := set $env "HOME" "/tmp" }}
+{{- $_ := set $env "XDG_CACHE_HOME" "/cache" }}
+{{- $_ := set $env "PYTHONDONTWRITEBYTECODE" "1" }}
+{{- $extra := include (printf "goodput.config.%s" .svc) . | fromYaml }}
+{{- range $k, $val := $extra }}
+{{- /* An empty setting is left out so the service's own default applies. */}}
+{{- if ne (toString $val) "" }}
+{{- $_ := set $env $k (toString $val) }}
+{{- end }}
+{{- end }}
+{{- range $k, $val := $v.env }}
+{{- $_ := set $env $k (include "goodput.num" $val) }}
+{{- end }}
+{{- toYaml $env }}
+{{- end }}
+
+{{- define "goodput.config.gateway" -}}
+{{- $v := .root.Values.gateway }}
+{{- $p := "GOODPUT_GATEWAY_" }}
+{{ $p }}SCHEDULER_ADDR: {{ include "goodput.grpcAddr" (dict "root" .root "svc" "scheduler") | quote }}
+{{ $p }}MAX_PROMPT_CHARS: {{ include "goodput.num" $v.config.maxPromptChars | quote }}
+{{ $p }}MAX_MESSAGES: {{ include "goodput.num" $v.config.maxMessages | quote }}
+{{ $p }}MAX_BODY_BYTES: {{ include "goodput.num" $v.config.maxBodyBytes | quote }}
+{{ $p }}REQUEST_TIMEOUT_S: {{ include "goodput.num" $v.config.requestTimeoutSeconds | quote }}
+{{- range $svc, $flag := dict "cache" "useCache" "retriever" "useRetriever" "embedder" "useEmbedder" }}
+{{- $on := and (index $v.config $flag) (index $.root.Values $svc).enabled }}
+{{ $p }}{{ upper $svc }}_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" $.root "svc" $svc)) "" $on | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "goodput.config.scheduler" -}}
+{{- $v := .root.Values.scheduler }}
+{{- $p := "GOODPUT_SCHEDULER_" }}
+{{- $workers := $v.config.workers }}
+{{- if not $workers }}
+{{- $workers = printf "dns:///%s.%s.svc.cluster.local:50061" (include "goodput.componentName" (dict "root" .root "svc" "inference")) .root.Release.Namespace }}
+{{- end }}
+{{ $p }}WORKERS: {{ $workers | quote }}
+{{ $p }}HEALTH_INTERVAL_S: {{ include "goodput.num" $v.config.healthIntervalSeconds | quote }}
+{{ $p }}UNHEALTHY_AFTER: {{ include "goodput.num" $v.config.unhealthyAfter | quote }}
+{{ $p }}HEALTHY_AFTER: {{ include "goodput.num" $v.config.healthyAfter | quote }}
+{{ $p }}MAX_INFLIGHT_PER_WORKER: {{ include "goodput.num" $v.config.maxInflightPerWorker | quote }}
+{{- end }}
+
+{{- define "goodput.config.inference" -}}
+{{- $v := .root.Values.inference }}
+{{- $l := $v.vllm }}
+{{- $p := "GOODPUT_INFERENCE_" }}
+{{ $p }}MODEL: {{ $v.model.path | quote }}
+{{ $p }}SERVED_MODEL_NAME: {{ $v.model.servedModelName | quote }}
+{{ $p }}TENSOR_PARALLEL_SIZE: {{ include "goodput.num" $l.tensorParallelSize | quote }}
+{{ $p }}GPU_MEMORY_UTILIZATION: {{ include "goodput.num" $l.gpuMemoryUtilization | quote }}
+{{ $p }}MAX_NUM_SEQS: {{ include "goodput.num" $l.maxNumSeqs | quote }}
+{{ $p }}MAX_MODEL_LEN: {{ include "goodput.num" $l.maxModelLen | quote }}
+{{ $p }}ENABLE_PREFIX_CACHING: {{ ternary "true" "false" $l.enablePrefixCaching | quote }}
+{{ $p }}QUANTIZATION: {{ $l.quantization | quote }}
+{{ $p }}SPECULATIVE_CONFIG: {{ ternary "" (toJson $l.speculativeConfig) (empty $l.speculativeConfig) | quote }}
+{{ $p }}SCHEDULING_POLICY: {{ $l.schedulingPolicy | quote }}
+{{ $p }}DTYPE: {{ $l.dtype | quote }}
+{{ $p }}MAX_PROMPT_TOKENS: {{ include "goodput.num" $l.maxPromptTokens | quote }}
+{{- if $l.kvCacheSpaceGb }}
+{{ $p }}KV_CACHE_SPACE_GB: {{ include "goodput.num" $l.kvCacheSpaceGb | quote }}
+VLLM_CPU_KVCACHE_SPACE: {{ include "goodput.num" $l.kvCacheSpaceGb | quote }}
+{{- end }}
+{{ $p }}DATA_DIR: "/data"
+HF_HOME: "/cache/huggingface"
+HF_HUB_OFFLINE: "1"
+VLLM_CACHE_ROOT: "/cache/vllm"
+VLLM_CONFIG_ROOT: "/cache/vllm-config"
+TRITON_CACHE_DIR: "/cache/triton"
+{{- end }}
+
+{{- define "goodput.config.embedder" -}}
+{{- $p := "GOODPUT_EMBEDDER_" }}
+{{ $p }}QDRANT_URL: {{ .root.Values.external.qdrant.url | quote }}
+{{ $p }}ELASTICSEARCH_URL: {{ .root.Values.external.elasticsearch.url | quote }}
+HF_HOME: "/cache/huggingface"
+HF_HUB_OFFLINE: "1"
+{{- end }}
+
+{{- define "goodput.config.indexWorker" -}}
+{{ include "goodput.config.embedder" . }}
+{{- end }}
+
+{{- define "goodput.config.retriever" -}}
+{{- $p := "GOODPUT_RETRIEVER_" }}
+{{ $p }}QDRANT_URL: {{ .root.Values.external.qdrant.url | quote }}
+{{ $p }}ELASTICSEARCH_URL: {{ .root.Values.external.elasticsearch.url | quote }}
+{{ $p }}EMBEDDER_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" .root "svc" "embedder")) "" (and .root.Values.retriever.config.useEmbedder .root.Values.embedder.enabled) | quote }}
+HF_HOME: "/cache/huggingface"
+HF_HUB_OFFLINE: "1"
+{{- end }}
+
+{{- define "goodput.config.cache" -}}
+{{- $p := "GOODPUT_CACHE_" }}
+{{ $p }}EMBEDDER_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" .root "svc" "embedder")) "" (and .root.Values.cache.config.useEmbedder .root.Values.embedder.enabled) | quote }}
+{{- end }}
+
+{{/*
+Env entries that involve Secrets (always secretKeyRef) or values composed from them with $(VAR)
+expansion, which envFrom does not do. ctx: root, svc
+*/}}
+{{- define "goodput.secretEnv" -}}
+{{- $root := .root }}
+{{- $meta := include "goodput.meta" . | fromYaml }}
+{{- $p := $meta.prefix }}
+{{- $ext := $root.Values.external }}
+{{- $usesRedis := has "redis" $meta.external }}
+{{- if eq .svc "scheduler" }}{{ $usesRedis = $root.Values.scheduler.config.useRedis }}{{ end }}
+{{- if $usesRedis }}
+{{- if $ext.redis.existingSecret }}
+{{- $u := urlParse $ext.redis.url }}
+- name: GOODPUT_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ext.redis.existingSecret }}
+      key: {{ $ext.redis.passwordKey }}
+- name: {{ $p }}REDIS_URL
+  value: {{ printf "%s://:$(GOODPUT_REDIS_PASSWORD)@%s%s" $u.scheme $u.host $u.path | quote }}
+{{- else }}
+- name: {{ $p }}REDIS_URL
+  value: {{ $ext.redis.url | quote }}
+{{- end }}
+{{- end }}
+{{- if and (has "qdrant" $meta.external) $ext.qdrant.existingSecret }}
+- name: {{ $p }}QDRANT_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ext.qdrant.existingSecret }}
+      key: {{ $ext.qdrant.apiKeyKey }}
+{{- end }}
+{{- if and (has "elasticsearch" $meta.external) $ext.elasticsearch.existingSecret }}
+- name: {{ $p }}ELASTICSEARCH_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ext.elasticsearch.existingSecret }}
+      key: {{ $ext.elasticsearch.apiKeyKey }}
+{{- end }}
+{{- if and (eq .svc "gateway") $root.Values.apiKeys.existingSecret }}
+- name: {{ $p }}API_KEYS
+  valueFrom:
+    secretKeyRef:
+      name: {{ $root.Values.apiKeys.existingSecret }}
+      key: {{ $root.Values.apiKeys.key }}
+{{- end }}
+{{- end }}
+
+{{/* A probe handler: native gRPC on the gRPC port (grpc.health.v1), HTTP /healthz where there is none. */}}
+{{- define "goodput.probe" -}}
+{{- if .meta.grpcPort -}}
+grpc:
+  port: {{ .meta.grpcPort }}
+{{- else -}}
+httpGet:
+  path: /healthz
+  port: http
+{{- end }}
+{{ toYaml .timing }}
+{{- end }}
+
+{{/* Container resources, with one GPU per tensor-parallel rank on inference workers. ctx: root, svc */}}
+{{- define "goodput.resources" -}}
+{{- $v := index .root.Values .svc }}
+{{- $res := deepCopy ($v.resources | default dict) }}
+{{- if and (eq .svc "inference") $v.gpu.enabled }}
+{{- $n := int $v.vllm.tensorParallelSize }}
+{{- $_ := set $res "requests" (merge (dict $v.gpu.resourceName $n) ($res.requests | default dict)) }}
+{{- $_ := set $res "limits" (merge (dict $v.gpu.resourceName $n) ($res.limits | default dict)) }}
+{{- end }}
+{{- toYaml $res }}
+{{- end }}
+
+{{/* Sanity checks that the schema cannot express. ctx: root, svc */}}
+{{- define "goodput.validate" -}}
+{{- $v := index .root.Values .svc }}
+{{- if lt (int $v.terminationGracePeriodSeconds) (add $v.drainGraceSeconds $v.preStopSleepSeconds | int) }}
+{{- fail (printf "%s.terminationGracePeriodSeconds (%v) must cover preStopSleepSeconds + drainGraceSeconds (%v), or in-flight streams are killed" .svc $v.terminationGracePeriodSeconds (add $v.drainGraceSeconds $v.preStopSleepSeconds)) }}
+{{- end }}
+{{- if and $v.autoscaling.enabled (gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) }}
+{{- fail (printf "%s.autoscaling.minReplicas must not exceed maxReplicas" .svc) }}
+{{- end }}
+{{- if and (eq .svc "inference") (eq $v.model.source "pvc") (not $v.model.pvc.claimName) }}
+{{- fail "inference.model.pvc.claimName is required when inference.model.source is pvc" }}
+{{- end }}
+{{- end }}

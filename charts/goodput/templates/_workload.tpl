@@ -1,0 +1,453 @@
+{{/*
+Generic resources of one service, driven by its values and "goodput.serviceMeta".
+Every template takes (dict "root" $ "svc" "<values key>").
+*/}}
+
+{{- define "goodput.configmap" -}}
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ include "goodput.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "goodput.labels" . | nindent 4 }}
+data:
+  {{- include "goodput.config" . | nindent 2 }}
+{{- end }}
+
+{{- define "goodput.deployment" -}}
+{{- include "goodput.validate" . }}
+{{- $root := .root }}
+{{- $v := index $root.Values .svc }}
+{{- $meta := include "goodput.meta" . | fromYaml }}
+{{- $name := include "goodput.componentName" . }}
+{{- $g := $root.Values.global }}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ $name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "goodput.labels" . | nindent 4 }}
+spec:
+  {{- if not $v.autoscaling.enabled }}
+  replicas: {{ $v.replicas }}
+  {{- end }}
+  revisionHistoryLimit: 5
+  selector:
+    matchLabels:
+      {{- include "goodput.selectorLabels" . | nindent 6 }}
+  {{- if eq .svc "inference" }}
+  strategy:
+    # Never drop below the current GPU capacity during a rollout: bring a new worker up first.
+    type: RollingUpdate
+    rollingUpdate:
+      maxSurge: 1
+      maxUnavailable: 0
+  {{- end }}
+  template:
+    metadata:
+      labels:
+        {{- include "goodput.selectorLabels" . | nindent 8 }}
+        {{- with $v.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      annotations:
+        # Rolls the pods when their settings change (they are loaded with envFrom, which does not).
+        checksum/config: {{ include "goodput.configmap" . | sha256sum }}
+        {{- with $v.podAnnotations }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+    spec:
+      serviceAccountName: {{ include "goodput.serviceAccountName" $root }}
+      automountServiceAccountToken: {{ $root.Values.serviceAccount.automountServiceAccountToken }}
+      {{- with $g.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+      securityContext:
+        {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
+      containers:
+        - name: {{ $meta.component }}
+          image: {{ include "goodput.image" . | quote }}
+          imagePullPolicy: {{ $v.image.pullPolicy | default $g.imagePullPolicy }}
+          {{- if eq .svc "indexWorker" }}
+          command:
+            - celery
+            - -A
+            - goodput_embedder.jobs
+            - worker
+            - --loglevel={{ $root.Values.common.logLevel }}
+            - --concurrency={{ $v.config.concurrency }}
+            {{- with $v.config.queues }}
+            - --queues={{ . }}
+            {{- end }}
+          {{- end }}
+          ports:
+            {{- if $meta.grpcPort }}
+            - name: grpc
+              containerPort: {{ $meta.grpcPort }}
+              protocol: TCP
+            {{- end }}
+            - name: http
+              containerPort: {{ $meta.httpPort }}
+              protocol: TCP
+          envFrom:
+            - configMapRef:
+                name: {{ $name }}
+          {{- $secretEnv := include "goodput.secretEnv" . | trim }}
+          {{- if or $secretEnv $v.extraEnv }}
+          env:
+            {{- with $secretEnv }}
+            {{- . | nindent 12 }}
+            {{- end }}
+            {{- with $v.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+          {{- end }}
+          startupProbe:
+            {{- include "goodput.probe" (dict "meta" $meta "timing" $v.probes.startup) | nindent 12 }}
+          readinessProbe:
+            {{- include "goodput.probe" (dict "meta" $meta "timing" $v.probes.readiness) | nindent 12 }}
+          livenessProbe:
+            {{- include "goodput.probe" (dict "meta" $meta "timing" $v.probes.liveness) | nindent 12 }}
+          {{- if gt (int $v.preStopSleepSeconds) 0 }}
+          lifecycle:
+            preStop:
+              exec:
+                command: ["sleep", "{{ $v.preStopSleepSeconds }}"]
+          {{- end }}
+          resources:
+            {{- include "goodput.resources" . | nindent 12 }}
+          securityContext:
+            {{- toYaml $root.Values.containerSecurityContext | nindent 12 }}
+          volumeMounts:
+            - name: tmp
+              mountPath: /tmp
+            - name: cache
+              mountPath: /cache
+            {{- if eq .svc "inference" }}
+            - name: dshm
+              mountPath: /dev/shm
+            - name: data
+              mountPath: /data
+            {{- if eq $v.model.source "pvc" }}
+            - name: models
+              mountPath: {{ $v.model.pvc.mountPath }}
+              readOnly: true
+              {{- with $v.model.pvc.subPath }}
+              subPath: {{ . }}
+              {{- end }}
+            {{- end }}
+            {{- end }}
+      volumes:
+        - name: tmp
+          emptyDir:
+            sizeLimit: {{ $root.Values.common.tmpSizeLimit }}
+        - name: cache
+          emptyDir:
+            sizeLimit: {{ $root.Values.common.cacheSizeLimit }}
+        {{- if eq .svc "inference" }}
+        # Tensor-parallel ranks and NCCL exchange through shared memory; the runtime's default 64 MiB
+        # /dev/shm makes multi-GPU workers crash or crawl.
+        - name: dshm
+          emptyDir:
+            medium: Memory
+            sizeLimit: {{ $v.shmSizeLimit }}
+        - name: data
+          emptyDir:
+            sizeLimit: {{ $v.dataSizeLimit }}
+        {{- if eq $v.model.source "pvc" }}
+        - name: models
+          persistentVolumeClaim:
+            claimName: {{ $v.model.pvc.claimName }}
+            readOnly: true
+        {{- end }}
+        {{- end }}
+      {{- with $v.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.affinity }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- if $v.topologySpreadConstraints }}
+      topologySpreadConstraints:
+        {{- range $v.topologySpreadConstraints }}
+        {{- $c := deepCopy . }}
+        {{- if not $c.labelSelector }}
+        {{- $_ := set $c "labelSelector" (dict "matchLabels" (include "goodput.selectorLabels" $ | fromYaml)) }}
+        {{- end }}
+        - {{- toYaml $c | nindent 10 }}
+        {{- end }}
+      {{- end }}
+{{- end }}
+
+{{- define "goodput.service" -}}
+{{- $v := index .root.Values .svc }}
+{{- $meta := include "goodput.meta" . | fromYaml }}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "goodput.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "goodput.labels" . | nindent 4 }}
+  {{- with $v.service.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  {{- if eq .svc "inference" }}
+  # Headless: DNS returns one address per ready worker pod, so the scheduler can health-check and place
+  # on each worker and the gateway can stream from the one it was granted.
+  clusterIP: None
+  publishNotReadyAddresses: false
+  {{- else }}
+  type: {{ $v.service.type }}
+  {{- end }}
+  selector:
+    {{- include "goodput.selectorLabels" . | nindent 4 }}
+  ports:
+    {{- if $meta.grpcPort }}
+    - name: grpc
+      port: {{ $meta.grpcPort }}
+      targetPort: grpc
+      protocol: TCP
+      appProtocol: grpc
+    {{- end }}
+    - name: http
+      port: {{ $meta.httpPort }}
+      targetPort: http
+      protocol: TCP
+      appProtocol: http
+{{- end }}
+
+{{- define "goodput.hpa" -}}
+{{- $v := index .root.Values .svc }}
+{{- $a := $v.autoscaling }}
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata:
+  name: {{ include "goodput.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "goodput.labels" . | nindent 4 }}
+spec:
+  scaleTargetRef:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: {{ include "goodput.componentName" . }}
+  minReplicas: {{ $a.minReplicas }}
+  maxReplicas: {{ $a.maxReplicas }}
+  metrics:
+    {{- if and $a.gpuUtilization $a.gpuUtilization.enabled }}
+    # GPU busy time per pod (DCGM exporter -> Prometheus -> prometheus-adapter, averaged over the
+    # pod's GPUs). Saturates early, so it is paired with the queue below.
+    - type: Pods
+      pods:
+        metric:
+          name: {{ $a.gpuUtilization.metricName }}
+        target:
+          type: AverageValue
+          averageValue: {{ $a.gpuUtilization.targetAverageValue | quote }}
+    {{- end }}
+    {{- if and $a.queueDepth $a.queueDepth.enabled }}
+    # Requests waiting in the scheduler's queues, divided by the current worker count (AverageValue):
+    # the demand GPUs cannot serve yet.
+    - type: Object
+      object:
+        describedObject:
+          apiVersion: v1
+          kind: Service
+          name: {{ include "goodput.componentName" (dict "root" .root "svc" "scheduler") }}
+        metric:
+          name: {{ $a.queueDepth.metricName }}
+          {{- with $a.queueDepth.priorities }}
+          selector:
+            matchExpressions:
+              - key: priority
+                operator: In
+                values:
+                  {{- toYaml . | nindent 18 }}
+          {{- end }}
+        target:
+          type: AverageValue
+          averageValue: {{ $a.queueDepth.targetAverageValue | quote }}
+    {{- end }}
+    {{- if $a.targetCPUUtilizationPercentage }}
+    - type: Resource
+      resource:
+        name: cpu
+        target:
+          type: Utilization
+          averageUtilization: {{ $a.targetCPUUtilizationPercentage }}
+    {{- end }}
+  {{- with $a.behavior }}
+  behavior:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+
+{{- define "goodput.pdb" -}}
+{{- $p := (index .root.Values .svc).pdb }}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "goodput.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "goodput.labels" . | nindent 4 }}
+spec:
+  {{- if not (kindIs "invalid" $p.minAvailable) }}
+  minAvailable: {{ $p.minAvailable }}
+  {{- else }}
+  maxUnavailable: {{ $p.maxUnavailable | default 1 }}
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "goodput.selectorLabels" . | nindent 6 }}
+{{- end }}
+
+{{- define "goodput.serviceMonitor" -}}
+{{- $sm := .root.Values.metrics.serviceMonitor }}
+apiVersion: monitoring.coreos.com/v1
+kind: ServiceMonitor
+metadata:
+  name: {{ include "goodput.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "goodput.labels" . | nindent 4 }}
+    {{- with $sm.labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  selector:
+    matchLabels:
+      {{- include "goodput.selectorLabels" . | nindent 6 }}
+  endpoints:
+    - port: http
+      path: /metrics
+      interval: {{ $sm.interval }}
+      scrapeTimeout: {{ $sm.scrapeTimeout }}
+{{- end }}
+
+{{/*
+Ingress: the gateway from anywhere (or networkPolicy.gatewayIngressFrom), other services only from the
+components that call them on the request path; /metrics from networkPolicy.metricsFrom.
+Egress: DNS, the components this one calls, its external stores, the OTLP collector.
+*/}}
+{{- define "goodput.networkPolicy" -}}
+{{- $root := .root }}
+{{- $np := $root.Values.networkPolicy }}
+{{- $meta := include "goodput.meta" . | fromYaml }}
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: {{ include "goodput.componentName" . }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "goodput.labels" . | nindent 4 }}
+spec:
+  podSelector:
+    matchLabels:
+      {{- include "goodput.selectorLabels" . | nindent 6 }}
+  policyTypes:
+    - Ingress
+    - Egress
+  ingress:
+    {{- if eq .svc "gateway" }}
+    - ports:
+        - port: grpc
+          protocol: TCP
+        - port: http
+          protocol: TCP
+      {{- with $np.gatewayIngressFrom }}
+      from:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    {{- else if $meta.ingressFrom }}
+    - ports:
+        - port: grpc
+          protocol: TCP
+      from:
+        {{- range $meta.ingressFrom }}
+        - podSelector:
+            matchLabels:
+              {{- include "goodput.selectorLabels" (dict "root" $root "svc" .) | nindent 14 }}
+        {{- end }}
+    {{- end }}
+    {{- if ne .svc "gateway" }}
+    - ports:
+        - port: http
+          protocol: TCP
+      {{- with $np.metricsFrom }}
+      from:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    {{- end }}
+  egress:
+    - to:
+        {{- toYaml $np.dns.to | nindent 8 }}
+      ports:
+        {{- toYaml $np.dns.ports | nindent 8 }}
+    {{- range $meta.egressTo }}
+    {{- $peer := include "goodput.meta" (dict "root" $root "svc" .) | fromYaml }}
+    - to:
+        - podSelector:
+            matchLabels:
+              {{- include "goodput.selectorLabels" (dict "root" $root "svc" .) | nindent 14 }}
+      ports:
+        - port: {{ $peer.grpcPort }}
+          protocol: TCP
+    {{- end }}
+    {{- $external := $meta.external }}
+    {{- if eq $root.Values.common.otel.exporter "otlp" }}{{ $external = append $external "otlp" }}{{ end }}
+    {{- range $external }}
+    {{- $e := index $np.egress . }}
+    - ports:
+        {{- toYaml $e.ports | nindent 8 }}
+      {{- with $e.to }}
+      to:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    {{- end }}
+{{- end }}
+
+{{/* Everything one service needs, separated by ---. ctx: root, svc */}}
+{{- define "goodput.component" -}}
+{{- $v := index .root.Values .svc }}
+{{- if $v.enabled }}
+---
+{{ include "goodput.configmap" . }}
+---
+{{ include "goodput.deployment" . }}
+---
+{{ include "goodput.service" . }}
+{{- if $v.autoscaling.enabled }}
+---
+{{ include "goodput.hpa" . }}
+{{- end }}
+{{- if $v.pdb.enabled }}
+---
+{{ include "goodput.pdb" . }}
+{{- end }}
+{{- if .root.Values.metrics.serviceMonitor.enabled }}
+---
+{{ include "goodput.serviceMonitor" . }}
+{{- end }}
+{{- if .root.Values.networkPolicy.enabled }}
+---
+{{ include "goodput.networkPolicy" . }}
+{{- end }}
+{{- end }}
+{{- end }}
