@@ -1,0 +1,156 @@
+"""promtool checks: the alert rules and their unit tests, and the prometheus-adapter queries.
+
+prometheus-adapter's config is not a Prometheus rules file, so its PromQL is checked this way: every
+metricsQuery template has its variables (<<.GroupBy>>, <<.LabelMatchers>>, <<.Series>>) replaced with the
+values the adapter would use for the inference HPA, the results are written as recording rules, and
+promtool both checks them (`check rules`) and evaluates them on sample series (`test rules`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+RULES_DIR = REPO / "charts" / "goodput" / "files" / "prometheus"
+ADAPTER = REPO / "k8s" / "prometheus-adapter" / "values.yaml"
+
+# What the adapter substitutes for each rule when the inference HPA asks for the metric.
+ADAPTER_SAMPLES = {
+    "DCGM_FI_DEV_GPU_UTIL": {
+        "group_by": "pod",
+        "matchers": 'namespace="goodput",pod=~"goodput-inference-a|goodput-inference-b"',
+    },
+    "goodput_scheduler_queue_depth": {
+        "group_by": "service",
+        # The HPA's selector (priority In [P0, P1]) arrives as a matcher.
+        "matchers": 'namespace="goodput",service="goodput-scheduler",priority=~"P0|P1"',
+    },
+}
+
+
+def test_alert_rules_pass_promtool_check(chart: Any, promtool: str) -> None:
+    proc = chart.run([promtool, "check", "rules", str(RULES_DIR / "alerts.yaml")])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_alert_rules_unit_tests(chart: Any, promtool: str) -> None:
+    proc = chart.run([promtool, "test", "rules", "alerts_test.yaml"], cwd=RULES_DIR)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_alerts_cover_slo_burn_and_saturation() -> None:
+    groups = yaml.safe_load((RULES_DIR / "alerts.yaml").read_text())["groups"]
+    alerts = {r["alert"] for g in groups for r in g["rules"] if "alert" in r}
+    assert {"GoodputP0TTFTBudgetBurnFast", "GoodputP0TTFTBudgetBurnSlow"} <= alerts
+    assert {"GoodputErrorBudgetBurnFast", "GoodputErrorBudgetBurnSlow"} <= alerts
+    assert {"GoodputP0QueueNearFull", "GoodputKVCacheSaturated", "GoodputGPUSaturated", "GoodputShedding"} <= alerts
+    tested = (RULES_DIR / "alerts_test.yaml").read_text()
+    untested = sorted(a for a in alerts if f"alertname: {a}\n" not in tested)
+    # The slow-burn twins share the fast ones' recording rules, which are unit-tested.
+    assert set(untested) <= {"GoodputP0TTFTBudgetBurnSlow", "GoodputErrorBudgetBurnSlow"}, untested
+
+
+def _adapter_rules() -> list[dict[str, Any]]:
+    return yaml.safe_load(ADAPTER.read_text())["rules"]["custom"]
+
+
+def _expand(rule: dict[str, Any]) -> str:
+    name = rule["name"]["as"]
+    sample = ADAPTER_SAMPLES[name]
+    series = rule["seriesQuery"].split("{")[0].strip("'\" ")
+    return (
+        rule["metricsQuery"]
+        .replace("<<.GroupBy>>", sample["group_by"])
+        .replace("<<.LabelMatchers>>", sample["matchers"])
+        .replace("<<.Series>>", series)
+    )
+
+
+def test_adapter_queries_are_valid_promql(chart: Any, promtool: str, tmp_path: Path) -> None:
+    rules = _adapter_rules()
+    assert {r["name"]["as"] for r in rules} == set(ADAPTER_SAMPLES)
+    for r in rules:
+        assert "<<.LabelMatchers>>" in r["metricsQuery"] and "<<.GroupBy>>" in r["metricsQuery"]
+    recording = {
+        "groups": [
+            {
+                "name": "prometheus-adapter-queries",
+                "rules": [{"record": f"adapter:{r['name']['as']}", "expr": _expand(r)} for r in rules],
+            }
+        ]
+    }
+    path = tmp_path / "adapter-rules.yaml"
+    path.write_text(yaml.safe_dump(recording, sort_keys=False))
+    proc = chart.run([promtool, "check", "rules", str(path)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    # Evaluate them: a tensor-parallel pod's two GPUs are averaged; P2 backlog is not counted.
+    test = {
+        "rule_files": [path.name],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    {
+                        "series": 'DCGM_FI_DEV_GPU_UTIL{namespace="goodput",pod="goodput-inference-a",gpu="0"}',
+                        "values": "60x20",
+                    },
+                    {
+                        "series": 'DCGM_FI_DEV_GPU_UTIL{namespace="goodput",pod="goodput-inference-a",gpu="1"}',
+                        "values": "80x20",
+                    },
+                    {
+                        "series": 'DCGM_FI_DEV_GPU_UTIL{namespace="goodput",pod="goodput-other",gpu="0"}',
+                        "values": "100x20",
+                    },
+                    {
+                        "series": 'goodput_scheduler_queue_depth{namespace="goodput",service="goodput-scheduler",'
+                        'priority="P0"}',
+                        "values": "3x20",
+                    },
+                    {
+                        "series": 'goodput_scheduler_queue_depth{namespace="goodput",service="goodput-scheduler",'
+                        'priority="P1"}',
+                        "values": "5x20",
+                    },
+                    {
+                        "series": 'goodput_scheduler_queue_depth{namespace="goodput",service="goodput-scheduler",'
+                        'priority="P2"}',
+                        "values": "500x20",
+                    },
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": "adapter:DCGM_FI_DEV_GPU_UTIL",
+                        "eval_time": "4m",
+                        "exp_samples": [
+                            {"labels": 'adapter:DCGM_FI_DEV_GPU_UTIL{pod="goodput-inference-a"}', "value": 70}
+                        ],
+                    },
+                    {
+                        "expr": "adapter:goodput_scheduler_queue_depth",
+                        "eval_time": "4m",
+                        "exp_samples": [
+                            {
+                                "labels": 'adapter:goodput_scheduler_queue_depth{service="goodput-scheduler"}',
+                                "value": 8,
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    (tmp_path / "adapter_test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = chart.run([promtool, "test", "rules", "adapter_test.yaml"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_prometheus_rule_in_chart_embeds_the_tested_file(chart: Any) -> None:
+    rule = chart.by_kind(chart.docs(), "PrometheusRule")
+    (doc,) = rule.values()
+    assert doc["spec"] == yaml.safe_load((RULES_DIR / "alerts.yaml").read_text())

@@ -1,0 +1,358 @@
+"""Assertions on what the chart renders: autoscaling, GPUs, probes, security, secrets, the schema."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "goodput"
+K8S = REPO / "k8s"
+SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
+
+ALL_SCENARIOS = [None, *SCENARIOS]
+SECRETISH = re.compile(r"KEY|PASSWORD|TOKEN|SECRET")
+# Contract settings (docs/services.md) whose names look secret but hold plain numbers or paths.
+NOT_SECRET = {"GOODPUT_INFERENCE_MAX_PROMPT_TOKENS", "GOODPUT_GATEWAY_API_KEYS_FILE"}
+
+
+def _containers(deploy: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = deploy["spec"]["template"]["spec"]
+    return spec.get("initContainers", []) + spec["containers"]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    """Manifests of one kind, keyed by their app.kubernetes.io/component label."""
+    out = {}
+    for d in docs:
+        if d["kind"] == kind:
+            labels = d["metadata"].get("labels", {})
+            out[labels.get("app.kubernetes.io/component", d["metadata"]["name"])] = d
+    return out
+
+
+def _config(docs: list[dict[str, Any]], component: str) -> dict[str, str]:
+    return by_kind(docs, "ConfigMap")[component]["data"]
+
+
+def test_inference_hpa_scales_on_gpu_utilisation_and_queue_depth(chart: Any) -> None:
+    hpa = by_kind(chart.docs(), "HorizontalPodAutoscaler")["inference"]
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "goodput-inference",
+    }
+    metrics = {m["type"]: m for m in hpa["spec"]["metrics"]}
+    assert set(metrics) == {"Pods", "Object"}
+
+    gpu = metrics["Pods"]["pods"]
+    assert gpu["metric"]["name"] == "DCGM_FI_DEV_GPU_UTIL"
+    assert gpu["target"] == {"type": "AverageValue", "averageValue": "80"}
+
+    queue = metrics["Object"]["object"]
+    assert queue["metric"]["name"] == "goodput_scheduler_queue_depth"
+    assert queue["describedObject"] == {"apiVersion": "v1", "kind": "Service", "name": "goodput-scheduler"}
+    assert queue["target"] == {"type": "AverageValue", "averageValue": "4"}
+    assert queue["metric"]["selector"]["matchExpressions"] == [
+        {"key": "priority", "operator": "In", "values": ["P0", "P1"]}
+    ]
+
+    behavior = hpa["spec"]["behavior"]
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] < behavior["scaleDown"]["stabilizationWindowSeconds"]
+    assert behavior["scaleDown"]["policies"] and behavior["scaleUp"]["policies"]
+
+
+def test_hpa_metrics_match_the_adapter_rules(chart: Any) -> None:
+    adapter = yaml.safe_load((K8S / "prometheus-adapter" / "values.yaml").read_text())
+    exposed = {rule["name"]["as"] for rule in adapter["rules"]["custom"]}
+    hpa = by_kind(chart.docs(), "HorizontalPodAutoscaler")["inference"]
+    used = {m.get("pods", m.get("object", {})).get("metric", {}).get("name") for m in hpa["spec"]["metrics"]}
+    assert used <= exposed
+
+
+def test_cpu_services_scale_on_cpu(chart: Any) -> None:
+    hpas = by_kind(chart.docs(), "HorizontalPodAutoscaler")
+    for component in ("gateway", "embedder", "retriever", "cache", "indexing-worker"):
+        metrics = hpas[component]["spec"]["metrics"]
+        assert [m["type"] for m in metrics] == ["Resource"], component
+        assert metrics[0]["resource"]["name"] == "cpu"
+        assert metrics[0]["resource"]["target"]["type"] == "Utilization"
+    # The scheduler's queues live in its memory: never scaled out by default.
+    assert "scheduler" not in hpas
+
+
+def test_hpa_behavior_comes_from_values(chart: Any) -> None:
+    hpa = by_kind(chart.docs("gpu-72b-tp2-values.yaml"), "HorizontalPodAutoscaler")["inference"]
+    assert hpa["spec"]["maxReplicas"] == 4
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 900
+    assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "85"
+
+
+@pytest.mark.parametrize("values", ALL_SCENARIOS)
+def test_no_replicas_when_an_hpa_owns_the_deployment(chart: Any, values: str | None) -> None:
+    docs = chart.docs(values)
+    hpas = by_kind(docs, "HorizontalPodAutoscaler")
+    for component, deploy in by_kind(docs, "Deployment").items():
+        if component in hpas:
+            assert "replicas" not in deploy["spec"], component
+            assert hpas[component]["spec"]["scaleTargetRef"]["name"] == deploy["metadata"]["name"]
+        else:
+            assert deploy["spec"]["replicas"] >= 1, component
+
+
+def test_autoscaling_off_renders_no_hpa_and_fixed_replicas(chart: Any) -> None:
+    docs = chart.docs("autoscaling-off-values.yaml")
+    assert not by_kind(docs, "HorizontalPodAutoscaler")
+    assert by_kind(docs, "Deployment")["inference"]["spec"]["replicas"] == 4
+
+
+@pytest.mark.parametrize(
+    ("values", "tp"),
+    [(None, 1), ("gpu-7b-values.yaml", 1), ("gpu-14b-a30-values.yaml", 1), ("gpu-72b-tp2-values.yaml", 2)],
+)
+def test_gpu_requests_equal_tensor_parallel_size(chart: Any, values: str | None, tp: int) -> None:
+    docs = chart.docs(values)
+    deploy = by_kind(docs, "Deployment")["inference"]
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == tp
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == tp
+    assert _config(docs, "inference")["GOODPUT_INFERENCE_TENSOR_PARALLEL_SIZE"] == str(tp)
+    # Only the inference workers get GPUs.
+    for component, other in by_kind(docs, "Deployment").items():
+        if component != "inference":
+            for c in _containers(other):
+                assert "nvidia.com/gpu" not in json.dumps(c.get("resources", {})), component
+
+
+def test_cpu_dev_requests_no_gpu(chart: Any) -> None:
+    docs = chart.docs("cpu-dev-values.yaml")
+    deploy = by_kind(docs, "Deployment")["inference"]
+    assert "nvidia.com/gpu" not in json.dumps(deploy)
+    assert deploy["spec"]["template"]["spec"]["containers"][0]["image"].startswith("goodput/inference-cpu:")
+    assert _config(docs, "inference")["GOODPUT_INFERENCE_KV_CACHE_SPACE_GB"] == "2"
+
+
+def test_gpu_worker_pod_shape(chart: Any) -> None:
+    docs = chart.docs("gpu-72b-tp2-values.yaml")
+    pod = by_kind(docs, "Deployment")["inference"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    # Shared memory for tensor parallelism.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    # The model from a read-only PVC.
+    assert volumes[mounts["/models"]]["persistentVolumeClaim"]["claimName"] == "goodput-models-72b"
+    # Long model load: the startup probe allows 30 minutes before liveness applies.
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800
+    # Streams get drained: the grace period covers preStop + DRAIN_GRACE_S.
+    drain = int(_config(docs, "inference")["GOODPUT_INFERENCE_DRAIN_GRACE_S"])
+    assert pod["terminationGracePeriodSeconds"] >= drain + 10
+    # GPU node pool.
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    config = _config(docs, "inference")
+    assert config["GOODPUT_INFERENCE_MODEL"] == "/models/Qwen2.5-72B-Instruct-AWQ"
+    assert config["GOODPUT_INFERENCE_QUANTIZATION"] == "awq_marlin"
+    assert json.loads(config["GOODPUT_INFERENCE_SPECULATIVE_CONFIG"])["method"] == "ngram"
+    assert config["GOODPUT_INFERENCE_ENABLE_PREFIX_CACHING"] == "true"
+
+
+@pytest.mark.parametrize("values", ALL_SCENARIOS)
+def test_every_container_has_probes(chart: Any, values: str | None) -> None:
+    for component, deploy in by_kind(chart.docs(values), "Deployment").items():
+        for c in deploy["spec"]["template"]["spec"]["containers"]:
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                assert probe in c, f"{component}/{c['name']} has no {probe}"
+            ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+            if "grpc" in ports:
+                # Native gRPC probes against grpc.health.v1 on the gRPC port.
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    assert c[probe]["grpc"]["port"] == ports["grpc"], f"{component} {probe}"
+            else:
+                assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", component
+
+
+def test_ports_follow_the_contract(chart: Any) -> None:
+    expected = {
+        "gateway": (50051, 8080),
+        "scheduler": (50052, 9102),
+        "inference": (50061, 9161),
+        "embedder": (50053, 9103),
+        "retriever": (50054, 9104),
+        "cache": (50055, 9105),
+        "indexing-worker": (None, 9106),
+    }
+    docs = chart.docs()
+    for component, (grpc, http) in expected.items():
+        (c,) = by_kind(docs, "Deployment")[component]["spec"]["template"]["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports.get("grpc") == grpc and ports["http"] == http, component
+
+
+def test_scheduler_gets_the_workers_and_gateway_the_services(chart: Any) -> None:
+    docs = chart.docs()
+    sched = _config(docs, "scheduler")
+    assert sched["GOODPUT_SCHEDULER_WORKERS"] == "dns:///goodput-inference.goodput.svc.cluster.local:50061"
+    assert by_kind(docs, "Service")["inference"]["spec"]["clusterIP"] == "None"
+    gw = _config(docs, "gateway")
+    assert gw["GOODPUT_GATEWAY_SCHEDULER_ADDR"] == "goodput-scheduler:50052"
+    assert gw["GOODPUT_GATEWAY_CACHE_ADDR"] == "goodput-cache:50055"
+    assert gw["GOODPUT_GATEWAY_RETRIEVER_ADDR"] == "goodput-retriever:50054"
+    assert gw["GOODPUT_GATEWAY_EMBEDDER_ADDR"] == "goodput-embedder:50053"
+    for component, data in ((c, _config(docs, c)) for c in ("gateway", "scheduler", "inference")):
+        prefix = f"GOODPUT_{component.upper()}_"
+        assert data[prefix + "GRPC_HOST"] == "0.0.0.0"
+
+
+@pytest.mark.parametrize("values", ALL_SCENARIOS)
+def test_pods_run_as_non_root_with_read_only_root(chart: Any, values: str | None) -> None:
+    for component, deploy in by_kind(chart.docs(values), "Deployment").items():
+        pod = deploy["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, component
+        assert pod["securityContext"]["runAsUser"] != 0, component
+        for c in _containers(deploy):
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True, component
+            assert sc["allowPrivilegeEscalation"] is False, component
+            mounts = {m["mountPath"] for m in c["volumeMounts"]}
+            assert {"/tmp", "/cache"} <= mounts, component
+
+
+@pytest.mark.parametrize("values", ALL_SCENARIOS)
+def test_no_secret_in_plain_env(chart: Any, values: str | None) -> None:
+    docs = chart.docs(values)
+    for component, deploy in by_kind(docs, "Deployment").items():
+        for c in _containers(deploy):
+            for env in c.get("env", []):
+                name = env["name"]
+                if SECRETISH.search(name) and name not in NOT_SECRET:
+                    assert "value" not in env, f"{component}: {name} has a literal value"
+                    assert "secretKeyRef" in env["valueFrom"], f"{component}: {name} not from a Secret"
+    for cm in (d for d in docs if d["kind"] == "ConfigMap"):
+        for name in cm.get("data", {}):
+            assert not SECRETISH.search(name) or name in NOT_SECRET, f"{cm['metadata']['name']}: {name}"
+
+
+def test_secrets_come_from_existing_secrets(chart: Any) -> None:
+    docs = chart.docs(
+        sets=(
+            "external.redis.existingSecret=redis-auth",
+            "external.qdrant.existingSecret=qdrant-auth",
+            "external.elasticsearch.existingSecret=es-auth",
+        ),
+    )
+    deploys = by_kind(docs, "Deployment")
+
+    def env(component: str) -> dict[str, dict[str, Any]]:
+        return {e["name"]: e for e in deploys[component]["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    gw = env("gateway")["GOODPUT_GATEWAY_API_KEYS"]
+    assert gw["valueFrom"]["secretKeyRef"] == {"name": "goodput-api-keys", "key": "api-keys.json"}
+    sched = env("scheduler")
+    assert sched["GOODPUT_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "redis-auth"
+    assert sched["GOODPUT_SCHEDULER_REDIS_URL"]["value"].startswith("redis://:$(GOODPUT_REDIS_PASSWORD)@")
+    retr = env("retriever")
+    assert retr["GOODPUT_RETRIEVER_QDRANT_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "qdrant-auth"
+    assert retr["GOODPUT_RETRIEVER_ELASTICSEARCH_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "es-auth"
+
+
+def test_config_change_rolls_pods(chart: Any) -> None:
+    def checksum(docs: list[dict[str, Any]]) -> str:
+        deploy = by_kind(docs, "Deployment")["inference"]
+        return deploy["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+    before = checksum(chart.docs())
+    after = checksum(chart.docs(sets=("inference.vllm.maxNumSeqs=48",)))
+    assert before != after
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "gateway.replicaz=3",  # misspelt key
+        "inference.vllm.tensorParalelSize=2",  # misspelt nested key
+        "inference.autoscaling.queueDepth.target=4",  # unknown key in the HPA block
+        "shceduler.replicas=1",  # misspelt service
+        "gateway.env.UPSTREAM_API_KEY=hunter2",  # a secret as a plain env var
+        "podSecurityContext.runAsNonRoot=false",  # root pods
+    ],
+)
+def test_schema_rejects_bad_values(chart: Any, bad: str) -> None:
+    proc = chart.run([chart.helm, "template", "goodput", str(CHART), "--set", bad])
+    assert proc.returncode != 0, f"--set {bad} was accepted"
+    assert "schema" in proc.stderr, proc.stderr
+
+
+def test_schema_is_strict_throughout() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            # An object schema (not an if/not condition, which only matches) must refuse unknown keys.
+            if "properties" in node and node.get("type") == "object":
+                assert node.get("additionalProperties") is False, f"{path} allows unknown keys"
+            for key, child in node.items():
+                walk(child, f"{path}/{key}")
+        elif isinstance(node, list):
+            for i, child in enumerate(node):
+                walk(child, f"{path}/{i}")
+
+    walk(schema, "#")
+
+
+def test_every_value_is_documented() -> None:
+    """Every value in values.yaml has a `# --` comment above it or above an enclosing key."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    stack: list[tuple[int, bool]] = []  # (indent, documented) of the enclosing keys
+    undocumented = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*(?:- )?)([A-Za-z][\w./-]*):(.*)$", line)
+        if not m:
+            continue
+        indent, rest = len(m.group(1)), m.group(3)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        j = i - 1
+        while j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# --"):
+            j -= 1
+        documented = (j >= 0 and lines[j].strip().startswith("# --")) or any(d for _, d in stack)
+        if rest.strip() and not documented:
+            undocumented.append(f"{i + 1}: {line.strip()}")
+        stack.append((indent, documented))
+    assert not undocumented, "values without a `# --` comment:\n" + "\n".join(undocumented)
+
+
+@pytest.mark.parametrize("values", ALL_SCENARIOS)
+def test_network_policies_expose_only_the_gateway(chart: Any, values: str | None) -> None:
+    docs = chart.docs(values)
+    policies = by_kind(docs, "NetworkPolicy")
+    if values == "cpu-dev-values.yaml":
+        assert not policies
+        return
+    assert set(policies) == set(by_kind(docs, "Deployment"))
+    for component, policy in policies.items():
+        for rule in policy["spec"]["ingress"]:
+            ports = {p["port"] for p in rule["ports"]}
+            if component == "gateway":
+                continue
+            # Everything but the gateway is reached only from named pods or the metrics scrapers.
+            assert rule.get("from"), f"{component} accepts {ports} from anywhere"
+    inference_from = [
+        peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        for rule in policies["inference"]["spec"]["ingress"]
+        if "grpc" in {p["port"] for p in rule["ports"]}
+        for peer in rule["from"]
+    ]
+    assert sorted(inference_from) == ["gateway", "scheduler"]
+
+
+def test_pdbs_for_every_service(chart: Any) -> None:
+    docs = chart.docs()
+    assert set(by_kind(docs, "PodDisruptionBudget")) == set(by_kind(docs, "Deployment"))
