@@ -1,0 +1,1 @@
+"""Shared foundation of Goodput services."""

@@ -1,0 +1,36 @@
+"""Per-request context (request id, tenant id) carried in ``contextvars`` so logs and spans pick it up anywhere.
+
+Example:
+    >>> with request_context(request_id="req-1", tenant="acme"):
+    ...     log.info("admitted")   # the JSON line carries request_id and tenant_id
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+request_id_var: ContextVar[str | None] = ContextVar("goodput_request_id", default=None)
+tenant_id_var: ContextVar[str | None] = ContextVar("goodput_tenant_id", default=None)
+
+REQUEST_ID_HEADER = "x-request-id"
+
+
+def new_request_id() -> str:
+    return f"req-{uuid.uuid4().hex[:24]}"
+
+
+@contextlib.contextmanager
+def request_context(*, request_id: str | None = None, tenant: str | None = None) -> Iterator[None]:
+    tokens = []
+    if request_id is not None:
+        tokens.append((request_id_var, request_id_var.set(request_id)))
+    if tenant is not None:
+        tokens.append((tenant_id_var, tenant_id_var.set(tenant)))
+    try:
+        yield
+    finally:
+        for var, token in reversed(tokens):
+            var.reset(token)

@@ -1,0 +1,174 @@
+"""Domain errors and the one place that maps them to gRPC status codes and OpenAI-shaped REST errors.
+
+Domain code raises these; gRPC servers map them with :class:`ErrorInterceptor`, REST handlers with
+:meth:`GoodputError.openai_body`, and gRPC clients turn a downstream failure back into one with
+:func:`from_rpc_error`, so an error keeps its meaning across every hop.
+
+Example:
+    >>> raise InvalidArgument("messages must not be empty", param="messages")
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, ClassVar
+
+import grpc
+from grpc import aio
+
+RETRY_AFTER_KEY = "retry-after"
+
+
+class GoodputError(Exception):
+    """Base of every error a caller may see. Subclasses fix the gRPC code, HTTP status and OpenAI type."""
+
+    grpc_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
+    http_status: ClassVar[int] = 500
+    openai_type: ClassVar[str] = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+    def openai_body(self) -> dict[str, Any]:
+        """The JSON body OpenAI's API returns for an error."""
+        return {"error": {"message": self.message, "type": self.openai_type, "param": self.param,
+                          "code": self.code or self.grpc_code.name.lower()}}
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        if self.retry_after_s is None:
+            return ()
+        return ((RETRY_AFTER_KEY, f"{self.retry_after_s:.3f}"),)
+
+
+class InvalidArgument(GoodputError):
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+    http_status = 400
+    openai_type = "invalid_request_error"
+
+
+class Unauthenticated(GoodputError):
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+    http_status = 401
+    openai_type = "authentication_error"
+
+
+class PermissionDenied(GoodputError):
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+    http_status = 403
+    openai_type = "permission_error"
+
+
+class NotFound(GoodputError):
+    grpc_code = grpc.StatusCode.NOT_FOUND
+    http_status = 404
+    openai_type = "not_found_error"
+
+
+class ResourceExhausted(GoodputError):
+    """Shed or rate limited. ``retry_after_s`` says when trying again is likely to succeed."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 429
+    openai_type = "rate_limit_error"
+
+
+class Unavailable(GoodputError):
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    openai_type = "server_error"
+
+
+class DeadlineExceeded(GoodputError):
+    grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
+    http_status = 504
+    openai_type = "timeout_error"
+
+
+class Cancelled(GoodputError):
+    grpc_code = grpc.StatusCode.CANCELLED
+    http_status = 499
+    openai_type = "cancelled"
+
+
+class Internal(GoodputError):
+    pass
+
+
+_BY_CODE: dict[grpc.StatusCode, type[GoodputError]] = {
+    cls.grpc_code: cls
+    for cls in (InvalidArgument, Unauthenticated, PermissionDenied, NotFound, ResourceExhausted, Unavailable,
+                DeadlineExceeded, Cancelled)
+}
+
+
+def from_rpc_error(err: grpc.RpcError) -> GoodputError:
+    """Turns a failed downstream gRPC call into the matching domain error (keeping retry-after)."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = (err.details() if hasattr(err, "details") else None) or str(code)
+    retry_after: float | None = None
+    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == RETRY_AFTER_KEY:
+            try:
+                retry_after = float(value)
+            except (TypeError, ValueError):
+                retry_after = None
+    cls = _BY_CODE.get(code, Internal)
+    return cls(details, retry_after_s=retry_after)
+
+
+async def abort_with(context: aio.ServicerContext, err: GoodputError) -> None:
+    """Ends the RPC with the error's status, message and trailing metadata."""
+    if err.trailing_metadata():
+        context.set_trailing_metadata(err.trailing_metadata())
+    await context.abort(err.grpc_code, err.message)
+
+
+class ErrorInterceptor(aio.ServerInterceptor):
+    """Maps :class:`GoodputError` raised by any handler to its gRPC status (unary and streaming alike)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer)
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(
+                _wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer)
+        return handler
+
+
+def _wrap_unary(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def wrapper(request: Any, context: aio.ServicerContext) -> Any:
+        try:
+            return await fn(request, context)
+        except GoodputError as err:
+            await abort_with(context, err)
+    return wrapper
+
+
+def _wrap_stream(fn: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
+    async def wrapper(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for item in fn(request, context):
+                yield item
+        except GoodputError as err:
+            await abort_with(context, err)
+    return wrapper

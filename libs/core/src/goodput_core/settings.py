@@ -1,0 +1,59 @@
+"""Settings base: every service subclasses :class:`ServiceSettings` with its own env prefix.
+
+A bad value stops the service at start with a message naming the variable (fail fast), never at first use.
+
+Example:
+    >>> class SchedulerSettings(ServiceSettings):
+    ...     model_config = service_config("GOODPUT_SCHEDULER_")
+    ...     grpc_port: int = 50052
+    >>> settings = load_settings(SchedulerSettings)
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Literal, TypeVar
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def service_config(prefix: str) -> SettingsConfigDict:
+    return SettingsConfigDict(env_prefix=prefix, extra="ignore", validate_default=True, frozen=True)
+
+
+class ServiceSettings(BaseSettings):
+    """Settings every service has. Subclasses set ``model_config = service_config("GOODPUT_<SVC>_")``."""
+
+    model_config = service_config("GOODPUT_")
+
+    grpc_host: str = Field("127.0.0.1", description="Address the gRPC server binds (0.0.0.0 in a pod).")
+    grpc_port: int = Field(0, ge=0, le=65535, description="gRPC port.")
+    http_port: int = Field(0, ge=0, le=65535, description="Port of /metrics and /healthz (REST on the gateway).")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "text"] = "json"
+    otel_exporter: Literal["none", "otlp", "console", "file"] = Field(
+        "none", description="Where spans go; `otlp` uses the standard OTEL_EXPORTER_OTLP_ENDPOINT.")
+    otel_file: str = Field("", description="JSON-lines span file when otel_exporter=file.")
+    drain_grace_s: float = Field(30.0, ge=0, description="Seconds in-flight RPCs get to finish after SIGTERM.")
+
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def env_prefix(cls: type[ServiceSettings]) -> str:
+    return str(cls.model_config.get("env_prefix", ""))
+
+
+def load_settings(cls: type[S]) -> S:
+    """Reads settings from the environment; on a bad value prints which variable is wrong and exits with 2."""
+    try:
+        return cls()
+    except ValidationError as err:
+        prefix = env_prefix(cls)
+        lines = [f"invalid configuration for {cls.__name__}:"]
+        for e in err.errors():
+            name = prefix + "_".join(str(p) for p in e["loc"]).upper()
+            lines.append(f"  {name}={e.get('input')!r}: {e['msg']}")
+        print("\n".join(lines), file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,120 @@
+from goodput.common.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CacheKeyParts(_message.Message):
+    __slots__ = ("tenant", "model", "model_version", "messages", "prompt", "sampling", "knowledge_base", "kb_version")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
+    KB_VERSION_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    model: str
+    model_version: str
+    messages: _containers.RepeatedCompositeFieldContainer[_types_pb2.ChatMessage]
+    prompt: str
+    sampling: _types_pb2.SamplingParams
+    knowledge_base: str
+    kb_version: int
+    def __init__(self, tenant: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., knowledge_base: _Optional[str] = ..., kb_version: _Optional[int] = ...) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("key", "allow_semantic")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_SEMANTIC_FIELD_NUMBER: _ClassVar[int]
+    key: CacheKeyParts
+    allow_semantic: bool
+    def __init__(self, key: _Optional[_Union[CacheKeyParts, _Mapping]] = ..., allow_semantic: _Optional[bool] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("hit", "layer", "similarity", "text", "finish_reason", "usage", "degraded")
+    HIT_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    hit: bool
+    layer: str
+    similarity: float
+    text: str
+    finish_reason: _types_pb2.FinishReason
+    usage: _types_pb2.Usage
+    degraded: bool
+    def __init__(self, hit: _Optional[bool] = ..., layer: _Optional[str] = ..., similarity: _Optional[float] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., degraded: _Optional[bool] = ...) -> None: ...
+
+class StoreRequest(_message.Message):
+    __slots__ = ("key", "text", "finish_reason", "usage", "opt_in", "ttl_s")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    OPT_IN_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    key: CacheKeyParts
+    text: str
+    finish_reason: _types_pb2.FinishReason
+    usage: _types_pb2.Usage
+    opt_in: bool
+    ttl_s: int
+    def __init__(self, key: _Optional[_Union[CacheKeyParts, _Mapping]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., opt_in: _Optional[bool] = ..., ttl_s: _Optional[int] = ...) -> None: ...
+
+class StoreResponse(_message.Message):
+    __slots__ = ("stored", "reason")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    stored: bool
+    reason: str
+    def __init__(self, stored: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class InvalidateRequest(_message.Message):
+    __slots__ = ("tenant", "knowledge_base", "key")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    knowledge_base: str
+    key: str
+    def __init__(self, tenant: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+
+class InvalidateResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    def __init__(self, removed: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class LayerStats(_message.Message):
+    __slots__ = ("layer", "hits", "misses", "entries")
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    layer: str
+    hits: int
+    misses: int
+    entries: int
+    def __init__(self, layer: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., entries: _Optional[int] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("layers", "tokens_saved")
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    layers: _containers.RepeatedCompositeFieldContainer[LayerStats]
+    tokens_saved: int
+    def __init__(self, layers: _Optional[_Iterable[_Union[LayerStats, _Mapping]]] = ..., tokens_saved: _Optional[int] = ...) -> None: ...

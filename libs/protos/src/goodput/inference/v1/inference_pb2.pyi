@@ -1,0 +1,104 @@
+from goodput.common.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "model", "messages", "prompt", "sampling", "priority", "tenant")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    messages: _containers.RepeatedCompositeFieldContainer[_types_pb2.ChatMessage]
+    prompt: str
+    sampling: _types_pb2.SamplingParams
+    priority: _types_pb2.Priority
+    tenant: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., tenant: _Optional[str] = ...) -> None: ...
+
+class GenerateChunk(_message.Message):
+    __slots__ = ("started", "delta", "finished")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    started: Started
+    delta: Delta
+    finished: Finished
+    def __init__(self, started: _Optional[_Union[Started, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
+
+class Started(_message.Message):
+    __slots__ = ("prompt_tokens", "worker_id")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    worker_id: str
+    def __init__(self, prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class Delta(_message.Message):
+    __slots__ = ("text", "completion_tokens")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    completion_tokens: int
+    def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+
+class Finished(_message.Message):
+    __slots__ = ("finish_reason", "usage")
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    finish_reason: _types_pb2.FinishReason
+    usage: _types_pb2.Usage
+    def __init__(self, finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ...) -> None: ...
+
+class GetLoadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerLoad(_message.Message):
+    __slots__ = ("running", "waiting", "kv_cache_usage", "gpu_utilization", "max_num_seqs", "aborted_total", "finished_total", "ready")
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    GPU_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    gpu_utilization: float
+    max_num_seqs: int
+    aborted_total: int
+    finished_total: int
+    ready: bool
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., gpu_utilization: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., aborted_total: _Optional[int] = ..., finished_total: _Optional[int] = ..., ready: _Optional[bool] = ...) -> None: ...
+
+class GetModelInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("served_model_name", "model", "max_model_len", "max_prompt_tokens", "engine", "model_version")
+    SERVED_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    served_model_name: str
+    model: str
+    max_model_len: int
+    max_prompt_tokens: int
+    engine: str
+    model_version: str
+    def __init__(self, served_model_name: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., engine: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...

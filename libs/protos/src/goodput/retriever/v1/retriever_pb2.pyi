@@ -1,0 +1,86 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Fusion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FUSION_UNSPECIFIED: _ClassVar[Fusion]
+    FUSION_RRF: _ClassVar[Fusion]
+    FUSION_WEIGHTED: _ClassVar[Fusion]
+    FUSION_DENSE_ONLY: _ClassVar[Fusion]
+    FUSION_LEXICAL_ONLY: _ClassVar[Fusion]
+FUSION_UNSPECIFIED: Fusion
+FUSION_RRF: Fusion
+FUSION_WEIGHTED: Fusion
+FUSION_DENSE_ONLY: Fusion
+FUSION_LEXICAL_ONLY: Fusion
+
+class SearchRequest(_message.Message):
+    __slots__ = ("tenant", "knowledge_base", "query", "top_k", "fusion", "dense_weight", "recall_k", "rerank")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    FUSION_FIELD_NUMBER: _ClassVar[int]
+    DENSE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    RECALL_K_FIELD_NUMBER: _ClassVar[int]
+    RERANK_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    knowledge_base: str
+    query: str
+    top_k: int
+    fusion: Fusion
+    dense_weight: float
+    recall_k: int
+    rerank: bool
+    def __init__(self, tenant: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., fusion: _Optional[_Union[Fusion, str]] = ..., dense_weight: _Optional[float] = ..., recall_k: _Optional[int] = ..., rerank: _Optional[bool] = ...) -> None: ...
+
+class Hit(_message.Message):
+    __slots__ = ("chunk_id", "document_id", "score", "text", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    chunk_id: str
+    document_id: str
+    score: float
+    text: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, chunk_id: _Optional[str] = ..., document_id: _Optional[str] = ..., score: _Optional[float] = ..., text: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class LegTiming(_message.Message):
+    __slots__ = ("leg", "seconds", "ok")
+    LEG_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    leg: str
+    seconds: float
+    ok: bool
+    def __init__(self, leg: _Optional[str] = ..., seconds: _Optional[float] = ..., ok: _Optional[bool] = ...) -> None: ...
+
+class SearchResponse(_message.Message):
+    __slots__ = ("hits", "degraded", "notes", "timings", "kb_version")
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    KB_VERSION_FIELD_NUMBER: _ClassVar[int]
+    hits: _containers.RepeatedCompositeFieldContainer[Hit]
+    degraded: bool
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    timings: _containers.RepeatedCompositeFieldContainer[LegTiming]
+    kb_version: int
+    def __init__(self, hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., degraded: _Optional[bool] = ..., notes: _Optional[_Iterable[str]] = ..., timings: _Optional[_Iterable[_Union[LegTiming, _Mapping]]] = ..., kb_version: _Optional[int] = ...) -> None: ...

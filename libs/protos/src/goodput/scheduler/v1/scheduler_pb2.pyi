@@ -1,0 +1,149 @@
+from goodput.common.v1 import types_pb2 as _types_pb2
+from goodput.inference.v1 import inference_pb2 as _inference_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTCOME_UNSPECIFIED: _ClassVar[Outcome]
+    OUTCOME_OK: _ClassVar[Outcome]
+    OUTCOME_CANCELLED: _ClassVar[Outcome]
+    OUTCOME_WORKER_FAILED: _ClassVar[Outcome]
+    OUTCOME_ERROR: _ClassVar[Outcome]
+    OUTCOME_ABANDONED: _ClassVar[Outcome]
+OUTCOME_UNSPECIFIED: Outcome
+OUTCOME_OK: Outcome
+OUTCOME_CANCELLED: Outcome
+OUTCOME_WORKER_FAILED: Outcome
+OUTCOME_ERROR: Outcome
+OUTCOME_ABANDONED: Outcome
+
+class LeaseRequest(_message.Message):
+    __slots__ = ("admit", "release")
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    admit: Admit
+    release: Release
+    def __init__(self, admit: _Optional[_Union[Admit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+
+class Admit(_message.Message):
+    __slots__ = ("request_id", "tenant", "priority", "model", "prompt_tokens_estimate", "max_tokens", "prefix_hint", "session_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HINT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tenant: str
+    priority: _types_pb2.Priority
+    model: str
+    prompt_tokens_estimate: int
+    max_tokens: int
+    prefix_hint: str
+    session_id: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., model: _Optional[str] = ..., prompt_tokens_estimate: _Optional[int] = ..., max_tokens: _Optional[int] = ..., prefix_hint: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ("outcome", "prompt_tokens", "completion_tokens", "ttft_s")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    outcome: Outcome
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    def __init__(self, outcome: _Optional[_Union[Outcome, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ...) -> None: ...
+
+class LeaseEvent(_message.Message):
+    __slots__ = ("queued", "granted", "released")
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    queued: Queued
+    granted: Granted
+    released: Released
+    def __init__(self, queued: _Optional[_Union[Queued, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ..., released: _Optional[_Union[Released, _Mapping]] = ...) -> None: ...
+
+class Queued(_message.Message):
+    __slots__ = ("position",)
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    def __init__(self, position: _Optional[int] = ...) -> None: ...
+
+class Granted(_message.Message):
+    __slots__ = ("worker_id", "address", "reason", "queue_wait_s")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    address: str
+    reason: str
+    queue_wait_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., reason: _Optional[str] = ..., queue_wait_s: _Optional[float] = ...) -> None: ...
+
+class Released(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListWorkersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("worker_id", "address", "healthy", "load", "inflight", "model", "last_error", "consecutive_failures")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    address: str
+    healthy: bool
+    load: _inference_pb2.WorkerLoad
+    inflight: int
+    model: _inference_pb2.ModelInfo
+    last_error: str
+    consecutive_failures: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., load: _Optional[_Union[_inference_pb2.WorkerLoad, _Mapping]] = ..., inflight: _Optional[int] = ..., model: _Optional[_Union[_inference_pb2.ModelInfo, _Mapping]] = ..., last_error: _Optional[str] = ..., consecutive_failures: _Optional[int] = ...) -> None: ...
+
+class ListWorkersResponse(_message.Message):
+    __slots__ = ("workers",)
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ...) -> None: ...
+
+class RegisterWorkerRequest(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class RegisterWorkerResponse(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class DeregisterWorkerRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class DeregisterWorkerResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

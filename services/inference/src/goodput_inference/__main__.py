@@ -1,0 +1,52 @@
+"""`python -m goodput_inference`: one vLLM engine behind gRPC.
+
+The gRPC server starts at once and reports NOT_SERVING until the engine has loaded (a couple of minutes on CPU),
+so the scheduler and Kubernetes probes see a live but not-ready worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+from goodput.inference.v1 import inference_pb2_grpc
+
+from goodput_core.bootstrap import bootstrap
+from goodput_core.server import ServiceRunner
+
+from goodput_inference.config import InferenceSettings
+from goodput_inference.devmodel import SERVED_NAME, ensure_dev_model
+from goodput_inference.servicer import InferenceServicer, WorkerMetrics
+
+
+async def serve() -> None:
+    rt = bootstrap("inference", InferenceSettings)
+    s = rt.settings
+    from goodput_inference.vllm_engine import VllmEngine
+
+    if s.model:
+        model_dir, default_name = Path(s.model), Path(s.model).name
+    else:
+        data_dir = Path(s.data_dir) if s.data_dir else None
+        model_dir, default_name = await asyncio.to_thread(ensure_dev_model, data_dir), SERVED_NAME
+    engine = VllmEngine(s, model_dir=model_dir, served_model_name=s.served_model_name or default_name)
+    worker_id = s.worker_id or f"{socket.gethostname()}:{s.grpc_port}"
+    servicer = InferenceServicer(engine, worker_id=worker_id, metrics=WorkerMetrics(rt.registry, engine))
+    runner = ServiceRunner(name="inference", settings=s, registry=rt.registry, provider=rt.provider)
+    runner.add(inference_pb2_grpc.add_InferenceServicer_to_server, servicer, "goodput.inference.v1.Inference")
+
+    async def drain() -> None:
+        servicer.draining = True
+
+    runner.on_drain.append(drain)
+    runner.on_stop.append(engine.shutdown)
+    await runner.run(after_start=engine.start)
+
+
+def main() -> None:
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Inference worker settings (env prefix GOODPUT_INFERENCE_). Each maps to the vLLM engine option of the same
+name, so the chart's values read like vLLM's own flags."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from goodput_core.settings import ServiceSettings, service_config
+
+
+class InferenceSettings(ServiceSettings):
+    model_config = service_config("GOODPUT_INFERENCE_")
+
+    grpc_port: int = 50061
+    http_port: int = 9161
+    worker_id: str = Field("", description="Stable id reported to the scheduler; default host:grpc_port.")
+
+    model: str = Field("", description="HF-format model folder; empty = the dev model (SmolLM2-135M-Instruct).")
+    served_model_name: str = Field("", description="Name clients pass as `model`; default the folder's name.")
+    model_version: str = Field("", description="Version label of the weights (cache partitioning); default a "
+                                               "hash of the model's config.")
+    data_dir: str = Field("", description="Where the dev model is converted and cached; default "
+                                          "$GOODPUT_DATA_DIR or ~/.cache/goodput.")
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_num_seqs: int = Field(64, ge=1)
+    max_model_len: int = Field(2048, ge=16)
+    max_prompt_tokens: int = Field(0, ge=0, description="Largest prompt accepted; 0 = max_model_len - 1.")
+    enable_prefix_caching: bool = True
+    quantization: str = Field("", description="vLLM quantization method (awq, gptq, fp8...); empty = none.")
+    speculative_config: dict[str, Any] | None = Field(
+        None, description='JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}.')
+    scheduling_policy: Literal["fcfs", "priority"] = "priority"
+    dtype: str = "auto"
+    kv_cache_space_gb: float = Field(1.0, gt=0, description="KV cache size on the CPU build (VLLM_CPU_KVCACHE_SPACE).")
+    enforce_eager: bool = False
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request leaves it at 0.")
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _parse_json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            return json.loads(value)
+        return value

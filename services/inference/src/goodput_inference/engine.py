@@ -1,0 +1,100 @@
+"""What the worker needs from an engine, independent of gRPC and of the engine's library.
+
+The vLLM adapter (:mod:`goodput_inference.vllm_engine`) implements :class:`Engine`; so can a simulated engine for
+capacity experiments, behind the same servicer, so the scheduler cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    role: str
+    content: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int = 0
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    request_id: str
+    messages: tuple[ChatTurn, ...] = ()
+    prompt: str = ""
+    sampling: Sampling = field(default_factory=Sampling)
+    priority: int = 0  # 0 = unspecified, 1 = P0 (most urgent) ... 3 = P2
+    model: str = ""
+    tenant: str = ""
+
+
+@dataclass(frozen=True)
+class Started:
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # "stop", "length" or "abort"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+GenEvent = Started | Delta | Finished
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    served_model_name: str
+    model: str
+    max_model_len: int
+    max_prompt_tokens: int
+    engine: str
+    model_version: str
+
+
+@dataclass(frozen=True)
+class Load:
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    gpu_utilization: float
+    max_num_seqs: int
+    aborted_total: int
+    finished_total: int
+    ready: bool
+
+
+class Engine(Protocol):
+    async def start(self) -> None:
+        """Loads the model; returns when the engine can generate."""
+
+    def describe(self) -> ModelDescription: ...
+
+    def load(self) -> Load: ...
+
+    def generate(self, request: GenRequest) -> AsyncIterator[GenEvent]:
+        """Yields Started first (after validation), then Delta events, then Finished. Closing the iterator early
+        aborts the request in the engine. Raises goodput_core.errors.InvalidArgument for a bad request."""
+        ...
+
+    async def shutdown(self) -> None: ...

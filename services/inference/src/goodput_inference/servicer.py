@@ -1,0 +1,118 @@
+"""Thin gRPC servicer: proto <-> engine types. No engine-specific code here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from goodput.common.v1 import types_pb2
+from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
+from grpc import aio
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from goodput_core.context import request_context
+from goodput_core.errors import Unavailable
+
+from goodput_inference.engine import ChatTurn, Delta, Engine, Finished, GenRequest, Sampling, Started
+
+log = logging.getLogger("goodput.inference")
+
+_FINISH = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REASON_LENGTH,
+           "abort": types_pb2.FINISH_REASON_ABORT}
+
+
+def to_gen_request(req: inference_pb2.GenerateRequest) -> GenRequest:
+    s = req.sampling
+    sampling = Sampling(
+        max_tokens=s.max_tokens,
+        temperature=s.temperature if s.HasField("temperature") else None,
+        top_p=s.top_p if s.HasField("top_p") else None,
+        top_k=s.top_k if s.HasField("top_k") else None,
+        stop=tuple(s.stop),
+        seed=s.seed if s.HasField("seed") else None,
+        presence_penalty=s.presence_penalty if s.HasField("presence_penalty") else None,
+        frequency_penalty=s.frequency_penalty if s.HasField("frequency_penalty") else None,
+    )
+    return GenRequest(
+        request_id=req.request_id,
+        messages=tuple(ChatTurn(m.role, m.content, m.name) for m in req.messages),
+        prompt=req.prompt,
+        sampling=sampling,
+        priority=int(req.priority),
+        model=req.model,
+        tenant=req.tenant,
+    )
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry, engine: Engine) -> None:
+        self.requests = Counter("goodput_worker_requests_total", "Generate calls by outcome.", ["outcome"],
+                                registry=registry)
+        self.prompt_tokens = Counter("goodput_worker_prompt_tokens_total", "Prompt tokens processed.",
+                                     registry=registry)
+        self.generated_tokens = Counter("goodput_worker_generated_tokens_total", "Tokens generated.",
+                                        registry=registry)
+        for name, doc, attr in (
+            ("goodput_worker_running_requests", "Sequences being decoded.", "running"),
+            ("goodput_worker_waiting_requests", "Sequences waiting in the engine.", "waiting"),
+            ("goodput_worker_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use.", "kv_cache_usage"),
+            ("goodput_worker_gpu_utilization_ratio", "GPU utilisation (NVML), -1 without a GPU.",
+             "gpu_utilization"),
+        ):
+            Gauge(name, doc, registry=registry).set_function(lambda a=attr: float(getattr(engine.load(), a)))
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    def __init__(self, engine: Engine, *, worker_id: str, metrics: WorkerMetrics) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        self.metrics = metrics
+        self.draining = False
+
+    async def Generate(self, request: inference_pb2.GenerateRequest,
+                       context: aio.ServicerContext) -> AsyncIterator[inference_pb2.GenerateChunk]:
+        if self.draining:
+            raise Unavailable("worker is draining")
+        gen = to_gen_request(request)
+        outcome = "aborted"
+        with request_context(request_id=gen.request_id, tenant=gen.tenant or None):
+            try:
+                async for event in self.engine.generate(gen):
+                    if isinstance(event, Delta):
+                        yield inference_pb2.GenerateChunk(delta=inference_pb2.Delta(
+                            text=event.text, completion_tokens=event.completion_tokens))
+                    elif isinstance(event, Started):
+                        self.metrics.prompt_tokens.inc(event.prompt_tokens)
+                        yield inference_pb2.GenerateChunk(started=inference_pb2.Started(
+                            prompt_tokens=event.prompt_tokens, worker_id=self.worker_id))
+                    elif isinstance(event, Finished):
+                        outcome = "finished"
+                        self.metrics.generated_tokens.inc(event.completion_tokens)
+                        usage = types_pb2.Usage(prompt_tokens=event.prompt_tokens,
+                                                completion_tokens=event.completion_tokens,
+                                                total_tokens=event.prompt_tokens + event.completion_tokens)
+                        yield inference_pb2.GenerateChunk(finished=inference_pb2.Finished(
+                            finish_reason=_FINISH[event.reason], usage=usage))
+            except Exception:
+                outcome = "error"
+                raise
+            finally:
+                self.metrics.requests.labels(outcome).inc()
+                if outcome == "aborted":
+                    log.info("generation aborted: the caller went away")
+
+    async def GetLoad(self, request: inference_pb2.GetLoadRequest,
+                      context: aio.ServicerContext) -> inference_pb2.WorkerLoad:
+        load = self.engine.load()
+        return inference_pb2.WorkerLoad(
+            running=load.running, waiting=load.waiting, kv_cache_usage=load.kv_cache_usage,
+            gpu_utilization=load.gpu_utilization, max_num_seqs=load.max_num_seqs,
+            aborted_total=load.aborted_total, finished_total=load.finished_total,
+            ready=load.ready and not self.draining)
+
+    async def GetModelInfo(self, request: inference_pb2.GetModelInfoRequest,
+                           context: aio.ServicerContext) -> inference_pb2.ModelInfo:
+        d = self.engine.describe()
+        return inference_pb2.ModelInfo(served_model_name=d.served_model_name, model=d.model,
+                                       max_model_len=d.max_model_len, max_prompt_tokens=d.max_prompt_tokens,
+                                       engine=d.engine, model_version=d.model_version)

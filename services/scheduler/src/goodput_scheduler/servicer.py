@@ -1,0 +1,87 @@
+"""Thin gRPC servicer over the lease manager and the worker registry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from grpc import aio
+
+from goodput_core.context import request_context
+from goodput_core.errors import InvalidArgument, NotFound
+
+from goodput_scheduler.leases import LeaseManager
+from goodput_scheduler.placement import PlacementRequest
+from goodput_scheduler.registry import Worker, WorkerRegistry
+
+log = logging.getLogger("goodput.scheduler")
+
+
+def worker_status(w: Worker) -> scheduler_pb2.WorkerStatus:
+    status = scheduler_pb2.WorkerStatus(worker_id=w.worker_id, address=w.address, healthy=w.healthy,
+                                        inflight=w.inflight, last_error=w.last_error,
+                                        consecutive_failures=w.consecutive_failures)
+    status.load.CopyFrom(w.load)
+    if w.model is not None:
+        status.model.CopyFrom(w.model)
+    return status
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, leases: LeaseManager, registry: WorkerRegistry, *, admit_timeout_s: float) -> None:
+        self.leases = leases
+        self.registry = registry
+        self.admit_timeout_s = admit_timeout_s
+
+    async def Lease(self, request_iterator: AsyncIterator[scheduler_pb2.LeaseRequest],
+                    context: aio.ServicerContext) -> AsyncIterator[scheduler_pb2.LeaseEvent]:
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), self.admit_timeout_s)
+        except (StopAsyncIteration, asyncio.TimeoutError):
+            raise InvalidArgument("a lease starts with an `admit` message") from None
+        if not first.HasField("admit"):
+            raise InvalidArgument("a lease starts with an `admit` message")
+        a = first.admit
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + remaining if remaining is not None else None
+        req = PlacementRequest(request_id=a.request_id, tenant=a.tenant, priority=int(a.priority), model=a.model,
+                               prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
+                               prefix_hint=a.prefix_hint, session_id=a.session_id)
+        with request_context(request_id=a.request_id, tenant=a.tenant or None):
+            lease = await self.leases.acquire(req, deadline=deadline)
+            outcome = scheduler_pb2.OUTCOME_ABANDONED
+            try:
+                yield scheduler_pb2.LeaseEvent(granted=scheduler_pb2.Granted(
+                    worker_id=lease.worker.worker_id, address=lease.worker.address, reason=lease.reason,
+                    queue_wait_s=lease.queue_wait_s))
+                async for msg in request_iterator:
+                    if msg.HasField("release"):
+                        outcome = msg.release.outcome or scheduler_pb2.OUTCOME_OK
+                        break
+            finally:
+                # Runs on release, on a broken stream and on cancellation alike: capacity is never leaked.
+                self.leases.release(lease, outcome)
+                if outcome == scheduler_pb2.OUTCOME_ABANDONED:
+                    log.info("lease abandoned: the gateway went away", extra={"worker": lease.worker.worker_id})
+            yield scheduler_pb2.LeaseEvent(released=scheduler_pb2.Released())
+
+    async def ListWorkers(self, request: scheduler_pb2.ListWorkersRequest,
+                          context: aio.ServicerContext) -> scheduler_pb2.ListWorkersResponse:
+        return scheduler_pb2.ListWorkersResponse(workers=[worker_status(w) for w in self.registry.all()])
+
+    async def RegisterWorker(self, request: scheduler_pb2.RegisterWorkerRequest,
+                             context: aio.ServicerContext) -> scheduler_pb2.RegisterWorkerResponse:
+        address = request.address.strip()
+        if not address or ":" not in address:
+            raise InvalidArgument("address must be host:port", param="address")
+        worker = self.registry.add(address)
+        return scheduler_pb2.RegisterWorkerResponse(worker_id=worker.worker_id)
+
+    async def DeregisterWorker(self, request: scheduler_pb2.DeregisterWorkerRequest,
+                               context: aio.ServicerContext) -> scheduler_pb2.DeregisterWorkerResponse:
+        if not await self.registry.remove(request.worker_id):
+            raise NotFound(f"no worker {request.worker_id!r}")
+        return scheduler_pb2.DeregisterWorkerResponse()
