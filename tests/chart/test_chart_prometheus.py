@@ -8,6 +8,7 @@ promtool both checks them (`check rules`) and evaluates them on sample series (`
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,43 @@ def test_prometheus_rule_in_chart_embeds_the_tested_file(chart: Any) -> None:
     rule = chart.by_kind(chart.docs(), "PrometheusRule")
     (doc,) = rule.values()
     assert doc["spec"] == yaml.safe_load((RULES_DIR / "alerts.yaml").read_text())
+
+
+DASHBOARD = REPO / "charts" / "goodput" / "dashboards" / "goodput.json"
+
+
+def _dashboard_exprs() -> list[str]:
+    dash = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+
+
+def test_dashboard_shows_what_sres_tune_by(chart: Any) -> None:
+    text = "\n".join(_dashboard_exprs())
+    for metric in (
+        "goodput_gateway_ttft_seconds",
+        "goodput_gateway_itl_seconds",
+        "goodput_gateway_e2e_seconds",
+        "goodput_gateway_stage_seconds",
+        "goodput_scheduler_queue_depth",
+        "goodput_scheduler_shed_total",
+        "goodput_cache_lookups_total",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "goodput_worker_kv_cache_usage_ratio",
+    ):
+        assert metric in text, metric
+    assert "by (le, priority)" in text and "by (stage)" in text and "by (layer)" in text
+    (cm,) = [d for d in chart.docs() if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboards")]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert "goodput.json" in cm["data"]
+
+
+def test_dashboard_queries_are_valid_promql(chart: Any, promtool: str, tmp_path: Path) -> None:
+    # Grafana variables replaced by what Grafana would send, then checked as recording rules.
+    rules = [
+        {"record": f"dashboard:query_{i}", "expr": e.replace("$__rate_interval", "5m").replace("$namespace", "goodput")}
+        for i, e in enumerate(_dashboard_exprs())
+    ]
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, sort_keys=False))
+    proc = chart.run([promtool, "check", "rules", str(path)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr

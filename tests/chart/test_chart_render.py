@@ -43,7 +43,9 @@ def test_helm_lint_strict(chart: Any, helm: str, values: str | None) -> None:
 
 
 def _kubernetes_validate(chart: Any, files: list[Path]) -> None:
-    proc = chart.run([sys.executable, "-m", "kubernetes_validate", "-k", "1.30.0", "--strict", "--quiet", *map(str, files)])
+    proc = chart.run(
+        [sys.executable, "-m", "kubernetes_validate", "-k", "1.30.0", "--strict", "--quiet", *map(str, files)]
+    )
     if "No module named kubernetes_validate" in proc.stderr:
         pytest.fail(f"kubernetes-validate is not installed in {sys.executable}; {INSTALL_HINT}", pytrace=False)
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
