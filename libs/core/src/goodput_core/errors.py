@@ -95,6 +95,14 @@ class Cancelled(GoodputError):
     openai_type = "cancelled"
 
 
+class Unimplemented(GoodputError):
+    """The API exists but this deployment does not provide it (a feature not configured)."""
+
+    grpc_code = grpc.StatusCode.UNIMPLEMENTED
+    http_status = 501
+    openai_type = "not_implemented"
+
+
 class Internal(GoodputError):
     pass
 
@@ -102,7 +110,7 @@ class Internal(GoodputError):
 _BY_CODE: dict[grpc.StatusCode, type[GoodputError]] = {
     cls.grpc_code: cls
     for cls in (InvalidArgument, Unauthenticated, PermissionDenied, NotFound, ResourceExhausted, Unavailable,
-                DeadlineExceeded, Cancelled)
+                DeadlineExceeded, Cancelled, Unimplemented)
 }
 
 

@@ -17,7 +17,7 @@ from opentelemetry import trace
 
 from goodput_core.context import request_id_var, tenant_id_var
 
-_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):
@@ -67,5 +67,5 @@ def configure_logging(*, service: str, level: str = "INFO", fmt: str = "json") -
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("httpx", "httpcore", "uvicorn.access"):
+    for noisy in ("httpx", "httpcore", "uvicorn.access", "uvicorn.error"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

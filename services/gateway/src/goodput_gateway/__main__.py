@@ -1,0 +1,63 @@
+"""`python -m goodput_gateway`: the public gRPC API and the OpenAI-compatible REST API."""
+
+from __future__ import annotations
+
+import asyncio
+
+from goodput.gateway.v1 import gateway_pb2_grpc
+from goodput.scheduler.v1 import scheduler_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry
+
+from goodput_core.bootstrap import bootstrap
+from goodput_core.clients import make_channel
+from goodput_core.server import ServiceRunner
+
+from goodput_gateway.auth import ApiKeyStore
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.pipeline import GatewayMetrics, Pipeline
+from goodput_gateway.rest import create_app
+from goodput_gateway.servicer import GatewayServicer
+from goodput_gateway.service import GatewayService
+
+
+def build(settings: GatewaySettings, registry: CollectorRegistry, provider: TracerProvider | None) -> ServiceRunner:
+    """Wires the gateway (also used by tests to run it in-process)."""
+    keys = ApiKeyStore.from_sources(file=settings.api_keys_file, inline=settings.api_keys)
+    scheduler_channel = make_channel(settings.scheduler_addr, provider)
+    metrics = GatewayMetrics(registry)
+    pipeline = Pipeline(settings, scheduler=scheduler_pb2_grpc.SchedulerStub(scheduler_channel),
+                        channel_factory=lambda addr: make_channel(addr, provider), metrics=metrics)
+    service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics)
+    tracer = (provider.get_tracer("goodput.gateway") if provider is not None
+              else TracerProvider().get_tracer("goodput.gateway"))
+    holder: dict[str, ServiceRunner] = {}
+    app = create_app(service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready)
+    runner = ServiceRunner(name="gateway", settings=settings, registry=registry, provider=provider, http_app=app)
+    holder["runner"] = runner
+    runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(service),
+               "goodput.gateway.v1.Gateway")
+
+    async def close() -> None:
+        await pipeline.close()
+        await scheduler_channel.close(grace=None)
+
+    runner.on_stop.append(close)
+    return runner
+
+
+async def serve() -> None:
+    rt = bootstrap("gateway", GatewaySettings)
+    try:
+        runner = build(rt.settings, rt.registry, rt.provider)
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"gateway: cannot load API keys: {err}") from None
+    await runner.run()
+
+
+def main() -> None:
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Gateway settings (env prefix GOODPUT_GATEWAY_)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from goodput_core.settings import ServiceSettings, service_config
+
+
+class GatewaySettings(ServiceSettings):
+    model_config = service_config("GOODPUT_GATEWAY_")
+
+    grpc_port: int = 50051
+    http_port: int = Field(8080, description="REST API (OpenAI-compatible), /metrics and /healthz.")
+    scheduler_addr: str = Field("127.0.0.1:50052", description="Scheduler gRPC address.")
+    api_keys_file: str = Field("", description="JSON file of API keys (mount a Secret here).")
+    api_keys: str = Field("", description="The same JSON inline (from a secretKeyRef). Merged with the file.")
+    max_prompt_chars: int = Field(32_768, ge=1, description="Largest prompt (sum of message contents), in "
+                                                             "characters; token limits are the worker's.")
+    max_messages: int = Field(256, ge=1, description="Most messages in one chat request.")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest REST request body.")
+    max_stop_sequences: int = Field(4, ge=0)
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request does not set it "
+                                                           "(capped by the context window).")
+    request_timeout_s: float = Field(300.0, gt=0, description="Deadline of a request end to end, unless the "
+                                                              "gRPC caller sets a shorter one.")
+    models_cache_s: float = Field(2.0, ge=0, description="How long the list of served models is reused.")
+    worker_retry: bool = Field(True, description="Retry once on another worker when a worker fails before "
+                                                 "the first token.")

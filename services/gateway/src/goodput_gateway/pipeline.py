@@ -1,0 +1,362 @@
+"""The request pipeline behind both APIs: lease a worker from the scheduler, stream from that worker, release.
+
+Tokens flow worker -> gateway -> caller with no buffering; the scheduler only holds the lease. Every exit path
+(finished, caller gone, worker lost, error) releases the lease with its outcome, and a caller that goes away
+cancels the worker call, which aborts the request in the engine.
+
+Example:
+    >>> stream = await pipeline.open(principal, request, request_id="req-1", deadline=time.monotonic() + 300)
+    >>> async for event in stream:       # TextDelta ..., then StreamEnd
+    ...     ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+from goodput.common.v1 import types_pb2
+from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
+from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from grpc import aio
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from goodput_core.errors import GoodputError, InvalidArgument, Unavailable, from_rpc_error
+from goodput_core.metrics import LATENCY_BUCKETS
+from goodput_core.priority import priority_name
+
+from goodput_gateway.auth import Principal
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.requests import GenerationRequest
+
+log = logging.getLogger("goodput.gateway.pipeline")
+
+_WORKER_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
+                grpc.StatusCode.CANCELLED}
+_FINISH = {types_pb2.FINISH_REASON_STOP: "stop", types_pb2.FINISH_REASON_LENGTH: "length",
+           types_pb2.FINISH_REASON_ABORT: "abort"}
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    id: str
+    max_model_len: int
+    model_version: str
+    workers: int
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    request_id: str
+    model: str
+    worker_id: str
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter("goodput_gateway_requests_total", "Requests by route, status and priority.",
+                                ["route", "code", "priority"], registry=registry)
+        self.ttft = Histogram("goodput_gateway_ttft_seconds", "Time to first token, from arrival.", ["priority"],
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.itl = Histogram("goodput_gateway_itl_seconds", "Time between streamed chunks.", ["priority"],
+                             buckets=ITL_BUCKETS, registry=registry)
+        self.e2e = Histogram("goodput_gateway_e2e_seconds", "Request duration, arrival to last token.",
+                             ["priority"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.stage = Histogram("goodput_gateway_stage_seconds", "Latency by pipeline stage.", ["stage"],
+                               buckets=LATENCY_BUCKETS, registry=registry)
+        self.worker_failures = Counter("goodput_gateway_worker_failures_total",
+                                       "Worker calls lost (before or after the first token).", ["phase"],
+                                       registry=registry)
+
+
+@dataclass
+class _Lease:
+    call: aio.StreamStreamCall
+    worker_id: str
+    address: str
+    released: bool = False
+
+
+@dataclass
+class GenerationStream:
+    """One request in flight. Iterate it for TextDelta events and a final StreamEnd; always exhausted or closed."""
+
+    pipeline: Pipeline
+    principal: Principal
+    request: GenerationRequest
+    request_id: str
+    priority: int
+    arrived: float
+    deadline: float
+    start: StreamStart | None = None
+    _lease: _Lease | None = None
+    _call: aio.UnaryStreamCall | None = None
+    _completion_tokens: int = 0
+    _first_token_at: float | None = None
+    _closed: bool = False
+    _outcome: int = scheduler_pb2.OUTCOME_CANCELLED
+    text_parts: list[str] = field(default_factory=list)
+
+    def remaining(self) -> float:
+        return max(self.deadline - time.monotonic(), 0.001)
+
+    async def __aiter__(self) -> AsyncIterator[TextDelta | StreamEnd]:
+        assert self._call is not None and self.start is not None
+        metrics = self.pipeline.metrics
+        prio = priority_name(self.priority)
+        last = time.monotonic()
+        try:
+            while True:
+                try:
+                    chunk = await self._call.read()
+                except grpc.RpcError as err:
+                    raise self._mid_stream_error(err) from None
+                if chunk is aio.EOF:
+                    raise self._fail(Unavailable("the worker ended the stream without finishing"))
+                kind = chunk.WhichOneof("kind")
+                if kind == "delta":
+                    now = time.monotonic()
+                    if self._first_token_at is None:
+                        self._first_token_at = now
+                        metrics.ttft.labels(prio).observe(now - self.arrived)
+                    else:
+                        metrics.itl.labels(prio).observe(now - last)
+                    last = now
+                    self._completion_tokens = chunk.delta.completion_tokens
+                    yield TextDelta(chunk.delta.text)
+                elif kind == "finished":
+                    f = chunk.finished
+                    self._outcome = scheduler_pb2.OUTCOME_OK
+                    metrics.e2e.labels(prio).observe(time.monotonic() - self.arrived)
+                    yield StreamEnd(finish_reason=_FINISH.get(f.finish_reason, "stop"),
+                                    prompt_tokens=f.usage.prompt_tokens,
+                                    completion_tokens=f.usage.completion_tokens)
+                    return
+        finally:
+            await self.aclose()
+
+    def _fail(self, err: GoodputError) -> GoodputError:
+        self._outcome = scheduler_pb2.OUTCOME_WORKER_FAILED
+        return err
+
+    def _mid_stream_error(self, err: grpc.RpcError) -> GoodputError:
+        code = err.code() if isinstance(err, aio.AioRpcError) else grpc.StatusCode.UNKNOWN
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            self._outcome = scheduler_pb2.OUTCOME_ERROR
+            return from_rpc_error(err)
+        if code in _WORKER_LOST:
+            self.pipeline.metrics.worker_failures.labels("mid_stream").inc()
+            worker = self._lease.worker_id if self._lease else "?"
+            log.warning("worker lost mid-stream", extra={"worker": worker, "code": code.name})
+            return self._fail(Unavailable(f"the inference worker failed mid-stream ({code.name.lower()}); "
+                                          "the answer is incomplete, retry the request"))
+        self._outcome = scheduler_pb2.OUTCOME_ERROR
+        return from_rpc_error(err)
+
+    async def aclose(self) -> None:
+        """Stops the worker call (aborting generation) if still running, and releases the lease."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._call is not None and not self._call.done():
+            self._call.cancel()
+        if self._lease is not None:
+            self.pipeline.release(self._lease, self._outcome, prompt_tokens=self.start.prompt_tokens
+                                  if self.start else 0, completion_tokens=self._completion_tokens,
+                                  ttft_s=(self._first_token_at - self.arrived) if self._first_token_at else 0.0)
+
+
+class Pipeline:
+    def __init__(self, settings: GatewaySettings, *, scheduler: scheduler_pb2_grpc.SchedulerStub,
+                 channel_factory: Callable[[str], aio.Channel], metrics: GatewayMetrics) -> None:
+        self.settings = settings
+        self.scheduler = scheduler
+        self._channel_factory = channel_factory
+        self._channels: dict[str, aio.Channel] = {}
+        self.metrics = metrics
+        self._models: tuple[float, list[ModelEntry]] = (0.0, [])
+        self._background: set[asyncio.Task[None]] = set()
+
+    def _worker(self, address: str) -> inference_pb2_grpc.InferenceStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = self._channel_factory(address)
+        return inference_pb2_grpc.InferenceStub(channel)
+
+    async def close(self) -> None:
+        if self._background:
+            await asyncio.wait(self._background, timeout=5)
+        for channel in self._channels.values():
+            await channel.close(grace=None)
+
+    # ---- models ----------------------------------------------------------------------------------------------
+
+    async def models(self) -> list[ModelEntry]:
+        """Models served by healthy workers (cached for ``models_cache_s``)."""
+        cached_at, cached = self._models
+        if cached and time.monotonic() - cached_at < self.settings.models_cache_s:
+            return cached
+        try:
+            resp = await self.scheduler.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)
+        except grpc.RpcError as err:
+            raise Unavailable(f"scheduler unavailable: {err.details() if hasattr(err, 'details') else err}") \
+                from None
+        by_name: dict[str, ModelEntry] = {}
+        for w in resp.workers:
+            if not w.healthy or not w.model.served_model_name:
+                continue
+            name = w.model.served_model_name
+            prev = by_name.get(name)
+            by_name[name] = ModelEntry(id=name, max_model_len=w.model.max_model_len,
+                                       model_version=w.model.model_version,
+                                       workers=(prev.workers if prev else 0) + 1)
+        models = sorted(by_name.values(), key=lambda m: m.id)
+        self._models = (time.monotonic(), models)
+        return models
+
+    async def resolve_model(self, name: str) -> ModelEntry:
+        models = await self.models()
+        if not models:
+            raise Unavailable("no healthy inference worker is serving a model yet", retry_after_s=5.0)
+        if not name:
+            return models[0]
+        for m in models:
+            if m.id == name:
+                return m
+        raise InvalidArgument(f"model {name!r} does not exist; available: {', '.join(m.id for m in models)}",
+                              param="model", code="model_not_found")
+
+    # ---- generation ------------------------------------------------------------------------------------------
+
+    async def open(self, principal: Principal, request: GenerationRequest, *, request_id: str, model: str,
+                   arrived: float, deadline: float) -> GenerationStream:
+        """Leases a worker and starts generation; returns once the worker accepted the request (so validation
+        errors surface before any response bytes are sent)."""
+        priority = principal.resolve_priority(request.priority)
+        stream = GenerationStream(pipeline=self, principal=principal, request=request, request_id=request_id,
+                                  priority=priority, arrived=arrived, deadline=deadline)
+        attempts = 2 if self.settings.worker_retry else 1
+        for attempt in range(attempts):
+            lease = await self._lease(stream, model)
+            stream._lease = lease
+            try:
+                stream.start = await self._start_worker(stream, lease, model)
+                return stream
+            except _WorkerLost as lost:
+                self.metrics.worker_failures.labels("before_first_token").inc()
+                self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
+                stream._lease = None
+                if attempt + 1 == attempts:
+                    raise Unavailable(f"the inference worker failed: {lost}") from None
+                log.warning("worker failed before the first token; retrying on another",
+                            extra={"worker": lease.worker_id})
+            except BaseException:
+                self.release(lease, scheduler_pb2.OUTCOME_ERROR)
+                stream._lease = None
+                raise
+        raise Unavailable("no worker could take the request")
+
+    async def _lease(self, stream: GenerationStream, model: str) -> _Lease:
+        started = time.monotonic()
+        req = stream.request
+        call = self.scheduler.Lease(timeout=stream.deadline - time.monotonic())
+        admit = scheduler_pb2.Admit(request_id=stream.request_id, tenant=stream.principal.tenant,
+                                    priority=stream.priority, model=model,
+                                    prompt_tokens_estimate=req.prompt_chars() // 4,
+                                    max_tokens=req.sampling.max_tokens, prefix_hint=req.prefix_hint(),
+                                    session_id=req.session_id)
+        try:
+            await call.write(scheduler_pb2.LeaseRequest(admit=admit))
+            while True:
+                event = await call.read()
+                if event is aio.EOF:
+                    raise Unavailable("the scheduler closed the lease without a grant")
+                if event.WhichOneof("kind") == "granted":
+                    break
+        except grpc.RpcError as err:
+            call.cancel()
+            raise from_rpc_error(err) from None
+        except BaseException:
+            call.cancel()
+            raise
+        self.metrics.stage.labels("schedule").observe(time.monotonic() - started)
+        return _Lease(call=call, worker_id=event.granted.worker_id, address=event.granted.address)
+
+    async def _start_worker(self, stream: GenerationStream, lease: _Lease, model: str) -> StreamStart:
+        req = stream.request
+        s = req.sampling
+        sampling = types_pb2.SamplingParams(max_tokens=s.max_tokens, stop=list(s.stop))
+        for name in ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty"):
+            value = getattr(s, name)
+            if value is not None:
+                setattr(sampling, name, value)
+        gen = inference_pb2.GenerateRequest(
+            request_id=stream.request_id, model=model, prompt=req.prompt, sampling=sampling,
+            priority=stream.priority, tenant=stream.principal.tenant,
+            messages=[types_pb2.ChatMessage(role=m.role, content=m.content, name=m.name) for m in req.messages])
+        call = self._worker(lease.address).Generate(gen, timeout=stream.remaining())
+        stream._call = call
+        try:
+            first = await call.read()
+        except grpc.RpcError as err:
+            call.cancel()
+            code = err.code() if isinstance(err, aio.AioRpcError) else grpc.StatusCode.UNKNOWN
+            if code in _WORKER_LOST:
+                raise _WorkerLost(err.details() if isinstance(err, aio.AioRpcError) else str(err)) from None
+            raise from_rpc_error(err) from None
+        except BaseException:
+            call.cancel()
+            raise
+        if first is aio.EOF or first.WhichOneof("kind") != "started":
+            call.cancel()
+            raise _WorkerLost("the worker did not acknowledge the request")
+        return StreamStart(request_id=stream.request_id, model=model, worker_id=lease.worker_id,
+                           prompt_tokens=first.started.prompt_tokens)
+
+    def release(self, lease: _Lease, outcome: int, *, prompt_tokens: int = 0, completion_tokens: int = 0,
+                ttft_s: float = 0.0) -> None:
+        """Tells the scheduler the request ended, off the caller's path (it does not delay the response)."""
+        if lease.released:
+            return
+        lease.released = True
+        release = scheduler_pb2.Release(outcome=outcome, prompt_tokens=prompt_tokens,
+                                        completion_tokens=completion_tokens, ttft_s=ttft_s)
+        task = asyncio.get_running_loop().create_task(self._send_release(lease, release))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    @staticmethod
+    async def _send_release(lease: _Lease, release: scheduler_pb2.Release) -> None:
+        try:
+            await asyncio.wait_for(_release_call(lease.call, release), timeout=5)
+        except (grpc.RpcError, asyncio.TimeoutError, asyncio.CancelledError):
+            lease.call.cancel()  # the scheduler then releases it as abandoned
+
+
+async def _release_call(call: aio.StreamStreamCall, release: scheduler_pb2.Release) -> None:
+    await call.write(scheduler_pb2.LeaseRequest(release=release))
+    await call.done_writing()
+    while await call.read() is not aio.EOF:
+        pass
+
+
+class _WorkerLost(Exception):
+    pass

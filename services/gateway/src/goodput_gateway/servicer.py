@@ -1,0 +1,113 @@
+"""Thin gRPC servicer for the public Gateway API, over the same service as REST."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from goodput.common.v1 import types_pb2
+from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from grpc import aio
+
+from goodput_core.context import REQUEST_ID_HEADER, new_request_id, request_context
+from goodput_core.errors import GoodputError, Unimplemented
+
+from goodput_gateway.pipeline import StreamEnd, TextDelta
+from goodput_gateway.requests import from_proto
+from goodput_gateway.service import GatewayService
+
+_FINISH = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REASON_LENGTH,
+           "abort": types_pb2.FINISH_REASON_ABORT}
+
+
+def _authorization(context: aio.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
+def _usage(end: StreamEnd) -> types_pb2.Usage:
+    return types_pb2.Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens,
+                           total_tokens=end.prompt_tokens + end.completion_tokens)
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, service: GatewayService) -> None:
+        self.service = service
+
+    def _count(self, route: str, code: str, priority: str = "unspecified") -> None:
+        self.service.metrics.requests.labels(route, code, priority).inc()
+
+    async def GenerateStream(self, request: gateway_pb2.GenerateRequest,
+                             context: aio.ServicerContext) -> AsyncIterator[gateway_pb2.GenerateStreamResponse]:
+        arrived = time.monotonic()
+        request_id = new_request_id()
+        context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
+        with request_context(request_id=request_id):
+            try:
+                principal = self.service.authenticate(_authorization(context))
+                stream = await self.service.begin(principal, from_proto(request, stream=True), request_id=request_id,
+                                                  arrived=arrived, timeout_s=context.time_remaining())
+            except GoodputError as err:
+                self._count("grpc_stream", err.grpc_code.name)
+                raise
+            self._count("grpc_stream", "OK")
+            assert stream.start is not None
+            yield gateway_pb2.GenerateStreamResponse(start=gateway_pb2.StreamStart(
+                request_id=request_id, model=stream.start.model))
+            async for event in stream:
+                if isinstance(event, TextDelta):
+                    yield gateway_pb2.GenerateStreamResponse(delta=event.text)
+                else:
+                    yield gateway_pb2.GenerateStreamResponse(end=gateway_pb2.StreamEnd(
+                        finish_reason=_FINISH[event.finish_reason], usage=_usage(event)))
+
+    async def Generate(self, request: gateway_pb2.GenerateRequest,
+                       context: aio.ServicerContext) -> gateway_pb2.GenerateResponse:
+        arrived = time.monotonic()
+        request_id = new_request_id()
+        context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
+        with request_context(request_id=request_id):
+            try:
+                principal = self.service.authenticate(_authorization(context))
+                stream = await self.service.begin(principal, from_proto(request, stream=False),
+                                                  request_id=request_id, arrived=arrived,
+                                                  timeout_s=context.time_remaining())
+            except GoodputError as err:
+                self._count("grpc", err.grpc_code.name)
+                raise
+            self._count("grpc", "OK")
+            parts: list[str] = []
+            end: StreamEnd | None = None
+            async for event in stream:
+                if isinstance(event, TextDelta):
+                    parts.append(event.text)
+                else:
+                    end = event
+            assert end is not None and stream.start is not None
+            return gateway_pb2.GenerateResponse(request_id=request_id, model=stream.start.model,
+                                                text="".join(parts), finish_reason=_FINISH[end.finish_reason],
+                                                usage=_usage(end))
+
+    async def ListModels(self, request: gateway_pb2.ListModelsRequest,
+                         context: aio.ServicerContext) -> gateway_pb2.ListModelsResponse:
+        self.service.authenticate(_authorization(context))
+        models = await self.service.pipeline.models()
+        return gateway_pb2.ListModelsResponse(models=[
+            gateway_pb2.Model(id=m.id, max_model_len=m.max_model_len, workers=m.workers) for m in models])
+
+    async def Embed(self, request: gateway_pb2.EmbedRequest,
+                    context: aio.ServicerContext) -> gateway_pb2.EmbedResponse:
+        self.service.authenticate(_authorization(context))
+        raise Unimplemented("embeddings need the embedder service, which this gateway is not configured with")
+
+    async def Search(self, request: gateway_pb2.SearchRequest,
+                     context: aio.ServicerContext) -> gateway_pb2.SearchResponse:
+        self.service.authenticate(_authorization(context))
+        raise Unimplemented("search needs the retriever service, which this gateway is not configured with")
+
+    async def Index(self, request: gateway_pb2.IndexRequest,
+                    context: aio.ServicerContext) -> gateway_pb2.IndexResponse:
+        self.service.authenticate(_authorization(context))
+        raise Unimplemented("indexing needs the embedder service, which this gateway is not configured with")
