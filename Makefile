@@ -1,0 +1,33 @@
+# One command per chore, the same locally and in CI (.ci/run calls `make test`).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+TEST_DIRS = $(wildcard libs/*/tests services/*/tests) tests
+SRC_DIRS = $(wildcard libs/*/src services/*/src)
+
+.PHONY: install protos run test test-unit lint bench clean
+
+install:  ## virtualenv, pinned dependencies, vLLM (CPU), the dev model, editable packages; near-instant when done
+	VENV=$(VENV) scripts/install.sh
+
+protos:  ## regenerate libs/protos from protos/
+	$(PY) scripts/gen_protos.py
+
+run: install  ## the whole platform on this machine (Ctrl-C stops it)
+	$(VENV)/bin/goodput up
+
+test: install  ## the whole suite, integration and end-to-end tests included
+	$(PY) -m pytest $(TEST_DIRS) $(PYTEST_ARGS)
+
+test-unit: install  ## everything except the tests that start the platform
+	$(PY) -m pytest $(TEST_DIRS) --ignore=tests/integration -m "not integration and not e2e" $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check libs services scripts tests
+	$(VENV)/bin/mypy $(SRC_DIRS)
+
+bench: install  ## gateway/scheduler overhead benchmark (reports numbers, does not assert)
+	$(PY) -m loadtests.overhead
+
+clean:  ## removes the local platform's state (.goodput/: logs, dev key); stops nothing
+	rm -rf .goodput
