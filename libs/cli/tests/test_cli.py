@@ -1,0 +1,70 @@
+"""`goodput status` and `goodput chat` fail with one readable line, never a traceback, when nothing answers."""
+
+from __future__ import annotations
+
+import socket
+
+from typer.testing import CliRunner
+
+from goodput_cli.main import app, usage_examples
+
+runner = CliRunner()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_status_with_nothing_running_exits_non_zero_and_says_what_is_down():
+    result = runner.invoke(app, ["status", "--scheduler", f"127.0.0.1:{_free_port()}",
+                                 "--gateway", f"http://127.0.0.1:{_free_port()}",
+                                 "--gateway-grpc", f"127.0.0.1:{_free_port()}", "--timeout", "1"])
+
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    assert "error: gateway (gRPC) is down" in result.output
+    assert "scheduler is down" in result.output
+
+
+def test_chat_without_gateway_exits_non_zero_with_a_hint():
+    result = runner.invoke(app, ["chat", "hello", "--url", f"http://127.0.0.1:{_free_port()}", "--key", "gp-x"])
+
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    assert "cannot reach the gateway" in result.output
+    assert "goodput up" in result.output
+
+
+def test_chat_without_any_key_says_where_keys_come_from(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GOODPUT_API_KEY", raising=False)
+
+    result = runner.invoke(app, ["chat", "hello", "--url", f"http://127.0.0.1:{_free_port()}"])
+
+    assert result.exit_code == 1
+    assert "no API key" in result.output and "GOODPUT_API_KEY" in result.output
+
+
+def test_chat_reads_the_dev_key_of_goodput_up(tmp_path, monkeypatch):
+    from goodput_cli.keys import write_dev_keys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GOODPUT_API_KEY", raising=False)
+    write_dev_keys(tmp_path / ".goodput")
+
+    result = runner.invoke(app, ["chat", "hello", "--url", f"http://127.0.0.1:{_free_port()}"])
+
+    assert "cannot reach the gateway" in result.output  # got past the key lookup
+
+
+def test_printed_examples_stream_with_the_key_and_model():
+    text = usage_examples(base_url="http://127.0.0.1:8080", key="gp-dev-abc", model="smollm2-135m-instruct")
+
+    assert "curl -N http://127.0.0.1:8080/v1/chat/completions" in text
+    assert '-H "Authorization: Bearer gp-dev-abc"' in text
+    assert '"stream": true' in text and '"model": "smollm2-135m-instruct"' in text
+    assert 'OpenAI(base_url="http://127.0.0.1:8080/v1", api_key="gp-dev-abc")' in text
+    snippet = text[text.index("from openai import OpenAI"):text.index("Or: goodput chat")]
+    compile(snippet, "<snippet>", "exec")  # the Python snippet is valid as printed

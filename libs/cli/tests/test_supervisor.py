@@ -1,0 +1,188 @@
+"""The supervisor: wiring from docs/services.md, and the lifecycle of real child processes (fake services that only
+serve gRPC health, so no vLLM is involved)."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from goodput_cli.supervisor import Platform, PlatformError, cpu_bindings
+
+
+def test_addresses_follow_the_port_offset(tmp_path):
+    p = Platform(workdir=tmp_path, workers=2, port_offset=100)
+
+    assert p.gateway_http == "http://127.0.0.1:8180"
+    assert p.gateway_grpc == "127.0.0.1:50151"
+    assert p.scheduler_grpc == "127.0.0.1:50152"
+    assert [p.worker_grpc(0), p.worker_grpc(1)] == ["127.0.0.1:50161", "127.0.0.1:50162"]
+    assert [p.worker_http(0), p.worker_http(1)] == ["http://127.0.0.1:9261", "http://127.0.0.1:9262"]
+    with pytest.raises(IndexError):
+        p.worker_grpc(2)
+
+
+def test_each_service_gets_its_ports_and_peers(tmp_path, monkeypatch):
+    monkeypatch.delenv("GOODPUT_INFERENCE_KV_CACHE_SPACE_GB", raising=False)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr("goodput_cli.supervisor.cpu_bindings", lambda n: cpu_bindings(n, [0, 1]))
+    p = Platform(workdir=tmp_path, workers=2, port_offset=100, env={"GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.2"})
+
+    specs = {s.name: s for s in p.plan()}
+
+    assert list(specs) == ["worker-0", "worker-1", "scheduler", "gateway"]
+    w1 = specs["worker-1"].env
+    assert w1["GOODPUT_INFERENCE_GRPC_PORT"] == "50162"
+    assert w1["GOODPUT_INFERENCE_HTTP_PORT"] == "9262"
+    assert w1["GOODPUT_INFERENCE_WORKER_ID"] == "worker-1"
+    assert w1["GOODPUT_INFERENCE_KV_CACHE_SPACE_GB"] == "1"
+    assert [specs[f"worker-{i}"].env["VLLM_CPU_OMP_THREADS_BIND"] for i in (0, 1)] == ["0", "1"]
+    assert specs["worker-0"].argv[1:] == ["-m", "goodput_inference"]
+    sched = specs["scheduler"].env
+    assert sched["GOODPUT_SCHEDULER_GRPC_PORT"] == "50152"
+    assert sched["GOODPUT_SCHEDULER_HTTP_PORT"] == "9202"
+    assert sched["GOODPUT_SCHEDULER_WORKERS"] == "127.0.0.1:50161,127.0.0.1:50162"
+    gw = specs["gateway"].env
+    assert gw["GOODPUT_GATEWAY_GRPC_PORT"] == "50151"
+    assert gw["GOODPUT_GATEWAY_HTTP_PORT"] == "8180"
+    assert gw["GOODPUT_GATEWAY_SCHEDULER_ADDR"] == "127.0.0.1:50152"
+    assert gw["GOODPUT_GATEWAY_API_KEYS_FILE"] == str(tmp_path / "api-keys.json")
+    # Extra env reaches every child; the wiring always wins over it.
+    full = p.child_env(specs["scheduler"])
+    assert full["GOODPUT_SCHEDULER_HEALTH_INTERVAL_S"] == "0.2"
+    assert p.child_env(specs["worker-0"])["GOODPUT_INFERENCE_GRPC_PORT"] == "50161"
+
+
+def test_one_worker_is_not_pinned_and_explicit_settings_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("GOODPUT_INFERENCE_KV_CACHE_SPACE_GB", "3")
+    spec = Platform(workdir=tmp_path, workers=1).plan()[0]
+
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in spec.env
+    assert "GOODPUT_INFERENCE_KV_CACHE_SPACE_GB" not in spec.env  # inherited as 3
+
+
+@pytest.mark.parametrize(("workers", "cpus", "expected"), [
+    (1, [0, 1], [None]),
+    (2, [0, 1], ["0", "1"]),
+    (2, [0, 1, 2, 3, 4, 5, 6, 7], ["0-3", "4-7"]),
+    (3, [0, 1], ["0", "1", "0"]),
+    (2, [0, 2, 4, 6], ["0,2", "4,6"]),
+])
+def test_workers_get_disjoint_cpus(workers, cpus, expected):
+    assert cpu_bindings(workers, cpus) == expected
+
+
+# --- lifecycle with fake services ----------------------------------------------------------------------------------
+
+FAKE = textwrap.dedent('''
+    import os, signal, sys, time
+    from concurrent import futures
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    def main(prefix):
+        if os.environ.get("FAKE_FAIL") == prefix:
+            print("boom: cannot start", flush=True)
+            sys.exit(3)
+        server = grpc.server(futures.ThreadPoolExecutor(4))
+        servicer = health.HealthServicer()
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        server.add_insecure_port("127.0.0.1:" + os.environ[prefix + "GRPC_PORT"])
+        server.start()
+        time.sleep(float(os.environ.get("FAKE_DELAY", "0")))
+        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        print("serving", flush=True)
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+        while True:
+            time.sleep(1)
+''')
+
+
+def _ports_free(offset: int) -> bool:
+    for port in (50051, 50052, 50061, 50062):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + offset))
+            except OSError:
+                return False
+    return True
+
+
+@pytest.fixture
+def fake_services(tmp_path):
+    root = tmp_path / "fake"
+    (root).mkdir()
+    (root / "fake_service.py").write_text(FAKE)
+    for svc in ("inference", "scheduler", "gateway"):
+        pkg = root / f"goodput_{svc}"
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text("")
+        (pkg / "__main__.py").write_text(f"import fake_service\nfake_service.main('GOODPUT_{svc.upper()}_')\n")
+    return root
+
+
+def _platform(tmp_path: Path, fake: Path, **env: str) -> Platform:
+    offset = next(o for o in (random.randrange(1000, 9000) for _ in range(50)) if _ports_free(o))
+    redis_port = offset + 6379
+    return Platform(workdir=tmp_path / "work", workers=2, port_offset=offset,
+                    env={"PYTHONPATH": str(fake), "GOODPUT_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", **env})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (make install)")
+def test_start_waits_for_every_service_and_stop_leaves_no_process(tmp_path, fake_services):
+    platform = _platform(tmp_path, fake_services, FAKE_DELAY="1")
+    platform.start(timeout_s=60)
+    try:
+        pids = {name: platform.pid(name) for name in ("redis", "worker-0", "worker-1", "scheduler", "gateway")}
+        assert all(pids.values())
+        assert "serving" in platform.log_path("gateway").read_text()
+        assert platform.dev_key and (tmp_path / "work" / "dev-key").read_text().strip() == platform.dev_key
+
+        platform.kill_worker(1)
+        assert platform.exited() == {"worker-1": -9}
+        platform.restart_worker(1, timeout_s=30)
+        assert platform.exited() == {}
+        pids["worker-1"] = platform.pid("worker-1")
+    finally:
+        platform.stop(grace_s=5)
+    time.sleep(0.1)
+    assert [name for name, pid in pids.items() if pid and _alive(pid)] == []
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (make install)")
+def test_a_service_that_exits_fails_start_with_its_log(tmp_path, fake_services):
+    platform = _platform(tmp_path, fake_services, FAKE_FAIL="GOODPUT_SCHEDULER_")
+
+    with pytest.raises(PlatformError, match=r"(?s)scheduler exited with code 3.*boom: cannot start"):
+        platform.start(timeout_s=60)
+    assert platform.exited() == {}  # everything stopped
+
+
+def test_timeout_names_the_slow_service(tmp_path, fake_services):
+    platform = _platform(tmp_path, fake_services, FAKE_DELAY="30")
+    platform.redis_url = "redis://127.0.0.1:1/0"
+    # Pretend Redis answers so the test does not need one.
+    import goodput_cli.supervisor as sup
+
+    real = sup._redis_ping
+    sup._redis_ping = lambda host, port, timeout_s=0.5: True  # type: ignore[assignment]
+    try:
+        with pytest.raises(PlatformError, match="timed out after 2 s waiting for worker-0, worker-1, scheduler"):
+            platform.start(timeout_s=2)
+    finally:
+        sup._redis_ping = real
