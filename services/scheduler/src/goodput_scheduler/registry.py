@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,8 +64,33 @@ class WorkerRegistry:
     # ---- membership ------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        for address in self.settings.workers:
-            self.add(address)
+        for entry in self.settings.workers:
+            if entry.startswith("dns:///"):
+                target = entry.removeprefix("dns:///")
+                self._tasks[entry] = asyncio.create_task(self._discovery_loop(target), name=f"discover:{target}")
+            else:
+                self.add(entry)
+
+    async def _discovery_loop(self, target: str) -> None:
+        """Keeps the workers behind a DNS name (a Kubernetes headless Service lists one A record per ready pod)
+        in sync: new addresses are added, vanished ones removed."""
+        host, _, port = target.rpartition(":")
+        known: set[str] = set()
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                infos = await loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+                current = {f"{info[4][0]}:{port}" if ":" not in info[4][0] else f"[{info[4][0]}]:{port}"
+                           for info in infos}
+            except (OSError, ValueError) as err:
+                log.warning("worker discovery failed", extra={"target": target, "error": str(err)})
+                current = known  # keep what we had: a DNS blip must not empty the fleet
+            for address in current - known:
+                self.add(address)
+            for address in known - current:
+                await self.remove(address)
+            known = current
+            await asyncio.sleep(self.settings.discovery_interval_s)
 
     def add(self, address: str) -> Worker:
         worker_id = address
@@ -91,6 +117,8 @@ class WorkerRegistry:
         return True
 
     async def stop(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
         for worker_id in list(self._workers):
             await self.remove(worker_id)
 
