@@ -3,7 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 TEST_DIRS = $(wildcard libs/*/tests services/*/tests) tests
+# mypy checks the packages by name, found through MYPYPATH (some services are namespace packages).
 SRC_DIRS = $(wildcard libs/*/src services/*/src)
+empty :=
+space := $(empty) $(empty)
+PACKAGES = $(notdir $(filter-out %.egg-info,$(wildcard libs/*/src/goodput_* services/*/src/goodput_*)))
 
 .PHONY: install protos run test test-unit lint bench clean
 
@@ -24,7 +28,7 @@ test-unit: install  ## everything except the tests that start the platform
 
 lint: install
 	$(VENV)/bin/ruff check libs services scripts tests
-	$(VENV)/bin/mypy $(SRC_DIRS)
+	MYPYPATH=$(subst $(space),:,$(SRC_DIRS)) $(VENV)/bin/mypy $(addprefix -p ,$(PACKAGES))
 
 bench: install  ## gateway/scheduler overhead benchmark (reports numbers, does not assert)
 	$(PY) -m loadtests.overhead
