@@ -1,0 +1,156 @@
+"""Helpers every benchmark in ``loadtests`` shares: percentiles, differences with confidence intervals, machine
+information and the JSON + Markdown report files.
+
+Example:
+    >>> s = summarize([0.010, 0.012, 0.011, 0.030])
+    >>> round(s["p50_ms"], 2)
+    11.5
+    >>> markdown_table(["path", "p50"], [["direct", fmt_ms(0.0115)]])
+    '| path | p50 |\\n|---|---|\\n| direct | 11.50 |'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PERCENTILES", "bootstrap_diff_ci", "fmt_ms", "machine_info", "markdown_table", "package_versions",
+    "percentile", "summarize", "write_report",
+]
+
+PERCENTILES = (50, 95, 99)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default method);
+    None for no values.
+
+    >>> percentile([1, 2, 3, 4], 50)
+    2.5
+    >>> percentile([], 99) is None
+    True
+    """
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be within 0..100, got {q}")
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    lo = int(rank)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+def summarize(seconds: Sequence[float], percentiles: Iterable[int] = PERCENTILES) -> dict[str, Any]:
+    """Count, mean and percentiles of durations given in seconds, reported in milliseconds (None when empty)."""
+    out: dict[str, Any] = {"n": len(seconds),
+                           "mean_ms": (sum(seconds) / len(seconds) * 1000) if seconds else None}
+    for q in percentiles:
+        v = percentile(seconds, q)
+        out[f"p{q}_ms"] = None if v is None else v * 1000
+    return out
+
+
+def bootstrap_diff_ci(a: Sequence[float], b: Sequence[float], *, q: float = 50, resamples: int = 1000,
+                      confidence: float = 0.95, seed: int = 0) -> tuple[float, float] | None:
+    """Confidence interval of percentile(a, q) - percentile(b, q) by resampling both samples independently.
+
+    Says how much of a measured difference could be noise; None when either sample is empty.
+
+    >>> lo, hi = bootstrap_diff_ci([2.0] * 20, [1.0] * 20)
+    >>> (lo, hi)
+    (1.0, 1.0)
+    """
+    if not a or not b:
+        return None
+    import numpy as np  # lazy: only the benchmarks need it
+
+    rng = np.random.default_rng(seed)
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    ra = xa[rng.integers(0, len(xa), size=(resamples, len(xa)))]
+    rb = xb[rng.integers(0, len(xb), size=(resamples, len(xb)))]
+    diffs = np.percentile(ra, q, axis=1) - np.percentile(rb, q, axis=1)
+    tail = (1 - confidence) / 2 * 100
+    lo, hi = np.percentile(diffs, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def fmt_ms(seconds: float | None, digits: int = 2) -> str:
+    """Seconds as milliseconds for a table cell; an em dash for no value."""
+    return "—" if seconds is None else f"{seconds * 1000:.{digits}f}"
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table (cells are str()-ed; pipes escaped)."""
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def package_versions(names: Iterable[str]) -> dict[str, str | None]:
+    """Installed versions of the given distributions (None when not installed)."""
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on: CPU, cores usable by this process, memory, OS, Python, load average.
+
+    Holds no host names or file-system paths, so it can be committed with a report.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info: dict[str, Any] = {
+        "cpu_model": _cpu_model(),
+        "cores_usable": cores,
+        "cores_total": os.cpu_count(),
+        "machine": platform.machine(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": sys.version.split()[0],
+    }
+    try:
+        info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    if hasattr(os, "getloadavg"):
+        info["loadavg_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
+    return info
+
+
+def write_report(out: Path, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:
+    """Writes ``<out>.json`` and ``<out>.md`` (``out`` has no suffix) (parent folders created); returns both paths.
+
+    ``data`` gets a ``generated_at`` UTC timestamp if it has none.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    data = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **data}
+    json_path, md_path = out.parent / f"{out.name}.json", out.parent / f"{out.name}.md"
+    json_path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
+    md_path.write_text(markdown.rstrip() + "\n", encoding="utf-8")
+    return json_path, md_path

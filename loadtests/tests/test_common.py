@@ -1,0 +1,118 @@
+"""The helpers every benchmark's numbers go through: a wrong percentile or a broken report would mislead readers."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from loadtests.common import (
+    bootstrap_diff_ci,
+    fmt_ms,
+    machine_info,
+    markdown_table,
+    percentile,
+    summarize,
+    write_report,
+)
+from loadtests.overhead import PATHS, Sample, analyse_level, render_markdown, schedule
+
+
+def test_percentile_matches_numpy_linear_interpolation() -> None:
+    np = pytest.importorskip("numpy")
+    rng = random.Random(7)
+    values = [rng.expovariate(10) for _ in range(257)]
+    for q in (0, 1, 50, 95, 99, 100):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_percentile_edges() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_summarize_reports_milliseconds_and_handles_no_values() -> None:
+    s = summarize([0.001, 0.002, 0.003])
+    assert s["n"] == 3
+    assert s["p50_ms"] == pytest.approx(2.0)
+    assert s["mean_ms"] == pytest.approx(2.0)
+    assert set(s) == {"n", "mean_ms", "p50_ms", "p95_ms", "p99_ms"}
+    empty = summarize([])
+    assert empty["n"] == 0 and empty["p99_ms"] is None and empty["mean_ms"] is None
+
+
+def test_bootstrap_interval_contains_a_real_shift_and_excludes_zero() -> None:
+    pytest.importorskip("numpy")
+    rng = random.Random(1)
+    base = [rng.gauss(0.100, 0.005) for _ in range(200)]
+    shifted = [x + 0.010 for x in base]
+    lo, hi = bootstrap_diff_ci(shifted, base)  # type: ignore[misc]
+    assert lo < 0.010 < hi
+    assert lo > 0
+    assert bootstrap_diff_ci([], base) is None
+
+
+def test_markdown_table_and_ms_formatting() -> None:
+    assert fmt_ms(None) == "—"
+    assert fmt_ms(0.0012345) == "1.23"
+    table = markdown_table(["a", "b"], [[1, "x|y"]])
+    assert table.splitlines() == ["| a | b |", "|---|---|", "| 1 | x\\|y |"]
+
+
+def test_write_report_writes_both_files_with_a_timestamp(tmp_path) -> None:
+    json_path, md_path = write_report(tmp_path / "sub" / "bench.v1", {"x": 1}, "# hi")
+    assert json_path.name == "bench.v1.json" and md_path.name == "bench.v1.md"
+    data = json.loads(json_path.read_text())
+    assert data["x"] == 1 and "generated_at" in data
+    assert md_path.read_text() == "# hi\n"
+
+
+def test_machine_info_has_no_paths_or_host_names() -> None:
+    info = machine_info()
+    assert info["cores_usable"] >= 1
+    text = json.dumps(info)
+    assert "/" not in text.replace("/s", "")  # no file-system paths
+    import socket
+    assert socket.gethostname() not in text
+
+
+def test_schedule_sends_every_prompt_once_per_path_in_shuffled_order() -> None:
+    jobs = schedule(30, random.Random(0))
+    assert len(jobs) == 90
+    for i in range(30):
+        triple = jobs[3 * i:3 * i + 3]
+        assert sorted(p for p, _ in triple) == sorted(PATHS)
+        assert len({prompt for _, prompt in triple}) == 1
+    firsts = {jobs[3 * i][0] for i in range(30)}
+    assert len(firsts) > 1  # not always the same path first
+
+
+def test_analyse_level_computes_overhead_and_verdict() -> None:
+    samples = []
+    for i in range(20):
+        samples.append(Sample("direct", i, ttft_s=0.050 + i * 1e-4, itl_s=[0.020] * 5, e2e_s=0.2, deltas=6))
+        samples.append(Sample("gateway_grpc", i, ttft_s=0.053 + i * 1e-4, itl_s=[0.0205] * 5, e2e_s=0.2, deltas=6))
+        samples.append(Sample("gateway_rest", i, ttft_s=0.060 + i * 1e-4, itl_s=[0.022] * 5, e2e_s=0.2, deltas=6))
+    samples.append(Sample("gateway_rest", 0, error="HTTP 503: busy"))
+    level = analyse_level(8, samples, wall_s=1.0, stages={"schedule": 0.001}, load_before=(1.0, 1.0, 1.0))
+    grpc_ttft = level["overhead"]["gateway_grpc"]["ttft"]
+    assert grpc_ttft["p50_diff_ms"] == pytest.approx(3.0)
+    assert grpc_ttft["pass"] is True
+    rest = level["overhead"]["gateway_rest"]
+    assert rest["ttft"]["p50_diff_ms"] == pytest.approx(10.0) and rest["ttft"]["pass"] is False
+    assert rest["itl"]["p50_diff_ms"] == pytest.approx(2.0) and rest["itl"]["pass"] is False
+    assert rest["ttft"]["p50_ratio"] == pytest.approx(0.0610 / 0.0510, rel=1e-3)
+    assert level["paths"]["gateway_rest"]["errors"] == 1
+    assert level["paths"]["gateway_rest"]["error_examples"] == ["HTTP 503: busy"]
+    assert level["gateway_stage_mean_ms"] == {"schedule": pytest.approx(1.0)}
+
+    report = {"generated_at": "now", "config": {"max_tokens": 8, "priority": "P0", "timeout_s": 60},
+              "levels": [level], "machine": machine_info(), "worker": {}, "engine_flags": "x", "platform": "y",
+              "packages": {}}
+    md = render_markdown(report)
+    assert "**The goal is missed**" in md
+    assert "**FAIL**" in md and "PASS" in md
