@@ -536,6 +536,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = ["# Platform overhead: gateway versus direct worker", ""]
     lines += [f"Measured {report['generated_at']}. Goal: the platform adds at most **{GOAL_TTFT_P50_MS:g} ms** to "
               f"TTFT p50 and at most **{GOAL_ITL_P50_MS:g} ms** to ITL p50 (gateway minus direct, same run).", ""]
+    lines += [f"Measured on {m.get('cores_usable')} shared CPU cores (client, gateway, scheduler and a CPU vLLM engine "
+              f"together; 1-min load average {(m.get('loadavg_1_5_15') or ['?'])[0]} at the start): the numbers are "
+              "noisy, which is why every difference comes with a 95% interval. See the caveats below.", ""]
     lines += ["## Verdict", "", *_verdict_lines(levels), ""]
     lines += ["## Overhead (gateway minus direct, ms; ratio = gateway / direct)", ""]
     rows = []
@@ -652,19 +655,31 @@ def _explain(levels: list[dict[str, Any]]) -> list[str]:
         t = lv["overhead"]["gateway_grpc"]["ttft"]["p50_diff_ms"]
         if t is None:
             continue
-        parts = [f"at {lv['concurrency']} stream(s) the gateway gRPC path adds {t:.2f} ms to TTFT p50"]
+        n = lv["concurrency"]
+        parts = [f"At {n} stream{'s' if n != 1 else ''} the gateway gRPC path adds {t:.2f} ms to TTFT p50"]
         if stages:
             known = {k: v for k, v in stages.items() if k in ("auth", "validate", "schedule")}
             if known:
                 parts.append("of which the gateway's own stage metrics account for about " + ", ".join(
                     f"{v:.2f} ms {k}" for k, v in known.items()) + " (means)")
         out.append("- " + "; ".join(parts) + ".")
+    steps = [lv["paths"]["direct"]["itl"]["p50_ms"] for lv in levels if lv["paths"]["direct"]["itl"]["p50_ms"]]
+    if steps:
+        out.append(
+            f"- The engine works in steps (direct ITL p50 here: {min(steps):.0f}–{max(steps):.0f} ms per step). A "
+            "request that reaches the engine a few milliseconds later than its direct twin can miss the step that "
+            "would have taken it in and wait for the next one, so on a slow CPU engine a few ms of gateway and "
+            "scheduler time turn into tens of ms of TTFT at p50, and at a burst (all streams of a level start "
+            "together) into most of a second at p95/p99. On a GPU, where a step takes a few ms, the same delay "
+            "costs proportionally less.")
     out += [
         "- Before the first token the gateway does work the direct path does not: authenticate the key, validate, "
         "look up the served model (a scheduler `ListWorkers` call every couple of seconds, cached in between), a "
         "`Lease` round trip to the scheduler (a bidirectional stream opened per request), and only then the worker "
-        "`Generate` call. Each is a Python gRPC hop, each costing a few hundred microseconds to a millisecond of "
-        "event-loop time on a busy CPU.",
+        "`Generate` call. Each is a Python gRPC hop; the stage means above show what they cost on this machine. "
+        "The lease (`schedule`) dominates and grows with the number of streams the gateway's event loop is already "
+        "relaying; `validate` jumps when the model list's cache has expired, because every request that arrives "
+        "then makes its own `ListWorkers` call before it may proceed.",
         "- For every token the gateway receives one protobuf message from the worker and sends one to the client "
         "(gRPC) or serialises one JSON SSE event (REST). That extra receive + send in Python adds latency to every "
         "delta but mostly a constant one, so it shifts TTFT more than it widens ITL; ITL differences grow when the "
@@ -753,6 +768,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--start", action="store_true", help="start an own platform with one worker (port offset "
                                                          "--port-offset) and stop it afterwards")
     ap.add_argument("--port-offset", type=int, default=300, help="port offset of the --start platform")
+    ap.add_argument("--render", type=Path, default=None, metavar="JSON",
+                    help="only rewrite the Markdown and PNG of an existing JSON report (next to it); runs nothing")
     ap.add_argument("--smoke", action="store_true", help="quick check: 1 and 2 streams, 4 requests, 8 tokens; "
                                                          "exit 1 on any failed request")
     args = ap.parse_args(argv)
@@ -766,7 +783,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.max_tokens = args.max_tokens or 32
     if args.requests_per_level is not None and args.requests_per_level < 1:
         ap.error("--requests-per-level must be at least 1")
-    if not args.start and not args.api_key:
+    if not args.start and not args.api_key and args.render is None:
         ap.error("--api-key (or $GOODPUT_API_KEY) is required unless --start")
     return args
 
@@ -776,6 +793,13 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)  # a log file: keep the summary tables readable
+    if args.render is not None:
+        saved = json.loads(args.render.read_text(encoding="utf-8"))
+        prefix = args.render.parent / args.render.stem
+        prefix.with_name(f"{prefix.name}.md").write_text(render_markdown(saved).rstrip() + "\n", encoding="utf-8")
+        render_plot(saved, prefix.with_name(f"{prefix.name}.png"))
+        print_summary(saved, console)
+        return 0
     levels = [(c, args.requests_per_level or DEFAULT_REQUESTS.get(c, 3 * c)) for c in args.concurrency]
     platform = None
     try:
