@@ -17,6 +17,10 @@ import grpc
 from grpc import aio
 
 RETRY_AFTER_KEY = "retry-after"
+# The machine-readable code and the offending parameter travel in trailing metadata, so an error raised by a worker
+# reaches the REST caller with the same `code` and `param` it had at its source.
+ERROR_CODE_KEY = "goodput-error-code"
+ERROR_PARAM_KEY = "goodput-error-param"
 
 
 class GoodputError(Exception):
@@ -40,9 +44,14 @@ class GoodputError(Exception):
                           "code": self.code or self.grpc_code.name.lower()}}
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
-        if self.retry_after_s is None:
-            return ()
-        return ((RETRY_AFTER_KEY, f"{self.retry_after_s:.3f}"),)
+        md: list[tuple[str, str]] = []
+        if self.retry_after_s is not None:
+            md.append((RETRY_AFTER_KEY, f"{self.retry_after_s:.3f}"))
+        if self.code:
+            md.append((ERROR_CODE_KEY, self.code))
+        if self.param:
+            md.append((ERROR_PARAM_KEY, self.param))
+        return tuple(md)
 
 
 class InvalidArgument(GoodputError):
@@ -119,15 +128,21 @@ def from_rpc_error(err: grpc.RpcError) -> GoodputError:
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = (err.details() if hasattr(err, "details") else None) or str(code)
     retry_after: float | None = None
-    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    for key, value in trailing or ():
-        if key == RETRY_AFTER_KEY:
-            try:
-                retry_after = float(value)
-            except (TypeError, ValueError):
-                retry_after = None
+    md = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
+    if RETRY_AFTER_KEY in md:
+        try:
+            retry_after = float(md[RETRY_AFTER_KEY])
+        except (TypeError, ValueError):
+            retry_after = None
     cls = _BY_CODE.get(code, Internal)
-    return cls(details, retry_after_s=retry_after)
+    return cls(details, retry_after_s=retry_after, code=_text(md.get(ERROR_CODE_KEY)),
+               param=_text(md.get(ERROR_PARAM_KEY)))
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def abort_with(context: aio.ServicerContext, err: GoodputError) -> None:

@@ -214,7 +214,8 @@ class VllmEngine:
         ids = self._prompt_ids(request)
         if len(ids) > self._max_prompt_tokens():
             raise InvalidArgument(
-                f"prompt has {len(ids)} tokens; the limit is {self._max_prompt_tokens()}",
+                f"prompt has {len(ids)} tokens; the limit is {self._max_prompt_tokens()} "
+                f"(context window {self._max_model_len} tokens)",
                 param="messages", code="context_length_exceeded")
         params = self._sampling_params(request, len(ids))
         priority = max(request.priority - 1, 0) if self.settings.scheduling_policy == "priority" else 0

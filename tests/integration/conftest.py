@@ -1,0 +1,82 @@
+"""One real platform per test session: two vLLM CPU workers, the scheduler and the gateway, each its own process,
+talking gRPC over localhost (starting vLLM takes a minute or two, so it is shared by every test here).
+
+Every service writes its spans to a JSON-lines file so tests can follow one trace across processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
+from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+from goodput_cli.supervisor import Platform
+
+PORT_OFFSET = int(os.environ.get("GOODPUT_TEST_PORT_OFFSET", "1000"))
+KEY_P0, KEY_P2 = "test-key-interactive", "test-key-batch"
+SERVICES = ("gateway", "scheduler", "inference")
+
+
+@pytest.fixture(scope="session")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    workdir = tmp_path_factory.mktemp("platform")
+    env: dict[str, str] = {"GOODPUT_INFERENCE_ENFORCE_EAGER": "true", "GOODPUT_INFERENCE_MAX_NUM_SEQS": "16"}
+    for svc in SERVICES:
+        prefix = f"GOODPUT_{svc.upper()}_"
+        env[prefix + "OTEL_EXPORTER"] = "file"
+        env[prefix + "OTEL_FILE"] = str(workdir / f"spans-{svc}.jsonl")
+    env["GOODPUT_SCHEDULER_HEALTH_INTERVAL_S"] = "0.5"
+    keys = [
+        {"key_sha256": _sha(KEY_P0), "tenant": "interactive-team", "max_priority": "P0"},
+        {"key_sha256": _sha(KEY_P2), "tenant": "batch-team", "max_priority": "P2"},
+    ]
+    p = Platform(workdir=workdir, workers=2, port_offset=PORT_OFFSET, env=env, api_keys=keys)
+    p.start(timeout_s=900)
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def _sha(key: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def read_spans(platform: Platform) -> list[dict[str, Any]]:
+    spans = []
+    for svc in SERVICES:
+        path = platform.workdir / f"spans-{svc}.jsonl"
+        if path.exists():
+            spans.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return spans
+
+
+def list_workers(platform: Platform) -> list[scheduler_pb2.WorkerStatus]:
+    with grpc.insecure_channel(platform.scheduler_grpc) as ch:
+        return list(scheduler_pb2_grpc.SchedulerStub(ch).ListWorkers(
+            scheduler_pb2.ListWorkersRequest(), timeout=5).workers)
+
+
+def worker_load(platform: Platform, i: int) -> inference_pb2.WorkerLoad:
+    with grpc.insecure_channel(platform.worker_grpc(i)) as ch:
+        return inference_pb2_grpc.InferenceStub(ch).GetLoad(inference_pb2.GetLoadRequest(), timeout=5)
+
+
+def wait_until(predicate, timeout: float = 20.0, interval: float = 0.2):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached within %.0f s" % timeout)
+        time.sleep(interval)

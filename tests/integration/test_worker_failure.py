@@ -1,0 +1,65 @@
+"""A worker killed mid-stream: its client gets a clear error, the scheduler ejects it, the next request is served
+by the healthy worker; the CLI shows it. The worker is restarted afterwards so test order does not matter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import openai
+import pytest
+
+from goodput_cli.supervisor import Platform
+
+from .conftest import KEY_P0, list_workers, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
+
+
+def goodput(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "goodput_cli.main", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+
+
+def status(platform: Platform) -> subprocess.CompletedProcess[str]:
+    return goodput("status", "--scheduler", platform.scheduler_grpc, "--gateway", platform.gateway_http,
+                   "--gateway-grpc", platform.gateway_grpc)
+
+
+def test_cli_status_and_chat(platform: Platform) -> None:
+    shown = status(platform)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert platform.worker_grpc(0) in shown.stdout and platform.worker_grpc(1) in shown.stdout
+    chat = goodput("chat", "What is the capital of France?", "--url", platform.gateway_http,
+                   "--key", KEY_P0, "--max-tokens", "20")
+    assert chat.returncode == 0, chat.stderr
+    assert len(chat.stdout.strip()) > 3, "the answer is streamed to the terminal"
+
+
+def test_worker_killed_mid_stream(platform: Platform) -> None:
+    client = openai.OpenAI(base_url=platform.gateway_http + "/v1", api_key=KEY_P0, max_retries=0, timeout=120)
+    stream = client.completions.create(model=client.models.list().data[0].id, prompt="1, 2, 3, 4, 5,",
+                                       max_tokens=1500, temperature=0, stream=True)
+    chunks = iter(stream)
+    for _ in range(3):
+        next(chunks)
+    busy = wait_until(lambda: [w for w in list_workers(platform) if w.inflight > 0])
+    assert len(busy) == 1
+    victim = next(i for i in range(2) if platform.worker_grpc(i) == busy[0].address)
+    threading.Timer(0.2, platform.kill_worker, args=(victim,)).start()
+    with pytest.raises(openai.APIError) as exc:
+        for _ in chunks:
+            pass
+    assert "worker failed mid-stream" in str(exc.value)
+
+    # The scheduler ejects the dead worker and the next request goes to the healthy one.
+    wait_until(lambda: not {w.address: w for w in list_workers(platform)}[platform.worker_grpc(victim)].healthy)
+    for _ in range(3):
+        resp = client.completions.create(model=client.models.list().data[0].id, prompt="Hello", max_tokens=4)
+        assert resp.choices[0].text is not None
+    assert status(platform).returncode != 0, "status reports the dead worker"
+
+    platform.restart_worker(victim)
+    wait_until(lambda: all(w.healthy for w in list_workers(platform)), timeout=120)
