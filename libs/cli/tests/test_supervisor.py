@@ -186,3 +186,56 @@ def test_timeout_names_the_slow_service(tmp_path, fake_services):
             platform.start(timeout_s=2)
     finally:
         sup._redis_ping = real
+
+
+def _pids_with_env(marker: str) -> list[int]:
+    """Processes whose environment contains ``marker`` (the fake services' PYTHONPATH)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None or not Path("/proc").is_dir(),
+                    reason="needs redis-server (make install) and /proc")
+def test_goodput_up_prints_working_examples_and_ctrl_c_stops_everything(tmp_path, fake_services, monkeypatch):
+    import signal
+    import threading
+
+    import grpc
+    from typer.testing import CliRunner
+
+    from goodput_cli.main import app
+    from goodput_cli.supervisor import _check_health
+
+    probe = _platform(tmp_path, fake_services)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(fake_services))
+    monkeypatch.setenv("GOODPUT_REDIS_URL", probe.redis_url)
+    seen_running: list[int] = []
+
+    def interrupt_when_up() -> None:
+        deadline = time.monotonic() + 60
+        with grpc.insecure_channel(probe.gateway_grpc) as channel:
+            while time.monotonic() < deadline and _check_health(channel) != "serving":
+                time.sleep(0.2)
+        time.sleep(2)  # `up` prints its examples once it has seen everything serve
+        seen_running.extend(_pids_with_env(f"PYTHONPATH={fake_services}"))
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_up, daemon=True).start()
+    result = CliRunner().invoke(app, ["up", "--workers", "2", "--port-offset", str(probe.port_offset)])
+
+    key = (tmp_path / ".goodput" / "dev-key").read_text().strip()
+    assert result.exit_code == 0, result.output
+    assert f"curl -N {probe.gateway_http}/v1/chat/completions" in result.output
+    assert f"Authorization: Bearer {key}" in result.output
+    assert f'OpenAI(base_url="{probe.gateway_http}/v1", api_key="{key}")' in result.output
+    assert "stopped." in result.output
+    assert len(seen_running) >= 4  # two workers, scheduler, gateway
+    assert _pids_with_env(f"PYTHONPATH={fake_services}") == []

@@ -103,7 +103,7 @@ def up(
     workdir = Path.cwd() / WORKDIR_NAME
     platform = Platform(workdir=workdir, workers=workers, port_offset=port_offset)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    ready = False
+    ready, error = False, ""
     try:
         console.print(f"starting Goodput: {workers} worker(s), logs in {platform.logs_dir}", highlight=False)
         platform.start(timeout_s=timeout, console=console)
@@ -124,9 +124,7 @@ def up(
     except KeyboardInterrupt:
         pass
     except PlatformError as err:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        platform.stop()
-        raise _fail(str(err)) from None
+        error = str(err)
     finally:
         # A second Ctrl-C must not interrupt the shutdown and leave children behind.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -134,6 +132,10 @@ def up(
         console.print("stopping...", highlight=False)
         platform.stop()
         console.print("stopped.", highlight=False)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if error:
+        raise _fail(error)
     if not ready:
         raise typer.Exit(130)
 

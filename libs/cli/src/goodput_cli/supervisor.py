@@ -281,6 +281,8 @@ class Platform:
         ``console``: where to show progress (a live table on a terminal, one line per change otherwise); None is
         silent.
         """
+        if self._procs:
+            raise PlatformError("already started; stop() first")
         deadline = time.monotonic() + timeout_s
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         if self.api_keys is None:
