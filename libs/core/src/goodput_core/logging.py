@@ -17,7 +17,8 @@ from opentelemetry import trace
 
 from goodput_core.context import request_id_var, tenant_id_var
 
-_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName", "color_message"}
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message", "asctime", "taskName", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):

@@ -6,8 +6,8 @@ from goodput.common.v1 import types_pb2
 
 from goodput_core.errors import InvalidArgument
 
-_BY_NAME = {"P0": types_pb2.PRIORITY_P0, "P1": types_pb2.PRIORITY_P1, "P2": types_pb2.PRIORITY_P2}
-_NAMES = {v: k for k, v in _BY_NAME.items()}
+_BY_NAME: dict[str, int] = {"P0": types_pb2.PRIORITY_P0, "P1": types_pb2.PRIORITY_P1, "P2": types_pb2.PRIORITY_P2}
+_NAMES: dict[int, str] = {v: k for k, v in _BY_NAME.items()}
 
 
 def parse_priority(name: str) -> int:

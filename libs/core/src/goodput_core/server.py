@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import grpc
@@ -45,7 +45,7 @@ GRPC_SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.so_reuseport", 0),
 ]
 
-Hook = Callable[[], Awaitable[None]]
+Hook = Callable[[], Coroutine[Any, Any, None]]
 
 
 class ServiceRunner:
@@ -102,7 +102,8 @@ class ServiceRunner:
             config = uvicorn.Config(app, host=self.settings.grpc_host, port=self.settings.http_port,
                                     log_config=None, access_log=False, lifespan="off", timeout_keep_alive=30)
             self._http_server = uvicorn.Server(config)
-            self._http_server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+            # The runner owns SIGTERM/SIGINT (drain first); uvicorn must not install its own handlers.
+            setattr(self._http_server, "install_signal_handlers", lambda: None)  # noqa: B010
             self._http_task = asyncio.create_task(self._http_server.serve())
         log.info("serving", extra={"grpc": address, "http_port": self.settings.http_port,
                                    "services": self._service_names})

@@ -17,8 +17,8 @@ from goodput_gateway.auth import ApiKeyStore
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.pipeline import GatewayMetrics, Pipeline
 from goodput_gateway.rest import create_app
-from goodput_gateway.servicer import GatewayServicer
 from goodput_gateway.service import GatewayService
+from goodput_gateway.servicer import GatewayServicer
 
 
 def build(settings: GatewaySettings, registry: CollectorRegistry, provider: TracerProvider | None) -> ServiceRunner:

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import grpc
 from goodput.common.v1 import types_pb2
@@ -193,6 +194,7 @@ class Pipeline:
         self._channels: dict[str, aio.Channel] = {}
         self.metrics = metrics
         self._models: tuple[float, list[ModelEntry]] = (0.0, [])
+        self._models_refresh: asyncio.Task[list[ModelEntry]] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
     def _worker(self, address: str) -> inference_pb2_grpc.InferenceStub:
@@ -210,10 +212,21 @@ class Pipeline:
     # ---- models ----------------------------------------------------------------------------------------------
 
     async def models(self) -> list[ModelEntry]:
-        """Models served by healthy workers (cached for ``models_cache_s``)."""
+        """Models served by healthy workers. Cached for ``models_cache_s``; a stale list is served while one
+        refresh runs in the background, so no request waits for the scheduler once a list is known."""
         cached_at, cached = self._models
-        if cached and time.monotonic() - cached_at < self.settings.models_cache_s:
+        fresh = time.monotonic() - cached_at < self.settings.models_cache_s
+        if cached and fresh:
             return cached
+        if self._models_refresh is None or self._models_refresh.done():
+            self._models_refresh = asyncio.get_running_loop().create_task(self._fetch_models())
+            # A failed background refresh keeps the old list; its error is consumed here, not logged as lost.
+            self._models_refresh.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+        if cached:
+            return cached
+        return await asyncio.shield(self._models_refresh)
+
+    async def _fetch_models(self) -> list[ModelEntry]:
         try:
             resp = await self.scheduler.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)
         except grpc.RpcError as err:
@@ -279,7 +292,7 @@ class Pipeline:
         req = stream.request
         call = self.scheduler.Lease(timeout=stream.deadline - time.monotonic())
         admit = scheduler_pb2.Admit(request_id=stream.request_id, tenant=stream.principal.tenant,
-                                    priority=stream.priority, model=model,
+                                    priority=cast(Any, stream.priority), model=model,
                                     prompt_tokens_estimate=req.prompt_chars() // 4,
                                     max_tokens=req.sampling.max_tokens, prefix_hint=req.prefix_hint(),
                                     session_id=req.session_id)
@@ -310,7 +323,7 @@ class Pipeline:
                 setattr(sampling, name, value)
         gen = inference_pb2.GenerateRequest(
             request_id=stream.request_id, model=model, prompt=req.prompt, sampling=sampling,
-            priority=stream.priority, tenant=stream.principal.tenant,
+            priority=cast(Any, stream.priority), tenant=stream.principal.tenant,
             messages=[types_pb2.ChatMessage(role=m.role, content=m.content, name=m.name) for m in req.messages])
         call = self._worker(lease.address).Generate(gen, timeout=stream.remaining())
         stream._call = call
@@ -337,7 +350,7 @@ class Pipeline:
         if lease.released:
             return
         lease.released = True
-        release = scheduler_pb2.Release(outcome=outcome, prompt_tokens=prompt_tokens,
+        release = scheduler_pb2.Release(outcome=cast(Any, outcome), prompt_tokens=prompt_tokens,
                                         completion_tokens=completion_tokens, ttft_s=ttft_s)
         task = asyncio.get_running_loop().create_task(self._send_release(lease, release))
         self._background.add(task)

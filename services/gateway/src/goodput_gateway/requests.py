@@ -149,7 +149,7 @@ def _common(body: dict[str, Any], header_priority: str | None) -> dict[str, Any]
     if not isinstance(options, dict):
         raise _type_error("stream_options", "an object")
     priority_value = body.get("priority", header_priority)
-    priority = types_pb2.PRIORITY_UNSPECIFIED
+    priority: int = types_pb2.PRIORITY_UNSPECIFIED
     if priority_value is not None:
         if not isinstance(priority_value, str):
             raise _type_error("priority", "one of 'P0', 'P1', 'P2'")

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any, cast
 
 log = logging.getLogger("goodput.inference.devmodel")
 
@@ -74,14 +75,15 @@ def _convert(src: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, torch_dtype=torch.float32)
     config = LlamaConfig(**{k: v for k, v in loaded.config.to_dict().items() if k not in ("quantization_config",)})
-    config.torch_dtype = torch.bfloat16
+    setattr(config, "dtype", torch.bfloat16)  # noqa: B010 - a read-only property in the type stubs
     plain = LlamaForCausalLM(config)
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     if [m for m in missing if "lm_head" not in m] or unexpected:
         raise RuntimeError(f"weight mismatch converting {src.name}: missing={missing} unexpected={unexpected}")
     if config.tie_word_embeddings:
         plain.tie_weights()
-    plain.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    plain = cast(Any, plain).to(torch.bfloat16)
+    plain.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
 
 

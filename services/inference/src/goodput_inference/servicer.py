@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
@@ -59,7 +59,11 @@ class WorkerMetrics:
             ("goodput_worker_gpu_utilization_ratio", "GPU utilisation (NVML), -1 without a GPU.",
              "gpu_utilization"),
         ):
-            Gauge(name, doc, registry=registry).set_function(lambda a=attr: float(getattr(engine.load(), a)))
+            Gauge(name, doc, registry=registry).set_function(_load_reader(engine, attr))
+
+
+def _load_reader(engine: Engine, attr: str) -> Callable[[], float]:
+    return lambda: float(getattr(engine.load(), attr))
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):

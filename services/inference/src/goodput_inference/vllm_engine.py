@@ -19,7 +19,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from goodput_core.errors import InvalidArgument, Unavailable
 
@@ -97,7 +97,7 @@ class VllmEngine:
             quantization=s.quantization or None,
             speculative_config=s.speculative_config,
             scheduling_policy=s.scheduling_policy,
-            dtype=s.dtype,
+            dtype=cast(Any, s.dtype),
             enforce_eager=s.enforce_eager,
             disable_log_stats=False,  # the stat logger below is how running/waiting/KV usage reach us
             enable_log_requests=False,

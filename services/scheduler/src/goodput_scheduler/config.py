@@ -15,9 +15,10 @@ class SchedulerSettings(ServiceSettings):
 
     grpc_port: int = 50052
     http_port: int = 9102
-    workers: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Inference workers, comma-separated: host:port, "
-                                                                 "or dns:///name:port (every address the name "
-                                                                 "resolves to, re-resolved; a headless Service).")
+    workers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Inference workers, comma-separated: host:port, or dns:///name:port (every address the name "
+                    "resolves to, re-resolved; a headless Service).")
     discovery_interval_s: float = Field(5.0, gt=0, description="Seconds between DNS look-ups of `dns:///` "
                                                                 "worker entries.")
     health_interval_s: float = Field(1.0, gt=0, description="Seconds between health/load checks of a worker.")

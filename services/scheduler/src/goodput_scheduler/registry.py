@@ -80,8 +80,8 @@ class WorkerRegistry:
         while True:
             try:
                 infos = await loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-                current = {f"{info[4][0]}:{port}" if ":" not in info[4][0] else f"[{info[4][0]}]:{port}"
-                           for info in infos}
+                hosts = {str(info[4][0]) for info in infos}
+                current = {f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in hosts}
             except (OSError, ValueError) as err:
                 log.warning("worker discovery failed", extra={"target": target, "error": str(err)})
                 current = known  # keep what we had: a DNS blip must not empty the fleet

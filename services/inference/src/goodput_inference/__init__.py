@@ -1,0 +1,1 @@
+"""Goodput inference service."""
