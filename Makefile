@@ -9,13 +9,16 @@ empty :=
 space := $(empty) $(empty)
 PACKAGES = $(notdir $(filter-out %.egg-info,$(wildcard libs/*/src/goodput_* services/*/src/goodput_*)))
 
-.PHONY: install protos run test test-unit lint bench clean
+.PHONY: install protos docs run test test-unit lint bench clean
 
 install:  ## virtualenv, pinned dependencies, vLLM (CPU), the dev model, editable packages; near-instant when done
 	VENV=$(VENV) scripts/install.sh
 
 protos:  ## regenerate libs/protos from protos/
 	$(PY) scripts/gen_protos.py
+
+docs:  ## regenerate the README's configuration reference from the settings classes
+	$(PY) scripts/gen_config_docs.py --readme README.md
 
 run: install  ## the whole platform on this machine (Ctrl-C stops it)
 	$(VENV)/bin/goodput up
