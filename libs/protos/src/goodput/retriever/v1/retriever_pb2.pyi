@@ -84,3 +84,94 @@ class SearchResponse(_message.Message):
     timings: _containers.RepeatedCompositeFieldContainer[LegTiming]
     kb_version: int
     def __init__(self, hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., degraded: _Optional[bool] = ..., notes: _Optional[_Iterable[str]] = ..., timings: _Optional[_Iterable[_Union[LegTiming, _Mapping]]] = ..., kb_version: _Optional[int] = ...) -> None: ...
+
+class OpenRequest(_message.Message):
+    __slots__ = ("tenant", "knowledge_base")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    knowledge_base: str
+    def __init__(self, tenant: _Optional[str] = ..., knowledge_base: _Optional[str] = ...) -> None: ...
+
+class OpenResponse(_message.Message):
+    __slots__ = ("created", "kb_version")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    KB_VERSION_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    kb_version: int
+    def __init__(self, created: _Optional[bool] = ..., kb_version: _Optional[int] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("chunk_id", "document_id", "text", "vector", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    chunk_id: str
+    document_id: str
+    text: str
+    vector: _containers.RepeatedScalarFieldContainer[float]
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, chunk_id: _Optional[str] = ..., document_id: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Iterable[float]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class WriteRequest(_message.Message):
+    __slots__ = ("tenant", "knowledge_base", "upserts", "delete_chunk_ids", "delete_document_ids", "rebuild_id", "kb_version")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
+    UPSERTS_FIELD_NUMBER: _ClassVar[int]
+    DELETE_CHUNK_IDS_FIELD_NUMBER: _ClassVar[int]
+    DELETE_DOCUMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    KB_VERSION_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    knowledge_base: str
+    upserts: _containers.RepeatedCompositeFieldContainer[Chunk]
+    delete_chunk_ids: _containers.RepeatedScalarFieldContainer[str]
+    delete_document_ids: _containers.RepeatedScalarFieldContainer[str]
+    rebuild_id: str
+    kb_version: int
+    def __init__(self, tenant: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., upserts: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., delete_chunk_ids: _Optional[_Iterable[str]] = ..., delete_document_ids: _Optional[_Iterable[str]] = ..., rebuild_id: _Optional[str] = ..., kb_version: _Optional[int] = ...) -> None: ...
+
+class WriteResponse(_message.Message):
+    __slots__ = ("upserted",)
+    UPSERTED_FIELD_NUMBER: _ClassVar[int]
+    upserted: int
+    def __init__(self, upserted: _Optional[int] = ...) -> None: ...
+
+class BeginRebuildRequest(_message.Message):
+    __slots__ = ("tenant", "knowledge_base")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    knowledge_base: str
+    def __init__(self, tenant: _Optional[str] = ..., knowledge_base: _Optional[str] = ...) -> None: ...
+
+class BeginRebuildResponse(_message.Message):
+    __slots__ = ("rebuild_id",)
+    REBUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    rebuild_id: str
+    def __init__(self, rebuild_id: _Optional[str] = ...) -> None: ...
+
+class CommitRebuildRequest(_message.Message):
+    __slots__ = ("tenant", "knowledge_base", "rebuild_id", "kb_version")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    KB_VERSION_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    knowledge_base: str
+    rebuild_id: str
+    kb_version: int
+    def __init__(self, tenant: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., rebuild_id: _Optional[str] = ..., kb_version: _Optional[int] = ...) -> None: ...
+
+class CommitRebuildResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

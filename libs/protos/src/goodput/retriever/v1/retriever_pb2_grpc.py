@@ -99,3 +99,224 @@ class Retrieval:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class IndexStoreStub:
+    """Internal: the write side of the knowledge-base stores, used only by the embedder's indexer (its gRPC server and
+    its Celery workers). The retriever is the single owner of the stores: the embedded backends (qdrant-client local
+    mode with `path=`, the tantivy index directory) cannot be opened by two processes at once, so every write goes
+    through the process that serves the reads. Writes are idempotent (chunk ids are content-derived), so a retried
+    or re-run job leaves no duplicates.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Open = channel.unary_unary(
+                '/goodput.retriever.v1.IndexStore/Open',
+                request_serializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.OpenRequest.SerializeToString,
+                response_deserializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.OpenResponse.FromString,
+                _registered_method=True)
+        self.Write = channel.unary_unary(
+                '/goodput.retriever.v1.IndexStore/Write',
+                request_serializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.WriteRequest.SerializeToString,
+                response_deserializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.WriteResponse.FromString,
+                _registered_method=True)
+        self.BeginRebuild = channel.unary_unary(
+                '/goodput.retriever.v1.IndexStore/BeginRebuild',
+                request_serializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.BeginRebuildRequest.SerializeToString,
+                response_deserializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.BeginRebuildResponse.FromString,
+                _registered_method=True)
+        self.CommitRebuild = channel.unary_unary(
+                '/goodput.retriever.v1.IndexStore/CommitRebuild',
+                request_serializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.CommitRebuildRequest.SerializeToString,
+                response_deserializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.CommitRebuildResponse.FromString,
+                _registered_method=True)
+
+
+class IndexStoreServicer:
+    """Internal: the write side of the knowledge-base stores, used only by the embedder's indexer (its gRPC server and
+    its Celery workers). The retriever is the single owner of the stores: the embedded backends (qdrant-client local
+    mode with `path=`, the tantivy index directory) cannot be opened by two processes at once, so every write goes
+    through the process that serves the reads. Writes are idempotent (chunk ids are content-derived), so a retried
+    or re-run job leaves no duplicates.
+    """
+
+    def Open(self, request, context):
+        """Makes sure a knowledge base exists (creates empty indexes behind its alias when missing). `created` tells the
+        indexer its change-detection records are stale (the stores were lost) and must be dropped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Write(self, request, context):
+        """Upserts chunks and deletes documents' chunks, in the live indexes or in a rebuild's staging indexes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BeginRebuild(self, request, context):
+        """Starts a full rebuild: new, empty indexes beside the live ones (queries still see the live ones).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitRebuild(self, request, context):
+        """Points the alias at the rebuilt indexes in one atomic step and drops the old ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_IndexStoreServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Open': grpc.unary_unary_rpc_method_handler(
+                    servicer.Open,
+                    request_deserializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.OpenRequest.FromString,
+                    response_serializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.OpenResponse.SerializeToString,
+            ),
+            'Write': grpc.unary_unary_rpc_method_handler(
+                    servicer.Write,
+                    request_deserializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.WriteRequest.FromString,
+                    response_serializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.WriteResponse.SerializeToString,
+            ),
+            'BeginRebuild': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginRebuild,
+                    request_deserializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.BeginRebuildRequest.FromString,
+                    response_serializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.BeginRebuildResponse.SerializeToString,
+            ),
+            'CommitRebuild': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitRebuild,
+                    request_deserializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.CommitRebuildRequest.FromString,
+                    response_serializer=goodput_dot_retriever_dot_v1_dot_retriever__pb2.CommitRebuildResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'goodput.retriever.v1.IndexStore', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('goodput.retriever.v1.IndexStore', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class IndexStore:
+    """Internal: the write side of the knowledge-base stores, used only by the embedder's indexer (its gRPC server and
+    its Celery workers). The retriever is the single owner of the stores: the embedded backends (qdrant-client local
+    mode with `path=`, the tantivy index directory) cannot be opened by two processes at once, so every write goes
+    through the process that serves the reads. Writes are idempotent (chunk ids are content-derived), so a retried
+    or re-run job leaves no duplicates.
+    """
+
+    @staticmethod
+    def Open(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/goodput.retriever.v1.IndexStore/Open',
+            goodput_dot_retriever_dot_v1_dot_retriever__pb2.OpenRequest.SerializeToString,
+            goodput_dot_retriever_dot_v1_dot_retriever__pb2.OpenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Write(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/goodput.retriever.v1.IndexStore/Write',
+            goodput_dot_retriever_dot_v1_dot_retriever__pb2.WriteRequest.SerializeToString,
+            goodput_dot_retriever_dot_v1_dot_retriever__pb2.WriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginRebuild(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/goodput.retriever.v1.IndexStore/BeginRebuild',
+            goodput_dot_retriever_dot_v1_dot_retriever__pb2.BeginRebuildRequest.SerializeToString,
+            goodput_dot_retriever_dot_v1_dot_retriever__pb2.BeginRebuildResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitRebuild(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/goodput.retriever.v1.IndexStore/CommitRebuild',
+            goodput_dot_retriever_dot_v1_dot_retriever__pb2.CommitRebuildRequest.SerializeToString,
+            goodput_dot_retriever_dot_v1_dot_retriever__pb2.CommitRebuildResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -62,3 +62,91 @@ class RetrievalServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_RetrievalServicer_to_server(servicer: RetrievalServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class IndexStoreStub:
+    """Internal: the write side of the knowledge-base stores, used only by the embedder's indexer (its gRPC server and
+    its Celery workers). The retriever is the single owner of the stores: the embedded backends (qdrant-client local
+    mode with `path=`, the tantivy index directory) cannot be opened by two processes at once, so every write goes
+    through the process that serves the reads. Writes are idempotent (chunk ids are content-derived), so a retried
+    or re-run job leaves no duplicates.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> IndexStoreAsyncStub: ...
+    Open: _grpc.UnaryUnaryMultiCallable[_retriever_pb2.OpenRequest, _retriever_pb2.OpenResponse]
+    """Makes sure a knowledge base exists (creates empty indexes behind its alias when missing). `created` tells the
+    indexer its change-detection records are stale (the stores were lost) and must be dropped.
+    """
+    Write: _grpc.UnaryUnaryMultiCallable[_retriever_pb2.WriteRequest, _retriever_pb2.WriteResponse]
+    """Upserts chunks and deletes documents' chunks, in the live indexes or in a rebuild's staging indexes."""
+    BeginRebuild: _grpc.UnaryUnaryMultiCallable[_retriever_pb2.BeginRebuildRequest, _retriever_pb2.BeginRebuildResponse]
+    """Starts a full rebuild: new, empty indexes beside the live ones (queries still see the live ones)."""
+    CommitRebuild: _grpc.UnaryUnaryMultiCallable[_retriever_pb2.CommitRebuildRequest, _retriever_pb2.CommitRebuildResponse]
+    """Points the alias at the rebuilt indexes in one atomic step and drops the old ones."""
+
+@_typing.type_check_only
+class IndexStoreAsyncStub(IndexStoreStub):
+    """Internal: the write side of the knowledge-base stores, used only by the embedder's indexer (its gRPC server and
+    its Celery workers). The retriever is the single owner of the stores: the embedded backends (qdrant-client local
+    mode with `path=`, the tantivy index directory) cannot be opened by two processes at once, so every write goes
+    through the process that serves the reads. Writes are idempotent (chunk ids are content-derived), so a retried
+    or re-run job leaves no duplicates.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Open: _aio.UnaryUnaryMultiCallable[_retriever_pb2.OpenRequest, _retriever_pb2.OpenResponse]  # type: ignore[assignment]
+    """Makes sure a knowledge base exists (creates empty indexes behind its alias when missing). `created` tells the
+    indexer its change-detection records are stale (the stores were lost) and must be dropped.
+    """
+    Write: _aio.UnaryUnaryMultiCallable[_retriever_pb2.WriteRequest, _retriever_pb2.WriteResponse]  # type: ignore[assignment]
+    """Upserts chunks and deletes documents' chunks, in the live indexes or in a rebuild's staging indexes."""
+    BeginRebuild: _aio.UnaryUnaryMultiCallable[_retriever_pb2.BeginRebuildRequest, _retriever_pb2.BeginRebuildResponse]  # type: ignore[assignment]
+    """Starts a full rebuild: new, empty indexes beside the live ones (queries still see the live ones)."""
+    CommitRebuild: _aio.UnaryUnaryMultiCallable[_retriever_pb2.CommitRebuildRequest, _retriever_pb2.CommitRebuildResponse]  # type: ignore[assignment]
+    """Points the alias at the rebuilt indexes in one atomic step and drops the old ones."""
+
+class IndexStoreServicer(metaclass=_abc_1.ABCMeta):
+    """Internal: the write side of the knowledge-base stores, used only by the embedder's indexer (its gRPC server and
+    its Celery workers). The retriever is the single owner of the stores: the embedded backends (qdrant-client local
+    mode with `path=`, the tantivy index directory) cannot be opened by two processes at once, so every write goes
+    through the process that serves the reads. Writes are idempotent (chunk ids are content-derived), so a retried
+    or re-run job leaves no duplicates.
+    """
+
+    @_abc_1.abstractmethod
+    def Open(
+        self,
+        request: _retriever_pb2.OpenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retriever_pb2.OpenResponse, _abc.Awaitable[_retriever_pb2.OpenResponse]]:
+        """Makes sure a knowledge base exists (creates empty indexes behind its alias when missing). `created` tells the
+        indexer its change-detection records are stale (the stores were lost) and must be dropped.
+        """
+
+    @_abc_1.abstractmethod
+    def Write(
+        self,
+        request: _retriever_pb2.WriteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retriever_pb2.WriteResponse, _abc.Awaitable[_retriever_pb2.WriteResponse]]:
+        """Upserts chunks and deletes documents' chunks, in the live indexes or in a rebuild's staging indexes."""
+
+    @_abc_1.abstractmethod
+    def BeginRebuild(
+        self,
+        request: _retriever_pb2.BeginRebuildRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retriever_pb2.BeginRebuildResponse, _abc.Awaitable[_retriever_pb2.BeginRebuildResponse]]:
+        """Starts a full rebuild: new, empty indexes beside the live ones (queries still see the live ones)."""
+
+    @_abc_1.abstractmethod
+    def CommitRebuild(
+        self,
+        request: _retriever_pb2.CommitRebuildRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retriever_pb2.CommitRebuildResponse, _abc.Awaitable[_retriever_pb2.CommitRebuildResponse]]:
+        """Points the alias at the rebuilt indexes in one atomic step and drops the old ones."""
+
+def add_IndexStoreServicer_to_server(servicer: IndexStoreServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
