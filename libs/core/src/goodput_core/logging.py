@@ -70,3 +70,7 @@ def configure_logging(*, service: str, level: str = "INFO", fmt: str = "json") -
     root.setLevel(level.upper())
     for noisy in ("httpx", "httpcore", "uvicorn.access", "uvicorn.error"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # OpenTelemetry's grpc.aio server interceptor detaches its context in a streaming handler's finaliser, which
+    # grpc may run in another asyncio context; the span still ends correctly but the library logs a traceback
+    # ("Failed to detach context") for every such stream.
+    logging.getLogger("opentelemetry.context").setLevel(logging.CRITICAL)
