@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from pydantic.fields import FieldInfo

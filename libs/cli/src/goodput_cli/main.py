@@ -102,6 +102,8 @@ def up(
     console = Console()
     workdir = Path.cwd() / WORKDIR_NAME
     platform = Platform(workdir=workdir, workers=workers, port_offset=port_offset)
+    # Ctrl-C and SIGTERM both stop everything, even when SIGINT came ignored (e.g. started with `&` by a script).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     ready, error = False, ""
     try:
