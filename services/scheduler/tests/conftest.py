@@ -62,7 +62,7 @@ async def workers() -> AsyncIterator[Callable[[int], Awaitable[list[StandInWorke
 class SchedulerHarness:
     def __init__(self, settings: SchedulerSettings) -> None:
         self.registry = CollectorRegistry()
-        self.runner, self.workers = build(settings, self.registry, None)
+        self.runner, self.workers, self.leases = build(settings, self.registry, None)
         self.channel: aio.Channel | None = None
 
     async def __aenter__(self) -> SchedulerHarness:
@@ -86,3 +86,48 @@ def scheduler_settings(addresses: list[str], **overrides: object) -> SchedulerSe
                                    health_timeout_s=0.5, drain_grace_s=0.5, no_worker_wait_s=0.5)
     base.update(overrides)
     return SchedulerSettings(**base)  # type: ignore[arg-type]
+
+
+class SimWorker:
+    """A simulated inference worker (goodput_inference's SimEngine behind the real worker servicer) on localhost:
+    it generates, so leases can be driven end to end. ``time_scale`` shrinks the simulated GPU's durations."""
+
+    def __init__(self, *, max_num_seqs: int = 8, time_scale: float = 0.05, **params: object) -> None:
+        from goodput_inference.config import InferenceSettings
+        from goodput_inference.servicer import InferenceServicer, WorkerMetrics
+        from goodput_inference.sim_engine import SimEngine, SimParams
+
+        settings = InferenceSettings(engine="sim", max_num_seqs=max_num_seqs, max_model_len=4096)
+        self.engine = SimEngine(settings, params=SimParams(time_scale=time_scale, **params))  # type: ignore[arg-type]
+        self.server = aio.server()
+        self.health = HealthServicer()
+        self.servicer = InferenceServicer(self.engine, worker_id="sim", metrics=WorkerMetrics(CollectorRegistry(),
+                                                                                             self.engine))
+        inference_pb2_grpc.add_InferenceServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        await self.engine.start()
+        await self.server.start()
+
+    async def stop(self) -> None:
+        await self.server.stop(None)
+        await self.engine.shutdown()
+
+
+@pytest.fixture
+async def sim_workers() -> AsyncIterator[Callable[..., Awaitable[list[SimWorker]]]]:
+    started: list[SimWorker] = []
+
+    async def make(n: int, **kw: object) -> list[SimWorker]:
+        for _ in range(n):
+            w = SimWorker(**kw)  # type: ignore[arg-type]
+            await w.start()
+            started.append(w)
+        return started[-n:]
+
+    yield make
+    for w in started:
+        await w.stop()

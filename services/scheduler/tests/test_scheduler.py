@@ -15,8 +15,8 @@ from .conftest import SchedulerHarness, scheduler_settings
 
 
 def admit(request_id: str, **kw: object) -> scheduler_pb2.LeaseRequest:
-    return scheduler_pb2.LeaseRequest(admit=scheduler_pb2.Admit(request_id=request_id, tenant="t",
-                                                                priority=types_pb2.PRIORITY_P0, **kw))
+    fields: dict[str, object] = {"tenant": "t", "priority": types_pb2.PRIORITY_P0, **kw}
+    return scheduler_pb2.LeaseRequest(admit=scheduler_pb2.Admit(request_id=request_id, **fields))
 
 
 async def wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
@@ -27,10 +27,13 @@ async def wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-
         await asyncio.sleep(0.02)
 
 
-async def open_lease(h: SchedulerHarness, request_id: str, timeout: float | None = 10):  # type: ignore[no-untyped-def]
+async def open_lease(h: SchedulerHarness, request_id: str, timeout: float | None = 10,  # type: ignore[no-untyped-def]
+                     *, skip_queued: bool = True, **kw: object):
     call = h.stub.Lease(timeout=timeout)
-    await call.write(admit(request_id))
+    await call.write(admit(request_id, **kw))
     event = await call.read()
+    while skip_queued and event.HasField("queued"):
+        event = await call.read()
     return call, event
 
 
@@ -84,6 +87,7 @@ async def test_explicit_release_frees_capacity_for_a_waiting_request(workers) ->
         first, _ = await open_lease(h, "r1")
         second = h.stub.Lease(timeout=10)
         await second.write(admit("r2"))
+        assert (await second.read()).HasField("queued")
         waiting = asyncio.create_task(second.read())
         await asyncio.sleep(0.3)
         assert not waiting.done(), "the second request must wait while the worker is at its cap"
@@ -109,15 +113,18 @@ async def test_expired_request_never_gets_a_worker(workers) -> None:  # type: ig
 
 async def test_full_queue_sheds_with_retry_after(workers) -> None:  # type: ignore[no-untyped-def]
     (a,) = await workers(1)
-    async with SchedulerHarness(scheduler_settings([a.address], max_inflight_per_worker=1, max_queue=0)) as h:
+    async with SchedulerHarness(scheduler_settings([a.address], max_inflight_per_worker=1, p0_max_queue=1)) as h:
         await wait_for(lambda: len(h.workers.healthy()) == 1)
         first, _ = await open_lease(h, "r1")
+        second, queued = await open_lease(h, "r2", skip_queued=False)  # waits: the P0 queue holds one
+        assert queued.HasField("queued")
         with pytest.raises(grpc.aio.AioRpcError) as exc:
-            await open_lease(h, "r2")
+            await open_lease(h, "r3")
         assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         retry_after = dict(exc.value.trailing_metadata() or ()).get("retry-after")
         assert retry_after is not None and float(retry_after) > 0
         first.cancel()
+        second.cancel()
 
 
 async def test_no_healthy_worker_is_unavailable(workers) -> None:  # type: ignore[no-untyped-def]

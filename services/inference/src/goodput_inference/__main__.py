@@ -17,20 +17,27 @@ from goodput_core.server import ServiceRunner
 
 from goodput_inference.config import InferenceSettings
 from goodput_inference.devmodel import SERVED_NAME, ensure_dev_model
+from goodput_inference.engine import Engine
 from goodput_inference.servicer import InferenceServicer, WorkerMetrics
 
 
 async def serve() -> None:
     rt = bootstrap("inference", InferenceSettings)
     s = rt.settings
-    from goodput_inference.vllm_engine import VllmEngine
+    engine: Engine
+    if s.engine == "sim":
+        from goodput_inference.sim_engine import SimEngine
 
-    if s.model:
-        model_dir, default_name = Path(s.model), Path(s.model).name
+        engine = SimEngine(s)
     else:
-        data_dir = Path(s.data_dir) if s.data_dir else None
-        model_dir, default_name = await asyncio.to_thread(ensure_dev_model, data_dir), SERVED_NAME
-    engine = VllmEngine(s, model_dir=model_dir, served_model_name=s.served_model_name or default_name)
+        from goodput_inference.vllm_engine import VllmEngine
+
+        if s.model:
+            model_dir, default_name = Path(s.model), Path(s.model).name
+        else:
+            data_dir = Path(s.data_dir) if s.data_dir else None
+            model_dir, default_name = await asyncio.to_thread(ensure_dev_model, data_dir), SERVED_NAME
+        engine = VllmEngine(s, model_dir=model_dir, served_model_name=s.served_model_name or default_name)
     worker_id = s.worker_id or f"{socket.gethostname()}:{s.grpc_port}"
     servicer = InferenceServicer(engine, worker_id=worker_id, metrics=WorkerMetrics(rt.registry, engine))
     runner = ServiceRunner(name="inference", settings=s, registry=rt.registry, provider=rt.provider)

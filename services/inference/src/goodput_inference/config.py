@@ -18,6 +18,11 @@ class InferenceSettings(ServiceSettings):
     http_port: int = 9161
     worker_id: str = Field("", description="Stable id reported to the scheduler; default host:grpc_port.")
 
+    engine: Literal["vllm", "sim"] = Field(
+        "vllm", description="`vllm`, or `sim`: a simulated engine for capacity experiments only (no model; see "
+                            "goodput_inference.sim_engine for its A100/7B calibration).")
+    sim_config: dict[str, Any] | None = Field(
+        None, description='engine=sim: JSON overriding its parameters, e.g. {"time_scale": 4, "kv_blocks": 2000}.')
     model: str = Field("", description="HF-format model folder; empty = the dev model (SmolLM2-135M-Instruct).")
     served_model_name: str = Field("", description="Name clients pass as `model`; default the folder's name.")
     model_version: str = Field("", description="Version label of the weights (cache partitioning); default a "
@@ -39,7 +44,7 @@ class InferenceSettings(ServiceSettings):
     enforce_eager: bool = False
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request leaves it at 0.")
 
-    @field_validator("speculative_config", mode="before")
+    @field_validator("speculative_config", "sim_config", mode="before")
     @classmethod
     def _parse_json(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import NamedTuple
 
 from goodput.scheduler.v1 import scheduler_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
@@ -14,31 +15,34 @@ from goodput_core.server import ServiceRunner
 
 from goodput_scheduler.config import SchedulerSettings
 from goodput_scheduler.leases import LeaseManager, SchedulerMetrics
-from goodput_scheduler.placement import PlacementPipeline, has_capacity, healthy, least_loaded, serves_model
+from goodput_scheduler.placement import Profile, build_pipeline
 from goodput_scheduler.registry import WorkerRegistry
 from goodput_scheduler.servicer import SchedulerServicer
 
 
+class Scheduler(NamedTuple):
+    runner: ServiceRunner
+    workers: WorkerRegistry
+    leases: LeaseManager
+
+
 def build(settings: SchedulerSettings, registry: CollectorRegistry,
-          provider: TracerProvider | None) -> tuple[ServiceRunner, WorkerRegistry]:
+          provider: TracerProvider | None) -> Scheduler:
     """Wires the scheduler (also used by tests to run it in-process)."""
     workers = WorkerRegistry(settings, channel_factory=lambda addr: make_channel(addr, provider))
-    pipeline = PlacementPipeline(
-        filters=[healthy, serves_model, has_capacity(settings.max_inflight_per_worker)],
-        scorers=[(1.0, least_loaded(kv_weight=settings.kv_weight, queue_weight=settings.queue_weight))],
-        registry=registry,
-    )
+    pipeline = build_pipeline(Profile.parse(settings.profile), settings, registry=registry)
     leases = LeaseManager(settings, workers, pipeline, SchedulerMetrics(registry, workers))
     servicer = SchedulerServicer(leases, workers, admit_timeout_s=settings.admit_timeout_s)
     runner = ServiceRunner(name="scheduler", settings=settings, registry=registry, provider=provider)
     runner.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, "goodput.scheduler.v1.Scheduler")
+    runner.on_drain.append(leases.stop)
     runner.on_stop.append(workers.stop)
-    return runner, workers
+    return Scheduler(runner, workers, leases)
 
 
 async def serve() -> None:
     rt = bootstrap("scheduler", SchedulerSettings)
-    runner, workers = build(rt.settings, rt.registry, rt.provider)
+    runner, workers, _ = build(rt.settings, rt.registry, rt.provider)
     await workers.start()
     await runner.run()
 

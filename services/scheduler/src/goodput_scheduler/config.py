@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
@@ -26,7 +26,41 @@ class SchedulerSettings(ServiceSettings):
     unhealthy_after: int = Field(2, ge=1, description="Consecutive failed checks that eject a worker.")
     healthy_after: int = Field(1, ge=1, description="Consecutive passed checks that re-admit a worker.")
     max_inflight_per_worker: int = Field(64, ge=1, description="Leases one worker may hold at once.")
-    max_queue: int = Field(1000, ge=0, description="Requests that may wait for capacity; more are shed.")
+    # ---- priority classes: queue depth (0 = unbounded) and longest queue wait (0 = no hard timeout) ----
+    p0_max_queue: int = Field(20, ge=0, description="P0 (interactive) requests that may wait; more are shed. "
+                                                   "0 = unbounded.")
+    p0_timeout_s: float = Field(30.0, ge=0, description="Longest a P0 request waits in the queue (0 = none).")
+    p1_max_queue: int = Field(100, ge=0, description="P1 (near-real-time) requests that may wait; 0 = unbounded.")
+    p1_timeout_s: float = Field(60.0, ge=0, description="Longest a P1 request waits in the queue (0 = none).")
+    p2_max_queue: int = Field(0, ge=0, description="P2 (batch) requests that may wait; 0 = unbounded.")
+    p2_timeout_s: float = Field(0.0, ge=0, description="Longest a P2 request waits in the queue (0 = none).")
+    p1_max_share: float = Field(0.9, gt=0, le=1, description="P1 is granted only while a worker holds fewer than "
+                                                             "this share of its cap (headroom kept for P0).")
+    p2_max_share: float = Field(0.75, gt=0, le=1, description="P2 is granted only while a worker holds fewer "
+                                                              "than this share of its cap.")
+    queue_policy: Literal["priority", "fifo"] = Field(
+        "priority", description="`priority`: strict priority between classes, tenant fairness and deadlines "
+                                "inside one; `fifo`: one arrival-order queue, no shedding by class (a baseline).")
+    fifo_max_queue: int = Field(200, ge=0, description="queue_policy=fifo: requests that may wait; 0 = unbounded.")
+    kv_full: float = Field(0.97, gt=0, le=1, description="A worker reporting this KV-cache usage or more gets no "
+                                                          "new grants until it frees blocks.")
+    # ---- overload detection (a saturation signal with hysteresis) ----
+    shed_p2_at: float = Field(1.0, gt=0, description="Saturation at or above which new P2 requests are shed.")
+    shed_p1_at: float = Field(2.0, gt=0, description="Saturation at or above which new P1 requests are shed too.")
+    shed_hysteresis: float = Field(0.2, ge=0, description="Saturation must fall this far below a threshold "
+                                                          "before that class is admitted again.")
+    queue_saturation_s: float = Field(5.0, gt=0, description="Queued work worth this many seconds of the observed "
+                                                             "drain rate counts as saturation 1.0.")
+    kv_saturation: float = Field(0.9, gt=0, le=1, description="Mean KV-cache usage that counts as saturation 1.0.")
+    gpu_saturation: float = Field(0.98, gt=0, le=1, description="Mean GPU utilisation that counts as saturation "
+                                                                "1.0 (ignored without GPUs).")
+    dispatch_interval_s: float = Field(0.05, gt=0, description="Tick of the dispatcher (expiry, load changes).")
+    # ---- placement ----
+    profile: str = Field("", description="Placement profile: JSON, or the path of a JSON/YAML file "
+                                         "(filters, weighted scorers, picker); empty = the default profile.")
+    prefix_block_chars: int = Field(128, ge=8, description="Prefix affinity: characters per hashed block.")
+    prefix_index_entries: int = Field(65536, ge=16, description="Prefix affinity: block hashes remembered (LRU).")
+    session_index_entries: int = Field(65536, ge=16, description="Session affinity: sessions remembered (LRU).")
     no_worker_wait_s: float = Field(10.0, ge=0, description="How long a request waits for a healthy worker "
                                                             "to appear before UNAVAILABLE.")
     admit_timeout_s: float = Field(5.0, gt=0, description="How long the first (admit) message may take.")

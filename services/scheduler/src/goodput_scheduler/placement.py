@@ -1,25 +1,48 @@
 """Placement as a pipeline of small steps: filters drop workers that cannot take the request, scorers rate the rest
-(higher is better, weighted), a picker chooses. New policies (prefix or session affinity) are new steps, not
-changes to the scheduler.
+(higher is better, weighted), a picker chooses. New policies are new steps, not changes to the scheduler, and which
+steps run with which weights is a declarative profile (``GOODPUT_SCHEDULER_PROFILE``), as in llm-d's inference
+scheduler.
+
+Steps shipped here:
+
+* filters: ``healthy``, ``serves_model``, ``has_capacity`` (the per-worker cap, less the headroom kept for more
+  urgent classes, and a KV cache that is not full);
+* scorers: ``least_loaded`` (leases held, engine queue, KV usage), ``prefix_affinity`` (the worker that recently
+  served the longest matching prompt prefix, from block hashes in a bounded LRU), ``session_affinity``;
+* pickers: ``max_score`` (random among equals), ``round_robin``, ``random``.
 
 Example:
-    >>> pipeline = PlacementPipeline(filters=[healthy, serves_model, has_capacity(64)],
-    ...                              scorers=[(1.0, least_loaded(kv_weight=1.0, queue_weight=1.0))])
+    >>> profile = Profile.parse('{"scorers": [{"name": "least_loaded", "weight": 1}, '
+    ...                         '{"name": "prefix_affinity", "weight": 2}]}')
+    >>> pipeline = build_pipeline(profile, settings, registry=CollectorRegistry())
     >>> decision = pipeline.place(request, registry.all())
+    >>> pipeline.commit(request, decision)   # stateful scorers (affinity) learn from the decision
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import itertools
+import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
+from goodput.common.v1 import types_pb2
 from prometheus_client import CollectorRegistry, Histogram
 
-from goodput_core.metrics import LATENCY_BUCKETS
-
 from goodput_scheduler.registry import Worker
+
+__all__ = [
+    "Decision", "PlacementPipeline", "PlacementRequest", "PrefixAffinity", "PrefixIndex", "Profile",
+    "SessionAffinity", "build_pipeline", "has_capacity", "healthy", "least_loaded", "serves_model",
+]
+
+STEP_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
 
 @dataclass(frozen=True)
@@ -45,6 +68,13 @@ Filter = Callable[[PlacementRequest, Worker], bool]
 Scorer = Callable[[PlacementRequest, Worker], float]
 
 
+class Picker(Protocol):
+    def __call__(self, scored: Sequence[tuple[float, Worker]]) -> tuple[float, Worker]: ...
+
+
+# ---- filters -------------------------------------------------------------------------------------------------
+
+
 def healthy(_: PlacementRequest, w: Worker) -> bool:
     return w.healthy and not w.removed
 
@@ -53,16 +83,25 @@ def serves_model(req: PlacementRequest, w: Worker) -> bool:
     return not req.model or w.model is None or w.model.served_model_name == req.model
 
 
-def has_capacity(max_inflight: int) -> Filter:
-    def _filter(_: PlacementRequest, w: Worker) -> bool:
-        return w.inflight < max_inflight
+def has_capacity(max_inflight: int, *, shares: dict[int, float] | None = None, kv_full: float = 1.0) -> Filter:
+    """Room for one more lease: fewer than ``max_inflight * share`` leases held, where ``share`` (from
+    ``shares`` by priority, 1.0 when absent) keeps headroom for more urgent classes, and a KV cache below
+    ``kv_full``. Leases are counted by the scheduler itself, so they are never stale."""
+    shares = dict(shares or {})
+
+    def _filter(req: PlacementRequest, w: Worker) -> bool:
+        limit = max_inflight * shares.get(req.priority, 1.0)
+        return w.inflight < max(limit, 1.0) and (w.inflight == 0 or w.load.kv_cache_usage < kv_full)
     _filter.__name__ = "has_capacity"
     return _filter
 
 
-def least_loaded(*, kv_weight: float, queue_weight: float) -> Scorer:
+# ---- scorers -------------------------------------------------------------------------------------------------
+
+
+def least_loaded(*, kv_weight: float = 1.0, queue_weight: float = 1.0) -> Scorer:
     """Fewer leases held (relative to the engine's batch size), a shorter engine queue and a freer KV cache
-    score higher. Leases held are counted by the scheduler itself, so they are never stale."""
+    score higher."""
 
     def _score(_: PlacementRequest, w: Worker) -> float:
         cap = w.capacity
@@ -71,23 +110,171 @@ def least_loaded(*, kv_weight: float, queue_weight: float) -> Scorer:
     return _score
 
 
+class PrefixIndex:
+    """Which workers recently served which prompt prefixes, with bounded memory.
+
+    A prefix is cut into blocks of ``block_chars`` characters; block *i*'s hash covers blocks 0..i (a chain), so one
+    hash names a whole prefix. The index maps hash -> workers that saw it, as an LRU of at most ``max_entries``
+    hashes (no trie, no unbounded growth); the longest match for a worker is the last block of the chain it holds.
+
+    >>> idx = PrefixIndex(block_chars=4, max_entries=8)
+    >>> idx.record(idx.hashes("abcdefgh"), "w1")
+    >>> idx.match(idx.hashes("abcdefXY"))
+    {'w1': 1}
+    """
+
+    def __init__(self, *, block_chars: int = 128, max_entries: int = 65536, workers_per_entry: int = 4) -> None:
+        self.block_chars = block_chars
+        self.max_entries = max_entries
+        self.workers_per_entry = workers_per_entry
+        self._lru: collections.OrderedDict[bytes, dict[str, float]] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def hashes(self, text: str) -> list[bytes]:
+        out: list[bytes] = []
+        prev = b""
+        for i in range(0, len(text) - self.block_chars + 1, self.block_chars):
+            prev = hashlib.blake2b(prev + text[i:i + self.block_chars].encode("utf-8", "surrogatepass"),
+                                   digest_size=8).digest()
+            out.append(prev)
+        return out
+
+    def match(self, hashes: Sequence[bytes]) -> dict[str, int]:
+        """Worker id -> blocks of the longest prefix it recently served."""
+        best: dict[str, int] = {}
+        for i, h in enumerate(hashes):
+            entry = self._lru.get(h)
+            if entry is None:
+                break  # a chain: no later block can match if this one does not
+            for worker_id in entry:
+                best[worker_id] = i + 1
+        return best
+
+    def record(self, hashes: Sequence[bytes], worker_id: str) -> None:
+        now = time.monotonic()
+        for h in hashes:
+            entry = self._lru.get(h)
+            if entry is None:
+                entry = self._lru[h] = {}
+            else:
+                self._lru.move_to_end(h)
+            entry[worker_id] = now
+            if len(entry) > self.workers_per_entry:
+                del entry[min(entry, key=entry.__getitem__)]
+        while len(self._lru) > self.max_entries:
+            self._lru.popitem(last=False)
+
+    def forget_worker(self, worker_id: str) -> None:
+        for entry in self._lru.values():
+            entry.pop(worker_id, None)
+
+
+class PrefixAffinity:
+    """Scorer: the fraction of the request's prefix blocks the worker recently served (0 to 1)."""
+
+    __name__ = "prefix_affinity"
+
+    def __init__(self, index: PrefixIndex) -> None:
+        self.index = index
+        self._memo: tuple[str, list[bytes], dict[str, int]] = ("", [], {})
+
+    def _lookup(self, req: PlacementRequest) -> tuple[list[bytes], dict[str, int]]:
+        if self._memo[0] != req.request_id:  # one request is scored against many workers: hash once
+            hashes = self.index.hashes(req.prefix_hint)
+            self._memo = (req.request_id, hashes, self.index.match(hashes))
+        return self._memo[1], self._memo[2]
+
+    def __call__(self, req: PlacementRequest, w: Worker) -> float:
+        if not req.prefix_hint:
+            return 0.0
+        hashes, matches = self._lookup(req)
+        return matches.get(w.worker_id, 0) / len(hashes) if hashes else 0.0
+
+    def observe(self, req: PlacementRequest, worker: Worker) -> None:
+        if req.prefix_hint:
+            hashes = self._memo[1] if self._memo[0] == req.request_id else self.index.hashes(req.prefix_hint)
+            self.index.record(hashes, worker.worker_id)
+
+
+class SessionAffinity:
+    """Scorer: 1 for the worker that last served the request's session (its KV cache likely holds the
+    conversation), else 0. Sessions are kept in a bounded LRU."""
+
+    __name__ = "session_affinity"
+
+    def __init__(self, *, max_entries: int = 65536) -> None:
+        self.max_entries = max_entries
+        self._lru: collections.OrderedDict[str, str] = collections.OrderedDict()
+
+    def __call__(self, req: PlacementRequest, w: Worker) -> float:
+        return 1.0 if req.session_id and self._lru.get(req.session_id) == w.worker_id else 0.0
+
+    def observe(self, req: PlacementRequest, worker: Worker) -> None:
+        if req.session_id:
+            self._lru[req.session_id] = worker.worker_id
+            self._lru.move_to_end(req.session_id)
+            while len(self._lru) > self.max_entries:
+                self._lru.popitem(last=False)
+
+
+# ---- pickers -------------------------------------------------------------------------------------------------
+
+
+def max_score(rng: random.Random) -> Picker:
+    def _pick(scored: Sequence[tuple[float, Worker]]) -> tuple[float, Worker]:
+        best = max(score for score, _ in scored)
+        ties = [(s, w) for s, w in scored if s >= best - 1e-9]
+        return rng.choice(ties)  # random among equals spreads an idle fleet evenly
+    _pick.__name__ = "max_score"
+    return _pick
+
+
+def round_robin() -> Picker:
+    counter = itertools.count()
+
+    def _pick(scored: Sequence[tuple[float, Worker]]) -> tuple[float, Worker]:
+        ordered = sorted(scored, key=lambda sw: sw[1].worker_id)
+        return ordered[next(counter) % len(ordered)]
+    _pick.__name__ = "round_robin"
+    return _pick
+
+
+def random_pick(rng: random.Random) -> Picker:
+    def _pick(scored: Sequence[tuple[float, Worker]]) -> tuple[float, Worker]:
+        return rng.choice(list(scored))
+    _pick.__name__ = "random"
+    return _pick
+
+
+# ---- the pipeline --------------------------------------------------------------------------------------------
+
+
 class PlacementPipeline:
     def __init__(self, *, filters: Sequence[Filter], scorers: Sequence[tuple[float, Scorer]],
-                 registry: CollectorRegistry | None = None, rng: random.Random | None = None) -> None:
+                 picker: Picker | None = None, registry: CollectorRegistry | None = None,
+                 rng: random.Random | None = None) -> None:
         self.filters = list(filters)
         self.scorers = list(scorers)
         self._rng = rng or random.Random()
-        self._step_seconds = Histogram("goodput_scheduler_placement_step_seconds", "Time per placement step.",
-                                       ["step"], buckets=LATENCY_BUCKETS, registry=registry) if registry else None
+        self.picker = picker or max_score(self._rng)
+        self._step_seconds = Histogram(
+            "goodput_scheduler_placement_step_seconds", "Time spent in each placement step.",
+            ["step"], buckets=STEP_BUCKETS, registry=registry) if registry else None
 
     def _timed(self, step: str, start: float) -> None:
         if self._step_seconds is not None:
             self._step_seconds.labels(step).observe(time.perf_counter() - start)
 
     def candidates(self, req: PlacementRequest, workers: Sequence[Worker]) -> list[Worker]:
-        start = time.perf_counter()
-        out = [w for w in workers if all(f(req, w) for f in self.filters)]
-        self._timed("filter", start)
+        out = list(workers)
+        for f in self.filters:
+            start = time.perf_counter()
+            out = [w for w in out if f(req, w)]
+            self._timed(f"filter:{getattr(f, '__name__', 'filter')}", start)
+            if not out:
+                break
         return out
 
     def place(self, req: PlacementRequest, workers: Sequence[Worker]) -> Decision | None:
@@ -95,13 +282,148 @@ class PlacementPipeline:
         candidates = self.candidates(req, workers)
         if not candidates:
             return None
+        per_scorer: list[list[float]] = []
+        for weight, scorer in self.scorers:
+            start = time.perf_counter()
+            per_scorer.append([weight * scorer(req, w) for w in candidates])
+            self._timed(f"score:{getattr(scorer, '__name__', 'scorer')}", start)
+        totals = [sum(col) for col in zip(*per_scorer, strict=True)] if per_scorer else [0.0] * len(candidates)
         start = time.perf_counter()
-        scored = [(sum(weight * scorer(req, w) for weight, scorer in self.scorers), w) for w in candidates]
-        self._timed("score", start)
-        start = time.perf_counter()
-        best = max(score for score, _ in scored)
-        ties = [w for score, w in scored if score >= best - 1e-9]
-        chosen = self._rng.choice(ties)  # random among equals spreads an idle fleet evenly
-        self._timed("pick", start)
-        reason = self.scorers[0][1].__name__ if self.scorers else "first_fit"
-        return Decision(worker=chosen, reason=reason, score=best)
+        score, chosen = self.picker(list(zip(totals, candidates, strict=True)))
+        self._timed(f"pick:{getattr(self.picker, '__name__', 'pick')}", start)
+        return Decision(worker=chosen, reason=self._reason(per_scorer, candidates.index(chosen)), score=score)
+
+    def _reason(self, per_scorer: list[list[float]], chosen: int) -> str:
+        """The scorer that most set the chosen worker apart from the mean of the candidates."""
+        name = getattr(self.picker, "__name__", "")
+        if name in ("round_robin", "random"):
+            return name
+        best, reason = 1e-9, ""
+        for (_, scorer), col in zip(self.scorers, per_scorer, strict=True):
+            margin = col[chosen] - sum(col) / len(col)
+            if margin > best:
+                best, reason = margin, getattr(scorer, "__name__", "scorer")
+        if not reason:
+            reason = getattr(self.scorers[0][1], "__name__", "first_fit") if self.scorers else "first_fit"
+        return reason
+
+    def commit(self, req: PlacementRequest, decision: Decision) -> None:
+        """Tells stateful scorers (affinity) where the request went."""
+        for _, scorer in self.scorers:
+            observe = getattr(scorer, "observe", None)
+            if observe is not None:
+                observe(req, decision.worker)
+
+
+# ---- the declarative profile ---------------------------------------------------------------------------------
+
+DEFAULT_PROFILE: dict[str, Any] = {
+    "filters": ["healthy", "serves_model", "has_capacity"],
+    "scorers": [{"name": "least_loaded", "weight": 1.0},
+                {"name": "prefix_affinity", "weight": 2.0},
+                {"name": "session_affinity", "weight": 3.0}],
+    "picker": "max_score",
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Which steps run and with which weights. JSON (or YAML) shape::
+
+        {"filters": ["healthy", "serves_model", "has_capacity"],
+         "scorers": [{"name": "least_loaded", "weight": 1.0}, {"name": "prefix_affinity", "weight": 2.0}],
+         "picker": "max_score"}
+    """
+
+    filters: tuple[str, ...] = tuple(DEFAULT_PROFILE["filters"])
+    scorers: tuple[tuple[str, float], ...] = tuple((s["name"], s["weight"]) for s in DEFAULT_PROFILE["scorers"])
+    picker: str = "max_score"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> Profile:
+        """From settings: empty = default, JSON text, or the path of a .json/.yaml file."""
+        text = text.strip()
+        if not text:
+            return cls.from_dict(DEFAULT_PROFILE)
+        if not text.startswith("{"):
+            path = Path(text)
+            raw = path.read_text(encoding="utf-8")
+            if path.suffix in (".yaml", ".yml"):
+                import yaml  # lazy: only YAML profiles need it
+
+                return cls.from_dict(yaml.safe_load(raw))
+            text = raw
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Profile:
+        if not isinstance(doc, dict):
+            raise ValueError("a placement profile is a JSON object")
+        filters = tuple(doc.get("filters", DEFAULT_PROFILE["filters"]))
+        scorers_raw = doc.get("scorers", DEFAULT_PROFILE["scorers"])
+        scorers: list[tuple[str, float]] = []
+        for s in scorers_raw:
+            if isinstance(s, str):
+                scorers.append((s, 1.0))
+            elif isinstance(s, dict) and "name" in s:
+                scorers.append((str(s["name"]), float(s.get("weight", 1.0))))
+            else:
+                raise ValueError(f"bad scorer entry {s!r}: use {{'name': ..., 'weight': ...}}")
+        picker = str(doc.get("picker", "max_score"))
+        profile = cls(filters=filters, scorers=tuple(scorers), picker=picker)
+        profile.validate()
+        return profile
+
+    def validate(self) -> None:
+        for f in self.filters:
+            if f not in _FILTERS:
+                raise ValueError(f"unknown filter {f!r}; known: {', '.join(sorted(_FILTERS))}")
+        for name, weight in self.scorers:
+            if name not in _SCORERS:
+                raise ValueError(f"unknown scorer {name!r}; known: {', '.join(sorted(_SCORERS))}")
+            if weight < 0:
+                raise ValueError(f"scorer {name!r} has a negative weight")
+        if self.picker not in _PICKERS:
+            raise ValueError(f"unknown picker {self.picker!r}; known: {', '.join(sorted(_PICKERS))}")
+
+
+class _Settings(Protocol):
+    max_inflight_per_worker: int
+    p1_max_share: float
+    p2_max_share: float
+    kv_full: float
+    kv_weight: float
+    queue_weight: float
+    prefix_block_chars: int
+    prefix_index_entries: int
+    session_index_entries: int
+
+
+_FILTERS: dict[str, Callable[[_Settings], Filter]] = {
+    "healthy": lambda s: healthy,
+    "serves_model": lambda s: serves_model,
+    "has_capacity": lambda s: has_capacity(
+        s.max_inflight_per_worker, kv_full=s.kv_full,
+        shares={types_pb2.PRIORITY_P1: s.p1_max_share, types_pb2.PRIORITY_P2: s.p2_max_share}),
+}
+_SCORERS: dict[str, Callable[[_Settings], Scorer]] = {
+    "least_loaded": lambda s: least_loaded(kv_weight=s.kv_weight, queue_weight=s.queue_weight),
+    "prefix_affinity": lambda s: PrefixAffinity(PrefixIndex(block_chars=s.prefix_block_chars,
+                                                            max_entries=s.prefix_index_entries)),
+    "session_affinity": lambda s: SessionAffinity(max_entries=s.session_index_entries),
+}
+_PICKERS: dict[str, Callable[[random.Random], Picker]] = {
+    "max_score": max_score,
+    "round_robin": lambda rng: round_robin(),
+    "random": random_pick,
+}
+
+
+def build_pipeline(profile: Profile, settings: _Settings, *, registry: CollectorRegistry | None = None,
+                   rng: random.Random | None = None) -> PlacementPipeline:
+    rng = rng or random.Random()
+    return PlacementPipeline(
+        filters=[_FILTERS[name](settings) for name in profile.filters],
+        scorers=[(weight, _SCORERS[name](settings)) for name, weight in profile.scorers],
+        picker=_PICKERS[profile.picker](rng), registry=registry, rng=rng)

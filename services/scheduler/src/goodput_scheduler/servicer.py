@@ -51,7 +51,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
                                prefix_hint=a.prefix_hint, session_id=a.session_id)
         with request_context(request_id=a.request_id, tenant=a.tenant or None):
-            lease = await self.leases.acquire(req, deadline=deadline)
+            ticket = self.leases.enqueue(req, deadline=deadline)
+            if not ticket.done:
+                yield scheduler_pb2.LeaseEvent(queued=scheduler_pb2.Queued(position=self.leases.position(ticket)))
+            lease = await self.leases.wait(ticket)
             outcome = scheduler_pb2.OUTCOME_ABANDONED
             try:
                 yield scheduler_pb2.LeaseEvent(granted=scheduler_pb2.Granted(

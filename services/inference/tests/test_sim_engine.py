@@ -1,0 +1,73 @@
+"""The simulated engine: the same Engine protocol as vLLM, with priority scheduling, KV capacity and prefix-cache
+hits modelled (no timings asserted: the simulated clock is scaled down)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from goodput_core.errors import InvalidArgument
+
+from goodput_inference.config import InferenceSettings
+from goodput_inference.engine import Delta, Finished, GenRequest, Sampling, Started
+from goodput_inference.sim_engine import SimEngine, SimParams
+
+
+def engine(**kw: object) -> SimEngine:
+    settings = InferenceSettings(engine="sim", max_model_len=4096, max_num_seqs=int(kw.pop("max_num_seqs", 8)))  # type: ignore[call-overload]
+    return SimEngine(settings, params=SimParams(time_scale=0.01, **kw))  # type: ignore[arg-type]
+
+
+async def run(e: SimEngine, request_id: str, prompt: str, *, priority: int = 2, max_tokens: int = 4) -> list[object]:
+    return [ev async for ev in e.generate(GenRequest(request_id=request_id, prompt=prompt, priority=priority,
+                                                     sampling=Sampling(max_tokens=max_tokens)))]
+
+
+async def test_streams_started_deltas_and_finished_like_a_worker() -> None:
+    e = engine(stream_every=2)
+    await e.start()
+    events = await run(e, "r1", "hello " * 100, max_tokens=5)
+    assert isinstance(events[0], Started) and events[0].prompt_tokens == 150
+    deltas = [ev for ev in events if isinstance(ev, Delta)]
+    assert [d.completion_tokens for d in deltas] == [1, 3, 5]
+    assert isinstance(events[-1], Finished) and events[-1].completion_tokens == 5
+    assert e.load().finished_total == 1 and e.load().running == 0
+    with pytest.raises(InvalidArgument):
+        await run(e, "r2", "x" * 40_000)
+    await e.shutdown()
+
+
+async def test_prefix_cache_hits_skip_prefill_of_a_shared_prefix() -> None:
+    e = engine()
+    await e.start()
+    system = "You are a helpful assistant. " * 60
+    await run(e, "a", system + "question one")
+    assert e.prefix_hit_tokens == 0
+    await run(e, "b", system + "question two")
+    assert e.prefix_hit_tokens >= 400  # the shared system prompt's full blocks
+    await run(e, "c", "something else entirely " * 60)
+    assert e.prefix_hit_tokens < 2 * 400
+    await e.shutdown()
+
+
+async def test_priority_policy_serves_urgent_requests_first_and_kv_capacity_bounds_admission() -> None:
+    e = engine(max_num_seqs=1)
+    await e.start()
+    finished: list[str] = []
+
+    async def go(rid: str, prio: int) -> None:
+        await run(e, rid, f"{rid} " * 50, priority=prio, max_tokens=3)
+        finished.append(rid)
+
+    first = asyncio.create_task(go("first", 3))
+    await asyncio.sleep(0)
+    tasks = [asyncio.create_task(go(rid, prio)) for rid, prio in (("batch", 3), ("interactive", 1))]
+    await asyncio.gather(first, *tasks)
+    assert finished == ["first", "interactive", "batch"]
+    small = engine(kv_blocks=20, max_num_seqs=8)  # 20 blocks of 16 tokens: one 250-token request at a time
+    await small.start()
+    await asyncio.gather(*(run(small, f"k{i}", f"{i} " * 100, max_tokens=50) for i in range(3)))
+    assert small.load().finished_total == 3 and small.load().kv_cache_usage == 0
+    await e.shutdown()
+    await small.shutdown()

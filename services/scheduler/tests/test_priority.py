@@ -1,0 +1,302 @@
+"""Priority classes, tenant fairness, deadlines, overload shedding with retry-after, and placement affinity, driven
+over the scheduler's real gRPC API against stand-in and simulated workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+from goodput.common.v1 import types_pb2
+from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
+from goodput.scheduler.v1 import scheduler_pb2
+
+from goodput_core.clients import make_channel
+
+from goodput_scheduler.leases import Ticket
+from goodput_scheduler.placement import PlacementRequest, PrefixIndex, Profile
+
+from .conftest import SchedulerHarness, scheduler_settings
+from .test_scheduler import open_lease, wait_for
+
+P0, P1, P2 = types_pb2.PRIORITY_P0, types_pb2.PRIORITY_P1, types_pb2.PRIORITY_P2
+
+
+def release_msg(outcome: int = scheduler_pb2.OUTCOME_OK) -> scheduler_pb2.LeaseRequest:
+    return scheduler_pb2.LeaseRequest(release=scheduler_pb2.Release(outcome=outcome))  # type: ignore[arg-type]
+
+
+async def release(call) -> None:  # type: ignore[no-untyped-def]
+    await call.write(release_msg())
+    await call.done_writing()
+    while True:
+        event = await call.read()
+        if event is grpc.aio.EOF or event.HasField("released"):
+            return
+
+
+def req(request_id: str, priority: int = P1, tenant: str = "t", prefix: str = "", session: str = "") \
+        -> PlacementRequest:
+    return PlacementRequest(request_id=request_id, tenant=tenant, priority=priority, model="", prompt_tokens=10,
+                            max_tokens=10, prefix_hint=prefix, session_id=session)
+
+
+async def test_overload_sheds_p2_before_p1_and_never_p0_below_its_cap(workers) -> None:  # type: ignore[no-untyped-def]
+    (a,) = await workers(1)
+    # One slot, so each queued request adds 1.0 to the saturation: P2 is shed from 1.0, P1 from 2.0.
+    settings = scheduler_settings([a.address], max_inflight_per_worker=1, p0_max_queue=3, shed_p2_at=1.0,
+                                  shed_p1_at=2.0, shed_hysteresis=0.5)
+    async with SchedulerHarness(settings) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        holder, _ = await open_lease(h, "hold", priority=P1)
+        waiting = []
+        call, event = await open_lease(h, "p1-a", priority=P1, skip_queued=False)
+        assert event.HasField("queued")
+        waiting.append(call)
+        with pytest.raises(grpc.aio.AioRpcError) as shed_p2:
+            await open_lease(h, "p2-a", priority=P2)
+        assert shed_p2.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # P1 is still admitted at this saturation...
+        call, event = await open_lease(h, "p1-b", priority=P1, skip_queued=False)
+        assert event.HasField("queued")
+        waiting.append(call)
+        # ...but not any more now.
+        with pytest.raises(grpc.aio.AioRpcError) as shed_p1:
+            await open_lease(h, "p1-c", priority=P1)
+        assert shed_p1.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # P0 is admitted whatever the saturation, up to its own queue depth.
+        for i in range(3):
+            call, event = await open_lease(h, f"p0-{i}", priority=P0, skip_queued=False)
+            assert event.HasField("queued")
+            waiting.append(call)
+        with pytest.raises(grpc.aio.AioRpcError) as full:
+            await open_lease(h, "p0-3", priority=P0)
+        assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert h.metric("goodput_scheduler_shed_total", {"priority": "P2", "reason": "overload"}) == 1
+        assert h.metric("goodput_scheduler_shed_total", {"priority": "P1", "reason": "overload"}) == 1
+        assert h.metric("goodput_scheduler_shed_total", {"priority": "P0", "reason": "overload"}) == 0
+        assert h.metric("goodput_scheduler_shed_total", {"priority": "P0", "reason": "queue_full"}) == 1
+        assert h.metric("goodput_scheduler_queue_depth", {"priority": "P0"}) == 3
+        # Capacity frees up: the three P0 go first, then the P1.
+        order: list[str] = []
+        calls = dict(zip(["p1-a", "p1-b", "p0-0", "p0-1", "p0-2"], waiting, strict=True))
+        current = holder
+        for _ in range(5):
+            await release(current)
+            await wait_for(lambda: len(set(h.leases.leases) - set(order)) == 1)
+            (granted,) = set(h.leases.leases) - set(order)
+            order.append(granted)
+            current = calls[granted]
+            assert (await current.read()).HasField("granted")
+        # (Inside a class the order is by deadline, and these deadlines are equal within gRPC's jitter.)
+        assert set(order[:3]) == {"p0-0", "p0-1", "p0-2"} and set(order[3:]) == {"p1-a", "p1-b"}
+        await release(current)
+        # The queue drained: saturation fell below the thresholds minus the hysteresis, P2 is admitted again.
+        await wait_for(lambda: not h.leases.overload.shedding[P2])
+        call, event = await open_lease(h, "p2-b", priority=P2)
+        assert event.HasField("granted")
+        call.cancel()
+
+
+async def test_retry_after_follows_the_observed_drain_rate(workers) -> None:  # type: ignore[no-untyped-def]
+    (a,) = await workers(1)
+    settings = scheduler_settings([a.address], max_inflight_per_worker=1, p1_max_queue=2, shed_p2_at=50,
+                                  shed_p1_at=60)
+    async with SchedulerHarness(settings) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        # Ten requests served back to back, ~50 ms each: the drain rate is observed, not assumed.
+        for i in range(10):
+            call, _ = await open_lease(h, f"warm-{i}", priority=P1)
+            await asyncio.sleep(0.05)
+            await release(call)
+        holder, _ = await open_lease(h, "hold", priority=P1)
+        queued = [(await open_lease(h, f"q{i}", priority=P1, skip_queued=False))[0] for i in range(2)]
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await open_lease(h, "shed", priority=P1)
+        assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        retry_after = float(dict(exc.value.trailing_metadata() or ())["retry-after"])
+        rate = h.leases.drain.rate(time.monotonic())
+        assert rate > 0
+        # Three requests are ahead of a retry (two queued + itself) at the observed rate, within the clamp.
+        expected = 3 / rate
+        assert max(0.5, expected * 0.5) <= retry_after <= max(expected * 2, 0.5) + 0.01
+        for c in [holder, *queued]:
+            c.cancel()
+
+
+async def test_expired_requests_never_reach_a_worker(sim_workers) -> None:  # type: ignore[no-untyped-def]
+    (w,) = await sim_workers(1)
+    settings = scheduler_settings([w.address], max_inflight_per_worker=1, p1_timeout_s=0.3)
+    async with SchedulerHarness(settings) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        holder, _ = await open_lease(h, "hold", priority=P0)
+        with pytest.raises(grpc.aio.AioRpcError) as own_deadline:
+            await open_lease(h, "late", timeout=0.3, priority=P0)
+        assert own_deadline.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        with pytest.raises(grpc.aio.AioRpcError) as class_timeout:
+            await open_lease(h, "slow", timeout=30, priority=P1)  # P1's queue timeout is 0.3 s here
+        assert class_timeout.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "queue timeout" in (class_timeout.value.details() or "")
+        assert h.metric("goodput_scheduler_admissions_total", {"priority": "P0"}) == 1  # only the holder
+        assert h.metric("goodput_scheduler_admissions_total", {"priority": "P1"}) == 0
+        assert h.metric("goodput_scheduler_shed_total", {"priority": "P1", "reason": "timeout"}) == 1
+        holder.cancel()
+        await wait_for(lambda: h.workers.all()[0].inflight == 0)
+        assert w.engine.load().finished_total == 0 and w.engine.prompt_tokens_total == 0
+
+
+async def test_tenants_take_turns_inside_a_class_and_deadlines_order_each_tenant(workers) -> None:  # type: ignore[no-untyped-def]
+    (a,) = await workers(1)
+    settings = scheduler_settings([a.address], max_inflight_per_worker=1, shed_p2_at=100, shed_p1_at=100)
+    async with SchedulerHarness(settings) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        lm = h.leases
+        holder = await lm.acquire(req("hold"), deadline=None)
+        now = time.monotonic()
+        tickets: list[Ticket] = []
+        for i in range(8):  # tenant "big" bursts first...
+            tickets.append(lm.enqueue(req(f"big-{i}", tenant="big"), deadline=now + 50 - i))  # later ones due sooner
+        for i in range(2):  # ...then "small" sends two
+            tickets.append(lm.enqueue(req(f"small-{i}", tenant="small"), deadline=now + 50))
+        order: list[str] = []
+        lease = holder
+        for _ in range(len(tickets)):
+            lm.release(lease, scheduler_pb2.OUTCOME_OK)
+            granted = [t for t in tickets if t.done and t.request.request_id not in order]
+            assert len(granted) == 1
+            lease = await lm.wait(granted[0])
+            order.append(granted[0].request.request_id)
+        lm.release(lease, scheduler_pb2.OUTCOME_OK)
+        # The small tenant is not starved behind the burst: the tenants alternate while both have work.
+        assert order[:4] == ["big-7", "small-0", "big-6", "small-1"]
+        # Inside one tenant, the earliest deadline goes first.
+        assert [r for r in order if r.startswith("big")] == [f"big-{i}" for i in range(7, -1, -1)]
+
+
+async def test_strict_priority_between_classes(workers) -> None:  # type: ignore[no-untyped-def]
+    (a,) = await workers(1)
+    settings = scheduler_settings([a.address], max_inflight_per_worker=1, shed_p2_at=100, shed_p1_at=100)
+    async with SchedulerHarness(settings) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        lm = h.leases
+        lease = await lm.acquire(req("hold", P2), deadline=None)
+        tickets = [lm.enqueue(req("p2", P2), deadline=None), lm.enqueue(req("p1", P1), deadline=None),
+                   lm.enqueue(req("p0", P0), deadline=None)]
+        order = []
+        for _ in range(3):
+            lm.release(lease, scheduler_pb2.OUTCOME_OK)
+            (t,) = [t for t in tickets if t.done and t.request.request_id not in order]
+            lease = await lm.wait(t)
+            order.append(t.request.request_id)
+        lm.release(lease, scheduler_pb2.OUTCOME_OK)
+        assert order == ["p0", "p1", "p2"]
+
+
+async def test_headroom_keeps_slots_for_p0(workers) -> None:  # type: ignore[no-untyped-def]
+    (a,) = await workers(1)
+    settings = scheduler_settings([a.address], max_inflight_per_worker=4, p2_max_share=0.5, p1_max_share=0.75,
+                                  shed_p2_at=100, shed_p1_at=100)
+    async with SchedulerHarness(settings) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        lm = h.leases
+        p2 = [lm.enqueue(req(f"p2-{i}", P2), deadline=None) for i in range(3)]
+        assert [t.done for t in p2] == [True, True, False]  # P2 may hold half the slots
+        p1 = [lm.enqueue(req(f"p1-{i}", P1), deadline=None) for i in range(2)]
+        assert [t.done for t in p1] == [True, False]  # P1 three quarters
+        p0 = lm.enqueue(req("p0", P0), deadline=None)
+        assert p0.done  # P0 gets the last slot at once
+        await lm.stop()
+
+
+async def test_prefix_affinity_keeps_a_prefix_on_one_worker_while_load_is_balanced(workers) -> None:  # type: ignore[no-untyped-def]
+    ws = await workers(3)
+    async with SchedulerHarness(scheduler_settings([w.address for w in ws], max_inflight_per_worker=4)) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 3)
+        lm = h.leases
+        system = {name: f"system: you are the {name} assistant. " * 20 for name in ("alpha", "beta", "gamma")}
+        placed: dict[str, set[str]] = {name: set() for name in system}
+        reasons = set()
+        for i in range(12):
+            for name, prompt in system.items():
+                lease = await lm.acquire(req(f"{name}-{i}", prefix=prompt + f"user question {i}"), deadline=None)
+                placed[name].add(lease.worker.worker_id)
+                reasons.add(lease.reason)
+                lm.release(lease, scheduler_pb2.OUTCOME_OK)  # load stays balanced: nothing is held
+        assert all(len(w) == 1 for w in placed.values()), placed
+        assert "prefix_affinity" in reasons
+        # Load still wins when the affine worker is full: the prefix spills to other workers.
+        held = [await lm.acquire(req(f"alpha-burst-{i}", prefix=system["alpha"]), deadline=None) for i in range(6)]
+        assert len({lease.worker.worker_id for lease in held}) > 1
+        for lease in held:
+            lm.release(lease, scheduler_pb2.OUTCOME_OK)
+        assert h.metric("goodput_scheduler_placements_total",
+                        {"worker": next(iter(placed["alpha"])), "reason": "prefix_affinity"}) >= 1
+
+
+async def test_session_affinity_and_round_robin_profile(workers) -> None:  # type: ignore[no-untyped-def]
+    ws = await workers(3)
+    profile = '{"scorers": [{"name": "least_loaded", "weight": 1}], "picker": "round_robin"}'
+    async with SchedulerHarness(scheduler_settings([w.address for w in ws], profile=profile)) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 3)
+        seen = []
+        for i in range(6):
+            lease = await h.leases.acquire(req(f"r{i}", prefix="same prefix " * 30), deadline=None)
+            seen.append(lease.worker.worker_id)
+            h.leases.release(lease, scheduler_pb2.OUTCOME_OK)
+        assert seen[:3] == seen[3:] and len(set(seen)) == 3  # round-robin ignores affinity
+    async with SchedulerHarness(scheduler_settings([w.address for w in ws])) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 3)
+        first = await h.leases.acquire(req("s1", session="chat-42"), deadline=None)
+        h.leases.release(first, scheduler_pb2.OUTCOME_OK)
+        for i in range(4):
+            again = await h.leases.acquire(req(f"s{i + 2}", session="chat-42"), deadline=None)
+            assert again.worker is first.worker and again.reason == "session_affinity"
+            h.leases.release(again, scheduler_pb2.OUTCOME_OK)
+
+
+def test_profile_parsing_and_prefix_index_bounds() -> None:
+    p = Profile.parse('{"filters": ["healthy"], "scorers": ["least_loaded"], "picker": "random"}')
+    assert p.filters == ("healthy",) and p.scorers == (("least_loaded", 1.0),) and p.picker == "random"
+    with pytest.raises(ValueError, match="unknown scorer"):
+        Profile.parse('{"scorers": [{"name": "nope"}]}')
+    idx = PrefixIndex(block_chars=8, max_entries=10)
+    for i in range(50):
+        idx.record(idx.hashes(f"{i:08d}" * 4), f"w{i % 3}")
+    assert len(idx) == 10  # bounded: least recently used hashes are forgotten
+    assert idx.match(idx.hashes(f"{49:08d}" * 4)) == {"w1": 4}
+    assert idx.match(idx.hashes(f"{0:08d}" * 4)) == {}
+
+
+async def test_fifo_policy_is_one_arrival_order_queue(workers) -> None:  # type: ignore[no-untyped-def]
+    (a,) = await workers(1)
+    settings = scheduler_settings([a.address], max_inflight_per_worker=1, queue_policy="fifo")
+    async with SchedulerHarness(settings) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        lm = h.leases
+        lease = await lm.acquire(req("hold", P2), deadline=None)
+        tickets = [lm.enqueue(req("p2", P2), deadline=None), lm.enqueue(req("p0", P0), deadline=None)]
+        order = []
+        for _ in range(2):
+            lm.release(lease, scheduler_pb2.OUTCOME_OK)
+            (t,) = [t for t in tickets if t.done and t.request.request_id not in order]
+            lease = await lm.wait(t)
+            order.append(t.request.request_id)
+        lm.release(lease, scheduler_pb2.OUTCOME_OK)
+        assert order == ["p2", "p0"]
+
+
+async def test_a_granted_sim_worker_generates_with_the_request_priority(sim_workers) -> None:  # type: ignore[no-untyped-def]
+    (w,) = await sim_workers(1)
+    async with SchedulerHarness(scheduler_settings([w.address])) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        call, event = await open_lease(h, "r1", priority=P0)
+        channel = make_channel(event.granted.address, None)
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        chunks = [c async for c in stub.Generate(inference_pb2.GenerateRequest(
+            request_id="r1", prompt="hello " * 40, priority=P0,
+            sampling=types_pb2.SamplingParams(max_tokens=5)))]
+        await channel.close()
+        assert chunks[0].HasField("started") and chunks[-1].finished.usage.completion_tokens == 5
+        await release(call)
+        assert h.metric("goodput_scheduler_releases_total", {"outcome": "ok"}) == 1
