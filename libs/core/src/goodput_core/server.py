@@ -95,8 +95,9 @@ class ServiceRunner:
         self.grpc_port = self.server.add_insecure_port(address)
         if self.grpc_port == 0:
             raise RuntimeError(f"cannot bind gRPC port {address}")
-        await self.server.start()
+        # Health first: a loading worker must never answer SERVING, not even for the first check.
         await self.set_serving(serving)
+        await self.server.start()
         app = self._http_app or ops_app(self.registry, ready=lambda: self._ready)
         if self.settings.http_port or self._http_app is not None:
             config = uvicorn.Config(app, host=self.settings.grpc_host, port=self.settings.http_port,

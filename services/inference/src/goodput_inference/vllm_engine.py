@@ -31,6 +31,8 @@ log = logging.getLogger("goodput.inference.vllm")
 
 VLLM_VERSION = "0.32.0"
 _ROLES = {"system", "user", "assistant", "tool"}
+_DEFAULTABLE = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                "frequency_penalty"}
 
 
 class _SchedulerStatsSink:
@@ -79,6 +81,7 @@ class VllmEngine:
         self._ready = False
         self._max_model_len = settings.max_model_len
         self._model_version = settings.model_version or _config_hash(model_dir)
+        self._sampling_defaults: dict[str, Any] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
 
@@ -116,6 +119,10 @@ class VllmEngine:
         self._engine = await asyncio.to_thread(
             AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory()])
         self._max_model_len = int(self._engine.model_config.max_model_len)
+        # The model's own sampling defaults (generation_config.json), as vLLM's OpenAI server applies them: a
+        # request that leaves temperature/top_p unset gets what the model's authors recommend.
+        self._sampling_defaults = {k: v for k, v in self._engine.model_config.get_diff_sampling_param().items()
+                                   if k in _DEFAULTABLE}
         self._ready = True
         log.info("vLLM engine ready", extra={"max_model_len": self._max_model_len})
 
@@ -191,7 +198,8 @@ class VllmEngine:
             raise InvalidArgument(
                 f"prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) exceeds the context window of "
                 f"{self._max_model_len} tokens", param="max_tokens", code="context_length_exceeded")
-        kwargs: dict[str, Any] = {"max_tokens": max_tokens, "output_kind": RequestOutputKind.DELTA}
+        kwargs: dict[str, Any] = {**self._sampling_defaults, "max_tokens": max_tokens,
+                                  "output_kind": RequestOutputKind.DELTA}
         for name in ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty"):
             value = getattr(s, name)
             if value is not None:

@@ -1,0 +1,79 @@
+"""The worker's settings, their mapping onto vLLM's engine options, and request translation — without starting an
+engine (the integration tests run the real one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from goodput.common.v1 import types_pb2
+from goodput.inference.v1 import inference_pb2
+
+from goodput_core.errors import InvalidArgument
+
+from goodput_inference.config import InferenceSettings
+from goodput_inference.devmodel import ensure_dev_model
+from goodput_inference.servicer import to_gen_request
+from goodput_inference.vllm_engine import VllmEngine
+
+
+def test_settings_from_env_map_to_vllm_engine_args(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GOODPUT_INFERENCE_TENSOR_PARALLEL_SIZE", "2")
+    monkeypatch.setenv("GOODPUT_INFERENCE_GPU_MEMORY_UTILIZATION", "0.85")
+    monkeypatch.setenv("GOODPUT_INFERENCE_MAX_NUM_SEQS", "128")
+    monkeypatch.setenv("GOODPUT_INFERENCE_MAX_MODEL_LEN", "4096")
+    monkeypatch.setenv("GOODPUT_INFERENCE_ENABLE_PREFIX_CACHING", "false")
+    monkeypatch.setenv("GOODPUT_INFERENCE_QUANTIZATION", "awq")
+    monkeypatch.setenv("GOODPUT_INFERENCE_SPECULATIVE_CONFIG", '{"method": "ngram", "num_speculative_tokens": 4}')
+    monkeypatch.setenv("GOODPUT_INFERENCE_SCHEDULING_POLICY", "priority")
+    settings = InferenceSettings()
+    engine = VllmEngine(settings, model_dir=Path("/models/m"), served_model_name="m")
+    args = engine.engine_args()
+    assert args.tensor_parallel_size == 2 and args.gpu_memory_utilization == 0.85
+    assert args.max_num_seqs == 128 and args.max_model_len == 4096
+    assert args.enable_prefix_caching is False and args.quantization == "awq"
+    assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 4}
+    assert args.scheduling_policy == "priority" and args.served_model_name == ["m"]
+
+
+def test_bad_settings_are_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GOODPUT_INFERENCE_SCHEDULING_POLICY", "random")
+    with pytest.raises(ValueError):
+        InferenceSettings()
+    monkeypatch.delenv("GOODPUT_INFERENCE_SCHEDULING_POLICY")
+    monkeypatch.setenv("GOODPUT_INFERENCE_GPU_MEMORY_UTILIZATION", "1.5")
+    with pytest.raises(ValueError):
+        InferenceSettings()
+
+
+def test_requests_translate_with_unset_sampling_left_unset() -> None:
+    req = inference_pb2.GenerateRequest(
+        request_id="r1", messages=[types_pb2.ChatMessage(role="user", content="hi")],
+        sampling=types_pb2.SamplingParams(max_tokens=5, temperature=0.0, stop=["\n"]),
+        priority=types_pb2.PRIORITY_P1, tenant="acme")
+    gen = to_gen_request(req)
+    assert gen.sampling.max_tokens == 5 and gen.sampling.temperature == 0.0 and gen.sampling.stop == ("\n",)
+    assert gen.sampling.top_p is None and gen.sampling.seed is None  # the model's defaults apply
+    assert gen.messages[0].role == "user" and gen.priority == types_pb2.PRIORITY_P1 and gen.tenant == "acme"
+
+
+def test_sampling_validation_against_the_context_window() -> None:
+    engine = VllmEngine(InferenceSettings(max_model_len=100), model_dir=Path("/m"), served_model_name="m")
+    engine._sampling_defaults = {"temperature": 0.2}  # noqa: SLF001 - as read from generation_config.json
+    gen = to_gen_request(inference_pb2.GenerateRequest(prompt="x", sampling=types_pb2.SamplingParams(max_tokens=10)))
+    params = engine._sampling_params(gen, prompt_len=50)  # noqa: SLF001
+    assert params.max_tokens == 10 and params.temperature == pytest.approx(0.2)
+    too_long = to_gen_request(inference_pb2.GenerateRequest(prompt="x",
+                                                            sampling=types_pb2.SamplingParams(max_tokens=60)))
+    with pytest.raises(InvalidArgument) as exc:
+        engine._sampling_params(too_long, prompt_len=50)  # noqa: SLF001
+    assert exc.value.code == "context_length_exceeded"
+
+
+def test_dev_model_is_converted_once_and_reused() -> None:
+    first = ensure_dev_model()
+    assert (first / "config.json").is_file() and (first / "model.safetensors").is_file()
+    assert (first / "tokenizer.json").is_file()
+    assert '"temperature": 0.2' in (first / "generation_config.json").read_text()
+    mtime = (first / "model.safetensors").stat().st_mtime
+    assert ensure_dev_model() == first and (first / "model.safetensors").stat().st_mtime == mtime
