@@ -31,7 +31,7 @@ def test_every_service_has_a_versioned_proto_and_typed_stubs() -> None:
         assert (ROOT / "protos" / "goodput" / svc / "v1" / f"{svc}.proto").is_file()
         module = importlib.import_module(f"goodput.{svc}.v1.{svc}_pb2")
         assert module.DESCRIPTOR.package == f"goodput.{svc}.v1"
-        assert sorted(module.DESCRIPTOR.services_by_name) == sorted(service_names)
+        assert set(service_names) <= set(module.DESCRIPTOR.services_by_name)
         spec = importlib.util.find_spec(f"goodput.{svc}.v1.{svc}_pb2")
         assert spec is not None and spec.origin is not None
         assert Path(spec.origin).with_suffix(".pyi").is_file()
