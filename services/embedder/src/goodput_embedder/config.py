@@ -1,0 +1,59 @@
+"""Embedder settings (env prefix GOODPUT_EMBEDDER_). The Celery indexing workers read the same settings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from goodput_core.settings import ServiceSettings, service_config
+
+
+class EmbedderSettings(ServiceSettings):
+    model_config = service_config("GOODPUT_EMBEDDER_")
+
+    grpc_port: int = 50053
+    http_port: int = 9103
+    worker_http_port: int = Field(9106, ge=0, le=65535, description="/metrics of a Celery indexing worker "
+                                                                   "(0 = none).")
+    # --- model and micro-batching ---
+    model: Literal["minilm-onnx-int8", "minilm-torch"] = Field(
+        "minilm-onnx-int8", description="Embedding backend: the int8 ONNX all-MiniLM-L6-v2 (onnxruntime, no torch) "
+                                        "or the same model as torch weights (CPU or GPU).")
+    model_path: str = Field("", description="Model file (ONNX) or folder (torch); empty = the packaged one.")
+    device: str = Field("cpu", description="Torch device for minilm-torch (`cpu`, `cuda`, `cuda:1`).")
+    intra_op_threads: int = Field(0, ge=0, description="onnxruntime/torch threads per model call (0 = library "
+                                                       "default).")
+    max_seq_tokens: int = Field(256, ge=8, le=512, description="Texts are truncated to this many word pieces "
+                                                               "(the model was trained with 256).")
+    batch_window_ms: float = Field(10.0, ge=0, le=100, description="Micro-batching window: how long the first "
+                                                                   "request waits for others to join its model call.")
+    max_batch: int = Field(64, ge=1, le=4096, description="Most texts in one model call.")
+    max_texts: int = Field(256, ge=1, description="Most texts in one Embed request.")
+    max_text_chars: int = Field(32_768, ge=1, description="Longest text accepted by Embed.")
+    # --- indexing ---
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis: Celery broker and results, job "
+                                                                   "progress, content hashes, KB versions.")
+    key_prefix: str = Field("goodput", description="Prefix of every Redis key this service writes.")
+    version_channel: str = Field("goodput:kb-version", description="Redis pub/sub channel on which every "
+                                                                   "finished write publishes the KB's new version.")
+    retriever_addr: str = Field("127.0.0.1:50054", description="Retriever gRPC address: the owner of the "
+                                                               "stores, written through its IndexStore API.")
+    write_timeout_s: float = Field(60.0, gt=0, description="Timeout of one write to the retriever.")
+    max_documents: int = Field(256, ge=1, description="Most documents in one synchronous IndexDocuments call.")
+    max_document_bytes: int = Field(2 << 20, ge=1, description="Largest document (UTF-8 bytes).")
+    max_request_bytes: int = Field(16 << 20, ge=1, description="Largest IndexDocuments request (sum of texts).")
+    prose_chunk_tokens: int = Field(256, ge=16, description="Prose: words per chunk window.")
+    prose_overlap: float = Field(0.125, ge=0, le=0.5, description="Prose: overlap between windows (share).")
+    markdown_max_tokens: int = Field(512, ge=16, description="Markdown: a section longer than this is split "
+                                                             "like prose.")
+    code_max_tokens: int = Field(512, ge=16, description="Code: a function/class longer than this is split.")
+    faq_max_tokens: int = Field(512, ge=16, description="FAQ: an entry longer than this is split.")
+    write_batch: int = Field(128, ge=1, description="Chunks per write to the retriever during a job.")
+    job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="How long job status is kept in Redis.")
+
+    @model_validator(mode="after")
+    def _check(self) -> EmbedderSettings:
+        if self.max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        return self

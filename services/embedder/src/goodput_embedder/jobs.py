@@ -1,0 +1,166 @@
+"""Reindex jobs as Celery tasks (Redis broker). Run a worker with::
+
+    celery -A goodput_embedder.jobs worker --pool solo --concurrency 1
+
+The task reads a source (file, folder or JSONL, see :mod:`goodput_embedder.sources`) with the same
+:class:`~goodput_embedder.indexer.Indexer` as the synchronous path, recording progress in Redis
+(``<prefix>:job:<id>``, read by ``JobStatus``). Tasks are acknowledged late and re-queued when a worker dies, and
+indexing is idempotent, so a job killed halfway finishes on re-run with no duplicates and nothing missing.
+
+``app`` is built on first access (``celery -A`` looks it up), from the GOODPUT_EMBEDDER_ settings; nothing
+connects at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery, signals
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+from goodput_core.errors import GoodputError
+from goodput_core.settings import load_settings
+
+from goodput_embedder.config import EmbedderSettings
+from goodput_embedder.indexer import Doc, Indexer, IndexResult
+from goodput_embedder.sources import SourceError, read_source
+
+__all__ = ["JobStore", "JobInfo", "REINDEX_TASK", "create_app", "run_reindex"]
+
+log = logging.getLogger("goodput.embedder.jobs")
+REINDEX_TASK = "goodput_embedder.reindex"
+STATES = ("pending", "running", "succeeded", "failed")
+
+
+@dataclass
+class JobInfo:
+    job_id: str
+    state: str
+    documents_done: int = 0
+    documents_total: int = 0
+    chunks_embedded: int = 0
+    kb_version: int = 0
+    error: str = ""
+
+
+class JobStore:
+    """Job status in Redis (a hash per job, expiring after ``job_ttl_s``)."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str, ttl_s: int) -> None:
+        self.redis = client
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+
+    def _key(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}"
+
+    def create(self, tenant: str, kb: str, source: str, full_rebuild: bool) -> str:
+        job_id = f"job-{uuid.uuid4().hex[:16]}"
+        self.update(job_id, state="pending", tenant=tenant, knowledge_base=kb, source=source,
+                    full_rebuild=int(full_rebuild), created=time.time())
+        return job_id
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        key = self._key(job_id)
+        self.redis.hset(key, mapping={k: str(v) for k, v in fields.items()})
+        self.redis.expire(key, self.ttl_s)
+
+    def get(self, job_id: str) -> JobInfo | None:
+        raw = self.redis.hgetall(self._key(job_id))
+        if not raw:
+            return None
+        d = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+             for k, v in raw.items()}
+        return JobInfo(job_id=job_id, state=d.get("state", "pending"),
+                       documents_done=int(d.get("documents_done", 0)),
+                       documents_total=int(d.get("documents_total", 0)),
+                       chunks_embedded=int(d.get("chunks_embedded", 0)), kb_version=int(d.get("kb_version", 0)),
+                       error=d.get("error", ""))
+
+
+def _count_documents(path: Path) -> int:
+    return sum(1 for _ in read_source(path))
+
+
+def run_reindex(indexer: Indexer, jobs: JobStore, job_id: str, tenant: str, kb: str, source: str,
+                full_rebuild: bool) -> IndexResult:
+    """The task body (also called directly by tests)."""
+    jobs.update(job_id, state="running", started=time.time(), error="")
+    try:
+        path = Path(source)
+        total = _count_documents(path)
+        jobs.update(job_id, documents_total=total)
+        docs = (Doc(id=d.id, text=d.text, type=d.type, title=d.title, metadata=d.metadata)
+                for d in read_source(path))
+
+        def progress(done: int, result: IndexResult) -> None:
+            jobs.update(job_id, documents_done=done, chunks_embedded=result.chunks_embedded)
+
+        result = indexer.run_job(tenant, kb, docs, full_rebuild=full_rebuild, progress=progress)
+    except (GoodputError, SourceError, OSError) as err:
+        message = err.message if isinstance(err, GoodputError) else str(err)
+        jobs.update(job_id, state="failed", error=message, finished=time.time())
+        log.warning("reindex failed", extra={"job_id": job_id, "error": message})
+        return IndexResult()
+    jobs.update(job_id, state="succeeded", documents_done=total, chunks_embedded=result.chunks_embedded,
+                kb_version=result.kb_version, finished=time.time(),
+                result=json.dumps(result.__dict__))
+    return result
+
+
+def create_app(settings: EmbedderSettings) -> Celery:
+    app = Celery("goodput_embedder", broker=settings.redis_url, set_as_current=False)
+    app.conf.update(
+        task_acks_late=True,                # a job whose worker dies is redelivered...
+        task_reject_on_worker_lost=True,    # ...and re-run (indexing is idempotent)
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,            # status lives in the job hash, not in a result backend
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        broker_transport_options={"visibility_timeout": 3600},
+    )
+    registry = CollectorRegistry()
+    jobs_total = Counter("goodput_embedder_jobs_total", "Reindex jobs by outcome.", ["outcome"], registry=registry)
+
+    @cache
+    def context() -> tuple[Indexer, JobStore]:
+        from goodput_embedder.models import load_model
+        from goodput_embedder.store_client import GrpcStoreWriter
+
+        model = load_model(settings)
+        client = redis.Redis.from_url(settings.redis_url)
+        indexer = Indexer(settings, embed=model.embed,
+                          store=GrpcStoreWriter(settings.retriever_addr, timeout_s=settings.write_timeout_s),
+                          redis_client=client)
+        return indexer, JobStore(client, prefix=settings.key_prefix, ttl_s=settings.job_ttl_s)
+
+    @app.task(name=REINDEX_TASK, bind=True)  # type: ignore[untyped-decorator]
+    def reindex(self: Any, job_id: str, tenant: str, kb: str, source: str, full_rebuild: bool) -> dict[str, Any]:
+        indexer, jobs = context()
+        result = run_reindex(indexer, jobs, job_id, tenant, kb, source, full_rebuild)
+        info = jobs.get(job_id)
+        jobs_total.labels(info.state if info else "unknown").inc()
+        return result.__dict__
+
+    @signals.worker_ready.connect(weak=False)
+    def _metrics(**_: Any) -> None:
+        if settings.worker_http_port:
+            start_http_server(settings.worker_http_port, addr=settings.grpc_host, registry=registry)
+
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("app", "celery"):
+        built = create_app(load_settings(EmbedderSettings))
+        globals()["app"] = built
+        return built
+    raise AttributeError(name)

@@ -1,0 +1,135 @@
+"""Real components for the embedder's tests: the ONNX model, a Redis on 127.0.0.1 (started when none answers), and
+a real retriever (qdrant-client local mode + tantivy, in memory) serving IndexStore in-process on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from goodput_embedder.config import EmbedderSettings
+from goodput_embedder.indexer import Indexer
+from goodput_embedder.models import OnnxMiniLM
+from goodput_embedder.store_client import GrpcStoreWriter
+from goodput_retriever.__main__ import build as build_retriever
+from goodput_retriever.config import RetrieverSettings
+from goodput_retriever.search import Retriever
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    if _ping(6379):
+        yield "redis://127.0.0.1:6379/0"
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("no Redis on 127.0.0.1:6379 and no redis-server binary (make install installs it)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not _ping(port):
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("redis-server did not start")
+        time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def model() -> OnnxMiniLM:
+    return OnnxMiniLM()
+
+
+class CountingModel:
+    """The real model, counting the texts it embeds (and optionally failing after a number of calls)."""
+
+    def __init__(self, model: OnnxMiniLM) -> None:
+        self.model = model
+        self.name, self.dim = model.name, model.dim
+        self.texts = 0
+        self.calls = 0
+        self.fail_after: int | None = None
+        self.delay_s = 0.0
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise RuntimeError("injected failure (the job was killed here)")
+        self.calls += 1
+        self.texts += len(texts)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return self.model.embed(texts)
+
+    def count_tokens(self, texts: list[str]) -> int:
+        return self.model.count_tokens(texts)
+
+
+class LocalQueryEmbedder:
+    def __init__(self, model: OnnxMiniLM) -> None:
+        self.model = model
+
+    async def embed_query(self, text: str) -> Sequence[float]:
+        return (await asyncio.to_thread(self.model.embed, [text]))[0].tolist()
+
+
+@dataclass
+class RunningRetriever:
+    address: str
+    retriever: Retriever
+
+
+@pytest.fixture
+async def retriever(model: OnnxMiniLM) -> AsyncIterator[RunningRetriever]:
+    settings = RetrieverSettings(grpc_port=0, http_port=0, qdrant_path=":memory:", tantivy_path=":memory:",
+                                 drain_grace_s=0)
+    runner, retr = build_retriever(settings, CollectorRegistry(), None, embedder=LocalQueryEmbedder(model))
+    await runner.start()
+    yield RunningRetriever(f"127.0.0.1:{runner.grpc_port}", retr)
+    await runner.stop()
+
+
+@pytest.fixture
+def settings(redis_url: str, retriever: RunningRetriever) -> EmbedderSettings:
+    return EmbedderSettings(redis_url=redis_url, retriever_addr=retriever.address,
+                            key_prefix=f"goodput-test-{uuid.uuid4().hex[:8]}", grpc_port=0, http_port=0,
+                            worker_http_port=0, drain_grace_s=0)
+
+
+@pytest.fixture
+def counting(model: OnnxMiniLM) -> CountingModel:
+    return CountingModel(model)
+
+
+@pytest.fixture
+def indexer(settings: EmbedderSettings, counting: CountingModel) -> Iterator[Indexer]:
+    client = redis.Redis.from_url(settings.redis_url)
+    store = GrpcStoreWriter(settings.retriever_addr, timeout_s=30)
+    yield Indexer(settings, embed=counting.embed, store=store, redis_client=client)
+    for key in client.scan_iter(f"{settings.key_prefix}:*"):
+        client.delete(key)
+    store.close()
+    client.close()
