@@ -15,6 +15,7 @@ from goodput_core.server import ServiceRunner
 
 from goodput_gateway.auth import ApiKeyStore
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.knowledge import Knowledge
 from goodput_gateway.pipeline import GatewayMetrics, Pipeline
 from goodput_gateway.rest import create_app
 from goodput_gateway.service import GatewayService
@@ -28,7 +29,8 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     metrics = GatewayMetrics(registry)
     pipeline = Pipeline(settings, scheduler=scheduler_pb2_grpc.SchedulerStub(scheduler_channel),
                         channel_factory=lambda addr: make_channel(addr, provider), metrics=metrics)
-    service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics)
+    knowledge = Knowledge(settings, channel_factory=lambda addr: make_channel(addr, provider))
+    service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics, knowledge=knowledge)
     tracer = (provider.get_tracer("goodput.gateway") if provider is not None
               else TracerProvider().get_tracer("goodput.gateway"))
     holder: dict[str, ServiceRunner] = {}
@@ -40,6 +42,7 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
 
     async def close() -> None:
         await pipeline.close()
+        await knowledge.close()
         await scheduler_channel.close(grace=None)
 
     runner.on_stop.append(close)

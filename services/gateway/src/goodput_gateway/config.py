@@ -27,3 +27,12 @@ class GatewaySettings(ServiceSettings):
     models_cache_s: float = Field(2.0, ge=0, description="How long the list of served models is reused.")
     worker_retry: bool = Field(True, description="Retry once on another worker when a worker fails before "
                                                  "the first token.")
+    embedder_addr: str = Field("", description="Embedder gRPC address (embeddings, indexing); empty = off.")
+    retriever_addr: str = Field("", description="Retriever gRPC address (search, RAG); empty = off.")
+    knowledge_timeout_s: float = Field(30.0, gt=0, description="Timeout of an embed, search or index call.")
+    max_embed_batch: int = Field(256, ge=1, description="Most inputs in one embeddings request.")
+    rag_top_k: int = Field(5, ge=1, le=50, description="RAG: chunks retrieved for a request.")
+    rag_max_context_chars: int = Field(6000, ge=0, description="RAG: most characters of retrieved context "
+                                                               "(also bounded by the model's context window).")
+    rag_max_query_chars: int = Field(2000, ge=1, description="RAG: the search query is the last user message, "
+                                                             "cut to this length.")

@@ -108,6 +108,7 @@ class GenerationStream:
     arrived: float
     deadline: float
     start: StreamStart | None = None
+    sources: list[Any] = field(default_factory=list)  # RAG: the chunks put in the prompt (rag.Source)
     _lease: _Lease | None = None
     _call: aio.UnaryStreamCall | None = None
     _completion_tokens: int = 0

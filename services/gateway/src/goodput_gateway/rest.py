@@ -1,7 +1,9 @@
 """OpenAI-compatible REST API: `/v1/chat/completions`, `/v1/completions` (streaming SSE and not), `/v1/models`,
 plus `/healthz` and `/metrics`. Errors use OpenAI's JSON shape (`{"error": {"message", "type", "param", "code"}}`).
 
-Goodput extensions: the `priority` body field or `X-Goodput-Priority` header ("P0", "P1", "P2").
+Goodput extensions: the `priority` body field or `X-Goodput-Priority` header ("P0", "P1", "P2"); RAG with the
+`knowledge_base` body field or `X-Goodput-Knowledge-Base` header (the answer then carries `sources` beside
+`choices`, or on the first chunk of a stream); the knowledge routes of :mod:`goodput_gateway.knowledge`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,7 +27,9 @@ from goodput_core.errors import GoodputError, InvalidArgument
 from goodput_core.metrics import metrics_response
 from goodput_core.priority import priority_name
 
+from goodput_gateway.knowledge import install_routes as install_knowledge_routes
 from goodput_gateway.pipeline import GenerationStream, StreamEnd, TextDelta
+from goodput_gateway.rag import KB_HEADER, knowledge_base_from
 from goodput_gateway.requests import GenerationRequest, from_openai_chat, from_openai_completion
 from goodput_gateway.service import GatewayService
 
@@ -110,7 +115,9 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
                 span.set_attribute("goodput.tenant", principal.tenant)
                 body = await read_json(request)
                 gen = parse(body, header_priority=request.headers.get(PRIORITY_HEADER))
-                stream = await service.begin(principal, gen, request_id=request_id, arrived=arrived)
+                kb = knowledge_base_from(body, request.headers.get(KB_HEADER))
+                stream = await service.begin(principal, gen, request_id=request_id, arrived=arrived,
+                                             knowledge_base=kb)
                 prio_label = priority_name(stream.priority)
             except GoodputError as err:
                 service.metrics.requests.labels(route, str(err.http_status), prio_label).inc()
@@ -144,6 +151,7 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
     async def completions(request: Request) -> Response:
         return await handle(request, "completions", from_openai_completion)
 
+    install_knowledge_routes(app, service, read_json)
     return app
 
 
@@ -176,8 +184,11 @@ async def _collect(stream: GenerationStream, gen: GenerationRequest, route: str)
     else:
         choice = {"index": 0, "text": text, "finish_reason": end.finish_reason, "logprobs": None}
     model = stream.start.model if stream.start else gen.model
-    return {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice],
+    body = {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice],
             "usage": _usage(end), "system_fingerprint": None}
+    if stream.sources:  # RAG extension: the chunks the answer was grounded on, beside `choices`
+        body["sources"] = [asdict(s) for s in stream.sources]
+    return body
 
 
 async def _stream_events(stream: GenerationStream, gen: GenerationRequest, route: str,
@@ -200,7 +211,10 @@ async def _stream_events(stream: GenerationStream, gen: GenerationRequest, route
 
     try:
         if route == "chat":
-            yield _sse(chunk("", None, role=True))
+            first = chunk("", None, role=True)
+            if stream.sources:  # RAG extension on the first chunk (the openai SDK keeps unknown fields)
+                first["sources"] = [asdict(s) for s in stream.sources]
+            yield _sse(first)
         async for event in stream:
             if isinstance(event, TextDelta):
                 yield _sse(chunk(event.text, None))

@@ -11,17 +11,21 @@ import time
 from dataclasses import replace
 
 from goodput_core.context import new_request_id, tenant_id_var
+from goodput_core.errors import Unimplemented
 
 from goodput_gateway.auth import ApiKeyStore, Principal
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.knowledge import Knowledge
 from goodput_gateway.pipeline import GatewayMetrics, GenerationStream, Pipeline
+from goodput_gateway.rag import Source, augment
 from goodput_gateway.requests import GenerationRequest, apply_model_limits, validate_shape
 
 
 class GatewayService:
     def __init__(self, settings: GatewaySettings, *, keys: ApiKeyStore, pipeline: Pipeline,
-                 metrics: GatewayMetrics) -> None:
+                 metrics: GatewayMetrics, knowledge: Knowledge | None = None) -> None:
         self.settings = settings
+        self.knowledge = knowledge
         self.keys = keys
         self.pipeline = pipeline
         self.metrics = metrics
@@ -34,15 +38,27 @@ class GatewayService:
         return principal
 
     async def begin(self, principal: Principal, request: GenerationRequest, *, request_id: str | None = None,
-                    arrived: float | None = None, timeout_s: float | None = None) -> GenerationStream:
+                    arrived: float | None = None, timeout_s: float | None = None,
+                    knowledge_base: str = "") -> GenerationStream:
         arrived = arrived or time.monotonic()
         started = time.monotonic()
         # Priority is checked before anything is spent on the request.
         request = replace(request, priority=principal.resolve_priority(request.priority))
         validate_shape(request, self.settings)
         model = await self.pipeline.resolve_model(request.model)
+        sources: list[Source] = []
+        if knowledge_base:  # RAG: retrieval before scheduling
+            if self.knowledge is None or not self.knowledge.retrieval_enabled:
+                raise Unimplemented("knowledge_base needs the retriever service, which this gateway is not "
+                                    "configured with")
+            retrieve_started = time.monotonic()
+            request, sources = await augment(self.knowledge, self.settings, tenant=principal.tenant,
+                                             kb=knowledge_base, request=request, max_model_len=model.max_model_len)
+            self.metrics.stage.labels("retrieve").observe(time.monotonic() - retrieve_started)
         request = apply_model_limits(request, self.settings, max_model_len=model.max_model_len)
         self.metrics.stage.labels("validate").observe(time.monotonic() - started)
         timeout = min(timeout_s, self.settings.request_timeout_s) if timeout_s else self.settings.request_timeout_s
-        return await self.pipeline.open(principal, request, request_id=request_id or new_request_id(),
-                                        model=model.id, arrived=arrived, deadline=arrived + timeout)
+        stream = await self.pipeline.open(principal, request, request_id=request_id or new_request_id(),
+                                          model=model.id, arrived=arrived, deadline=arrived + timeout)
+        stream.sources = sources
+        return stream

@@ -10,9 +10,10 @@ from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from grpc import aio
 
 from goodput_core.context import REQUEST_ID_HEADER, new_request_id, request_context
-from goodput_core.errors import GoodputError, Unimplemented
+from goodput_core.errors import GoodputError
 
-from goodput_gateway.pipeline import StreamEnd, TextDelta
+from goodput_gateway.knowledge import grpc_embed, grpc_index, grpc_search
+from goodput_gateway.pipeline import GenerationStream, StreamEnd, TextDelta
 from goodput_gateway.requests import from_proto
 from goodput_gateway.service import GatewayService
 
@@ -32,6 +33,11 @@ def _usage(end: StreamEnd) -> types_pb2.Usage:
                            total_tokens=end.prompt_tokens + end.completion_tokens)
 
 
+def _sources(stream: GenerationStream) -> list[gateway_pb2.Source]:
+    return [gateway_pb2.Source(chunk_id=s.chunk_id, document_id=s.document_id, score=s.score, text=s.text)
+            for s in stream.sources]
+
+
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def __init__(self, service: GatewayService) -> None:
         self.service = service
@@ -48,14 +54,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             try:
                 principal = self.service.authenticate(_authorization(context))
                 stream = await self.service.begin(principal, from_proto(request, stream=True), request_id=request_id,
-                                                  arrived=arrived, timeout_s=context.time_remaining())
+                                                  arrived=arrived, timeout_s=context.time_remaining(),
+                                                  knowledge_base=request.knowledge_base)
             except GoodputError as err:
                 self._count("grpc_stream", err.grpc_code.name)
                 raise
             self._count("grpc_stream", "OK")
             assert stream.start is not None
             yield gateway_pb2.GenerateStreamResponse(start=gateway_pb2.StreamStart(
-                request_id=request_id, model=stream.start.model))
+                request_id=request_id, model=stream.start.model, sources=_sources(stream)))
             async for event in stream:
                 if isinstance(event, TextDelta):
                     yield gateway_pb2.GenerateStreamResponse(delta=event.text)
@@ -73,7 +80,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 principal = self.service.authenticate(_authorization(context))
                 stream = await self.service.begin(principal, from_proto(request, stream=False),
                                                   request_id=request_id, arrived=arrived,
-                                                  timeout_s=context.time_remaining())
+                                                  timeout_s=context.time_remaining(),
+                                                  knowledge_base=request.knowledge_base)
             except GoodputError as err:
                 self._count("grpc", err.grpc_code.name)
                 raise
@@ -88,7 +96,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             assert end is not None and stream.start is not None
             return gateway_pb2.GenerateResponse(request_id=request_id, model=stream.start.model,
                                                 text="".join(parts), finish_reason=_FINISH[end.finish_reason],
-                                                usage=_usage(end))
+                                                usage=_usage(end), sources=_sources(stream))
 
     async def ListModels(self, request: gateway_pb2.ListModelsRequest,
                          context: aio.ServicerContext) -> gateway_pb2.ListModelsResponse:
@@ -99,15 +107,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def Embed(self, request: gateway_pb2.EmbedRequest,
                     context: aio.ServicerContext) -> gateway_pb2.EmbedResponse:
-        self.service.authenticate(_authorization(context))
-        raise Unimplemented("embeddings need the embedder service, which this gateway is not configured with")
+        return await grpc_embed(self.service, self.service.authenticate(_authorization(context)), request)
 
     async def Search(self, request: gateway_pb2.SearchRequest,
                      context: aio.ServicerContext) -> gateway_pb2.SearchResponse:
-        self.service.authenticate(_authorization(context))
-        raise Unimplemented("search needs the retriever service, which this gateway is not configured with")
+        return await grpc_search(self.service, self.service.authenticate(_authorization(context)), request)
 
     async def Index(self, request: gateway_pb2.IndexRequest,
                     context: aio.ServicerContext) -> gateway_pb2.IndexResponse:
-        self.service.authenticate(_authorization(context))
-        raise Unimplemented("indexing needs the embedder service, which this gateway is not configured with")
+        return await grpc_index(self.service, self.service.authenticate(_authorization(context)), request)
