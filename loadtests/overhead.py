@@ -29,8 +29,6 @@ import asyncio
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -45,7 +43,6 @@ from goodput.common.v1 import types_pb2
 from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from grpc import aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -320,101 +317,28 @@ def stage_means(before: dict[str, tuple[float, float]] | None,
 
 # ---- the platform --start runs -------------------------------------------------------------------------------------
 
-class _OwnPlatform:
-    """Worker, scheduler and gateway as child processes, for when goodput_cli's supervisor is not installed."""
-
-    def __init__(self, workdir: Path, port_offset: int, env: dict[str, str]) -> None:
-        self.workdir = workdir
-        self.offset = port_offset
-        self.env = env
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.dev_key = BENCH_KEY
-        self.gateway_http = f"http://127.0.0.1:{8080 + port_offset}"
-        self.gateway_grpc = f"127.0.0.1:{50051 + port_offset}"
-
-    def worker_grpc(self, i: int) -> str:
-        return f"127.0.0.1:{50061 + i + self.offset}"
-
-    def start(self, timeout_s: float = 900, *, console: Console | None = None) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "logs").mkdir(exist_ok=True)
-        keys = self.workdir / "keys.json"
-        keys.write_text(json.dumps({"keys": [{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}]}))
-        o = self.offset
-        sched = f"127.0.0.1:{50052 + o}"
-        plan = [
-            ("worker-0", "goodput_inference", self.worker_grpc(0), {
-                "GOODPUT_INFERENCE_GRPC_PORT": str(50061 + o), "GOODPUT_INFERENCE_HTTP_PORT": str(9161 + o)}),
-            ("scheduler", "goodput_scheduler", sched, {
-                "GOODPUT_SCHEDULER_GRPC_PORT": str(50052 + o), "GOODPUT_SCHEDULER_HTTP_PORT": str(9102 + o),
-                "GOODPUT_SCHEDULER_WORKERS": self.worker_grpc(0)}),
-            ("gateway", "goodput_gateway", self.gateway_grpc, {
-                "GOODPUT_GATEWAY_GRPC_PORT": str(50051 + o), "GOODPUT_GATEWAY_HTTP_PORT": str(8080 + o),
-                "GOODPUT_GATEWAY_SCHEDULER_ADDR": sched, "GOODPUT_GATEWAY_API_KEYS_FILE": str(keys)}),
-        ]
-        deadline = time.monotonic() + timeout_s
-        try:
-            for name, module, addr, env in plan:
-                with (self.workdir / "logs" / f"{name}.log").open("wb") as log:
-                    self.procs.append(subprocess.Popen(
-                        [sys.executable, "-m", module], env={**os.environ, **self.env, **env}, stdout=log,
-                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                        cwd=self.workdir))
-                if console is not None:
-                    console.print(f"started {name}; waiting for it to serve on {addr}")
-                _wait_serving(addr, self.procs[-1], deadline, name)
-            time.sleep(3)  # the scheduler's first health round
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for p in reversed(self.procs):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # also vLLM's engine core, a grandchild
-            except ProcessLookupError:
-                pass
-            p.wait()
-        self.procs.clear()
+def engine_cores(spec: str) -> str | None:
+    """The cores the engine's OpenMP threads are pinned to. "auto": all but the last core when there are two or
+    more, leaving one for the client, gateway and scheduler (in production the worker has a node of its own; an
+    unpinned CPU engine spins on every core and starves the processes being measured). "all": no pinning."""
+    if spec == "all":
+        return None
+    if spec != "auto":
+        return spec
+    n = os.cpu_count() or 1
+    return None if n < 2 else ("0" if n == 2 else f"0-{n - 2}")
 
 
-def _wait_serving(addr: str, proc: subprocess.Popen[bytes], deadline: float, name: str) -> None:
-    with grpc.insecure_channel(addr) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {proc.returncode} while starting (see its log)")
-            try:
-                if stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not serve on {addr} in time")
-            time.sleep(0.5)
-
-
-def start_platform(workdir: Path, port_offset: int, console: Console) -> Any:
+def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: str | None) -> Any:
     """One worker, the scheduler and the gateway on ports shifted by ``port_offset``; returns the started handle."""
-    try:
-        from goodput_cli.supervisor import Platform
-    except ImportError:
-        platform: Any = _OwnPlatform(workdir, port_offset, ENGINE_ENV)
-    else:
-        platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=dict(ENGINE_ENV),
-                            api_keys=[{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}])
-        platform.dev_key = BENCH_KEY
+    from goodput_cli.supervisor import Platform
+
+    env = dict(ENGINE_ENV)
+    if cores is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cores
+    platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=env,
+                        api_keys=[{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}])
+    platform.dev_key = BENCH_KEY
     console.print(f"starting the platform (one worker, port offset {port_offset}); vLLM takes a minute or two")
     platform.start(console=console)
     return platform
@@ -767,6 +691,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="report files prefix: <out>.json, <out>.md, <out>.png")
     ap.add_argument("--start", action="store_true", help="start an own platform with one worker (port offset "
                                                          "--port-offset) and stop it afterwards")
+    ap.add_argument("--engine-cores", default="auto", help="with --start: cores for the engine's threads "
+                    "(VLLM_CPU_OMP_THREADS_BIND), 'auto' (all but one core) or 'all'")
     ap.add_argument("--port-offset", type=int, default=300, help="port offset of the --start platform")
     ap.add_argument("--render", type=Path, default=None, metavar="JSON",
                     help="only rewrite the Markdown and PNG of an existing JSON report (next to it); runs nothing")
@@ -805,7 +731,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.start:
             workdir = args.out.parent / f"{args.out.name}-platform"
-            platform = start_platform(workdir.resolve(), args.port_offset, console)
+            platform = start_platform(workdir.resolve(), args.port_offset, console,
+                                      cores=engine_cores(args.engine_cores))
             target = Target(gateway_url=platform.gateway_http, gateway_grpc=platform.gateway_grpc,
                             worker=platform.worker_grpc(0), api_key=BENCH_KEY, priority=args.priority)
             platform_desc = ("started by the benchmark: one worker, the scheduler and the gateway, each its own "
