@@ -36,7 +36,7 @@ def test_each_service_gets_its_ports_and_peers(tmp_path, monkeypatch):
 
     specs = {s.name: s for s in p.plan()}
 
-    assert list(specs) == ["worker-0", "worker-1", "scheduler", "gateway"]
+    assert list(specs) == ["worker-0", "worker-1", "scheduler", "embedder", "retriever", "index-worker", "gateway"]
     w1 = specs["worker-1"].env
     assert w1["GOODPUT_INFERENCE_GRPC_PORT"] == "50162"
     assert w1["GOODPUT_INFERENCE_HTTP_PORT"] == "9262"
@@ -53,6 +53,12 @@ def test_each_service_gets_its_ports_and_peers(tmp_path, monkeypatch):
     assert gw["GOODPUT_GATEWAY_HTTP_PORT"] == "8180"
     assert gw["GOODPUT_GATEWAY_SCHEDULER_ADDR"] == "127.0.0.1:50152"
     assert gw["GOODPUT_GATEWAY_API_KEYS_FILE"] == str(tmp_path / "api-keys.json")
+    assert gw["GOODPUT_GATEWAY_EMBEDDER_ADDR"] == "127.0.0.1:50153"
+    assert gw["GOODPUT_GATEWAY_RETRIEVER_ADDR"] == "127.0.0.1:50154"
+    assert specs["retriever"].env["GOODPUT_RETRIEVER_EMBEDDER_ADDR"] == "127.0.0.1:50153"
+    assert specs["embedder"].env["GOODPUT_EMBEDDER_RETRIEVER_ADDR"] == "127.0.0.1:50154"
+    assert specs["index-worker"].argv[1:5] == ["-m", "celery", "-A", "goodput_embedder.jobs"]
+    assert specs["index-worker"].grpc_addr is None
     # Extra env reaches every child; the wiring always wins over it.
     full = p.child_env(specs["scheduler"])
     assert full["GOODPUT_SCHEDULER_HEALTH_INTERVAL_S"] == "0.2"
@@ -131,7 +137,7 @@ def fake_services(tmp_path):
 def _platform(tmp_path: Path, fake: Path, **env: str) -> Platform:
     offset = next(o for o in (random.randrange(1000, 9000) for _ in range(50)) if _ports_free(o))
     redis_port = offset + 6379
-    return Platform(workdir=tmp_path / "work", workers=2, port_offset=offset,
+    return Platform(workdir=tmp_path / "work", workers=2, port_offset=offset, knowledge=False,
                     env={"PYTHONPATH": str(fake), "GOODPUT_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", **env})
 
 
@@ -216,6 +222,7 @@ def test_goodput_up_prints_working_examples_and_ctrl_c_stops_everything(tmp_path
     probe = _platform(tmp_path, fake_services)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(fake_services))
+    monkeypatch.setenv("GOODPUT_KNOWLEDGE", "0")  # no fakes of the embedder, its Celery worker, the retriever
     monkeypatch.setenv("GOODPUT_REDIS_URL", probe.redis_url)
     seen_running: list[int] = []
 

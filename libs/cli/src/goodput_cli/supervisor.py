@@ -1,6 +1,7 @@
 """Runs the whole platform on one machine, each service as its own child process, for `goodput up` and for tests.
 
 Start order: Redis (only when nothing answers on ``GOODPUT_REDIS_URL``), the inference workers, the scheduler, the
+embedder, the retriever and a Celery indexing worker (unless ``knowledge=False`` or ``GOODPUT_KNOWLEDGE=0``), the
 gateway. Every child runs ``<python> -m goodput_<svc>`` in its own session, configured only through the environment
 variables of docs/services.md, with stdout and stderr in ``<workdir>/logs/<name>.log``. ``start`` returns once
 every gRPC server answers the standard health check with SERVING and the scheduler sees every worker healthy.
@@ -50,6 +51,8 @@ HOST = "127.0.0.1"
 GATEWAY_GRPC, GATEWAY_HTTP = 50051, 8080
 SCHEDULER_GRPC, SCHEDULER_HTTP = 50052, 9102
 WORKER_GRPC, WORKER_HTTP = 50061, 9161
+EMBEDDER_GRPC, EMBEDDER_HTTP, INDEX_WORKER_HTTP = 50053, 9103, 9106
+RETRIEVER_GRPC, RETRIEVER_HTTP = 50054, 9104
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_KV_CACHE_SPACE_GB = "1"
 LOG_TAIL_LINES = 40
@@ -171,7 +174,8 @@ class Platform:
     """
 
     def __init__(self, *, workdir: Path, workers: int = 1, port_offset: int = 0, env: dict[str, str] | None = None,
-                 api_keys: list[dict[str, Any]] | None = None, python: str | None = None) -> None:
+                 api_keys: list[dict[str, Any]] | None = None, python: str | None = None,
+                 knowledge: bool | None = None) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.workdir = Path(workdir).resolve()
@@ -180,6 +184,8 @@ class Platform:
         self.env: dict[str, str] = dict(env or {})
         self.api_keys = api_keys
         self.python = python or sys.executable
+        # The embedder, its Celery indexing worker and the retriever (RAG, search); GOODPUT_KNOWLEDGE=0 leaves them out.
+        self.knowledge = knowledge if knowledge is not None else os.environ.get("GOODPUT_KNOWLEDGE", "1") != "0"
         self.dev_key: str | None = read_dev_key(self.workdir) if api_keys is None else None
         self.redis_url = self.env.get("GOODPUT_REDIS_URL") or os.environ.get("GOODPUT_REDIS_URL") or DEFAULT_REDIS_URL
         self._procs: dict[str, _Proc] = {}
@@ -254,15 +260,51 @@ class Platform:
             "GOODPUT_SCHEDULER_WORKERS": ",".join(self.worker_grpc(i) for i in range(self.workers)),
             "GOODPUT_SCHEDULER_REDIS_URL": self.redis_url,
         }, self.scheduler_grpc))
-        specs.append(self._spec("gateway", "gateway", {
+        gateway_env = {
             "GOODPUT_GATEWAY_GRPC_PORT": str(GATEWAY_GRPC + self.port_offset),
             "GOODPUT_GATEWAY_HTTP_PORT": str(GATEWAY_HTTP + self.port_offset),
             "GOODPUT_GATEWAY_SCHEDULER_ADDR": self.scheduler_grpc,
             "GOODPUT_GATEWAY_API_KEYS_FILE": str(self.api_keys_file),
-        }, self.gateway_grpc))
+        }
+        if self.knowledge:
+            specs.extend(self._knowledge_plan())
+            gateway_env["GOODPUT_GATEWAY_EMBEDDER_ADDR"] = self.embedder_grpc
+            gateway_env["GOODPUT_GATEWAY_RETRIEVER_ADDR"] = self.retriever_grpc
+        specs.append(self._spec("gateway", "gateway", gateway_env, self.gateway_grpc))
         return specs
 
-    def _spec(self, name: str, package: str, env: dict[str, str], grpc_addr: str) -> ServiceSpec:
+    @property
+    def embedder_grpc(self) -> str:
+        return f"{HOST}:{EMBEDDER_GRPC + self.port_offset}"
+
+    @property
+    def retriever_grpc(self) -> str:
+        return f"{HOST}:{RETRIEVER_GRPC + self.port_offset}"
+
+    def _knowledge_plan(self) -> list[ServiceSpec]:
+        """The embedder, the retriever (the owner of the embedded stores, under ``workdir/retriever-data``) and one
+        Celery indexing worker (``--pool solo``: one process, so its metrics port sees every job)."""
+        embedder = {"GOODPUT_EMBEDDER_GRPC_PORT": str(EMBEDDER_GRPC + self.port_offset),
+                    "GOODPUT_EMBEDDER_HTTP_PORT": str(EMBEDDER_HTTP + self.port_offset),
+                    "GOODPUT_EMBEDDER_WORKER_HTTP_PORT": str(INDEX_WORKER_HTTP + self.port_offset),
+                    "GOODPUT_EMBEDDER_REDIS_URL": self.redis_url,
+                    "GOODPUT_EMBEDDER_RETRIEVER_ADDR": self.retriever_grpc}
+        celery = self._spec("index-worker", "embedder", embedder, None)
+        celery = ServiceSpec(name=celery.name, env=celery.env, grpc_addr=None, log_path=celery.log_path, argv=[
+            self.python, "-m", "celery", "-A", "goodput_embedder.jobs", "worker", "--pool", "solo",
+            "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"])
+        return [
+            self._spec("embedder", "embedder", embedder, self.embedder_grpc),
+            self._spec("retriever", "retriever", {
+                "GOODPUT_RETRIEVER_GRPC_PORT": str(RETRIEVER_GRPC + self.port_offset),
+                "GOODPUT_RETRIEVER_HTTP_PORT": str(RETRIEVER_HTTP + self.port_offset),
+                "GOODPUT_RETRIEVER_EMBEDDER_ADDR": self.embedder_grpc,
+                "GOODPUT_RETRIEVER_DATA_DIR": str(self.workdir / "retriever-data"),
+            }, self.retriever_grpc),
+            celery,
+        ]
+
+    def _spec(self, name: str, package: str, env: dict[str, str], grpc_addr: str | None) -> ServiceSpec:
         env = {"GOODPUT_REDIS_URL": self.redis_url, "PYTHONUNBUFFERED": "1", **env}
         return ServiceSpec(name=name, argv=[self.python, "-m", f"goodput_{package}"], env=env,
                            grpc_addr=grpc_addr, log_path=self.log_path(name))

@@ -15,6 +15,8 @@ from goodput_embedder.config import EmbedderSettings
 from goodput_embedder.indexer import Doc, Indexer, validate_name
 from goodput_embedder.jobs import REINDEX_TASK, JobStore
 
+# Names an OpenAI client may send for the default model.
+MODEL_ALIASES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 _STATES = {"pending": embedder_pb2.JOB_STATE_PENDING, "running": embedder_pb2.JOB_STATE_RUNNING,
            "succeeded": embedder_pb2.JOB_STATE_SUCCEEDED, "failed": embedder_pb2.JOB_STATE_FAILED}
 
@@ -43,7 +45,7 @@ class EmbeddingServicer(embedder_pb2_grpc.EmbeddingServicer):
         texts = list(request.texts)
         validate_texts(texts, self.settings)
         model = self.batcher.model
-        if request.model and request.model != model.name:
+        if request.model and request.model not in (model.name, *MODEL_ALIASES):
             raise InvalidArgument(f"model {request.model!r} is not served; this embedder serves {model.name!r}",
                                   param="model", code="model_not_found")
         vectors = await self.batcher.embed(texts)
