@@ -329,11 +329,16 @@ def engine_cores(spec: str) -> str | None:
     return None if n < 2 else ("0" if n == 2 else f"0-{n - 2}")
 
 
-def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: str | None) -> Any:
-    """One worker, the scheduler and the gateway on ports shifted by ``port_offset``; returns the started handle."""
+def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: str | None,
+                   engine: str = "vllm") -> Any:
+    """One worker, the scheduler and the gateway on ports shifted by ``port_offset``; returns the started handle.
+    ``engine="sim"`` serves the simulated A100 engine through the same worker, which isolates the platform's own
+    overhead from a CPU engine competing with it for the same cores."""
     from goodput_cli.supervisor import Platform
 
     env = dict(ENGINE_ENV)
+    if engine != "vllm":
+        env["GOODPUT_INFERENCE_ENGINE"] = engine
     if cores is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
     platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=env,
@@ -460,7 +465,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = ["# Platform overhead: gateway versus direct worker", ""]
     lines += [f"Measured {report['generated_at']}. Goal: the platform adds at most **{GOAL_TTFT_P50_MS:g} ms** to "
               f"TTFT p50 and at most **{GOAL_ITL_P50_MS:g} ms** to ITL p50 (gateway minus direct, same run).", ""]
-    lines += [f"Measured on {m.get('cores_usable')} shared CPU cores (client, gateway, scheduler and a CPU vLLM engine "
+    engine = (report.get("worker") or {}).get("engine") or "the engine"
+    lines += [f"Measured on {m.get('cores_usable')} shared CPU cores (client, gateway, scheduler and {engine} "
               f"together; 1-min load average {(m.get('loadavg_1_5_15') or ['?'])[0]} at the start): the numbers are "
               "noisy, which is why every difference comes with a 95% interval. See the caveats below.", ""]
     lines += ["## Verdict", "", *_verdict_lines(levels), ""]
@@ -691,6 +697,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="report files prefix: <out>.json, <out>.md, <out>.png")
     ap.add_argument("--start", action="store_true", help="start an own platform with one worker (port offset "
                                                          "--port-offset) and stop it afterwards")
+    ap.add_argument("--engine", default="vllm", choices=["vllm", "sim"], help="with --start: the worker's engine "
+                    "(sim: the simulated A100/7B engine, to measure the platform without CPU-engine contention)")
     ap.add_argument("--engine-cores", default="auto", help="with --start: cores for the engine's threads "
                     "(VLLM_CPU_OMP_THREADS_BIND), 'auto' (all but one core) or 'all'")
     ap.add_argument("--port-offset", type=int, default=300, help="port offset of the --start platform")
@@ -732,13 +740,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.start:
             workdir = args.out.parent / f"{args.out.name}-platform"
             platform = start_platform(workdir.resolve(), args.port_offset, console,
-                                      cores=engine_cores(args.engine_cores))
+                                      cores=engine_cores(args.engine_cores), engine=args.engine)
             target = Target(gateway_url=platform.gateway_http, gateway_grpc=platform.gateway_grpc,
                             worker=platform.worker_grpc(0), api_key=BENCH_KEY, priority=args.priority)
             platform_desc = ("started by the benchmark: one worker, the scheduler and the gateway, each its own "
                              "process, default settings except the engine flags")
+            cores = engine_cores(args.engine_cores)
             engine_flags = ", ".join(f"{k.removeprefix('GOODPUT_INFERENCE_').lower()}={v}"
-                                     for k, v in ENGINE_ENV.items()) + " (other settings at their defaults)"
+                                     for k, v in ENGINE_ENV.items()) + f", engine={args.engine}, engine cores=" \
+                + (cores or "all") + " (other settings at their defaults)"
         else:
             target = Target(gateway_url=args.gateway_url, gateway_grpc=args.gateway_grpc, worker=args.worker,
                             api_key=args.api_key, priority=args.priority)
