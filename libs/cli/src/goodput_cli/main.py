@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from goodput_cli.chat import DEFAULT_GATEWAY_URL, DEV_MODEL, ChatError, resolve_key, stream_chat
+from goodput_cli.knowledge import register as register_knowledge_commands
 from goodput_cli.status import collect
 from goodput_cli.supervisor import GATEWAY_GRPC, SCHEDULER_GRPC, Platform, PlatformError
 
@@ -212,6 +213,9 @@ def status(
     if not report.ok:
         raise _fail("; ".join(report.problems))
     console.print("[green]all services healthy[/]")
+
+
+register_knowledge_commands(app)  # `goodput index` and `goodput search`
 
 
 def main() -> None:
