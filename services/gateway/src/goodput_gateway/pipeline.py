@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from goodput_core.errors import GoodputError, InvalidArgument, Unavailable, from_rpc_error
 from goodput_core.metrics import LATENCY_BUCKETS
 from goodput_core.priority import priority_name
+from goodput_core.sampling import sampling_to_proto
 
 from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
@@ -316,12 +317,7 @@ class Pipeline:
 
     async def _start_worker(self, stream: GenerationStream, lease: _Lease, model: str) -> StreamStart:
         req = stream.request
-        s = req.sampling
-        sampling = types_pb2.SamplingParams(max_tokens=s.max_tokens, stop=list(s.stop))
-        for name in ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty"):
-            value = getattr(s, name)
-            if value is not None:
-                setattr(sampling, name, value)
+        sampling = sampling_to_proto(req.sampling)
         gen = inference_pb2.GenerateRequest(
             request_id=stream.request_id, model=model, prompt=req.prompt, sampling=sampling,
             priority=cast(Any, stream.priority), tenant=stream.principal.tenant,

@@ -15,6 +15,7 @@ from goodput.gateway.v1 import gateway_pb2
 
 from goodput_core.errors import InvalidArgument
 from goodput_core.priority import parse_priority
+from goodput_core.sampling import Sampling, sampling_from_proto
 
 from goodput_gateway.config import GatewaySettings
 
@@ -27,18 +28,6 @@ class Message:
     role: str
     content: str
     name: str = ""
-
-
-@dataclass(frozen=True)
-class Sampling:
-    max_tokens: int = 0
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
 
 
 @dataclass(frozen=True)
@@ -202,16 +191,7 @@ def from_proto(req: gateway_pb2.GenerateRequest, *, stream: bool) -> GenerationR
     s = req.sampling
     if s.max_tokens < 0:
         raise InvalidArgument("max_tokens must be at least 1", param="max_tokens", code="invalid_value")
-    sampling = Sampling(
-        max_tokens=s.max_tokens,
-        temperature=s.temperature if s.HasField("temperature") else None,
-        top_p=s.top_p if s.HasField("top_p") else None,
-        top_k=s.top_k if s.HasField("top_k") else None,
-        stop=tuple(s.stop),
-        seed=s.seed if s.HasField("seed") else None,
-        presence_penalty=s.presence_penalty if s.HasField("presence_penalty") else None,
-        frequency_penalty=s.frequency_penalty if s.HasField("frequency_penalty") else None,
-    )
+    sampling = sampling_from_proto(s)
     for name, lo, hi in (("temperature", 0.0, 2.0), ("top_p", 1e-9, 1.0), ("presence_penalty", -2.0, 2.0),
                          ("frequency_penalty", -2.0, 2.0)):
         value = getattr(sampling, name)

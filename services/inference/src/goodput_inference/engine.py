@@ -10,24 +10,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from goodput_core.sampling import Sampling
+
+__all__ = ["ChatTurn", "Delta", "Engine", "Finished", "GenEvent", "GenRequest", "Load", "ModelDescription",
+           "Sampling", "Started"]
+
 
 @dataclass(frozen=True)
 class ChatTurn:
     role: str
     content: str
     name: str = ""
-
-
-@dataclass(frozen=True)
-class Sampling:
-    max_tokens: int = 0
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from goodput_core.context import request_context
 from goodput_core.errors import Unavailable
+from goodput_core.sampling import sampling_from_proto
 
-from goodput_inference.engine import ChatTurn, Delta, Engine, Finished, GenRequest, Sampling, Started
+from goodput_inference.engine import ChatTurn, Delta, Engine, Finished, GenRequest, Started
 
 log = logging.getLogger("goodput.inference")
 
@@ -22,17 +23,7 @@ _FINISH = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REAS
 
 
 def to_gen_request(req: inference_pb2.GenerateRequest) -> GenRequest:
-    s = req.sampling
-    sampling = Sampling(
-        max_tokens=s.max_tokens,
-        temperature=s.temperature if s.HasField("temperature") else None,
-        top_p=s.top_p if s.HasField("top_p") else None,
-        top_k=s.top_k if s.HasField("top_k") else None,
-        stop=tuple(s.stop),
-        seed=s.seed if s.HasField("seed") else None,
-        presence_penalty=s.presence_penalty if s.HasField("presence_penalty") else None,
-        frequency_penalty=s.frequency_penalty if s.HasField("frequency_penalty") else None,
-    )
+    sampling = sampling_from_proto(req.sampling)
     return GenRequest(
         request_id=req.request_id,
         messages=tuple(ChatTurn(m.role, m.content, m.name) for m in req.messages),
