@@ -1,0 +1,88 @@
+"""Reindex jobs through a real Celery worker (Redis broker), writing through a real retriever; the finished job
+publishes the knowledge base's new version on the pub/sub channel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from goodput_embedder.config import EmbedderSettings
+from goodput_embedder.jobs import REINDEX_TASK, JobStore, create_app
+from goodput_retriever.search import SearchQuery
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def worker(settings: EmbedderSettings, tmp_path: Path):  # type: ignore[no-untyped-def]
+    env = {**os.environ, "GOODPUT_EMBEDDER_REDIS_URL": settings.redis_url,
+           "GOODPUT_EMBEDDER_RETRIEVER_ADDR": settings.retriever_addr,
+           "GOODPUT_EMBEDDER_KEY_PREFIX": settings.key_prefix, "GOODPUT_EMBEDDER_WORKER_HTTP_PORT": "0"}
+    log = (tmp_path / "worker.log").open("wb")
+    # A queue of its own, so that a platform's worker on the same Redis does not take this test's jobs.
+    queue = f"{settings.key_prefix}-jobs"
+    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "goodput_embedder.jobs", "worker", "--pool", "solo",
+                             "-Q", queue, "--without-gossip", "--without-mingle", "--without-heartbeat",
+                             "--loglevel", "INFO"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    yield queue
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
+async def _wait(jobs: JobStore, job_id: str, timeout_s: float = 120):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = await asyncio.to_thread(jobs.get, job_id)
+        if info is not None and info.state in ("succeeded", "failed"):
+            return info
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+async def test_reindex_job_runs_on_a_celery_worker_and_publishes_the_version(settings, worker, retriever,
+                                                                            tmp_path: Path) -> None:
+    source = tmp_path / "docs.jsonl"
+    source.write_text("\n".join(json.dumps({"id": f"d{i}", "title": f"Note {i}", "text": f"The code word is word{i}."})
+                                for i in range(10)) + "\n")
+    client = redis.Redis.from_url(settings.redis_url)
+    pubsub = client.pubsub()
+    pubsub.subscribe(settings.version_channel)
+    jobs = JobStore(client, prefix=settings.key_prefix, ttl_s=600)
+    app = create_app(settings)
+    job_id = jobs.create("acme", "notes", str(source), False)
+    app.send_task(REINDEX_TASK, args=[job_id, "acme", "notes", str(source), False], queue=worker)
+    info = await _wait(jobs, job_id)
+    assert info.state == "succeeded", info.error
+    assert (info.documents_done, info.documents_total, info.chunks_embedded) == (10, 10, 10)
+    messages = []
+    for _ in range(50):
+        m = pubsub.get_message(timeout=0.1)
+        if m and m["type"] == "message":
+            messages.append(json.loads(m["data"]))
+    assert {"tenant": "acme", "knowledge_base": "notes", "version": info.kb_version} in messages
+    r = await retriever.retriever.search(SearchQuery(tenant="acme", kb="notes", query="word7", top_k=3))
+    assert r.hits[0].document_id == "d7"
+    # A second run of the unchanged source embeds nothing; a missing source fails the job with a clear error.
+    job2 = jobs.create("acme", "notes", str(source), False)
+    app.send_task(REINDEX_TASK, args=[job2, "acme", "notes", str(source), False], queue=worker)
+    info2 = await _wait(jobs, job2)
+    assert info2.state == "succeeded" and info2.chunks_embedded == 0 and info2.kb_version == info.kb_version + 1
+    job3 = jobs.create("acme", "notes", str(tmp_path / "missing.jsonl"), False)
+    app.send_task(REINDEX_TASK, args=[job3, "acme", "notes", str(tmp_path / "missing.jsonl"), False], queue=worker)
+    info3 = await _wait(jobs, job3)
+    assert info3.state == "failed" and "does not exist" in info3.error
+    pubsub.close()
+    client.close()
