@@ -36,7 +36,10 @@ def test_each_service_gets_its_ports_and_peers(tmp_path, monkeypatch):
 
     specs = {s.name: s for s in p.plan()}
 
-    assert list(specs) == ["worker-0", "worker-1", "scheduler", "embedder", "retriever", "index-worker", "gateway"]
+    assert list(specs) == ["worker-0", "worker-1", "scheduler", "embedder", "retriever", "index-worker", "cache",
+                           "gateway"]
+    assert specs["cache"].env["GOODPUT_CACHE_GRPC_PORT"] == "50155"
+    assert specs["gateway"].env["GOODPUT_GATEWAY_CACHE_ADDR"] == "127.0.0.1:50155"
     w1 = specs["worker-1"].env
     assert w1["GOODPUT_INFERENCE_GRPC_PORT"] == "50162"
     assert w1["GOODPUT_INFERENCE_HTTP_PORT"] == "9262"
@@ -137,7 +140,7 @@ def fake_services(tmp_path):
 def _platform(tmp_path: Path, fake: Path, **env: str) -> Platform:
     offset = next(o for o in (random.randrange(1000, 9000) for _ in range(50)) if _ports_free(o))
     redis_port = offset + 6379
-    return Platform(workdir=tmp_path / "work", workers=2, port_offset=offset, knowledge=False,
+    return Platform(workdir=tmp_path / "work", workers=2, port_offset=offset, knowledge=False, cache=False,
                     env={"PYTHONPATH": str(fake), "GOODPUT_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", **env})
 
 

@@ -53,6 +53,7 @@ SCHEDULER_GRPC, SCHEDULER_HTTP = 50052, 9102
 WORKER_GRPC, WORKER_HTTP = 50061, 9161
 EMBEDDER_GRPC, EMBEDDER_HTTP, INDEX_WORKER_HTTP = 50053, 9103, 9106
 RETRIEVER_GRPC, RETRIEVER_HTTP = 50054, 9104
+CACHE_GRPC, CACHE_HTTP = 50055, 9105
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_KV_CACHE_SPACE_GB = "1"
 LOG_TAIL_LINES = 40
@@ -175,7 +176,7 @@ class Platform:
 
     def __init__(self, *, workdir: Path, workers: int = 1, port_offset: int = 0, env: dict[str, str] | None = None,
                  api_keys: list[dict[str, Any]] | None = None, python: str | None = None,
-                 knowledge: bool | None = None) -> None:
+                 knowledge: bool | None = None, cache: bool | None = None) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.workdir = Path(workdir).resolve()
@@ -186,6 +187,9 @@ class Platform:
         self.python = python or sys.executable
         # The embedder, its Celery indexing worker and the retriever (RAG, search); GOODPUT_KNOWLEDGE=0 leaves them out.
         self.knowledge = knowledge if knowledge is not None else os.environ.get("GOODPUT_KNOWLEDGE", "1") != "0"
+        # The response cache (L1 exact + L2 semantic); GOODPUT_RESPONSE_CACHE=0 leaves it out (the gateway then runs
+        # uncached).
+        self.cache = cache if cache is not None else os.environ.get("GOODPUT_RESPONSE_CACHE", "1") != "0"
         self.dev_key: str | None = read_dev_key(self.workdir) if api_keys is None else None
         self.redis_url = self.env.get("GOODPUT_REDIS_URL") or os.environ.get("GOODPUT_REDIS_URL") or DEFAULT_REDIS_URL
         self._procs: dict[str, _Proc] = {}
@@ -270,12 +274,24 @@ class Platform:
             specs.extend(self._knowledge_plan())
             gateway_env["GOODPUT_GATEWAY_EMBEDDER_ADDR"] = self.embedder_grpc
             gateway_env["GOODPUT_GATEWAY_RETRIEVER_ADDR"] = self.retriever_grpc
+        if self.cache:
+            # Embeds in-process (no embedder hop or batching window on the lookup path).
+            specs.append(self._spec("cache", "cache", {
+                "GOODPUT_CACHE_GRPC_PORT": str(CACHE_GRPC + self.port_offset),
+                "GOODPUT_CACHE_HTTP_PORT": str(CACHE_HTTP + self.port_offset),
+                "GOODPUT_CACHE_REDIS_URL": self.redis_url,
+            }, self.cache_grpc))
+            gateway_env["GOODPUT_GATEWAY_CACHE_ADDR"] = self.cache_grpc
         specs.append(self._spec("gateway", "gateway", gateway_env, self.gateway_grpc))
         return specs
 
     @property
     def embedder_grpc(self) -> str:
         return f"{HOST}:{EMBEDDER_GRPC + self.port_offset}"
+
+    @property
+    def cache_grpc(self) -> str:
+        return f"{HOST}:{CACHE_GRPC + self.port_offset}"
 
     @property
     def retriever_grpc(self) -> str:

@@ -28,15 +28,17 @@ class CacheKeyParts(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., knowledge_base: _Optional[str] = ..., kb_version: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("key", "allow_semantic")
+    __slots__ = ("key", "allow_semantic", "threshold")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ALLOW_SEMANTIC_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     key: CacheKeyParts
     allow_semantic: bool
-    def __init__(self, key: _Optional[_Union[CacheKeyParts, _Mapping]] = ..., allow_semantic: _Optional[bool] = ...) -> None: ...
+    threshold: float
+    def __init__(self, key: _Optional[_Union[CacheKeyParts, _Mapping]] = ..., allow_semantic: _Optional[bool] = ..., threshold: _Optional[float] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("hit", "layer", "similarity", "text", "finish_reason", "usage", "degraded")
+    __slots__ = ("hit", "layer", "similarity", "text", "finish_reason", "usage", "degraded", "key", "reason", "matched_query")
     HIT_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     SIMILARITY_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +46,9 @@ class LookupResponse(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_QUERY_FIELD_NUMBER: _ClassVar[int]
     hit: bool
     layer: str
     similarity: float
@@ -51,7 +56,10 @@ class LookupResponse(_message.Message):
     finish_reason: _types_pb2.FinishReason
     usage: _types_pb2.Usage
     degraded: bool
-    def __init__(self, hit: _Optional[bool] = ..., layer: _Optional[str] = ..., similarity: _Optional[float] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., degraded: _Optional[bool] = ...) -> None: ...
+    key: str
+    reason: str
+    matched_query: str
+    def __init__(self, hit: _Optional[bool] = ..., layer: _Optional[str] = ..., similarity: _Optional[float] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., degraded: _Optional[bool] = ..., key: _Optional[str] = ..., reason: _Optional[str] = ..., matched_query: _Optional[str] = ...) -> None: ...
 
 class StoreRequest(_message.Message):
     __slots__ = ("key", "text", "finish_reason", "usage", "opt_in", "ttl_s")
@@ -70,22 +78,28 @@ class StoreRequest(_message.Message):
     def __init__(self, key: _Optional[_Union[CacheKeyParts, _Mapping]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., opt_in: _Optional[bool] = ..., ttl_s: _Optional[int] = ...) -> None: ...
 
 class StoreResponse(_message.Message):
-    __slots__ = ("stored", "reason")
+    __slots__ = ("stored", "reason", "key", "ttl_s")
     STORED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
     stored: bool
     reason: str
-    def __init__(self, stored: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    key: str
+    ttl_s: int
+    def __init__(self, stored: _Optional[bool] = ..., reason: _Optional[str] = ..., key: _Optional[str] = ..., ttl_s: _Optional[int] = ...) -> None: ...
 
 class InvalidateRequest(_message.Message):
-    __slots__ = ("tenant", "knowledge_base", "key")
+    __slots__ = ("tenant", "knowledge_base", "key", "model")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     knowledge_base: str
     key: str
-    def __init__(self, tenant: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+    model: str
+    def __init__(self, tenant: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., key: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class InvalidateResponse(_message.Message):
     __slots__ = ("removed",)
@@ -112,9 +126,13 @@ class LayerStats(_message.Message):
     def __init__(self, layer: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., entries: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("layers", "tokens_saved")
+    __slots__ = ("layers", "tokens_saved", "gpu_seconds_saved", "degraded")
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
     layers: _containers.RepeatedCompositeFieldContainer[LayerStats]
     tokens_saved: int
-    def __init__(self, layers: _Optional[_Iterable[_Union[LayerStats, _Mapping]]] = ..., tokens_saved: _Optional[int] = ...) -> None: ...
+    gpu_seconds_saved: float
+    degraded: int
+    def __init__(self, layers: _Optional[_Iterable[_Union[LayerStats, _Mapping]]] = ..., tokens_saved: _Optional[int] = ..., gpu_seconds_saved: _Optional[float] = ..., degraded: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,408 @@
+"""The response cache behind the gRPC API (no gRPC imports): lookup, store, invalidation, KB-version events.
+
+Lookup: exact (L1) first, then, for requests that allow it, semantic (L2) inside the request's partition, each
+candidate checked by the near-miss guard. Fail-open: a Redis or embedder failure answers a *degraded miss* (the
+request is generated as if uncached) and is counted; after a Redis failure, lookups skip Redis for ``breaker_s`` so
+a dead Redis costs no latency. Store: only reusable answers (greedy sampling or an explicit opt-in), with a TTL per
+content type; time-sensitive questions get a short TTL (or none) and are never served from L2.
+
+Example:
+    >>> cache = ResponseCache(settings, redis=Redis.from_url(url), vectoriser=LocalVectoriser(), metrics=m)
+    >>> await cache.store(req, Answer(text="Paris.", completion_tokens=3))
+    >>> (await cache.lookup(req)).layer
+    'l1'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from goodput_core.errors import InvalidArgument, Unavailable
+
+from goodput_cache.config import CacheSettings
+from goodput_cache.embedding import Vectoriser
+from goodput_cache.exact import Entry, ExactStore
+from goodput_cache.guard import is_time_sensitive, near_miss
+from goodput_cache.keys import CacheRequest, check_request, derive, greedy, validate_key, validate_name
+from goodput_cache.semantic import NumpyIndex, VectorIndex
+
+__all__ = ["Answer", "CacheMetrics", "LookupResult", "ResponseCache", "StoreResult"]
+
+log = logging.getLogger("goodput.cache")
+LOOKUP_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+_STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+CANDIDATES = 4
+
+
+@dataclass
+class Answer:
+    text: str
+    finish_reason: int = 1
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class LookupResult:
+    hit: bool = False
+    layer: str = ""
+    similarity: float = 0.0
+    answer: Answer | None = None
+    degraded: bool = False
+    key: str = ""
+    reason: str = ""
+    matched_query: str = ""
+
+
+@dataclass
+class StoreResult:
+    stored: bool
+    reason: str = ""
+    key: str = ""
+    ttl_s: int = 0
+
+
+@dataclass
+class _Tally:
+    hits: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    misses: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    tokens_saved: int = 0
+    gpu_seconds_saved: float = 0.0
+    degraded: int = 0
+
+
+class CacheMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.lookups = Counter("goodput_cache_lookups_total", "Lookups by layer, result and tenant "
+                               "(result: hit, miss, error, guarded = an L2 candidate vetoed by the near-miss guard).",
+                               ["layer", "result", "tenant"], registry=registry)
+        self.lookup_seconds = Histogram("goodput_cache_lookup_seconds", "Lookup latency by layer.", ["layer"],
+                                        buckets=LOOKUP_BUCKETS, registry=registry)
+        self.stores = Counter("goodput_cache_stores_total", "Store calls by result (stored or the reason not).",
+                              ["result"], registry=registry)
+        self.tokens_saved = Counter("goodput_cache_tokens_saved_total", "Completion tokens served from the cache.",
+                                    ["tenant"], registry=registry)
+        self.gpu_seconds_saved = Counter("goodput_cache_gpu_seconds_saved_total", "Estimated accelerator seconds "
+                                         "the hits saved.", ["tenant"], registry=registry)
+        self.degraded = Counter("goodput_cache_degraded_total", "Calls answered without a store that was down "
+                                "(fail-open).", ["store"], registry=registry)
+        self.evictions = Counter("goodput_cache_evictions_total", "Entries removed by reason.", ["reason"],
+                                 registry=registry)
+        self.entries = Gauge("goodput_cache_semantic_entries", "Entries in the L2 index of this process.",
+                             registry=registry)
+
+
+class ResponseCache:
+    def __init__(self, settings: CacheSettings, *, redis: Redis, vectoriser: Vectoriser | None,
+                 metrics: CacheMetrics, index: VectorIndex | None = None) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.l1 = ExactStore(redis, prefix=settings.key_prefix)
+        self.vectoriser = vectoriser
+        self.index: VectorIndex = index or NumpyIndex(dim=vectoriser.dim if vectoriser else 384,
+                                                     max_per_partition=settings.max_partition_entries)
+        self.metrics = metrics
+        self._tally: dict[str, _Tally] = defaultdict(_Tally)
+        self._broken_until = 0.0
+        self._watch: asyncio.Task[None] | None = None
+
+    # ---- fail-open ----------------------------------------------------------------------------------------------
+
+    def _redis_down(self) -> bool:
+        return time.monotonic() < self._broken_until
+
+    def _trip(self, err: BaseException) -> None:
+        if not self._redis_down():
+            log.warning("redis unavailable, serving uncached", extra={"error": repr(err)[:200]})
+        self._broken_until = time.monotonic() + self.settings.breaker_s
+        self.metrics.degraded.labels("redis").inc()
+
+    async def _kb_version(self, req: CacheRequest) -> CacheRequest:
+        if not req.rag or req.kb_version:
+            return req
+        raw = await self.redis.get(f"{self.settings.kb_key_prefix}:kb:{req.tenant}:{req.knowledge_base}:version")
+        version = int(raw) if raw is not None else 0
+        return CacheRequest(**{**req.__dict__, "kb_version": version})
+
+    # ---- lookup -------------------------------------------------------------------------------------------------
+
+    async def lookup(self, req: CacheRequest, *, allow_semantic: bool = True, threshold: float = 0.0) -> LookupResult:
+        check_request(req, max_chars=self.settings.max_query_chars, tenants=self.settings.tenants)
+        if threshold and not 0.5 <= threshold <= 1.0:
+            raise InvalidArgument(f"threshold must be within 0.5..1.0, got {threshold}", param="threshold")
+        tally = self._tally[req.tenant]
+        if self._redis_down():
+            return self._degraded(req, tally, "store unavailable")
+        started = time.perf_counter()
+        try:
+            req = await self._kb_version(req)
+            keys = derive(req)
+            entry = await self.l1.get(keys.exact)
+        except _STORE_ERRORS as err:
+            self._trip(err)
+            return self._degraded(req, tally, "store unavailable")
+        self.metrics.lookup_seconds.labels("l1").observe(time.perf_counter() - started)
+        if entry is not None and entry.tenant == req.tenant:
+            self._count("l1", "hit", req.tenant, tally, entry)
+            return LookupResult(hit=True, layer="l1", similarity=1.0, answer=_answer(entry), key=keys.exact)
+        self._count("l1", "miss", req.tenant, tally)
+        if not (allow_semantic and self.settings.semantic and self.vectoriser is not None and keys.question):
+            return LookupResult(key=keys.exact, reason="exact only")
+        if is_time_sensitive(keys.question):
+            return LookupResult(key=keys.exact, reason="time-sensitive")
+        started = time.perf_counter()
+        result = await self._semantic(req, keys.partition, keys.question, threshold or
+                                      self.settings.threshold_for(req.tenant), tally)
+        self.metrics.lookup_seconds.labels("l2").observe(time.perf_counter() - started)
+        result.key = keys.exact
+        return result
+
+    async def _semantic(self, req: CacheRequest, partition: str, question: str, threshold: float,
+                        tally: _Tally) -> LookupResult:
+        assert self.vectoriser is not None
+        try:
+            vector = (await self.vectoriser.embed([question]))[0]
+        except Exception as err:  # noqa: BLE001 - any embedder failure is served uncached
+            log.warning("embedding failed, L2 skipped", extra={"error": repr(err)[:200]})
+            self.metrics.degraded.labels("embedder").inc()
+            self.metrics.lookups.labels("l2", "error", req.tenant).inc()
+            tally.degraded += 1
+            return LookupResult(degraded=True, reason="embedder unavailable")
+        candidates = await asyncio.to_thread(self.index.search, partition, vector, k=CANDIDATES,
+                                             min_similarity=threshold)
+        guarded = ""
+        for cand in candidates:
+            if self.settings.guard:
+                why = near_miss(question, cand.question)
+                if why:
+                    self.metrics.lookups.labels("l2", "guarded", req.tenant).inc()
+                    guarded = guarded or why
+                    continue
+            try:
+                entry = await self.l1.get(cand.key)
+            except _STORE_ERRORS as err:
+                self._trip(err)
+                return self._degraded(req, tally, "store unavailable")
+            if entry is None:  # expired or evicted in Redis: the index catches up
+                self.index.remove([cand.key])
+                continue
+            if entry.tenant != req.tenant or entry.partition != partition:
+                continue
+            self._count("l2", "hit", req.tenant, tally, entry)
+            return LookupResult(hit=True, layer="l2", similarity=cand.similarity, answer=_answer(entry),
+                                matched_query=entry.question)
+        self._count("l2", "miss", req.tenant, tally)
+        return LookupResult(reason=f"near miss: {guarded}" if guarded else "")
+
+    def _degraded(self, req: CacheRequest, tally: _Tally, reason: str) -> LookupResult:
+        self.metrics.lookups.labels("l1", "error", req.tenant).inc()
+        tally.degraded += 1
+        return LookupResult(degraded=True, reason=reason)
+
+    def _count(self, layer: str, result: str, tenant: str, tally: _Tally, entry: Entry | None = None) -> None:
+        self.metrics.lookups.labels(layer, result, tenant).inc()
+        if result == "hit" and entry is not None:
+            tally.hits[layer] += 1
+            tally.tokens_saved += entry.completion_tokens
+            gpu_s = entry.completion_tokens * self.settings.gpu_seconds_per_token
+            tally.gpu_seconds_saved += gpu_s
+            self.metrics.tokens_saved.labels(tenant).inc(entry.completion_tokens)
+            self.metrics.gpu_seconds_saved.labels(tenant).inc(gpu_s)
+        elif result == "miss":
+            tally.misses[layer] += 1
+
+    # ---- store --------------------------------------------------------------------------------------------------
+
+    async def store(self, req: CacheRequest, answer: Answer, *, opt_in: bool = False, ttl_s: int = 0) -> StoreResult:
+        check_request(req, max_chars=self.settings.max_query_chars, tenants=self.settings.tenants)
+        size = len(answer.text.encode())
+        if size > self.settings.max_entry_bytes:
+            raise InvalidArgument(f"the answer is {size} bytes; the cache stores at most "
+                                  f"{self.settings.max_entry_bytes}", param="text", code="entry_too_large")
+        if ttl_s < 0 or ttl_s > self.settings.max_ttl_s:
+            raise InvalidArgument(f"ttl_s must be within 0..{self.settings.max_ttl_s}", param="ttl_s")
+        if not answer.text:
+            return self._not_stored("empty answer")
+        if answer.finish_reason == 3:  # FINISH_REASON_ABORT: an incomplete answer
+            return self._not_stored("incomplete")
+        if not (greedy(req.sampling) or opt_in):
+            return self._not_stored("not reusable")
+        question = req.last_user()
+        sensitive = is_time_sensitive(question)
+        if sensitive:
+            ttl = min(ttl_s or self.settings.ttl_time_sensitive_s, self.settings.ttl_time_sensitive_s)
+            if ttl <= 0:
+                return self._not_stored("time-sensitive")
+        else:
+            ttl = ttl_s or (self.settings.ttl_rag_s if req.rag else self.settings.ttl_chat_s)
+        if self._redis_down():
+            return self._not_stored("store unavailable")
+        try:
+            req = await self._kb_version(req)
+            keys = derive(req)
+            vector = None
+            if self.settings.semantic and self.vectoriser is not None and not sensitive and keys.question:
+                try:
+                    vector = (await self.vectoriser.embed([keys.question]))[0]
+                except Exception as err:  # noqa: BLE001 - stored for L1 only
+                    log.warning("embedding failed, stored for L1 only", extra={"error": repr(err)[:200]})
+                    self.metrics.degraded.labels("embedder").inc()
+            entry = Entry(key=keys.exact, tenant=req.tenant, partition=keys.partition, model=req.model,
+                          model_version=req.model_version, question=keys.question, text=answer.text,
+                          finish_reason=answer.finish_reason, prompt_tokens=answer.prompt_tokens,
+                          completion_tokens=answer.completion_tokens, knowledge_base=req.knowledge_base,
+                          kb_version=req.kb_version)
+            evicted = await self.l1.put(entry, vector=vector, ttl_s=ttl, max_entries=self.settings.max_entries)
+        except _STORE_ERRORS as err:
+            self._trip(err)
+            return self._not_stored("store unavailable")
+        if evicted:
+            self.index.remove(evicted)
+            self.metrics.evictions.labels("capacity").inc(len(evicted))
+        if vector is not None:
+            self.index.add(keys.partition, keys.exact, vector, question=keys.question, expires=entry.expires)
+            self.metrics.entries.set(len(self.index))
+        self.metrics.stores.labels("stored").inc()
+        return StoreResult(stored=True, key=keys.exact, ttl_s=ttl)
+
+    def _not_stored(self, reason: str) -> StoreResult:
+        self.metrics.stores.labels(reason).inc()
+        return StoreResult(stored=False, reason=reason)
+
+    # ---- invalidation -------------------------------------------------------------------------------------------
+
+    async def invalidate(self, *, tenant: str = "", knowledge_base: str = "", key: str = "", model: str = "") -> int:
+        """Drops one key, every entry of a tenant's knowledge base, of a tenant, or of a model; returns the count."""
+        if tenant:
+            validate_name(tenant, "tenant")
+        if knowledge_base:
+            validate_name(knowledge_base, "knowledge_base")
+            if not tenant:
+                raise InvalidArgument("knowledge_base needs its tenant", param="tenant")
+        if model:
+            validate_name(model.replace("/", "-"), "model")
+        try:
+            if key:
+                validate_key(key)
+                if tenant:
+                    meta = (await self.l1.metas([key])).get(key)
+                    if meta is not None and meta.tenant != tenant:
+                        return 0
+                keys = [key]
+            elif knowledge_base:
+                keys = await self.l1.keys_of_kb(tenant, knowledge_base)
+            elif tenant:
+                keys = await self.l1.keys_of_tenant(tenant)
+            elif model:
+                keys = await self.l1.keys_of_model(model)
+            else:
+                raise InvalidArgument("say what to invalidate: key, tenant, tenant + knowledge_base, or model",
+                                      param="key")
+            removed = await self.l1.delete(keys)
+            if not key:
+                await self.l1.forget_set(tenant=tenant, kb=knowledge_base, model=model)
+        except _STORE_ERRORS as err:
+            raise Unavailable(f"the cache store is unavailable; nothing was invalidated ({err!r:.120})") from None
+        self.index.remove(keys)
+        self.metrics.evictions.labels("invalidate").inc(removed)
+        self.metrics.entries.set(len(self.index))
+        return removed
+
+    async def on_kb_version(self, tenant: str, knowledge_base: str, version: int) -> int:
+        """A knowledge base moved to ``version``: entries tied to an older version are dropped."""
+        keys = await self.l1.keys_of_kb(tenant, knowledge_base)
+        metas = await self.l1.metas(keys)
+        stale = [k for k, e in metas.items() if e.kb_version < version]
+        gone = [k for k in keys if k not in metas]
+        removed = await self.l1.delete(stale)
+        if stale or gone:
+            await self.redis.srem(f"{self.settings.key_prefix}:kb:{tenant}:{knowledge_base}", *(stale + gone))
+        self.index.remove(stale + gone)
+        self.metrics.evictions.labels("kb_version").inc(removed)
+        self.metrics.entries.set(len(self.index))
+        if removed:
+            log.info("kb version bump dropped entries", extra={"tenant": tenant, "kb": knowledge_base,
+                                                                "version": version, "removed": removed})
+        return removed
+
+    async def watch_kb_versions(self) -> None:
+        """Follows the indexer's version channel until cancelled (reconnecting after Redis failures)."""
+        while True:
+            try:
+                pubsub = self.redis.pubsub()
+                await pubsub.subscribe(self.settings.version_channel)
+                try:
+                    while True:
+                        msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                        if msg is None or msg.get("type") != "message":
+                            continue
+                        try:
+                            data = json.loads(msg["data"])
+                            await self.on_kb_version(str(data["tenant"]), str(data["knowledge_base"]),
+                                                     int(data["version"]))
+                        except (ValueError, KeyError, TypeError) as err:
+                            log.warning("bad kb-version message", extra={"error": repr(err)[:200]})
+                finally:
+                    await pubsub.aclose()
+            except asyncio.CancelledError:
+                raise
+            except _STORE_ERRORS as err:
+                self.metrics.degraded.labels("redis").inc()
+                log.warning("kb-version subscription lost, retrying", extra={"error": repr(err)[:200]})
+                await asyncio.sleep(1.0)
+
+    # ---- lifecycle and stats ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Rebuilds the L2 index from Redis and follows KB versions. A Redis that is down does not stop the start."""
+        if self.settings.semantic and self.vectoriser is not None:
+            try:
+                now = time.time()
+                async for entry, vec in self.l1.scan_semantic():
+                    if entry.expires > now and len(vec) == self.vectoriser.dim:
+                        self.index.add(entry.partition, entry.key, vec, question=entry.question,
+                                       expires=entry.expires)
+                self.metrics.entries.set(len(self.index))
+                log.info("semantic index rebuilt", extra={"entries": len(self.index)})
+            except _STORE_ERRORS as err:
+                self._trip(err)
+        self._watch = asyncio.get_running_loop().create_task(self.watch_kb_versions())
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            try:
+                await self._watch
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+        await self.redis.aclose()
+
+    async def stats(self, tenant: str = "") -> dict[str, object]:
+        tallies = [self._tally[tenant]] if tenant else list(self._tally.values())
+        try:
+            entries_l1 = await self.l1.count() if not self._redis_down() else -1
+        except _STORE_ERRORS as err:
+            self._trip(err)
+            entries_l1 = -1
+        return {
+            "layers": [{"layer": layer, "hits": sum(t.hits[layer] for t in tallies),
+                        "misses": sum(t.misses[layer] for t in tallies),
+                        "entries": entries_l1 if layer == "l1" else len(self.index)} for layer in ("l1", "l2")],
+            "tokens_saved": sum(t.tokens_saved for t in tallies),
+            "gpu_seconds_saved": sum(t.gpu_seconds_saved for t in tallies),
+            "degraded": sum(t.degraded for t in tallies),
+        }
+
+
+def _answer(e: Entry) -> Answer:
+    return Answer(text=e.text, finish_reason=e.finish_reason, prompt_tokens=e.prompt_tokens,
+                  completion_tokens=e.completion_tokens)

@@ -1,0 +1,77 @@
+"""Cache settings (env prefix GOODPUT_CACHE_)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
+
+from goodput_core.settings import ServiceSettings, service_config
+
+# Chosen from the evaluation (loadtests/reports/cache_eval.md): the lowest threshold whose wrong-hit share stays
+# at or below 1% on every labelled set with the near-miss guard on.
+DEFAULT_THRESHOLD = 0.95
+
+
+class CacheSettings(ServiceSettings):
+    model_config = service_config("GOODPUT_CACHE_")
+
+    grpc_port: int = 50055
+    http_port: int = 9105
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding the cache entries (they "
+                                                                   "survive a restart of this service).")
+    redis_timeout_s: float = Field(0.25, gt=0, description="Timeout of one Redis call; slower counts as down "
+                                                           "and the request is served uncached.")
+    breaker_s: float = Field(2.0, ge=0, description="After a Redis failure, lookups skip Redis (answer a "
+                                                    "degraded miss) for this long before trying again.")
+    key_prefix: str = Field("goodput:cache", description="Prefix of every Redis key this service writes.")
+    kb_key_prefix: str = Field("goodput", description="Key prefix of the indexer: the current version of a "
+                                                      "knowledge base is `<prefix>:kb:<tenant>:<kb>:version`.")
+    version_channel: str = Field("goodput:kb-version", description="Redis pub/sub channel on which the indexer "
+                                                                   "publishes knowledge-base versions.")
+    embedder_addr: str = Field("", description="Embedding service (gRPC); empty = the same model in-process.")
+    embedder_model_path: str = Field("", description="In-process model: an ONNX file; empty = the packaged "
+                                                     "all-MiniLM-L6-v2 int8 model.")
+    threshold: float = Field(DEFAULT_THRESHOLD, ge=0.5, le=1.0, description="L2 cosine-similarity threshold.")
+    tenant_thresholds: Annotated[dict[str, float], NoDecode] = Field(
+        default_factory=dict, description='Per-tenant L2 thresholds, JSON: {"acme": 0.97}.')
+    tenants: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Known tenants, comma-separated; empty = any well-formed tenant. "
+                                          "A request for another tenant is refused.")
+    guard: bool = Field(True, description="Near-miss guard on L2 hits (negation, numbers, dates, entities).")
+    semantic: bool = Field(True, description="Enable the L2 semantic layer.")
+    max_entries: int = Field(100_000, ge=1, description="Entries kept (all tenants); the least recently used "
+                                                        "are evicted beyond it.")
+    max_partition_entries: int = Field(100_000, ge=1, description="L2 entries searched per partition.")
+    max_entry_bytes: int = Field(256 * 1024, ge=1024, description="Largest answer stored; larger is refused.")
+    max_query_chars: int = Field(65_536, ge=1, description="Largest conversation (characters) accepted.")
+    ttl_chat_s: int = Field(86_400, ge=1, description="TTL of chat/completion answers.")
+    ttl_rag_s: int = Field(3_600, ge=1, description="TTL of RAG answers (also dropped on a KB version bump).")
+    ttl_time_sensitive_s: int = Field(0, ge=0, description="TTL of time-sensitive questions ('today', 'latest', "
+                                                           "prices); 0 = never cached. Never served from L2.")
+    max_ttl_s: int = Field(7 * 86_400, ge=1, description="Largest TTL a caller may ask for.")
+    gpu_seconds_per_token: float = Field(0.02, ge=0, description="Estimated accelerator seconds one generated "
+                                                                 "token costs (for the saved-GPU-time metric).")
+
+    @field_validator("tenant_thresholds", mode="before")
+    @classmethod
+    def _thresholds(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = json.loads(value) if value.strip() else {}
+        if isinstance(value, dict):
+            for tenant, t in value.items():
+                if not 0.5 <= float(t) <= 1.0:
+                    raise ValueError(f"threshold of tenant {tenant!r} must be within 0.5..1.0, got {t}")
+        return value
+
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [t.strip() for t in value.split(",") if t.strip()]
+        return value
+
+    def threshold_for(self, tenant: str) -> float:
+        return float(self.tenant_thresholds.get(tenant, self.threshold))

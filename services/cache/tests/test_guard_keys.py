@@ -1,0 +1,54 @@
+"""The near-miss guard and key derivation, without stores."""
+
+from __future__ import annotations
+
+import pytest
+
+from goodput_cache.guard import is_time_sensitive, near_miss
+from goodput_cache.keys import CacheRequest, Message, Sampling, derive
+
+from .conftest import ask
+
+
+@pytest.mark.parametrize("a, b", [
+    ("What is the capital of France?", "Which city is the capital of France?"),
+    ("How do I reset my password?", "How can I reset my password?"),
+    ("Can I pay with a credit card?", "Is paying by credit card possible?"),
+])
+def test_guard_lets_paraphrases_through(a: str, b: str) -> None:
+    assert near_miss(a, b) is None
+
+
+@pytest.mark.parametrize("a, b, why", [
+    ("How do I turn on dark mode?", "How do I turn off dark mode?", "antonym"),
+    ("Refund within 30 days?", "Refund within thirty one days?", "numbers"),
+    ("I can't log in", "I can log in", "negation"),
+    ("Is the office open on Monday?", "Is the office open on Friday?", "dates"),
+    ("Do you ship to Canada?", "Do you ship to Mexico?", "entities"),
+    ("Flights from Paris to Rome", "Flights from Rome to Paris", "entity order"),
+])
+def test_guard_vetoes_near_misses(a: str, b: str, why: str) -> None:
+    reason = near_miss(a, b)
+    assert reason is not None and reason.startswith(why)
+
+
+def test_time_sensitive() -> None:
+    assert is_time_sensitive("What's the latest version?")
+    assert is_time_sensitive("price of the pro plan")
+    assert not is_time_sensitive("How do I reset my password?")
+
+
+def test_key_covers_everything_that_changes_the_answer() -> None:
+    base = ask("Hi")
+    variants = [ask("Hi", tenant="other"), ask("Hi", model_version="2"), ask("Hi", system="Be brief."),
+                ask("Hi", kb="docs", kb_version=1), ask("Hi", kb="docs", kb_version=2),
+                CacheRequest(**{**base.__dict__, "sampling": Sampling(max_tokens=65, temperature=0.0)}),
+                CacheRequest(**{**base.__dict__, "model": "other"}),
+                ask("hi")]
+    keys = {derive(v).exact for v in variants}
+    assert len(keys) == len(variants) and derive(base).exact not in keys
+    # greedy decoding ignores top_p and the seed, so they do not split the cache
+    greedy = CacheRequest(**{**base.__dict__, "sampling": Sampling(max_tokens=64, temperature=0.0, top_p=0.5,
+                                                                   seed=7)})
+    assert derive(greedy).exact == derive(base).exact
+    assert derive(ask("Hi", history=[Message("user", "x")])).partition != derive(base).partition
