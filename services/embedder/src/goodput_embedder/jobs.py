@@ -142,7 +142,7 @@ def create_app(settings: EmbedderSettings) -> Celery:
                           redis_client=client)
         return indexer, JobStore(client, prefix=settings.key_prefix, ttl_s=settings.job_ttl_s)
 
-    @app.task(name=REINDEX_TASK, bind=True)  # type: ignore[untyped-decorator]
+    @app.task(name=REINDEX_TASK, bind=True)
     def reindex(self: Any, job_id: str, tenant: str, kb: str, source: str, full_rebuild: bool) -> dict[str, Any]:
         indexer, jobs = context()
         result = run_reindex(indexer, jobs, job_id, tenant, kb, source, full_rebuild)

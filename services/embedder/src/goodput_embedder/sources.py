@@ -35,7 +35,7 @@ class SourceDocument:
 
 def _jsonl(path: Path) -> Iterator[SourceDocument]:
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+    with opener(path, "rt", encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
