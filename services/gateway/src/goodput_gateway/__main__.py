@@ -15,6 +15,7 @@ from goodput_core.server import ServiceRunner
 
 from goodput_gateway.auth import ApiKeyStore
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.jobs import JobQueue
 from goodput_gateway.knowledge import Knowledge
 from goodput_gateway.pipeline import GatewayMetrics, Pipeline
 from goodput_gateway.rest import create_app
@@ -34,7 +35,12 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     tracer = (provider.get_tracer("goodput.gateway") if provider is not None
               else TracerProvider().get_tracer("goodput.gateway"))
     holder: dict[str, ServiceRunner] = {}
-    app = create_app(service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready)
+    jobs = None
+    if settings.redis_url and settings.park_shed_p2:
+        import redis
+
+        jobs = JobQueue(settings, redis.Redis.from_url(settings.redis_url, socket_timeout=2), registry=registry)
+    app = create_app(service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready, jobs=jobs)
     runner = ServiceRunner(name="gateway", settings=settings, registry=registry, provider=provider, http_app=app)
     holder["runner"] = runner
     runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(service),

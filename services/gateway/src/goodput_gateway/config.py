@@ -36,3 +36,14 @@ class GatewaySettings(ServiceSettings):
                                                                "(also bounded by the model's context window).")
     rag_max_query_chars: int = Field(2000, ge=1, description="RAG: the search query is the last user message, "
                                                              "cut to this length.")
+    # ---- deferred batch work (goodput_gateway.jobs) ----
+    redis_url: str = Field("", description="Redis for deferred jobs (store and Celery broker); empty = jobs off: "
+                                           "shed P2 requests get their 429 and are not parked.")
+    jobs_queue: str = Field("goodput-jobs", description="Celery queue of the job workers "
+                                                        "(`celery -A goodput_gateway.jobs worker -Q <queue>`).")
+    jobs_prefix: str = Field("goodput:jobs", description="Prefix of the jobs' Redis keys.")
+    park_shed_p2: bool = Field(True, description="Park P2 requests the scheduler sheds as jobs (429 + job id).")
+    job_deadline_s: float = Field(86_400.0, gt=0, description="A job not completed by then expires.")
+    job_result_ttl_s: float = Field(7 * 86_400.0, gt=0, description="How long a finished job stays fetchable.")
+    job_retry_base_s: float = Field(1.0, gt=0, description="First retry backoff of a parked job (doubles).")
+    job_retry_cap_s: float = Field(60.0, gt=0, description="Longest wait between a parked job's attempts.")

@@ -27,6 +27,8 @@ from goodput_core.errors import GoodputError, InvalidArgument
 from goodput_core.metrics import metrics_response
 from goodput_core.priority import priority_name
 
+from goodput_gateway.jobs import JobQueue, park_if_shed
+from goodput_gateway.jobs import install_routes as install_job_routes
 from goodput_gateway.knowledge import install_routes as install_knowledge_routes
 from goodput_gateway.pipeline import GenerationStream, StreamEnd, TextDelta
 from goodput_gateway.rag import KB_HEADER, knowledge_base_from
@@ -53,7 +55,7 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 
 def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: trace.Tracer,
-               ready: Callable[[], bool]) -> FastAPI:
+               ready: Callable[[], bool], jobs: JobQueue | None = None) -> FastAPI:
     app = FastAPI(title="Goodput gateway", version="v1", docs_url=None, redoc_url=None)
 
     @app.exception_handler(GoodputError)
@@ -123,6 +125,8 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
                 service.metrics.requests.labels(route, str(err.http_status), prio_label).inc()
                 span.set_status(Status(StatusCode.ERROR, err.message))
                 span.end()
+                if jobs is not None:  # a shed P2 request is parked as a job, and the 429 says which
+                    return await park_if_shed(jobs, service, err, request, route, error_response, request_id)
                 return error_response(err, request_id)
             except BaseException:
                 span.end()
@@ -152,6 +156,8 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
         return await handle(request, "completions", from_openai_completion)
 
     install_knowledge_routes(app, service, read_json)
+    if jobs is not None:
+        install_job_routes(app, service, read_json, jobs)
     return app
 
 

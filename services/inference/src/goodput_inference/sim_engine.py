@@ -71,7 +71,7 @@ class SimParams:
     step_per_seq_s: float = 0.0003
     kv_blocks: int = 7000
     block_tokens: int = 16
-    max_batched_tokens: int = 8192
+    max_batched_tokens: int = 2048  # vLLM v1's default for online serving on A100-class GPUs
     chars_per_token: float = 4.0
     # Multiplies every simulated duration: >1 slows the simulated GPU down so a benchmark's own Python overhead
     # (gRPC, scheduler) stays small next to it on a small machine.

@@ -14,7 +14,7 @@ from goodput_core.clients import make_channel
 from goodput_core.server import ServiceRunner
 
 from goodput_scheduler.config import SchedulerSettings
-from goodput_scheduler.leases import LeaseManager, SchedulerMetrics
+from goodput_scheduler.leases import LatencyGuard, LeaseManager, SchedulerMetrics
 from goodput_scheduler.placement import Profile, build_pipeline
 from goodput_scheduler.registry import WorkerRegistry
 from goodput_scheduler.servicer import SchedulerServicer
@@ -30,8 +30,9 @@ def build(settings: SchedulerSettings, registry: CollectorRegistry,
           provider: TracerProvider | None) -> Scheduler:
     """Wires the scheduler (also used by tests to run it in-process)."""
     workers = WorkerRegistry(settings, channel_factory=lambda addr: make_channel(addr, provider))
-    pipeline = build_pipeline(Profile.parse(settings.profile), settings, registry=registry)
-    leases = LeaseManager(settings, workers, pipeline, SchedulerMetrics(registry, workers))
+    guard = LatencyGuard(settings)
+    pipeline = build_pipeline(Profile.parse(settings.profile), settings, registry=registry, low_limit=guard.current)
+    leases = LeaseManager(settings, workers, pipeline, SchedulerMetrics(registry, workers), guard=guard)
     servicer = SchedulerServicer(leases, workers, admit_timeout_s=settings.admit_timeout_s)
     runner = ServiceRunner(name="scheduler", settings=settings, registry=registry, provider=provider)
     runner.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, "goodput.scheduler.v1.Scheduler")

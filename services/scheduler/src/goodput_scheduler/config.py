@@ -44,6 +44,17 @@ class SchedulerSettings(ServiceSettings):
     fifo_max_queue: int = Field(200, ge=0, description="queue_policy=fifo: requests that may wait; 0 = unbounded.")
     kv_full: float = Field(0.97, gt=0, le=1, description="A worker reporting this KV-cache usage or more gets no "
                                                           "new grants until it frees blocks.")
+    # ---- latency guard: P1/P2 concurrency per worker adapts so P0's TTFT stays near its unloaded value ----
+    latency_guard: bool = Field(True, description="Adapt the P1/P2 leases a worker may hold (AIMD) to keep P0's "
+                                                  "TTFT within p0_ttft_slo_ratio of its unloaded value.")
+    p0_ttft_target_s: float = Field(0.0, ge=0, description="P0 TTFT the guard defends; 0 = p0_ttft_slo_ratio x "
+                                                           "the learned unloaded P0 TTFT.")
+    p0_ttft_slo_ratio: float = Field(1.5, gt=1, description="Target P0 TTFT as a multiple of its unloaded value.")
+    guard_interval_s: float = Field(1.0, gt=0, description="Seconds between latency-guard adjustments.")
+    guard_percentile: float = Field(0.95, gt=0, lt=1, description="P0 TTFT percentile the guard compares to "
+                                                                  "the target.")
+    guard_decrease: float = Field(0.75, gt=0, lt=1, description="Factor applied to the P1/P2 limit when P0 "
+                                                                "misses the target.")
     # ---- overload detection (a saturation signal with hysteresis) ----
     shed_p2_at: float = Field(1.0, gt=0, description="Saturation at or above which new P2 requests are shed.")
     shed_p1_at: float = Field(2.0, gt=0, description="Saturation at or above which new P1 requests are shed too.")
@@ -59,6 +70,9 @@ class SchedulerSettings(ServiceSettings):
     profile: str = Field("", description="Placement profile: JSON, or the path of a JSON/YAML file "
                                          "(filters, weighted scorers, picker); empty = the default profile.")
     prefix_block_chars: int = Field(128, ge=8, description="Prefix affinity: characters per hashed block.")
+    prefix_balance_slack: float = Field(0.1, ge=0, le=1, description="Prefix affinity counts only on workers "
+                                        "holding at most this share of the per-worker cap more leases than the "
+                                        "least loaded one (higher: more cache hits, less even load).")
     prefix_index_entries: int = Field(65536, ge=16, description="Prefix affinity: block hashes remembered (LRU).")
     session_index_entries: int = Field(65536, ge=16, description="Session affinity: sessions remembered (LRU).")
     no_worker_wait_s: float = Field(10.0, ge=0, description="How long a request waits for a healthy worker "

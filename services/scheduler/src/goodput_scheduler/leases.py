@@ -44,8 +44,8 @@ from goodput_scheduler.config import SchedulerSettings
 from goodput_scheduler.placement import Decision, PlacementPipeline, PlacementRequest
 from goodput_scheduler.registry import Worker, WorkerRegistry
 
-__all__ = ["CLASSES", "ClassQueue", "DrainRate", "Lease", "LeaseManager", "OverloadDetector", "SchedulerMetrics",
-           "Ticket"]
+__all__ = ["CLASSES", "ClassQueue", "DrainRate", "LatencyGuard", "Lease", "LeaseManager", "OverloadDetector",
+           "SchedulerMetrics", "Ticket"]
 
 log = logging.getLogger("goodput.scheduler.leases")
 
@@ -63,6 +63,7 @@ class Lease:
     queue_wait_s: float
     granted_at: float = field(default_factory=time.monotonic)
     released: bool = False
+    priority: int = P1
 
 
 @dataclass(eq=False)
@@ -216,6 +217,61 @@ class OverloadDetector:
         return (s.shed_p2_at if prio == P2 else s.shed_p1_at) - s.shed_hysteresis
 
 
+class LatencyGuard:
+    """Keeps P0's TTFT near its unloaded value by adapting how many P1/P2 leases one worker may hold (AIMD).
+
+    Lower-class work on a worker slows P0 there: its prompts' prefill chunks share the engine's steps, and its
+    sequences make every decode step longer. Each ``guard_interval_s`` the guard compares the ``guard_percentile``
+    of the P0 TTFTs the gateway reported on release with the target (``p0_ttft_target_s``, or
+    ``p0_ttft_slo_ratio`` x the unloaded P0 TTFT it learned: the lowest per-interval median of the last five
+    minutes). Above it, the P1/P2 limit shrinks by ``guard_decrease``; otherwise it grows by one, up to the
+    class shares' cap. Work the guard holds back queues, the queue raises the saturation signal, and P2 (then P1)
+    is shed: batch work yields to interactive work in steps an operator can see (``goodput_scheduler_guard_limit``).
+    """
+
+    def __init__(self, settings: SchedulerSettings) -> None:
+        self.settings = settings
+        self.enabled = settings.latency_guard and settings.queue_policy == "priority"
+        self.max_limit = float(max(int(settings.max_inflight_per_worker * max(settings.p1_max_share,
+                                                                            settings.p2_max_share)), 1))
+        self.limit = self.max_limit
+        self.baseline: float | None = None
+        self._samples: list[float] = []
+        self._medians: collections.deque[tuple[float, float]] = collections.deque(maxlen=600)
+        self._last = time.monotonic()
+
+    def current(self) -> float:
+        return self.limit if self.enabled else math.inf
+
+    def observe(self, ttft_s: float) -> None:
+        if self.enabled and ttft_s > 0:
+            self._samples.append(ttft_s)
+
+    def target(self) -> float | None:
+        if self.settings.p0_ttft_target_s > 0:
+            return self.settings.p0_ttft_target_s
+        return None if self.baseline is None else self.baseline * self.settings.p0_ttft_slo_ratio
+
+    def maybe_adjust(self, now: float) -> bool:
+        """Returns True when the limit grew (queued work may now fit)."""
+        if not self.enabled or now - self._last < self.settings.guard_interval_s:
+            return False
+        samples, self._samples, self._last = sorted(self._samples), [], now
+        before = self.limit
+        if len(samples) >= 3:
+            self._medians.append((now, samples[len(samples) // 2]))
+            while self._medians and now - self._medians[0][0] > 300:
+                self._medians.popleft()
+            self.baseline = min(m for _, m in self._medians)
+            target = self.target()
+            observed = samples[min(int(len(samples) * self.settings.guard_percentile), len(samples) - 1)]
+            if target is not None and observed > target:
+                self.limit = max(1.0, math.floor(self.limit * self.settings.guard_decrease))
+                return False
+        self.limit = min(self.max_limit, self.limit + 1.0)
+        return self.limit > before
+
+
 class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry, workers: WorkerRegistry) -> None:
         self.registry = registry
@@ -238,6 +294,10 @@ class SchedulerMetrics:
                                 registry=registry)
         self.shedding = Gauge("goodput_scheduler_shedding", "1 while new requests of the class are shed.",
                               ["priority"], registry=registry)
+        self.guard_limit = Gauge("goodput_scheduler_guard_limit", "P1/P2 leases one worker may hold now (latency "
+                                 "guard).", registry=registry)
+        self.p0_ttft_target = Gauge("goodput_scheduler_p0_ttft_target_seconds", "P0 TTFT the latency guard "
+                                    "defends (0 until learned).", registry=registry)
         self.drain_rate = Gauge("goodput_scheduler_drain_rate", "Leases released per second (recent window).",
                                 registry=registry)
         workers_gauge = Gauge("goodput_scheduler_workers", "Workers by state.", ["state"], registry=registry)
@@ -247,8 +307,9 @@ class SchedulerMetrics:
 
 class LeaseManager:
     def __init__(self, settings: SchedulerSettings, registry: WorkerRegistry, pipeline: PlacementPipeline,
-                 metrics: SchedulerMetrics) -> None:
+                 metrics: SchedulerMetrics, *, guard: LatencyGuard | None = None) -> None:
         self.settings = settings
+        self.guard = guard or LatencyGuard(settings)
         self.registry = registry
         self.pipeline = pipeline
         self.metrics = metrics
@@ -265,6 +326,8 @@ class LeaseManager:
             metrics.shedding.labels(priority_name(prio)).set_function(self._shedding_reader(prio))
         metrics.saturation.set_function(lambda: self.overload.saturation)
         metrics.drain_rate.set_function(lambda: self.drain.rate(time.monotonic()))
+        metrics.guard_limit.set_function(lambda: min(self.guard.current(), 1e9))
+        metrics.p0_ttft_target.set_function(lambda: self.guard.target() or 0.0)
         registry.on_change.append(self._dispatch)
 
     def _depth_reader(self, prio: int) -> Callable[[], float]:
@@ -373,12 +436,15 @@ class LeaseManager:
             if ticket.future.done() and not ticket.future.cancelled() and ticket.future.exception() is None:
                 worker = ticket.future.result().worker
                 worker.inflight = max(worker.inflight - 1, 0)
+                if ticket.priority != P0:
+                    worker.low_inflight = max(worker.low_inflight - 1, 0)
                 self._dispatch()
             elif not ticket.future.done():
                 ticket.future.cancel()
             raise
         wait_s = time.monotonic() - ticket.enqueued_at
-        lease = Lease(request=ticket.request, worker=decision.worker, reason=decision.reason, queue_wait_s=wait_s)
+        lease = Lease(request=ticket.request, worker=decision.worker, reason=decision.reason, queue_wait_s=wait_s,
+                      priority=ticket.priority)
         self.leases[ticket.request.request_id] = lease
         return lease
 
@@ -416,6 +482,8 @@ class LeaseManager:
     def _grant(self, ticket: Ticket, decision: Decision, now: float) -> None:
         worker = decision.worker
         worker.inflight += 1
+        if ticket.priority != P0:
+            worker.low_inflight += 1
         self.pipeline.commit(ticket.request, decision)
         label = priority_name(ticket.priority)
         self.metrics.inflight.labels(worker.worker_id).set(worker.inflight)
@@ -467,6 +535,7 @@ class LeaseManager:
         while self.queued():
             await asyncio.sleep(self.settings.dispatch_interval_s)
             self._sweep()
+            self.guard.maybe_adjust(time.monotonic())
             self._dispatch()
             self._update_overload()
         self._update_overload()
@@ -482,12 +551,19 @@ class LeaseManager:
 
     # ---- release ---------------------------------------------------------------------------------------------
 
-    def release(self, lease: Lease, outcome: int) -> None:
+    def release(self, lease: Lease, outcome: int, *, ttft_s: float = 0.0) -> None:
+        """Frees the lease's slot. ``ttft_s`` (the gateway's measured time to first token) feeds the latency
+        guard when the lease was P0."""
         if lease.released:
             return
         lease.released = True
         self.leases.pop(lease.request.request_id, None)
         lease.worker.inflight = max(lease.worker.inflight - 1, 0)
+        if lease.priority != P0:
+            lease.worker.low_inflight = max(lease.worker.low_inflight - 1, 0)
+        elif outcome == scheduler_pb2.OUTCOME_OK:
+            self.guard.observe(ttft_s)
+        self.guard.maybe_adjust(time.monotonic())
         self.metrics.inflight.labels(lease.worker.worker_id).set(lease.worker.inflight)
         self.metrics.releases.labels(scheduler_pb2.Outcome.Name(outcome).removeprefix("OUTCOME_").lower()).inc()
         self.drain.add(time.monotonic())

@@ -42,6 +42,7 @@ __all__ = [
     "SessionAffinity", "build_pipeline", "has_capacity", "healthy", "least_loaded", "serves_model",
 ]
 
+_P0 = int(types_pb2.PRIORITY_P0)
 STEP_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
 
@@ -83,15 +84,19 @@ def serves_model(req: PlacementRequest, w: Worker) -> bool:
     return not req.model or w.model is None or w.model.served_model_name == req.model
 
 
-def has_capacity(max_inflight: int, *, shares: dict[int, float] | None = None, kv_full: float = 1.0) -> Filter:
+def has_capacity(max_inflight: int, *, shares: dict[int, float] | None = None, kv_full: float = 1.0,
+                 low_limit: Callable[[], float] | None = None) -> Filter:
     """Room for one more lease: fewer than ``max_inflight * share`` leases held, where ``share`` (from
-    ``shares`` by priority, 1.0 when absent) keeps headroom for more urgent classes, and a KV cache below
-    ``kv_full``. Leases are counted by the scheduler itself, so they are never stale."""
+    ``shares`` by priority, 1.0 when absent) keeps headroom for more urgent classes, fewer P1/P2 leases than
+    ``low_limit()`` (the latency guard's current limit), and a KV cache below ``kv_full``. Leases are counted by the
+    scheduler itself, so they are never stale."""
     shares = dict(shares or {})
 
     def _filter(req: PlacementRequest, w: Worker) -> bool:
         limit = max_inflight * shares.get(req.priority, 1.0)
-        return w.inflight < max(limit, 1.0) and (w.inflight == 0 or w.load.kv_cache_usage < kv_full)
+        if w.inflight >= max(limit, 1.0) or (w.inflight > 0 and w.load.kv_cache_usage >= kv_full):
+            return False
+        return low_limit is None or req.priority == _P0 or w.low_inflight < low_limit()
     _filter.__name__ = "has_capacity"
     return _filter
 
@@ -172,24 +177,31 @@ class PrefixIndex:
 
 
 class PrefixAffinity:
-    """Scorer: the fraction of the request's prefix blocks the worker recently served (0 to 1)."""
+    """Scorer: the fraction of the request's prefix blocks the worker recently served (0 to 1), among workers whose
+    load is within ``balance_slack`` (a share of the per-worker cap) of the least loaded candidate. A worker further
+    ahead scores 0, so a hot prefix cannot pile onto one worker while others idle (the cache-aware policy of
+    SGLang's router works the same way): affinity decides while load is balanced, load decides when it is not."""
 
     __name__ = "prefix_affinity"
 
-    def __init__(self, index: PrefixIndex) -> None:
+    def __init__(self, index: PrefixIndex, *, max_inflight: int = 64, balance_slack: float = 0.1) -> None:
         self.index = index
+        self.slack = max(balance_slack * max_inflight, 1.0)
         self._memo: tuple[str, list[bytes], dict[str, int]] = ("", [], {})
+        self._min_inflight = 0
 
-    def _lookup(self, req: PlacementRequest) -> tuple[list[bytes], dict[str, int]]:
-        if self._memo[0] != req.request_id:  # one request is scored against many workers: hash once
+    def prepare(self, req: PlacementRequest, candidates: Sequence[Worker]) -> None:
+        self._min_inflight = min((w.inflight for w in candidates), default=0)
+        if req.prefix_hint and self._memo[0] != req.request_id:  # hash once per request, not per worker
             hashes = self.index.hashes(req.prefix_hint)
             self._memo = (req.request_id, hashes, self.index.match(hashes))
-        return self._memo[1], self._memo[2]
 
     def __call__(self, req: PlacementRequest, w: Worker) -> float:
-        if not req.prefix_hint:
+        if not req.prefix_hint or w.inflight - self._min_inflight > self.slack:
             return 0.0
-        hashes, matches = self._lookup(req)
+        if self._memo[0] != req.request_id:
+            self.prepare(req, [w])
+        _, hashes, matches = self._memo
         return matches.get(w.worker_id, 0) / len(hashes) if hashes else 0.0
 
     def observe(self, req: PlacementRequest, worker: Worker) -> None:
@@ -285,6 +297,9 @@ class PlacementPipeline:
         per_scorer: list[list[float]] = []
         for weight, scorer in self.scorers:
             start = time.perf_counter()
+            prepare = getattr(scorer, "prepare", None)
+            if prepare is not None:
+                prepare(req, candidates)
             per_scorer.append([weight * scorer(req, w) for w in candidates])
             self._timed(f"score:{getattr(scorer, '__name__', 'scorer')}", start)
         totals = [sum(col) for col in zip(*per_scorer, strict=True)] if per_scorer else [0.0] * len(candidates)
@@ -397,20 +412,23 @@ class _Settings(Protocol):
     queue_weight: float
     prefix_block_chars: int
     prefix_index_entries: int
+    prefix_balance_slack: float
     session_index_entries: int
 
 
-_FILTERS: dict[str, Callable[[_Settings], Filter]] = {
-    "healthy": lambda s: healthy,
-    "serves_model": lambda s: serves_model,
-    "has_capacity": lambda s: has_capacity(
-        s.max_inflight_per_worker, kv_full=s.kv_full,
+_FILTERS: dict[str, Callable[[_Settings, Callable[[], float] | None], Filter]] = {
+    "healthy": lambda s, _: healthy,
+    "serves_model": lambda s, _: serves_model,
+    "has_capacity": lambda s, low_limit: has_capacity(
+        s.max_inflight_per_worker, kv_full=s.kv_full, low_limit=low_limit,
         shares={types_pb2.PRIORITY_P1: s.p1_max_share, types_pb2.PRIORITY_P2: s.p2_max_share}),
 }
 _SCORERS: dict[str, Callable[[_Settings], Scorer]] = {
     "least_loaded": lambda s: least_loaded(kv_weight=s.kv_weight, queue_weight=s.queue_weight),
     "prefix_affinity": lambda s: PrefixAffinity(PrefixIndex(block_chars=s.prefix_block_chars,
-                                                            max_entries=s.prefix_index_entries)),
+                                                            max_entries=s.prefix_index_entries),
+                                                max_inflight=s.max_inflight_per_worker,
+                                                balance_slack=s.prefix_balance_slack),
     "session_affinity": lambda s: SessionAffinity(max_entries=s.session_index_entries),
 }
 _PICKERS: dict[str, Callable[[random.Random], Picker]] = {
@@ -421,9 +439,11 @@ _PICKERS: dict[str, Callable[[random.Random], Picker]] = {
 
 
 def build_pipeline(profile: Profile, settings: _Settings, *, registry: CollectorRegistry | None = None,
-                   rng: random.Random | None = None) -> PlacementPipeline:
+                   rng: random.Random | None = None,
+                   low_limit: Callable[[], float] | None = None) -> PlacementPipeline:
+    """The pipeline a profile describes. ``low_limit`` is the latency guard's P1/P2 limit per worker."""
     rng = rng or random.Random()
     return PlacementPipeline(
-        filters=[_FILTERS[name](settings) for name in profile.filters],
+        filters=[_FILTERS[name](settings, low_limit) for name in profile.filters],
         scorers=[(weight, _SCORERS[name](settings)) for name, weight in profile.scorers],
         picker=_PICKERS[profile.picker](rng), registry=registry, rng=rng)

@@ -41,6 +41,7 @@ class Worker:
     load: inference_pb2.WorkerLoad = field(default_factory=inference_pb2.WorkerLoad)
     model: inference_pb2.ModelInfo | None = None
     inflight: int = 0
+    low_inflight: int = 0  # of which P1/P2 (bounded by the latency guard)
     consecutive_failures: int = 0
     consecutive_passes: int = 0
     last_error: str = ""

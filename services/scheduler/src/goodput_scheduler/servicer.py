@@ -56,6 +56,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 yield scheduler_pb2.LeaseEvent(queued=scheduler_pb2.Queued(position=self.leases.position(ticket)))
             lease = await self.leases.wait(ticket)
             outcome = scheduler_pb2.OUTCOME_ABANDONED
+            ttft_s = 0.0
             try:
                 yield scheduler_pb2.LeaseEvent(granted=scheduler_pb2.Granted(
                     worker_id=lease.worker.worker_id, address=lease.worker.address, reason=lease.reason,
@@ -63,10 +64,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 async for msg in request_iterator:
                     if msg.HasField("release"):
                         outcome = msg.release.outcome or scheduler_pb2.OUTCOME_OK
+                        ttft_s = msg.release.ttft_s
                         break
             finally:
                 # Runs on release, on a broken stream and on cancellation alike: capacity is never leaked.
-                self.leases.release(lease, outcome)
+                self.leases.release(lease, outcome, ttft_s=ttft_s)
                 if outcome == scheduler_pb2.OUTCOME_ABANDONED:
                     log.info("lease abandoned: the gateway went away", extra={"worker": lease.worker.worker_id})
             yield scheduler_pb2.LeaseEvent(released=scheduler_pb2.Released())

@@ -1,0 +1,367 @@
+"""Overload benchmark: P0/P1/P2 under open-loop Poisson arrivals ramping to 3x capacity, on simulated workers.
+
+One run drives three schedulers over the same simulated fleet (real scheduler and worker processes, gRPC; only the
+GPU is simulated, see goodput_inference.sim_engine):
+
+* ``goodput``: priority classes, tenant fairness, overload shedding, the default placement profile;
+* ``fifo``: one arrival-order queue, no priority anywhere (the worker sees none either) — the baseline;
+* ``round_robin``: the goodput queues with round-robin placement instead of the scoring profile.
+
+First it measures, in the same run, P0's unloaded TTFT (one request at a time) and the fleet's capacity (closed
+loop, every slot busy, completions per second). Then each offered load (a multiple of capacity) runs for
+``--phase-s`` seconds of Poisson arrivals with a P0/P1/P2 and multi-tenant mix; shed P2 requests are parked and
+re-submitted with the deferred-retry policy of ``goodput_gateway.jobs`` until they complete. Per class it reports
+TTFT and end-to-end p50/p95/p99, success/shed/expired rates and goodput (requests within SLO per second), and plots
+P0 p99 TTFT against offered load.
+
+    python -m loadtests.overload                       # full run, ~15 min on 2 cores
+    python -m loadtests.overload --quick               # small smoke run (~2 min)
+    python -m loadtests.overload --render loadtests/reports/overload.json   # re-render report + plot
+
+A benchmark reports numbers; it does not fail on a missed goal (only when nothing could be served).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from loadtests.common import machine_info, markdown_table, summarize, write_report
+from loadtests.simfleet import LeaseClient, RequestSpec, Result, SimFleet, random_text
+
+CLASSES = ("P0", "P1", "P2")
+MIX = {"P0": 0.2, "P1": 0.3, "P2": 0.5}
+TENANTS = {"acme": 0.6, "globex": 0.25, "initech": 0.15}  # acme is the bursty big tenant
+SHAPES = {"P0": (1024, 32), "P1": (2048, 64), "P2": (4096, 128)}  # (prompt chars ~ 4 per token, max_tokens)
+DEADLINES = {"P0": 30.0, "P1": 60.0, "P2": 300.0}
+CONFIGS: dict[str, dict[str, Any]] = {
+    "goodput": {"env": {"QUEUE_POLICY": "priority"}, "send_priority": True},
+    "fifo": {"env": {"QUEUE_POLICY": "fifo", "FIFO_MAX_QUEUE": "0"}, "send_priority": False},
+    "round_robin": {"env": {"QUEUE_POLICY": "priority",
+                            "PROFILE": json.dumps({"scorers": [{"name": "least_loaded", "weight": 1.0}],
+                                                   "picker": "round_robin"})},
+                    "send_priority": True},
+}
+
+
+def make_spec(rng: random.Random, i: int, prio: str, *, send_priority: bool, systems: dict[str, str]) -> RequestSpec:
+    tenant = rng.choices(list(TENANTS), weights=list(TENANTS.values()))[0]
+    chars, max_tokens = SHAPES[prio]
+    prompt = systems[tenant] + random_text(rng, chars - len(systems[tenant]))
+    return RequestSpec(request_id=f"{prio}-{i}", priority=prio, tenant=tenant, prompt=prompt, max_tokens=max_tokens,
+                       deadline_s=DEADLINES[prio], retry_shed=prio == "P2", send_priority=send_priority)
+
+
+async def unloaded_ttft(client: LeaseClient, rng: random.Random, systems: dict[str, str], n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        r = await client.run(make_spec(rng, i, "P0", send_priority=True, systems=systems))
+        if r.ttft_s is not None:
+            out.append(r.ttft_s)
+    return out
+
+
+async def capacity(client: LeaseClient, rng: random.Random, systems: dict[str, str], *, concurrency: int,
+                   warmup_s: float, measure_s: float) -> float:
+    """Closed loop with every slot busy: completions per second of the class mix."""
+    done: list[float] = []
+    stop = time.monotonic() + warmup_s + measure_s
+    counter = iter(range(10**9))
+
+    async def loop() -> None:
+        while time.monotonic() < stop:
+            prio = rng.choices(CLASSES, weights=[MIX[c] for c in CLASSES])[0]
+            spec = make_spec(rng, next(counter), prio, send_priority=False, systems=systems)
+            r = await client.run(RequestSpec(**{**spec.__dict__, "retry_shed": False}))
+            if r.outcome == "ok":
+                done.append(time.monotonic())
+
+    start = time.monotonic()
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    window = [t for t in done if start + warmup_s <= t <= start + warmup_s + measure_s]
+    return len(window) / measure_s
+
+
+async def run_level(client: LeaseClient, rng: random.Random, systems: dict[str, str], *, rate: float,
+                    phase_s: float, send_priority: bool, drain_timeout_s: float) -> tuple[list[Result], float]:
+    tasks: list[asyncio.Task[Result]] = []
+    start = time.monotonic()
+    t = start
+    i = 0
+    while True:
+        t += rng.expovariate(rate)
+        if t - start > phase_s:
+            break
+        delay = t - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        prio = rng.choices(CLASSES, weights=[MIX[c] for c in CLASSES])[0]
+        tasks.append(asyncio.create_task(client.run(make_spec(rng, i, prio, send_priority=send_priority,
+                                                              systems=systems))))
+        i += 1
+    arrivals_done = time.monotonic()
+    done, pending = await asyncio.wait(tasks, timeout=drain_timeout_s)
+    for p in pending:
+        p.cancel()
+    results = [t.result() for t in done]
+    results += [Result(spec=RequestSpec("?", "P2", "?", "", 0, 0), arrival=0, outcome="unfinished")
+                for _ in pending]
+    return results, time.monotonic() - arrivals_done
+
+
+def analyse(results: list[Result], *, phase_s: float, slo_ttft: dict[str, float]) -> dict[str, Any]:
+    by_class: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        by_class[r.spec.priority].append(r)
+    out: dict[str, Any] = {}
+    for c in CLASSES:
+        rs = by_class.get(c, [])
+        n = len(rs)
+        ok = [r for r in rs if r.outcome == "ok"]
+        ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+        e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
+        in_slo = [r for r in ok if r.ttft_s is not None and r.ttft_s <= slo_ttft[c]]
+        shed_first = [r for r in rs if r.sheds > 0 or r.outcome == "shed"]
+        retry_after = [ra for r in rs for ra in r.retry_after_s]
+        out[c] = {
+            "n": n,
+            "success_rate": len(ok) / n if n else None,
+            "shed_rate": len(shed_first) / n if n else None,  # refused at least once (P2: then retried)
+            "final_shed_rate": sum(1 for r in rs if r.outcome == "shed") / n if n else None,
+            "expired_rate": sum(1 for r in rs if r.outcome == "expired") / n if n else None,
+            "error_rate": sum(1 for r in rs if r.outcome in ("error", "unfinished")) / n if n else None,
+            "ttft": summarize(ttft),
+            "e2e": summarize(e2e),
+            "goodput_rps": len(in_slo) / phase_s,
+            "slo_ttft_s": slo_ttft[c],
+            "mean_attempts": sum(r.attempts for r in rs) / n if n else None,
+            "retry_after_s": summarize(retry_after) if retry_after else None,
+            "tenants": {t: sum(1 for r in ok if r.spec.tenant == t) for t in TENANTS},
+        }
+    return out
+
+
+async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    systems = {t: f"system: you are the {t} assistant. " + random_text(random.Random(t), 480) + "\n" for t in TENANTS}
+    sim = {"time_scale": args.time_scale, "stream_every": 8}
+    levels = [float(x) for x in args.levels.split(",")]
+    slo = {"P0": args.slo_p0_s, "P1": args.slo_p1_s, "P2": float("inf")}
+    report: dict[str, Any] = {
+        "benchmark": "overload", "machine": machine_info(),
+        "setup": {"workers": args.workers, "max_num_seqs": args.max_num_seqs, "sim": sim, "phase_s": args.phase_s,
+                  "levels": levels, "mix": MIX, "tenants": TENANTS, "shapes": SHAPES, "deadlines_s": DEADLINES,
+                  "slo_ttft_s": {"P0": args.slo_p0_s, "P1": args.slo_p1_s, "P2": "completes"},
+                  "seed": args.seed},
+        "configs": {},
+    }
+    with SimFleet(workers=args.workers, base_port=args.base_port, sim=sim, max_num_seqs=args.max_num_seqs) as fleet:
+        fleet.start_scheduler(CONFIGS["fifo"]["env"], name="scheduler-calibrate")
+        await fleet.wait_ready()
+        client = LeaseClient(fleet.scheduler_addr, rng=random.Random(args.seed + 1))
+        unloaded = await unloaded_ttft(client, rng, systems, args.unloaded_n)
+        cap = await capacity(client, rng, systems, concurrency=int(args.workers * args.max_num_seqs * 1.25),
+                             warmup_s=args.capacity_warmup_s, measure_s=args.capacity_s)
+        await client.close()
+        report["unloaded_p0_ttft"] = summarize(unloaded)
+        report["capacity_rps"] = cap
+        print(f"unloaded P0 TTFT p50 {report['unloaded_p0_ttft']['p50_ms']:.1f} ms, "
+              f"p99 {report['unloaded_p0_ttft']['p99_ms']:.1f} ms; capacity {cap:.1f} req/s", flush=True)
+        for name in args.configs.split(","):
+            cfg = CONFIGS[name]
+            fleet.start_scheduler(cfg["env"], name=f"scheduler-{name}")
+            await fleet.wait_ready()
+            client = LeaseClient(fleet.scheduler_addr, rng=random.Random(args.seed + 2))
+            per_level = []
+            for level in levels:
+                results, drain_s = await run_level(client, random.Random(f"{args.seed}-{level}"), systems,
+                                                   rate=level * cap, phase_s=args.phase_s,
+                                                   send_priority=cfg["send_priority"],
+                                                   drain_timeout_s=args.drain_timeout_s)
+                stats = analyse(results, phase_s=args.phase_s, slo_ttft=slo)
+                per_level.append({"load": level, "offered_rps": level * cap, "drain_s": drain_s, "classes": stats})
+                p0 = stats["P0"]
+                p1_ok = (stats["P1"]["success_rate"] or 0) * 100
+                print(f"[{name}] {level:.2f}x: P0 ttft p99 {p0['ttft']['p99_ms'] or 0:.0f} ms, success "
+                      f"{(p0['success_rate'] or 0) * 100:.1f}%; P1 success {p1_ok:.1f}%"
+                      f"; P2 completed {(stats['P2']['success_rate'] or 0) * 100:.1f}% (drain {drain_s:.0f} s)",
+                      flush=True)
+            await client.close()
+            report["configs"][name] = per_level
+        fleet.stop_scheduler()
+    return report
+
+
+# ---- report ----------------------------------------------------------------------------------------------------
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{v * 100:.1f}%"
+
+
+def _ms(s: dict[str, Any], key: str) -> str:
+    v = s.get(key)
+    return "—" if v is None else f"{v:.0f}"
+
+
+def goals(report: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    out: list[tuple[str, str, bool | None]] = []
+    unloaded = report["unloaded_p0_ttft"]["p99_ms"]
+    top = {name: levels[-1] for name, levels in report["configs"].items()}
+    g = top.get("goodput")
+    if g is None:
+        return out
+    p0 = g["classes"]["P0"]
+    p99 = p0["ttft"]["p99_ms"]
+    out.append((f"P0 p99 TTFT at {g['load']:g}x ≤ 1.5x unloaded p99",
+                f"{p99:.0f} ms vs {unloaded:.0f} ms unloaded: {p99 / unloaded:.2f}x" if p99 else "—",
+                None if p99 is None else p99 <= 1.5 * unloaded))
+    out.append((f"P0 success at {g['load']:g}x ≥ 99.9%", _pct(p0["success_rate"]),
+                None if p0["success_rate"] is None else p0["success_rate"] >= 0.999))
+    completed = [lv["classes"]["P2"]["success_rate"] for lv in report["configs"]["goodput"]]
+    out.append(("every P2 request eventually completes (all levels)",
+                ", ".join(_pct(c) for c in completed), all(c == 1.0 for c in completed if c is not None)))
+    f = top.get("fifo")
+    if f is not None and p99:
+        fp99 = f["classes"]["P0"]["ttft"]["p99_ms"]
+        out.append((f"P0 p99 TTFT ≥ 10x better than FIFO at {g['load']:g}x",
+                    f"FIFO {fp99:.0f} ms / goodput {p99:.0f} ms = {fp99 / p99:.1f}x" if fp99 else "—",
+                    None if not fp99 else fp99 / p99 >= 10))
+    return out
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    s = report["setup"]
+    lines = [
+        "# Overload benchmark: priority classes vs FIFO and round-robin placement",
+        "",
+        f"Generated {report.get('generated_at', '')} by `python -m loadtests.overload`. Simulated workers "
+        f"(A100 / 7B calibration, `goodput_inference.sim_engine`), {s['workers']} workers x {s['max_num_seqs']} "
+        f"sequences, simulated time x{s['sim']['time_scale']} (every latency below is wall-clock, so also "
+        f"x{s['sim']['time_scale']} an A100's); real scheduler and worker processes over gRPC on "
+        f"{report['machine'].get('cores_usable')} CPU cores ({report['machine'].get('cpu_model')}).",
+        "",
+        f"- Capacity (measured in this run, closed loop, all slots busy): **{report['capacity_rps']:.1f} req/s**.",
+        f"- Unloaded P0 TTFT (one request at a time): p50 {report['unloaded_p0_ttft']['p50_ms']:.0f} ms, "
+        f"p99 {report['unloaded_p0_ttft']['p99_ms']:.0f} ms.",
+        f"- Mix: {', '.join(f'{k} {v:.0%}' for k, v in s['mix'].items())}; tenants "
+        f"{', '.join(f'{k} {v:.0%}' for k, v in s['tenants'].items())}; prompt/max_tokens "
+        f"{', '.join(f'{k} ~{c // 4}/{m}' for k, (c, m) in s['shapes'].items())}; Poisson arrivals, "
+        f"{s['phase_s']:g} s per load level.",
+        f"- SLO for goodput: P0 TTFT ≤ {s['slo_ttft_s']['P0']:g} s, P1 TTFT ≤ {s['slo_ttft_s']['P1']:g} s, P2 "
+        "completes. Shed P2 is parked and re-submitted (retry-after / backoff) until it completes; its latency "
+        "counts from its first arrival.",
+        "",
+        "## Goals",
+        "",
+        markdown_table(["goal", "measured", "met"],
+                       [(g, m, "—" if ok is None else ("yes" if ok else "**no**")) for g, m, ok in goals(report)]),
+        "",
+    ]
+    for name, levels in report["configs"].items():
+        lines += [f"## {name}", ""]
+        rows = []
+        for lv in levels:
+            for c in CLASSES:
+                st = lv["classes"][c]
+                rows.append([f"{lv['load']:g}x ({lv['offered_rps']:.1f}/s)", c, st["n"], _pct(st["success_rate"]),
+                             _pct(st["shed_rate"]), _pct(st["expired_rate"]),
+                             _ms(st["ttft"], "p50_ms"), _ms(st["ttft"], "p95_ms"), _ms(st["ttft"], "p99_ms"),
+                             _ms(st["e2e"], "p50_ms"), _ms(st["e2e"], "p95_ms"), _ms(st["e2e"], "p99_ms"),
+                             f"{st['goodput_rps']:.2f}",
+                             "—" if not st["retry_after_s"] else f"{st['retry_after_s']['p50_ms'] / 1000:.1f}"])
+        lines += [markdown_table(["load", "class", "n", "success", "shed", "expired", "TTFT p50 ms", "p95", "p99",
+                                  "e2e p50 ms", "p95", "p99", "goodput req/s", "Retry-After p50 s"], rows), ""]
+    lines += [
+        "## Reading it",
+        "",
+        "- *shed* counts requests refused at least once (RESOURCE_EXHAUSTED with retry-after); P2's are parked and "
+        "retried, so its success column is what finally completed. *expired* requests were dropped in the queue "
+        "before reaching a worker (their deadline or their class's queue timeout).",
+        "- FIFO has no classes: under overload every class waits in one queue, so P0 waits behind batch work.",
+        "- The plot `overload.png` shows P0 p99 TTFT against offered load for each scheduler.",
+    ]
+    return "\n".join(lines)
+
+
+def render_plot(report: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, levels in report["configs"].items():
+        xs = [lv["load"] for lv in levels]
+        ys = [lv["classes"]["P0"]["ttft"]["p99_ms"] for lv in levels]
+        ax.plot(xs, ys, marker="o", label=name)
+    unloaded = report["unloaded_p0_ttft"]["p99_ms"]
+    ax.axhline(unloaded, color="grey", linestyle=":", label="unloaded p99")
+    ax.axhline(1.5 * unloaded, color="red", linestyle="--", label="goal: 1.5x unloaded")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load (x measured capacity)")
+    ax.set_ylabel("P0 p99 TTFT (ms, log)")
+    ax.set_title("P0 p99 TTFT under overload (simulated A100 fleet)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m loadtests.overload", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--max-num-seqs", type=int, default=32, help="per worker (and the scheduler's per-worker cap)")
+    ap.add_argument("--time-scale", type=float, default=2.0, help="simulated time multiplier")
+    ap.add_argument("--levels", default="0.5,1,1.5,2,3", help="offered loads, multiples of capacity")
+    ap.add_argument("--phase-s", type=float, default=20.0, help="seconds of arrivals per load level")
+    ap.add_argument("--configs", default="goodput,fifo,round_robin")
+    ap.add_argument("--slo-p0-s", type=float, default=0.5)
+    ap.add_argument("--slo-p1-s", type=float, default=5.0)
+    ap.add_argument("--unloaded-n", type=int, default=40)
+    ap.add_argument("--capacity-s", type=float, default=15.0)
+    ap.add_argument("--capacity-warmup-s", type=float, default=8.0)
+    ap.add_argument("--drain-timeout-s", type=float, default=400.0)
+    ap.add_argument("--base-port", type=int, default=56100)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", type=Path, default=Path("loadtests/out/overload"))
+    ap.add_argument("--quick", action="store_true", help="2 workers, 2 levels, short phases (a smoke run)")
+    ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="re-render a saved report")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.workers, args.levels, args.phase_s, args.unloaded_n = 2, "1,3", 8.0, 10
+        args.capacity_s, args.capacity_warmup_s = 6.0, 4.0
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.render:
+        report = json.loads(args.render.read_text(encoding="utf-8"))
+        out = args.render.with_suffix("")
+    else:
+        report = asyncio.run(benchmark(args))
+        out = args.out
+    json_path, md_path = write_report(out, report, render_markdown(report))
+    png = render_plot(report, out.parent / f"{out.name}.png")
+    print(f"report: {md_path} {json_path} {png or ''}")
+    for g, m, ok in goals(report):
+        print(f"  {'MET ' if ok else 'MISS' if ok is not None else '  ? '} {g}: {m}")
+    served = sum(lv["classes"][c]["n"] * (lv["classes"][c]["success_rate"] or 0)
+                 for levels in report["configs"].values() for lv in levels for c in CLASSES)
+    return 0 if served > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

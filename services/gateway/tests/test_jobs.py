@@ -1,0 +1,275 @@
+"""Deferred P2 work, end to end with real processes: a simulated worker, the scheduler, a Celery worker and Redis.
+
+Shed P2 work is parked, completes once load falls, survives a scheduler restart, and is fetchable by id over REST
+(where the shed request itself got its 429 with Retry-After and the job's id)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+import redis
+from goodput.common.v1 import types_pb2
+from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from grpc import aio
+from prometheus_client import CollectorRegistry
+
+from goodput_gateway.__main__ import build as build_gateway
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.jobs import JobQueue
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+API_KEY = "test-key-batch"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """The local Redis when one answers, else a private redis-server for these tests."""
+    try:
+        if redis.Redis(host="127.0.0.1", port=6379, socket_timeout=1).ping():
+            yield "redis://127.0.0.1:6379/0"
+            return
+    except redis.RedisError:
+        pass
+    binary = shutil.which("redis-server") or shutil.which("valkey-server")
+    if binary is None:
+        pytest.skip("no Redis answers on 127.0.0.1:6379 and no redis-server is installed")
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="goodput-redis-")
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: _pings(port), 10, "redis-server")
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pings(port: int) -> bool:
+    try:
+        return bool(redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
+
+
+class Procs:
+    """A simulated worker, a scheduler (restartable) and a Celery jobs worker, as processes."""
+
+    def __init__(self, redis_url: str, logdir: Path) -> None:
+        self.redis_url = redis_url
+        self.logdir = logdir
+        self.worker_addr = f"127.0.0.1:{free_port()}"
+        self.scheduler_port = free_port()
+        self.scheduler_addr = f"127.0.0.1:{self.scheduler_port}"
+        run = uuid.uuid4().hex[:8]
+        self.jobs_env = {"GOODPUT_GATEWAY_REDIS_URL": redis_url, "GOODPUT_GATEWAY_JOBS_QUEUE": f"goodput-test-{run}",
+                         "GOODPUT_GATEWAY_JOBS_PREFIX": f"goodput-test:{run}",
+                         "GOODPUT_GATEWAY_SCHEDULER_ADDR": self.scheduler_addr,
+                         "GOODPUT_GATEWAY_JOB_RETRY_BASE_S": "0.2", "GOODPUT_GATEWAY_JOB_RETRY_CAP_S": "1.0",
+                         "GOODPUT_GATEWAY_REQUEST_TIMEOUT_S": "20"}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        log = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
+        self.procs[name] = subprocess.Popen([sys.executable, *args], env={**os.environ, **env}, stdout=log,
+                                            stderr=subprocess.STDOUT)
+
+    def start_worker(self) -> None:
+        self.spawn("worker", ["-m", "goodput_inference"], {
+            "GOODPUT_INFERENCE_ENGINE": "sim", "GOODPUT_INFERENCE_GRPC_PORT": self.worker_addr.rsplit(":", 1)[1],
+            "GOODPUT_INFERENCE_HTTP_PORT": "0", "GOODPUT_INFERENCE_SIM_CONFIG": json.dumps({"time_scale": 0.2}),
+            "GOODPUT_INFERENCE_MAX_MODEL_LEN": "4096"})
+
+    def start_scheduler(self) -> None:
+        self.spawn("scheduler", ["-m", "goodput_scheduler"], {
+            "GOODPUT_SCHEDULER_GRPC_PORT": str(self.scheduler_port), "GOODPUT_SCHEDULER_HTTP_PORT": "0",
+            "GOODPUT_SCHEDULER_WORKERS": self.worker_addr, "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.2",
+            "GOODPUT_SCHEDULER_MAX_INFLIGHT_PER_WORKER": "1", "GOODPUT_SCHEDULER_SHED_P2_AT": "1.0",
+            "GOODPUT_SCHEDULER_SHED_HYSTERESIS": "0.5", "GOODPUT_SCHEDULER_DRAIN_GRACE_S": "0.5"})
+
+    def stop_scheduler(self) -> None:
+        self.stop("scheduler")
+
+    def start_celery(self) -> None:
+        self.spawn("celery", ["-m", "celery", "-A", "goodput_gateway.jobs", "worker", "-Q",
+                              self.jobs_env["GOODPUT_GATEWAY_JOBS_QUEUE"], "--pool=solo", "--without-gossip",
+                              "--without-mingle", "--without-heartbeat", "-l", "WARNING"], self.jobs_env)
+
+    def stop(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+
+    def settings(self, **kw: Any) -> GatewaySettings:
+        base = {k.removeprefix("GOODPUT_GATEWAY_").lower(): v for k, v in self.jobs_env.items()}
+        return GatewaySettings(**{**base, **kw})  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def procs(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
+    p = Procs(redis_url, tmp_path_factory.mktemp("jobs-logs"))
+    p.start_worker()
+    p.start_celery()
+    yield p
+    p.stop_all()
+
+
+class Overload:
+    """Holds the scheduler saturated: one P0 lease on its only slot and one P0 queued behind it, so the
+    saturation signal is 1.0 and new P2 requests are shed."""
+
+    def __init__(self, addr: str) -> None:
+        self.channel = aio.insecure_channel(addr)
+        self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+        self.calls: list[aio.StreamStreamCall] = []
+
+    async def __aenter__(self) -> Overload:
+        deadline = time.monotonic() + 30
+        while True:  # the scheduler and its worker may still be starting
+            try:
+                resp = await self.stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=1)
+                if any(w.healthy for w in resp.workers):
+                    break
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("the scheduler has no healthy worker")
+            await asyncio.sleep(0.1)
+        for i in range(2):
+            call = self.stub.Lease(timeout=120)
+            await call.write(scheduler_pb2.LeaseRequest(admit=scheduler_pb2.Admit(
+                request_id=f"hold-{i}", tenant="interactive", priority=types_pb2.PRIORITY_P0)))
+            await call.read()  # granted, then queued
+            self.calls.append(call)
+        return self
+
+    async def release(self) -> None:
+        for call in self.calls:
+            call.cancel()
+        self.calls.clear()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+        await self.channel.close()
+
+
+def chat_body(text: str = "Summarise the quarterly report.") -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}], "max_tokens": 6}
+
+
+async def wait_job(queue: JobQueue, job_id: str, predicate: Any, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = await asyncio.to_thread(queue.load, job_id)
+        if job is not None and predicate(job):
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job did not reach the expected state: {job}")
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def queue(procs: Procs) -> AsyncIterator[JobQueue]:
+    procs.start_scheduler()
+    settings = procs.settings()
+    yield JobQueue(settings, redis.Redis.from_url(settings.redis_url))
+    procs.stop_scheduler()
+
+
+async def test_parked_p2_work_completes_after_load_falls(procs: Procs, queue: JobQueue) -> None:
+    async with Overload(procs.scheduler_addr) as load:
+        job = await asyncio.to_thread(queue.submit, tenant="batch", route="chat", body=chat_body())
+        parked = await wait_job(queue, job.id, lambda j: j.state == "parked" and j.attempts >= 2)
+        assert "ResourceExhausted" in parked.error  # shed again while the overload lasts: not lost, re-parked
+        await load.release()
+        done = await wait_job(queue, job.id, lambda j: j.state == "completed")
+    assert done.result["choices"][0]["message"]["content"].strip()
+    assert done.result["usage"]["completion_tokens"] == 6
+    assert queue.count("completed") >= 1
+
+
+async def test_parked_p2_work_survives_a_scheduler_restart(procs: Procs, queue: JobQueue) -> None:
+    async with Overload(procs.scheduler_addr):
+        job = await asyncio.to_thread(queue.submit, tenant="batch", route="chat", body=chat_body())
+        await wait_job(queue, job.id, lambda j: j.state == "parked" and j.attempts >= 1)
+        procs.stop_scheduler()  # the scheduler goes away with its queues (and the overload)
+    attempts = (await asyncio.to_thread(queue.load, job.id)).attempts
+    # While it is down, attempts fail as UNAVAILABLE and the job stays parked.
+    unavailable = await wait_job(queue, job.id, lambda j: j.attempts > attempts and j.state == "parked")
+    assert "Unavailable" in unavailable.error
+    procs.start_scheduler()
+    done = await wait_job(queue, job.id, lambda j: j.state == "completed")
+    assert done.result["object"] == "chat.completion"
+
+
+async def test_rest_sheds_p2_with_429_retry_after_and_a_job_to_fetch(procs: Procs, queue: JobQueue) -> None:
+    keys = json.dumps({"keys": [{"key": API_KEY, "tenant": "batch", "max_priority": "P0"}]})
+    http_port = free_port()
+    settings = procs.settings(api_keys=keys, grpc_port=0, http_port=http_port, models_cache_s=0.0,
+                              drain_grace_s=0.5)
+    runner = build_gateway(settings, CollectorRegistry(), None)
+    await runner.start()
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", headers=headers, timeout=30) as http:
+            async with Overload(procs.scheduler_addr) as load:
+                shed = await http.post("/v1/chat/completions", json={**chat_body(), "priority": "P2"})
+                assert shed.status_code == 429, shed.text
+                assert int(shed.headers["Retry-After"]) >= 1
+                job_id = shed.headers["X-Goodput-Job-Id"]
+                assert shed.json()["error"]["job_id"] == job_id and shed.json()["error"]["type"] == "rate_limit_error"
+                submitted = await http.post("/v1/jobs", json={"endpoint": "/v1/chat/completions",
+                                                              "body": chat_body("Translate the memo.")})
+                assert submitted.status_code == 202 and submitted.json()["status"] in ("queued", "parked")
+                assert (await http.get(f"/v1/jobs/{job_id}")).json()["status"] in ("parked", "running")
+                await load.release()
+                for jid in (job_id, submitted.json()["id"]):
+                    deadline = time.monotonic() + 60
+                    while (body := (await http.get(f"/v1/jobs/{jid}")).json())["status"] != "completed":
+                        assert time.monotonic() < deadline, body
+                        await asyncio.sleep(0.2)
+                    assert body["response"]["choices"][0]["message"]["content"]
+            other = {"Authorization": "Bearer nope"}
+            assert (await http.get(f"/v1/jobs/{job_id}", headers=other)).status_code == 401
+            metrics = (await http.get("/metrics")).text
+            assert 'goodput_gateway_deferred_jobs{state="completed"}' in metrics
+    finally:
+        await runner.stop()
