@@ -34,6 +34,7 @@ class EmbedderSettings(ServiceSettings):
     # --- indexing ---
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis: Celery broker and results, job "
                                                                    "progress, content hashes, KB versions.")
+    index_queue: str = Field("goodput-index", description="Celery queue of the reindex jobs.")
     key_prefix: str = Field("goodput", description="Prefix of every Redis key this service writes.")
     version_channel: str = Field("goodput:kb-version", description="Redis pub/sub channel on which every "
                                                                    "finished write publishes the KB's new version.")

@@ -119,6 +119,7 @@ def run_reindex(indexer: Indexer, jobs: JobStore, job_id: str, tenant: str, kb: 
 def create_app(settings: EmbedderSettings) -> Celery:
     app = Celery("goodput_embedder", broker=settings.redis_url, set_as_current=False)
     app.conf.update(
+        task_default_queue=settings.index_queue,  # its own queue: other Celery apps share the same Redis
         task_acks_late=True,                # a job whose worker dies is redelivered...
         task_reject_on_worker_lost=True,    # ...and re-run (indexing is idempotent)
         worker_prefetch_multiplier=1,
