@@ -150,7 +150,9 @@ def analyse(results: list[Result], *, phase_s: float, slo_ttft: dict[str, float]
 
 async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    systems = {t: f"system: you are the {t} assistant. " + random_text(random.Random(t), 480) + "\n" for t in TENANTS}
+    system_chars = min(480, SHAPES["P0"][0] // 2)
+    systems = {t: f"system: you are the {t} assistant. " + random_text(random.Random(t), system_chars) + "\n"
+               for t in TENANTS}
     sim = {"time_scale": args.time_scale, "stream_every": 8}
     levels = [float(x) for x in args.levels.split(",")]
     slo = {"P0": args.slo_p0_s, "P1": args.slo_p1_s, "P2": float("inf")}
@@ -162,9 +164,15 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                   "seed": args.seed},
         "configs": {},
     }
-    with SimFleet(workers=args.workers, base_port=args.base_port, sim=sim, max_num_seqs=args.max_num_seqs) as fleet:
+    worker_env = {}
+    if args.engine == "vllm":
+        worker_env = {"GOODPUT_INFERENCE_KV_CACHE_SPACE_GB": "1", "GOODPUT_INFERENCE_MAX_MODEL_LEN": "2048"}
+        report["setup"]["engine"] = "vllm (CPU build, the dev model SmolLM2-135M-Instruct)"
+    with SimFleet(workers=args.workers, base_port=args.base_port, sim=sim, max_num_seqs=args.max_num_seqs,
+                  engine=args.engine, worker_env=worker_env, max_model_len=2048 if args.engine == "vllm" else 4096,
+                  logdir=args.out.parent / "logs") as fleet:
         fleet.start_scheduler(CONFIGS["fifo"]["env"], name="scheduler-calibrate")
-        await fleet.wait_ready()
+        await fleet.wait_ready(timeout_s=900 if args.engine == "vllm" else 60)
         client = LeaseClient(fleet.scheduler_addr, rng=random.Random(args.seed + 1))
         unloaded = await unloaded_ttft(client, rng, systems, args.unloaded_n)
         cap = await capacity(client, rng, systems, concurrency=int(args.workers * args.max_num_seqs * 1.25),
@@ -337,11 +345,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", type=Path, default=Path("loadtests/out/overload"))
     ap.add_argument("--quick", action="store_true", help="2 workers, 2 levels, short phases (a smoke run)")
+    ap.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                    help="vllm: the same scenario at small scale on real vLLM CPU workers (the dev model; prompts "
+                         "and answers scaled down 4x, 4 sequences per worker)")
     ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="re-render a saved report")
     args = ap.parse_args(argv)
     if args.quick:
         args.workers, args.levels, args.phase_s, args.unloaded_n = 2, "1,3", 8.0, 10
         args.capacity_s, args.capacity_warmup_s = 6.0, 4.0
+    if args.engine == "vllm":
+        global SHAPES
+        SHAPES = {c: (chars // 4, max(tokens // 4, 4)) for c, (chars, tokens) in SHAPES.items()}
+        args.workers, args.max_num_seqs = 2, args.max_num_seqs if args.max_num_seqs != 32 else 4
     return args
 
 

@@ -175,10 +175,14 @@ class LeaseClient:
 
 
 class SimFleet:
-    """N simulated workers (processes) and, on demand, a scheduler process in front of them."""
+    """N simulated workers (processes) and, on demand, a scheduler process in front of them. ``engine="vllm"`` starts
+    real vLLM workers instead (the small-scale check on CPU)."""
 
     def __init__(self, *, workers: int, base_port: int, sim: dict[str, Any], max_num_seqs: int = 32,
-                 max_model_len: int = 4096, logdir: Path | None = None) -> None:
+                 max_model_len: int = 4096, logdir: Path | None = None, engine: str = "sim",
+                 worker_env: dict[str, str] | None = None) -> None:
+        self.engine = engine
+        self.worker_env = dict(worker_env or {})
         self.n = workers
         self.base_port = base_port
         self.sim = sim
@@ -202,13 +206,14 @@ class SimFleet:
     def start_workers(self) -> None:
         for i, addr in enumerate(self.worker_addrs):
             port = addr.rsplit(":", 1)[1]
-            env = {"GOODPUT_INFERENCE_ENGINE": "sim", "GOODPUT_INFERENCE_GRPC_PORT": port,
+            env = {"GOODPUT_INFERENCE_ENGINE": self.engine, "GOODPUT_INFERENCE_GRPC_PORT": port,
                    "GOODPUT_INFERENCE_HTTP_PORT": "0", "GOODPUT_INFERENCE_WORKER_ID": f"sim-{i}",
                    "GOODPUT_INFERENCE_MAX_NUM_SEQS": str(self.max_num_seqs),
                    "GOODPUT_INFERENCE_MAX_MODEL_LEN": str(self.max_model_len),
                    "GOODPUT_INFERENCE_SCHEDULING_POLICY": "priority",
-                   "GOODPUT_INFERENCE_SIM_CONFIG": json.dumps(self.sim), "GOODPUT_INFERENCE_LOG_LEVEL": "WARNING"}
-            self.procs.append(self._spawn("goodput_inference", env, f"sim-worker-{i}"))
+                   "GOODPUT_INFERENCE_SIM_CONFIG": json.dumps(self.sim), "GOODPUT_INFERENCE_LOG_LEVEL": "WARNING",
+                   **self.worker_env}
+            self.procs.append(self._spawn("goodput_inference", env, f"{self.engine}-worker-{i}"))
 
     def start_scheduler(self, overrides: dict[str, str], *, name: str = "scheduler") -> None:
         self.stop_scheduler()

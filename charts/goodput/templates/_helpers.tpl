@@ -231,6 +231,19 @@ and loaded with envFrom. ctx: root, svc
 {{ $p }}UNHEALTHY_AFTER: {{ include "goodput.num" $v.config.unhealthyAfter | quote }}
 {{ $p }}HEALTHY_AFTER: {{ include "goodput.num" $v.config.healthyAfter | quote }}
 {{ $p }}MAX_INFLIGHT_PER_WORKER: {{ include "goodput.num" $v.config.maxInflightPerWorker | quote }}
+{{- range $cls, $c := $v.config.classes }}
+{{ $p }}{{ upper $cls }}_MAX_QUEUE: {{ include "goodput.num" $c.maxQueue | quote }}
+{{ $p }}{{ upper $cls }}_TIMEOUT_S: {{ include "goodput.num" $c.timeoutSeconds | quote }}
+{{- end }}
+{{ $p }}P1_MAX_SHARE: {{ include "goodput.num" $v.config.p1MaxShare | quote }}
+{{ $p }}P2_MAX_SHARE: {{ include "goodput.num" $v.config.p2MaxShare | quote }}
+{{ $p }}SHED_P2_AT: {{ include "goodput.num" $v.config.shedP2At | quote }}
+{{ $p }}SHED_P1_AT: {{ include "goodput.num" $v.config.shedP1At | quote }}
+{{ $p }}SHED_HYSTERESIS: {{ include "goodput.num" $v.config.shedHysteresis | quote }}
+{{ $p }}LATENCY_GUARD: {{ ternary "true" "false" $v.config.latencyGuard | quote }}
+{{ $p }}P0_TTFT_SLO_RATIO: {{ include "goodput.num" $v.config.p0TtftSloRatio | quote }}
+{{ $p }}P0_TTFT_TARGET_S: {{ include "goodput.num" $v.config.p0TtftTargetSeconds | quote }}
+{{ $p }}PROFILE: {{ $v.config.profile | quote }}
 {{- end }}
 
 {{- define "goodput.config.inference" -}}

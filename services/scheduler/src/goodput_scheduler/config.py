@@ -53,7 +53,7 @@ class SchedulerSettings(ServiceSettings):
     guard_interval_s: float = Field(1.0, gt=0, description="Seconds between latency-guard adjustments.")
     guard_percentile: float = Field(0.95, gt=0, lt=1, description="P0 TTFT percentile the guard compares to "
                                                                   "the target.")
-    guard_decrease: float = Field(0.75, gt=0, lt=1, description="Factor applied to the P1/P2 limit when P0 "
+    guard_decrease: float = Field(0.5, gt=0, lt=1, description="Factor applied to the P1/P2 limit when P0 "
                                                                 "misses the target.")
     # ---- overload detection (a saturation signal with hysteresis) ----
     shed_p2_at: float = Field(1.0, gt=0, description="Saturation at or above which new P2 requests are shed.")

@@ -1,0 +1,45 @@
+"""The overload and prefix benchmarks' analysis and reports, on small synthetic results (the runs themselves take
+minutes and live in loadtests/reports)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from loadtests import overload, prefix
+from loadtests.simfleet import RequestSpec, Result
+
+
+def _result(prio: str, outcome: str, ttft: float | None, sheds: int = 0) -> Result:
+    spec = RequestSpec(request_id="r", priority=prio, tenant="acme", prompt="x", max_tokens=4, deadline_s=1)
+    return Result(spec=spec, arrival=0.0, outcome=outcome, ttft_s=ttft, e2e_s=None if ttft is None else ttft * 3,
+                  sheds=sheds, retry_after_s=[2.0] * sheds)
+
+
+def test_overload_analysis_counts_classes_slo_and_sheds(tmp_path: Path) -> None:
+    results = [_result("P0", "ok", 0.1), _result("P0", "ok", 0.9), _result("P1", "expired", None),
+               _result("P2", "ok", 5.0, sheds=2)]
+    stats = overload.analyse(results, phase_s=2.0, slo_ttft={"P0": 0.5, "P1": 5.0, "P2": float("inf")})
+    assert stats["P0"]["success_rate"] == 1.0 and stats["P0"]["goodput_rps"] == 0.5
+    assert stats["P1"]["expired_rate"] == 1.0 and stats["P2"]["shed_rate"] == 1.0
+    assert stats["P2"]["success_rate"] == 1.0 and stats["P2"]["mean_attempts"] == 0
+    level = {"load": 3.0, "offered_rps": 9.0, "drain_s": 1.0, "classes": stats}
+    report = {"generated_at": "now", "machine": {"cores_usable": 2, "cpu_model": "cpu"}, "capacity_rps": 3.0,
+              "unloaded_p0_ttft": {"p50_ms": 80.0, "p99_ms": 100.0},
+              "setup": {"workers": 2, "max_num_seqs": 4, "sim": {"time_scale": 1}, "phase_s": 2.0,
+                        "mix": overload.MIX, "tenants": overload.TENANTS, "shapes": overload.SHAPES,
+                        "slo_ttft_s": {"P0": 0.5, "P1": 5.0}},
+              "configs": {"goodput": [level], "fifo": [level]}}
+    goals = {g: ok for g, _, ok in overload.goals(report)}
+    assert any("P0 success" in g and ok for g, ok in goals.items())
+    assert "P0 p99" in overload.render_markdown(report)
+    assert overload.render_plot(report, tmp_path / "p.png") is not None
+
+
+def test_prefix_requests_share_system_prompts_only_in_the_shared_scenario() -> None:
+    kw = {"systems": 3, "system_chars": 400, "question_chars": 40, "max_tokens": 4}
+    shared = prefix.make_requests("shared", random.Random(1), 30, **kw)  # type: ignore[arg-type]
+    unique = prefix.make_requests("no_reuse", random.Random(1), 30, **kw)  # type: ignore[arg-type]
+    assert len({r.prompt[:400] for r in shared}) == 3
+    assert len({r.prompt[:400] for r in unique}) == 30
+    assert abs(len(shared[0].prompt) - len(unique[0].prompt)) < 40
