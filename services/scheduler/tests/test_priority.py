@@ -300,3 +300,20 @@ async def test_a_granted_sim_worker_generates_with_the_request_priority(sim_work
         assert chunks[0].HasField("started") and chunks[-1].finished.usage.completion_tokens == 5
         await release(call)
         assert h.metric("goodput_scheduler_releases_total", {"outcome": "ok"}) == 1
+
+
+async def test_a_caller_gone_while_queued_leaks_no_capacity(workers) -> None:  # type: ignore[no-untyped-def]
+    (a,) = await workers(1)
+    async with SchedulerHarness(scheduler_settings([a.address], max_inflight_per_worker=1)) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        holder, _ = await open_lease(h, "hold", priority=P0)
+        gone, event = await open_lease(h, "gone", priority=P0, skip_queued=False)
+        assert event.HasField("queued")
+        gone.cancel()  # the client vanishes while its request waits
+        await wait_for(lambda: h.leases.queued() == 0)
+        await release(holder)
+        worker = h.workers.all()[0]
+        await wait_for(lambda: worker.inflight == 0)
+        call, event = await open_lease(h, "next", priority=P0)
+        assert event.HasField("granted")
+        await release(call)

@@ -78,6 +78,7 @@ class Ticket:
     seq: int
     future: asyncio.Future[Decision]
     queue: ClassQueue | None = None
+    claimed: bool = False  # the grant became a Lease (or was undone)
 
     def sort_key(self, fifo: bool) -> tuple[float, int]:
         if fifo:
@@ -431,22 +432,32 @@ class LeaseManager:
         try:
             decision = await asyncio.shield(ticket.future)
         except asyncio.CancelledError:
-            if ticket.queue is not None:
-                ticket.queue.remove(ticket)
-            if ticket.future.done() and not ticket.future.cancelled() and ticket.future.exception() is None:
-                worker = ticket.future.result().worker
-                worker.inflight = max(worker.inflight - 1, 0)
-                if ticket.priority != P0:
-                    worker.low_inflight = max(worker.low_inflight - 1, 0)
-                self._dispatch()
-            elif not ticket.future.done():
-                ticket.future.cancel()
+            self.abandon(ticket)
             raise
+        ticket.claimed = True
         wait_s = time.monotonic() - ticket.enqueued_at
         lease = Lease(request=ticket.request, worker=decision.worker, reason=decision.reason, queue_wait_s=wait_s,
                       priority=ticket.priority)
         self.leases[ticket.request.request_id] = lease
         return lease
+
+    def abandon(self, ticket: Ticket) -> None:
+        """The caller went away before taking its grant: leave the queue, or give back a grant made meanwhile.
+        Idempotent; a no-op once the grant became a lease (release that instead)."""
+        if ticket.queue is not None:
+            ticket.queue.remove(ticket)
+        if not ticket.future.done():
+            ticket.future.cancel()
+            return
+        if ticket.claimed or ticket.future.cancelled() or ticket.future.exception() is not None:
+            return
+        ticket.claimed = True
+        worker = ticket.future.result().worker
+        worker.inflight = max(worker.inflight - 1, 0)
+        if ticket.priority != P0:
+            worker.low_inflight = max(worker.low_inflight - 1, 0)
+        self.metrics.inflight.labels(worker.worker_id).set(worker.inflight)
+        self._dispatch()
 
     async def acquire(self, req: PlacementRequest, *, deadline: float | None) -> Lease:
         """enqueue + wait."""

@@ -52,9 +52,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                prefix_hint=a.prefix_hint, session_id=a.session_id)
         with request_context(request_id=a.request_id, tenant=a.tenant or None):
             ticket = self.leases.enqueue(req, deadline=deadline)
-            if not ticket.done:
-                yield scheduler_pb2.LeaseEvent(queued=scheduler_pb2.Queued(position=self.leases.position(ticket)))
-            lease = await self.leases.wait(ticket)
+            try:
+                if not ticket.done:
+                    yield scheduler_pb2.LeaseEvent(queued=scheduler_pb2.Queued(
+                        position=self.leases.position(ticket)))
+                lease = await self.leases.wait(ticket)
+            except BaseException:
+                # The stream closed while queued (client gone): never leave a ticket to be granted to nobody.
+                self.leases.abandon(ticket)
+                raise
             outcome = scheduler_pb2.OUTCOME_ABANDONED
             ttft_s = 0.0
             try:
