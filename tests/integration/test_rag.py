@@ -124,3 +124,26 @@ def test_rag_and_search_over_grpc(platform: Platform, kb: str) -> None:
         with pytest.raises(grpc.RpcError) as info:
             stub.Search(gateway_pb2.SearchRequest(knowledge_base=kb, query=" "), metadata=md, timeout=30)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_goodput_index_and_search_commands(platform: Platform, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from typer.testing import CliRunner
+
+    from goodput_cli.main import app
+
+    (tmp_path / "guide.md").write_text("# Ferry\nThe ferry to Lundholm leaves at nine.\n\n# Bus\nThe bus is free.\n")
+    tides = {"id": "tides", "text": "High tide in Lundholm is at noon."}
+    (tmp_path / "more.jsonl").write_text(json.dumps(tides) + "\n")
+    kb = f"cli-{uuid.uuid4().hex[:8]}"
+    common = ["--kb", kb, "--url", platform.gateway_http, "--key", KEY_P0]
+    r = CliRunner().invoke(app, ["index", str(tmp_path), *common])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["documents"] == 2 and summary["chunks_embedded"] == 3
+    again = CliRunner().invoke(app, ["index", str(tmp_path), *common])
+    assert json.loads(again.stdout.strip().splitlines()[-1])["chunks_embedded"] == 0  # incremental
+    r = CliRunner().invoke(app, ["search", "when does the ferry leave", "--json", *common])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["data"][0]["document_id"] == "guide.md"
