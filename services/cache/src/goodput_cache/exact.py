@@ -76,12 +76,15 @@ class ExactStore:
         return f"{self.prefix}:lru"
 
     async def get(self, key: str, *, touch: bool = True) -> Entry | None:
-        raw = await self.redis.hget(self._e(key), "meta")
-        if raw is None:
-            return None
-        if touch:
-            await self.redis.zadd(self._lru, {key: time.time()})
-        return Entry.from_json(raw)
+        if not touch:
+            raw = await self.redis.hget(self._e(key), "meta")
+        else:
+            # one round trip: read, and mark as recently used only if the key is still tracked (XX)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hget(self._e(key), "meta")
+            pipe.zadd(self._lru, {key: time.time()}, xx=True)
+            raw, _ = await pipe.execute()
+        return None if raw is None else Entry.from_json(raw)
 
     async def put(self, entry: Entry, *, vector: np.ndarray | None, ttl_s: int, max_entries: int) -> list[str]:
         """Writes the entry with its TTL and indexes; returns the keys evicted to stay within ``max_entries``."""

@@ -6,6 +6,7 @@ guard compares the new question with the cached one on what such pairs differ in
 
 - negation differs (an odd number of negations on one side only: "not", "never", "n't", "without"…),
 - an antonym appears on one side and its opposite on the other (on/off, enable/disable, before/after…),
+- they ask for something else (when / where / who / why / how, how many / how long…),
 - the numbers differ (digits and number words, "1,000" = "1000"),
 - the dates differ (months, weekdays, relative days),
 - the named entities differ, or appear in another order (capitalised words that do not start a sentence, acronyms).
@@ -48,11 +49,15 @@ _ANTONYMS = [("on", "off"), ("enable", "disable"), ("enabled", "disabled"), ("ac
              ("import", "export"), ("send", "receive"), ("give", "take"), ("from", "to")]
 _NUMBER_WORDS: dict[str, float] = {w: float(i) for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    "seventeen eighteen nineteen twenty".split())}
+    "seventeen eighteen nineteen twenty".split()) if w != "one"}  # "one" is mostly a pronoun
 _NUMBER_WORDS.update({"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80,
                       "ninety": 90, "hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9,
-                      "half": 0.5, "twice": 2, "double": 2, "triple": 3, "dozen": 12, "first": 1, "second": 2,
-                      "third": 3, "fourth": 4, "fifth": 5})
+                      "half": 0.5, "twice": 2, "double": 2, "triple": 3, "dozen": 12, "third": 3, "fourth": 4,
+                      "fifth": 5})
+# What a question asks for: "when was X born" and "where was X born" embed almost identically.
+_ASKS = {"what": "what", "which": "what", "when": "when", "where": "where", "who": "who", "whom": "who",
+         "whose": "who", "why": "why", "how": "how"}
+_QUANTITY = re.compile(r"\bhow (many|much|long|old|far|big|often)\b", re.IGNORECASE)
 _DATES = {"january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
           "november", "december", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov",
           "dec", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday", "today",
@@ -80,6 +85,11 @@ def _lower_words(tokens: list[str]) -> list[str]:
 
 def _negations(tokens: list[str], words: list[str]) -> int:
     return sum(1 for t, w in zip(tokens, words, strict=True) if w in _NEGATIONS or t.lower().endswith("n't"))
+
+
+def _asks(tokens: list[str]) -> set[str]:
+    heads = (t.lower().split("'")[0] for t in tokens)  # "what's" asks what
+    return {_ASKS[h] for h in heads if h in _ASKS}
 
 
 def _numbers(tokens: list[str], words: list[str]) -> list[float]:
@@ -122,6 +132,10 @@ def near_miss(query: str, cached: str) -> str | None:
         if (a in sq and b in sc and b not in sq and a not in sc) or (b in sq and a in sc and a not in sq and
                                                                       b not in sc):
             return f"antonym {a}/{b}"
+    asks_q = _asks(tq) | {m.lower() for m in _QUANTITY.findall(query)}
+    asks_c = _asks(tc) | {m.lower() for m in _QUANTITY.findall(cached)}
+    if asks_q != asks_c:
+        return "question word"
     if _numbers(tq, wq) != _numbers(tc, wc):
         return "numbers"
     digits_q = [t for t in tq if t[0].isdigit()]

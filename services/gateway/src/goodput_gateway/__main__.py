@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from goodput.cache.v1 import cache_pb2_grpc
 from goodput.gateway.v1 import gateway_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
@@ -14,6 +15,7 @@ from goodput_core.clients import make_channel
 from goodput_core.server import ServiceRunner
 
 from goodput_gateway.auth import ApiKeyStore
+from goodput_gateway.caching import GatewayCache
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.jobs import JobQueue
 from goodput_gateway.knowledge import Knowledge
@@ -31,7 +33,11 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     pipeline = Pipeline(settings, scheduler=scheduler_pb2_grpc.SchedulerStub(scheduler_channel),
                         channel_factory=lambda addr: make_channel(addr, provider), metrics=metrics)
     knowledge = Knowledge(settings, channel_factory=lambda addr: make_channel(addr, provider))
-    service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics, knowledge=knowledge)
+    cache_channel = make_channel(settings.cache_addr, provider) if settings.cache_addr else None
+    cache = (GatewayCache(settings, stub=cache_pb2_grpc.CacheStub(cache_channel), registry=registry)
+             if cache_channel is not None else None)
+    service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics, knowledge=knowledge,
+                             cache=cache)
     tracer = (provider.get_tracer("goodput.gateway") if provider is not None
               else TracerProvider().get_tracer("goodput.gateway"))
     holder: dict[str, ServiceRunner] = {}
@@ -49,6 +55,9 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     async def close() -> None:
         await pipeline.close()
         await knowledge.close()
+        if cache is not None and cache_channel is not None:
+            await cache.close()
+            await cache_channel.close(grace=None)
         await scheduler_channel.close(grace=None)
 
     runner.on_stop.append(close)

@@ -36,6 +36,11 @@ class GatewaySettings(ServiceSettings):
                                                                "(also bounded by the model's context window).")
     rag_max_query_chars: int = Field(2000, ge=1, description="RAG: the search query is the last user message, "
                                                              "cut to this length.")
+    # ---- response cache (goodput_gateway.caching) ----
+    cache_addr: str = Field("", description="Cache service gRPC address; empty = no response cache.")
+    cache_semantic: bool = Field(True, description="Allow semantic (L2) hits; exact (L1) only when false.")
+    cache_timeout_s: float = Field(0.25, gt=0, description="Longest a cache lookup may take; slower is served "
+                                                           "uncached (fail-open).")
     # ---- deferred batch work (goodput_gateway.jobs) ----
     redis_url: str = Field("", description="Redis for deferred jobs (store and Celery broker); empty = jobs off: "
                                            "shed P2 requests get their 429 and are not parked.")

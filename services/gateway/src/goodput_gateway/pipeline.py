@@ -117,6 +117,9 @@ class GenerationStream:
     _closed: bool = False
     _outcome: int = scheduler_pb2.OUTCOME_CANCELLED
     text_parts: list[str] = field(default_factory=list)
+    cache: Any = None  # caching.CacheStatus: what the response cache did for this request
+    # Called once the worker finished the answer (the text is in text_parts): the cache stores it.
+    on_complete: Callable[[GenerationStream, StreamEnd], None] | None = None
 
     def remaining(self) -> float:
         return max(self.deadline - time.monotonic(), 0.001)
@@ -144,14 +147,18 @@ class GenerationStream:
                         metrics.itl.labels(prio).observe(now - last)
                     last = now
                     self._completion_tokens = chunk.delta.completion_tokens
+                    if self.on_complete is not None:
+                        self.text_parts.append(chunk.delta.text)
                     yield TextDelta(chunk.delta.text)
                 elif kind == "finished":
                     f = chunk.finished
                     self._outcome = scheduler_pb2.OUTCOME_OK
                     metrics.e2e.labels(prio).observe(time.monotonic() - self.arrived)
-                    yield StreamEnd(finish_reason=_FINISH.get(f.finish_reason, "stop"),
-                                    prompt_tokens=f.usage.prompt_tokens,
-                                    completion_tokens=f.usage.completion_tokens)
+                    end = StreamEnd(finish_reason=_FINISH.get(f.finish_reason, "stop"),
+                                    prompt_tokens=f.usage.prompt_tokens, completion_tokens=f.usage.completion_tokens)
+                    if self.on_complete is not None:
+                        self.on_complete(self, end)
+                    yield end
                     return
         finally:
             await self.aclose()

@@ -27,6 +27,7 @@ from goodput_core.errors import GoodputError, InvalidArgument
 from goodput_core.metrics import metrics_response
 from goodput_core.priority import priority_name
 
+from goodput_gateway.caching import CACHE_HEADER
 from goodput_gateway.jobs import JobQueue, park_if_shed
 from goodput_gateway.jobs import install_routes as install_job_routes
 from goodput_gateway.knowledge import install_routes as install_knowledge_routes
@@ -119,7 +120,8 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
                 gen = parse(body, header_priority=request.headers.get(PRIORITY_HEADER))
                 kb = knowledge_base_from(body, request.headers.get(KB_HEADER))
                 stream = await service.begin(principal, gen, request_id=request_id, arrived=arrived,
-                                             knowledge_base=kb)
+                                             knowledge_base=kb,
+                                             cache_control=request.headers.get("cache-control", ""))
                 prio_label = priority_name(stream.priority)
             except GoodputError as err:
                 service.metrics.requests.labels(route, str(err.http_status), prio_label).inc()
@@ -134,6 +136,8 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
         service.metrics.requests.labels(route, "200", prio_label).inc()
         span.set_attribute("goodput.worker", stream.start.worker_id if stream.start else "")
         headers = {REQUEST_ID_HEADER: request_id}
+        if stream.cache is not None:  # X-Goodput-Cache: hit; layer=l2; similarity=0.973
+            headers[CACHE_HEADER] = stream.cache.header()
         if gen.stream:
             return StreamingResponse(_stream_events(stream, gen, route, span), media_type="text/event-stream",
                                      headers={**SSE_HEADERS, **headers})
@@ -194,6 +198,8 @@ async def _collect(stream: GenerationStream, gen: GenerationRequest, route: str)
             "usage": _usage(end), "system_fingerprint": None}
     if stream.sources:  # RAG extension: the chunks the answer was grounded on, beside `choices`
         body["sources"] = [asdict(s) for s in stream.sources]
+    if stream.cache is not None:  # what the response cache did (hit, layer, similarity)
+        body["goodput_cache"] = stream.cache.as_dict()
     return body
 
 
@@ -220,6 +226,8 @@ async def _stream_events(stream: GenerationStream, gen: GenerationRequest, route
             first = chunk("", None, role=True)
             if stream.sources:  # RAG extension on the first chunk (the openai SDK keeps unknown fields)
                 first["sources"] = [asdict(s) for s in stream.sources]
+            if stream.cache is not None:
+                first["goodput_cache"] = stream.cache.as_dict()
             yield _sse(first)
         async for event in stream:
             if isinstance(event, TextDelta):

@@ -12,6 +12,7 @@ from grpc import aio
 from goodput_core.context import REQUEST_ID_HEADER, new_request_id, request_context
 from goodput_core.errors import GoodputError
 
+from goodput_gateway.caching import cache_metadata
 from goodput_gateway.knowledge import grpc_embed, grpc_index, grpc_search
 from goodput_gateway.pipeline import GenerationStream, StreamEnd, TextDelta
 from goodput_gateway.requests import from_proto
@@ -26,6 +27,13 @@ def _authorization(context: aio.ServicerContext) -> str | None:
         if key == "authorization":
             return value if isinstance(value, str) else value.decode()
     return None
+
+
+def _metadata(context: aio.ServicerContext, name: str) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == name:
+            return value if isinstance(value, str) else value.decode()
+    return ""
 
 
 def _usage(end: StreamEnd) -> types_pb2.Usage:
@@ -55,10 +63,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 principal = self.service.authenticate(_authorization(context))
                 stream = await self.service.begin(principal, from_proto(request, stream=True), request_id=request_id,
                                                   arrived=arrived, timeout_s=context.time_remaining(),
-                                                  knowledge_base=request.knowledge_base)
+                                                  knowledge_base=request.knowledge_base,
+                                                  cache_control=_metadata(context, "cache-control"))
             except GoodputError as err:
                 self._count("grpc_stream", err.grpc_code.name)
                 raise
+            if cache_metadata(stream):  # x-goodput-cache: hit; layer=l1; similarity=1.000
+                await context.send_initial_metadata(cache_metadata(stream))
+                context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *cache_metadata(stream)))
             self._count("grpc_stream", "OK")
             assert stream.start is not None
             yield gateway_pb2.GenerateStreamResponse(start=gateway_pb2.StreamStart(
@@ -81,10 +93,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 stream = await self.service.begin(principal, from_proto(request, stream=False),
                                                   request_id=request_id, arrived=arrived,
                                                   timeout_s=context.time_remaining(),
-                                                  knowledge_base=request.knowledge_base)
+                                                  knowledge_base=request.knowledge_base,
+                                                  cache_control=_metadata(context, "cache-control"))
             except GoodputError as err:
                 self._count("grpc", err.grpc_code.name)
                 raise
+            if cache_metadata(stream):
+                context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *cache_metadata(stream)))
             self._count("grpc", "OK")
             parts: list[str] = []
             end: StreamEnd | None = None

@@ -1,0 +1,194 @@
+"""The gateway's side of the response cache: look up before scheduling, replay a hit as a stream, store after a
+stream completes (off the response path).
+
+A hit is a :class:`CachedStream`: the same events as a live answer (TextDelta pieces, then StreamEnd with the usage
+the original answer had), so REST (SSE or JSON) and gRPC shape it exactly like a live one; no worker and no lease
+are involved. Every response says what the cache did (:class:`CacheStatus`): REST in the ``X-Goodput-Cache`` header
+and a ``goodput_cache`` object in the body (first chunk of a stream), gRPC in the ``x-goodput-cache`` metadata.
+
+Per request, ``Cache-Control: no-cache`` skips the lookup (the fresh answer is still stored) and ``no-store`` skips
+both lookup and store. Fail-open: a cache that is slow (``cache_timeout_s``), down or erroring never fails a
+request; it is served uncached and counted in ``goodput_gateway_cache_total{result="error"}``.
+
+Example:
+    >>> cache = GatewayCache(settings, stub=cache_pb2_grpc.CacheStub(channel), metrics=metrics, registry=registry)
+    >>> hit = await cache.lookup(principal, request, model, knowledge_base="", cache_control="", ...)
+    >>> stream = hit or cache.record(await pipeline.open(...), status)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from goodput.cache.v1 import cache_pb2, cache_pb2_grpc
+from goodput.common.v1 import types_pb2
+from prometheus_client import CollectorRegistry, Counter
+
+from goodput_core.priority import priority_name
+from goodput_core.sampling import sampling_to_proto
+
+from goodput_gateway.auth import Principal
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.pipeline import GenerationStream, ModelEntry, Pipeline, StreamEnd, StreamStart, TextDelta
+from goodput_gateway.requests import GenerationRequest
+
+__all__ = ["CACHE_HEADER", "CacheStatus", "CachedStream", "GatewayCache", "cache_metadata"]
+
+log = logging.getLogger("goodput.gateway.cache")
+CACHE_HEADER = "X-Goodput-Cache"
+_FINISH = {types_pb2.FINISH_REASON_STOP: "stop", types_pb2.FINISH_REASON_LENGTH: "length"}
+_FINISH_PB = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REASON_LENGTH}
+# Replay granularity: a word with its leading whitespace, about what a worker's delta carries.
+_PIECE = re.compile(r"\s*\S+|\s+$")
+
+
+@dataclass
+class CacheStatus:
+    """What the cache did for one request."""
+
+    status: str = "miss"           # hit, miss, bypass (no-cache / no-store / off), error (served uncached)
+    layer: str = ""                # l1 or l2 on a hit
+    similarity: float = 0.0
+    reason: str = ""
+    store: bool = True
+    key: cache_pb2.CacheKeyParts | None = field(default=None, repr=False)
+
+    def header(self) -> str:
+        """``hit; layer=l2; similarity=0.973`` or ``miss`` (the value of X-Goodput-Cache)."""
+        if self.status == "hit":
+            return f"hit; layer={self.layer}; similarity={self.similarity:.3f}"
+        return self.status + (f"; reason={self.reason}" if self.reason else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status, "hit": self.status == "hit"}
+        if self.status == "hit":
+            out.update(layer=self.layer, similarity=round(self.similarity, 4))
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+def cache_metadata(stream: GenerationStream) -> tuple[tuple[str, str], ...]:
+    status = stream.cache
+    return (("x-goodput-cache", status.header()),) if isinstance(status, CacheStatus) else ()
+
+
+def _directives(cache_control: str) -> set[str]:
+    return {d.strip().split("=", 1)[0].lower() for d in cache_control.split(",") if d.strip()}
+
+
+@dataclass
+class CachedStream(GenerationStream):
+    """A cached answer replayed with the events of a live one (no worker, no lease)."""
+
+    answer: cache_pb2.LookupResponse = field(default_factory=cache_pb2.LookupResponse)
+
+    async def __aiter__(self) -> AsyncIterator[TextDelta | StreamEnd]:
+        metrics = self.pipeline.metrics
+        prio = priority_name(self.priority)
+        first = True
+        for piece in _PIECE.findall(self.answer.text):
+            if first:
+                metrics.ttft.labels(prio).observe(time.monotonic() - self.arrived)
+                first = False
+            yield TextDelta(piece)
+        usage = self.answer.usage
+        metrics.e2e.labels(prio).observe(time.monotonic() - self.arrived)
+        yield StreamEnd(finish_reason=_FINISH.get(self.answer.finish_reason, "stop"),
+                        prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+
+class GatewayCache:
+    def __init__(self, settings: GatewaySettings, *, stub: cache_pb2_grpc.CacheStub,
+                 registry: CollectorRegistry | None) -> None:
+        self.settings = settings
+        self.stub = stub
+        self.results = Counter("goodput_gateway_cache_total", "Cache outcome per request (hit_l1, hit_l2, miss, "
+                               "bypass, error = served uncached because the cache failed).", ["result"],
+                               registry=registry)
+        self.stores = Counter("goodput_gateway_cache_stores_total", "Store calls after a completed stream by "
+                              "result (stored, the cache's reason not to, error).", ["result"], registry=registry)
+        self._background: set[asyncio.Task[None]] = set()
+
+    def key_parts(self, principal: Principal, request: GenerationRequest, model: ModelEntry,
+                  knowledge_base: str) -> cache_pb2.CacheKeyParts:
+        return cache_pb2.CacheKeyParts(
+            tenant=principal.tenant, model=model.id, model_version=model.model_version,
+            messages=[types_pb2.ChatMessage(role=m.role, content=m.content, name=m.name) for m in request.messages],
+            prompt=request.prompt, sampling=sampling_to_proto(request.sampling), knowledge_base=knowledge_base)
+
+    async def lookup(self, pipeline: Pipeline, principal: Principal, request: GenerationRequest, model: ModelEntry,
+                     *, knowledge_base: str, cache_control: str, request_id: str, arrived: float,
+                     deadline: float) -> CachedStream | CacheStatus:
+        """A replayable hit, or the status to attach to the live stream."""
+        directives = _directives(cache_control)
+        key = self.key_parts(principal, request, model, knowledge_base)
+        if "no-store" in directives:
+            self.results.labels("bypass").inc()
+            return CacheStatus("bypass", reason="no-store", store=False)
+        if "no-cache" in directives:
+            self.results.labels("bypass").inc()
+            return CacheStatus("bypass", reason="no-cache", key=key)
+        started = time.monotonic()
+        try:
+            resp = await self.stub.Lookup(cache_pb2.LookupRequest(key=key, allow_semantic=self.settings.cache_semantic),
+                                          timeout=self.settings.cache_timeout_s)
+        except (grpc.RpcError, asyncio.TimeoutError) as err:
+            self.results.labels("error").inc()
+            code = err.code().name if isinstance(err, grpc.aio.AioRpcError) else type(err).__name__
+            log.warning("cache lookup failed, serving uncached", extra={"code": code})
+            return CacheStatus("error", reason="cache unavailable", key=key)
+        finally:
+            pipeline.metrics.stage.labels("cache").observe(time.monotonic() - started)
+        if not resp.hit:
+            self.results.labels("error" if resp.degraded else "miss").inc()
+            return CacheStatus("error" if resp.degraded else "miss", reason=resp.reason, key=key)
+        self.results.labels(f"hit_{resp.layer}").inc()
+        status = CacheStatus("hit", layer=resp.layer, similarity=resp.similarity, store=False)
+        stream = CachedStream(pipeline=pipeline, principal=principal, request=request, request_id=request_id,
+                              priority=request.priority, arrived=arrived, deadline=deadline, answer=resp)
+        stream.start = StreamStart(request_id=request_id, model=model.id, worker_id="cache",
+                                   prompt_tokens=resp.usage.prompt_tokens)
+        stream.cache = status
+        return stream
+
+    def record(self, stream: GenerationStream, status: CacheStatus) -> GenerationStream:
+        """Attaches the status; a completed answer is then stored in the background."""
+        stream.cache = status
+        if status.store and status.key is not None:
+            stream.on_complete = self._on_complete
+        return stream
+
+    def _on_complete(self, stream: GenerationStream, end: StreamEnd) -> None:
+        status = stream.cache
+        if not isinstance(status, CacheStatus) or status.key is None or end.finish_reason not in _FINISH_PB:
+            return
+        store = cache_pb2.StoreRequest(
+            key=status.key, text="".join(stream.text_parts), finish_reason=_FINISH_PB[end.finish_reason],
+            usage=types_pb2.Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens,
+                                  total_tokens=end.prompt_tokens + end.completion_tokens))
+        task = asyncio.get_running_loop().create_task(self._store(store))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _store(self, store: cache_pb2.StoreRequest) -> None:
+        try:
+            resp = await self.stub.Store(store, timeout=5.0)
+        except (grpc.RpcError, asyncio.TimeoutError):
+            self.stores.labels("error").inc()
+            return
+        self.stores.labels("stored" if resp.stored else (resp.reason or "not stored")).inc()
+
+    async def close(self) -> None:
+        if self._background:
+            await asyncio.wait(self._background, timeout=5)

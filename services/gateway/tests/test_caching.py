@@ -1,0 +1,145 @@
+"""The gateway with a real cache service (in-process, real Redis and embedding model) and no inference backend: a
+hit is answered without the scheduler, replayed in the shape of a live answer (JSON and SSE), and says so; a miss,
+`Cache-Control: no-cache` or a cache that is down go on to the pipeline (here: 503, no backend)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from goodput.cache.v1 import cache_pb2, cache_pb2_grpc
+from goodput.common.v1 import types_pb2
+from grpc import aio
+from prometheus_client import CollectorRegistry
+
+from goodput_core.errors import Unavailable
+
+from goodput_gateway.__main__ import build
+from goodput_gateway.auth import Principal
+from goodput_gateway.caching import GatewayCache
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.pipeline import ModelEntry, Pipeline
+from goodput_gateway.requests import from_openai_chat
+
+KEYS = json.dumps({"keys": [{"key": "k-a", "tenant": "a", "max_priority": "P0"},
+                            {"key": "k-b", "tenant": "b", "max_priority": "P0"}]})
+MODEL = ModelEntry(id="smollm2", max_model_len=2048, model_version="v1", workers=1)
+ANSWER = "Goodput is useful tokens delivered within their latency objective per GPU-second."
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+async def cache_service() -> AsyncIterator[tuple[str, Any]]:
+    cache_mod = pytest.importorskip("goodput_cache.__main__")
+    from goodput_cache.config import CacheSettings
+
+    prefix = f"test-gw-cache-{uuid.uuid4().hex[:8]}"
+    settings = CacheSettings(grpc_port=0, http_port=0, redis_url=REDIS_URL, key_prefix=prefix, kb_key_prefix=prefix,
+                             version_channel=f"{prefix}:kb")
+    runner, cache = cache_mod.build(settings, CollectorRegistry(), None)
+    await runner.start()
+    await cache.start()
+    try:
+        yield f"127.0.0.1:{runner.grpc_port}", cache
+    finally:
+        await runner.stop()
+        r = redis.Redis.from_url(REDIS_URL)
+        keys = list(r.scan_iter(match=f"{prefix}*"))
+        if keys:
+            r.delete(*keys)
+        r.close()
+
+
+def _client(cache_addr: str, monkeypatch: pytest.MonkeyPatch) -> httpx.AsyncClient:
+    async def models(self: Pipeline) -> list[ModelEntry]:
+        return [MODEL]
+
+    async def open_(self: Pipeline, *args: Any, **kwargs: Any) -> None:
+        raise Unavailable("no inference backend in this test")
+
+    monkeypatch.setattr(Pipeline, "models", models)
+    monkeypatch.setattr(Pipeline, "open", open_)
+    settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1",
+                               cache_addr=cache_addr, cache_timeout_s=5.0)
+    runner = build(settings, CollectorRegistry(), None)
+    transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
+    return httpx.AsyncClient(transport=transport, base_url="http://gw", headers={"Authorization": "Bearer k-a"})
+
+
+def chat(question: str, **extra: Any) -> dict[str, Any]:
+    return {"model": "smollm2", "messages": [{"role": "user", "content": question}], "temperature": 0,
+            "max_tokens": 64, **extra}
+
+
+async def _store(addr: str, question: str, tenant: str = "a") -> None:
+    gen = from_openai_chat(chat(question))
+    cache = GatewayCache(GatewaySettings(), stub=None, registry=None)  # type: ignore[arg-type]
+    key = cache.key_parts(Principal(tenant=tenant, max_priority=1, default_priority=1), gen, MODEL, "")
+    async with aio.insecure_channel(addr) as ch:
+        resp = await cache_pb2_grpc.CacheStub(ch).Store(cache_pb2.StoreRequest(
+            key=key, text=ANSWER, finish_reason=types_pb2.FINISH_REASON_STOP,
+            usage=types_pb2.Usage(prompt_tokens=20, completion_tokens=17, total_tokens=37)))
+    assert resp.stored, resp.reason
+
+
+def _events(body: str) -> list[Any]:
+    out: list[Any] = []
+    for block in body.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+async def test_hits_are_answered_without_a_backend_in_the_shape_of_a_live_answer(
+        cache_service: tuple[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    addr, _ = cache_service
+    await _store(addr, "What is goodput?")
+    async with _client(addr, monkeypatch) as client:
+        r = await client.post("/v1/chat/completions", json=chat("What is goodput?"))
+        assert r.status_code == 200, r.text
+        assert r.headers["x-goodput-cache"] == "hit; layer=l1; similarity=1.000"
+        body = r.json()
+        assert body["choices"][0]["message"]["content"] == ANSWER
+        assert body["choices"][0]["finish_reason"] == "stop"
+        assert body["usage"] == {"prompt_tokens": 20, "completion_tokens": 17, "total_tokens": 37}
+        assert body["goodput_cache"] == {"status": "hit", "hit": True, "layer": "l1", "similarity": 1.0}
+
+        r = await client.post("/v1/chat/completions",
+                              json=chat("What is goodput?", stream=True, stream_options={"include_usage": True}))
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = _events(r.text)
+        assert events[-1] == "[DONE]"
+        chunks = events[:-1]
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert chunks[0]["goodput_cache"]["layer"] == "l1"
+        assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == ANSWER
+        assert len([c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]) > 3
+        assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+        assert chunks[-1]["usage"]["completion_tokens"] == 17
+
+        r = await client.post("/v1/chat/completions", json=chat("What's goodput?"))
+        assert r.status_code == 200 and r.headers["x-goodput-cache"].startswith("hit; layer=l2; similarity=0.9")
+
+        # another tenant, no-cache and a miss all go on to generation (no backend here: 503)
+        r = await client.post("/v1/chat/completions", json=chat("What is goodput?"),
+                              headers={"Authorization": "Bearer k-b"})
+        assert r.status_code == 503
+        r = await client.post("/v1/chat/completions", json=chat("What is goodput?"),
+                              headers={"Cache-Control": "no-cache"})
+        assert r.status_code == 503
+        r = await client.post("/v1/chat/completions", json=chat("How do I rotate an API key?"))
+        assert r.status_code == 503
+
+
+async def test_a_cache_that_is_down_never_fails_a_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with _client("127.0.0.1:1", monkeypatch) as client:
+        r = await client.post("/v1/chat/completions", json=chat("What is goodput?"))
+    # the request went on to generation: its error, not the cache's
+    assert r.status_code == 503 and "no inference backend" in r.text
