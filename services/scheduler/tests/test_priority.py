@@ -317,3 +317,32 @@ async def test_a_caller_gone_while_queued_leaks_no_capacity(workers) -> None:  #
         call, event = await open_lease(h, "next", priority=P0)
         assert event.HasField("granted")
         await release(call)
+
+
+def test_latency_guard_cuts_lower_class_concurrency_when_p0_slows_and_restores_it() -> None:
+    from goodput_scheduler.config import SchedulerSettings
+    from goodput_scheduler.leases import LatencyGuard
+
+    guard = LatencyGuard(SchedulerSettings(max_inflight_per_worker=20, guard_interval_s=1, guard_min_samples=4))
+    assert guard.current() == 18  # P1's share of the cap
+    now = 1000.0
+    guard._last = now
+    for _ in range(4):
+        guard.observe(0.10)  # unloaded: the baseline
+    guard.maybe_adjust(now + 1)
+    assert guard.baseline == 0.10 and guard.target() == 0.10 * 1.5
+    for _ in range(4):
+        guard.observe(0.40)  # P0 slowed down by lower-class work
+    guard.maybe_adjust(now + 2)
+    assert guard.current() == 9
+    guard.observe(0.40)
+    guard.maybe_adjust(now + 3)  # one sample is not a verdict yet
+    assert guard.current() == 9
+    for _ in range(3):
+        guard.observe(0.11)
+    guard.maybe_adjust(now + 4)
+    assert guard.current() == 4  # the window's p95 was still slow
+    for _ in range(4):
+        guard.observe(0.11)
+    guard.maybe_adjust(now + 5)
+    assert guard.current() == 5  # back within target: additive increase

@@ -53,6 +53,8 @@ class SchedulerSettings(ServiceSettings):
     guard_interval_s: float = Field(1.0, gt=0, description="Seconds between latency-guard adjustments.")
     guard_percentile: float = Field(0.95, gt=0, lt=1, description="P0 TTFT percentile the guard compares to "
                                                                   "the target.")
+    guard_min_samples: int = Field(8, ge=1, description="P0 TTFTs the guard waits for before a verdict (at most "
+                                                        "ten intervals).")
     guard_decrease: float = Field(0.5, gt=0, lt=1, description="Factor applied to the P1/P2 limit when P0 "
                                                                 "misses the target.")
     # ---- overload detection (a saturation signal with hysteresis) ----

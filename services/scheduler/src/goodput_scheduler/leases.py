@@ -254,9 +254,14 @@ class LatencyGuard:
         return None if self.baseline is None else self.baseline * self.settings.p0_ttft_slo_ratio
 
     def maybe_adjust(self, now: float) -> bool:
-        """Returns True when the limit grew (queued work may now fit)."""
-        if not self.enabled or now - self._last < self.settings.guard_interval_s:
+        """Returns True when the limit grew (queued work may now fit). A decision waits for ``GUARD_MIN_SAMPLES``
+        P0 TTFTs (at most ten intervals), so sparse P0 traffic still gets a verdict."""
+        s = self.settings
+        elapsed = now - self._last
+        if not self.enabled or elapsed < s.guard_interval_s:
             return False
+        if 0 < len(self._samples) < s.guard_min_samples and elapsed < 10 * s.guard_interval_s:
+            return False  # keep collecting
         samples, self._samples, self._last = sorted(self._samples), [], now
         before = self.limit
         if len(samples) >= 3:
@@ -264,10 +269,11 @@ class LatencyGuard:
             while self._medians and now - self._medians[0][0] > 300:
                 self._medians.popleft()
             self.baseline = min(m for _, m in self._medians)
-            target = self.target()
-            observed = samples[min(int(len(samples) * self.settings.guard_percentile), len(samples) - 1)]
-            if target is not None and observed > target:
-                self.limit = max(1.0, math.floor(self.limit * self.settings.guard_decrease))
+        target = self.target()
+        if samples and target is not None:
+            observed = samples[min(int(len(samples) * s.guard_percentile), len(samples) - 1)]
+            if observed > target:
+                self.limit = max(1.0, math.floor(self.limit * s.guard_decrease))
                 return False
         self.limit = min(self.max_limit, self.limit + 1.0)
         return self.limit > before
