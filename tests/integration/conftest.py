@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +33,9 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         env[prefix + "OTEL_EXPORTER"] = "file"
         env[prefix + "OTEL_FILE"] = str(workdir / f"spans-{svc}.jsonl")
     env["GOODPUT_SCHEDULER_HEALTH_INTERVAL_S"] = "0.5"
+    # The response cache keeps its entries in Redis across runs: each session gets its own keys (removed at the end),
+    # so an answer cached by an earlier run never replaces a generation a test expects.
+    cache_prefix = env["GOODPUT_CACHE_KEY_PREFIX"] = f"goodput:cache:test-{uuid.uuid4().hex[:8]}"
     keys = [
         {"key_sha256": _sha(KEY_P0), "tenant": "interactive-team", "max_priority": "P0"},
         {"key_sha256": _sha(KEY_P2), "tenant": "batch-team", "max_priority": "P2"},
@@ -42,6 +46,21 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         yield p
     finally:
         p.stop()
+        _drop_keys(p.redis_url, cache_prefix)
+
+
+def _drop_keys(redis_url: str, prefix: str) -> None:
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            r.delete(*keys)
+    except redis.RedisError:
+        pass
+    finally:
+        r.close()
 
 
 def _sha(key: str) -> str:

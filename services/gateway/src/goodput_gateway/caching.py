@@ -6,6 +6,7 @@ the original answer had), so REST (SSE or JSON) and gRPC shape it exactly like a
 are involved. Every response says what the cache did (:class:`CacheStatus`): REST in the ``X-Goodput-Cache`` header
 and a ``goodput_cache`` object in the body (first chunk of a stream), gRPC in the ``x-goodput-cache`` metadata.
 
+Only greedy requests (temperature 0) are looked up and stored: any other answer is a sample, not the answer.
 Per request, ``Cache-Control: no-cache`` skips the lookup (the fresh answer is still stored) and ``no-store`` skips
 both lookup and store. Fail-open: a cache that is slow (``cache_timeout_s``), down or erroring never fails a
 request; it is served uncached and counted in ``goodput_gateway_cache_total{result="error"}``.
@@ -139,6 +140,10 @@ class GatewayCache:
         if "no-cache" in directives:
             self.results.labels("bypass").inc()
             return CacheStatus("bypass", reason="no-cache", key=key)
+        if request.sampling.temperature != 0:
+            # Only greedy answers are stored, so nothing could be found: no lookup, no store.
+            self.results.labels("bypass").inc()
+            return CacheStatus("bypass", reason="not reusable", store=False)
         started = time.monotonic()
         try:
             resp = await self.stub.Lookup(cache_pb2.LookupRequest(key=key, allow_semantic=self.settings.cache_semantic),
