@@ -278,6 +278,8 @@ TRITON_CACHE_DIR: "/cache/triton"
 {{- $p := "GOODPUT_EMBEDDER_" }}
 {{ $p }}QDRANT_URL: {{ .root.Values.external.qdrant.url | quote }}
 {{ $p }}ELASTICSEARCH_URL: {{ .root.Values.external.elasticsearch.url | quote }}
+{{- /* The indexer writes through the retriever, the single owner of the stores (its IndexStore API). */}}
+{{ $p }}RETRIEVER_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" .root "svc" "retriever")) "" .root.Values.retriever.enabled | quote }}
 HF_HOME: "/cache/huggingface"
 HF_HUB_OFFLINE: "1"
 {{- end }}
@@ -291,6 +293,7 @@ HF_HUB_OFFLINE: "1"
 {{ $p }}QDRANT_URL: {{ .root.Values.external.qdrant.url | quote }}
 {{ $p }}ELASTICSEARCH_URL: {{ .root.Values.external.elasticsearch.url | quote }}
 {{ $p }}EMBEDDER_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" .root "svc" "embedder")) "" (and .root.Values.retriever.config.useEmbedder .root.Values.embedder.enabled) | quote }}
+{{ $p }}LEXICAL_BACKEND: {{ ternary "elasticsearch" "tantivy" (ne .root.Values.external.elasticsearch.url "") | quote }}
 HF_HOME: "/cache/huggingface"
 HF_HUB_OFFLINE: "1"
 {{- end }}
