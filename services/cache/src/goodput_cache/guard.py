@@ -6,10 +6,11 @@ guard compares the new question with the cached one on what such pairs differ in
 
 - negation differs (an odd number of negations on one side only: "not", "never", "n't", "without"…),
 - an antonym appears on one side and its opposite on the other (on/off, enable/disable, before/after…),
-- they ask for something else (when / where / who / why / how, how many / how long…),
+- they ask for something else (a question opening with when vs where, who, why, how; how many / how long…),
 - the numbers differ (digits and number words, "1,000" = "1000"),
 - the dates differ (months, weekdays, relative days),
-- the named entities differ, or appear in another order (capitalised words that do not start a sentence, acronyms).
+- a named entity of one (a capitalised word that does not start a sentence, an acronym) does not occur in the other,
+  or the same entities appear in another order.
 
 A veto only turns a hit into a miss (the request is then generated), so the guard is deliberately strict.
 :func:`is_time_sensitive` flags questions whose answer changes with time ("today", "latest", prices).
@@ -46,7 +47,7 @@ _ANTONYMS = [("on", "off"), ("enable", "disable"), ("enabled", "disabled"), ("ac
              ("east", "west"), ("male", "female"), ("men", "women"), ("man", "woman"), ("boy", "girl"),
              ("old", "new"), ("old", "young"), ("hot", "cold"), ("long", "short"), ("big", "small"),
              ("always", "never"), ("all", "none"), ("can", "cannot"), ("should", "shouldnt"), ("with", "without"),
-             ("import", "export"), ("send", "receive"), ("give", "take"), ("from", "to")]
+             ("import", "export"), ("send", "receive"), ("give", "take")]
 _NUMBER_WORDS: dict[str, float] = {w: float(i) for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
     "seventeen eighteen nineteen twenty".split()) if w != "one"}  # "one" is mostly a pronoun
@@ -58,11 +59,11 @@ _NUMBER_WORDS.update({"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seve
 _ASKS = {"what": "what", "which": "what", "when": "when", "where": "where", "who": "who", "whom": "who",
          "whose": "who", "why": "why", "how": "how"}
 _QUANTITY = re.compile(r"\bhow (many|much|long|old|far|big|often)\b", re.IGNORECASE)
-_DATES = {"january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
-          "november", "december", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov",
-          "dec", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday", "today",
-          "tomorrow", "yesterday", "tonight", "weekend", "morning", "evening", "night", "spring", "summer",
-          "autumn", "fall", "winter", "christmas", "easter"}
+# ("may", "march" and "fall" are left out: mostly verbs)
+_DATES = {"january", "february", "april", "june", "july", "august", "september", "october", "november",
+          "december", "jan", "feb", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "monday",
+          "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday", "today", "tomorrow", "yesterday",
+          "tonight", "weekend", "summer", "autumn", "winter", "christmas", "easter"}
 # Capitalised words that are not names: pronouns, question words and common sentence openers that may also appear
 # mid-sentence after a comma or in titles.
 _NOT_ENTITIES = {"i", "i'm", "i've", "i'd", "i'll", "what", "which", "who", "whom", "whose", "when", "where", "why",
@@ -84,12 +85,15 @@ def _lower_words(tokens: list[str]) -> list[str]:
 
 
 def _negations(tokens: list[str], words: list[str]) -> int:
-    return sum(1 for t, w in zip(tokens, words, strict=True) if w in _NEGATIONS or t.lower().endswith("n't"))
+    count = sum(1 for t, w in zip(tokens, words, strict=True) if w in _NEGATIONS or t.lower().endswith("n't"))
+    return count - (1 if words and words[0] == "no" else 0)  # a leading "No, ..." answers, it does not negate
 
 
 def _asks(tokens: list[str]) -> set[str]:
-    heads = (t.lower().split("'")[0] for t in tokens)  # "what's" asks what
-    return {_ASKS[h] for h in heads if h in _ASKS}
+    """The question word a question starts with ("what's" asks what); none for a statement. A relative "which" or
+    "how" inside a sentence is not a question word."""
+    head = tokens[0].lower().split("'")[0] if tokens else ""
+    return {_ASKS[head]} if head in _ASKS else set()
 
 
 def _numbers(tokens: list[str], words: list[str]) -> list[float]:
@@ -134,7 +138,7 @@ def near_miss(query: str, cached: str) -> str | None:
             return f"antonym {a}/{b}"
     asks_q = _asks(tq) | {m.lower() for m in _QUANTITY.findall(query)}
     asks_c = _asks(tc) | {m.lower() for m in _QUANTITY.findall(cached)}
-    if asks_q != asks_c:
+    if asks_q and asks_c and asks_q != asks_c:
         return "question word"
     if _numbers(tq, wq) != _numbers(tc, wc):
         return "numbers"
@@ -145,14 +149,13 @@ def near_miss(query: str, cached: str) -> str | None:
     if {w for w in wq if w in _DATES} != {w for w in wc if w in _DATES}:
         return "dates"
     eq, ec = _entities(query, tq), _entities(cached, tc)
-    if set(eq) != set(ec):
-        return "entities"
-    if eq != ec and len(set(eq)) > 1:
-        # the same names in another order: "from Paris to Rome" vs "from Rome to Paris"
-        order_q = list(dict.fromkeys(eq))
-        order_c = list(dict.fromkeys(ec))
-        if order_q != order_c:
-            return "entity order"
+    if (set(eq) - sc) or (set(ec) - sq):
+        return "entities"  # a name of one side does not occur in the other at all
+    # the same names in another order: "from Paris to Rome" vs "from Rome to Paris"
+    order_q = [e for e in dict.fromkeys(eq) if e in set(ec)]
+    order_c = [e for e in dict.fromkeys(ec) if e in set(eq)]
+    if len(order_q) > 1 and order_q != order_c:
+        return "entity order"
     return None
 
 
