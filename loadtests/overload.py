@@ -14,8 +14,8 @@ re-submitted with the deferred-retry policy of ``goodput_gateway.jobs`` until th
 TTFT and end-to-end p50/p95/p99, success/shed/expired rates and goodput (requests within SLO per second), and plots
 P0 p99 TTFT against offered load.
 
-    python -m loadtests.overload                       # full run, ~15 min on 2 cores
-    python -m loadtests.overload --quick               # small smoke run (~2 min)
+    python -m loadtests.overload                       # full run, ~20 min on 2 cores
+    python -m loadtests.overload --quick               # small smoke run (~3 min)
     python -m loadtests.overload --render loadtests/reports/overload.json   # re-render report + plot
 
 A benchmark reports numbers; it does not fail on a missed goal (only when nothing could be served).
@@ -110,7 +110,13 @@ async def run_level(client: LeaseClient, rng: random.Random, systems: dict[str, 
     done, pending = await asyncio.wait(tasks, timeout=drain_timeout_s)
     for p in pending:
         p.cancel()
-    results = [t.result() for t in done]
+    results = []
+    for task in done:
+        try:
+            results.append(task.result())
+        except Exception as err:  # noqa: BLE001 - a client bug must not lose the whole run
+            results.append(Result(spec=RequestSpec("?", "P2", "?", "", 0, 0), arrival=0, outcome="error",
+                                  error=repr(err)))
     results += [Result(spec=RequestSpec("?", "P2", "?", "", 0, 0), arrival=0, outcome="unfinished")
                 for _ in pending]
     return results, time.monotonic() - arrivals_done
@@ -139,6 +145,7 @@ def analyse(results: list[Result], *, phase_s: float, slo_ttft: dict[str, float]
             "error_rate": sum(1 for r in rs if r.outcome in ("error", "unfinished")) / n if n else None,
             "ttft": summarize(ttft),
             "e2e": summarize(e2e),
+            "queue_wait": summarize([r.queue_wait_s for r in ok]),
             "goodput_rps": len(in_slo) / phase_s,
             "slo_ttft_s": slo_ttft[c],
             "mean_attempts": sum(r.attempts for r in rs) / n if n else None,
@@ -153,7 +160,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     system_chars = min(480, SHAPES["P0"][0] // 2)
     systems = {t: f"system: you are the {t} assistant. " + random_text(random.Random(t), system_chars) + "\n"
                for t in TENANTS}
-    sim = {"time_scale": args.time_scale, "stream_every": 8}
+    sim = {"time_scale": args.time_scale, "stream_every": 8, "max_batched_tokens": args.max_batched_tokens}
     levels = [float(x) for x in args.levels.split(",")]
     slo = {"P0": args.slo_p0_s, "P1": args.slo_p1_s, "P2": float("inf")}
     report: dict[str, Any] = {
@@ -252,7 +259,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"Generated {report.get('generated_at', '')} by `python -m loadtests.overload`. Simulated workers "
         f"(A100 / 7B calibration, `goodput_inference.sim_engine`), {s['workers']} workers x {s['max_num_seqs']} "
-        f"sequences, simulated time x{s['sim']['time_scale']} (every latency below is wall-clock, so also "
+        f"sequences, {s['sim'].get('max_batched_tokens', 2048)} tokens per engine step (vLLM's "
+        f"max_num_batched_tokens, chunked prefill), simulated time x{s['sim']['time_scale']} (every latency below "
+        f"is wall-clock, so also "
         f"x{s['sim']['time_scale']} an A100's); real scheduler and worker processes over gRPC on "
         f"{report['machine'].get('cores_usable')} CPU cores ({report['machine'].get('cpu_model')}).",
         "",
@@ -283,10 +292,11 @@ def render_markdown(report: dict[str, Any]) -> str:
                              _pct(st["shed_rate"]), _pct(st["expired_rate"]),
                              _ms(st["ttft"], "p50_ms"), _ms(st["ttft"], "p95_ms"), _ms(st["ttft"], "p99_ms"),
                              _ms(st["e2e"], "p50_ms"), _ms(st["e2e"], "p95_ms"), _ms(st["e2e"], "p99_ms"),
-                             f"{st['goodput_rps']:.2f}",
+                             _ms(st.get("queue_wait") or {}, "p99_ms"), f"{st['goodput_rps']:.2f}",
                              "—" if not st["retry_after_s"] else f"{st['retry_after_s']['p50_ms'] / 1000:.1f}"])
         lines += [markdown_table(["load", "class", "n", "success", "shed", "expired", "TTFT p50 ms", "p95", "p99",
-                                  "e2e p50 ms", "p95", "p99", "goodput req/s", "Retry-After p50 s"], rows), ""]
+                                  "e2e p50 ms", "p95", "p99", "queue wait p99 ms", "goodput req/s",
+                                  "Retry-After p50 s"], rows), ""]
     lines += [
         "## Reading it",
         "",
@@ -329,15 +339,18 @@ def render_plot(report: dict[str, Any], path: Path) -> Path | None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m loadtests.overload", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--max-num-seqs", type=int, default=32, help="per worker (and the scheduler's per-worker cap)")
-    ap.add_argument("--time-scale", type=float, default=2.0, help="simulated time multiplier")
-    ap.add_argument("--levels", default="0.5,1,1.5,2,3", help="offered loads, multiples of capacity")
-    ap.add_argument("--phase-s", type=float, default=20.0, help="seconds of arrivals per load level")
+    ap.add_argument("--time-scale", type=float, default=4.0, help="simulated time multiplier")
+    ap.add_argument("--max-batched-tokens", type=int, default=512,
+                    help="the engines' token budget per step (vLLM's max_num_batched_tokens): small chunks keep a "
+                         "long prompt's prefill from stalling everyone's next token")
+    ap.add_argument("--levels", default="0.5,1,2,3", help="offered loads, multiples of capacity")
+    ap.add_argument("--phase-s", type=float, default=30.0, help="seconds of arrivals per load level")
     ap.add_argument("--configs", default="goodput,fifo,round_robin")
     ap.add_argument("--slo-p0-s", type=float, default=0.5)
     ap.add_argument("--slo-p1-s", type=float, default=5.0)
-    ap.add_argument("--unloaded-n", type=int, default=40)
+    ap.add_argument("--unloaded-n", type=int, default=30)
     ap.add_argument("--capacity-s", type=float, default=15.0)
     ap.add_argument("--capacity-warmup-s", type=float, default=8.0)
     ap.add_argument("--drain-timeout-s", type=float, default=400.0)

@@ -170,8 +170,8 @@ class LeaseClient:
                 await call.done_writing()
                 while await call.read() is not aio.EOF:
                     pass
-            except aio.AioRpcError:
-                pass
+            except (aio.AioRpcError, asyncio.InvalidStateError):
+                pass  # the lease call already ended (its deadline passed while streaming): nothing to release
 
 
 class SimFleet:
