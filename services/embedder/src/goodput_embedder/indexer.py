@@ -294,7 +294,7 @@ class Indexer:
         live_key = self._key(tenant, kb, "docs")
         seen: set[str] = set()
         done = 0
-        with self.lock(tenant, kb):
+        with self.lock(tenant, kb) as held:
             self._open(tenant, kb)
             rebuild_id = self.store.begin_rebuild(tenant, kb) if full_rebuild else ""
             key = self._key(tenant, kb, f"docs:rebuild:{rebuild_id}") if full_rebuild else live_key
@@ -309,6 +309,7 @@ class Indexer:
                                  force=full_rebuild)
                 done += len(buf)
                 buf.clear()
+                held.reacquire()  # a long job keeps its lock: the TTL restarts after every batch
                 if progress is not None:
                     progress(done, result)
 
