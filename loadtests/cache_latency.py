@@ -152,7 +152,7 @@ def report(data: dict[str, Any]) -> str:
     m = data["machine"]
     return "\n".join([
         "# Cache lookup latency", "",
-        f"`python -m loadtests.cache_latency` on {m.get('cpu_model', 'CPU')} ({m.get('cpu_count', '?')} CPUs, "
+        f"`python -m loadtests.cache_latency` on {m.get('cpu_model', 'CPU')} ({m.get('cores_usable', '?')} CPUs, "
         f"load average {m.get('loadavg_1_5_15', '?')}), local Redis, {data['lookups']} lookups of each kind per "
         "size. All entries in one partition (worst case). Semantic = an L1 miss, the question embedded "
         "(all-MiniLM-L6-v2 ONNX int8, in-process), the partition searched (exact cosine, numpy), the guard, "

@@ -147,7 +147,7 @@ def report(data: dict[str, Any]) -> str:
         "# Cache: a replayed customer-support trace through the gateway", "",
         f"`python -m loadtests.cache_trace`: {s['requests']} streamed greedy chat requests (seed {data['seed']}, "
         f"max_tokens {data['max_tokens']}), one at a time, through the gateway with the cache on; "
-        f"{data['platform']} on {m.get('cpu_model', 'CPU')} ({m.get('cpu_count', '?')} CPUs).", "",
+        f"{data['platform']} on {m.get('cpu_model', 'CPU')} ({m.get('cores_usable', '?')} CPUs).", "",
         f"**Inference requests avoided: {pct(s['avoided_share'])}** ({s['hits']} of {s['requests']}: "
         f"{s['l1_hits']} exact, {s['l2_hits']} semantic). Wrong hits: {s['wrong_hits']}.", "",
         markdown_table(["request kind", "requests", "hits", "L1", "L2"], kinds), "",

@@ -1,0 +1,391 @@
+"""Semantic-cache evaluation: hit rate and wrong-hit share over labelled pairs, threshold sweep, with and without the
+near-miss guard, against GPTCache run on the same pairs with the same embedding model in the same run.
+
+    python -m loadtests.cache_eval --data-dir ../shared/data [--max-pairs 5000] [--out loadtests/reports/cache_eval]
+
+Method (GPTCache's own benchmark method, applied to every set): the first sentence of every sampled pair is stored in
+one cache partition (the hardest case: one tenant, one model, one system prompt), then the second sentence of every
+pair is looked up. A lookup is a *hit* when the best stored entry passes the threshold (and, with the guard, the
+best candidate among the top 4 that the near-miss guard does not veto). A hit is *correct* when the pair is labelled a
+paraphrase and the entry found is its own first sentence (or another sentence labelled a paraphrase of the query);
+every other hit is *wrong* (a wrong answer served). Reported per set and threshold:
+
+- hit rate = hits / lookups; wrong-hit share = wrong hits / hits; recall = correct hits / lookups that have a right
+  answer in the store (paraphrase pairs, and questions stored verbatim).
+
+GPTCache (`gptcache` package: faiss + sqlite data manager, SearchDistanceEvaluation, its default pipeline) is given
+the same all-MiniLM-L6-v2 ONNX embedding; its `similarity_threshold` is on its own scale (faiss squared L2 on unit
+vectors mapped to 0..1, so 0.95 means cosine >= 0.90).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadtests.common import machine_info, markdown_table, package_versions, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+THRESHOLDS = [0.80, 0.85, 0.88, 0.90, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98]
+GPTCACHE_THRESHOLDS = [0.80, 0.90, 0.95]
+TOP_K = 4
+GOAL_WRONG_SHARE = 0.01
+
+
+@dataclass
+class PairSet:
+    name: str
+    stored: list[str]       # corpus: the first sentence of each pair (deduplicated)
+    queries: list[str]      # the second sentence of each pair
+    own: list[int]          # index in `stored` of each query's own first sentence
+    labels: list[int]       # 1 = paraphrase
+    positives: set[tuple[str, str]]  # (stored text, query text) labelled paraphrases (either direction)
+
+
+def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def load_sets(data_dir: Path, max_pairs: int, seed: int) -> list[PairSet]:
+    raw: dict[str, list[tuple[str, str, int]]] = {
+        "qqp": [(r["text_a"], r["text_b"], int(r["label"])) for r in _jsonl(data_dir / "qqp" / "pairs.jsonl.gz")],
+        "paws": [(r["sentence1"], r["sentence2"], int(r["label"])) for r in _jsonl(data_dir / "paws" / "pairs.jsonl")],
+        "mrpc": [(r["sentence1"], r["sentence2"], int(r["label"])) for r in _jsonl(data_dir / "mrpc" / "pairs.jsonl")],
+        "gptcache_mock": [(r["origin"], r["similar"], 1) for r in _jsonl(data_dir / "gptcache_mock" / "pairs.jsonl")],
+    }
+    sets = []
+    rng = random.Random(seed)
+    for name, pairs in raw.items():
+        if max_pairs and len(pairs) > max_pairs:
+            pairs = rng.sample(pairs, max_pairs)
+        index: dict[str, int] = {}
+        stored: list[str] = []
+        own: list[int] = []
+        for a, _, _ in pairs:
+            if a not in index:
+                index[a] = len(stored)
+                stored.append(a)
+            own.append(index[a])
+        positives = {(a, b) for a, b, y in pairs if y} | {(b, a) for a, b, y in pairs if y}
+        sets.append(PairSet(name, stored, [b for _, b, _ in pairs], own, [y for _, _, y in pairs], positives))
+    return sets
+
+
+class MemoEmbedder:
+    """The cache's embedding model (all-MiniLM-L6-v2, ONNX int8), memoised so GPTCache reuses the same vectors."""
+
+    def __init__(self) -> None:
+        from goodput_embedder.models import OnnxMiniLM
+
+        self.model = OnnxMiniLM()
+        self.memo: dict[str, np.ndarray] = {}
+
+    def embed_many(self, texts: list[str], batch: int = 64) -> np.ndarray:
+        # sorted by length: a batch pads to its longest text
+        todo = sorted((t for t in dict.fromkeys(texts) if t not in self.memo), key=len)
+        for i in range(0, len(todo), batch):
+            part = todo[i:i + batch]
+            for t, v in zip(part, self.model.embed(part), strict=True):
+                self.memo[t] = v
+        return np.stack([self.memo[t] for t in texts]) if texts else np.zeros((0, 384), np.float32)
+
+    def __call__(self, text: str, **_: Any) -> np.ndarray:
+        return self.embed_many([text])[0]
+
+
+def _correct(ps: PairSet, q: int, entry: int) -> bool:
+    if _norm(ps.stored[entry]) == _norm(ps.queries[q]):
+        return True  # the very same question (an exact hit), whatever the pair's label says
+    if not ps.labels[q]:
+        return False
+    return entry == ps.own[q] or (ps.stored[entry], ps.queries[q]) in ps.positives
+
+
+def _answerable(ps: PairSet) -> int:
+    """Lookups that have a right answer in the store: paraphrase pairs, and questions stored verbatim."""
+    stored = {_norm(t) for t in ps.stored}
+    return sum(1 for q, y in zip(ps.queries, ps.labels, strict=True) if y or _norm(q) in stored)
+
+
+def _norm(text: str) -> str:
+    from goodput_cache.keys import normalise
+
+    return normalise(text)
+
+
+def evaluate_goodput(ps: PairSet, emb: MemoEmbedder) -> dict[str, Any]:
+    """The cache's L2 decision rule (top-k candidates above the threshold, first one the guard lets through)."""
+    from goodput_cache.guard import near_miss
+
+    stored = emb.embed_many(ps.stored)
+    queries = emb.embed_many(ps.queries)
+    sims = queries @ stored.T
+    top = np.argsort(-sims, axis=1)[:, :TOP_K]
+    guard_ok: dict[tuple[int, int], bool] = {}
+    t0 = time.perf_counter()
+    for q in range(len(ps.queries)):
+        for e in top[q]:
+            if sims[q, e] >= min(THRESHOLDS):
+                guard_ok[(q, int(e))] = near_miss(ps.queries[q], ps.stored[int(e)]) is None
+    guard_s = time.perf_counter() - t0
+    rows = []
+    n_pos = _answerable(ps)
+    for t in THRESHOLDS:
+        for guarded in (False, True):
+            hits = wrong = correct = 0
+            for q in range(len(ps.queries)):
+                for e in top[q]:
+                    e = int(e)
+                    if sims[q, e] < t:
+                        break
+                    if guarded and not guard_ok[(q, e)]:
+                        continue
+                    hits += 1
+                    if _correct(ps, q, e):
+                        correct += 1
+                    else:
+                        wrong += 1
+                    break
+                    # without the guard only the best candidate counts (the loop breaks on the first)
+            rows.append(_row(t, guarded, len(ps.queries), n_pos, hits, wrong, correct))
+    return {"rows": rows, "guard_ms_per_check": guard_s * 1000 / max(1, len(guard_ok))}
+
+
+def _row(t: float, guarded: bool, lookups: int, positives: int, hits: int, wrong: int, correct: int) -> dict[str, Any]:
+    return {"threshold": t, "guard": guarded, "lookups": lookups, "hits": hits, "wrong_hits": wrong,
+            "correct_hits": correct, "hit_rate": hits / lookups if lookups else 0.0,
+            "wrong_hit_share": wrong / hits if hits else 0.0,
+            "recall": correct / positives if positives else 0.0}
+
+
+def evaluate_gptcache(ps: PairSet, emb: MemoEmbedder, workdir: Path) -> list[dict[str, Any]]:
+    """GPTCache 0.1.x's similar-cache pipeline on the same pairs (faiss + sqlite, SearchDistanceEvaluation)."""
+    from gptcache import Cache, Config
+    from gptcache.adapter.api import get
+    from gptcache.manager import CacheBase, VectorBase, get_data_manager
+    from gptcache.processor.pre import get_prompt
+    from gptcache.similarity_evaluation.distance import SearchDistanceEvaluation
+
+    emb.embed_many(ps.stored + ps.queries)
+    folder = workdir / f"gptcache-{ps.name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    data_manager = get_data_manager(CacheBase("sqlite", sql_url=f"sqlite:///{folder}/cache.db"),
+                                    VectorBase("faiss", dimension=384, index_path=str(folder / "faiss.index"),
+                                               top_k=1))
+    cache = Cache()
+    cache.init(pre_embedding_func=get_prompt, embedding_func=emb, data_manager=data_manager,
+               similarity_evaluation=SearchDistanceEvaluation(), config=Config(similarity_threshold=0.95))
+    cache.import_data(questions=ps.stored, answers=[str(i) for i in range(len(ps.stored))])
+    n_pos = _answerable(ps)
+    rows = []
+    for t in GPTCACHE_THRESHOLDS:
+        cache.config.similarity_threshold = t
+        hits = wrong = correct = 0
+        for q, text in enumerate(ps.queries):
+            answer = get(text, cache_obj=cache)
+            if answer is None:
+                continue
+            hits += 1
+            if _correct(ps, q, int(answer)):
+                correct += 1
+            else:
+                wrong += 1
+        row = _row(t, False, len(ps.queries), n_pos, hits, wrong, correct)
+        row["cosine_equivalent"] = round(1 - 2 * (1 - t), 3)  # rank >= 4t  <=>  |a-b|^2 <= 4(1-t)
+        rows.append(row)
+    return rows
+
+
+def choose_threshold(results: dict[str, Any]) -> dict[str, Any]:
+    """The lowest threshold within 0.92-0.97 whose guarded wrong-hit share is <= 1% on GPTCache's mock pairs (the
+    set the goal and GPTCache's published numbers are about). QQP, PAWS and MRPC are reported beside it as stress
+    tests: their wrong-hit floor is set by labels (QQP marks some identical questions as non-duplicates and never
+    labels most true duplicates across pairs) and by word-swapped near-copies (PAWS) rather than by the threshold."""
+    if "gptcache_mock" not in results:
+        return {"threshold": 0.95, "rule": "no mock pairs evaluated: the service default"}
+    for t in [x for x in THRESHOLDS if 0.92 <= x <= 0.97]:
+        if _pick(results["gptcache_mock"]["goodput"], t, True)["wrong_hit_share"] <= GOAL_WRONG_SHARE:
+            return {"threshold": t, "rule": "lowest in 0.92-0.97 with guarded wrong-hit share <= 1% on GPTCache's "
+                                            "mock pairs"}
+    shares = {t: _pick(results["gptcache_mock"]["goodput"], t, True)["wrong_hit_share"]
+              for t in THRESHOLDS if 0.92 <= t <= 0.97}
+    best = min(shares.values())
+    t = min(t for t, share in shares.items() if share <= best + 1e-9)
+    return {"threshold": t, "rule": f"no threshold in 0.92-0.97 met 1% on the mock pairs; {t} is the lowest at the "
+                                    f"smallest guarded wrong-hit share ({best * 100:.1f}%): stricter only loses hits"}
+
+
+def _pick(rows: list[dict[str, Any]], t: float, guard: bool) -> dict[str, Any]:
+    return next(r for r in rows if abs(r["threshold"] - t) < 1e-9 and r["guard"] == guard)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4.2))
+    for ax, name in zip(np.atleast_1d(axes), names, strict=True):
+        res = results[name]
+        for guard, style in ((False, "o--"), (True, "s-")):
+            rows = [r for r in res["goodput"] if r["guard"] == guard]
+            ax.plot([r["hit_rate"] * 100 for r in rows], [r["wrong_hit_share"] * 100 for r in rows], style,
+                    label="goodput " + ("with guard" if guard else "no guard"))
+            for r in rows:
+                if r["threshold"] in (0.9, 0.95, 0.97):
+                    ax.annotate(f"{r['threshold']:.2f}", (r["hit_rate"] * 100, r["wrong_hit_share"] * 100),
+                                fontsize=7, textcoords="offset points", xytext=(3, 3))
+        g = res["gptcache"]
+        ax.plot([r["hit_rate"] * 100 for r in g], [r["wrong_hit_share"] * 100 for r in g], "x:", color="red",
+                label="GPTCache")
+        for r in g:
+            ax.annotate(f"G{r['threshold']:.2f}", (r["hit_rate"] * 100, r["wrong_hit_share"] * 100), fontsize=7,
+                        color="red", textcoords="offset points", xytext=(3, -9))
+        ax.axhline(GOAL_WRONG_SHARE * 100, color="grey", lw=0.8)
+        ax.set_title(name)
+        ax.set_xlabel("hit rate (% of lookups)")
+        ax.set_ylabel("wrong hits (% of hits)")
+        ax.legend(fontsize=7)
+    fig.suptitle("Semantic cache: hit rate vs wrong-hit share as the threshold moves (same embedding model)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(data: dict[str, Any]) -> str:
+    pct = lambda x: f"{x * 100:.1f}%"  # noqa: E731
+    lines = ["# Semantic cache evaluation", "",
+             f"Generated by `python -m loadtests.cache_eval` on {data['machine'].get('cpu_model', 'CPU')} "
+             f"({data['machine'].get('cores_usable', '?')} CPUs). Embedding: all-MiniLM-L6-v2 ONNX int8 for both "
+             "caches. Pairs sampled per set: up to " + str(data["max_pairs"]) + f" (seed {data['seed']}).", "",
+             "Method: the first sentence of every pair is stored in one partition; the second is looked up. A hit "
+             "is wrong unless the pair is a paraphrase and the entry found is its own first sentence (or another "
+             "labelled paraphrase). Hit rate = hits / lookups; wrong = wrong hits / hits; recall = correct hits / "
+             "lookups with a right answer stored (paraphrases, verbatim repeats). GPTCache's threshold is on its "
+             "own scale (0.95 there = cosine 0.90).", "",
+             f"**Default threshold chosen: {data['chosen']['threshold']}** — {data['chosen']['rule']}.", ""]
+    lines += ["## Against the goal (wrong-hit share <= 1% at a hit rate at least GPTCache's at 0.95)", ""]
+    rows = []
+    t = data["chosen"]["threshold"]
+    for name, res in data["results"].items():
+        g95 = next(r for r in res["gptcache"] if r["threshold"] == 0.95)
+        ours = _pick(res["goodput"], t, True)
+        raw = _pick(res["goodput"], t, False)
+        rows.append([name, res["lookups"], f"{pct(g95['hit_rate'])} / {pct(g95['wrong_hit_share'])}",
+                     f"{pct(raw['hit_rate'])} / {pct(raw['wrong_hit_share'])}",
+                     f"{pct(ours['hit_rate'])} / {pct(ours['wrong_hit_share'])}",
+                     "yes" if ours["wrong_hit_share"] <= GOAL_WRONG_SHARE else "no",
+                     "yes" if ours["hit_rate"] >= g95["hit_rate"] else "no"])
+    lines.append(markdown_table(["set", "lookups", "GPTCache 0.95: hit / wrong", f"goodput {t} no guard",
+                                 f"goodput {t} + guard", "wrong <= 1%", "hit rate >= GPTCache"], rows))
+    lines += ["", "At GPTCache's hit rate: the strictest goodput threshold (with the guard) whose hit rate is still at "
+              "least GPTCache's at 0.95, and its wrong-hit share:", ""]
+    rows = []
+    for name, res in data["results"].items():
+        g95 = next(r for r in res["gptcache"] if r["threshold"] == 0.95)
+        same = [r for r in res["goodput"] if r["guard"] and r["hit_rate"] >= g95["hit_rate"]]
+        best = max(same, key=lambda r: r["threshold"]) if same else None
+        rows.append([name, f"{pct(g95['hit_rate'])} / {pct(g95['wrong_hit_share'])}",
+                     f"{best['threshold']:.2f}: {pct(best['hit_rate'])} / {pct(best['wrong_hit_share'])}"
+                     if best else "none reaches it"])
+    lines.append(markdown_table(["set", "GPTCache 0.95: hit / wrong", "goodput + guard: threshold: hit / wrong"],
+                                rows))
+    lines += ["", "## What the guard buys", "", "Wrong hits removed and correct hits lost by the guard, at the same "
+              "threshold:", ""]
+    rows = []
+    for name, res in data["results"].items():
+        for thr in (0.90, 0.95, t):
+            a, b = _pick(res["goodput"], thr, False), _pick(res["goodput"], thr, True)
+            rows.append([name, f"{thr:.2f}", a["wrong_hits"], b["wrong_hits"], a["correct_hits"], b["correct_hits"],
+                         f"{pct(a['wrong_hit_share'])} -> {pct(b['wrong_hit_share'])}"])
+    lines.append(markdown_table(["set", "threshold", "wrong hits", "+ guard", "correct hits", "+ guard",
+                                 "wrong share"], rows))
+    lines += ["", "## Threshold sweep (goodput)", ""]
+    for name, res in data["results"].items():
+        lines += [f"### {name} ({res['lookups']} lookups, {res['paraphrases']} paraphrases)", ""]
+        rows = []
+        for thr in THRESHOLDS:
+            a, b = _pick(res["goodput"], thr, False), _pick(res["goodput"], thr, True)
+            rows.append([f"{thr:.2f}", pct(a["hit_rate"]), pct(a["wrong_hit_share"]), pct(a["recall"]),
+                         pct(b["hit_rate"]), pct(b["wrong_hit_share"]), pct(b["recall"])])
+        lines.append(markdown_table(["threshold", "hit rate", "wrong", "recall", "hit rate + guard",
+                                     "wrong + guard", "recall + guard"], rows))
+        lines += ["", "GPTCache on the same pairs:", ""]
+        lines.append(markdown_table(["GPTCache threshold", "cosine equiv.", "hit rate", "wrong", "recall"],
+                                    [[f"{r['threshold']:.2f}", r["cosine_equivalent"], pct(r["hit_rate"]),
+                                      pct(r["wrong_hit_share"]), pct(r["recall"])] for r in res["gptcache"]]))
+        lines.append("")
+    lines += ["## Reading the guard's effect", "",
+              "At the same threshold the guard removes wrong hits that differ in negation, antonyms, numbers, dates "
+              "or named entities (and their order), at the cost of some correct hits (recall); the sweep above "
+              "shows both sides. Word-swapped near-copies without such cues (most PAWS negatives) remain "
+              "indistinguishable to a sentence embedding and to the guard.", "",
+              "![curve](cache_eval.png)"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"),
+                    help="folder with qqp/, paws/, mrpc/, gptcache_mock/ (default ../shared/data from the repo)")
+    ap.add_argument("--out", default=str(ROOT / "loadtests" / "reports" / "cache_eval"))
+    ap.add_argument("--max-pairs", type=int, default=5000, help="pairs sampled per set (0 = all)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--workdir", default="", help="scratch folder for GPTCache's stores (default: a temp dir)")
+    args = ap.parse_args(argv)
+    import atexit
+    import shutil
+    import tempfile
+
+    data_dir = Path(args.data_dir)
+    if not (data_dir / "qqp").is_dir():
+        print(f"no evaluation data under {data_dir} (expected qqp/, paws/, mrpc/, gptcache_mock/)", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    emb = MemoEmbedder()
+    results: dict[str, Any] = {}
+    # GPTCache commits to sqlite on every call: a tmpfs keeps fsync out of its timings. Removed at exit, after
+    # GPTCache's own exit hook has flushed its faiss index there (atexit runs hooks last-registered first).
+    shm = Path("/dev/shm")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="cache-eval-", dir=shm if shm.is_dir() else None))
+    if not args.workdir:
+        atexit.register(shutil.rmtree, workdir, True)
+    for ps in load_sets(data_dir, args.max_pairs, args.seed):
+        t0 = time.perf_counter()
+        ours = evaluate_goodput(ps, emb)
+        t1 = time.perf_counter()
+        gpt = evaluate_gptcache(ps, emb, workdir)
+        results[ps.name] = {"lookups": len(ps.queries), "stored": len(ps.stored), "paraphrases": sum(ps.labels),
+                            "goodput": ours["rows"], "guard_ms_per_check": ours["guard_ms_per_check"],
+                            "gptcache": gpt, "seconds": {"goodput": t1 - t0, "gptcache": time.perf_counter() - t1}}
+        print(f"{ps.name}: {len(ps.queries)} lookups in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    data: dict[str, Any] = {"max_pairs": args.max_pairs, "seed": args.seed, "thresholds": THRESHOLDS,
+                            "results": results, "machine": machine_info(),
+                            "packages": package_versions(["gptcache", "faiss-cpu", "onnxruntime", "numpy"]),
+                            "seconds": time.perf_counter() - started}
+    data["chosen"] = choose_threshold(results)
+    out = Path(args.out)
+    json_path, md_path = write_report(out, data, report(data))
+    plot(results, out.parent / f"{out.name}.png")
+    print(f"wrote {json_path}, {md_path} and {out.name}.png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
