@@ -301,6 +301,12 @@ HF_HUB_OFFLINE: "1"
 {{- define "goodput.config.cache" -}}
 {{- $p := "GOODPUT_CACHE_" }}
 {{ $p }}EMBEDDER_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" .root "svc" "embedder")) "" (and .root.Values.cache.config.useEmbedder .root.Values.embedder.enabled) | quote }}
+{{- with .root.Values.cache.config }}
+{{ $p }}THRESHOLD: {{ include "goodput.num" .threshold | quote }}
+{{ $p }}TENANT_THRESHOLDS: {{ toJson .tenantThresholds | quote }}
+{{ $p }}GUARD: {{ .guard | quote }}
+{{ $p }}MAX_ENTRIES: {{ include "goodput.num" .maxEntries | quote }}
+{{- end }}
 {{- end }}
 
 {{/*
