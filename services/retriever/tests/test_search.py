@@ -199,3 +199,17 @@ async def test_concurrent_searches_share_nothing_mutable(retriever: Retriever, m
     results = await asyncio.gather(*(retriever.search(SearchQuery(tenant="acme", kb="kb", query=q))
                                      for q in ("tea", "coffee", "bicycle", "tax") * 5))
     assert [r.hits[0].document_id for r in results] == ["tea", "coffee", "bikes", "tax"] * 5
+
+
+async def test_a_foreign_chunk_planted_in_a_collection_is_never_returned(retriever: Retriever, model) -> None:  # type: ignore[no-untyped-def]
+    from qdrant_client import models
+
+    from goodput_retriever.stores import base_name
+
+    await load(retriever, model, "tenant-a", "kb", DOCS)
+    vector = model.embed(["green tea heart"])[0].tolist()
+    retriever.vectors.client.upsert(base_name("tenant-a", "kb"), points=[models.PointStruct(  # type: ignore[attr-defined]
+        id=str(uuid.uuid4()), vector=vector, payload={"tenant": "tenant-b", "kb": "kb", "chunk_id": "planted",
+                                                      "document_id": "planted", "text": "tenant B data"})])
+    r = await retriever.search(SearchQuery(tenant="tenant-a", kb="kb", query="green tea heart", fusion="dense"))
+    assert r.hits and "planted" not in {h.document_id for h in r.hits}
