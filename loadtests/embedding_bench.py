@@ -143,6 +143,15 @@ def report(data: dict[str, Any]) -> str:
         "Per-item: one model call per text, one after another. Micro-batched: the same texts from concurrent "
         "callers, merged by the embedder's batcher into shared model calls.",
         "",
+        f"Goal ≥ 5×: **{'met' if min(r['speedup'] for r in data['throughput'].values()) >= 5 else 'missed'}** on "
+        "this machine. On a CPU the model is compute-bound: a batch saves the per-call overhead (session run, thread "
+        "hand-offs, tokenizer calls) but not the matrix work, and padding a batch to its longest text adds work; on "
+        "an idle 2-core machine onnxruntime goes from ~209 sentences/s at batch 1 to ~408/s at batch 64, so about 2× "
+        "is the ceiling here. The 5× is a GPU property (per-item calls are launch-bound there); the `Embedder` "
+        "interface takes a GPU model (`GOODPUT_EMBEDDER_MODEL=minilm-torch`, `DEVICE=cuda`), not measured here for "
+        "want of a GPU. What batching buys on a CPU service is shown by the latency column: 64 concurrent callers "
+        "are served by a handful of model calls instead of queueing for 64.",
+        "",
         "## Incremental re-index of an unchanged corpus (goal: 0 chunks embedded, ≥ 20× faster)",
         "",
         markdown_table(["run", "documents", "chunks embedded", "seconds"], [
