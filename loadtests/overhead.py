@@ -341,7 +341,8 @@ def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: 
         env["GOODPUT_INFERENCE_ENGINE"] = engine
     if cores is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
-    platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=env,
+    # No response cache: the same greedy prompts repeat, and the benchmark measures the generation path.
+    platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=env, cache=False,
                         api_keys=[{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}])
     platform.dev_key = BENCH_KEY
     console.print(f"starting the platform (one worker, port offset {port_offset}); vLLM takes a minute or two")
