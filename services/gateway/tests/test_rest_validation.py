@@ -111,3 +111,12 @@ async def test_completions_validation(client: httpx.AsyncClient) -> None:
     assert_openai_error(resp, 400, "prompt")
     resp = await client.post("/v1/completions", json={"model": "m", "prompt": ["a", "b"]}, headers=AUTH)
     assert_openai_error(resp, 400, "prompt")
+
+
+async def test_scheduler_down_with_a_known_model_is_503(client: httpx.AsyncClient) -> None:
+    """With the model list cached, the first contact with the scheduler is the lease itself."""
+    from goodput_gateway.pipeline import ModelEntry
+
+    service = client._transport.app.state.goodput_service  # type: ignore[attr-defined]  # noqa: SLF001
+    service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
+    assert_openai_error(await post(client, chat()), 503)

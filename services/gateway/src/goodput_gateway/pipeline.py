@@ -316,6 +316,12 @@ class Pipeline:
         except grpc.RpcError as err:
             call.cancel()
             raise from_rpc_error(err) from None
+        except asyncio.InvalidStateError:
+            # grpc.aio raises this from write() when the call has already ended (the scheduler is unreachable);
+            # the call's own status says why.
+            ended = aio.AioRpcError(await call.code(), aio.Metadata(),
+                                    await call.trailing_metadata() or aio.Metadata(), details=await call.details())
+            raise from_rpc_error(ended) from None
         except BaseException:
             call.cancel()
             raise

@@ -58,6 +58,7 @@ def _sse(payload: dict[str, Any]) -> bytes:
 def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: trace.Tracer,
                ready: Callable[[], bool], jobs: JobQueue | None = None) -> FastAPI:
     app = FastAPI(title="Goodput gateway", version="v1", docs_url=None, redoc_url=None)
+    app.state.goodput_service = service  # for in-process tests and debugging
 
     @app.exception_handler(GoodputError)
     async def _goodput_error(request: Request, err: GoodputError) -> JSONResponse:
