@@ -78,7 +78,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                   "question_chars": args.question_chars, "max_tokens": args.max_tokens, "seed": args.seed},
         "scenarios": {},
     }
-    for scenario in ("shared", "no_reuse"):
+    for scenario in args.scenarios.split(","):
         specs = make_requests(scenario, random.Random(args.seed), args.requests, systems=args.systems,
                               system_chars=args.system_chars, question_chars=args.question_chars,
                               max_tokens=args.max_tokens)
@@ -176,6 +176,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--base-port", type=int, default=56300)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--out", type=Path, default=Path("loadtests/out/prefix"))
+    ap.add_argument("--scenarios", default="shared,no_reuse")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--render", type=Path, default=None, metavar="JSON")
     args = ap.parse_args(argv)
