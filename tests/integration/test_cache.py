@@ -134,7 +134,8 @@ def test_a_knowledge_base_version_bump_makes_the_next_rag_question_miss(platform
     question = "When is the shop open?"
     first = _chat(platform, question, knowledge_base=kb)
     assert first.status_code == 200 and first.headers["x-goodput-cache"] == "miss"
-    _until_hit(lambda: _chat(platform, question, knowledge_base=kb))
+    hit = _until_hit(lambda: _chat(platform, question, knowledge_base=kb))
+    assert hit.json()["sources"] == first.json()["sources"], "a cached RAG answer keeps its sources"
     # a new document: the indexer bumps the KB version and announces it
     docs.append({"id": "sunday", "text": "From June the shop also opens on Sundays, ten to four."})
     r = httpx.post(url, headers=auth, json={"documents": docs}, timeout=120)

@@ -30,13 +30,15 @@ async def test_grpc_round_trip_and_errors(prefix: str, vectoriser: Any) -> None:
                 tenant="acme", model="smollm2", model_version="1",
                 messages=[types_pb2.ChatMessage(role="user", content="How do I reset my password?")],
                 sampling=types_pb2.SamplingParams(max_tokens=32, temperature=0.0))
+            source = cache_pb2.CachedSource(chunk_id="faq#3", document_id="faq", score=0.5, text="Security tab")
             stored = await stub.Store(cache_pb2.StoreRequest(
                 key=key, text="Settings > Security.", finish_reason=types_pb2.FINISH_REASON_STOP,
-                usage=types_pb2.Usage(completion_tokens=5)))
+                usage=types_pb2.Usage(completion_tokens=5), sources=[source]))
             assert stored.stored
             hit = await stub.Lookup(cache_pb2.LookupRequest(key=key, allow_semantic=True))
             assert (hit.hit, hit.layer, hit.text) == (True, "l1", "Settings > Security.")
             assert hit.usage.completion_tokens == 5
+            assert list(hit.sources) == [source], "a RAG hit carries the sources the live answer had"
             stats = await stub.Stats(cache_pb2.StatsRequest(tenant="acme"))
             assert stats.tokens_saved == 5 and stats.layers[0].hits == 1
             with pytest.raises(grpc.aio.AioRpcError) as err:

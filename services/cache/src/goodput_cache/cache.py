@@ -21,6 +21,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.asyncio import Redis
@@ -49,6 +50,8 @@ class Answer:
     finish_reason: int = 1
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # RAG: the chunks the answer was grounded on ({chunk_id, document_id, score, text}), replayed with a hit.
+    sources: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -260,7 +263,7 @@ class ResponseCache:
                           model_version=req.model_version, question=keys.question, text=answer.text,
                           finish_reason=answer.finish_reason, prompt_tokens=answer.prompt_tokens,
                           completion_tokens=answer.completion_tokens, knowledge_base=req.knowledge_base,
-                          kb_version=req.kb_version)
+                          kb_version=req.kb_version, sources=answer.sources)
             evicted = await self.l1.put(entry, vector=vector, ttl_s=ttl, max_entries=self.settings.max_entries)
         except _STORE_ERRORS as err:
             self._trip(err)
@@ -405,4 +408,4 @@ class ResponseCache:
 
 def _answer(e: Entry) -> Answer:
     return Answer(text=e.text, finish_reason=e.finish_reason, prompt_tokens=e.prompt_tokens,
-                  completion_tokens=e.completion_tokens)
+                  completion_tokens=e.completion_tokens, sources=e.sources)

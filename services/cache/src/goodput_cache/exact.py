@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 from redis.asyncio import Redis
@@ -45,6 +46,7 @@ class Entry:
     created: float = 0.0
     expires: float = 0.0
     semantic: bool = False
+    sources: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))

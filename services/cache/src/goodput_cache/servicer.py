@@ -37,11 +37,14 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             resp.finish_reason = a.finish_reason  # type: ignore[assignment]
             resp.usage.CopyFrom(types_pb2.Usage(prompt_tokens=a.prompt_tokens, completion_tokens=a.completion_tokens,
                                                 total_tokens=a.prompt_tokens + a.completion_tokens))
+            resp.sources.extend(cache_pb2.CachedSource(**s) for s in a.sources)
         return resp
 
     async def Store(self, request: cache_pb2.StoreRequest, context: aio.ServicerContext) -> cache_pb2.StoreResponse:
         answer = Answer(text=request.text, finish_reason=int(request.finish_reason),
-                        prompt_tokens=request.usage.prompt_tokens, completion_tokens=request.usage.completion_tokens)
+                        prompt_tokens=request.usage.prompt_tokens, completion_tokens=request.usage.completion_tokens,
+                        sources=[{"chunk_id": s.chunk_id, "document_id": s.document_id, "score": s.score,
+                                  "text": s.text} for s in request.sources])
         r = await self.cache.store(to_request(request.key), answer, opt_in=request.opt_in, ttl_s=request.ttl_s)
         return cache_pb2.StoreResponse(stored=r.stored, reason=r.reason, key=r.key, ttl_s=r.ttl_s)
 

@@ -38,6 +38,7 @@ from goodput_core.sampling import sampling_to_proto
 from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.pipeline import GenerationStream, ModelEntry, Pipeline, StreamEnd, StreamStart, TextDelta
+from goodput_gateway.rag import Source
 from goodput_gateway.requests import GenerationRequest
 
 __all__ = ["CACHE_HEADER", "CacheStatus", "CachedStream", "GatewayCache", "cache_metadata"]
@@ -165,6 +166,8 @@ class GatewayCache:
         stream.start = StreamStart(request_id=request_id, model=model.id, worker_id="cache",
                                    prompt_tokens=resp.usage.prompt_tokens)
         stream.cache = status
+        stream.sources = [Source(chunk_id=s.chunk_id, document_id=s.document_id, score=s.score, text=s.text)
+                          for s in resp.sources]
         return stream
 
     def record(self, stream: GenerationStream, status: CacheStatus) -> GenerationStream:
@@ -181,7 +184,9 @@ class GatewayCache:
         store = cache_pb2.StoreRequest(
             key=status.key, text="".join(stream.text_parts), finish_reason=_FINISH_PB[end.finish_reason],
             usage=types_pb2.Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens,
-                                  total_tokens=end.prompt_tokens + end.completion_tokens))
+                                  total_tokens=end.prompt_tokens + end.completion_tokens),
+            sources=[cache_pb2.CachedSource(chunk_id=s.chunk_id, document_id=s.document_id, score=s.score,
+                                            text=s.text) for s in stream.sources])
         task = asyncio.get_running_loop().create_task(self._store(store))
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -38,7 +38,7 @@ class LookupRequest(_message.Message):
     def __init__(self, key: _Optional[_Union[CacheKeyParts, _Mapping]] = ..., allow_semantic: _Optional[bool] = ..., threshold: _Optional[float] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("hit", "layer", "similarity", "text", "finish_reason", "usage", "degraded", "key", "reason", "matched_query")
+    __slots__ = ("hit", "layer", "similarity", "text", "finish_reason", "usage", "degraded", "key", "reason", "matched_query", "sources")
     HIT_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     SIMILARITY_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class LookupResponse(_message.Message):
     KEY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MATCHED_QUERY_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     hit: bool
     layer: str
     similarity: float
@@ -59,23 +60,38 @@ class LookupResponse(_message.Message):
     key: str
     reason: str
     matched_query: str
-    def __init__(self, hit: _Optional[bool] = ..., layer: _Optional[str] = ..., similarity: _Optional[float] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., degraded: _Optional[bool] = ..., key: _Optional[str] = ..., reason: _Optional[str] = ..., matched_query: _Optional[str] = ...) -> None: ...
+    sources: _containers.RepeatedCompositeFieldContainer[CachedSource]
+    def __init__(self, hit: _Optional[bool] = ..., layer: _Optional[str] = ..., similarity: _Optional[float] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., degraded: _Optional[bool] = ..., key: _Optional[str] = ..., reason: _Optional[str] = ..., matched_query: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[CachedSource, _Mapping]]] = ...) -> None: ...
 
 class StoreRequest(_message.Message):
-    __slots__ = ("key", "text", "finish_reason", "usage", "opt_in", "ttl_s")
+    __slots__ = ("key", "text", "finish_reason", "usage", "opt_in", "ttl_s", "sources")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     OPT_IN_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     key: CacheKeyParts
     text: str
     finish_reason: _types_pb2.FinishReason
     usage: _types_pb2.Usage
     opt_in: bool
     ttl_s: int
-    def __init__(self, key: _Optional[_Union[CacheKeyParts, _Mapping]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., opt_in: _Optional[bool] = ..., ttl_s: _Optional[int] = ...) -> None: ...
+    sources: _containers.RepeatedCompositeFieldContainer[CachedSource]
+    def __init__(self, key: _Optional[_Union[CacheKeyParts, _Mapping]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., opt_in: _Optional[bool] = ..., ttl_s: _Optional[int] = ..., sources: _Optional[_Iterable[_Union[CachedSource, _Mapping]]] = ...) -> None: ...
+
+class CachedSource(_message.Message):
+    __slots__ = ("chunk_id", "document_id", "score", "text")
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    chunk_id: str
+    document_id: str
+    score: float
+    text: str
+    def __init__(self, chunk_id: _Optional[str] = ..., document_id: _Optional[str] = ..., score: _Optional[float] = ..., text: _Optional[str] = ...) -> None: ...
 
 class StoreResponse(_message.Message):
     __slots__ = ("stored", "reason", "key", "ttl_s")
