@@ -234,7 +234,9 @@ def test_goodput_up_prints_working_examples_and_ctrl_c_stops_everything(tmp_path
         with grpc.insecure_channel(probe.gateway_grpc) as channel:
             while time.monotonic() < deadline and _check_health(channel) != "serving":
                 time.sleep(0.2)
-        time.sleep(2)  # `up` prints its examples once it has seen everything serve
+        up_file = tmp_path / ".goodput" / "up.json"  # written once `up` has printed its examples
+        while time.monotonic() < deadline and not up_file.exists():
+            time.sleep(0.1)
         seen_running.extend(_pids_with_env(f"PYTHONPATH={fake_services}"))
         os.kill(os.getpid(), signal.SIGINT)
 
@@ -247,5 +249,6 @@ def test_goodput_up_prints_working_examples_and_ctrl_c_stops_everything(tmp_path
     assert f"Authorization: Bearer {key}" in result.output
     assert f'OpenAI(base_url="{probe.gateway_http}/v1", api_key="{key}")' in result.output
     assert "stopped." in result.output
+    assert not (tmp_path / ".goodput" / "up.json").exists()
     assert len(seen_running) >= 4  # two workers, scheduler, gateway
     assert _pids_with_env(f"PYTHONPATH={fake_services}") == []

@@ -25,6 +25,7 @@ app = typer.Typer(help="Goodput: LLM inference and RAG platform, on this machine
                   add_completion=False, pretty_exceptions_enable=False)
 
 WORKDIR_NAME = ".goodput"
+UP_FILE = "up.json"  # written once `goodput up` is serving, removed when it stops
 EXAMPLE_QUESTION = "What is the capital of France?"
 DEFAULT_SCHEDULER = f"127.0.0.1:{SCHEDULER_GRPC}"
 DEFAULT_GATEWAY_GRPC = f"127.0.0.1:{GATEWAY_GRPC}"
@@ -116,6 +117,10 @@ def up(
         print(usage_examples(base_url=platform.gateway_http, key=str(platform.dev_key),
                              model=_served_model(platform)))
         print("Press Ctrl-C to stop.", flush=True)
+        # For scripts and tools: where the running platform answers (removed again on stop).
+        (workdir / UP_FILE).write_text(json.dumps({"pid": os.getpid(), "gateway_http": platform.gateway_http,
+                                                   "gateway_grpc": platform.gateway_grpc,
+                                                   "scheduler_grpc": platform.scheduler_grpc}) + "\n")
         reported: set[str] = set()
         while True:
             for name, rc in platform.exited().items():
@@ -133,6 +138,7 @@ def up(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         console.print("stopping...", highlight=False)
+        (workdir / UP_FILE).unlink(missing_ok=True)
         platform.stop()
         console.print("stopped.", highlight=False)
         signal.signal(signal.SIGINT, signal.default_int_handler)
