@@ -212,43 +212,33 @@ def _pids_with_env(marker: str) -> list[int]:
 
 @pytest.mark.skipif(shutil.which("redis-server") is None or not Path("/proc").is_dir(),
                     reason="needs redis-server (make install) and /proc")
-def test_goodput_up_prints_working_examples_and_ctrl_c_stops_everything(tmp_path, fake_services, monkeypatch):
+def test_goodput_up_prints_working_examples_and_ctrl_c_stops_everything(tmp_path, fake_services):
+    """`goodput up` as a user runs it: its own process, Ctrl-C (SIGINT) to stop. (In its own process so the signal
+    and gRPC's fork handling never touch the test runner.)"""
     import signal
-    import threading
-
-    import grpc
-    from typer.testing import CliRunner
-
-    from goodput_cli.main import app
-    from goodput_cli.supervisor import _check_health
+    import subprocess
+    import sys
 
     probe = _platform(tmp_path, fake_services)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(fake_services))
-    monkeypatch.setenv("GOODPUT_KNOWLEDGE", "0")  # no fakes of the embedder, its Celery worker, the retriever
-    monkeypatch.setenv("GOODPUT_REDIS_URL", probe.redis_url)
-    seen_running: list[int] = []
-
-    def interrupt_when_up() -> None:
-        deadline = time.monotonic() + 60
-        with grpc.insecure_channel(probe.gateway_grpc) as channel:
-            while time.monotonic() < deadline and _check_health(channel) != "serving":
-                time.sleep(0.2)
-        up_file = tmp_path / ".goodput" / "up.json"  # written once `up` has printed its examples
-        while time.monotonic() < deadline and not up_file.exists():
-            time.sleep(0.1)
-        seen_running.extend(_pids_with_env(f"PYTHONPATH={fake_services}"))
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=interrupt_when_up, daemon=True).start()
-    result = CliRunner().invoke(app, ["up", "--workers", "2", "--port-offset", str(probe.port_offset)])
+    env = {**os.environ, "PYTHONPATH": str(fake_services), "GOODPUT_REDIS_URL": probe.redis_url,
+           "GOODPUT_KNOWLEDGE": "0", "GOODPUT_RESPONSE_CACHE": "0"}  # no fakes of those services
+    up = subprocess.Popen([sys.executable, "-m", "goodput_cli.main", "up", "--workers", "2", "--port-offset",
+                           str(probe.port_offset)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    up_file = tmp_path / ".goodput" / "up.json"  # written once `up` has printed its examples
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not up_file.exists() and up.poll() is None:
+        time.sleep(0.1)
+    seen_running = _pids_with_env(f"PYTHONPATH={fake_services}")
+    up.send_signal(signal.SIGINT)
+    output, _ = up.communicate(timeout=60)
 
     key = (tmp_path / ".goodput" / "dev-key").read_text().strip()
-    assert result.exit_code == 0, result.output
-    assert f"curl -N {probe.gateway_http}/v1/chat/completions" in result.output
-    assert f"Authorization: Bearer {key}" in result.output
-    assert f'OpenAI(base_url="{probe.gateway_http}/v1", api_key="{key}")' in result.output
-    assert "stopped." in result.output
-    assert not (tmp_path / ".goodput" / "up.json").exists()
-    assert len(seen_running) >= 4  # two workers, scheduler, gateway
+    assert up.returncode == 0, output
+    assert f"curl -N {probe.gateway_http}/v1/chat/completions" in output
+    assert f"Authorization: Bearer {key}" in output
+    assert f'OpenAI(base_url="{probe.gateway_http}/v1", api_key="{key}")' in output
+    assert "stopped." in output
+    assert not up_file.exists()
+    assert len(seen_running) >= 4  # two workers, scheduler, gateway (and `up` itself)
     assert _pids_with_env(f"PYTHONPATH={fake_services}") == []

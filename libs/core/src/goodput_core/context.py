@@ -33,4 +33,9 @@ def request_context(*, request_id: str | None = None, tenant: str | None = None)
         yield
     finally:
         for var, token in reversed(tokens):
-            var.reset(token)
+            try:
+                var.reset(token)
+            except ValueError:
+                # An async generator (a streaming RPC) can be finalised in another task's context when its caller
+                # goes away; that context never saw these values, so there is nothing to restore.
+                pass
