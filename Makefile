@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-TEST_DIRS = $(wildcard libs/*/tests services/*/tests) tests
+TEST_DIRS = $(wildcard libs/*/tests services/*/tests) loadtests/tests tests
 # mypy checks the packages by name, found through MYPYPATH (some services are namespace packages).
 SRC_DIRS = $(wildcard libs/*/src services/*/src)
 empty :=
@@ -23,14 +23,14 @@ docs:  ## regenerate the README's configuration reference from the settings clas
 run: install  ## the whole platform on this machine (Ctrl-C stops it)
 	$(VENV)/bin/goodput up
 
-test: install  ## the whole suite, integration and end-to-end tests included
+test: lint  ## ruff, mypy, then the whole suite, integration and end-to-end tests included
 	$(PY) -m pytest $(TEST_DIRS) $(PYTEST_ARGS)
 
 test-unit: install  ## everything except the tests that start the platform
 	$(PY) -m pytest $(TEST_DIRS) --ignore=tests/integration -m "not integration and not e2e" $(PYTEST_ARGS)
 
-lint: install
-	$(VENV)/bin/ruff check libs services scripts tests
+lint: install  ## ruff and mypy (part of make test)
+	$(VENV)/bin/ruff check libs services scripts tests loadtests
 	MYPYPATH=$(subst $(space),:,$(SRC_DIRS)) $(VENV)/bin/mypy $(addprefix -p ,$(PACKAGES))
 
 bench: install  ## gateway/scheduler overhead benchmark (reports numbers, does not assert)
