@@ -37,7 +37,10 @@ def test_each_service_gets_its_ports_and_peers(tmp_path, monkeypatch):
     specs = {s.name: s for s in p.plan()}
 
     assert list(specs) == ["worker-0", "worker-1", "scheduler", "embedder", "retriever", "index-worker", "cache",
-                           "gateway"]
+                           "jobs-worker", "gateway"]
+    jobs = specs["jobs-worker"]
+    assert jobs.argv[1:5] == ["-m", "celery", "-A", "goodput_gateway.jobs"] and "goodput-jobs" in jobs.argv
+    assert jobs.env["GOODPUT_GATEWAY_REDIS_URL"] == specs["gateway"].env["GOODPUT_GATEWAY_REDIS_URL"]
     assert specs["cache"].env["GOODPUT_CACHE_GRPC_PORT"] == "50155"
     assert specs["gateway"].env["GOODPUT_GATEWAY_CACHE_ADDR"] == "127.0.0.1:50155"
     w1 = specs["worker-1"].env
@@ -140,7 +143,7 @@ def fake_services(tmp_path):
 def _platform(tmp_path: Path, fake: Path, **env: str) -> Platform:
     offset = next(o for o in (random.randrange(1000, 9000) for _ in range(50)) if _ports_free(o))
     redis_port = offset + 6379
-    return Platform(workdir=tmp_path / "work", workers=2, port_offset=offset, knowledge=False, cache=False,
+    return Platform(workdir=tmp_path / "work", workers=2, port_offset=offset, knowledge=False, cache=False, jobs=False,
                     env={"PYTHONPATH": str(fake), "GOODPUT_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", **env})
 
 
@@ -221,7 +224,7 @@ def test_goodput_up_prints_working_examples_and_ctrl_c_stops_everything(tmp_path
 
     probe = _platform(tmp_path, fake_services)
     env = {**os.environ, "PYTHONPATH": str(fake_services), "GOODPUT_REDIS_URL": probe.redis_url,
-           "GOODPUT_KNOWLEDGE": "0", "GOODPUT_RESPONSE_CACHE": "0"}  # no fakes of those services
+           "GOODPUT_KNOWLEDGE": "0", "GOODPUT_RESPONSE_CACHE": "0", "GOODPUT_JOBS": "0"}  # no fakes of those
     up = subprocess.Popen([sys.executable, "-m", "goodput_cli.main", "up", "--workers", "2", "--port-offset",
                            str(probe.port_offset)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)

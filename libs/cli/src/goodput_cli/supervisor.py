@@ -176,7 +176,7 @@ class Platform:
 
     def __init__(self, *, workdir: Path, workers: int = 1, port_offset: int = 0, env: dict[str, str] | None = None,
                  api_keys: list[dict[str, Any]] | None = None, python: str | None = None,
-                 knowledge: bool | None = None, cache: bool | None = None) -> None:
+                 knowledge: bool | None = None, cache: bool | None = None, jobs: bool | None = None) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.workdir = Path(workdir).resolve()
@@ -190,6 +190,8 @@ class Platform:
         # The response cache (L1 exact + L2 semantic); GOODPUT_RESPONSE_CACHE=0 leaves it out (the gateway then runs
         # uncached).
         self.cache = cache if cache is not None else os.environ.get("GOODPUT_RESPONSE_CACHE", "1") != "0"
+        # Deferred batch jobs: shed P2 requests parked in Redis and finished by a Celery worker (GOODPUT_JOBS=0: off).
+        self.jobs = jobs if jobs is not None else os.environ.get("GOODPUT_JOBS", "1") != "0"
         self.dev_key: str | None = read_dev_key(self.workdir) if api_keys is None else None
         self.redis_url = self.env.get("GOODPUT_REDIS_URL") or os.environ.get("GOODPUT_REDIS_URL") or DEFAULT_REDIS_URL
         self._procs: dict[str, _Proc] = {}
@@ -282,6 +284,15 @@ class Platform:
                 "GOODPUT_CACHE_REDIS_URL": self.redis_url,
             }, self.cache_grpc))
             gateway_env["GOODPUT_GATEWAY_CACHE_ADDR"] = self.cache_grpc
+        if self.jobs:
+            gateway_env["GOODPUT_GATEWAY_REDIS_URL"] = self.redis_url
+            # The jobs worker runs parked requests through the gateway's own pipeline, so it shares its settings.
+            jobs = self._spec("jobs-worker", "gateway", gateway_env, None)
+            specs.append(ServiceSpec(name=jobs.name, env=jobs.env, grpc_addr=None, log_path=jobs.log_path, argv=[
+                self.python, "-m", "celery", "-A", "goodput_gateway.jobs", "worker", "-Q",
+                inherited.get("GOODPUT_GATEWAY_JOBS_QUEUE", "goodput-jobs"),
+                "--pool", "solo", "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+                "--without-heartbeat"]))
         specs.append(self._spec("gateway", "gateway", gateway_env, self.gateway_grpc))
         return specs
 
