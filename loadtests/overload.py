@@ -254,16 +254,21 @@ def goals(report: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
 
 def render_markdown(report: dict[str, Any]) -> str:
     s = report["setup"]
+    if s.get("engine"):  # --engine vllm: real engines, no simulation
+        fleet = (f"Real workers: {s['engine']}, {s['workers']} workers x {s['max_num_seqs']} sequences, prompts and "
+                 f"answers scaled down to the small model; the workers, the scheduler and the client share "
+                 f"{report['machine'].get('cores_usable')} CPU cores ({report['machine'].get('cpu_model')}).")
+    else:
+        fleet = (f"Simulated workers (A100 / 7B calibration, `goodput_inference.sim_engine`), {s['workers']} workers "
+                 f"x {s['max_num_seqs']} sequences, {s['sim'].get('max_batched_tokens', 2048)} tokens per engine "
+                 f"step (vLLM's max_num_batched_tokens, chunked prefill), simulated time x{s['sim']['time_scale']} "
+                 f"(every latency below is wall-clock, so also x{s['sim']['time_scale']} an A100's); real scheduler "
+                 f"and worker processes over gRPC on {report['machine'].get('cores_usable')} CPU cores "
+                 f"({report['machine'].get('cpu_model')}).")
     lines = [
         "# Overload benchmark: priority classes vs FIFO and round-robin placement",
         "",
-        f"Generated {report.get('generated_at', '')} by `python -m loadtests.overload`. Simulated workers "
-        f"(A100 / 7B calibration, `goodput_inference.sim_engine`), {s['workers']} workers x {s['max_num_seqs']} "
-        f"sequences, {s['sim'].get('max_batched_tokens', 2048)} tokens per engine step (vLLM's "
-        f"max_num_batched_tokens, chunked prefill), simulated time x{s['sim']['time_scale']} (every latency below "
-        f"is wall-clock, so also "
-        f"x{s['sim']['time_scale']} an A100's); real scheduler and worker processes over gRPC on "
-        f"{report['machine'].get('cores_usable')} CPU cores ({report['machine'].get('cpu_model')}).",
+        f"Generated {report.get('generated_at', '')} by `python -m loadtests.overload`. {fleet}",
         "",
         f"- Capacity (measured in this run, closed loop, all slots busy): **{report['capacity_rps']:.1f} req/s**.",
         f"- Unloaded P0 TTFT (one request at a time): p50 {report['unloaded_p0_ttft']['p50_ms']:.0f} ms, "
