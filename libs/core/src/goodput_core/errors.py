@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 import grpc
 from grpc import aio
 
+from goodput_core.handlers import rewrap
+
 RETRY_AFTER_KEY = "retry-after"
 # The machine-readable code and the offending parameter travel in trailing metadata, so an error raised by a worker
 # reaches the REST caller with the same `code` and `param` it had at its source.
@@ -163,19 +165,7 @@ class ErrorInterceptor(aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer)
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer)
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                _wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer)
-        if handler.stream_stream:
-            return grpc.stream_stream_rpc_method_handler(
-                _wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer)
-        return handler
+        return rewrap(handler, unary=_wrap_unary, stream=_wrap_stream)
 
 
 def _wrap_unary(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

@@ -20,6 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from goodput_core.handlers import rewrap
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -45,17 +47,7 @@ class GrpcServerMetrics(aio.ServerInterceptor):
         if service.startswith(("grpc.health", "grpc.reflection")):
             return handler
         labels = (service, method)
-        for kind, factory in (("unary_unary", grpc.unary_unary_rpc_method_handler),
-                              ("stream_unary", grpc.stream_unary_rpc_method_handler)):
-            fn = getattr(handler, kind)
-            if fn:
-                return factory(self._unary(fn, labels), handler.request_deserializer, handler.response_serializer)
-        for kind, factory in (("unary_stream", grpc.unary_stream_rpc_method_handler),
-                              ("stream_stream", grpc.stream_stream_rpc_method_handler)):
-            fn = getattr(handler, kind)
-            if fn:
-                return factory(self._stream(fn, labels), handler.request_deserializer, handler.response_serializer)
-        return handler
+        return rewrap(handler, unary=lambda fn: self._unary(fn, labels), stream=lambda fn: self._stream(fn, labels))
 
     def _record(self, labels: tuple[str, str], context: aio.ServicerContext, start: float,
                 error: BaseException | None) -> None:
