@@ -205,7 +205,7 @@ async def execute(settings: Any, job: Job) -> dict[str, Any]:
 
     from goodput_gateway.auth import ApiKeyStore, Principal
     from goodput_gateway.knowledge import Knowledge
-    from goodput_gateway.pipeline import GatewayMetrics, Pipeline, StreamEnd, TextDelta
+    from goodput_gateway.pipeline import GatewayMetrics, Pipeline
     from goodput_gateway.rag import knowledge_base_from
     from goodput_gateway.requests import from_openai_chat, from_openai_completion
     from goodput_gateway.service import GatewayService
@@ -224,16 +224,7 @@ async def execute(settings: Any, job: Job) -> dict[str, Any]:
         principal = Principal(tenant=job.tenant, max_priority=p2, default_priority=p2)
         stream = await service.begin(principal, gen, request_id=f"req-{job.id.removeprefix('job-')}",
                                      knowledge_base=knowledge_base_from(job.body, None))
-        parts: list[str] = []
-        end: StreamEnd | None = None
-        async for event in stream:
-            if isinstance(event, TextDelta):
-                parts.append(event.text)
-            elif isinstance(event, StreamEnd):
-                end = event
-        if end is None:
-            raise Unavailable("the stream ended without a finish")
-        text = "".join(parts)
+        text, end = await stream.collect()
         model = stream.start.model if stream.start else gen.model
         usage = {"prompt_tokens": end.prompt_tokens, "completion_tokens": end.completion_tokens,
                  "total_tokens": end.prompt_tokens + end.completion_tokens}

@@ -163,6 +163,19 @@ class GenerationStream:
         finally:
             await self.aclose()
 
+    async def collect(self) -> tuple[str, StreamEnd]:
+        """The whole answer (for non-streaming callers): its text and its final event."""
+        parts: list[str] = []
+        end: StreamEnd | None = None
+        async for event in self:
+            if isinstance(event, TextDelta):
+                parts.append(event.text)
+            else:
+                end = event
+        if end is None:
+            raise Unavailable("the stream ended without a finish")
+        return "".join(parts), end
+
     def _fail(self, err: GoodputError) -> GoodputError:
         self._outcome = scheduler_pb2.OUTCOME_WORKER_FAILED
         return err

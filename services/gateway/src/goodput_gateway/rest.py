@@ -178,16 +178,8 @@ def _usage(end: StreamEnd) -> dict[str, int]:
 
 
 async def _collect(stream: GenerationStream, gen: GenerationRequest, route: str) -> dict[str, Any]:
-    parts: list[str] = []
-    end: StreamEnd | None = None
-    async for event in stream:
-        if isinstance(event, TextDelta):
-            parts.append(event.text)
-        else:
-            end = event
-    assert end is not None
+    text, end = await stream.collect()
     cid, obj, created = _ids(stream, route)
-    text = "".join(parts)
     choice: dict[str, Any]
     if route == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": end.finish_reason,

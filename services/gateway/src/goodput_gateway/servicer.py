@@ -101,16 +101,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             if cache_metadata(stream):
                 context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *cache_metadata(stream)))
             self._count("grpc", "OK")
-            parts: list[str] = []
-            end: StreamEnd | None = None
-            async for event in stream:
-                if isinstance(event, TextDelta):
-                    parts.append(event.text)
-                else:
-                    end = event
-            assert end is not None and stream.start is not None
+            text, end = await stream.collect()
+            assert stream.start is not None
             return gateway_pb2.GenerateResponse(request_id=request_id, model=stream.start.model,
-                                                text="".join(parts), finish_reason=_FINISH[end.finish_reason],
+                                                text=text, finish_reason=_FINISH[end.finish_reason],
                                                 usage=_usage(end), sources=_sources(stream))
 
     async def ListModels(self, request: gateway_pb2.ListModelsRequest,
