@@ -40,13 +40,16 @@ def test_cli_status_and_chat(platform: Platform) -> None:
 
 def test_worker_killed_mid_stream(platform: Platform) -> None:
     client = openai.OpenAI(base_url=platform.gateway_http + "/v1", api_key=KEY_P0, max_retries=0, timeout=120)
+    # Earlier tests' leases are released off their response path: start from an idle fleet so the one busy
+    # worker below is this stream's.
+    wait_until(lambda: all(w.inflight == 0 for w in list_workers(platform)))
     stream = client.completions.create(model=client.models.list().data[0].id, prompt="1, 2, 3, 4, 5,",
                                        max_tokens=1500, temperature=0, stream=True)
     chunks = iter(stream)
     for _ in range(3):
         next(chunks)
     busy = wait_until(lambda: [w for w in list_workers(platform) if w.inflight > 0])
-    assert len(busy) == 1
+    assert len(busy) == 1, [(w.address, w.inflight) for w in busy]
     victim = next(i for i in range(2) if platform.worker_grpc(i) == busy[0].address)
     threading.Timer(0.2, platform.kill_worker, args=(victim,)).start()
     with pytest.raises(openai.APIError) as exc:
