@@ -273,3 +273,47 @@ async def test_rest_sheds_p2_with_429_retry_after_and_a_job_to_fetch(procs: Proc
             assert 'goodput_gateway_deferred_jobs{state="completed"}' in metrics
     finally:
         await runner.stop()
+
+
+async def test_grpc_sheds_p2_with_resource_exhausted_retry_after_and_a_job(procs: Procs, queue: JobQueue) -> None:
+    from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+
+    keys = json.dumps({"keys": [{"key": API_KEY, "tenant": "batch", "max_priority": "P0"}]})
+    grpc_port = free_port()
+    settings = procs.settings(api_keys=keys, grpc_port=grpc_port, http_port=0, models_cache_s=0.0,
+                              drain_grace_s=0.5)
+    runner = build_gateway(settings, CollectorRegistry(), None)
+    await runner.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            request = gateway_pb2.GenerateRequest(
+                messages=[types_pb2.ChatMessage(role="user", content="Classify these tickets.")],
+                sampling=types_pb2.SamplingParams(max_tokens=5), priority=types_pb2.PRIORITY_P2)
+            metadata = (("authorization", f"Bearer {API_KEY}"),)
+            async with Overload(procs.scheduler_addr) as load:
+                job_ids = []
+                for call in (stub.Generate(request, metadata=metadata, timeout=20),
+                             stub.GenerateStream(request, metadata=metadata, timeout=20)):
+                    with pytest.raises(grpc.RpcError) as shed:
+                        if isinstance(call, aio.UnaryStreamCall):
+                            async for _ in call:
+                                pass
+                        else:
+                            await call
+                    assert shed.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    trailers = dict(shed.value.trailing_metadata() or ())
+                    assert float(trailers["retry-after"]) > 0
+                    job_ids.append(trailers["x-goodput-job-id"])
+                await load.release()
+            for job_id in job_ids:  # not lost: both finish once the overload is gone, with the same answer shape
+                done = await wait_job(queue, job_id, lambda j: j.state == "completed")
+                assert done.tenant == "batch" and done.route == "chat"
+                assert done.result["usage"]["completion_tokens"] == 5
+            # a P0 request is never parked: shed or not, it is the caller's to retry
+            assert "x-goodput-job-id" not in dict((await stub.Generate(
+                gateway_pb2.GenerateRequest(messages=request.messages, sampling=request.sampling,
+                                            priority=types_pb2.PRIORITY_P0),
+                metadata=metadata, timeout=20, wait_for_ready=True).trailing_metadata()) or ())
+    finally:
+        await runner.stop()

@@ -39,6 +39,8 @@ class GoodputError(Exception):
         self.param = param
         self.code = code
         self.retry_after_s = retry_after_s
+        # More trailing metadata for the caller (e.g. the id of the job a shed request was parked as).
+        self.extra_metadata: tuple[tuple[str, str], ...] = ()
 
     def openai_body(self) -> dict[str, Any]:
         """The JSON body OpenAI's API returns for an error."""
@@ -53,7 +55,7 @@ class GoodputError(Exception):
             md.append((ERROR_CODE_KEY, self.code))
         if self.param:
             md.append((ERROR_PARAM_KEY, self.param))
-        return tuple(md)
+        return (*md, *self.extra_metadata)
 
 
 class InvalidArgument(GoodputError):

@@ -49,7 +49,7 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     app = create_app(service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready, jobs=jobs)
     runner = ServiceRunner(name="gateway", settings=settings, registry=registry, provider=provider, http_app=app)
     holder["runner"] = runner
-    runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(service),
+    runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(service, jobs=jobs),
                "goodput.gateway.v1.Gateway")
 
     async def close() -> None:

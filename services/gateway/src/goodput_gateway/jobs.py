@@ -47,7 +47,8 @@ from goodput_core.errors import (
 
 log = logging.getLogger("goodput.gateway.jobs")
 
-__all__ = ["Job", "JobQueue", "JobsMetrics", "STATES", "install_routes", "retry_delay", "run_job"]
+__all__ = ["JOB_ID_KEY", "Job", "JobQueue", "JobsMetrics", "STATES", "install_routes", "park_shed", "retry_delay",
+           "run_job"]
 
 STATES = ("queued", "running", "parked", "completed", "failed", "expired")
 TERMINAL = ("completed", "failed", "expired")
@@ -352,6 +353,23 @@ def install_routes(app: Any, service: Any, read_json: Callable[[Any], Awaitable[
         return JSONResponse(job.public())
 
 
+JOB_ID_KEY = "x-goodput-job-id"  # gRPC trailing metadata of a shed request that was parked
+
+
+async def park_shed(queue: JobQueue, err: GoodputError, *, principal: Any, gen: Any, route: str,
+                    body: dict[str, Any]) -> Job | None:
+    """Parks a request the scheduler shed as a job, when it is batch (P2) work; None otherwise. Both APIs use it:
+    REST passes the caller's body, gRPC the request rewritten as one (``requests.to_openai_body``)."""
+    if not isinstance(err, ResourceExhausted) or err.code not in SHED_CODES or route not in _ENDPOINTS:
+        return None
+    if principal.resolve_priority(gen.priority) != 3:  # only batch (P2) work is parked
+        return None
+    delay = retry_delay(1, err.retry_after_s, base_s=queue.settings.job_retry_base_s,
+                        cap_s=queue.settings.job_retry_cap_s)
+    return await asyncio.to_thread(queue.submit, tenant=principal.tenant, route=route, body=body, delay_s=delay,
+                                   error=f"ResourceExhausted: {err.message}")
+
+
 async def park_if_shed(queue: JobQueue, service: Any, err: GoodputError, request: Any, route: str,
                        error_response: Callable[..., Any], request_id: str) -> Any:
     """The REST error response for ``err``; when it is a P2 request shed by the scheduler, the request is parked
@@ -366,18 +384,14 @@ async def park_if_shed(queue: JobQueue, service: Any, err: GoodputError, request
         body = json.loads(await request.body())
         parse = from_openai_chat if route == "chat" else from_openai_completion
         gen = parse(body, header_priority=request.headers.get("x-goodput-priority"))
-        if principal.resolve_priority(gen.priority) != 3:  # only batch (P2) work is parked
-            return response
-        delay = retry_delay(1, err.retry_after_s, base_s=queue.settings.job_retry_base_s,
-                            cap_s=queue.settings.job_retry_cap_s)
-        job = await asyncio.to_thread(queue.submit, tenant=principal.tenant, route=route, body=body, delay_s=delay,
-                                      error=f"ResourceExhausted: {err.message}")
+        job = await park_shed(queue, err, principal=principal, gen=gen, route=route, body=body)
     except Exception:  # noqa: BLE001 - parking is best effort: the caller still gets its honest 429
         log.exception("could not park a shed P2 request")
         return response
+    if job is None:
+        return response
     payload = err.openai_body()
     payload["error"]["job_id"] = job.id
-    response = error_response(err, request_id)
     return JSONResponse(payload, status_code=response.status_code,
                         headers={**{k: v for k, v in response.headers.items() if k.lower() != "content-length"},
                                  JOB_HEADER: job.id})

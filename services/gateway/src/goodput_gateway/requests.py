@@ -204,6 +204,31 @@ def from_proto(req: gateway_pb2.GenerateRequest, *, stream: bool) -> GenerationR
                              kind="completion" if req.prompt and not req.messages else "chat")
 
 
+def to_openai_body(req: GenerationRequest, *, knowledge_base: str = "") -> tuple[str, dict[str, Any]]:
+    """The route (``chat`` or ``completions``) and OpenAI-shaped body of a parsed request: how a gRPC request is
+    stored when it is parked as a job, so a job runs the same way whichever API submitted it."""
+    body: dict[str, Any] = {"model": req.model}
+    if req.kind == "chat":
+        body["messages"] = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})}
+                            for m in req.messages]
+    else:
+        body["prompt"] = req.prompt
+    s = req.sampling
+    if s.max_tokens:
+        body["max_tokens"] = s.max_tokens
+    if s.stop:
+        body["stop"] = list(s.stop)
+    for name in ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty"):
+        value = getattr(s, name)
+        if value is not None:
+            body[name] = value
+    if req.session_id:
+        body["user"] = req.session_id
+    if knowledge_base:
+        body["knowledge_base"] = knowledge_base
+    return ("chat" if req.kind == "chat" else "completions"), body
+
+
 # ---- shared validation ---------------------------------------------------------------------------------------
 
 

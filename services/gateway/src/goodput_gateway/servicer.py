@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -10,13 +11,16 @@ from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from grpc import aio
 
 from goodput_core.context import REQUEST_ID_HEADER, new_request_id, request_context
-from goodput_core.errors import GoodputError
+from goodput_core.errors import GoodputError, ResourceExhausted
 
 from goodput_gateway.caching import cache_metadata
+from goodput_gateway.jobs import JOB_ID_KEY, JobQueue, park_shed
 from goodput_gateway.knowledge import grpc_embed, grpc_index, grpc_search
 from goodput_gateway.pipeline import GenerationStream, StreamEnd, TextDelta
-from goodput_gateway.requests import from_proto
+from goodput_gateway.requests import GenerationRequest, from_proto, to_openai_body
 from goodput_gateway.service import GatewayService
+
+log = logging.getLogger("goodput.gateway")
 
 _FINISH = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REASON_LENGTH,
            "abort": types_pb2.FINISH_REASON_ABORT}
@@ -47,11 +51,28 @@ def _sources(stream: GenerationStream) -> list[gateway_pb2.Source]:
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, service: GatewayService) -> None:
+    def __init__(self, service: GatewayService, *, jobs: JobQueue | None = None) -> None:
         self.service = service
+        self.jobs = jobs
 
     def _count(self, route: str, code: str, priority: str = "unspecified") -> None:
         self.service.metrics.requests.labels(route, code, priority).inc()
+
+    async def _park(self, err: GoodputError, context: aio.ServicerContext, gen: GenerationRequest | None,
+                    request: gateway_pb2.GenerateRequest) -> None:
+        """A shed P2 request is parked as a job (as on REST); its id travels in trailing metadata next to the
+        RESOURCE_EXHAUSTED status and its retry-after. Best effort: the caller gets its honest error either way."""
+        if self.jobs is None or gen is None or not isinstance(err, ResourceExhausted):
+            return
+        try:
+            principal = self.service.authenticate(_authorization(context))
+            route, body = to_openai_body(gen, knowledge_base=request.knowledge_base)
+            job = await park_shed(self.jobs, err, principal=principal, gen=gen, route=route, body=body)
+        except Exception:  # noqa: BLE001
+            log.exception("could not park a shed P2 request")
+            return
+        if job is not None:
+            err.extra_metadata = (*err.extra_metadata, (JOB_ID_KEY, job.id))
 
     async def GenerateStream(self, request: gateway_pb2.GenerateRequest,
                              context: aio.ServicerContext) -> AsyncIterator[gateway_pb2.GenerateStreamResponse]:
@@ -59,14 +80,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         request_id = new_request_id()
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         with request_context(request_id=request_id):
+            gen = None
             try:
                 principal = self.service.authenticate(_authorization(context))
-                stream = await self.service.begin(principal, from_proto(request, stream=True), request_id=request_id,
+                gen = from_proto(request, stream=True)
+                stream = await self.service.begin(principal, gen, request_id=request_id,
                                                   arrived=arrived, timeout_s=context.time_remaining(),
                                                   knowledge_base=request.knowledge_base,
                                                   cache_control=_metadata(context, "cache-control"))
             except GoodputError as err:
                 self._count("grpc_stream", err.grpc_code.name)
+                await self._park(err, context, gen, request)
                 raise
             if cache_metadata(stream):  # x-goodput-cache: hit; layer=l1; similarity=1.000
                 await context.send_initial_metadata(cache_metadata(stream))
@@ -88,15 +112,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         request_id = new_request_id()
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         with request_context(request_id=request_id):
+            gen = None
             try:
                 principal = self.service.authenticate(_authorization(context))
-                stream = await self.service.begin(principal, from_proto(request, stream=False),
-                                                  request_id=request_id, arrived=arrived,
+                gen = from_proto(request, stream=False)
+                stream = await self.service.begin(principal, gen, request_id=request_id, arrived=arrived,
                                                   timeout_s=context.time_remaining(),
                                                   knowledge_base=request.knowledge_base,
                                                   cache_control=_metadata(context, "cache-control"))
             except GoodputError as err:
                 self._count("grpc", err.grpc_code.name)
+                await self._park(err, context, gen, request)
                 raise
             if cache_metadata(stream):
                 context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *cache_metadata(stream)))
