@@ -156,6 +156,12 @@ class LeaseClient:
             async for chunk in self._worker(event.granted.address).Generate(gen, timeout=spec.deadline_s):
                 if chunk.HasField("delta") and result.ttft_s is None:
                     result.ttft_s = time.monotonic() - result.arrival
+                    # as the gateway does: the scheduler's prefill gate and latency guard act on it
+                    try:
+                        await call.write(scheduler_pb2.LeaseRequest(
+                            first_token=scheduler_pb2.FirstToken(ttft_s=result.ttft_s)))
+                    except (aio.AioRpcError, asyncio.InvalidStateError):
+                        pass  # advisory; the release below settles the lease
                 elif chunk.HasField("finished"):
                     result.e2e_s = time.monotonic() - result.arrival
             outcome = scheduler_pb2.OUTCOME_OK

@@ -209,6 +209,44 @@ async def test_headroom_keeps_slots_for_p0(workers) -> None:  # type: ignore[no-
         await lm.stop()
 
 
+def first_token_msg(ttft_s: float = 0.05) -> scheduler_pb2.LeaseRequest:
+    return scheduler_pb2.LeaseRequest(first_token=scheduler_pb2.FirstToken(ttft_s=ttft_s))
+
+
+async def test_prefill_gate_lets_batch_prompts_in_a_budget_at_a_time_and_never_during_a_p0_prefill(workers) -> None:  # type: ignore[no-untyped-def]
+    (a,) = await workers(1)
+    settings = scheduler_settings([a.address], max_inflight_per_worker=8, low_prefill_budget_tokens=1000,
+                                  shed_p2_at=100, shed_p1_at=100)
+    async with SchedulerHarness(settings) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        worker = h.workers.healthy()[0]
+        first, event = await open_lease(h, "p2-a", priority=P2, prompt_tokens_estimate=800)
+        assert event.HasField("granted")
+        # a second long batch prompt would push the worker's pending prefill past the budget: it waits
+        second, event = await open_lease(h, "p2-b", priority=P2, prompt_tokens_estimate=800, skip_queued=False)
+        assert event.HasField("queued")
+        # P0 is never gated
+        p0, event = await open_lease(h, "p0", priority=P0, prompt_tokens_estimate=300)
+        assert event.HasField("granted")
+        assert worker.p0_prefilling == 1 and worker.low_prefill_tokens == 800
+        # the first batch prompt is prefilled, but a P0 prompt still is: the queued one keeps waiting
+        await first.write(first_token_msg())
+        await wait_for(lambda: worker.low_prefill_tokens == 0)
+        await asyncio.sleep(0.2)
+        assert h.metric("goodput_scheduler_queue_depth", {"priority": "P2"}) == 1
+        # P0's first token: the gate opens
+        await p0.write(first_token_msg())
+        event = await second.read()
+        assert event.HasField("granted")
+        assert worker.p0_prefilling == 0 and worker.low_prefill_tokens == 800
+        # a release without a first token (the request failed in prefill) frees its prefill tokens too
+        await release(second)
+        await wait_for(lambda: worker.low_prefill_tokens == 0)
+        for call in (first, p0):
+            await release(call)
+        assert worker.inflight == 0
+
+
 async def test_prefix_affinity_keeps_a_prefix_on_one_worker_while_load_is_balanced(workers) -> None:  # type: ignore[no-untyped-def]
     ws = await workers(3)
     async with SchedulerHarness(scheduler_settings([w.address for w in ws], max_inflight_per_worker=4)) as h:

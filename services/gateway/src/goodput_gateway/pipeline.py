@@ -95,6 +95,7 @@ class _Lease:
     worker_id: str
     address: str
     released: bool = False
+    first_token: asyncio.Task[None] | None = None  # the first-token report, sent before the release
 
 
 @dataclass
@@ -143,6 +144,8 @@ class GenerationStream:
                     if self._first_token_at is None:
                         self._first_token_at = now
                         metrics.ttft.labels(prio).observe(now - self.arrived)
+                        if self._lease is not None:
+                            self.pipeline.report_first_token(self._lease, now - self.arrived)
                     else:
                         metrics.itl.labels(prio).observe(now - last)
                     last = now
@@ -367,6 +370,14 @@ class Pipeline:
         return StreamStart(request_id=stream.request_id, model=model, worker_id=lease.worker_id,
                            prompt_tokens=first.started.prompt_tokens)
 
+    def report_first_token(self, lease: _Lease, ttft_s: float) -> None:
+        """Tells the scheduler the prompt's prefill is done (off the caller's path): its prefill gate and latency
+        guard act on it before the request ends."""
+        if lease.released or lease.first_token is not None:
+            return
+        message = scheduler_pb2.LeaseRequest(first_token=scheduler_pb2.FirstToken(ttft_s=ttft_s))
+        lease.first_token = asyncio.get_running_loop().create_task(_write_quietly(lease.call, message))
+
     def release(self, lease: _Lease, outcome: int, *, prompt_tokens: int = 0, completion_tokens: int = 0,
                 ttft_s: float = 0.0) -> None:
         """Tells the scheduler the request ended, off the caller's path (it does not delay the response)."""
@@ -382,9 +393,19 @@ class Pipeline:
     @staticmethod
     async def _send_release(lease: _Lease, release: scheduler_pb2.Release) -> None:
         try:
+            if lease.first_token is not None:  # one write at a time on the stream, in order
+                await asyncio.wait_for(lease.first_token, timeout=5)
             await asyncio.wait_for(_release_call(lease.call, release), timeout=5)
         except (grpc.RpcError, asyncio.TimeoutError, asyncio.CancelledError):
             lease.call.cancel()  # the scheduler then releases it as abandoned
+
+
+async def _write_quietly(call: aio.StreamStreamCall, message: scheduler_pb2.LeaseRequest) -> None:
+    """An advisory write: a broken lease stream is handled by the release that follows."""
+    try:
+        await call.write(message)
+    except (grpc.RpcError, asyncio.InvalidStateError):
+        pass
 
 
 async def _release_call(call: aio.StreamStreamCall, release: scheduler_pb2.Release) -> None:

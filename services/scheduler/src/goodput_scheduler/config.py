@@ -57,6 +57,15 @@ class SchedulerSettings(ServiceSettings):
                                                         "ten intervals).")
     guard_decrease: float = Field(0.5, gt=0, lt=1, description="Factor applied to the P1/P2 limit when P0 "
                                                                 "misses the target.")
+    # ---- prefill gate: lower-class prompts enter a worker's engine a step's worth at a time ----
+    low_prefill_budget_tokens: int = Field(
+        4096, ge=0, description="Prompt tokens of P1/P2 requests a worker may be prefilling at once (granted, no "
+                                "first token yet; one request always may). An engine runs the prefill of requests "
+                                "it already holds before a new P0's, so this bounds how long a P0 prompt waits "
+                                "behind batch prompts; lower protects P0's TTFT more and admits batch prompts more "
+                                "slowly. Set near the engine's max_num_batched_tokens; 0 = off.")
+    p0_prefill_exclusive: bool = Field(True, description="No P1/P2 grant to a worker while a P0 prompt is being "
+                                                         "prefilled there (P0's prefill gets the engine's steps).")
     # ---- overload detection (a saturation signal with hysteresis) ----
     shed_p2_at: float = Field(1.0, gt=0, description="Saturation at or above which new P2 requests are shed.")
     shed_p1_at: float = Field(2.0, gt=0, description="Saturation at or above which new P1 requests are shed too.")

@@ -64,6 +64,8 @@ class Lease:
     granted_at: float = field(default_factory=time.monotonic)
     released: bool = False
     priority: int = P1
+    prefilling: bool = True  # no first token reported yet
+    ttft_observed: bool = False
 
 
 @dataclass(eq=False)
@@ -216,6 +218,17 @@ class OverloadDetector:
     def exit_level(self, prio: int) -> float:
         s = self.settings
         return (s.shed_p2_at if prio == P2 else s.shed_p1_at) - s.shed_hysteresis
+
+
+def _prefill_tokens(estimate: int) -> int:
+    return max(int(estimate), 1)
+
+
+def _end_prefill(worker: Worker, priority: int, prompt_tokens: int) -> None:
+    if priority == P0:
+        worker.p0_prefilling = max(worker.p0_prefilling - 1, 0)
+    else:
+        worker.low_prefill_tokens = max(worker.low_prefill_tokens - _prefill_tokens(prompt_tokens), 0)
 
 
 class LatencyGuard:
@@ -462,6 +475,7 @@ class LeaseManager:
         worker.inflight = max(worker.inflight - 1, 0)
         if ticket.priority != P0:
             worker.low_inflight = max(worker.low_inflight - 1, 0)
+        _end_prefill(worker, ticket.priority, ticket.request.prompt_tokens)
         self.metrics.inflight.labels(worker.worker_id).set(worker.inflight)
         self._dispatch()
 
@@ -501,6 +515,9 @@ class LeaseManager:
         worker.inflight += 1
         if ticket.priority != P0:
             worker.low_inflight += 1
+            worker.low_prefill_tokens += _prefill_tokens(ticket.request.prompt_tokens)
+        else:
+            worker.p0_prefilling += 1
         self.pipeline.commit(ticket.request, decision)
         label = priority_name(ticket.priority)
         self.metrics.inflight.labels(worker.worker_id).set(worker.inflight)
@@ -566,19 +583,34 @@ class LeaseManager:
                 if not ticket.done:
                     ticket.future.set_exception(Unavailable("the scheduler is shutting down", retry_after_s=1.0))
 
-    # ---- release ---------------------------------------------------------------------------------------------
+    # ---- first token and release -----------------------------------------------------------------------------
+
+    def first_token(self, lease: Lease, ttft_s: float) -> None:
+        """The gateway saw the lease's first token: its prompt no longer counts as pending prefill on the worker
+        (the prefill gate may now admit more there), and a P0 TTFT reaches the latency guard at once."""
+        if lease.released or not lease.prefilling:
+            return
+        lease.prefilling = False
+        _end_prefill(lease.worker, lease.priority, lease.request.prompt_tokens)
+        if lease.priority == P0 and ttft_s > 0:
+            lease.ttft_observed = True
+            self.guard.observe(ttft_s)
+        self._dispatch()
 
     def release(self, lease: Lease, outcome: int, *, ttft_s: float = 0.0) -> None:
         """Frees the lease's slot. ``ttft_s`` (the gateway's measured time to first token) feeds the latency
-        guard when the lease was P0."""
+        guard when the lease was P0 (unless :meth:`first_token` already did)."""
         if lease.released:
             return
         lease.released = True
         self.leases.pop(lease.request.request_id, None)
+        if lease.prefilling:
+            lease.prefilling = False
+            _end_prefill(lease.worker, lease.priority, lease.request.prompt_tokens)
         lease.worker.inflight = max(lease.worker.inflight - 1, 0)
         if lease.priority != P0:
             lease.worker.low_inflight = max(lease.worker.low_inflight - 1, 0)
-        elif outcome == scheduler_pb2.OUTCOME_OK:
+        elif outcome == scheduler_pb2.OUTCOME_OK and not lease.ttft_observed:
             self.guard.observe(ttft_s)
         self.guard.maybe_adjust(time.monotonic())
         self.metrics.inflight.labels(lease.worker.worker_id).set(lease.worker.inflight)

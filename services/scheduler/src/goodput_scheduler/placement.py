@@ -6,8 +6,10 @@ scheduler.
 Steps shipped here:
 
 * filters: ``healthy``, ``serves_model``, ``has_capacity`` (the per-worker cap, less the headroom kept for more
-  urgent classes, and a KV cache that is not full);
-* scorers: ``least_loaded`` (leases held, engine queue, KV usage), ``prefix_affinity`` (the worker that recently
+  urgent classes, and a KV cache that is not full), ``prefill_gate`` (P1/P2 prompts enter an engine a bounded
+  number of tokens at a time, and not while it prefills a P0 prompt);
+* scorers: ``least_loaded`` (leases held, engine queue, KV usage), ``least_prefill`` (prompt prefill pending on
+  the worker), ``prefix_affinity`` (the worker that recently
   served the longest matching prompt prefix, from block hashes in a bounded LRU), ``session_affinity``;
 * pickers: ``max_score`` (random among equals), ``round_robin``, ``random``.
 
@@ -39,7 +41,8 @@ from goodput_scheduler.registry import Worker
 
 __all__ = [
     "Decision", "PlacementPipeline", "PlacementRequest", "PrefixAffinity", "PrefixIndex", "Profile",
-    "SessionAffinity", "build_pipeline", "has_capacity", "healthy", "least_loaded", "serves_model",
+    "SessionAffinity", "build_pipeline", "has_capacity", "healthy", "least_loaded", "least_prefill", "prefill_gate",
+    "serves_model",
 ]
 
 _P0 = int(types_pb2.PRIORITY_P0)
@@ -101,6 +104,22 @@ def has_capacity(max_inflight: int, *, shares: dict[int, float] | None = None, k
     return _filter
 
 
+def prefill_gate(budget_tokens: int, *, p0_exclusive: bool = True) -> Filter:
+    """P1/P2 only: no grant to a worker that is prefilling a P0 prompt (``p0_exclusive``), nor one whose pending
+    P1/P2 prefill (granted leases without a first token) would exceed ``budget_tokens`` — one request always may.
+    vLLM schedules the chunks of prompts it already holds before a newly arrived one, whatever its priority, so a
+    P0 prompt otherwise waits behind every batch prompt granted before it. ``budget_tokens`` 0 turns it off."""
+
+    def _filter(req: PlacementRequest, w: Worker) -> bool:
+        if budget_tokens <= 0 or req.priority == _P0:
+            return True
+        if p0_exclusive and w.p0_prefilling > 0:
+            return False
+        return w.low_prefill_tokens == 0 or w.low_prefill_tokens + req.prompt_tokens <= budget_tokens
+    _filter.__name__ = "prefill_gate"
+    return _filter
+
+
 # ---- scorers -------------------------------------------------------------------------------------------------
 
 
@@ -112,6 +131,17 @@ def least_loaded(*, kv_weight: float = 1.0, queue_weight: float = 1.0) -> Scorer
         cap = w.capacity
         return -(w.inflight / cap + queue_weight * w.load.waiting / cap + kv_weight * w.load.kv_cache_usage)
     _score.__name__ = "least_loaded"
+    return _score
+
+
+def least_prefill(budget_tokens: int) -> Scorer:
+    """Less prompt prefill pending on the worker scores higher (P0 prompts count as a full budget each): a new
+    request's first token waits for the prefill ahead of it in the engine."""
+    scale = float(max(budget_tokens, 1))
+
+    def _score(_: PlacementRequest, w: Worker) -> float:
+        return -(w.low_prefill_tokens / scale + w.p0_prefilling)
+    _score.__name__ = "least_prefill"
     return _score
 
 
@@ -333,8 +363,9 @@ class PlacementPipeline:
 # ---- the declarative profile ---------------------------------------------------------------------------------
 
 DEFAULT_PROFILE: dict[str, Any] = {
-    "filters": ["healthy", "serves_model", "has_capacity"],
+    "filters": ["healthy", "serves_model", "has_capacity", "prefill_gate"],
     "scorers": [{"name": "least_loaded", "weight": 1.0},
+                {"name": "least_prefill", "weight": 0.5},
                 {"name": "prefix_affinity", "weight": 2.0},
                 {"name": "session_affinity", "weight": 3.0}],
     "picker": "max_score",
@@ -414,6 +445,11 @@ class _Settings(Protocol):
     prefix_index_entries: int
     prefix_balance_slack: float
     session_index_entries: int
+    low_prefill_budget_tokens: int
+    p0_prefill_exclusive: bool
+
+    @property
+    def queue_policy(self) -> str: ...
 
 
 _FILTERS: dict[str, Callable[[_Settings, Callable[[], float] | None], Filter]] = {
@@ -422,9 +458,13 @@ _FILTERS: dict[str, Callable[[_Settings, Callable[[], float] | None], Filter]] =
     "has_capacity": lambda s, low_limit: has_capacity(
         s.max_inflight_per_worker, kv_full=s.kv_full, low_limit=low_limit,
         shares={types_pb2.PRIORITY_P1: s.p1_max_share, types_pb2.PRIORITY_P2: s.p2_max_share}),
+    # the fifo baseline has no classes, so no gate between them
+    "prefill_gate": lambda s, _: prefill_gate(s.low_prefill_budget_tokens if s.queue_policy == "priority" else 0,
+                                              p0_exclusive=s.p0_prefill_exclusive),
 }
 _SCORERS: dict[str, Callable[[_Settings], Scorer]] = {
     "least_loaded": lambda s: least_loaded(kv_weight=s.kv_weight, queue_weight=s.queue_weight),
+    "least_prefill": lambda s: least_prefill(s.low_prefill_budget_tokens or 4096),
     "prefix_affinity": lambda s: PrefixAffinity(PrefixIndex(block_chars=s.prefix_block_chars,
                                                             max_entries=s.prefix_index_entries),
                                                 max_inflight=s.max_inflight_per_worker,

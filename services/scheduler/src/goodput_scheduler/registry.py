@@ -42,6 +42,10 @@ class Worker:
     model: inference_pb2.ModelInfo | None = None
     inflight: int = 0
     low_inflight: int = 0  # of which P1/P2 (bounded by the latency guard)
+    # Granted leases whose first token has not come yet (their prompts are being prefilled): P0 leases, and the
+    # estimated prompt tokens of P1/P2 leases (bounded by the prefill gate).
+    p0_prefilling: int = 0
+    low_prefill_tokens: int = 0
     consecutive_failures: int = 0
     consecutive_passes: int = 0
     last_error: str = ""

@@ -68,7 +68,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     worker_id=lease.worker.worker_id, address=lease.worker.address, reason=lease.reason,
                     queue_wait_s=lease.queue_wait_s))
                 async for msg in request_iterator:
-                    if msg.HasField("release"):
+                    if msg.HasField("first_token"):
+                        self.leases.first_token(lease, msg.first_token.ttft_s)
+                    elif msg.HasField("release"):
                         outcome = msg.release.outcome or scheduler_pb2.OUTCOME_OK
                         ttft_s = msg.release.ttft_s
                         break

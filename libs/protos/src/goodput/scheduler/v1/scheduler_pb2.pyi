@@ -25,12 +25,20 @@ OUTCOME_ERROR: Outcome
 OUTCOME_ABANDONED: Outcome
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("admit", "release")
+    __slots__ = ("admit", "release", "first_token")
     ADMIT_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     admit: Admit
     release: Release
-    def __init__(self, admit: _Optional[_Union[Admit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+    first_token: FirstToken
+    def __init__(self, admit: _Optional[_Union[Admit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ...) -> None: ...
+
+class FirstToken(_message.Message):
+    __slots__ = ("ttft_s",)
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    ttft_s: float
+    def __init__(self, ttft_s: _Optional[float] = ...) -> None: ...
 
 class Admit(_message.Message):
     __slots__ = ("request_id", "tenant", "priority", "model", "prompt_tokens_estimate", "max_tokens", "prefix_hint", "session_id")
