@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -95,7 +96,8 @@ class Procs:
                          "GOODPUT_GATEWAY_JOBS_PREFIX": f"goodput-test:{run}",
                          "GOODPUT_GATEWAY_SCHEDULER_ADDR": self.scheduler_addr,
                          "GOODPUT_GATEWAY_JOB_RETRY_BASE_S": "0.2", "GOODPUT_GATEWAY_JOB_RETRY_CAP_S": "1.0",
-                         "GOODPUT_GATEWAY_REQUEST_TIMEOUT_S": "20"}
+                         "GOODPUT_GATEWAY_REQUEST_TIMEOUT_S": "20",
+                         "GOODPUT_GATEWAY_JOBS_WORKER_HTTP_PORT": str(free_port())}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
@@ -224,6 +226,22 @@ async def test_parked_p2_work_completes_after_load_falls(procs: Procs, queue: Jo
     assert done.result["choices"][0]["message"]["content"].strip()
     assert done.result["usage"]["completion_tokens"] == 6
     assert queue.count("completed") >= 1
+
+
+async def test_worker_serves_metrics_and_probes_on_its_http_port(procs: Procs, queue: JobQueue) -> None:
+    # Started on Celery's worker_ready: what the chart's HTTP probes and ServiceMonitor use.
+    base = f"http://127.0.0.1:{procs.jobs_env['GOODPUT_GATEWAY_JOBS_WORKER_HTTP_PORT']}"
+    job = await asyncio.to_thread(queue.submit, tenant="batch", route="chat", body=chat_body())
+    await wait_job(queue, job.id, lambda j: j.state == "completed")
+    async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+        assert (await http.get("/healthz")).status_code == 200
+        metrics = (await http.get("/metrics")).text
+    # Read from Redis, so they include what the worker's task processes did.
+    assert 'goodput_gateway_deferred_jobs{state="completed"}' in metrics
+    completed = re.search(r'^goodput_gateway_deferred_job_attempts_total\{outcome="completed"\} (\S+)$', metrics,
+                          re.MULTILINE)
+    assert completed and float(completed.group(1)) >= 1, metrics
+    assert queue.attempts()["completed"] >= 1
 
 
 async def test_parked_p2_work_survives_a_scheduler_restart(procs: Procs, queue: JobQueue) -> None:

@@ -112,7 +112,8 @@ class ResponseCache:
         self.l1 = ExactStore(redis, prefix=settings.key_prefix)
         self.vectoriser = vectoriser
         self.index: VectorIndex = index or NumpyIndex(dim=vectoriser.dim if vectoriser else 384,
-                                                     max_per_partition=settings.max_partition_entries)
+                                                     max_per_partition=settings.max_partition_entries,
+                                                     ann=settings.ann_config())
         self.metrics = metrics
         self._tally: dict[str, _Tally] = defaultdict(_Tally)
         self._broken_until = 0.0

@@ -10,6 +10,8 @@ from pydantic_settings import NoDecode
 
 from goodput_core.settings import ServiceSettings, service_config
 
+from goodput_cache.ann import AnnConfig
+
 # Chosen from the evaluation (loadtests/reports/cache_eval.md): the lowest threshold whose wrong-hit share stays
 # at or below 1% on every labelled set with the near-miss guard on.
 DEFAULT_THRESHOLD = 0.95
@@ -45,6 +47,18 @@ class CacheSettings(ServiceSettings):
     max_entries: int = Field(100_000, ge=1, description="Entries kept (all tenants); the least recently used "
                                                         "are evicted beyond it.")
     max_partition_entries: int = Field(100_000, ge=1, description="L2 entries searched per partition.")
+    ann_min_entries: int = Field(4096, ge=1, description="L2 partitions with at least this many entries are "
+                                                         "searched through an HNSW graph (approximate, re-scored "
+                                                         "exactly); smaller ones by an exact scan.")
+    ann_m: int = Field(32, ge=4, le=256, description="HNSW links per entry (recall and memory grow with it).")
+    ann_ef_construction: int = Field(40, ge=8, description="HNSW candidate list while building (build time and "
+                                                           "graph quality grow with it).")
+    ann_ef_search: int = Field(64, ge=4, description="HNSW candidate list per search (recall and latency grow "
+                                                     "with it).")
+    ann_rebuild_fraction: float = Field(0.1, gt=0, le=1.0, description="A partition's graph is rebuilt in the "
+                                        "background when entries added since the last build (scanned exactly "
+                                        "meanwhile) or removed ones reach this share of it.")
+    ann_build_threads: int = Field(1, ge=1, description="CPU threads of one background graph build.")
     max_entry_bytes: int = Field(256 * 1024, ge=1024, description="Largest answer stored; larger is refused.")
     max_query_chars: int = Field(65_536, ge=1, description="Largest conversation (characters) accepted.")
     ttl_chat_s: int = Field(86_400, ge=1, description="TTL of chat/completion answers.")
@@ -72,6 +86,11 @@ class CacheSettings(ServiceSettings):
         if isinstance(value, str):
             return [t.strip() for t in value.split(",") if t.strip()]
         return value
+
+    def ann_config(self) -> AnnConfig:
+        return AnnConfig(min_entries=self.ann_min_entries, m=self.ann_m, ef_construction=self.ann_ef_construction,
+                         ef_search=self.ann_ef_search, rebuild_fraction=self.ann_rebuild_fraction,
+                         build_threads=self.ann_build_threads)
 
     def threshold_for(self, tenant: str) -> float:
         return float(self.tenant_thresholds.get(tenant, self.threshold))

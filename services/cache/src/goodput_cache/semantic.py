@@ -1,15 +1,17 @@
-"""L2: the semantic index. One exact (brute-force) cosine index per partition, in memory, rebuilt from Redis at start.
+"""L2: the semantic index. One cosine index per partition, in memory, rebuilt from Redis at start.
 
-Why not Redis or Qdrant: this Redis (7.0, no RediSearch) has no vector search, and qdrant-client's local mode is
-brute force too, with ~18 ms per query at 10k points (too slow for a 20 ms p99 at 100k). A contiguous float32 matrix
-per partition searched with one matrix-vector product is exact (no recall loss: a missed neighbour would be a missed
-hit, an approximate neighbour a possible wrong one), takes ~1.5 KiB per entry and scans 100k entries in a few
-milliseconds. Partitions keep searches small and make cross-tenant hits impossible by construction: a search only
-ever sees the vectors of its own partition. The :class:`VectorIndex` protocol lets a Qdrant server (filtered by
-partition) replace it for fleets whose cache does not fit one process.
+Small partitions (below ``AnnConfig.min_entries``, 4096 by default) are searched exactly: a contiguous float32
+matrix and one matrix-vector product (~1.5 KiB per entry). Larger ones get an HNSW graph (``ann.py``, faiss): an
+exact scan of 100k x 384 costs 20-60 ms on a busy 2-core machine, over the 20 ms lookup goal; HNSW well under a
+millisecond. Every candidate is re-scored with its exact cosine before the threshold, so the approximate search can
+only miss a neighbour (a lost hit), never return a wrong one. Why not Redis or Qdrant: this Redis (7.0, no
+RediSearch) has no vector search, and qdrant-client's local mode is brute force with ~18 ms per query at 10k points.
+Partitions keep searches small and make cross-tenant hits impossible by construction: a search only ever sees the
+vectors of its own partition. The :class:`VectorIndex` protocol lets a Qdrant server (filtered by partition)
+replace it for fleets whose cache does not fit one process.
 
 Example:
-    >>> index = NumpyIndex(dim=384, max_per_partition=100_000)
+    >>> index = NumpyIndex(dim=384, max_per_partition=100_000, ann=AnnConfig())
     >>> index.add("p1", "key1", vector, question="how do I reset my password?", expires=time.time() + 3600)
     >>> index.search("p1", query_vector, k=4)     # [(0.97, "key1", "how do I reset my password?")]
 """
@@ -23,7 +25,9 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["Candidate", "NumpyIndex", "VectorIndex"]
+from goodput_cache.ann import AnnConfig, AnnPartition
+
+__all__ = ["AnnConfig", "Candidate", "NumpyIndex", "VectorIndex"]
 
 
 @dataclass(frozen=True)
@@ -45,11 +49,14 @@ class VectorIndex(Protocol):
 
 @dataclass
 class _Partition:
+    """An exactly searched partition: rows packed at the front (a removal moves the last row into the hole)."""
+
     dim: int
     vectors: np.ndarray = field(init=False)
     expires: np.ndarray = field(init=False)
     keys: list[str] = field(default_factory=list)
     questions: list[str] = field(default_factory=list)
+    row_of: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.vectors = np.zeros((16, self.dim), dtype=np.float32)
@@ -58,7 +65,7 @@ class _Partition:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def append(self, key: str, vector: np.ndarray, question: str, expires: float) -> int:
+    def add(self, key: str, vector: np.ndarray, question: str, expires: float) -> None:
         n = len(self.keys)
         if n == len(self.vectors):
             grown = np.zeros((2 * n, self.dim), dtype=np.float32)
@@ -71,31 +78,46 @@ class _Partition:
         self.expires[n] = expires
         self.keys.append(key)
         self.questions.append(question)
-        return n
+        self.row_of[key] = n
 
-    def pop(self, i: int) -> str | None:
-        """Removes row i by moving the last row into it; returns the key that moved into i (or None)."""
+    def remove(self, key: str) -> bool:
+        i = self.row_of.pop(key, None)
+        if i is None:
+            return False
         last = len(self.keys) - 1
-        moved = None
         if i != last:
             self.vectors[i] = self.vectors[last]
             self.expires[i] = self.expires[last]
             self.keys[i] = self.keys[last]
             self.questions[i] = self.questions[last]
-            moved = self.keys[i]
+            self.row_of[self.keys[i]] = i
         self.keys.pop()
         self.questions.pop()
-        return moved
+        return True
+
+    def oldest(self) -> str:
+        return self.keys[int(np.argmin(self.expires[:len(self.keys)]))]
+
+    def search(self, vector: np.ndarray, k: int, now: float) -> list[tuple[float, int]]:
+        n = len(self.keys)
+        sims = self.vectors[:n] @ vector
+        sims[self.expires[:n] < now] = -np.inf
+        top = np.argpartition(-sims, k)[:k] if n > k else np.arange(n)
+        top = top[np.argsort(-sims[top])]
+        return [(float(sims[i]), int(i)) for i in top if sims[i] > -np.inf]
 
 
 class NumpyIndex:
-    """Exact cosine search per partition over L2-normalised vectors. Thread-safe (searches run in a thread pool)."""
+    """Cosine search per partition over L2-normalised vectors: exact, or HNSW for partitions of at least
+    ``ann.min_entries`` (``ann=None``: always exact). Thread-safe (searches run in a thread pool); graph builds run
+    in background threads."""
 
-    def __init__(self, *, dim: int, max_per_partition: int) -> None:
+    def __init__(self, *, dim: int, max_per_partition: int, ann: AnnConfig | None = None) -> None:
         self.dim = dim
         self.max_per_partition = max_per_partition
-        self._parts: dict[str, _Partition] = {}
-        self._where: dict[str, tuple[str, int]] = {}
+        self.ann = ann
+        self._parts: dict[str, _Partition | AnnPartition] = {}
+        self._where: dict[str, str] = {}
         self._lock = threading.RLock()
 
     def __len__(self) -> int:
@@ -115,43 +137,77 @@ class NumpyIndex:
                 part = self._parts[partition] = _Partition(self.dim)
             if len(part) >= self.max_per_partition:
                 # the oldest-expiring entry of a full partition makes room
-                self._remove_at(partition, part, int(np.argmin(part.expires[:len(part)])))
-            self._where[key] = (partition, part.append(key, v, question, expires))
+                self._remove(partition, part, part.oldest())
+                part = self._parts.setdefault(partition, part)
+            part.add(key, v, question, expires)
+            self._where[key] = partition
+            if self.ann is not None and isinstance(part, _Partition) and len(part) >= self.ann.min_entries:
+                part = self._parts[partition] = self._promote(part, self.ann)
+            if isinstance(part, AnnPartition):
+                self._maybe_build(part)
 
-    def _remove_at(self, partition: str, part: _Partition, i: int) -> None:
-        key = part.keys[i]
-        moved = part.pop(i)
+    def _promote(self, small: _Partition, config: AnnConfig) -> AnnPartition:
+        """An exact partition that reached ``min_entries`` becomes an HNSW one (searched exactly until built)."""
+        big = AnnPartition(self.dim, config, self._lock)
+        for i, key in enumerate(small.keys):
+            big.add(key, small.vectors[i], small.questions[i], float(small.expires[i]))
+        return big
+
+    def _maybe_build(self, part: AnnPartition, *, complete: bool = False) -> None:
+        if part.needs_build(complete=complete):
+            part.building = True
+            threading.Thread(target=self._build, args=(part,), name="l2-index-build", daemon=True).start()
+
+    def _build(self, part: AnnPartition) -> None:
+        part.rebuild()
+        with self._lock:  # what arrived during the build may call for the next one
+            if any(p is part for p in self._parts.values()):
+                self._maybe_build(part)
+
+    def _remove(self, partition: str, part: _Partition | AnnPartition, key: str) -> None:
+        part.remove(key)
         del self._where[key]
-        if moved is not None:
-            self._where[moved] = (partition, i)
-        if not part.keys:
+        if not len(part):
             del self._parts[partition]
 
     def remove(self, keys: list[str]) -> int:
         removed = 0
         with self._lock:
             for key in keys:
-                where = self._where.get(key)
-                if where is None:
+                partition = self._where.get(key)
+                if partition is None:
                     continue
-                partition, i = where
-                self._remove_at(partition, self._parts[partition], i)
+                part = self._parts[partition]
+                self._remove(partition, part, key)
                 removed += 1
+                if isinstance(part, AnnPartition) and len(part):
+                    self._maybe_build(part)
         return removed
 
     def search(self, partition: str, vector: np.ndarray, *, k: int, min_similarity: float) -> list[Candidate]:
         """Up to ``k`` unexpired entries of ``partition`` with similarity >= ``min_similarity``, best first."""
+        q = np.ascontiguousarray(np.asarray(vector, dtype=np.float32).reshape(-1))
         with self._lock:
             part = self._parts.get(partition)
-            if part is None or not part.keys:
+            if part is None or not len(part):
                 return []
-            n = len(part)
-            sims = part.vectors[:n] @ np.asarray(vector, dtype=np.float32).reshape(-1)
-            sims[part.expires[:n] < time.time()] = -1.0
-            if n > k:
-                top = np.argpartition(-sims, k)[:k]
-            else:
-                top = np.arange(n)
-            top = top[np.argsort(-sims[top])]
-            return [Candidate(float(sims[i]), part.keys[i], part.questions[i]) for i in top
-                    if sims[i] >= min_similarity]
+            return [Candidate(sim, part.keys[i], part.questions[i]) for sim, i in part.search(q, k, time.time())
+                    if sim >= min_similarity]
+
+    def settle(self, timeout_s: float = 600.0, *, complete: bool = False) -> bool:
+        """Waits until no partition's graph is being built or due for a build (benchmarks, tests); True if so.
+        ``complete``: until every large partition's graph holds all its entries and no tombstone."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                busy = [p for p in self._parts.values() if isinstance(p, AnnPartition) and p.building]
+                for p in self._parts.values():
+                    if isinstance(p, AnnPartition):
+                        self._maybe_build(p, complete=complete)
+                        if p.building and p not in busy:
+                            busy.append(p)
+            if not busy:
+                return True
+            for p in busy:
+                p.wait_until(deadline)
+        return False

@@ -47,6 +47,8 @@ class GatewaySettings(ServiceSettings):
     jobs_queue: str = Field("goodput-jobs", description="Celery queue of the job workers "
                                                         "(`celery -A goodput_gateway.jobs worker -Q <queue>`).")
     jobs_prefix: str = Field("goodput:jobs", description="Prefix of the jobs' Redis keys.")
+    jobs_worker_http_port: int = Field(9107, ge=0, le=65535, description="/metrics (and the probes' /healthz) of a "
+                                                                        "Celery jobs worker (0 = none).")
     park_shed_p2: bool = Field(True, description="Park P2 requests the scheduler sheds as jobs (429 + job id).")
     job_deadline_s: float = Field(86_400.0, gt=0, description="A job not completed by then expires.")
     job_result_ttl_s: float = Field(7 * 86_400.0, gt=0, description="How long a finished job stays fetchable.")

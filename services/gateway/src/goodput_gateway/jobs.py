@@ -13,6 +13,10 @@
 State lives in Redis (a hash per job, a set per state), never in a scheduler or gateway process, so a job survives
 restarts of either; the Celery message is acknowledged late, so it survives a worker crash as well.
 
+A worker serves ``/metrics`` (any other path answers the same, so it doubles as the probes' ``/healthz``) on
+``jobs_worker_http_port`` once it is ready: jobs by state and attempts by outcome, both read from Redis, so they
+cover every worker process (the prefork children run the tasks, the parent serves the metrics).
+
 Example:
     >>> queue = JobQueue(settings, redis.Redis.from_url(settings.redis_url))
     >>> job = queue.submit(tenant="acme", route="chat", body={"messages": [...]})
@@ -35,6 +39,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from goodput_core.errors import (
     DeadlineExceeded,
@@ -48,10 +54,11 @@ from goodput_core.errors import (
 log = logging.getLogger("goodput.gateway.jobs")
 
 __all__ = ["JOB_ID_KEY", "Job", "JobQueue", "JobsMetrics", "STATES", "install_routes", "park_shed", "retry_delay",
-           "run_job"]
+           "run_job", "serve_metrics"]
 
 STATES = ("queued", "running", "parked", "completed", "failed", "expired")
 TERMINAL = ("completed", "failed", "expired")
+OUTCOMES = ("completed", "parked", "failed")  # where an attempt (a "running" job) ends
 JOB_HEADER = "X-Goodput-Job-Id"
 # Worth retrying later: shed, scheduler or workers unreachable, expired in the queue.
 RETRYABLE = (ResourceExhausted, Unavailable, DeadlineExceeded)
@@ -115,6 +122,7 @@ class JobsMetrics:
                          ["state"], registry=registry)
             for state in STATES:
                 jobs.labels(state).set_function(_state_reader(queue, state))
+            registry.register(_AttemptsCollector(queue))
 
 
 def _state_reader(queue: JobQueue, state: str) -> Callable[[], float]:
@@ -124,6 +132,32 @@ def _state_reader(queue: JobQueue, state: str) -> Callable[[], float]:
         except Exception:  # noqa: BLE001 - a scrape must not fail because Redis blinked
             return float("nan")
     return read
+
+
+class _AttemptsCollector(Collector):
+    """Attempts of deferred jobs by outcome, counted in Redis by whichever process ran them."""
+
+    def __init__(self, queue: JobQueue) -> None:
+        self.queue = queue
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [self._family()]
+
+    def collect(self) -> list[CounterMetricFamily]:
+        family = self._family()
+        try:
+            counts = self.queue.attempts()
+        except Exception:  # noqa: BLE001 - a scrape must not fail because Redis blinked
+            return [family]
+        for outcome in OUTCOMES:
+            family.add_metric([outcome], counts.get(outcome, 0))
+        return [family]
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily("goodput_gateway_deferred_job_attempts",
+                                   "Attempts of deferred jobs by outcome (from Redis, all processes).",
+                                   labels=["outcome"])
 
 
 class JobQueue:
@@ -146,6 +180,11 @@ class JobQueue:
     def count(self, state: str) -> int:
         return int(self.redis.scard(self._state_key(state)))
 
+    def attempts(self) -> dict[str, int]:
+        """Attempts ever ended per outcome (completed, parked, failed), over every worker."""
+        raw = self.redis.hgetall(f"{self.prefix}:attempts")
+        return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+
     def save(self, job: Job, *, previous: str | None = None) -> None:
         job.updated_at = time.time()
         ttl = int(max(job.deadline_at - time.time(), 0) + self.settings.job_result_ttl_s)
@@ -154,6 +193,8 @@ class JobQueue:
         if previous and previous != job.state:
             pipe.srem(self._state_key(previous), job.id)
         pipe.sadd(self._state_key(job.state), job.id)
+        if previous == "running" and job.state in OUTCOMES:
+            pipe.hincrby(f"{self.prefix}:attempts", job.state, 1)
         pipe.execute()
         if previous != job.state:
             self.metrics.transitions.labels(job.state).inc()
@@ -302,6 +343,7 @@ def celery_app(settings: Any) -> Any:
 
 def _register(app: Any, settings: Any) -> None:
     import redis
+    from celery import signals
 
     client = redis.Redis.from_url(settings.redis_url)
 
@@ -310,6 +352,25 @@ def _register(app: Any, settings: Any) -> None:
         queue = JobQueue(settings, client, send=_celery_send(settings))
         job = run_job(queue, job_id)
         return job.state if job else "missing"
+
+    @signals.worker_ready.connect(weak=False)
+    def _metrics(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", app) is app:  # signals are process-wide; only this app's worker serves
+            serve_metrics(settings, client)
+
+
+def serve_metrics(settings: Any, redis_client: Any) -> tuple[Any, Any] | None:
+    """Starts a worker's metrics server on ``jobs_worker_http_port`` (0 = none) at ``grpc_host``: jobs by state and
+    attempts by outcome (from Redis). Returns the server and its thread; called on Celery's ``worker_ready``."""
+    if not settings.jobs_worker_http_port:
+        return None
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry()
+    JobsMetrics(registry, JobQueue(settings, redis_client, send=_celery_send(settings)))
+    server, thread = start_http_server(settings.jobs_worker_http_port, addr=settings.grpc_host, registry=registry)
+    log.info("jobs worker metrics", extra={"addr": settings.grpc_host, "port": settings.jobs_worker_http_port})
+    return server, thread
 
 
 def _worker_app() -> Any:
