@@ -96,6 +96,7 @@ indexWorker:
   prefix: GOODPUT_EMBEDDER_
   grpcPort: 0
   httpPort: 9106
+  httpPortSetting: WORKER_HTTP_PORT
   ingressFrom: []
   egressTo: [embedder]
   external: [redis, qdrant, elasticsearch]
@@ -175,11 +176,13 @@ and loaded with envFrom. ctx: root, svc
 {{- $p := $meta.prefix }}
 {{- $c := $root.Values.common }}
 {{- $env := dict }}
-{{- if $meta.grpcPort }}
+{{- /* GRPC_HOST is where every server of the process binds, the Celery workers' metrics included:
+the kubelet probes the pod IP. */}}
 {{- $_ := set $env (printf "%sGRPC_HOST" $p) "0.0.0.0" }}
+{{- if $meta.grpcPort }}
 {{- $_ := set $env (printf "%sGRPC_PORT" $p) (toString $meta.grpcPort) }}
 {{- end }}
-{{- $_ := set $env (printf "%sHTTP_PORT" $p) (toString $meta.httpPort) }}
+{{- $_ := set $env (printf "%s%s" $p ($meta.httpPortSetting | default "HTTP_PORT")) (toString $meta.httpPort) }}
 {{- $_ := set $env (printf "%sLOG_LEVEL" $p) $c.logLevel }}
 {{- $_ := set $env (printf "%sLOG_FORMAT" $p) $c.logFormat }}
 {{- $_ := set $env (printf "%sOTEL_EXPORTER" $p) $c.otel.exporter }}
