@@ -69,5 +69,6 @@ def test_cluster_prerequisites_validate(chart: Any) -> None:
 
 def test_default_render_has_every_service(chart: Any) -> None:
     text = chart.text()
-    for component in ("gateway", "scheduler", "inference", "embedder", "retriever", "cache", "indexing-worker"):
+    for component in ("gateway", "scheduler", "inference", "embedder", "retriever", "cache", "indexing-worker",
+                      "jobs-worker"):
         assert f"app.kubernetes.io/component: {component}" in text, component

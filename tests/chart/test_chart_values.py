@@ -78,7 +78,7 @@ def test_hpa_metrics_match_the_adapter_rules(chart: Any) -> None:
 
 def test_cpu_services_scale_on_cpu(chart: Any) -> None:
     hpas = by_kind(chart.docs(), "HorizontalPodAutoscaler")
-    for component in ("gateway", "embedder", "retriever", "cache", "indexing-worker"):
+    for component in ("gateway", "embedder", "retriever", "cache", "indexing-worker", "jobs-worker"):
         metrics = hpas[component]["spec"]["metrics"]
         assert [m["type"] for m in metrics] == ["Resource"], component
         assert metrics[0]["resource"]["name"] == "cpu"
@@ -188,6 +188,7 @@ def test_ports_follow_the_contract(chart: Any) -> None:
         "retriever": (50054, 9104),
         "cache": (50055, 9105),
         "indexing-worker": (None, 9106),
+        "jobs-worker": (None, 9107),
     }
     docs = chart.docs()
     for component, (grpc, http) in expected.items():
@@ -258,9 +259,81 @@ def test_secrets_come_from_existing_secrets(chart: Any) -> None:
     sched = env("scheduler")
     assert sched["GOODPUT_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "redis-auth"
     assert sched["GOODPUT_SCHEDULER_REDIS_URL"]["value"].startswith("redis://:$(GOODPUT_REDIS_PASSWORD)@")
+    for component in ("gateway", "jobs-worker"):
+        redis_env = env(component)
+        assert redis_env["GOODPUT_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "redis-auth"
+        assert redis_env["GOODPUT_GATEWAY_REDIS_URL"]["value"].startswith("redis://:$(GOODPUT_REDIS_PASSWORD)@")
     retr = env("retriever")
     assert retr["GOODPUT_RETRIEVER_QDRANT_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "qdrant-auth"
     assert retr["GOODPUT_RETRIEVER_ELASTICSEARCH_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "es-auth"
+
+
+def test_celery_workers_run_their_app_and_serve_metrics_on_the_probed_port(chart: Any) -> None:
+    docs = chart.docs()
+    deploys = by_kind(docs, "Deployment")
+    # component: (Celery app, env prefix, setting of the metrics port)
+    workers = {"indexing-worker": ("goodput_embedder.jobs", "GOODPUT_EMBEDDER_", "WORKER_HTTP_PORT"),
+               "jobs-worker": ("goodput_gateway.jobs", "GOODPUT_GATEWAY_", "JOBS_WORKER_HTTP_PORT")}
+    for component, (app, prefix, port_setting) in workers.items():
+        (c,) = deploys[component]["spec"]["template"]["spec"]["containers"]
+        assert c["command"][:4] == ["celery", "-A", app, "worker"], component
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert set(ports) == {"http"}, component
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, f"{component} {probe}"
+        # The worker's metrics server listens where the kubelet probes: the pod IP, on the container port.
+        config = _config(docs, component)
+        assert config[prefix + port_setting] == str(ports["http"]), component
+        assert config[prefix + "GRPC_HOST"] == "0.0.0.0", component
+
+
+def test_jobs_worker_shares_the_gateways_jobs_settings(chart: Any) -> None:
+    docs = chart.docs(sets=("gateway.config.jobsQueue=batch-jobs", "gateway.config.jobsPrefix=acme:jobs",
+                            "gateway.env.GOODPUT_GATEWAY_JOB_RETRY_CAP_S=30"))
+    gw, jobs = _config(docs, "gateway"), _config(docs, "jobs-worker")
+    for name in ("JOBS_QUEUE", "JOBS_PREFIX", "PARK_SHED_P2", "SCHEDULER_ADDR", "CACHE_ADDR", "RETRIEVER_ADDR",
+                 "EMBEDDER_ADDR", "REQUEST_TIMEOUT_S", "JOB_RETRY_CAP_S"):
+        assert jobs["GOODPUT_GATEWAY_" + name] == gw["GOODPUT_GATEWAY_" + name], name
+    assert gw["GOODPUT_GATEWAY_JOBS_QUEUE"] == "batch-jobs" and gw["GOODPUT_GATEWAY_JOBS_PREFIX"] == "acme:jobs"
+    (c,) = by_kind(docs, "Deployment")["jobs-worker"]["spec"]["template"]["spec"]["containers"]
+    assert "--queues=batch-jobs" in c["command"]
+    # Both park and run jobs in the same Redis.
+    urls = {}
+    for component in ("gateway", "jobs-worker"):
+        (container,) = by_kind(docs, "Deployment")[component]["spec"]["template"]["spec"]["containers"]
+        urls[component] = {e["name"]: e.get("value") for e in container["env"]}["GOODPUT_GATEWAY_REDIS_URL"]
+    assert urls["gateway"] == urls["jobs-worker"] == "redis://redis-master.goodput-data.svc.cluster.local:6379/0"
+
+
+def test_jobs_worker_network_policy_reaches_the_gateways_pipeline(chart: Any) -> None:
+    policies = by_kind(chart.docs(), "NetworkPolicy")
+    egress = {
+        peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]: [p["port"] for p in rule["ports"]]
+        for rule in policies["jobs-worker"]["spec"]["egress"]
+        for peer in rule.get("to", [])
+        if "podSelector" in peer and "namespaceSelector" not in peer
+    }
+    assert egress == {"scheduler": [50052], "inference": [50061], "cache": [50055], "retriever": [50054],
+                      "embedder": [50053]}
+    assert any([p["port"] for p in rule["ports"]] == [6379] for rule in policies["jobs-worker"]["spec"]["egress"])
+    # ...and those services let it in (only its metrics port is open, to the scrapers).
+    for component in egress:
+        callers = [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+                   for rule in policies[component]["spec"]["ingress"] if rule["ports"][0]["port"] == "grpc"
+                   for peer in rule["from"]]
+        assert "jobs-worker" in callers, component
+    (ingress,) = policies["jobs-worker"]["spec"]["ingress"]
+    assert [p["port"] for p in ingress["ports"]] == ["http"] and ingress["from"]
+
+
+def test_no_jobs_worker_without_the_gateways_redis(chart: Any) -> None:
+    for sets in (("gateway.config.useRedis=false",), ("gateway.enabled=false",), ("jobsWorker.enabled=false",)):
+        docs = chart.docs(sets=sets)
+        assert "jobs-worker" not in by_kind(docs, "Deployment"), sets
+        assert "jobs-worker" not in by_kind(docs, "ConfigMap"), sets
+    docs = chart.docs(sets=("gateway.config.useRedis=false",))
+    (gw,) = by_kind(docs, "Deployment")["gateway"]["spec"]["template"]["spec"]["containers"]
+    assert "GOODPUT_GATEWAY_REDIS_URL" not in {e["name"] for e in gw["env"]}
 
 
 def test_config_change_rolls_pods(chart: Any) -> None:
@@ -350,7 +423,7 @@ def test_network_policies_expose_only_the_gateway(chart: Any, values: str | None
         if "grpc" in {p["port"] for p in rule["ports"]}
         for peer in rule["from"]
     ]
-    assert sorted(inference_from) == ["gateway", "scheduler"]
+    assert sorted(inference_from) == ["gateway", "jobs-worker", "scheduler"]
 
 
 def test_pdbs_for_every_service(chart: Any) -> None:

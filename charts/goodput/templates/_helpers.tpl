@@ -3,7 +3,9 @@ Shared snippets. Every service is rendered by the same generic templates (config
 service, hpa, pdb, servicemonitor, networkpolicy) from a context dict:
   (dict "root" $ "svc" "<values key>")
 and the static facts of the service in "goodput.serviceMeta" (ports, env prefix, component, who may call
-it and whom it calls), which follow docs/services.md.
+it and whom it calls), which follow docs/services.md. A Celery worker has no gRPC port (grpcPort 0) and
+names its app, the setting holding its queue and the setting of its metrics port (httpPortSetting,
+default HTTP_PORT) in its meta.
 */}}
 
 {{- define "goodput.name" -}}
@@ -50,13 +52,13 @@ gateway:
   httpPort: 8080
   ingressFrom: []
   egressTo: [scheduler, inference, cache, retriever, embedder]
-  external: []
+  external: [redis]
 scheduler:
   component: scheduler
   prefix: GOODPUT_SCHEDULER_
   grpcPort: 50052
   httpPort: 9102
-  ingressFrom: [gateway]
+  ingressFrom: [gateway, jobsWorker]
   egressTo: [inference]
   external: [redis]
 inference:
@@ -64,7 +66,7 @@ inference:
   prefix: GOODPUT_INFERENCE_
   grpcPort: 50061
   httpPort: 9161
-  ingressFrom: [gateway, scheduler]
+  ingressFrom: [gateway, scheduler, jobsWorker]
   egressTo: []
   external: []
 embedder:
@@ -72,7 +74,7 @@ embedder:
   prefix: GOODPUT_EMBEDDER_
   grpcPort: 50053
   httpPort: 9103
-  ingressFrom: [gateway, retriever, cache]
+  ingressFrom: [gateway, retriever, cache, jobsWorker]
   egressTo: []
   external: [redis, qdrant, elasticsearch]
 retriever:
@@ -80,7 +82,7 @@ retriever:
   prefix: GOODPUT_RETRIEVER_
   grpcPort: 50054
   httpPort: 9104
-  ingressFrom: [gateway]
+  ingressFrom: [gateway, jobsWorker]
   egressTo: [embedder]
   external: [qdrant, elasticsearch]
 cache:
@@ -88,7 +90,7 @@ cache:
   prefix: GOODPUT_CACHE_
   grpcPort: 50055
   httpPort: 9105
-  ingressFrom: [gateway]
+  ingressFrom: [gateway, jobsWorker]
   egressTo: [embedder]
   external: [redis]
 indexWorker:
@@ -97,9 +99,21 @@ indexWorker:
   grpcPort: 0
   httpPort: 9106
   httpPortSetting: WORKER_HTTP_PORT
+  celery: {app: goodput_embedder.jobs, queueSetting: INDEX_QUEUE}
   ingressFrom: []
   egressTo: [embedder]
   external: [redis, qdrant, elasticsearch]
+jobsWorker:
+  component: jobs-worker
+  prefix: GOODPUT_GATEWAY_
+  grpcPort: 0
+  httpPort: 9107
+  httpPortSetting: JOBS_WORKER_HTTP_PORT
+  celery: {app: goodput_gateway.jobs, queueSetting: JOBS_QUEUE}
+  ingressFrom: []
+  {{- /* A job runs through the gateway's own pipeline, so it calls what the gateway calls. */}}
+  egressTo: [scheduler, inference, cache, retriever, embedder]
+  external: [redis]
 {{- end }}
 
 {{/* The meta dict of one service: include "goodput.meta" $ctx | fromYaml */}}
@@ -160,9 +174,15 @@ app.kubernetes.io/component: {{ $meta.component }}
 {{- printf "%s:%v" (include "goodput.componentName" .) $meta.grpcPort }}
 {{- end }}
 
-{{/* True ("true") when a service is enabled. ctx: root, svc */}}
+{{/* True ("true") when a service is enabled. The jobs workers also need the gateway and its Redis
+(gateway.config.useRedis): without them no job is ever parked. ctx: root, svc */}}
 {{- define "goodput.enabled" -}}
-{{- if (index .root.Values .svc).enabled }}true{{ end }}
+{{- $on := (index .root.Values .svc).enabled }}
+{{- if eq .svc "jobsWorker" }}
+{{- $gw := .root.Values.gateway }}
+{{- $on = and $on $gw.enabled $gw.config.useRedis }}
+{{- end }}
+{{- if $on }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -220,6 +240,28 @@ the kubelet probes the pod IP. */}}
 {{- $on := and (index $v.config $flag) (index $.root.Values $svc).enabled }}
 {{ $p }}{{ upper $svc }}_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" $.root "svc" $svc)) "" $on | quote }}
 {{- end }}
+{{- /* Deferred jobs (REDIS_URL comes from goodput.secretEnv when useRedis): read by the jobs workers too. */}}
+{{ $p }}JOBS_QUEUE: {{ $v.config.jobsQueue | quote }}
+{{ $p }}JOBS_PREFIX: {{ $v.config.jobsPrefix | quote }}
+{{ $p }}PARK_SHED_P2: {{ ternary "true" "false" $v.config.parkShedP2 | quote }}
+{{- end }}
+
+{{- /* The jobs workers run parked requests through the gateway's pipeline: the gateway's settings (its
+config and env; jobsWorker.env goes on top), so both use the same queue, key prefix and addresses. */}}
+{{- define "goodput.config.jobsWorker" -}}
+{{ include "goodput.config.gateway" . }}
+{{- range $k, $val := .root.Values.gateway.env }}
+{{ $k }}: {{ include "goodput.num" $val | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Queues a Celery worker consumes: <svc>.config.queues, else the value of its meta's queueSetting in
+its settings (empty = the app's default queue). ctx: root, svc */}}
+{{- define "goodput.celeryQueues" -}}
+{{- $meta := include "goodput.meta" . | fromYaml }}
+{{- $config := include "goodput.config" . | fromYaml }}
+{{- $queues := (index .root.Values .svc).config.queues }}
+{{- $queues | default (index $config (printf "%s%s" $meta.prefix $meta.celery.queueSetting)) | default "" }}
 {{- end }}
 
 {{- define "goodput.config.scheduler" -}}
@@ -322,7 +364,7 @@ expansion, which envFrom does not do. ctx: root, svc
 {{- $p := $meta.prefix }}
 {{- $ext := $root.Values.external }}
 {{- $usesRedis := has "redis" $meta.external }}
-{{- if eq .svc "scheduler" }}{{ $usesRedis = $root.Values.scheduler.config.useRedis }}{{ end }}
+{{- if has .svc (list "scheduler" "gateway") }}{{ $usesRedis = (index $root.Values .svc).config.useRedis }}{{ end }}
 {{- if $usesRedis }}
 {{- if $ext.redis.existingSecret }}
 {{- $u := urlParse $ext.redis.url }}

@@ -75,15 +75,15 @@ spec:
         - name: {{ $meta.component }}
           image: {{ include "goodput.image" . | quote }}
           imagePullPolicy: {{ $v.image.pullPolicy | default $g.imagePullPolicy }}
-          {{- if eq .svc "indexWorker" }}
+          {{- with $meta.celery }}
           command:
             - celery
             - -A
-            - goodput_embedder.jobs
+            - {{ .app }}
             - worker
             - --loglevel={{ $root.Values.common.logLevel }}
             - --concurrency={{ $v.config.concurrency }}
-            {{- with $v.config.queues }}
+            {{- with include "goodput.celeryQueues" $ }}
             - --queues={{ . }}
             {{- end }}
           {{- end }}
@@ -426,7 +426,7 @@ spec:
 {{/* Everything one service needs, separated by ---. ctx: root, svc */}}
 {{- define "goodput.component" -}}
 {{- $v := index .root.Values .svc }}
-{{- if $v.enabled }}
+{{- if include "goodput.enabled" . }}
 ---
 {{ include "goodput.configmap" . }}
 ---
