@@ -52,6 +52,7 @@ GATEWAY_GRPC, GATEWAY_HTTP = 50051, 8080
 SCHEDULER_GRPC, SCHEDULER_HTTP = 50052, 9102
 WORKER_GRPC, WORKER_HTTP = 50061, 9161
 EMBEDDER_GRPC, EMBEDDER_HTTP, INDEX_WORKER_HTTP = 50053, 9103, 9106
+JOBS_WORKER_HTTP = 9107
 RETRIEVER_GRPC, RETRIEVER_HTTP = 50054, 9104
 CACHE_GRPC, CACHE_HTTP = 50055, 9105
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -287,7 +288,8 @@ class Platform:
         if self.jobs:
             gateway_env["GOODPUT_GATEWAY_REDIS_URL"] = self.redis_url
             # The jobs worker runs parked requests through the gateway's own pipeline, so it shares its settings.
-            jobs = self._spec("jobs-worker", "gateway", gateway_env, None)
+            jobs = self._spec("jobs-worker", "gateway", {
+                **gateway_env, "GOODPUT_GATEWAY_JOBS_WORKER_HTTP_PORT": str(JOBS_WORKER_HTTP + self.port_offset)}, None)
             specs.append(ServiceSpec(name=jobs.name, env=jobs.env, grpc_addr=None, log_path=jobs.log_path, argv=[
                 self.python, "-m", "celery", "-A", "goodput_gateway.jobs", "worker", "-Q",
                 inherited.get("GOODPUT_GATEWAY_JOBS_QUEUE", "goodput-jobs"),
