@@ -5,10 +5,12 @@
 What is timed is ``ResponseCache.lookup`` as the gRPC servicer calls it (validation, key derivation, Redis round
 trips, and for L2 the embedding of the question, the partition search and the guard); the gRPC hop itself is
 measured by the gateway's ``cache`` stage. All entries sit in ONE partition (one tenant, model and system prompt):
-the worst case for the semantic search, which scans only the request's partition. Filler entries are written to
-Redis directly (no embedding) with random unit vectors in the L2 index; the looked-up entries are real questions
-(GPTCache's mock pairs when the data folder is there) stored through ``ResponseCache.store``. Everything is written
-under a fresh key prefix and deleted afterwards.
+the worst case for the semantic search, which searches only the request's partition (an HNSW graph from
+``GOODPUT_CACHE_ANN_MIN_ENTRIES`` entries on; the benchmark waits until the graph holds every entry, as in a
+service that has been running). Filler entries are written to Redis directly (no embedding) with random unit
+vectors in the L2 index; the looked-up entries are real questions (GPTCache's mock pairs when the data folder is
+there) stored through ``ResponseCache.store``. Everything is written under a fresh key prefix and deleted
+afterwards.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         prefix = f"bench-cache-{uuid.uuid4().hex[:8]}"
         settings = CacheSettings(redis_url=args.redis_url, key_prefix=prefix, kb_key_prefix=prefix,
                                  version_channel=f"{prefix}:kb", max_entries=max(args.sizes) * 2,
-                                 max_partition_entries=max(args.sizes) * 2)
+                                 max_partition_entries=max(args.sizes) * 2, ann_build_threads=args.build_threads)
         redis = Redis.from_url(settings.redis_url, socket_timeout=1.0)
         cache = ResponseCache(settings, redis=redis, vectoriser=vectoriser, metrics=CacheMetrics(CollectorRegistry()))
         try:
@@ -94,6 +96,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     cache.index.add(partition, key, vecs[i], question=e.question, expires=e.expires)
                 await pipe.execute()
             fill_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            settle = getattr(cache.index, "settle", None)
+            if settle is not None:
+                settle(3600, complete=True)
+            build_s = time.perf_counter() - t0
             # warm-up
             for origin, similar in pairs[:20]:
                 await cache.lookup(request(origin))
@@ -122,7 +129,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.to_thread(cache.index.search, partition, v, k=4, min_similarity=0.95)
                 search.append(time.perf_counter() - t)
             results[str(size)] = {
-                "entries": size, "fill_seconds": fill_s, "l2_index_entries": len(cache.index),
+                "entries": size, "fill_seconds": fill_s, "index_build_seconds": build_s,
+                "l2_index_entries": len(cache.index), "l2_search": "hnsw" if size >= settings.ann_min_entries
+                else "exact",
                 "exact": summarize(exact), "semantic": summarize(semantic),
                 "semantic_embedding": summarize(embed), "semantic_search": summarize(search),
                 "exact_hit_share": exact_hits / args.lookups, "semantic_l2_hit_share": semantic_hits / args.lookups,
@@ -144,30 +153,46 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def report(data: dict[str, Any]) -> str:
     rows = []
     for size, r in data["results"].items():
-        rows.append([size, f"{r['exact']['p50_ms']:.2f}", f"{r['exact']['p99_ms']:.2f}",
+        rows.append([size, r.get("l2_search", "exact"), f"{r['exact']['p50_ms']:.2f}", f"{r['exact']['p99_ms']:.2f}",
                      f"{r['semantic']['p50_ms']:.2f}", f"{r['semantic']['p99_ms']:.2f}",
-                     f"{r['semantic_embedding']['p50_ms']:.2f}", f"{r['semantic_search']['p50_ms']:.2f}",
-                     f"{r['semantic_search']['p99_ms']:.2f}", f"{r['semantic_l2_hit_share'] * 100:.0f}%"])
+                     f"{r['semantic_embedding']['p50_ms']:.2f}", f"{r['semantic_embedding']['p99_ms']:.2f}",
+                     f"{r['semantic_search']['p50_ms']:.2f}", f"{r['semantic_search']['p99_ms']:.2f}",
+                     f"{r['semantic_l2_hit_share'] * 100:.0f}%"])
     big = data["results"].get("100000") or list(data["results"].values())[-1]
     m = data["machine"]
+    met = {"exact": big["exact"]["p99_ms"] <= GOALS_MS["exact_p99"],
+           "semantic": big["semantic"]["p99_ms"] <= GOALS_MS["semantic_p99"]}
     return "\n".join([
         "# Cache lookup latency", "",
         f"`python -m loadtests.cache_latency` on {m.get('cpu_model', 'CPU')} ({m.get('cores_usable', '?')} CPUs, "
         f"load average {m.get('loadavg_1_5_15', '?')}), local Redis, {data['lookups']} lookups of each kind per "
-        "size. All entries in one partition (worst case). Semantic = an L1 miss, the question embedded "
-        "(all-MiniLM-L6-v2 ONNX int8, in-process), the partition searched (exact cosine, numpy), the guard, "
-        "and the hit read from Redis.", "",
-        markdown_table(["entries", "exact p50 ms", "exact p99 ms", "semantic p50 ms", "semantic p99 ms",
-                        "of which embedding p50", "search p50", "search p99", "L2 hits"], rows), "",
+        "size. All entries in one partition (worst case). Semantic = the whole lookup end to end: an L1 miss, the "
+        "question embedded (all-MiniLM-L6-v2 ONNX int8, in-process, one thread), the partition searched (exact "
+        "cosine below 4096 entries, an HNSW graph re-scored exactly above), the guard, and the hit read from "
+        "Redis. The embedding and search columns time those two parts alone (up to 300 questions).", "",
+        markdown_table(["entries", "L2 search", "exact p50 ms", "exact p99 ms", "semantic p50 ms",
+                        "semantic p99 ms", "embedding p50", "embedding p99", "search p50", "search p99",
+                        "L2 hits"], rows), "",
         f"Goals at the largest size: exact p99 <= {GOALS_MS['exact_p99']} ms: "
-        f"**{'met' if big['exact']['p99_ms'] <= GOALS_MS['exact_p99'] else 'missed'}** "
-        f"({big['exact']['p99_ms']:.2f} ms); semantic p99 <= {GOALS_MS['semantic_p99']} ms: "
-        f"**{'met' if big['semantic']['p99_ms'] <= GOALS_MS['semantic_p99'] else 'missed'}** "
-        f"({big['semantic']['p99_ms']:.2f} ms).", "",
-        "The semantic lookup is dominated by embedding the question on CPU; the search of 100k vectors is one "
-        "matrix-vector product. The embedder service on a GPU, or a smaller max sequence length, moves the first "
-        "term; an ANN index (Qdrant HNSW behind the same VectorIndex interface) the second, for partitions much "
-        "larger than 100k.",
+        f"**{'met' if met['exact'] else 'missed'}** ({big['exact']['p99_ms']:.2f} ms); semantic p99 <= "
+        f"{GOALS_MS['semantic_p99']} ms end to end, embedding included: "
+        f"**{'met' if met['semantic'] else 'missed'}** ({big['semantic']['p99_ms']:.2f} ms).", "",
+        "The exact lookup is one Redis round trip (a pipelined HGET of the entry and ZADD XX of its last use). "
+        "The semantic lookup is now dominated by embedding the question on CPU (the model itself: one short "
+        "question is a single unpadded sequence): "
+        f"{big['semantic_embedding']['p50_ms']:.1f} ms p50, {big['semantic_embedding']['p99_ms']:.1f} ms p99 at "
+        f"the largest size, where the HNSW search takes {big['semantic_search']['p50_ms']:.2f} ms p50, "
+        f"{big['semantic_search']['p99_ms']:.2f} ms p99 (the exact numpy scan of 100k took 19.6 ms p50, 63 ms "
+        "p99 in the previous run of this report). The largest partition's graph was built in "
+        f"{big.get('index_build_seconds', 0):.0f} s in the background (setup, not timed).", "",
+        "Tail latencies on this shared 2-core machine move with its load: the exact lookup does the same work at "
+        "every size, yet its p99 in this run was "
+        + ", ".join(f"{r['exact']['p99_ms']:.1f}" for r in data["results"].values())
+        + " ms across the sizes. With the search at a few milliseconds, a semantic p99 within 20 ms needs the "
+        "embedding's p99 well under it: the Embedding service on a GPU (`GOODPUT_CACHE_EMBEDDER_ADDR`) or an "
+        "unloaded CPU. onnxruntime settings did not move it here (1 or 2 intra-op threads, with or without "
+        "spinning, interleaved on the same questions: within noise; graph optimisation is already at its "
+        "highest level by default), and the model and its vectors must stay the embedder's.",
     ])
 
 
@@ -177,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lookups", type=int, default=1000)
     ap.add_argument("--real", type=int, default=200, help="real question pairs stored and looked up")
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    ap.add_argument("--build-threads", type=int, default=2, help="threads of the L2 graph build (setup, not timed)")
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--out", default=str(ROOT / "loadtests" / "reports" / "cache_latency"))
     args = ap.parse_args(argv)
