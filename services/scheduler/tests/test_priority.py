@@ -15,7 +15,7 @@ from goodput.scheduler.v1 import scheduler_pb2
 from goodput_core.clients import make_channel
 
 from goodput_scheduler.leases import Ticket
-from goodput_scheduler.placement import PlacementRequest, PrefixIndex, Profile
+from goodput_scheduler.placement import PlacementRequest, PrefixIndex, Profile, step_budget
 
 from .conftest import SchedulerHarness, scheduler_settings
 from .test_scheduler import open_lease, wait_for
@@ -247,6 +247,41 @@ async def test_prefill_gate_lets_batch_prompts_in_a_budget_at_a_time_and_never_d
         assert worker.inflight == 0
 
 
+async def test_while_p0_traffic_is_present_one_worker_stays_free_of_batch_prefill_for_it(workers) -> None:  # type: ignore[no-untyped-def]
+    a, b = await workers(2)
+    settings = scheduler_settings([a.address, b.address], max_inflight_per_worker=8, low_prefill_budget_tokens=1000,
+                                  p0_ready_workers=1, shed_p2_at=100, shed_p1_at=100)
+    async with SchedulerHarness(settings) as h:
+        await wait_for(lambda: len(h.workers.healthy()) == 2)
+        lm = h.leases
+
+        def batch(i: int) -> PlacementRequest:
+            return PlacementRequest(request_id=f"p2-{i}", tenant="t", priority=P2, model="", prompt_tokens=900,
+                                    max_tokens=10)
+        # no P0 seen yet: batch prompts prefill on both workers
+        first = [lm.enqueue(batch(i), deadline=None) for i in range(2)]
+        assert all(t.done for t in first)
+        assert {t.future.result().worker.worker_id for t in first} == {w.worker_id for w in h.workers.healthy()}
+        for t in first:
+            lease = await lm.wait(t)
+            lm.first_token(lease, 0.1)
+            lm.release(lease, scheduler_pb2.OUTCOME_OK)
+        # P0 arrives: from now on one worker only decodes, and the next P0 goes to it
+        p0 = await lm.wait(lm.enqueue(req("p0-a", P0), deadline=None))
+        lm.first_token(p0, 0.1)
+        lm.release(p0, scheduler_pb2.OUTCOME_OK)
+        second = [lm.enqueue(batch(i), deadline=None) for i in range(2, 4)]
+        assert [t.done for t in second] == [True, False]
+        busy = second[0].future.result().worker
+        p0_lease = await lm.wait(lm.enqueue(req("p0-b", P0), deadline=None))
+        assert p0_lease.worker is not busy and p0_lease.reason == "least_prefill"
+        # the batch prompt's first token frees its worker for the next one
+        lease = await lm.wait(second[0])
+        lm.first_token(lease, 0.1)
+        await wait_for(lambda: second[1].done)
+        await lm.stop()
+
+
 async def test_prefix_affinity_keeps_a_prefix_on_one_worker_while_load_is_balanced(workers) -> None:  # type: ignore[no-untyped-def]
     ws = await workers(3)
     async with SchedulerHarness(scheduler_settings([w.address for w in ws], max_inflight_per_worker=4)) as h:
@@ -338,6 +373,10 @@ async def test_a_granted_sim_worker_generates_with_the_request_priority(sim_work
         assert chunks[0].HasField("started") and chunks[-1].finished.usage.completion_tokens == 5
         await release(call)
         assert h.metric("goodput_scheduler_releases_total", {"outcome": "ok"}) == 1
+        # the worker reports its engine's per-step token budget, which sizes the prefill gate by default
+        worker = h.workers.healthy()[0]
+        assert worker.model is not None and worker.model.max_num_batched_tokens == 2048
+        assert step_budget(worker) == 2048 and step_budget(worker, 512) == 512
 
 
 async def test_a_caller_gone_while_queued_leaks_no_capacity(workers) -> None:  # type: ignore[no-untyped-def]

@@ -63,6 +63,7 @@ class ModelDescription:
     max_prompt_tokens: int
     engine: str
     model_version: str
+    max_num_batched_tokens: int = 0  # the engine's per-step token budget (chunked prefill); 0 = unknown
 
 
 @dataclass(frozen=True)

@@ -110,4 +110,5 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         d = self.engine.describe()
         return inference_pb2.ModelInfo(served_model_name=d.served_model_name, model=d.model,
                                        max_model_len=d.max_model_len, max_prompt_tokens=d.max_prompt_tokens,
-                                       engine=d.engine, model_version=d.model_version)
+                                       engine=d.engine, model_version=d.model_version,
+                                       max_num_batched_tokens=d.max_num_batched_tokens)

@@ -148,7 +148,7 @@ class SimEngine:
         return ModelDescription(served_model_name=self.served_model_name, model="simulated-7b",
                                 max_model_len=self.settings.max_model_len,
                                 max_prompt_tokens=self._max_prompt_tokens(), engine="sim",
-                                model_version="sim-a100-7b")
+                                model_version="sim-a100-7b", max_num_batched_tokens=self.params.max_batched_tokens)
 
     def load(self) -> Load:
         used = self._private_blocks + sum(1 for pins in self._cache.values() if pins > 0)

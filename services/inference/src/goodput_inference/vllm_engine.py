@@ -80,6 +80,7 @@ class VllmEngine:
         self._finished = 0
         self._ready = False
         self._max_model_len = settings.max_model_len
+        self._max_batched_tokens = 0  # known once the engine has started
         self._model_version = settings.model_version or _config_hash(model_dir)
         self._sampling_defaults: dict[str, Any] = {}
 
@@ -119,6 +120,8 @@ class VllmEngine:
         self._engine = await asyncio.to_thread(
             AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory()])
         self._max_model_len = int(self._engine.model_config.max_model_len)
+        scheduler_config = getattr(getattr(self._engine, "vllm_config", None), "scheduler_config", None)
+        self._max_batched_tokens = int(getattr(scheduler_config, "max_num_batched_tokens", 0) or 0)
         # The model's own sampling defaults (generation_config.json), as vLLM's OpenAI server applies them: a
         # request that leaves temperature/top_p unset gets what the model's authors recommend.
         self._sampling_defaults = {k: v for k, v in self._engine.model_config.get_diff_sampling_param().items()
@@ -145,6 +148,7 @@ class VllmEngine:
             max_prompt_tokens=self._max_prompt_tokens(),
             engine=f"vllm {VLLM_VERSION}",
             model_version=self._model_version,
+            max_num_batched_tokens=self._max_batched_tokens,
         )
 
     def load(self) -> Load:

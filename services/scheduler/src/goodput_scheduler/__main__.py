@@ -31,7 +31,7 @@ def build(settings: SchedulerSettings, registry: CollectorRegistry,
     """Wires the scheduler (also used by tests to run it in-process)."""
     workers = WorkerRegistry(settings, channel_factory=lambda addr: make_channel(addr, provider))
     guard = LatencyGuard(settings)
-    pipeline = build_pipeline(Profile.parse(settings.profile), settings, registry=registry, low_limit=guard.current)
+    pipeline = build_pipeline(Profile.parse(settings.profile), settings, registry=registry, guard=guard)
     leases = LeaseManager(settings, workers, pipeline, SchedulerMetrics(registry, workers), guard=guard)
     servicer = SchedulerServicer(leases, workers, admit_timeout_s=settings.admit_timeout_s)
     runner = ServiceRunner(name="scheduler", settings=settings, registry=registry, provider=provider)

@@ -58,14 +58,25 @@ class SchedulerSettings(ServiceSettings):
     guard_decrease: float = Field(0.5, gt=0, lt=1, description="Factor applied to the P1/P2 limit when P0 "
                                                                 "misses the target.")
     # ---- prefill gate: lower-class prompts enter a worker's engine a step's worth at a time ----
+    prefill_gate: bool = Field(True, description="Gate P1/P2 grants on the prompt prefill pending on a worker "
+                                                 "(see low_prefill_budget_tokens); off = only the lease caps.")
     low_prefill_budget_tokens: int = Field(
-        4096, ge=0, description="Prompt tokens of P1/P2 requests a worker may be prefilling at once (granted, no "
-                                "first token yet; one request always may). An engine runs the prefill of requests "
-                                "it already holds before a new P0's, so this bounds how long a P0 prompt waits "
-                                "behind batch prompts; lower protects P0's TTFT more and admits batch prompts more "
-                                "slowly. Set near the engine's max_num_batched_tokens; 0 = off.")
+        0, ge=0, description="Prompt tokens of P1/P2 requests a worker may be prefilling at once (granted, no "
+                             "first token yet; one request always may). An engine runs the prefill of requests it "
+                             "already holds before a new P0's, so this bounds how long a P0 prompt waits behind "
+                             "batch prompts; lower protects P0's TTFT more and admits batch prompts more slowly. "
+                             "0 = the worker's own per-step budget (the max_num_batched_tokens it reports; 2048 "
+                             "when unknown): one engine step of batch prefill at a time.")
     p0_prefill_exclusive: bool = Field(True, description="No P1/P2 grant to a worker while a P0 prompt is being "
                                                          "prefilled there (P0's prefill gets the engine's steps).")
+    p0_ready_workers: int = Field(1, ge=0, description="While P0 traffic is present, workers kept free of P1/P2 "
+                                                       "prefill (only decoding), so a new P0 prompt starts at the "
+                                                       "next engine step instead of after a batch prompt's chunk. "
+                                                       "Never all workers (one always prefills batch work). Costs "
+                                                       "up to this share of the fleet's batch-prefill throughput "
+                                                       "while it lasts; 0 = off.")
+    p0_recent_s: float = Field(30.0, gt=0, description="P0 traffic counts as present for this long after a P0 "
+                                                       "request arrives (for p0_ready_workers).")
     # ---- overload detection (a saturation signal with hysteresis) ----
     shed_p2_at: float = Field(1.0, gt=0, description="Saturation at or above which new P2 requests are shed.")
     shed_p1_at: float = Field(2.0, gt=0, description="Saturation at or above which new P1 requests are shed too.")

@@ -227,6 +227,7 @@ def _prefill_tokens(estimate: int) -> int:
 def _end_prefill(worker: Worker, priority: int, prompt_tokens: int) -> None:
     if priority == P0:
         worker.p0_prefilling = max(worker.p0_prefilling - 1, 0)
+        worker.p0_prefill_tokens = max(worker.p0_prefill_tokens - _prefill_tokens(prompt_tokens), 0)
     else:
         worker.low_prefill_tokens = max(worker.low_prefill_tokens - _prefill_tokens(prompt_tokens), 0)
 
@@ -253,9 +254,17 @@ class LatencyGuard:
         self._samples: list[float] = []
         self._medians: collections.deque[tuple[float, float]] = collections.deque(maxlen=600)
         self._last = time.monotonic()
+        self._last_p0 = -math.inf
 
     def current(self) -> float:
         return self.limit if self.enabled else math.inf
+
+    def note_p0(self, now: float) -> None:
+        """A P0 request arrived (interactive traffic is present: keep a worker ready for it)."""
+        self._last_p0 = now
+
+    def p0_recent(self) -> bool:
+        return self.enabled and time.monotonic() - self._last_p0 < self.settings.p0_recent_s
 
     def observe(self, ttft_s: float) -> None:
         if self.enabled and ttft_s > 0:
@@ -414,6 +423,8 @@ class LeaseManager:
             self.metrics.shed.labels(label, "deadline").inc()
             raise DeadlineExceeded("the request's deadline passed before it was admitted")
         max_queue, timeout_s = self._class_limits(prio)
+        if prio == P0:
+            self.guard.note_p0(now)
         self._update_overload()
         if not self.fifo and prio != P0 and self.overload.shedding[prio]:
             self.metrics.shed.labels(label, "overload").inc()
@@ -518,6 +529,7 @@ class LeaseManager:
             worker.low_prefill_tokens += _prefill_tokens(ticket.request.prompt_tokens)
         else:
             worker.p0_prefilling += 1
+            worker.p0_prefill_tokens += _prefill_tokens(ticket.request.prompt_tokens)
         self.pipeline.commit(ticket.request, decision)
         label = priority_name(ticket.priority)
         self.metrics.inflight.labels(worker.worker_id).set(worker.inflight)

@@ -41,7 +41,7 @@ from goodput_scheduler.registry import Worker
 
 __all__ = [
     "Decision", "PlacementPipeline", "PlacementRequest", "PrefixAffinity", "PrefixIndex", "Profile",
-    "SessionAffinity", "build_pipeline", "has_capacity", "healthy", "least_loaded", "least_prefill", "prefill_gate",
+    "SessionAffinity", "build_pipeline", "has_capacity", "healthy", "least_loaded", "least_prefill", "PrefillGate",
     "serves_model",
 ]
 
@@ -104,20 +104,53 @@ def has_capacity(max_inflight: int, *, shares: dict[int, float] | None = None, k
     return _filter
 
 
-def prefill_gate(budget_tokens: int, *, p0_exclusive: bool = True) -> Filter:
-    """P1/P2 only: no grant to a worker that is prefilling a P0 prompt (``p0_exclusive``), nor one whose pending
-    P1/P2 prefill (granted leases without a first token) would exceed ``budget_tokens`` — one request always may.
-    vLLM schedules the chunks of prompts it already holds before a newly arrived one, whatever its priority, so a
-    P0 prompt otherwise waits behind every batch prompt granted before it. ``budget_tokens`` 0 turns it off."""
+DEFAULT_STEP_TOKENS = 2048  # vLLM's max_num_batched_tokens for online serving, when a worker does not say
 
-    def _filter(req: PlacementRequest, w: Worker) -> bool:
-        if budget_tokens <= 0 or req.priority == _P0:
+
+def step_budget(w: Worker, budget_tokens: int = 0) -> int:
+    """``budget_tokens`` when set, else the worker's own per-step token budget (what its engine reports)."""
+    if budget_tokens > 0:
+        return budget_tokens
+    reported = w.model.max_num_batched_tokens if w.model is not None else 0
+    return reported if reported > 0 else DEFAULT_STEP_TOKENS
+
+
+class PrefillGate:
+    """P1/P2 only: no grant to a worker that is prefilling a P0 prompt (``p0_exclusive``), nor one whose pending
+    P1/P2 prefill (granted leases without a first token) would exceed the budget (:func:`step_budget`) — one
+    request always may — and, while ``p0_recent()``, none that would leave fewer than ``ready_workers`` healthy
+    workers free of P1/P2 prefill (never all of them). vLLM schedules the chunks of prompts it already holds before
+    a newly arrived one, whatever its priority, so a P0 prompt otherwise waits behind every batch prompt granted
+    before it; a worker that is only decoding starts it at its next step."""
+
+    __name__ = "prefill_gate"
+
+    def __init__(self, budget_tokens: int = 0, *, enabled: bool = True, p0_exclusive: bool = True,
+                 ready_workers: int = 0, p0_recent: Callable[[], bool] | None = None) -> None:
+        self.budget_tokens = budget_tokens
+        self.enabled = enabled
+        self.p0_exclusive = p0_exclusive
+        self.ready_workers = ready_workers
+        self.p0_recent = p0_recent
+        self._spare = 0  # workers free of P1/P2 prefill beyond the reserve, for the request being placed
+
+    def prepare(self, req: PlacementRequest, workers: Sequence[Worker]) -> None:
+        self._spare = len(workers)  # no reserve
+        if not self.enabled or req.priority == _P0 or self.ready_workers <= 0 or self.p0_recent is None \
+                or not self.p0_recent():
+            return
+        up = [w for w in workers if w.healthy and not w.removed]
+        ready = sum(1 for w in up if w.low_prefill_tokens == 0)
+        self._spare = ready - min(self.ready_workers, max(len(up) - 1, 0))
+
+    def __call__(self, req: PlacementRequest, w: Worker) -> bool:
+        if not self.enabled or req.priority == _P0:
             return True
-        if p0_exclusive and w.p0_prefilling > 0:
+        if self.p0_exclusive and w.p0_prefilling > 0:
             return False
-        return w.low_prefill_tokens == 0 or w.low_prefill_tokens + req.prompt_tokens <= budget_tokens
-    _filter.__name__ = "prefill_gate"
-    return _filter
+        if w.low_prefill_tokens > 0:
+            return w.low_prefill_tokens + req.prompt_tokens <= step_budget(w, self.budget_tokens)
+        return self._spare > 0  # starting a batch prefill here must leave the reserve of ready workers
 
 
 # ---- scorers -------------------------------------------------------------------------------------------------
@@ -134,13 +167,13 @@ def least_loaded(*, kv_weight: float = 1.0, queue_weight: float = 1.0) -> Scorer
     return _score
 
 
-def least_prefill(budget_tokens: int) -> Scorer:
-    """Less prompt prefill pending on the worker scores higher (P0 prompts count as a full budget each): a new
-    request's first token waits for the prefill ahead of it in the engine."""
-    scale = float(max(budget_tokens, 1))
+def least_prefill(budget_tokens: int = 0) -> Scorer:
+    """Less prompt prefill pending on the worker, in engine steps (:func:`step_budget`), scores higher: a new
+    request's first token waits for the prefill ahead of it in the engine. (Short P0 prompts weigh little, so P0
+    requests arriving together share the worker kept free of batch prefill.)"""
 
     def _score(_: PlacementRequest, w: Worker) -> float:
-        return -(w.low_prefill_tokens / scale + w.p0_prefilling)
+        return -(w.low_prefill_tokens + w.p0_prefill_tokens) / step_budget(w, budget_tokens)
     _score.__name__ = "least_prefill"
     return _score
 
@@ -313,6 +346,9 @@ class PlacementPipeline:
         out = list(workers)
         for f in self.filters:
             start = time.perf_counter()
+            prepare = getattr(f, "prepare", None)
+            if prepare is not None:  # a filter that looks at the whole fleet (e.g. a reserve of workers)
+                prepare(req, workers)
             out = [w for w in out if f(req, w)]
             self._timed(f"filter:{getattr(f, '__name__', 'filter')}", start)
             if not out:
@@ -365,7 +401,7 @@ class PlacementPipeline:
 DEFAULT_PROFILE: dict[str, Any] = {
     "filters": ["healthy", "serves_model", "has_capacity", "prefill_gate"],
     "scorers": [{"name": "least_loaded", "weight": 1.0},
-                {"name": "least_prefill", "weight": 0.5},
+                {"name": "least_prefill", "weight": 1.0},
                 {"name": "prefix_affinity", "weight": 2.0},
                 {"name": "session_affinity", "weight": 3.0}],
     "picker": "max_score",
@@ -445,26 +481,38 @@ class _Settings(Protocol):
     prefix_index_entries: int
     prefix_balance_slack: float
     session_index_entries: int
+    prefill_gate: bool
     low_prefill_budget_tokens: int
     p0_prefill_exclusive: bool
+    p0_ready_workers: int
 
     @property
     def queue_policy(self) -> str: ...
 
 
-_FILTERS: dict[str, Callable[[_Settings, Callable[[], float] | None], Filter]] = {
+class GuardSignals(Protocol):
+    """What filters read from the latency guard."""
+
+    def current(self) -> float: ...  # P1/P2 leases one worker may hold now
+
+    def p0_recent(self) -> bool: ...  # P0 traffic is present
+
+
+_FILTERS: dict[str, Callable[[_Settings, GuardSignals | None], Filter]] = {
     "healthy": lambda s, _: healthy,
     "serves_model": lambda s, _: serves_model,
-    "has_capacity": lambda s, low_limit: has_capacity(
-        s.max_inflight_per_worker, kv_full=s.kv_full, low_limit=low_limit,
+    "has_capacity": lambda s, guard: has_capacity(
+        s.max_inflight_per_worker, kv_full=s.kv_full, low_limit=guard.current if guard is not None else None,
         shares={types_pb2.PRIORITY_P1: s.p1_max_share, types_pb2.PRIORITY_P2: s.p2_max_share}),
     # the fifo baseline has no classes, so no gate between them
-    "prefill_gate": lambda s, _: prefill_gate(s.low_prefill_budget_tokens if s.queue_policy == "priority" else 0,
-                                              p0_exclusive=s.p0_prefill_exclusive),
+    "prefill_gate": lambda s, guard: PrefillGate(s.low_prefill_budget_tokens,
+                                                 enabled=s.prefill_gate and s.queue_policy == "priority",
+                                                 p0_exclusive=s.p0_prefill_exclusive, ready_workers=s.p0_ready_workers,
+                                                 p0_recent=guard.p0_recent if guard is not None else None),
 }
 _SCORERS: dict[str, Callable[[_Settings], Scorer]] = {
     "least_loaded": lambda s: least_loaded(kv_weight=s.kv_weight, queue_weight=s.queue_weight),
-    "least_prefill": lambda s: least_prefill(s.low_prefill_budget_tokens or 4096),
+    "least_prefill": lambda s: least_prefill(s.low_prefill_budget_tokens),
     "prefix_affinity": lambda s: PrefixAffinity(PrefixIndex(block_chars=s.prefix_block_chars,
                                                             max_entries=s.prefix_index_entries),
                                                 max_inflight=s.max_inflight_per_worker,
@@ -480,10 +528,11 @@ _PICKERS: dict[str, Callable[[random.Random], Picker]] = {
 
 def build_pipeline(profile: Profile, settings: _Settings, *, registry: CollectorRegistry | None = None,
                    rng: random.Random | None = None,
-                   low_limit: Callable[[], float] | None = None) -> PlacementPipeline:
-    """The pipeline a profile describes. ``low_limit`` is the latency guard's P1/P2 limit per worker."""
+                   guard: GuardSignals | None = None) -> PlacementPipeline:
+    """The pipeline a profile describes. ``guard`` (the latency guard) gives the P1/P2 limit per worker and whether
+    P0 traffic is present."""
     rng = rng or random.Random()
     return PlacementPipeline(
-        filters=[_FILTERS[name](settings, low_limit) for name in profile.filters],
+        filters=[_FILTERS[name](settings, guard) for name in profile.filters],
         scorers=[(weight, _SCORERS[name](settings)) for name, weight in profile.scorers],
         picker=_PICKERS[profile.picker](rng), registry=registry, rng=rng)

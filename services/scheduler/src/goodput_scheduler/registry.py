@@ -45,6 +45,7 @@ class Worker:
     # Granted leases whose first token has not come yet (their prompts are being prefilled): P0 leases, and the
     # estimated prompt tokens of P1/P2 leases (bounded by the prefill gate).
     p0_prefilling: int = 0
+    p0_prefill_tokens: int = 0
     low_prefill_tokens: int = 0
     consecutive_failures: int = 0
     consecutive_passes: int = 0
