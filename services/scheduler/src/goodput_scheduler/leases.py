@@ -237,7 +237,7 @@ class LatencyGuard:
 
     Lower-class work on a worker slows P0 there: its prompts' prefill chunks share the engine's steps, and its
     sequences make every decode step longer. Each ``guard_interval_s`` the guard compares the ``guard_percentile``
-    of the P0 TTFTs the gateway reported on release with the target (``p0_ttft_target_s``, or
+    of the P0 TTFTs the gateway reported (at the first token) with the target (``p0_ttft_target_s``, or
     ``p0_ttft_slo_ratio`` x the unloaded P0 TTFT it learned: the lowest per-interval median of the last five
     minutes). Above it, the P1/P2 limit shrinks by ``guard_decrease``; otherwise it grows by one, up to the
     class shares' cap. Work the guard holds back queues, the queue raises the saturation signal, and P2 (then P1)
