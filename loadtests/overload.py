@@ -29,7 +29,7 @@ import json
 import random
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,9 @@ def analyse(results: list[Result], *, phase_s: float, slo_ttft: dict[str, float]
             "mean_attempts": sum(r.attempts for r in rs) / n if n else None,
             "retry_after_s": summarize(retry_after) if retry_after else None,
             "tenants": {t: sum(1 for r in ok if r.spec.tenant == t) for t in TENANTS},
+            # why requests failed, most frequent first (a report must say what its failures were)
+            "errors": Counter((r.error or r.outcome)[:120] for r in rs
+                              if r.outcome in ("error", "unfinished", "expired")).most_common(5),
         }
     return out
 
@@ -191,6 +194,8 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
               f"p99 {report['unloaded_p0_ttft']['p99_ms']:.1f} ms; capacity {cap:.1f} req/s", flush=True)
         for name in args.configs.split(","):
             cfg = CONFIGS[name]
+            if args.engine == "sim":  # every scheduler starts on fresh simulated workers (cold, idle engines)
+                fleet.restart_workers()
             fleet.start_scheduler(cfg["env"], name=f"scheduler-{name}")
             await fleet.wait_ready()
             client = LeaseClient(fleet.scheduler_addr, rng=random.Random(args.seed + 2))
@@ -302,6 +307,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [markdown_table(["load", "class", "n", "success", "shed", "expired", "TTFT p50 ms", "p95", "p99",
                                   "e2e p50 ms", "p95", "p99", "queue wait p99 ms", "goodput req/s",
                                   "Retry-After p50 s"], rows), ""]
+    failures = [f"- {name} {lv['load']:g}x {c}: " + "; ".join(f"{reason} ({count})" for reason, count in errors)
+                for name, levels in report["configs"].items() for lv in levels for c in CLASSES
+                if (errors := lv["classes"][c].get("errors"))]
+    if failures:
+        lines += ["## Failures (why requests did not succeed; most frequent first)", "", *failures, ""]
     lines += [
         "## Reading it",
         "",

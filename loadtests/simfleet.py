@@ -253,6 +253,13 @@ class SimFleet:
             _stop(self.scheduler)
             self.scheduler = None
 
+    def restart_workers(self) -> None:
+        """Fresh worker processes (empty engines and caches), so one run's leftovers cannot affect the next."""
+        for p in self.procs:
+            _stop(p)
+        self.procs.clear()
+        self.start_workers()
+
     def stop(self) -> None:
         self.stop_scheduler()
         for p in self.procs:
