@@ -335,3 +335,42 @@ async def test_grpc_sheds_p2_with_resource_exhausted_retry_after_and_a_job(procs
                 metadata=metadata, timeout=20, wait_for_ready=True).trailing_metadata()) or ())
     finally:
         await runner.stop()
+
+
+async def test_grpc_stream_cancelled_after_its_start_message_releases_the_worker(procs: Procs, queue: JobQueue) -> None:
+    """A caller that reads only the start message (e.g. to see the RAG sources) and cancels must not hold the
+    worker's slot: the scheduler's only slot is free again at once, not when the generation would have ended."""
+    from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+
+    keys = json.dumps({"keys": [{"key": API_KEY, "tenant": "batch", "max_priority": "P0"}]})
+    grpc_port = free_port()
+    settings = procs.settings(api_keys=keys, grpc_port=grpc_port, http_port=0, models_cache_s=0.0,
+                              drain_grace_s=0.5)
+    runner = build_gateway(settings, CollectorRegistry(), None)
+    await runner.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel, \
+                aio.insecure_channel(procs.scheduler_addr) as sched_channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            scheduler = scheduler_pb2_grpc.SchedulerStub(sched_channel)
+            request = gateway_pb2.GenerateRequest(
+                messages=[types_pb2.ChatMessage(role="user", content="Write a long story.")],
+                sampling=types_pb2.SamplingParams(max_tokens=3000), priority=types_pb2.PRIORITY_P0)
+            async with Overload(procs.scheduler_addr) as hold:  # waits until the scheduler has a healthy worker
+                await hold.release()
+            await asyncio.sleep(0.3)
+            call = stub.GenerateStream(request, metadata=(("authorization", f"Bearer {API_KEY}"),), timeout=120)
+            first = await call.read()
+            assert first.HasField("start")
+
+            async def inflight() -> int:
+                resp = await scheduler.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=2)
+                return sum(w.inflight for w in resp.workers)
+            assert await inflight() == 1
+            call.cancel()
+            deadline = time.monotonic() + 5
+            while await inflight():
+                assert time.monotonic() < deadline, "the cancelled stream still holds its lease"
+                await asyncio.sleep(0.1)
+    finally:
+        await runner.stop()

@@ -92,19 +92,24 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 self._count("grpc_stream", err.grpc_code.name)
                 await self._park(err, context, gen, request)
                 raise
-            if cache_metadata(stream):  # x-goodput-cache: hit; layer=l1; similarity=1.000
-                await context.send_initial_metadata(cache_metadata(stream))
-                context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *cache_metadata(stream)))
-            self._count("grpc_stream", "OK")
-            assert stream.start is not None
-            yield gateway_pb2.GenerateStreamResponse(start=gateway_pb2.StreamStart(
-                request_id=request_id, model=stream.start.model, sources=_sources(stream)))
-            async for event in stream:
-                if isinstance(event, TextDelta):
-                    yield gateway_pb2.GenerateStreamResponse(delta=event.text)
-                else:
-                    yield gateway_pb2.GenerateStreamResponse(end=gateway_pb2.StreamEnd(
-                        finish_reason=_FINISH[event.finish_reason], usage=_usage(event)))
+            # A caller that cancels after the start message never iterates the stream: close it (worker call
+            # and lease) whatever happens, as the REST path does.
+            try:
+                if cache_metadata(stream):  # x-goodput-cache: hit; layer=l1; similarity=1.000
+                    await context.send_initial_metadata(cache_metadata(stream))
+                    context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *cache_metadata(stream)))
+                self._count("grpc_stream", "OK")
+                assert stream.start is not None
+                yield gateway_pb2.GenerateStreamResponse(start=gateway_pb2.StreamStart(
+                    request_id=request_id, model=stream.start.model, sources=_sources(stream)))
+                async for event in stream:
+                    if isinstance(event, TextDelta):
+                        yield gateway_pb2.GenerateStreamResponse(delta=event.text)
+                    else:
+                        yield gateway_pb2.GenerateStreamResponse(end=gateway_pb2.StreamEnd(
+                            finish_reason=_FINISH[event.finish_reason], usage=_usage(event)))
+            finally:
+                await stream.aclose()
 
     async def Generate(self, request: gateway_pb2.GenerateRequest,
                        context: aio.ServicerContext) -> gateway_pb2.GenerateResponse:
@@ -127,7 +132,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             if cache_metadata(stream):
                 context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *cache_metadata(stream)))
             self._count("grpc", "OK")
-            text, end = await stream.collect()
+            try:
+                text, end = await stream.collect()
+            finally:
+                await stream.aclose()
             assert stream.start is not None
             return gateway_pb2.GenerateResponse(request_id=request_id, model=stream.start.model,
                                                 text=text, finish_reason=_FINISH[end.finish_reason],
