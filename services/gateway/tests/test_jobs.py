@@ -6,6 +6,7 @@ Shed P2 work is parked, completes once load falls, survives a scheduler restart,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -293,16 +294,25 @@ async def test_rest_sheds_p2_with_429_retry_after_and_a_job_to_fetch(procs: Proc
         await runner.stop()
 
 
-async def test_grpc_sheds_p2_with_resource_exhausted_retry_after_and_a_job(procs: Procs, queue: JobQueue) -> None:
-    from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-
+@contextlib.asynccontextmanager
+async def grpc_gateway(procs: Procs, grpc_port: int) -> AsyncIterator[None]:
+    """An in-process gateway serving gRPC on ``grpc_port`` in front of the test scheduler, with jobs enabled."""
     keys = json.dumps({"keys": [{"key": API_KEY, "tenant": "batch", "max_priority": "P0"}]})
-    grpc_port = free_port()
     settings = procs.settings(api_keys=keys, grpc_port=grpc_port, http_port=0, models_cache_s=0.0,
                               drain_grace_s=0.5)
     runner = build_gateway(settings, CollectorRegistry(), None)
     await runner.start()
     try:
+        yield
+    finally:
+        await runner.stop()
+
+
+async def test_grpc_sheds_p2_with_resource_exhausted_retry_after_and_a_job(procs: Procs, queue: JobQueue) -> None:
+    from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+
+    grpc_port = free_port()
+    async with grpc_gateway(procs, grpc_port):
         async with aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
             request = gateway_pb2.GenerateRequest(
@@ -333,8 +343,6 @@ async def test_grpc_sheds_p2_with_resource_exhausted_retry_after_and_a_job(procs
                 gateway_pb2.GenerateRequest(messages=request.messages, sampling=request.sampling,
                                             priority=types_pb2.PRIORITY_P0),
                 metadata=metadata, timeout=20, wait_for_ready=True).trailing_metadata()) or ())
-    finally:
-        await runner.stop()
 
 
 async def test_grpc_stream_cancelled_after_its_start_message_releases_the_worker(procs: Procs, queue: JobQueue) -> None:
@@ -342,13 +350,8 @@ async def test_grpc_stream_cancelled_after_its_start_message_releases_the_worker
     worker's slot: the scheduler's only slot is free again at once, not when the generation would have ended."""
     from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
-    keys = json.dumps({"keys": [{"key": API_KEY, "tenant": "batch", "max_priority": "P0"}]})
     grpc_port = free_port()
-    settings = procs.settings(api_keys=keys, grpc_port=grpc_port, http_port=0, models_cache_s=0.0,
-                              drain_grace_s=0.5)
-    runner = build_gateway(settings, CollectorRegistry(), None)
-    await runner.start()
-    try:
+    async with grpc_gateway(procs, grpc_port):
         async with aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel, \
                 aio.insecure_channel(procs.scheduler_addr) as sched_channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
@@ -372,5 +375,3 @@ async def test_grpc_stream_cancelled_after_its_start_message_releases_the_worker
             while await inflight():
                 assert time.monotonic() < deadline, "the cancelled stream still holds its lease"
                 await asyncio.sleep(0.1)
-    finally:
-        await runner.stop()
