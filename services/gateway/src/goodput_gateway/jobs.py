@@ -417,11 +417,16 @@ def install_routes(app: Any, service: Any, read_json: Callable[[Any], Awaitable[
 JOB_ID_KEY = "x-goodput-job-id"  # gRPC trailing metadata of a shed request that was parked
 
 
+def _shed(err: GoodputError, route: str) -> bool:
+    """The scheduler refused the request for load (queue full or overloaded), on a route jobs can replay."""
+    return isinstance(err, ResourceExhausted) and err.code in SHED_CODES and route in _ENDPOINTS
+
+
 async def park_shed(queue: JobQueue, err: GoodputError, *, principal: Any, gen: Any, route: str,
                     body: dict[str, Any]) -> Job | None:
     """Parks a request the scheduler shed as a job, when it is batch (P2) work; None otherwise. Both APIs use it:
     REST passes the caller's body, gRPC the request rewritten as one (``requests.to_openai_body``)."""
-    if not isinstance(err, ResourceExhausted) or err.code not in SHED_CODES or route not in _ENDPOINTS:
+    if not _shed(err, route):
         return None
     if principal.resolve_priority(gen.priority) != 3:  # only batch (P2) work is parked
         return None
@@ -436,7 +441,7 @@ async def park_if_shed(queue: JobQueue, service: Any, err: GoodputError, request
     """The REST error response for ``err``; when it is a P2 request shed by the scheduler, the request is parked
     as a job first and the response names it (``X-Goodput-Job-Id``, ``error.job_id``)."""
     response = error_response(err, request_id)
-    if not isinstance(err, ResourceExhausted) or err.code not in SHED_CODES or route not in _ENDPOINTS:
+    if not _shed(err, route):  # not worth reading and parsing the body again
         return response
     try:
         from goodput_gateway.requests import from_openai_chat, from_openai_completion

@@ -13,6 +13,7 @@ from grpc import aio
 from goodput_core.context import REQUEST_ID_HEADER, new_request_id, request_context
 from goodput_core.errors import GoodputError, ResourceExhausted
 
+from goodput_gateway.auth import Principal
 from goodput_gateway.caching import cache_metadata
 from goodput_gateway.jobs import JOB_ID_KEY, JobQueue, park_shed
 from goodput_gateway.knowledge import grpc_embed, grpc_index, grpc_search
@@ -58,14 +59,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def _count(self, route: str, code: str, priority: str = "unspecified") -> None:
         self.service.metrics.requests.labels(route, code, priority).inc()
 
-    async def _park(self, err: GoodputError, context: aio.ServicerContext, gen: GenerationRequest | None,
+    async def _park(self, err: GoodputError, principal: Principal | None, gen: GenerationRequest | None,
                     request: gateway_pb2.GenerateRequest) -> None:
         """A shed P2 request is parked as a job (as on REST); its id travels in trailing metadata next to the
         RESOURCE_EXHAUSTED status and its retry-after. Best effort: the caller gets its honest error either way."""
-        if self.jobs is None or gen is None or not isinstance(err, ResourceExhausted):
+        if self.jobs is None or principal is None or gen is None or not isinstance(err, ResourceExhausted):
             return
         try:
-            principal = self.service.authenticate(_authorization(context))
             route, body = to_openai_body(gen, knowledge_base=request.knowledge_base)
             job = await park_shed(self.jobs, err, principal=principal, gen=gen, route=route, body=body)
         except Exception:  # noqa: BLE001
@@ -80,6 +80,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         request_id = new_request_id()
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         with request_context(request_id=request_id):
+            principal: Principal | None = None
             gen = None
             try:
                 principal = self.service.authenticate(_authorization(context))
@@ -90,7 +91,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                                   cache_control=_metadata(context, "cache-control"))
             except GoodputError as err:
                 self._count("grpc_stream", err.grpc_code.name)
-                await self._park(err, context, gen, request)
+                await self._park(err, principal, gen, request)
                 raise
             # A caller that cancels after the start message never iterates the stream: close it (worker call
             # and lease) whatever happens, as the REST path does.
@@ -117,6 +118,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         request_id = new_request_id()
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         with request_context(request_id=request_id):
+            principal: Principal | None = None
             gen = None
             try:
                 principal = self.service.authenticate(_authorization(context))
@@ -127,7 +129,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                                   cache_control=_metadata(context, "cache-control"))
             except GoodputError as err:
                 self._count("grpc", err.grpc_code.name)
-                await self._park(err, context, gen, request)
+                await self._park(err, principal, gen, request)
                 raise
             if cache_metadata(stream):
                 context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *cache_metadata(stream)))

@@ -65,7 +65,6 @@ class Lease:
     released: bool = False
     priority: int = P1
     prefilling: bool = True  # no first token reported yet
-    ttft_observed: bool = False
 
 
 @dataclass(eq=False)
@@ -222,6 +221,15 @@ class OverloadDetector:
 
 def _prefill_tokens(estimate: int) -> int:
     return max(int(estimate), 1)
+
+
+def _begin_prefill(worker: Worker, priority: int, prompt_tokens: int) -> None:
+    """A granted request's prompt counts as pending prefill on its worker until its first token (or its end)."""
+    if priority == P0:
+        worker.p0_prefilling += 1
+        worker.p0_prefill_tokens += _prefill_tokens(prompt_tokens)
+    else:
+        worker.low_prefill_tokens += _prefill_tokens(prompt_tokens)
 
 
 def _end_prefill(worker: Worker, priority: int, prompt_tokens: int) -> None:
@@ -526,10 +534,7 @@ class LeaseManager:
         worker.inflight += 1
         if ticket.priority != P0:
             worker.low_inflight += 1
-            worker.low_prefill_tokens += _prefill_tokens(ticket.request.prompt_tokens)
-        else:
-            worker.p0_prefilling += 1
-            worker.p0_prefill_tokens += _prefill_tokens(ticket.request.prompt_tokens)
+        _begin_prefill(worker, ticket.priority, ticket.request.prompt_tokens)
         self.pipeline.commit(ticket.request, decision)
         label = priority_name(ticket.priority)
         self.metrics.inflight.labels(worker.worker_id).set(worker.inflight)
@@ -604,8 +609,7 @@ class LeaseManager:
             return
         lease.prefilling = False
         _end_prefill(lease.worker, lease.priority, lease.request.prompt_tokens)
-        if lease.priority == P0 and ttft_s > 0:
-            lease.ttft_observed = True
+        if lease.priority == P0:
             self.guard.observe(ttft_s)
         self._dispatch()
 
@@ -616,13 +620,14 @@ class LeaseManager:
             return
         lease.released = True
         self.leases.pop(lease.request.request_id, None)
+        ttft_reported = not lease.prefilling  # first_token() already gave the guard this P0's TTFT
         if lease.prefilling:
             lease.prefilling = False
             _end_prefill(lease.worker, lease.priority, lease.request.prompt_tokens)
         lease.worker.inflight = max(lease.worker.inflight - 1, 0)
         if lease.priority != P0:
             lease.worker.low_inflight = max(lease.worker.low_inflight - 1, 0)
-        elif outcome == scheduler_pb2.OUTCOME_OK and not lease.ttft_observed:
+        elif outcome == scheduler_pb2.OUTCOME_OK and not ttft_reported:
             self.guard.observe(ttft_s)
         self.guard.maybe_adjust(time.monotonic())
         self.metrics.inflight.labels(lease.worker.worker_id).set(lease.worker.inflight)
