@@ -257,7 +257,7 @@ async def test_while_p0_traffic_is_present_one_worker_stays_free_of_batch_prefil
 
         def batch(i: int) -> PlacementRequest:
             return PlacementRequest(request_id=f"p2-{i}", tenant="t", priority=P2, model="", prompt_tokens=900,
-                                    max_tokens=10)
+                                    max_tokens=10, prefix_hint=f"system prompt {i} " * 40)
         # no P0 seen yet: batch prompts prefill on both workers
         first = [lm.enqueue(batch(i), deadline=None) for i in range(2)]
         assert all(t.done for t in first)
@@ -273,8 +273,12 @@ async def test_while_p0_traffic_is_present_one_worker_stays_free_of_batch_prefil
         second = [lm.enqueue(batch(i), deadline=None) for i in range(2, 4)]
         assert [t.done for t in second] == [True, False]
         busy = second[0].future.result().worker
-        p0_lease = await lm.wait(lm.enqueue(req("p0-b", P0), deadline=None))
-        assert p0_lease.worker is not busy and p0_lease.reason == "least_prefill"
+        # even a P0 whose prompt prefix the busy worker holds goes to the worker that is only decoding: a batch
+        # prompt's chunk steps cost more than the prefix cache saves
+        prefix = next(batch(i).prefix_hint for i in range(2) if first[i].future.result().worker is busy)
+        p0_lease = await lm.wait(lm.enqueue(req("p0-b", P0, prefix=prefix + "question"), deadline=None))
+        assert p0_lease.worker is not busy and p0_lease.reason == "prefill_gate"
+        lm.release(p0_lease, scheduler_pb2.OUTCOME_OK)
         # the batch prompt's first token frees its worker for the next one
         lease = await lm.wait(second[0])
         lm.first_token(lease, 0.1)

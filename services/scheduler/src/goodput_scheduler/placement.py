@@ -7,7 +7,8 @@ Steps shipped here:
 
 * filters: ``healthy``, ``serves_model``, ``has_capacity`` (the per-worker cap, less the headroom kept for more
   urgent classes, and a KV cache that is not full), ``prefill_gate`` (P1/P2 prompts enter an engine a bounded
-  number of tokens at a time, and not while it prefills a P0 prompt);
+  number of tokens at a time, and not while it prefills a P0 prompt; P0 prompts go to a worker free of batch
+  prefill when there is one);
 * scorers: ``least_loaded`` (leases held, engine queue, KV usage), ``least_prefill`` (prompt prefill pending on
   the worker), ``prefix_affinity`` (the worker that recently
   served the longest matching prompt prefix, from block hashes in a bounded LRU), ``session_affinity``;
@@ -116,12 +117,13 @@ def step_budget(w: Worker, budget_tokens: int = 0) -> int:
 
 
 class PrefillGate:
-    """P1/P2 only: no grant to a worker that is prefilling a P0 prompt (``p0_exclusive``), nor one whose pending
+    """P1/P2: no grant to a worker that is prefilling a P0 prompt (``p0_exclusive``), nor one whose pending
     P1/P2 prefill (granted leases without a first token) would exceed the budget (:func:`step_budget`) — one
     request always may — and, while ``p0_recent()``, none that would leave fewer than ``ready_workers`` healthy
     workers free of P1/P2 prefill (never all of them). vLLM schedules the chunks of prompts it already holds before
     a newly arrived one, whatever its priority, so a P0 prompt otherwise waits behind every batch prompt granted
-    before it; a worker that is only decoding starts it at its next step."""
+    before it; a worker that is only decoding starts it at its next step. P0 (with ``ready_workers``): only
+    workers free of P1/P2 prefill when one of the candidates is."""
 
     __name__ = "prefill_gate"
 
@@ -133,19 +135,29 @@ class PrefillGate:
         self.ready_workers = ready_workers
         self.p0_recent = p0_recent
         self._spare = 0  # workers free of P1/P2 prefill beyond the reserve, for the request being placed
+        self._p0_ready = False  # a candidate free of P1/P2 prefill exists, for the P0 request being placed
 
-    def prepare(self, req: PlacementRequest, workers: Sequence[Worker]) -> None:
+    def prepare(self, req: PlacementRequest, workers: Sequence[Worker], candidates: Sequence[Worker] = ()) -> None:
         self._spare = len(workers)  # no reserve
-        if not self.enabled or req.priority == _P0 or self.ready_workers <= 0 or self.p0_recent is None \
-                or not self.p0_recent():
+        self._p0_ready = False
+        if not self.enabled or self.ready_workers <= 0:
+            return
+        if req.priority == _P0:
+            # a P0 prompt granted to a worker with batch prompts still prefilling waits for their chunks (several
+            # steps); one that is only decoding starts it at its next step, so P0 goes there when one can take it
+            self._p0_ready = any(w.low_prefill_tokens == 0 for w in candidates)
+            return
+        if self.p0_recent is None or not self.p0_recent():
             return
         up = [w for w in workers if w.healthy and not w.removed]
         ready = sum(1 for w in up if w.low_prefill_tokens == 0)
         self._spare = ready - min(self.ready_workers, max(len(up) - 1, 0))
 
     def __call__(self, req: PlacementRequest, w: Worker) -> bool:
-        if not self.enabled or req.priority == _P0:
+        if not self.enabled:
             return True
+        if req.priority == _P0:
+            return not self._p0_ready or w.low_prefill_tokens == 0
         if self.p0_exclusive and w.p0_prefilling > 0:
             return False
         if w.low_prefill_tokens > 0:
@@ -342,24 +354,32 @@ class PlacementPipeline:
         if self._step_seconds is not None:
             self._step_seconds.labels(step).observe(time.perf_counter() - start)
 
-    def candidates(self, req: PlacementRequest, workers: Sequence[Worker]) -> list[Worker]:
+    def candidates(self, req: PlacementRequest, workers: Sequence[Worker]) -> tuple[list[Worker], str]:
+        """The workers that pass every filter, and the name of the last filter that turned one away."""
         out = list(workers)
+        narrowed_by = ""
         for f in self.filters:
             start = time.perf_counter()
             prepare = getattr(f, "prepare", None)
-            if prepare is not None:  # a filter that looks at the whole fleet (e.g. a reserve of workers)
-                prepare(req, workers)
-            out = [w for w in out if f(req, w)]
+            if prepare is not None:  # a filter that looks at the whole fleet (a reserve) or at the survivors so far
+                prepare(req, workers, out)
+            kept = [w for w in out if f(req, w)]
+            if len(kept) < len(out):
+                narrowed_by = getattr(f, "__name__", "filter")
+            out = kept
             self._timed(f"filter:{getattr(f, '__name__', 'filter')}", start)
             if not out:
                 break
-        return out
+        return out, narrowed_by
 
     def place(self, req: PlacementRequest, workers: Sequence[Worker]) -> Decision | None:
-        """The best worker for the request, or None when no worker passes the filters."""
-        candidates = self.candidates(req, workers)
+        """The best worker for the request, or None when no worker passes the filters. The decision's reason is
+        the scorer that most set the worker apart, or the filter that left it the only candidate."""
+        candidates, narrowed_by = self.candidates(req, workers)
         if not candidates:
             return None
+        if len(candidates) == 1 and narrowed_by:
+            return Decision(worker=candidates[0], reason=narrowed_by, score=0.0)
         per_scorer: list[list[float]] = []
         for weight, scorer in self.scorers:
             start = time.perf_counter()
