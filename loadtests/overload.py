@@ -122,6 +122,55 @@ async def run_level(client: LeaseClient, rng: random.Random, systems: dict[str, 
     return results, time.monotonic() - arrivals_done
 
 
+class SchedulerSampler:
+    """Polls the scheduler's /metrics during a load level: what its latency guard and queues did, for the report."""
+
+    GAUGES = ("goodput_scheduler_guard_limit", "goodput_scheduler_p0_ttft_target_seconds",
+              "goodput_scheduler_saturation")
+
+    def __init__(self, url: str, interval_s: float = 0.5) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.samples: dict[str, list[float]] = defaultdict(list)
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            while True:
+                try:
+                    text = (await http.get(self.url)).text
+                    for family in text_string_to_metric_families(text):
+                        for sample in family.samples:
+                            if sample.name in self.GAUGES:
+                                self.samples[sample.name].append(sample.value)
+                            elif sample.name == "goodput_scheduler_inflight":
+                                self.samples["inflight_per_worker"].append(sample.value)
+                except (httpx.HTTPError, ValueError):
+                    pass  # a missed sample is not worth failing a run for
+                await asyncio.sleep(self.interval_s)
+
+    def __enter__(self) -> SchedulerSampler:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, values in self.samples.items():
+            values = sorted(values)
+            short = name.removeprefix("goodput_scheduler_")
+            out[short] = {"mean": sum(values) / len(values), "p10": values[len(values) // 10],
+                          "p50": values[len(values) // 2], "p90": values[min(len(values) * 9 // 10, len(values) - 1)],
+                          "n": len(values)}
+        return out
+
+
 def analyse(results: list[Result], *, phase_s: float, slo_ttft: dict[str, float]) -> dict[str, Any]:
     by_class: dict[str, list[Result]] = defaultdict(list)
     for r in results:
@@ -201,12 +250,17 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
             client = LeaseClient(fleet.scheduler_addr, rng=random.Random(args.seed + 2))
             per_level = []
             for level in levels:
-                results, drain_s = await run_level(client, random.Random(f"{args.seed}-{level}"), systems,
-                                                   rate=level * cap, phase_s=args.phase_s,
-                                                   send_priority=cfg["send_priority"],
-                                                   drain_timeout_s=args.drain_timeout_s)
+                with SchedulerSampler(fleet.scheduler_metrics_url) as sampler:
+                    results, drain_s = await run_level(client, random.Random(f"{args.seed}-{level}"), systems,
+                                                       rate=level * cap, phase_s=args.phase_s,
+                                                       send_priority=cfg["send_priority"],
+                                                       drain_timeout_s=args.drain_timeout_s)
                 stats = analyse(results, phase_s=args.phase_s, slo_ttft=slo)
-                per_level.append({"load": level, "offered_rps": level * cap, "drain_s": drain_s, "classes": stats})
+                t0 = min((r.arrival for r in results if r.arrival), default=0.0)
+                p0_trace = sorted((round(r.arrival - t0, 3), round((r.ttft_s or 0) * 1000, 1), r.worker, r.reason)
+                                  for r in results if r.spec.priority == "P0" and r.outcome == "ok")
+                per_level.append({"load": level, "offered_rps": level * cap, "drain_s": drain_s, "classes": stats,
+                                  "scheduler": sampler.summary(), "p0_requests": p0_trace})
                 p0 = stats["P0"]
                 p1_ok = (stats["P1"]["success_rate"] or 0) * 100
                 print(f"[{name}] {level:.2f}x: P0 ttft p99 {p0['ttft']['p99_ms'] or 0:.0f} ms, success "
@@ -307,6 +361,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [markdown_table(["load", "class", "n", "success", "shed", "expired", "TTFT p50 ms", "p95", "p99",
                                   "e2e p50 ms", "p95", "p99", "queue wait p99 ms", "goodput req/s",
                                   "Retry-After p50 s"], rows), ""]
+    lines += _scheduler_section(report)
     failures = [f"- {name} {lv['load']:g}x {c}: " + "; ".join(f"{reason} ({count})" for reason, count in errors)
                 for name, levels in report["configs"].items() for lv in levels for c in CLASSES
                 if (errors := lv["classes"][c].get("errors"))]
@@ -322,6 +377,31 @@ def render_markdown(report: dict[str, Any]) -> str:
         "- The plot `overload.png` shows P0 p99 TTFT against offered load for each scheduler.",
     ]
     return "\n".join(lines)
+
+
+def _scheduler_section(report: dict[str, Any]) -> list[str]:
+    """What the scheduler did in each level (sampled from its /metrics) and where P0 requests were placed."""
+    rows = []
+    for name, levels in report["configs"].items():
+        for lv in levels:
+            sch = lv.get("scheduler") or {}
+            if not sch:
+                continue
+            guard, held, sat = sch.get("guard_limit"), sch.get("inflight_per_worker"), sch.get("saturation")
+            reasons = Counter(r[3] for r in lv.get("p0_requests", []))
+            rows.append([name, f"{lv['load']:g}x", "—" if not sat else f"{sat['mean']:.2f}",
+                         "—" if not guard or guard["p50"] >= 1e8 else f"{guard['p10']:.0f} / {guard['p50']:.0f} / "
+                                                                     f"{guard['p90']:.0f}",
+                         "—" if not held else f"{held['mean']:.1f} / {held['p90']:.0f}",
+                         ", ".join(f"{k} {v}" for k, v in reasons.most_common()) or "—"])
+    if not rows:
+        return []
+    return ["## What the scheduler did", "",
+            "Sampled from the scheduler's `/metrics` every 0.5 s during each level's arrivals: the saturation signal "
+            "(mean), the latency guard's P1/P2 lease limit per worker (p10 / p50 / p90; — when off), leases held per "
+            "worker (mean / p90), and the placement reason of every P0 request.", "",
+            markdown_table(["scheduler", "load", "saturation", "guard limit", "leases per worker",
+                            "P0 placed by"], rows), ""]
 
 
 def render_plot(report: dict[str, Any], path: Path) -> Path | None:

@@ -198,6 +198,7 @@ class SimFleet:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.scheduler: subprocess.Popen[bytes] | None = None
         self.scheduler_addr = f"127.0.0.1:{base_port}"
+        self.scheduler_metrics_url = f"http://127.0.0.1:{base_port + 90}/metrics"
 
     @property
     def worker_addrs(self) -> list[str]:
@@ -223,7 +224,8 @@ class SimFleet:
 
     def start_scheduler(self, overrides: dict[str, str], *, name: str = "scheduler") -> None:
         self.stop_scheduler()
-        env = {"GOODPUT_SCHEDULER_GRPC_PORT": str(self.base_port), "GOODPUT_SCHEDULER_HTTP_PORT": "0",
+        env = {"GOODPUT_SCHEDULER_GRPC_PORT": str(self.base_port),
+               "GOODPUT_SCHEDULER_HTTP_PORT": str(self.base_port + 90),
                "GOODPUT_SCHEDULER_WORKERS": ",".join(self.worker_addrs),
                "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.25", "GOODPUT_SCHEDULER_DRAIN_GRACE_S": "1",
                "GOODPUT_SCHEDULER_MAX_INFLIGHT_PER_WORKER": str(self.max_num_seqs),

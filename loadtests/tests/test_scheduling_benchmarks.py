@@ -23,7 +23,11 @@ def test_overload_analysis_counts_classes_slo_and_sheds(tmp_path: Path) -> None:
     assert stats["P0"]["success_rate"] == 1.0 and stats["P0"]["goodput_rps"] == 0.5
     assert stats["P1"]["expired_rate"] == 1.0 and stats["P2"]["shed_rate"] == 1.0
     assert stats["P2"]["success_rate"] == 1.0 and stats["P2"]["mean_attempts"] == 0
-    level = {"load": 3.0, "offered_rps": 9.0, "drain_s": 1.0, "classes": stats}
+    level = {"load": 3.0, "offered_rps": 9.0, "drain_s": 1.0, "classes": stats,
+             "scheduler": {"guard_limit": {"mean": 20.0, "p10": 5.0, "p50": 24.0, "p90": 28.0, "n": 9},
+                           "saturation": {"mean": 0.7, "p10": 0.2, "p50": 0.7, "p90": 1.0, "n": 9}},
+             "p0_requests": [[0.1, 150.0, "w1", "prefill_gate"], [0.4, 160.0, "w2", "prefill_gate"],
+                             [0.9, 140.0, "w1", "least_prefill"]]}
     report = {"generated_at": "now", "machine": {"cores_usable": 2, "cpu_model": "cpu"}, "capacity_rps": 3.0,
               "unloaded_p0_ttft": {"p50_ms": 80.0, "p99_ms": 100.0},
               "setup": {"workers": 2, "max_num_seqs": 4, "sim": {"time_scale": 1}, "phase_s": 2.0,
@@ -32,7 +36,10 @@ def test_overload_analysis_counts_classes_slo_and_sheds(tmp_path: Path) -> None:
               "configs": {"goodput": [level], "fifo": [level]}}
     goals = {g: ok for g, _, ok in overload.goals(report)}
     assert any("P0 success" in g and ok for g, ok in goals.items())
-    assert "P0 p99" in overload.render_markdown(report)
+    markdown = overload.render_markdown(report)
+    assert "P0 p99" in markdown
+    # what the scheduler did: the guard's limit and where P0 requests went, most frequent reason first
+    assert "| goodput | 3x | 0.70 | 5 / 24 / 28 | — | prefill_gate 2, least_prefill 1 |" in markdown
     assert overload.render_plot(report, tmp_path / "p.png") is not None
 
 
@@ -43,3 +50,32 @@ def test_prefix_requests_share_system_prompts_only_in_the_shared_scenario() -> N
     assert len({r.prompt[:400] for r in shared}) == 3
     assert len({r.prompt[:400] for r in unique}) == 30
     assert abs(len(shared[0].prompt) - len(unique[0].prompt)) < 40
+
+
+async def test_scheduler_sampler_reads_the_guard_and_leases_from_metrics() -> None:
+    import asyncio
+    import socket
+
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+    registry = CollectorRegistry()
+    Gauge("goodput_scheduler_guard_limit", "limit", registry=registry).set(12)
+    inflight = Gauge("goodput_scheduler_inflight", "leases", ["worker"], registry=registry)
+    inflight.labels("w1").set(3)
+    inflight.labels("w2").set(5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        with overload.SchedulerSampler(f"http://127.0.0.1:{port}/metrics", interval_s=0.05) as sampler:
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                if len(sampler.samples["goodput_scheduler_guard_limit"]) >= 2:
+                    break
+        summary = sampler.summary()
+    finally:
+        server.shutdown()
+        thread.join()
+    assert summary["guard_limit"]["p50"] == 12
+    assert summary["inflight_per_worker"]["mean"] == 4
