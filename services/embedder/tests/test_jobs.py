@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
@@ -21,18 +23,27 @@ from goodput_retriever.search import SearchQuery
 pytestmark = pytest.mark.slow
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.fixture
 def worker(settings: EmbedderSettings, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A prefork worker, as the chart runs it: the task runs in a child process, /metrics is the parent's."""
+    port = _free_port()
     env = {**os.environ, "GOODPUT_EMBEDDER_REDIS_URL": settings.redis_url,
            "GOODPUT_EMBEDDER_RETRIEVER_ADDR": settings.retriever_addr,
-           "GOODPUT_EMBEDDER_KEY_PREFIX": settings.key_prefix, "GOODPUT_EMBEDDER_WORKER_HTTP_PORT": "0"}
+           "GOODPUT_EMBEDDER_KEY_PREFIX": settings.key_prefix, "GOODPUT_EMBEDDER_WORKER_HTTP_PORT": str(port)}
     log = (tmp_path / "worker.log").open("wb")
     # A queue of its own, so that a platform's worker on the same Redis does not take this test's jobs.
     queue = f"{settings.key_prefix}-jobs"
-    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "goodput_embedder.jobs", "worker", "--pool", "solo",
-                             "-Q", queue, "--without-gossip", "--without-mingle", "--without-heartbeat",
-                             "--loglevel", "INFO"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    yield queue
+    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "goodput_embedder.jobs", "worker", "--pool",
+                             "prefork", "--concurrency", "1", "-Q", queue, "--without-gossip", "--without-mingle",
+                             "--without-heartbeat", "--loglevel", "INFO"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    yield queue, f"http://127.0.0.1:{port}/metrics"
     proc.terminate()
     try:
         proc.wait(15)
@@ -62,8 +73,9 @@ async def test_reindex_job_runs_on_a_celery_worker_and_publishes_the_version(set
     pubsub.subscribe(settings.version_channel)
     jobs = JobStore(client, prefix=settings.key_prefix, ttl_s=600)
     app = create_app(settings)
+    queue, metrics_url = worker
     job_id = jobs.create("acme", "notes", str(source), False)
-    app.send_task(REINDEX_TASK, args=[job_id, "acme", "notes", str(source), False], queue=worker)
+    app.send_task(REINDEX_TASK, args=[job_id, "acme", "notes", str(source), False], queue=queue)
     info = await _wait(jobs, job_id)
     assert info.state == "succeeded", info.error
     assert (info.documents_done, info.documents_total, info.chunks_embedded) == (10, 10, 10)
@@ -77,12 +89,16 @@ async def test_reindex_job_runs_on_a_celery_worker_and_publishes_the_version(set
     assert r.hits[0].document_id == "d7"
     # A second run of the unchanged source embeds nothing; a missing source fails the job with a clear error.
     job2 = jobs.create("acme", "notes", str(source), False)
-    app.send_task(REINDEX_TASK, args=[job2, "acme", "notes", str(source), False], queue=worker)
+    app.send_task(REINDEX_TASK, args=[job2, "acme", "notes", str(source), False], queue=queue)
     info2 = await _wait(jobs, job2)
     assert info2.state == "succeeded" and info2.chunks_embedded == 0 and info2.kb_version == info.kb_version + 1
     job3 = jobs.create("acme", "notes", str(tmp_path / "missing.jsonl"), False)
-    app.send_task(REINDEX_TASK, args=[job3, "acme", "notes", str(tmp_path / "missing.jsonl"), False], queue=worker)
+    app.send_task(REINDEX_TASK, args=[job3, "acme", "notes", str(tmp_path / "missing.jsonl"), False], queue=queue)
     info3 = await _wait(jobs, job3)
     assert info3.state == "failed" and "does not exist" in info3.error
+    # the jobs ran in the pool's child process; the parent's /metrics counts them all
+    metrics = httpx.get(metrics_url, timeout=5).text
+    assert 'goodput_embedder_jobs_total{outcome="succeeded"} 2.0' in metrics
+    assert 'goodput_embedder_jobs_total{outcome="failed"} 1.0' in metrics
     pubsub.close()
     client.close()

@@ -15,6 +15,8 @@ from typing import Any
 import grpc
 from grpc import aio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -93,6 +95,40 @@ def _code_of(context: aio.ServicerContext, error: BaseException | None) -> grpc.
     if isinstance(error, (GeneratorExit,)) or type(error).__name__ == "CancelledError":
         return grpc.StatusCode.CANCELLED
     return grpc.StatusCode.UNKNOWN
+
+
+class SharedCounter(Collector):
+    """A counter kept outside this process and read at scrape time, one sample per label value: what every
+    process of a pool counts into one place (a Redis hash the workers HINCRBY), so the process serving /metrics
+    reports the work its prefork children did. A failed read gives the family without samples, not a failed
+    scrape; ``known`` label values are always reported (0 until counted).
+
+    Example:
+        >>> registry.register(SharedCounter("goodput_embedder_jobs", "Reindex jobs by outcome.", "outcome",
+        ...                                 read=lambda: {k.decode(): int(v) for k, v in r.hgetall(key).items()}))
+    """
+
+    def __init__(self, name: str, documentation: str, label: str, *, read: Callable[[], dict[str, int]],
+                 known: tuple[str, ...] = ()) -> None:
+        self.name, self.documentation, self.label = name, documentation, label
+        self.read = read
+        self.known = known
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [self._family()]
+
+    def collect(self) -> list[CounterMetricFamily]:
+        family = self._family()
+        try:
+            counts = self.read()
+        except Exception:  # noqa: BLE001 - a scrape must not fail because the store blinked
+            return [family]
+        for value in sorted(set(self.known) | set(counts)):
+            family.add_metric([value], counts.get(value, 0))
+        return [family]
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.documentation, labels=[self.label])
 
 
 def metrics_response(registry: CollectorRegistry) -> Response:

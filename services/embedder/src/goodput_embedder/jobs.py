@@ -7,6 +7,9 @@ The task reads a source (file, folder or JSONL, see :mod:`goodput_embedder.sourc
 (``<prefix>:job:<id>``, read by ``JobStatus``). Tasks are acknowledged late and re-queued when a worker dies, and
 indexing is idempotent, so a job killed halfway finishes on re-run with no duplicates and nothing missing.
 
+A worker serves ``/metrics`` on ``worker_http_port`` once ready; jobs by outcome are counted in Redis
+(``<prefix>:jobs:outcomes``), so a prefork pool's children, which run the tasks, show up on the parent's endpoint.
+
 ``app`` is built on first access (``celery -A`` looks it up), from the GOODPUT_EMBEDDER_ settings; nothing
 connects at import time.
 """
@@ -24,9 +27,10 @@ from typing import Any
 
 import redis
 from celery import Celery, signals
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 
 from goodput_core.errors import GoodputError
+from goodput_core.metrics import SharedCounter
 from goodput_core.settings import load_settings
 
 from goodput_embedder.config import EmbedderSettings
@@ -72,6 +76,15 @@ class JobStore:
         key = self._key(job_id)
         self.redis.hset(key, mapping={k: str(v) for k, v in fields.items()})
         self.redis.expire(key, self.ttl_s)
+
+    def count_outcome(self, state: str) -> None:
+        """One more job ended in ``state``, counted in Redis so that every worker process's jobs show up on the
+        worker's /metrics (a prefork pool's children run the tasks; the parent serves the metrics)."""
+        self.redis.hincrby(f"{self.prefix}:jobs:outcomes", state, 1)
+
+    def outcomes(self) -> dict[str, int]:
+        raw = self.redis.hgetall(f"{self.prefix}:jobs:outcomes")
+        return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
 
     def get(self, job_id: str) -> JobInfo | None:
         raw = self.redis.hgetall(self._key(job_id))
@@ -129,7 +142,10 @@ def create_app(settings: EmbedderSettings) -> Celery:
         broker_transport_options={"visibility_timeout": 3600},
     )
     registry = CollectorRegistry()
-    jobs_total = Counter("goodput_embedder_jobs_total", "Reindex jobs by outcome.", ["outcome"], registry=registry)
+    scrape_store = JobStore(redis.Redis.from_url(settings.redis_url, socket_timeout=2.0), prefix=settings.key_prefix,
+                            ttl_s=settings.job_ttl_s)
+    registry.register(SharedCounter("goodput_embedder_jobs", "Reindex jobs by outcome (from Redis, every worker "
+                                    "process).", "outcome", read=scrape_store.outcomes, known=("succeeded", "failed")))
 
     @cache
     def context() -> tuple[Indexer, JobStore]:
@@ -148,7 +164,7 @@ def create_app(settings: EmbedderSettings) -> Celery:
         indexer, jobs = context()
         result = run_reindex(indexer, jobs, job_id, tenant, kb, source, full_rebuild)
         info = jobs.get(job_id)
-        jobs_total.labels(info.state if info else "unknown").inc()
+        jobs.count_outcome(info.state if info else "unknown")
         return result.__dict__
 
     @signals.worker_ready.connect(weak=False)

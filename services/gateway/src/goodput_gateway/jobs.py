@@ -39,8 +39,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
 
 from goodput_core.errors import (
     DeadlineExceeded,
@@ -50,6 +48,7 @@ from goodput_core.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from goodput_core.metrics import SharedCounter
 
 log = logging.getLogger("goodput.gateway.jobs")
 
@@ -122,7 +121,9 @@ class JobsMetrics:
                          ["state"], registry=registry)
             for state in STATES:
                 jobs.labels(state).set_function(_state_reader(queue, state))
-            registry.register(_AttemptsCollector(queue))
+            registry.register(SharedCounter("goodput_gateway_deferred_job_attempts",
+                                            "Attempts of deferred jobs by outcome (from Redis, all processes).",
+                                            "outcome", read=queue.attempts, known=OUTCOMES))
 
 
 def _state_reader(queue: JobQueue, state: str) -> Callable[[], float]:
@@ -132,32 +133,6 @@ def _state_reader(queue: JobQueue, state: str) -> Callable[[], float]:
         except Exception:  # noqa: BLE001 - a scrape must not fail because Redis blinked
             return float("nan")
     return read
-
-
-class _AttemptsCollector(Collector):
-    """Attempts of deferred jobs by outcome, counted in Redis by whichever process ran them."""
-
-    def __init__(self, queue: JobQueue) -> None:
-        self.queue = queue
-
-    def describe(self) -> list[CounterMetricFamily]:
-        return [self._family()]
-
-    def collect(self) -> list[CounterMetricFamily]:
-        family = self._family()
-        try:
-            counts = self.queue.attempts()
-        except Exception:  # noqa: BLE001 - a scrape must not fail because Redis blinked
-            return [family]
-        for outcome in OUTCOMES:
-            family.add_metric([outcome], counts.get(outcome, 0))
-        return [family]
-
-    @staticmethod
-    def _family() -> CounterMetricFamily:
-        return CounterMetricFamily("goodput_gateway_deferred_job_attempts",
-                                   "Attempts of deferred jobs by outcome (from Redis, all processes).",
-                                   labels=["outcome"])
 
 
 class JobQueue:
