@@ -126,7 +126,7 @@ class SchedulerSampler:
     """Polls the scheduler's /metrics during a load level: what its latency guard and queues did, for the report."""
 
     GAUGES = ("goodput_scheduler_guard_limit", "goodput_scheduler_p0_ttft_target_seconds",
-              "goodput_scheduler_saturation")
+              "goodput_scheduler_saturation", "goodput_scheduler_p0_ready_workers")
 
     def __init__(self, url: str, interval_s: float = 0.5) -> None:
         self.url = url
@@ -388,20 +388,23 @@ def _scheduler_section(report: dict[str, Any]) -> list[str]:
             if not sch:
                 continue
             guard, held, sat = sch.get("guard_limit"), sch.get("inflight_per_worker"), sch.get("saturation")
+            ready = sch.get("p0_ready_workers")
             reasons = Counter(r[3] for r in lv.get("p0_requests", []))
             rows.append([name, f"{lv['load']:g}x", "—" if not sat else f"{sat['mean']:.2f}",
                          "—" if not guard or guard["p50"] >= 1e8 else f"{guard['p10']:.0f} / {guard['p50']:.0f} / "
                                                                      f"{guard['p90']:.0f}",
                          "—" if not held else f"{held['mean']:.1f} / {held['p90']:.0f}",
+                         "—" if not ready else f"{ready['p10']:.0f} / {ready['p50']:.0f} / {ready['p90']:.0f}",
                          ", ".join(f"{k} {v}" for k, v in reasons.most_common()) or "—"])
     if not rows:
         return []
     return ["## What the scheduler did", "",
             "Sampled from the scheduler's `/metrics` every 0.5 s during each level's arrivals: the saturation signal "
             "(mean), the latency guard's P1/P2 lease limit per worker (p10 / p50 / p90; — when off), leases held per "
-            "worker (mean / p90), and the placement reason of every P0 request.", "",
+            "worker (mean / p90), the workers kept free of batch prefill for P0 (p10 / p50 / p90), and the "
+            "placement reason of every P0 request.", "",
             markdown_table(["scheduler", "load", "saturation", "guard limit", "leases per worker",
-                            "P0 placed by"], rows), ""]
+                            "decode-only workers for P0", "P0 placed by"], rows), ""]
 
 
 def render_plot(report: dict[str, Any], path: Path) -> Path | None:

@@ -39,7 +39,7 @@ def test_overload_analysis_counts_classes_slo_and_sheds(tmp_path: Path) -> None:
     markdown = overload.render_markdown(report)
     assert "P0 p99" in markdown
     # what the scheduler did: the guard's limit and where P0 requests went, most frequent reason first
-    assert "| goodput | 3x | 0.70 | 5 / 24 / 28 | — | prefill_gate 2, least_prefill 1 |" in markdown
+    assert "| goodput | 3x | 0.70 | 5 / 24 / 28 | — | — | prefill_gate 2, least_prefill 1 |" in markdown
     assert overload.render_plot(report, tmp_path / "p.png") is not None
 
 

@@ -427,3 +427,39 @@ def test_latency_guard_cuts_lower_class_concurrency_when_p0_slows_and_restores_i
         guard.observe(0.11)
     guard.maybe_adjust(now + 5)
     assert guard.current() == 5  # back within target: additive increase
+
+
+def test_more_workers_stay_free_of_batch_prefill_as_p0_traffic_grows() -> None:
+    from goodput_scheduler.config import SchedulerSettings
+    from goodput_scheduler.leases import LatencyGuard
+    from goodput_scheduler.placement import PrefillGate
+    from goodput_scheduler.registry import Worker
+
+    guard = LatencyGuard(SchedulerSettings(p0_ready_workers=1, p0_ready_per_ttft=3.0))
+    assert guard.p0_reserve() == 0  # no P0 traffic: no reserve
+    guard.baseline = 0.2  # the learned unloaded P0 TTFT
+    now = time.monotonic()
+    guard.note_p0(now)
+    assert guard.p0_reserve() == 1  # a trickle of P0: the configured minimum
+    for i in range(20):  # 2 P0/s over the rate window: 2 x 0.2 s x 3 = 1.2 expected within three TTFTs
+        guard.note_p0(now - i * 0.4)
+    assert guard.p0_reserve() == 2
+
+    # the gate keeps that many of the healthy workers free of batch prefill (never all of them)
+    workers = [Worker(worker_id=f"w{i}", address=f"w{i}", channel=None, healthy=True)  # type: ignore[arg-type]
+               for i in range(3)]
+    batch = PlacementRequest(request_id="b", tenant="t", priority=P2, model="", prompt_tokens=900, max_tokens=10)
+    reserve = 2
+    gate = PrefillGate(1000, p0_reserve=lambda: reserve)
+    gate.prepare(batch, workers, workers)
+    assert all(gate(batch, w) for w in workers)  # three ready, two kept: one may start a batch prompt
+    workers[0].low_prefill_tokens = 900
+    gate.prepare(batch, workers, workers)
+    assert not any(gate(batch, w) for w in workers)  # the other two are the reserve; w0's step budget is full
+    reserve = 1
+    gate.prepare(batch, workers, workers)
+    assert [gate(batch, w) for w in workers] == [False, True, True]
+    # a P0 prompt goes to a worker free of batch prefill
+    p0 = req("p0", P0)
+    gate.prepare(p0, workers, workers)
+    assert [gate(p0, w) for w in workers] == [False, True, True]

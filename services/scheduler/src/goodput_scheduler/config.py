@@ -69,12 +69,17 @@ class SchedulerSettings(ServiceSettings):
                              "when unknown): one engine step of batch prefill at a time.")
     p0_prefill_exclusive: bool = Field(True, description="No P1/P2 grant to a worker while a P0 prompt is being "
                                                          "prefilled there (P0's prefill gets the engine's steps).")
-    p0_ready_workers: int = Field(1, ge=0, description="While P0 traffic is present, workers kept free of P1/P2 "
-                                                       "prefill (only decoding), so a new P0 prompt starts at the "
-                                                       "next engine step instead of after a batch prompt's chunk. "
-                                                       "Never all workers (one always prefills batch work). Costs "
-                                                       "up to this share of the fleet's batch-prefill throughput "
-                                                       "while it lasts; 0 = off.")
+    p0_ready_workers: int = Field(1, ge=0, description="While P0 traffic is present, at least this many workers "
+                                                       "are kept free of P1/P2 prefill (only decoding), so a new P0 "
+                                                       "prompt starts at the next engine step instead of after a "
+                                                       "batch prompt's chunk. Never all workers (one always "
+                                                       "prefills batch work). Costs up to this share of the fleet's "
+                                                       "batch-prefill throughput while it lasts; 0 = off.")
+    p0_ready_per_ttft: float = Field(3.0, ge=0, description="More decode-only workers as P0 traffic grows: as many as "
+                                                            "P0 requests expected within this many unloaded P0 TTFTs "
+                                                            "(recent P0 arrival rate x learned TTFT x this, rounded "
+                                                            "up), so P0 prompts arriving together do not share one "
+                                                            "worker's prefill steps; 0 = always p0_ready_workers.")
     p0_recent_s: float = Field(30.0, gt=0, description="P0 traffic counts as present for this long after a P0 "
                                                        "request arrives (for p0_ready_workers).")
     # ---- overload detection (a saturation signal with hysteresis) ----

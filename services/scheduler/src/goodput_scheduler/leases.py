@@ -240,6 +240,9 @@ def _end_prefill(worker: Worker, priority: int, prompt_tokens: int) -> None:
         worker.low_prefill_tokens = max(worker.low_prefill_tokens - _prefill_tokens(prompt_tokens), 0)
 
 
+P0_RATE_WINDOW_S = 10.0  # the P0 arrival rate behind p0_reserve(): recent enough to follow a surge
+
+
 class LatencyGuard:
     """Keeps P0's TTFT near its unloaded value by adapting how many P1/P2 leases one worker may hold (AIMD).
 
@@ -263,6 +266,7 @@ class LatencyGuard:
         self._medians: collections.deque[tuple[float, float]] = collections.deque(maxlen=600)
         self._last = time.monotonic()
         self._last_p0 = -math.inf
+        self._p0_arrivals: collections.deque[float] = collections.deque(maxlen=10_000)
 
     def current(self) -> float:
         return self.limit if self.enabled else math.inf
@@ -270,6 +274,25 @@ class LatencyGuard:
     def note_p0(self, now: float) -> None:
         """A P0 request arrived (interactive traffic is present: keep a worker ready for it)."""
         self._last_p0 = now
+        self._p0_arrivals.append(now)
+
+    def p0_rate(self, now: float) -> float:
+        """P0 arrivals per second over the last ``P0_RATE_WINDOW_S``."""
+        while self._p0_arrivals and now - self._p0_arrivals[0] > P0_RATE_WINDOW_S:
+            self._p0_arrivals.popleft()
+        return len(self._p0_arrivals) / P0_RATE_WINDOW_S
+
+    def p0_reserve(self) -> int:
+        """Workers to keep free of P1/P2 prefill now: 0 without recent P0 traffic, else ``p0_ready_workers``, or
+        more when P0 requests arrive faster than one decode-only worker can start them one step each (P0 requests
+        expected within ``p0_ready_per_ttft`` unloaded P0 TTFTs). The gate never reserves every worker."""
+        s = self.settings
+        if s.p0_ready_workers <= 0 or not self.p0_recent():
+            return 0
+        expected = 0
+        if s.p0_ready_per_ttft > 0 and self.baseline is not None:
+            expected = math.ceil(self.p0_rate(time.monotonic()) * self.baseline * s.p0_ready_per_ttft)
+        return max(s.p0_ready_workers, expected)
 
     def p0_recent(self) -> bool:
         return self.enabled and time.monotonic() - self._last_p0 < self.settings.p0_recent_s
@@ -335,6 +358,8 @@ class SchedulerMetrics:
                                  "guard).", registry=registry)
         self.p0_ttft_target = Gauge("goodput_scheduler_p0_ttft_target_seconds", "P0 TTFT the latency guard "
                                     "defends (0 until learned).", registry=registry)
+        self.p0_ready_workers = Gauge("goodput_scheduler_p0_ready_workers", "Workers kept free of P1/P2 prefill for "
+                                      "P0 prompts now (0 without recent P0 traffic).", registry=registry)
         self.drain_rate = Gauge("goodput_scheduler_drain_rate", "Leases released per second (recent window).",
                                 registry=registry)
         workers_gauge = Gauge("goodput_scheduler_workers", "Workers by state.", ["state"], registry=registry)
@@ -365,6 +390,7 @@ class LeaseManager:
         metrics.drain_rate.set_function(lambda: self.drain.rate(time.monotonic()))
         metrics.guard_limit.set_function(lambda: min(self.guard.current(), 1e9))
         metrics.p0_ttft_target.set_function(lambda: self.guard.target() or 0.0)
+        metrics.p0_ready_workers.set_function(lambda: float(self.guard.p0_reserve()))
         registry.on_change.append(self._dispatch)
 
     def _depth_reader(self, prio: int) -> Callable[[], float]:

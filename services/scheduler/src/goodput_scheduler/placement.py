@@ -119,39 +119,37 @@ def step_budget(w: Worker, budget_tokens: int = 0) -> int:
 class PrefillGate:
     """P1/P2: no grant to a worker that is prefilling a P0 prompt (``p0_exclusive``), nor one whose pending
     P1/P2 prefill (granted leases without a first token) would exceed the budget (:func:`step_budget`) — one
-    request always may — and, while ``p0_recent()``, none that would leave fewer than ``ready_workers`` healthy
-    workers free of P1/P2 prefill (never all of them). vLLM schedules the chunks of prompts it already holds before
-    a newly arrived one, whatever its priority, so a P0 prompt otherwise waits behind every batch prompt granted
-    before it; a worker that is only decoding starts it at its next step. P0 (with ``ready_workers``): only
-    workers free of P1/P2 prefill when one of the candidates is."""
+    request always may — and none that would leave fewer than ``p0_reserve()`` healthy workers free of P1/P2
+    prefill (never all of them; the reserve is 0 without recent P0 traffic). vLLM schedules the chunks of prompts
+    it already holds before a newly arrived one, whatever its priority, so a P0 prompt otherwise waits behind every
+    batch prompt granted before it; a worker that is only decoding starts it at its next step. P0 (while there is a
+    reserve): only workers free of P1/P2 prefill when one of the candidates is."""
 
     __name__ = "prefill_gate"
 
     def __init__(self, budget_tokens: int = 0, *, enabled: bool = True, p0_exclusive: bool = True,
-                 ready_workers: int = 0, p0_recent: Callable[[], bool] | None = None) -> None:
+                 p0_reserve: Callable[[], int] | None = None) -> None:
         self.budget_tokens = budget_tokens
         self.enabled = enabled
         self.p0_exclusive = p0_exclusive
-        self.ready_workers = ready_workers
-        self.p0_recent = p0_recent
+        self.p0_reserve = p0_reserve
         self._spare = 0  # workers free of P1/P2 prefill beyond the reserve, for the request being placed
         self._p0_ready = False  # a candidate free of P1/P2 prefill exists, for the P0 request being placed
 
     def prepare(self, req: PlacementRequest, workers: Sequence[Worker], candidates: Sequence[Worker] = ()) -> None:
         self._spare = len(workers)  # no reserve
         self._p0_ready = False
-        if not self.enabled or self.ready_workers <= 0:
+        reserve = self.p0_reserve() if self.enabled and self.p0_reserve is not None else 0
+        if reserve <= 0:
             return
         if req.priority == _P0:
             # a P0 prompt granted to a worker with batch prompts still prefilling waits for their chunks (several
             # steps); one that is only decoding starts it at its next step, so P0 goes there when one can take it
             self._p0_ready = any(w.low_prefill_tokens == 0 for w in candidates)
             return
-        if self.p0_recent is None or not self.p0_recent():
-            return
         up = [w for w in workers if w.healthy and not w.removed]
         ready = sum(1 for w in up if w.low_prefill_tokens == 0)
-        self._spare = ready - min(self.ready_workers, max(len(up) - 1, 0))
+        self._spare = ready - min(reserve, max(len(up) - 1, 0))
 
     def __call__(self, req: PlacementRequest, w: Worker) -> bool:
         if not self.enabled:
@@ -504,7 +502,6 @@ class _Settings(Protocol):
     prefill_gate: bool
     low_prefill_budget_tokens: int
     p0_prefill_exclusive: bool
-    p0_ready_workers: int
 
     @property
     def queue_policy(self) -> str: ...
@@ -515,7 +512,7 @@ class GuardSignals(Protocol):
 
     def current(self) -> float: ...  # P1/P2 leases one worker may hold now
 
-    def p0_recent(self) -> bool: ...  # P0 traffic is present
+    def p0_reserve(self) -> int: ...  # workers to keep free of P1/P2 prefill for P0 now
 
 
 _FILTERS: dict[str, Callable[[_Settings, GuardSignals | None], Filter]] = {
@@ -527,8 +524,8 @@ _FILTERS: dict[str, Callable[[_Settings, GuardSignals | None], Filter]] = {
     # the fifo baseline has no classes, so no gate between them
     "prefill_gate": lambda s, guard: PrefillGate(s.low_prefill_budget_tokens,
                                                  enabled=s.prefill_gate and s.queue_policy == "priority",
-                                                 p0_exclusive=s.p0_prefill_exclusive, ready_workers=s.p0_ready_workers,
-                                                 p0_recent=guard.p0_recent if guard is not None else None),
+                                                 p0_exclusive=s.p0_prefill_exclusive,
+                                                 p0_reserve=guard.p0_reserve if guard is not None else None),
 }
 _SCORERS: dict[str, Callable[[_Settings], Scorer]] = {
     "least_loaded": lambda s: least_loaded(kv_weight=s.kv_weight, queue_weight=s.queue_weight),
