@@ -14,7 +14,8 @@ re-submitted with the deferred-retry policy of ``goodput_gateway.jobs`` until th
 TTFT and end-to-end p50/p95/p99, success/shed/expired rates and goodput (requests within SLO per second), and plots
 P0 p99 TTFT against offered load.
 
-    python -m loadtests.overload                       # full run, ~20 min on 2 cores
+    python -m loadtests.overload                       # full run, 4 simulated workers, ~15 min on 2 cores
+    python -m loadtests.overload --workers 2 --out loadtests/reports/overload-2workers
     python -m loadtests.overload --quick               # small smoke run (~3 min)
     python -m loadtests.overload --render loadtests/reports/overload.json   # re-render report + plot
 
@@ -30,6 +31,7 @@ import random
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +92,8 @@ async def capacity(client: LeaseClient, rng: random.Random, systems: dict[str, s
 
 
 async def run_level(client: LeaseClient, rng: random.Random, systems: dict[str, str], *, rate: float,
-                    phase_s: float, send_priority: bool, drain_timeout_s: float) -> tuple[list[Result], float]:
+                    phase_s: float, send_priority: bool, drain_timeout_s: float,
+                    on_arrivals_done: Callable[[], None] | None = None) -> tuple[list[Result], float]:
     tasks: list[asyncio.Task[Result]] = []
     start = time.monotonic()
     t = start
@@ -107,6 +110,8 @@ async def run_level(client: LeaseClient, rng: random.Random, systems: dict[str, 
                                                               systems=systems))))
         i += 1
     arrivals_done = time.monotonic()
+    if on_arrivals_done is not None:
+        on_arrivals_done()
     done, pending = await asyncio.wait(tasks, timeout=drain_timeout_s)
     for p in pending:
         p.cancel()
@@ -157,6 +162,9 @@ class SchedulerSampler:
         return self
 
     def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
 
@@ -254,7 +262,8 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                     results, drain_s = await run_level(client, random.Random(f"{args.seed}-{level}"), systems,
                                                        rate=level * cap, phase_s=args.phase_s,
                                                        send_priority=cfg["send_priority"],
-                                                       drain_timeout_s=args.drain_timeout_s)
+                                                       drain_timeout_s=args.drain_timeout_s,
+                                                       on_arrivals_done=sampler.stop)
                 stats = analyse(results, phase_s=args.phase_s, slo_ttft=slo)
                 t0 = min((r.arrival for r in results if r.arrival), default=0.0)
                 p0_trace = sorted((round(r.arrival - t0, 3), round((r.ttft_s or 0) * 1000, 1), r.worker, r.reason)
@@ -437,7 +446,8 @@ def render_plot(report: dict[str, Any], path: Path) -> Path | None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m loadtests.overload", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=4,
+                    help="simulated workers (the committed reports: 4, and 2 in overload-2workers.md)")
     ap.add_argument("--max-num-seqs", type=int, default=32, help="per worker (and the scheduler's per-worker cap)")
     ap.add_argument("--time-scale", type=float, default=4.0, help="simulated time multiplier")
     ap.add_argument("--max-batched-tokens", type=int, default=512,

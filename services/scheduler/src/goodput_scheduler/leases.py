@@ -358,8 +358,9 @@ class SchedulerMetrics:
                                  "guard).", registry=registry)
         self.p0_ttft_target = Gauge("goodput_scheduler_p0_ttft_target_seconds", "P0 TTFT the latency guard "
                                     "defends (0 until learned).", registry=registry)
-        self.p0_ready_workers = Gauge("goodput_scheduler_p0_ready_workers", "Workers kept free of P1/P2 prefill for "
-                                      "P0 prompts now (0 without recent P0 traffic).", registry=registry)
+        self.p0_ready_workers = Gauge("goodput_scheduler_p0_ready_workers", "Workers to keep free of P1/P2 prefill "
+                                      "for P0 prompts now (0 without recent P0 traffic; the gate never reserves all "
+                                      "workers).", registry=registry)
         self.drain_rate = Gauge("goodput_scheduler_drain_rate", "Leases released per second (recent window).",
                                 registry=registry)
         workers_gauge = Gauge("goodput_scheduler_workers", "Workers by state.", ["state"], registry=registry)
