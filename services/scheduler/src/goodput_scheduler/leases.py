@@ -275,12 +275,17 @@ class LatencyGuard:
         """A P0 request arrived (interactive traffic is present: keep a worker ready for it)."""
         self._last_p0 = now
         self._p0_arrivals.append(now)
+        while now - self._p0_arrivals[0] > P0_RATE_WINDOW_S:
+            self._p0_arrivals.popleft()
 
     def p0_rate(self, now: float) -> float:
-        """P0 arrivals per second over the last ``P0_RATE_WINDOW_S``."""
-        while self._p0_arrivals and now - self._p0_arrivals[0] > P0_RATE_WINDOW_S:
-            self._p0_arrivals.popleft()
-        return len(self._p0_arrivals) / P0_RATE_WINDOW_S
+        """P0 arrivals per second over the last ``P0_RATE_WINDOW_S`` (reads only: a metrics scrape calls it too)."""
+        recent = 0
+        for t in reversed(self._p0_arrivals):
+            if now - t > P0_RATE_WINDOW_S:
+                break
+            recent += 1
+        return recent / P0_RATE_WINDOW_S
 
     def p0_reserve(self) -> int:
         """Workers to keep free of P1/P2 prefill now: 0 without recent P0 traffic, else ``p0_ready_workers``, or
