@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loadtests.common import machine_info, markdown_table, summarize, write_report
+from loadtests.common import machine_info, markdown_table, percentile, summarize, write_report
 from loadtests.simfleet import LeaseClient, RequestSpec, Result, SimFleet, random_text
 
 CLASSES = ("P0", "P1", "P2")
@@ -169,14 +169,10 @@ class SchedulerSampler:
             self._task.cancel()
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, values in self.samples.items():
-            values = sorted(values)
-            short = name.removeprefix("goodput_scheduler_")
-            out[short] = {"mean": sum(values) / len(values), "p10": values[len(values) // 10],
-                          "p50": values[len(values) // 2], "p90": values[min(len(values) * 9 // 10, len(values) - 1)],
-                          "n": len(values)}
-        return out
+        return {name.removeprefix("goodput_scheduler_"): {"mean": sum(values) / len(values),
+                                                          **{f"p{q}": percentile(values, q) for q in (10, 50, 90)},
+                                                          "n": len(values)}
+                for name, values in self.samples.items()}
 
 
 def analyse(results: list[Result], *, phase_s: float, slo_ttft: dict[str, float]) -> dict[str, Any]:
