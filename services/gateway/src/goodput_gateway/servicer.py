@@ -27,18 +27,15 @@ _FINISH = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REAS
            "abort": types_pb2.FINISH_REASON_ABORT}
 
 
-def _authorization(context: aio.ServicerContext) -> str | None:
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
-            return value if isinstance(value, str) else value.decode()
-    return None
-
-
 def _metadata(context: aio.ServicerContext, name: str) -> str:
     for key, value in context.invocation_metadata() or ():
         if key == name:
             return value if isinstance(value, str) else value.decode()
     return ""
+
+
+def _authorization(context: aio.ServicerContext) -> str | None:
+    return _metadata(context, "authorization") or None
 
 
 def _usage(end: StreamEnd) -> types_pb2.Usage:
