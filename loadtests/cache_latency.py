@@ -67,7 +67,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         prefix = f"bench-cache-{uuid.uuid4().hex[:8]}"
         settings = CacheSettings(redis_url=args.redis_url, key_prefix=prefix, kb_key_prefix=prefix,
                                  version_channel=f"{prefix}:kb", max_entries=max(args.sizes) * 2,
-                                 max_partition_entries=max(args.sizes) * 2, ann_build_threads=args.build_threads)
+                                 max_partition_entries=max(args.sizes) * 2, ann_build_threads=args.build_threads,
+                                 vector_memo_entries=0)
         redis = Redis.from_url(settings.redis_url, socket_timeout=1.0)
         cache = ResponseCache(settings, redis=redis, vectoriser=vectoriser, metrics=CacheMetrics(CollectorRegistry()))
         try:
@@ -170,7 +171,8 @@ def report(data: dict[str, Any]) -> str:
         f"`python -m loadtests.cache_latency` on {m.get('cpu_model', 'CPU')} ({m.get('cores_usable', '?')} CPUs, "
         f"load average {m.get('loadavg_1_5_15', '?')}), local Redis, {data['lookups']} lookups of each kind per "
         "size. All entries in one partition (worst case). Semantic = the whole lookup end to end: an L1 miss, the "
-        "question embedded (all-MiniLM-L6-v2 ONNX int8, in-process, "
+        "question embedded every time (all-MiniLM-L6-v2 ONNX int8, in-process, the memo of recent questions' "
+        "vectors off, since the benchmark repeats its questions; "
         f"{data.get('embed_threads', 1)} intra-op thread(s): `GOODPUT_CACHE_EMBEDDER_THREADS`), the partition "
         "searched (exact cosine below 4096 entries, an HNSW graph re-scored exactly above), the guard, and the hit "
         "read from Redis. The embedding and search columns time those two parts alone (up to 300 questions).", "",

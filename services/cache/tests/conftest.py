@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from goodput_cache.cache import CacheMetrics, ResponseCache
@@ -39,13 +40,13 @@ def prefix() -> Any:
 def make_cache(prefix: str, vectoriser: LocalVectoriser) -> Any:
     made: list[ResponseCache] = []
 
-    def make(**overrides: Any) -> ResponseCache:
+    def make(registry: CollectorRegistry | None = None, **overrides: Any) -> ResponseCache:
         options: dict[str, Any] = {"redis_url": REDIS_URL, "key_prefix": prefix, "kb_key_prefix": prefix,
                                    "version_channel": f"{prefix}:kb-version", **overrides}
         settings = CacheSettings(**options)
         redis_client = Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s,
                                       socket_connect_timeout=settings.redis_timeout_s)
-        cache = ResponseCache(settings, redis=redis_client, vectoriser=vectoriser, metrics=CacheMetrics(None))
+        cache = ResponseCache(settings, redis=redis_client, vectoriser=vectoriser, metrics=CacheMetrics(registry))
         made.append(cache)
         return cache
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import redis as sync_redis
+from prometheus_client import CollectorRegistry
 
 from goodput_core.errors import InvalidArgument, PermissionDenied
 
@@ -36,6 +37,22 @@ async def test_paraphrase_is_a_semantic_hit(cache: ResponseCache) -> None:
     assert hit.hit and hit.layer == "l2" and hit.similarity >= cache.settings.threshold
     assert hit.matched_query == PASSWORD
     assert not (await cache.lookup(ask(PASSWORD_PARAPHRASE), allow_semantic=False)).hit
+
+
+@pytest.mark.parametrize("memo_entries, model_calls", [(4096, 1), (0, 2)])
+async def test_a_missed_question_is_embedded_once_for_lookup_and_store(make_cache: Any, memo_entries: int,
+                                                                        model_calls: int) -> None:
+    registry = CollectorRegistry()
+    cache = make_cache(registry, vector_memo_entries=memo_entries)
+    assert not (await cache.lookup(ask(PASSWORD))).hit
+    assert (await cache.store(ask(PASSWORD), ANSWER)).stored  # the answer generated after the miss
+
+    def embedded(source: str) -> float:
+        return registry.get_sample_value("goodput_cache_embeddings_total", {"source": source}) or 0.0
+
+    assert (embedded("model"), embedded("memo")) == (model_calls, 2 - model_calls)
+    hit = await cache.lookup(ask(PASSWORD_PARAPHRASE))  # the stored vector is the question's own
+    assert hit.hit and hit.layer == "l2" and hit.matched_query == PASSWORD
 
 
 async def test_two_tenants_never_share(cache: ResponseCache) -> None:

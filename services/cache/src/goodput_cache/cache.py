@@ -23,6 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -30,7 +31,7 @@ from redis.exceptions import RedisError
 from goodput_core.errors import InvalidArgument, Unavailable
 
 from goodput_cache.config import CacheSettings
-from goodput_cache.embedding import Vectoriser
+from goodput_cache.embedding import Vectoriser, VectorMemo
 from goodput_cache.exact import Entry, ExactStore
 from goodput_cache.guard import is_time_sensitive, near_miss
 from goodput_cache.keys import CacheRequest, check_request, derive, greedy, validate_key, validate_name
@@ -100,6 +101,9 @@ class CacheMetrics:
                                 "(fail-open).", ["store"], registry=registry)
         self.evictions = Counter("goodput_cache_evictions_total", "Entries removed by reason.", ["reason"],
                                  registry=registry)
+        self.embeddings = Counter("goodput_cache_embeddings_total", "Questions vectorised for L2, by source: "
+                                  "model (embedded) or memo (the vector of a recent lookup or store reused).",
+                                  ["source"], registry=registry)
         self.entries = Gauge("goodput_cache_semantic_entries", "Entries in the L2 index of this process.",
                              registry=registry)
 
@@ -115,6 +119,7 @@ class ResponseCache:
                                                      max_per_partition=settings.max_partition_entries,
                                                      ann=settings.ann_config())
         self.metrics = metrics
+        self._memo = VectorMemo(settings.vector_memo_entries)
         self._tally: dict[str, _Tally] = defaultdict(_Tally)
         self._broken_until = 0.0
         self._watch: asyncio.Task[None] | None = None
@@ -174,7 +179,7 @@ class ResponseCache:
                         tally: _Tally) -> LookupResult:
         assert self.vectoriser is not None
         try:
-            vector = (await self.vectoriser.embed([question]))[0]
+            vector = await self._vector(question)
         except Exception as err:  # noqa: BLE001 - any embedder failure is served uncached
             log.warning("embedding failed, L2 skipped", extra={"error": repr(err)[:200]})
             self.metrics.degraded.labels("embedder").inc()
@@ -206,6 +211,18 @@ class ResponseCache:
                                 matched_query=entry.question)
         self._count("l2", "miss", req.tenant, tally)
         return LookupResult(reason=f"near miss: {guarded}" if guarded else "")
+
+    async def _vector(self, question: str) -> np.ndarray:
+        """The question's vector: from the memo when this process embedded it lately, else from the model."""
+        assert self.vectoriser is not None
+        vector = self._memo.get(question)
+        if vector is not None:
+            self.metrics.embeddings.labels("memo").inc()
+            return vector
+        vector = (await self.vectoriser.embed([question]))[0]
+        self.metrics.embeddings.labels("model").inc()
+        self._memo.put(question, vector)
+        return vector
 
     def _degraded(self, req: CacheRequest, tally: _Tally, reason: str) -> LookupResult:
         self.metrics.lookups.labels("l1", "error", req.tenant).inc()
@@ -256,7 +273,7 @@ class ResponseCache:
             vector = None
             if self.settings.semantic and self.vectoriser is not None and not sensitive and keys.question:
                 try:
-                    vector = (await self.vectoriser.embed([keys.question]))[0]
+                    vector = await self._vector(keys.question)
                 except Exception as err:  # noqa: BLE001 - stored for L1 only
                     log.warning("embedding failed, stored for L1 only", extra={"error": repr(err)[:200]})
                     self.metrics.degraded.labels("embedder").inc()

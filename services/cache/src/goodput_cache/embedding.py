@@ -12,12 +12,14 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from collections import OrderedDict
 from typing import Protocol
 
 import numpy as np
 from grpc import aio
 
-__all__ = ["LocalVectoriser", "RemoteVectoriser", "Vectoriser"]
+__all__ = ["LocalVectoriser", "RemoteVectoriser", "VectorMemo", "Vectoriser"]
 
 
 class Vectoriser(Protocol):
@@ -60,3 +62,40 @@ class RemoteVectoriser:
 
         resp = await self._stub.Embed(embedder_pb2.EmbedRequest(texts=texts), timeout=self._timeout_s)
         return np.asarray([list(v.values) for v in resp.vectors], dtype=np.float32).reshape(len(texts), -1)
+
+
+class VectorMemo:
+    """The vectors of the last ``entries`` questions embedded, least recently used first out.
+
+    Why: a lookup that misses is followed, once the answer is generated, by a store of the same question; without
+    the memo the question is embedded twice, and the embedding is most of the cache's CPU. Keys are a 128-bit
+    digest of the question (memory stays ~1.6 KiB per entry however long questions are); one memo serves one model,
+    so its vectors never go stale. ``entries=0`` turns it off. Not thread-safe: used from the event loop only.
+    """
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self._vectors: OrderedDict[bytes, np.ndarray] = OrderedDict()
+
+    @staticmethod
+    def _key(text: str) -> bytes:
+        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+    def get(self, text: str) -> np.ndarray | None:
+        key = self._key(text)
+        vector = self._vectors.get(key)
+        if vector is not None:
+            self._vectors.move_to_end(key)
+        return vector
+
+    def put(self, text: str, vector: np.ndarray) -> None:
+        if self.entries <= 0:
+            return
+        key = self._key(text)
+        self._vectors[key] = vector
+        self._vectors.move_to_end(key)
+        while len(self._vectors) > self.entries:
+            self._vectors.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._vectors)
