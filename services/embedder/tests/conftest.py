@@ -7,6 +7,7 @@ import asyncio
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -74,12 +75,17 @@ class CountingModel:
         self.calls = 0
         self.fail_after: int | None = None
         self.delay_s = 0.0
+        self.batches: list[int] = []  # texts per call
+        self.gate: threading.Event | None = None  # when set up, a call waits for it (holds the model busy)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if self.fail_after is not None and self.calls >= self.fail_after:
             raise RuntimeError("injected failure (the job was killed here)")
         self.calls += 1
         self.texts += len(texts)
+        self.batches.append(len(texts))
+        if self.gate is not None:
+            self.gate.wait(30)
         if self.delay_s:
             time.sleep(self.delay_s)
         return self.model.embed(texts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import grpc
 import numpy as np
@@ -27,6 +28,33 @@ async def test_concurrent_callers_share_model_calls(counting) -> None:
     direct = counting.model.embed(texts)
     np.testing.assert_allclose(np.vstack(results), direct, atol=1e-5)
     assert np.allclose(np.linalg.norm(direct, axis=1), 1.0, atol=1e-4)
+
+
+async def test_requests_arriving_during_a_model_call_share_the_next_one_without_a_window(counting) -> None:
+    counting.gate = threading.Event()  # holds the first model call until the others have queued
+    batcher = MicroBatcher(counting, window_ms=0, max_batch=64)
+    try:
+        first = asyncio.ensure_future(batcher.embed(["how do I reset my password?"]))
+        while not counting.calls:  # the idle model took the lone request at once
+            await asyncio.sleep(0.001)
+        later = [asyncio.ensure_future(batcher.embed([f"question number {i}"])) for i in range(10)]
+        await asyncio.sleep(0)
+        counting.gate.set()
+        results = await asyncio.wait_for(asyncio.gather(first, *later), 30)
+    finally:
+        await batcher.close()
+    assert counting.batches == [1, 10]  # the ten that queued behind the call went together, in the next one
+    assert all(r.shape == (1, 384) for r in results)
+
+
+def test_a_batch_of_mixed_lengths_gives_each_text_its_own_vector(model) -> None:  # type: ignore[no-untyped-def]
+    # the model runs the batch as several calls of similar lengths; none may mix up or pad away a text's vector
+    texts = ["refund?", "How do I reset my password?", "word " * 400, "Is my data encrypted at rest or only in "
+             "transit, and who holds the keys?", "refund?", "The quick brown fox " * 20]
+    together = model.embed(texts)
+    alone = np.vstack([model.embed([t]) for t in texts])
+    np.testing.assert_allclose(together, alone, atol=1e-4)
+    assert model.embed([]).shape == (0, 384)
 
 
 async def test_a_full_batch_goes_at_once_and_large_requests_are_split(counting) -> None:

@@ -1,12 +1,17 @@
-"""Micro-batching: concurrent Embed calls share one model call.
+"""Micro-batching: concurrent Embed calls share one model call (continuous batching).
 
-The first request to arrive opens a window (``window_ms``, 5–20 ms is typical); every request that arrives
-before it closes, up to ``max_batch`` texts, joins the same model call. A full batch goes at once. The model runs
-in a worker thread so the event loop keeps accepting requests while it computes; one call runs at a time (a
-second concurrent model call on the same cores would only slow both down).
+One model call runs at a time (a second concurrent call on the same cores would only slow both down), in a worker
+thread so the event loop keeps accepting requests while it computes. When a call ends, everything that queued
+meanwhile, up to ``max_batch`` texts, goes in the next call at once: under load, batches grow with the arrival
+rate by themselves, and nobody waits longer than the call in front of it. An idle model takes a lone request at
+once, unless ``window_ms`` is set: then the first request may wait that long (counted from its arrival) for
+company, which trades its latency for fewer, fuller calls at low load. A full batch always goes at once.
+
+Why no fixed window by default: a window is paid by every request on an idle service, and the interactive caller
+(the cache's L2 lookup, a RAG query) is exactly the one that cannot afford it.
 
 Example:
-    >>> batcher = MicroBatcher(model, window_ms=10, max_batch=64)
+    >>> batcher = MicroBatcher(model, window_ms=0, max_batch=64)
     >>> vectors = await batcher.embed(["a", "b"])       # shares a model call with concurrent callers
     >>> await batcher.close()
 """
@@ -79,7 +84,7 @@ class MicroBatcher:
             carry = None
             batch = [first]
             size = len(first.texts)
-            deadline = time.monotonic() + self.window_s
+            deadline = first.arrived + self.window_s  # a request that waited behind a call does not wait again
             while size < self.max_batch:
                 remaining = deadline - time.monotonic()
                 try:

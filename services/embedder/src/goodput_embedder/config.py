@@ -26,9 +26,13 @@ class EmbedderSettings(ServiceSettings):
                                                        "default).")
     max_seq_tokens: int = Field(256, ge=8, le=512, description="Texts are truncated to this many word pieces "
                                                                "(the model was trained with 256).")
-    batch_window_ms: float = Field(10.0, ge=0, le=100, description="Micro-batching window: how long the first "
-                                                                   "request waits for others to join its model call.")
-    max_batch: int = Field(64, ge=1, le=4096, description="Most texts in one model call.")
+    batch_window_ms: float = Field(0.0, ge=0, le=100, description="How long a request reaching an idle model may "
+                                   "wait for others to join its call (0 = none). Requests that arrive during a "
+                                   "model call always share the next one.")
+    max_batch: int = Field(64, ge=1, le=4096, description="Most texts the batcher hands to the model at once.")
+    max_batch_tokens: int = Field(1024, ge=16, description="The model cuts what it is handed into runs of "
+                                  "similar-length texts of at most this many padded tokens (1024 suits a CPU; a "
+                                  "GPU wants far more, e.g. 32768).")
     max_texts: int = Field(256, ge=1, description="Most texts in one Embed request.")
     max_text_chars: int = Field(32_768, ge=1, description="Longest text accepted by Embed.")
     # --- indexing ---

