@@ -1,6 +1,7 @@
 """Cache lookup latency at 1k, 10k and 100k entries: exact (L1) and semantic (L2) p50/p99, in-process.
 
     python -m loadtests.cache_latency [--sizes 1000 10000 100000] [--lookups 1000] [--redis-url redis://...]
+        [--embedder local | --embedder service [--embedder-addr HOST:PORT]]
 
 What is timed is ``ResponseCache.lookup`` as the gRPC servicer calls it (validation, key derivation, Redis round
 trips, and for L2 the embedding of the question, the partition search and the guard); the gRPC hop itself is
@@ -11,16 +12,26 @@ service that has been running). Filler entries are written to Redis directly (no
 vectors in the L2 index; the looked-up entries are real questions (GPTCache's mock pairs when the data folder is
 there) stored through ``ResponseCache.store``. Everything is written under a fresh key prefix and deleted
 afterwards.
+
+Where the question is embedded: ``--embedder local`` (default) runs the model in the benchmark's process, as the
+cache does by default; ``--embedder service`` goes to the Embedding service over gRPC, as the cache does with
+``GOODPUT_CACHE_EMBEDDER_ADDR``: the one at ``--embedder-addr`` (for instance on a GPU), or else one started here
+as a separate process on a free port with ``--embed-threads`` threads.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
+import socket
+import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +54,68 @@ def _pairs(data_dir: Path, n: int) -> list[tuple[str, str]]:
     return [(r["origin"], r["similar"]) for r in rows[:n]]
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def _vectoriser(args: argparse.Namespace) -> AsyncIterator[Any]:
+    """The cache's model in-process, or the Embedding service (given, or started here and stopped afterwards)."""
+    from goodput_core.clients import make_channel
+
+    from goodput_cache.embedding import LocalVectoriser, RemoteVectoriser
+
+    if args.embedder == "local":
+        yield LocalVectoriser(threads=args.embed_threads)
+        return
+    proc = None
+    addr = args.embedder_addr
+    if not addr:
+        addr = f"127.0.0.1:{_free_port()}"
+        env = {**os.environ, "GOODPUT_EMBEDDER_GRPC_PORT": addr.rsplit(":", 1)[1],
+               "GOODPUT_EMBEDDER_HTTP_PORT": str(_free_port()),
+               "GOODPUT_EMBEDDER_INTRA_OP_THREADS": str(args.embed_threads)}
+        proc = subprocess.Popen([sys.executable, "-m", "goodput_embedder"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    channel = make_channel(addr, None, traced=False)
+    try:
+        vectoriser = RemoteVectoriser(channel, timeout_s=10.0)
+        deadline = time.monotonic() + 180
+        while True:  # until the service answers (a fresh one loads its model first)
+            try:
+                await vectoriser.embed(["ready?"])
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
+                    raise RuntimeError(f"the Embedding service at {addr} did not answer") from None
+                await asyncio.sleep(0.5)
+        yield vectoriser
+    finally:
+        await channel.close()
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    async with _vectoriser(args) as vectoriser:
+        return await _run(args, vectoriser)
+
+
+async def _run(args: argparse.Namespace, vectoriser: Any) -> dict[str, Any]:
     from prometheus_client import CollectorRegistry
     from redis.asyncio import Redis
+    from tokenizers import Tokenizer
 
     from goodput_cache.cache import Answer, CacheMetrics, ResponseCache
     from goodput_cache.config import CacheSettings
-    from goodput_cache.embedding import LocalVectoriser
     from goodput_cache.exact import Entry
     from goodput_cache.keys import CacheRequest, Message, Sampling, derive
+    from goodput_embedder.models import tokenizer_dir
 
-    vectoriser = LocalVectoriser(threads=args.embed_threads)
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir() / "tokenizer.json"))
     rng = np.random.default_rng(1)
     pairs = _pairs(Path(args.data_dir), args.real)
     results: dict[str, Any] = {}
@@ -127,7 +189,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 t = time.perf_counter()
                 v = (await vectoriser.embed([similar]))[0]
                 embed.append(time.perf_counter() - t)
-                embed_tokens.append(vectoriser.model.count_tokens([similar]))
+                embed_tokens.append(len(tokenizer.encode(similar).ids))
                 t = time.perf_counter()
                 await asyncio.to_thread(cache.index.search, partition, v, k=4, min_similarity=0.95)
                 search.append(time.perf_counter() - t)
@@ -171,9 +233,8 @@ def report(data: dict[str, Any]) -> str:
         f"`python -m loadtests.cache_latency` on {m.get('cpu_model', 'CPU')} ({m.get('cores_usable', '?')} CPUs, "
         f"load average {m.get('loadavg_1_5_15', '?')}), local Redis, {data['lookups']} lookups of each kind per "
         "size. All entries in one partition (worst case). Semantic = the whole lookup end to end: an L1 miss, the "
-        "question embedded every time (all-MiniLM-L6-v2 ONNX int8, in-process, the memo of recent questions' "
-        "vectors off, since the benchmark repeats its questions; "
-        f"{data.get('embed_threads', 1)} intra-op thread(s): `GOODPUT_CACHE_EMBEDDER_THREADS`), the partition "
+        f"question embedded every time ({_embedder_text(data)}; the memo of recent questions' vectors off, since "
+        "the benchmark repeats its questions), the partition "
         "searched (exact cosine below 4096 entries, an HNSW graph re-scored exactly above), the guard, and the hit "
         "read from Redis. The embedding and search columns time those two parts alone (up to 300 questions).", "",
         markdown_table(["entries", "L2 search", "exact p50 ms", "exact p99 ms", "semantic p50 ms",
@@ -207,6 +268,16 @@ def report(data: dict[str, Any]) -> str:
     ])
 
 
+def _embedder_text(data: dict[str, Any]) -> str:
+    if data.get("embedder") != "service":
+        return (f"all-MiniLM-L6-v2 ONNX int8, in-process, {data.get('embed_threads', 1)} intra-op thread(s): "
+                "`GOODPUT_CACHE_EMBEDDER_THREADS`")
+    if data.get("embedder_addr"):
+        return f"by the Embedding service at `{data['embedder_addr']}` over gRPC: `GOODPUT_CACHE_EMBEDDER_ADDR`"
+    return (f"by the Embedding service over gRPC, `GOODPUT_CACHE_EMBEDDER_ADDR`: a separate process on this machine, "
+            f"ONNX int8 with {data.get('embed_threads', 1)} intra-op thread(s), its default batching")
+
+
 def _by_tokens(seconds: list[float], tokens: list[int]) -> list[dict[str, Any]]:
     """Embedding time by question length: the model's work grows with the tokens of the question."""
     out = []
@@ -225,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     ap.add_argument("--embed-threads", type=int, default=None,
                     help="CPU threads of one embedding (default: the cache's GOODPUT_CACHE_EMBEDDER_THREADS)")
+    ap.add_argument("--embedder", choices=["local", "service"], default="local",
+                    help="embed in-process (the cache's default) or through the Embedding service over gRPC")
+    ap.add_argument("--embedder-addr", default="", help="--embedder service: an Embedding service to use (for "
+                                                        "instance on a GPU); default: start one here")
     ap.add_argument("--build-threads", type=int, default=2, help="threads of the L2 graph build (setup, not timed)")
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--out", default=str(ROOT / "loadtests" / "reports" / "cache_latency"))
@@ -233,8 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         from goodput_cache.config import CacheSettings
 
         args.embed_threads = CacheSettings().embedder_threads
+    if args.embedder_addr:
+        args.embedder = "service"
     results = asyncio.run(run(args))
-    data = {"lookups": args.lookups, "embed_threads": args.embed_threads, "results": results, "goals_ms": GOALS_MS,
+    data = {"lookups": args.lookups, "embed_threads": args.embed_threads, "embedder": args.embedder,
+            "embedder_addr": args.embedder_addr, "results": results, "goals_ms": GOALS_MS,
             "machine": machine_info()}
     json_path, md_path = write_report(Path(args.out), data, report(data))
     print(f"wrote {json_path} and {md_path}", file=sys.stderr)
