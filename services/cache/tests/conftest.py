@@ -40,13 +40,14 @@ def prefix() -> Any:
 def make_cache(prefix: str, vectoriser: LocalVectoriser) -> Any:
     made: list[ResponseCache] = []
 
-    def make(registry: CollectorRegistry | None = None, **overrides: Any) -> ResponseCache:
+    def make(registry: CollectorRegistry | None = None, *, embed_with: Any = None, **overrides: Any) -> ResponseCache:
         options: dict[str, Any] = {"redis_url": REDIS_URL, "key_prefix": prefix, "kb_key_prefix": prefix,
                                    "version_channel": f"{prefix}:kb-version", **overrides}
         settings = CacheSettings(**options)
         redis_client = Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s,
                                       socket_connect_timeout=settings.redis_timeout_s)
-        cache = ResponseCache(settings, redis=redis_client, vectoriser=vectoriser, metrics=CacheMetrics(registry))
+        cache = ResponseCache(settings, redis=redis_client, vectoriser=embed_with or vectoriser,
+                              metrics=CacheMetrics(registry))
         made.append(cache)
         return cache
 

@@ -31,7 +31,8 @@ def build(settings: CacheSettings, registry: CollectorRegistry, provider: Tracer
     redis = Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s,
                            socket_connect_timeout=settings.redis_timeout_s)
     if vectoriser is None and settings.semantic:
-        vectoriser = (RemoteVectoriser(make_channel(settings.embedder_addr, provider)) if settings.embedder_addr
+        vectoriser = (RemoteVectoriser(make_channel(settings.embedder_addr, provider),
+                                       timeout_s=settings.embedder_timeout_s) if settings.embedder_addr
                       else LocalVectoriser(model_path=settings.embedder_model_path, threads=settings.embedder_threads))
     cache = ResponseCache(settings, redis=redis, vectoriser=vectoriser, metrics=CacheMetrics(registry))
     runner = ServiceRunner(name="cache", settings=settings, registry=registry, provider=provider)

@@ -34,6 +34,8 @@ class CacheSettings(ServiceSettings):
     version_channel: str = Field("goodput:kb-version", description="Redis pub/sub channel on which the indexer "
                                                                    "publishes knowledge-base versions.")
     embedder_addr: str = Field("", description="Embedding service (gRPC); empty = the same model in-process.")
+    embedder_timeout_s: float = Field(1.0, gt=0, description="Embedding service: deadline of one call; a slower "
+                                      "or failed call skips L2 for that lookup (or stores the entry for L1 only).")
     embedder_model_path: str = Field("", description="In-process model: an ONNX file; empty = the packaged "
                                                      "all-MiniLM-L6-v2 int8 model.")
     embedder_threads: int = Field(2, ge=1, description="In-process model: CPU threads of one embedding (one "
