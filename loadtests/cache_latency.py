@@ -116,6 +116,7 @@ async def _run(args: argparse.Namespace, vectoriser: Any) -> dict[str, Any]:
     from goodput_embedder.models import tokenizer_dir
 
     tokenizer = Tokenizer.from_file(str(tokenizer_dir() / "tokenizer.json"))
+    tokenizer.no_padding()  # the file pads to 128: count the question's own word pieces
     rng = np.random.default_rng(1)
     pairs = _pairs(Path(args.data_dir), args.real)
     results: dict[str, Any] = {}
@@ -252,20 +253,40 @@ def report(data: dict[str, Any]) -> str:
         "p99 in an earlier run of this report). The largest partition's graph was built in "
         f"{big.get('index_build_seconds', 0):.0f} s in the background (setup, not timed).", "",
         "The embedding's time grows with the question's length (one unpadded sequence; the model's work is about "
-        "21 MFLOP per token, run here at roughly 60-80 GFLOP/s per core), so the semantic p99 is set by the "
+        "21 MFLOP per token), so the semantic p99 is set by the "
         "longest questions looked up (GPTCache's mock paraphrases run to 150+ tokens). Embedding time by question "
         "length, largest size:", "",
         markdown_table(["question tokens", "questions", "embedding p50 ms", "embedding p99 ms"],
                        [[b["tokens"], str(b["n"]), f"{b['p50_ms']:.1f}", f"{b['p99_ms']:.1f}"]
                         for b in big.get("embedding_by_tokens", [])]), "",
-        "On this 2-core machine the 20 ms goal holds for questions up to about 64 tokens and not beyond: a CPU "
-        "cannot embed a 150-token question in 20 ms with this model. Where the p99 must hold for long questions, "
+        _length_verdict(big.get("embedding_by_tokens", []),
+                        big["semantic"]["p50_ms"] - big["semantic_embedding"]["p50_ms"])
+        + " Where the p99 must hold for long questions, "
         "point the cache at the Embedding service on a GPU (`GOODPUT_CACHE_EMBEDDER_ADDR`); on CPU, give the cache "
-        "pod more cores and `GOODPUT_CACHE_EMBEDDER_THREADS` to match (1 to 2 threads: p50 -20%, p99 -25% here). "
+        "pod more cores and `GOODPUT_CACHE_EMBEDDER_THREADS` (or the embedder's threads) to match. "
         "Tail latencies on this shared machine also move with its load: the exact lookup does the same work at "
         "every size, yet its p99 in this run was "
         + ", ".join(f"{r['exact']['p99_ms']:.1f}" for r in data["results"].values()) + " ms across the sizes.",
     ])
+
+
+def _length_verdict(buckets: list[dict[str, Any]], rest_ms: float) -> str:
+    """Up to which question length the embedding fits in the semantic goal at p99 on this machine, leaving the rest
+    of the lookup (``rest_ms``: its median time outside the embedding) its share."""
+    budget = GOALS_MS["semantic_p99"] - max(rest_ms, 0.0)
+    fits = 0
+    while fits < len(buckets) and buckets[fits]["p99_ms"] <= budget:
+        fits += 1
+    head = (f"Leaving the rest of the lookup its median {rest_ms:.1f} ms, the embedding has {budget:.1f} ms of the "
+            f"{GOALS_MS['semantic_p99']:g} ms goal: ")
+    if not buckets:
+        return ""
+    if fits == len(buckets):
+        return head + "enough at p99 for every question length looked up."
+    if fits == 0:
+        return head + "too little at p99 even for the shortest questions: this CPU cannot meet it with this model."
+    longest = buckets[fits - 1]["tokens"].split("-")[-1]
+    return head + f"enough at p99 for questions of up to {longest} tokens, not beyond; the longer ones set the p99."
 
 
 def _embedder_text(data: dict[str, Any]) -> str:
