@@ -30,6 +30,9 @@ from .conftest import ask
     # a negation in a sentence said in other words is not a flip
     ("The dataset viewer lets users with little disk space preview a dataset without downloading it.",
      "Users who do not have much storage can use the viewer to look at the data before any download."),
+    # a sentence opening with a negating "No" against one negated by "not": both negative
+    ("No information about the refund policy is given in the document.",
+     "The refund policy is not described in the document."),
 ])
 def test_guard_lets_paraphrases_through(a: str, b: str) -> None:
     assert near_miss(a, b) is None
@@ -47,6 +50,8 @@ def test_guard_lets_paraphrases_through(a: str, b: str) -> None:
     ("Refund within twenty-one days?", "Refund within 31 days?", "numbers"),
     ("Can I upload thousands of files?", "Can I upload 100 files?", "numbers"),
     ("Why can't I log in to my account?", "Why can I log in to my account?", "negation"),
+    ("No refunds are given after 30 days.", "Refunds are given after 30 days.", "negation"),  # "No" negates here,
+    ("No, refunds are given after 30 days.", "Refunds are not given after 30 days.", "negation"),  # answers here
     ("How do I reset my password in Outlook?", "How do I reset my password?", "entities"),
     ("Is AI said to be safe?", "Is it said to be safe?", "entities"),
 ])

@@ -111,9 +111,13 @@ def _lower_words(tokens: list[str]) -> list[str]:
     return [t.lower().removesuffix("'s").replace("'", "") for t in tokens]
 
 
-def _negations(tokens: list[str], words: list[str]) -> int:
+_ANSWER_NO = re.compile(r"\s*no\s*[,.!;:]", re.IGNORECASE)
+
+
+def _negations(text: str, tokens: list[str], words: list[str]) -> int:
     count = sum(1 for t, w in zip(tokens, words, strict=True) if w in _NEGATIONS or t.lower().endswith("n't"))
-    return count - (1 if words and words[0] == "no" else 0)  # a leading "No, ..." answers, it does not negate
+    # "No, it is not." answers before it negates; "No refund is given" negates
+    return count - (1 if _ANSWER_NO.match(text) else 0)
 
 
 def _asks(tokens: list[str]) -> set[str]:
@@ -285,7 +289,7 @@ def near_miss(query: str, cached: str) -> str | None:
 def _near_miss(q: _Side, c: _Side) -> str | None:
     query, cached = q.text, c.text
     tq, tc, wq, wc = q.tokens, c.tokens, q.lower, c.lower
-    if _negations(tq, wq) % 2 != _negations(tc, wc) % 2 and _close(q, c):
+    if _negations(query, tq, wq) % 2 != _negations(cached, tc, wc) % 2 and _close(q, c):
         return "negation"
     sq, sc = q.words, c.words
     for a, b in _ANTONYMS:
