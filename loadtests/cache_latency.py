@@ -284,9 +284,19 @@ def _length_verdict(buckets: list[dict[str, Any]], rest_ms: float) -> str:
     if fits == len(buckets):
         return head + "enough at p99 for every question length looked up."
     if fits == 0:
-        return head + "too little at p99 even for the shortest questions: this CPU cannot meet it with this model."
+        return head + "too little at p99 even for the shortest questions: this machine cannot meet it with this model."
     longest = buckets[fits - 1]["tokens"].split("-")[-1]
     return head + f"enough at p99 for questions of up to {longest} tokens, not beyond; the longer ones set the p99."
+
+
+def _started_model(args: argparse.Namespace) -> str:
+    """The model of the Embedding service this benchmark starts (its settings come from GOODPUT_EMBEDDER_*)."""
+    if args.embedder != "service" or args.embedder_addr:
+        return ""
+    from goodput_embedder.config import EmbedderSettings
+
+    started = EmbedderSettings()
+    return started.model if started.model == "minilm-onnx-int8" else f"{started.model} on {started.device}"
 
 
 def _embedder_text(data: dict[str, Any]) -> str:
@@ -296,7 +306,8 @@ def _embedder_text(data: dict[str, Any]) -> str:
     if data.get("embedder_addr"):
         return f"by the Embedding service at `{data['embedder_addr']}` over gRPC: `GOODPUT_CACHE_EMBEDDER_ADDR`"
     return (f"by the Embedding service over gRPC, `GOODPUT_CACHE_EMBEDDER_ADDR`: a separate process on this machine, "
-            f"ONNX int8 with {data.get('embed_threads', 1)} intra-op thread(s), its default batching")
+            f"{data.get('embedder_model') or 'minilm-onnx-int8'} with {data.get('embed_threads', 1)} intra-op "
+            "thread(s), its default batching")
 
 
 def _by_tokens(seconds: list[float], tokens: list[int]) -> list[dict[str, Any]]:
@@ -333,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         args.embedder = "service"
     results = asyncio.run(run(args))
     data = {"lookups": args.lookups, "embed_threads": args.embed_threads, "embedder": args.embedder,
-            "embedder_addr": args.embedder_addr, "results": results, "goals_ms": GOALS_MS,
+            "embedder_addr": args.embedder_addr, "embedder_model": _started_model(args), "results": results,
+            "goals_ms": GOALS_MS,
             "machine": machine_info()}
     json_path, md_path = write_report(Path(args.out), data, report(data))
     print(f"wrote {json_path} and {md_path}", file=sys.stderr)

@@ -96,6 +96,3 @@ class VectorMemo:
         self._vectors.move_to_end(key)
         while len(self._vectors) > self.entries:
             self._vectors.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._vectors)

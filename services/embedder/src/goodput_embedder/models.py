@@ -64,10 +64,11 @@ class _Group:
 class _Tokenizer:
     """Word pieces of texts, grouped into model calls of similar lengths.
 
-    Why groups: a batch is padded to its longest text, and on a CPU the padding is paid in full: 64 queries of 10 to
-    60 tokens in one call ran at 0.7x the speed of one call per query. Sorted by length and cut where the padded size
-    would pass ``max_batch_tokens`` or the lengths spread too far, the same texts ran at 1.5x (SciFact queries,
-    2 cores). Rows are computed independently, so the vectors are the same as one text at a time.
+    Why groups: a batch is padded to its longest text, and on a CPU the padding is paid in full: batches of 64
+    SciFact queries ran at 0.67x the speed of one call per query (2 cores). Sorted by length and cut where the padded
+    size would pass ``max_batch_tokens`` or the lengths spread too far, the same batches ran at 1.1x
+    (loadtests/reports/embedding_bench.md). Rows are computed independently: the vectors are those of one text at a
+    time.
     """
 
     def __init__(self, max_tokens: int) -> None:
