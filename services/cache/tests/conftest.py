@@ -3,6 +3,7 @@ under its own key prefix (deleted afterwards), so tests never see each other's e
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,6 +19,13 @@ from goodput_cache.embedding import LocalVectoriser
 from goodput_cache.keys import CacheRequest, Message, Sampling
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def dead_port() -> int:
+    """A local port nothing listens on (bound, then closed): a store or service that is down."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from goodput_core.errors import InvalidArgument, PermissionDenied
 from goodput_cache.cache import Answer, ResponseCache
 from goodput_cache.keys import Message
 
-from .conftest import REDIS_URL, ask
+from .conftest import REDIS_URL, ask, dead_port
 
 PASSWORD = "How do I reset my password?"
 PASSWORD_PARAPHRASE = "How can I reset my password?"
@@ -152,10 +151,7 @@ async def test_memory_is_bounded(make_cache: Any) -> None:
 
 
 async def test_redis_down_is_a_degraded_miss_not_an_error(make_cache: Any) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
-    cache = make_cache(redis_url=f"redis://127.0.0.1:{port}/0")
+    cache = make_cache(redis_url=f"redis://127.0.0.1:{dead_port()}/0")
     await cache.start()
     try:
         miss = await cache.lookup(ask(PASSWORD))

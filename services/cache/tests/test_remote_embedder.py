@@ -3,7 +3,6 @@ embedder service in-process on a free port, sharing the tests' model; and the sa
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,7 +15,7 @@ from goodput_cache.embedding import LocalVectoriser, RemoteVectoriser
 from goodput_embedder.__main__ import build as build_embedder
 from goodput_embedder.config import EmbedderSettings
 
-from .conftest import REDIS_URL, ask
+from .conftest import REDIS_URL, ask, dead_port
 from .test_cache import ANSWER, PASSWORD, PASSWORD_PARAPHRASE
 
 
@@ -47,10 +46,7 @@ async def test_vectors_from_the_service_find_entries_stored_in_process(make_cach
 
 
 async def test_embedding_service_down_serves_uncached_and_stores_for_l1(make_cache: Any) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens there once the block ends
-    channel = aio.insecure_channel(f"127.0.0.1:{port}")
+    channel = aio.insecure_channel(f"127.0.0.1:{dead_port()}")
     registry = CollectorRegistry()
     cache = make_cache(registry, embed_with=RemoteVectoriser(channel, timeout_s=0.5))
     try:

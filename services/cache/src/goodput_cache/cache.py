@@ -177,7 +177,6 @@ class ResponseCache:
 
     async def _semantic(self, req: CacheRequest, partition: str, question: str, threshold: float,
                         tally: _Tally) -> LookupResult:
-        assert self.vectoriser is not None
         try:
             vector = await self._vector(question)
         except Exception as err:  # noqa: BLE001 - any embedder failure is served uncached

@@ -280,12 +280,12 @@ class LatencyGuard:
 
     def p0_rate(self, now: float) -> float:
         """P0 arrivals per second over the last ``P0_RATE_WINDOW_S`` (reads only: a metrics scrape calls it too)."""
-        recent = 0
-        for t in reversed(self._p0_arrivals):
-            if now - t > P0_RATE_WINDOW_S:
+        stale = 0  # arrivals are in order and pruned at each arrival: only the head can be out of the window
+        for t in self._p0_arrivals:
+            if now - t <= P0_RATE_WINDOW_S:
                 break
-            recent += 1
-        return recent / P0_RATE_WINDOW_S
+            stale += 1
+        return (len(self._p0_arrivals) - stale) / P0_RATE_WINDOW_S
 
     def p0_reserve(self) -> int:
         """Workers to keep free of P1/P2 prefill now: 0 without recent P0 traffic, else ``p0_ready_workers``, or
