@@ -350,6 +350,7 @@ HF_HUB_OFFLINE: "1"
 {{ $p }}THRESHOLD: {{ include "goodput.num" .threshold | quote }}
 {{ $p }}TENANT_THRESHOLDS: {{ toJson .tenantThresholds | quote }}
 {{ $p }}GUARD: {{ .guard | quote }}
+{{ $p }}AMBIGUITY_MARGIN: {{ include "goodput.num" .ambiguityMargin | quote }}
 {{ $p }}MAX_ENTRIES: {{ include "goodput.num" .maxEntries | quote }}
 {{- end }}
 {{- end }}

@@ -1,7 +1,9 @@
 """The response cache behind the gRPC API (no gRPC imports): lookup, store, invalidation, KB-version events.
 
 Lookup: exact (L1) first, then, for requests that allow it, semantic (L2) inside the request's partition, each
-candidate checked by the near-miss guard. Fail-open: a Redis or embedder failure answers a *degraded miss* (the
+candidate checked by the near-miss guard. When a second entry with another answer matches almost as well as the best
+(within ``ambiguity_margin``), the lookup is a miss: the question fits two cached answers and the cache does not
+guess between them. Fail-open: a Redis or embedder failure answers a *degraded miss* (the
 request is generated as if uncached) and is counted; after a Redis failure, lookups skip Redis for ``breaker_s`` so
 a dead Redis costs no latency. Store: only reusable answers (greedy sampling or an explicit opt-in), with a TTL per
 content type; time-sensitive questions get a short TTL (or none) and are never served from L2.
@@ -34,8 +36,8 @@ from goodput_cache.config import CacheSettings
 from goodput_cache.embedding import Vectoriser, VectorMemo
 from goodput_cache.exact import Entry, ExactStore
 from goodput_cache.guard import is_time_sensitive, near_miss
-from goodput_cache.keys import CacheRequest, check_request, derive, greedy, validate_key, validate_name
-from goodput_cache.semantic import NumpyIndex, VectorIndex
+from goodput_cache.keys import CacheRequest, check_request, derive, greedy, normalise, validate_key, validate_name
+from goodput_cache.semantic import Candidate, NumpyIndex, VectorIndex
 
 __all__ = ["Answer", "CacheMetrics", "LookupResult", "ResponseCache", "StoreResult"]
 
@@ -87,7 +89,8 @@ class _Tally:
 class CacheMetrics:
     def __init__(self, registry: CollectorRegistry | None) -> None:
         self.lookups = Counter("goodput_cache_lookups_total", "Lookups by layer, result and tenant "
-                               "(result: hit, miss, error, guarded = an L2 candidate vetoed by the near-miss guard).",
+                               "(result: hit, miss, error, guarded = an L2 candidate vetoed by the near-miss guard, "
+                               "ambiguous = an L2 miss because two cached answers differ and match about equally).",
                                ["layer", "result", "tenant"], registry=registry)
         self.lookup_seconds = Histogram("goodput_cache_lookup_seconds", "Lookup latency by layer.", ["layer"],
                                         buckets=LOOKUP_BUCKETS, registry=registry)
@@ -185,18 +188,25 @@ class ResponseCache:
             self.metrics.lookups.labels("l2", "error", req.tenant).inc()
             tally.degraded += 1
             return LookupResult(degraded=True, reason="embedder unavailable")
+        margin = self.settings.ambiguity_margin
         candidates = await asyncio.to_thread(self.index.search, partition, vector, k=CANDIDATES,
-                                             min_similarity=threshold)
+                                             min_similarity=max(0.0, threshold - margin))
         guarded = ""
+        viable: list[tuple[Candidate, Entry]] = []  # the best entry that may answer, and a runner-up within margin
         for cand in candidates:
+            if not viable and cand.similarity < threshold:
+                break  # only runners-up may sit below the threshold
+            if viable and viable[0][0].similarity - cand.similarity >= margin:
+                break
             if self.settings.guard:
                 why = near_miss(question, cand.question)
                 if why:
-                    self.metrics.lookups.labels("l2", "guarded", req.tenant).inc()
-                    guarded = guarded or why
+                    if not viable:
+                        self.metrics.lookups.labels("l2", "guarded", req.tenant).inc()
+                        guarded = guarded or why
                     continue
             try:
-                entry = await self.l1.get(cand.key)
+                entry = await self.l1.get(cand.key, touch=not viable)
             except _STORE_ERRORS as err:
                 self._trip(err)
                 return self._degraded(req, tally, "store unavailable")
@@ -205,6 +215,17 @@ class ResponseCache:
                 continue
             if entry.tenant != req.tenant or entry.partition != partition:
                 continue
+            if viable and normalise(entry.text) != normalise(viable[0][1].text):
+                best = viable[0][0]
+                self.metrics.lookups.labels("l2", "ambiguous", req.tenant).inc()
+                self._count("l2", "miss", req.tenant, tally)
+                return LookupResult(reason=f"ambiguous: two cached answers differ and match within {margin:g} "
+                                           f"({best.similarity:.3f} vs {cand.similarity:.3f})")
+            viable.append((cand, entry))
+            if len(viable) == 2:
+                break
+        if viable:
+            cand, entry = viable[0]
             self._count("l2", "hit", req.tenant, tally, entry)
             return LookupResult(hit=True, layer="l2", similarity=cand.similarity, answer=_answer(entry),
                                 matched_query=entry.question)
