@@ -192,7 +192,8 @@ async def _run(args: argparse.Namespace, vectoriser: Any) -> dict[str, Any]:
                 embed.append(time.perf_counter() - t)
                 embed_tokens.append(len(tokenizer.encode(similar).ids))
                 t = time.perf_counter()
-                await asyncio.to_thread(cache.index.search, partition, v, k=4, min_similarity=0.95)
+                await asyncio.to_thread(cache.index.search, partition, v, k=4,
+                                        min_similarity=settings.threshold - settings.ambiguity_margin)
                 search.append(time.perf_counter() - t)
             results[str(size)] = {
                 "entries": size, "fill_seconds": fill_s, "index_build_seconds": build_s,
