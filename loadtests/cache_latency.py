@@ -1,6 +1,7 @@
 """Cache lookup latency at 1k, 10k and 100k entries: exact (L1) and semantic (L2) p50/p99, in-process.
 
     python -m loadtests.cache_latency [--sizes 1000 10000 100000] [--lookups 1000] [--redis-url redis://...]
+        [--questions mock | qqp]
         [--embedder local | --embedder service [--embedder-addr HOST:PORT]]
 
 What is timed is ``ResponseCache.lookup`` as the gRPC servicer calls it (validation, key derivation, Redis round
@@ -9,9 +10,10 @@ measured by the gateway's ``cache`` stage. All entries sit in ONE partition (one
 the worst case for the semantic search, which searches only the request's partition (an HNSW graph from
 ``GOODPUT_CACHE_ANN_MIN_ENTRIES`` entries on; the benchmark waits until the graph holds every entry, as in a
 service that has been running). Filler entries are written to Redis directly (no embedding) with random unit
-vectors in the L2 index; the looked-up entries are real questions (GPTCache's mock pairs when the data folder is
-there) stored through ``ResponseCache.store``. Everything is written under a fresh key prefix and deleted
-afterwards.
+vectors in the L2 index; the looked-up entries are real pairs stored through ``ResponseCache.store`` and looked up
+by their paraphrase: ``--questions mock`` (default; GPTCache's mock pairs, long answer-like statements: the worst
+case for the embedding) or ``--questions qqp`` (Quora duplicate questions, as users type them). Everything is
+written under a fresh key prefix and deleted afterwards.
 
 Where the question is embedded: ``--embedder local`` (default) runs the model in the benchmark's process, as the
 cache does by default; ``--embedder service`` goes to the Embedding service over gRPC, as the cache does with
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
 import json
 import os
 import socket
@@ -46,12 +49,29 @@ FALLBACK_PAIRS = [("How do I reset my password?", "How can I reset my password?"
                   ("How do I cancel my subscription?", "How can I cancel my subscription?")]
 
 
-def _pairs(data_dir: Path, n: int) -> list[tuple[str, str]]:
-    path = data_dir / "gptcache_mock" / "pairs.jsonl"
-    if not path.exists():
-        return (FALLBACK_PAIRS * (n // len(FALLBACK_PAIRS) + 1))[:n]
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [(r["origin"], r["similar"]) for r in rows[:n]]
+# Which questions are stored and looked up (--questions): the embedding's time, and so the semantic p99, follows
+# their length.
+QUESTION_SETS = {
+    "mock": "GPTCache's mock pairs: answer-like statements and their paraphrases, up to 150+ tokens",
+    "qqp": "Quora duplicate-question pairs: questions as users type them, mostly under 32 tokens",
+}
+
+
+def _pairs(data_dir: Path, n: int, questions: str = "mock") -> list[tuple[str, str]]:
+    """``n`` (stored, looked-up) pairs of the chosen set; a few support questions when the data folder is absent."""
+    if questions == "qqp":
+        path = data_dir / "qqp" / "pairs.jsonl.gz"
+        if path.exists():
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+            pairs = {r["text_a"]: r["text_b"] for r in rows if int(r["label"]) == 1}  # one pair per stored question
+            return list(pairs.items())[:n]
+    else:
+        path = data_dir / "gptcache_mock" / "pairs.jsonl"
+        if path.exists():
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            return [(r["origin"], r["similar"]) for r in rows[:n]]
+    return (FALLBACK_PAIRS * (n // len(FALLBACK_PAIRS) + 1))[:n]
 
 
 def _free_port() -> int:
@@ -118,7 +138,7 @@ async def _run(args: argparse.Namespace, vectoriser: Any) -> dict[str, Any]:
     tokenizer = Tokenizer.from_file(str(tokenizer_dir() / "tokenizer.json"))
     tokenizer.no_padding()  # the file pads to 128: count the question's own word pieces
     rng = np.random.default_rng(1)
-    pairs = _pairs(Path(args.data_dir), args.real)
+    pairs = _pairs(Path(args.data_dir), args.real, args.questions)
     results: dict[str, Any] = {}
 
     def request(question: str) -> CacheRequest:
@@ -234,7 +254,9 @@ def report(data: dict[str, Any]) -> str:
         "# Cache lookup latency", "",
         f"`python -m loadtests.cache_latency` on {m.get('cpu_model', 'CPU')} ({m.get('cores_usable', '?')} CPUs, "
         f"load average {m.get('loadavg_1_5_15', '?')}), local Redis, {data['lookups']} lookups of each kind per "
-        "size. All entries in one partition (worst case). Semantic = the whole lookup end to end: an L1 miss, the "
+        f"size. Questions: {QUESTION_SETS[data.get('questions', 'mock')]} (`--questions "
+        f"{data.get('questions', 'mock')}`). All entries in one partition (worst case). Semantic = the whole "
+        "lookup end to end: an L1 miss, the "
         f"question embedded every time ({_embedder_text(data)}; the memo of recent questions' vectors off, since "
         "the benchmark repeats its questions), the partition "
         "searched (exact cosine below 4096 entries, an HNSW graph re-scored exactly above), the guard, and the hit "
@@ -255,8 +277,8 @@ def report(data: dict[str, Any]) -> str:
         f"{big.get('index_build_seconds', 0):.0f} s in the background (setup, not timed).", "",
         "The embedding's time grows with the question's length (one unpadded sequence; the model's work is about "
         "21 MFLOP per token), so the semantic p99 is set by the "
-        "longest questions looked up (GPTCache's mock paraphrases run to 150+ tokens). Embedding time by question "
-        "length, largest size:", "",
+        f"longest questions looked up ({QUESTION_SETS[data.get('questions', 'mock')]}). Embedding time by "
+        "question length, largest size:", "",
         markdown_table(["question tokens", "questions", "embedding p50 ms", "embedding p99 ms"],
                        [[b["tokens"], str(b["n"]), f"{b['p50_ms']:.1f}", f"{b['p99_ms']:.1f}"]
                         for b in big.get("embedding_by_tokens", [])]), "",
@@ -335,8 +357,15 @@ def main(argv: list[str] | None = None) -> int:
                                                         "instance on a GPU); default: start one here")
     ap.add_argument("--build-threads", type=int, default=2, help="threads of the L2 graph build (setup, not timed)")
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--out", default=str(ROOT / "loadtests" / "reports" / "cache_latency"))
+    ap.add_argument("--questions", choices=sorted(QUESTION_SETS), default="mock",
+                    help="the question pairs stored and looked up: " + "; ".join(f"{k}: {v}"
+                                                                              for k, v in QUESTION_SETS.items()))
+    ap.add_argument("--out", default="", help="report path without extension (default loadtests/reports/"
+                                              "cache_latency, with -qqp for --questions qqp)")
     args = ap.parse_args(argv)
+    if not args.out:
+        args.out = str(ROOT / "loadtests" / "reports" / ("cache_latency" + ("-qqp" if args.questions == "qqp"
+                                                                          else "")))
     if args.embed_threads is None:
         from goodput_cache.config import CacheSettings
 
@@ -344,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.embedder_addr:
         args.embedder = "service"
     results = asyncio.run(run(args))
-    data = {"lookups": args.lookups, "embed_threads": args.embed_threads, "embedder": args.embedder,
+    data = {"lookups": args.lookups, "questions": args.questions, "embed_threads": args.embed_threads,
+            "embedder": args.embedder,
             "embedder_addr": args.embedder_addr, "embedder_model": _started_model(args), "results": results,
             "goals_ms": GOALS_MS,
             "machine": machine_info()}
