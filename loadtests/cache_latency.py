@@ -88,7 +88,7 @@ async def _vectoriser(args: argparse.Namespace) -> AsyncIterator[Any]:
     from goodput_cache.embedding import LocalVectoriser, RemoteVectoriser
 
     if args.embedder == "local":
-        yield LocalVectoriser(threads=args.embed_threads)
+        yield LocalVectoriser(threads=args.embed_threads, spin=args.embed_spin)
         return
     proc = None
     addr = args.embedder_addr
@@ -325,12 +325,17 @@ def _started_model(args: argparse.Namespace) -> str:
 def _embedder_text(data: dict[str, Any]) -> str:
     if data.get("embedder") != "service":
         return (f"all-MiniLM-L6-v2 ONNX int8, in-process, {data.get('embed_threads', 1)} intra-op thread(s): "
-                "`GOODPUT_CACHE_EMBEDDER_THREADS`")
+                f"`GOODPUT_CACHE_EMBEDDER_THREADS`, idle threads {_spin_text(data)}: `GOODPUT_CACHE_EMBEDDER_SPIN`")
     if data.get("embedder_addr"):
         return f"by the Embedding service at `{data['embedder_addr']}` over gRPC: `GOODPUT_CACHE_EMBEDDER_ADDR`"
     return (f"by the Embedding service over gRPC, `GOODPUT_CACHE_EMBEDDER_ADDR`: a separate process on this machine, "
             f"{data.get('embedder_model') or 'minilm-onnx-int8'} with {data.get('embed_threads', 1)} intra-op "
-            "thread(s), its default batching")
+            f"thread(s), idle threads {_spin_text(data)} (`GOODPUT_EMBEDDER_INTRA_OP_SPIN`), its default batching")
+
+
+def _spin_text(data: dict[str, Any]) -> str:
+    spin = data.get("embed_spin")
+    return "sleeping" if spin is False else "spinning"  # reports from before the setting: onnxruntime's default
 
 
 def _by_tokens(seconds: list[float], tokens: list[int]) -> list[dict[str, Any]]:
@@ -366,15 +371,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.out:
         args.out = str(ROOT / "loadtests" / "reports" / ("cache_latency" + ("-qqp" if args.questions == "qqp"
                                                                           else "")))
-    if args.embed_threads is None:
-        from goodput_cache.config import CacheSettings
+    from goodput_cache.config import CacheSettings
+    from goodput_embedder.config import EmbedderSettings
 
+    if args.embed_threads is None:
         args.embed_threads = CacheSettings().embedder_threads
     if args.embedder_addr:
         args.embedder = "service"
+    # whether idle onnxruntime threads spin: the cache's setting in-process, the started service's otherwise
+    args.embed_spin = CacheSettings().embedder_spin if args.embedder == "local" else EmbedderSettings().intra_op_spin
     results = asyncio.run(run(args))
     data = {"lookups": args.lookups, "questions": args.questions, "embed_threads": args.embed_threads,
-            "embedder": args.embedder,
+            "embed_spin": args.embed_spin, "embedder": args.embedder,
             "embedder_addr": args.embedder_addr, "embedder_model": _started_model(args), "results": results,
             "goals_ms": GOALS_MS,
             "machine": machine_info()}

@@ -57,6 +57,21 @@ def test_a_batch_of_mixed_lengths_gives_each_text_its_own_vector(model) -> None:
     assert model.embed([]).shape == (0, 384)
 
 
+def test_idle_threads_sleep_by_default_and_spinning_gives_the_same_vectors(model) -> None:  # type: ignore[no-untyped-def]
+    from goodput_embedder.models import OnnxMiniLM
+
+    def spins(m: OnnxMiniLM) -> bool:  # onnxruntime spins unless told otherwise (no entry)
+        try:
+            return m._session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") != "0"
+        except RuntimeError:  # no entry
+            return True
+
+    spinning = OnnxMiniLM(threads=2, spin=True)
+    assert not spins(model) and spins(spinning)
+    texts = ["How do I reset my password?", "Is my data encrypted at rest?"]
+    np.testing.assert_allclose(spinning.embed(texts), model.embed(texts), atol=1e-5)
+
+
 async def test_a_full_batch_goes_at_once_and_large_requests_are_split(counting) -> None:
     batcher = MicroBatcher(counting, window_ms=5000, max_batch=8)  # the window would never close by itself
     try:

@@ -33,7 +33,8 @@ def build(settings: CacheSettings, registry: CollectorRegistry, provider: Tracer
     if vectoriser is None and settings.semantic:
         vectoriser = (RemoteVectoriser(make_channel(settings.embedder_addr, provider),
                                        timeout_s=settings.embedder_timeout_s) if settings.embedder_addr
-                      else LocalVectoriser(model_path=settings.embedder_model_path, threads=settings.embedder_threads))
+                      else LocalVectoriser(model_path=settings.embedder_model_path, threads=settings.embedder_threads,
+                                           spin=settings.embedder_spin))
     cache = ResponseCache(settings, redis=redis, vectoriser=vectoriser, metrics=CacheMetrics(registry))
     runner = ServiceRunner(name="cache", settings=settings, registry=registry, provider=provider)
     runner.add(cache_pb2_grpc.add_CacheServicer_to_server, CacheServicer(cache), "goodput.cache.v1.Cache")

@@ -31,10 +31,10 @@ class Vectoriser(Protocol):
 class LocalVectoriser:
     """The embedder's ONNX model, loaded in this process; model calls run in a thread."""
 
-    def __init__(self, *, model_path: str = "", threads: int = 1) -> None:
+    def __init__(self, *, model_path: str = "", threads: int = 1, spin: bool = False) -> None:
         from goodput_embedder.models import OnnxMiniLM
 
-        self.model = OnnxMiniLM(model_path=model_path, threads=threads)
+        self.model = OnnxMiniLM(model_path=model_path, threads=threads, spin=spin)
         self.dim = self.model.dim
         self._lock = asyncio.Lock()
 
