@@ -192,21 +192,21 @@ class ResponseCache:
         candidates = await asyncio.to_thread(self.index.search, partition, vector, k=CANDIDATES,
                                              min_similarity=max(0.0, threshold - margin))
         guarded = ""
-        viable: list[tuple[Candidate, Entry]] = []  # the best entry that may answer, and a runner-up within margin
+        best: tuple[Candidate, Entry] | None = None  # the closest entry that may answer
         for cand in candidates:
-            if not viable and cand.similarity < threshold:
-                break  # only runners-up may sit below the threshold
-            if viable and viable[0][0].similarity - cand.similarity >= margin:
+            if best is None and cand.similarity < threshold:
+                break  # only a runner-up may sit below the threshold
+            if best is not None and best[0].similarity - cand.similarity >= margin:
                 break
             if self.settings.guard:
                 why = near_miss(question, cand.question)
                 if why:
-                    if not viable:
+                    if best is None:
                         self.metrics.lookups.labels("l2", "guarded", req.tenant).inc()
                         guarded = guarded or why
                     continue
             try:
-                entry = await self.l1.get(cand.key, touch=not viable)
+                entry = await self.l1.get(cand.key, touch=best is None)
             except _STORE_ERRORS as err:
                 self._trip(err)
                 return self._degraded(req, tally, "store unavailable")
@@ -215,17 +215,17 @@ class ResponseCache:
                 continue
             if entry.tenant != req.tenant or entry.partition != partition:
                 continue
-            if viable and normalise(entry.text) != normalise(viable[0][1].text):
-                best = viable[0][0]
+            if best is None:
+                best = (cand, entry)
+                continue
+            if normalise(entry.text) != normalise(best[1].text):  # a runner-up within the margin, answering otherwise
                 self.metrics.lookups.labels("l2", "ambiguous", req.tenant).inc()
                 self._count("l2", "miss", req.tenant, tally)
                 return LookupResult(reason=f"ambiguous: two cached answers differ and match within {margin:g} "
-                                           f"({best.similarity:.3f} vs {cand.similarity:.3f})")
-            viable.append((cand, entry))
-            if len(viable) == 2:
-                break
-        if viable:
-            cand, entry = viable[0]
+                                           f"({best[0].similarity:.3f} vs {cand.similarity:.3f})")
+            break  # the runner-up gives the same answer
+        if best is not None:
+            cand, entry = best
             self._count("l2", "hit", req.tenant, tally, entry)
             return LookupResult(hit=True, layer="l2", similarity=cand.similarity, answer=_answer(entry),
                                 matched_query=entry.question)
