@@ -258,6 +258,10 @@ def choose_threshold(results: dict[str, Any], margin: float) -> dict[str, Any]:
                     f"hits for {keep['correct_hits'] - rows[best]['correct_hits']} fewer correct ones"}
 
 
+def _gptcache_at(res: dict[str, Any], t: float) -> dict[str, Any]:
+    return next(r for r in res["gptcache"] if r["threshold"] == t)
+
+
 def _pick(rows: list[dict[str, Any]], t: float, guard: bool, margin: float = 0.0) -> dict[str, Any]:
     return next(r for r in rows if abs(r["threshold"] - t) < 1e-9 and r["guard"] == guard
                 and abs(r.get("margin", 0.0) - margin) < 1e-9)
@@ -322,7 +326,7 @@ def report(data: dict[str, Any]) -> str:
               "still at least GPTCache's at 0.95, and its wrong-hit share:", ""]
     rows = []
     for name, res in data["results"].items():
-        g95 = next(r for r in res["gptcache"] if r["threshold"] == 0.95)
+        g95 = _gptcache_at(res, 0.95)
         same = [r for r in res["goodput"] if r["guard"] and r["margin"] == m and r["hit_rate"] >= g95["hit_rate"]]
         best = max(same, key=lambda r: r["threshold"]) if same else None
         guard_only = _pick(res["goodput"], best["threshold"], True) if best else None
@@ -336,7 +340,7 @@ def report(data: dict[str, Any]) -> str:
     lines += ["", f"At the default threshold ({t}):", ""]
     rows = []
     for name, res in data["results"].items():
-        g95 = next(r for r in res["gptcache"] if r["threshold"] == 0.95)
+        g95 = _gptcache_at(res, 0.95)
         rows.append([name, hw(g95), hw(_pick(res["goodput"], t, False)), hw(_pick(res["goodput"], t, True)),
                      hw(_pick(res["goodput"], t, True, m))])
     lines.append(markdown_table(["set", "GPTCache 0.95: hit / wrong", "no guard", "+ guard", "cache"], rows))
