@@ -18,9 +18,10 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
+from goodput_minilm import OnnxMiniLM
+
 from goodput_embedder.config import EmbedderSettings
 from goodput_embedder.indexer import Indexer
-from goodput_embedder.models import OnnxMiniLM
 from goodput_embedder.store_client import GrpcStoreWriter
 from goodput_retriever.__main__ import build as build_retriever
 from goodput_retriever.config import RetrieverSettings

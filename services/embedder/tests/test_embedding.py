@@ -47,31 +47,6 @@ async def test_requests_arriving_during_a_model_call_share_the_next_one_without_
     assert all(r.shape == (1, 384) for r in results)
 
 
-def test_a_batch_of_mixed_lengths_gives_each_text_its_own_vector(model) -> None:  # type: ignore[no-untyped-def]
-    # the model runs the batch as several calls of similar lengths; none may mix up or pad away a text's vector
-    texts = ["refund?", "How do I reset my password?", "word " * 400, "Is my data encrypted at rest or only in "
-             "transit, and who holds the keys?", "refund?", "The quick brown fox " * 20]
-    together = model.embed(texts)
-    alone = np.vstack([model.embed([t]) for t in texts])
-    np.testing.assert_allclose(together, alone, atol=1e-4)
-    assert model.embed([]).shape == (0, 384)
-
-
-def test_idle_threads_sleep_by_default_and_spinning_gives_the_same_vectors(model) -> None:  # type: ignore[no-untyped-def]
-    from goodput_embedder.models import OnnxMiniLM
-
-    def spins(m: OnnxMiniLM) -> bool:  # onnxruntime spins unless told otherwise (no entry)
-        try:
-            return m._session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") != "0"
-        except RuntimeError:  # no entry
-            return True
-
-    spinning = OnnxMiniLM(threads=2, spin=True)
-    assert not spins(model) and spins(spinning)
-    texts = ["How do I reset my password?", "Is my data encrypted at rest?"]
-    np.testing.assert_allclose(spinning.embed(texts), model.embed(texts), atol=1e-5)
-
-
 async def test_a_full_batch_goes_at_once_and_large_requests_are_split(counting) -> None:
     batcher = MicroBatcher(counting, window_ms=5000, max_batch=8)  # the window would never close by itself
     try:

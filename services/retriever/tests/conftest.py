@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from goodput_embedder.models import OnnxMiniLM
+from goodput_minilm import OnnxMiniLM
+
 from goodput_retriever.config import RetrieverSettings
 from goodput_retriever.qdrant_store import QdrantStore
 from goodput_retriever.search import Retriever

@@ -1,4 +1,5 @@
-"""gRPC channels to other Goodput services, with tracing, keepalive and sane message limits.
+"""gRPC channels to other Goodput services, with tracing, keepalive and sane message limits, and the typed
+clients several services share (:class:`EmbeddingClient`).
 
 Example:
     >>> channel = make_channel("127.0.0.1:50052", provider)
@@ -7,12 +8,18 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import grpc
 from grpc import aio
 from opentelemetry.sdk.trace import TracerProvider
 
+from goodput_core.errors import from_rpc_error
 from goodput_core.tracing import client_interceptors
+
+__all__ = ["CHANNEL_OPTIONS", "EmbeddingClient", "Embeddings", "make_channel"]
 
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_time_ms", 10_000),
@@ -31,3 +38,44 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 def make_channel(address: str, provider: TracerProvider | None, *, traced: bool = True) -> aio.Channel:
     interceptors = client_interceptors(provider) if traced else []
     return aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """What the Embedding service answered: one unit-length vector per text, in order."""
+
+    model: str
+    vectors: list[list[float]]
+    tokens: int
+
+
+class EmbeddingClient:
+    """The Embedding service (``goodput.embedder.v1.Embedding``), typed: texts in, vectors out.
+
+    The one client of every caller (gateway, retriever, cache), so the request shape, the deadline and the error
+    mapping are the same everywhere: a failed call raises the matching :class:`goodput_core.errors.GoodputError`.
+
+    Example:
+        >>> client = EmbeddingClient(make_channel("127.0.0.1:50053", provider), timeout_s=2.0)
+        >>> (await client.embed(["how do I reset my password?"])).vectors[0][:2]
+        [0.0123, -0.0456]
+    """
+
+    def __init__(self, channel: aio.Channel, *, timeout_s: float) -> None:
+        from goodput.embedder.v1 import embedder_pb2_grpc
+
+        self._stub = embedder_pb2_grpc.EmbeddingStub(channel)
+        self.timeout_s = timeout_s
+
+    async def embed(self, texts: Sequence[str], *, model: str = "", timeout_s: float | None = None) -> Embeddings:
+        from goodput.embedder.v1 import embedder_pb2
+
+        try:
+            resp = await self._stub.Embed(embedder_pb2.EmbedRequest(texts=list(texts), model=model),
+                                          timeout=self.timeout_s if timeout_s is None else timeout_s)
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+        return Embeddings(model=resp.model, vectors=[list(v.values) for v in resp.vectors], tokens=resp.tokens)
+
+    async def embed_one(self, text: str, *, timeout_s: float | None = None) -> list[float]:
+        return (await self.embed([text], timeout_s=timeout_s)).vectors[0]

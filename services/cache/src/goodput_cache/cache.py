@@ -18,7 +18,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import defaultdict
@@ -30,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from goodput_contracts import VersionChange, version_key
 from goodput_core.errors import InvalidArgument, Unavailable
 
 from goodput_cache.config import CacheSettings
@@ -141,7 +141,7 @@ class ResponseCache:
     async def _kb_version(self, req: CacheRequest) -> CacheRequest:
         if not req.rag or req.kb_version:
             return req
-        raw = await self.redis.get(f"{self.settings.kb_key_prefix}:kb:{req.tenant}:{req.knowledge_base}:version")
+        raw = await self.redis.get(version_key(req.tenant, req.knowledge_base, prefix=self.settings.kb_key_prefix))
         version = int(raw) if raw is not None else 0
         return CacheRequest(**{**req.__dict__, "kb_version": version})
 
@@ -387,11 +387,11 @@ class ResponseCache:
                         if msg is None or msg.get("type") != "message":
                             continue
                         try:
-                            data = json.loads(msg["data"])
-                            await self.on_kb_version(str(data["tenant"]), str(data["knowledge_base"]),
-                                                     int(data["version"]))
-                        except (ValueError, KeyError, TypeError) as err:
+                            change = VersionChange.decode(msg["data"])
+                        except ValueError as err:
                             log.warning("bad kb-version message", extra={"error": repr(err)[:200]})
+                            continue
+                        await self.on_kb_version(change.tenant, change.knowledge_base, change.version)
                 finally:
                     await pubsub.aclose()
             except asyncio.CancelledError:

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
+from goodput_contracts import DEFAULT_CHANNEL, DEFAULT_KEY_PREFIX
 from goodput_core.settings import ServiceSettings, service_config
 
 from goodput_cache.ann import AnnConfig
@@ -33,9 +34,9 @@ class CacheSettings(ServiceSettings):
     breaker_s: float = Field(2.0, ge=0, description="After a Redis failure, lookups skip Redis (answer a "
                                                     "degraded miss) for this long before trying again.")
     key_prefix: str = Field("goodput:cache", description="Prefix of every Redis key this service writes.")
-    kb_key_prefix: str = Field("goodput", description="Key prefix of the indexer: the current version of a "
+    kb_key_prefix: str = Field(DEFAULT_KEY_PREFIX, description="Key prefix of the indexer: the current version of a "
                                                       "knowledge base is `<prefix>:kb:<tenant>:<kb>:version`.")
-    version_channel: str = Field("goodput:kb-version", description="Redis pub/sub channel on which the indexer "
+    version_channel: str = Field(DEFAULT_CHANNEL, description="Redis pub/sub channel on which the indexer "
                                                                    "publishes knowledge-base versions.")
     embedder_addr: str = Field("", description="Embedding service (gRPC); empty = the same model in-process.")
     embedder_timeout_s: float = Field(1.0, gt=0, description="Embedding service: deadline of one call; a slower "

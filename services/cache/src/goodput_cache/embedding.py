@@ -1,7 +1,7 @@
 """Where L2 gets its vectors: the embedder service over gRPC, or the same model in-process.
 
-Both give L2-normalised all-MiniLM-L6-v2 vectors (the embedder's :class:`goodput_embedder.models.OnnxMiniLM`), so
-entries stored through one can be searched through the other.
+Both give L2-normalised all-MiniLM-L6-v2 vectors (:class:`goodput_minilm.OnnxMiniLM`, the model the embedder
+serves), so entries stored through one can be searched through the other.
 
 Example:
     >>> vectoriser = LocalVectoriser()                  # or RemoteVectoriser(make_channel("embedder:50053"))
@@ -19,6 +19,8 @@ from typing import Protocol
 import numpy as np
 from grpc import aio
 
+from goodput_core.clients import EmbeddingClient
+
 __all__ = ["LocalVectoriser", "RemoteVectoriser", "VectorMemo", "Vectoriser"]
 
 
@@ -32,7 +34,7 @@ class LocalVectoriser:
     """The embedder's ONNX model, loaded in this process; model calls run in a thread."""
 
     def __init__(self, *, model_path: str = "", threads: int = 1, spin: bool = False) -> None:
-        from goodput_embedder.models import OnnxMiniLM
+        from goodput_minilm import OnnxMiniLM
 
         self.model = OnnxMiniLM(model_path=model_path, threads=threads, spin=spin)
         self.dim = self.model.dim
@@ -52,16 +54,11 @@ class RemoteVectoriser:
     dim = 384
 
     def __init__(self, channel: aio.Channel, *, timeout_s: float = 2.0) -> None:
-        from goodput.embedder.v1 import embedder_pb2_grpc
-
-        self._stub = embedder_pb2_grpc.EmbeddingStub(channel)
-        self._timeout_s = timeout_s
+        self._client = EmbeddingClient(channel, timeout_s=timeout_s)
 
     async def embed(self, texts: list[str]) -> np.ndarray:
-        from goodput.embedder.v1 import embedder_pb2
-
-        resp = await self._stub.Embed(embedder_pb2.EmbedRequest(texts=texts), timeout=self._timeout_s)
-        return np.asarray([list(v.values) for v in resp.vectors], dtype=np.float32).reshape(len(texts), -1)
+        resp = await self._client.embed(texts)
+        return np.asarray(resp.vectors, dtype=np.float32).reshape(len(texts), -1)
 
 
 class VectorMemo:

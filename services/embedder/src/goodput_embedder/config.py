@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from goodput_contracts import DEFAULT_CHANNEL, DEFAULT_KEY_PREFIX
 from goodput_core.settings import ServiceSettings, service_config
 
 
@@ -43,8 +44,8 @@ class EmbedderSettings(ServiceSettings):
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis: Celery broker and results, job "
                                                                    "progress, content hashes, KB versions.")
     index_queue: str = Field("goodput-index", description="Celery queue of the reindex jobs.")
-    key_prefix: str = Field("goodput", description="Prefix of every Redis key this service writes.")
-    version_channel: str = Field("goodput:kb-version", description="Redis pub/sub channel on which every "
+    key_prefix: str = Field(DEFAULT_KEY_PREFIX, description="Prefix of every Redis key this service writes.")
+    version_channel: str = Field(DEFAULT_CHANNEL, description="Redis pub/sub channel on which every "
                                                                    "finished write publishes the KB's new version.")
     retriever_addr: str = Field("127.0.0.1:50054", description="Retriever gRPC address: the owner of the "
                                                                "stores, written through its IndexStore API.")

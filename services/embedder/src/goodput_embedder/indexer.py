@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 import redis
 
+from goodput_contracts import VersionChange, kb_key
 from goodput_core.errors import InvalidArgument
 
 from goodput_embedder.chunking import DOC_TYPES, ChunkSizes, chunk_document, guess_type
@@ -118,7 +119,7 @@ class Indexer:
 
     # ---- keys ----------------------------------------------------------------------------------------------
     def _key(self, tenant: str, kb: str, what: str) -> str:
-        return f"{self.settings.key_prefix}:kb:{tenant}:{kb}:{what}"
+        return kb_key(tenant, kb, what, prefix=self.settings.key_prefix)
 
     def lock(self, tenant: str, kb: str) -> Any:
         """One writer per knowledge base at a time (a Redis lock, so it also holds across Celery workers)."""
@@ -260,8 +261,7 @@ class Indexer:
         return version
 
     def _announce(self, tenant: str, kb: str, version: int) -> None:
-        self.redis.publish(self.settings.version_channel,
-                           json.dumps({"tenant": tenant, "knowledge_base": kb, "version": version}))
+        self.redis.publish(self.settings.version_channel, VersionChange(tenant, kb, version).encode())
 
     def index_documents(self, tenant: str, kb: str, docs: Sequence[Doc], delete_ids: Sequence[str], *,
                         max_documents: int | None = None) -> IndexResult:

@@ -32,10 +32,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 from goodput_core.errors import GoodputError
 from goodput_core.metrics import SharedCounter
 from goodput_core.settings import load_settings
+from goodput_sources import SourceError, read_source
 
 from goodput_embedder.config import EmbedderSettings
 from goodput_embedder.indexer import Doc, Indexer, IndexResult
-from goodput_embedder.sources import SourceError, read_source
 
 __all__ = ["JobStore", "JobInfo", "REINDEX_TASK", "create_app", "run_reindex"]
 

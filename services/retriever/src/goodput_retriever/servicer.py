@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grpc
-from goodput.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from goodput.retriever.v1 import retriever_pb2, retriever_pb2_grpc
 from grpc import aio
 
-from goodput_core.errors import from_rpc_error
+from goodput_core.clients import EmbeddingClient
 
 from goodput_retriever.search import Retriever, SearchQuery, chunk_from
 
@@ -22,15 +20,10 @@ class GrpcQueryEmbedder:
     """Query embeddings from the embedder service (its micro-batcher shares model calls across searches)."""
 
     def __init__(self, channel: aio.Channel, *, timeout_s: float) -> None:
-        self._stub = embedder_pb2_grpc.EmbeddingStub(channel)
-        self.timeout_s = timeout_s
+        self._client = EmbeddingClient(channel, timeout_s=timeout_s)
 
     async def embed_query(self, text: str) -> Sequence[float]:
-        try:
-            resp = await self._stub.Embed(embedder_pb2.EmbedRequest(texts=[text]), timeout=self.timeout_s)
-        except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
-        return list(resp.vectors[0].values)
+        return await self._client.embed_one(text)
 
 
 class RetrievalServicer(retriever_pb2_grpc.RetrievalServicer):

@@ -1,19 +1,23 @@
 """Reading documents for indexing jobs and the CLI: a JSONL file (optionally gzipped), a text/Markdown/code file,
 or a folder of them (recursively). JSONL lines are ``{"id" or "_id", "text", "title"?, "type"?, "metadata"?}``.
 
+A file's id is its name; a file in a folder has its path inside that folder (``docs/api/auth.md`` read from
+``docs/`` is ``api/auth.md``), so a folder indexed again gives the same ids and unchanged files are skipped.
+
 Example:
     >>> for doc in read_source(Path("docs/")): ...
+    >>> docs = list(read_sources([Path("docs/"), Path("README.md")]))   # ids must not collide across paths
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SourceDocument", "read_source", "SourceError"]
+__all__ = ["SourceDocument", "SourceError", "read_source", "read_sources"]
 
 _TYPE_BY_SUFFIX = {".md": "markdown", ".markdown": "markdown", ".txt": "prose", ".rst": "prose",
                    ".py": "code", ".js": "code", ".ts": "code", ".go": "code", ".rs": "code", ".java": "code",
@@ -77,3 +81,18 @@ def read_source(path: Path) -> Iterator[SourceDocument]:
         yield from _jsonl(path)
     else:
         yield _file(path, path.name)
+
+
+def read_sources(paths: Iterable[Path]) -> Iterator[SourceDocument]:
+    """The documents of several paths, in order. Two paths that give a document the same id are an error naming
+    both, since the second would silently replace the first in the knowledge base."""
+    seen: dict[str, int] = {}
+    given: list[Path] = []
+    for n, path in enumerate(paths):
+        given.append(path)
+        for doc in read_source(path):
+            first = seen.setdefault(doc.id, n)
+            if first != n:
+                raise SourceError(f"{given[first]} and {path} both give a document with the id {doc.id!r}; index "
+                                  "them separately (or into different knowledge bases)")
+            yield doc
