@@ -14,8 +14,12 @@ from goodput.scheduler.v1 import scheduler_pb2
 
 from goodput_core.clients import make_channel
 
-from goodput_scheduler.leases import Ticket
-from goodput_scheduler.placement import PlacementRequest, PrefixIndex, Profile, step_budget
+from goodput_scheduler.clock import ManualClock
+from goodput_scheduler.config import SchedulerSettings
+from goodput_scheduler.guard import LatencyGuard
+from goodput_scheduler.placement import CycleState, PlacementRequest, PrefillGate, PrefixIndex, Profile, step_budget
+from goodput_scheduler.queues import Ticket
+from goodput_scheduler.registry import Worker
 
 from .conftest import SchedulerHarness, scheduler_settings
 from .test_scheduler import open_lease, wait_for
@@ -401,13 +405,11 @@ async def test_a_caller_gone_while_queued_leaks_no_capacity(workers) -> None:  #
 
 
 def test_latency_guard_cuts_lower_class_concurrency_when_p0_slows_and_restores_it() -> None:
-    from goodput_scheduler.config import SchedulerSettings
-    from goodput_scheduler.leases import LatencyGuard
-
-    guard = LatencyGuard(SchedulerSettings(max_inflight_per_worker=20, guard_interval_s=1, guard_min_samples=4))
+    clock = ManualClock(start=1000.0)
+    guard = LatencyGuard(SchedulerSettings(max_inflight_per_worker=20, guard_interval_s=1, guard_min_samples=4),
+                         clock=clock)
     assert guard.current() == 18  # P1's share of the cap
-    now = 1000.0
-    guard._last = now
+    now = clock.now()
     for _ in range(4):
         guard.observe(0.10)  # unloaded: the baseline
     guard.maybe_adjust(now + 1)
@@ -429,21 +431,19 @@ def test_latency_guard_cuts_lower_class_concurrency_when_p0_slows_and_restores_i
     assert guard.current() == 5  # back within target: additive increase
 
 
-def test_more_workers_stay_free_of_batch_prefill_as_p0_traffic_grows() -> None:
-    from goodput_scheduler.config import SchedulerSettings
-    from goodput_scheduler.leases import LatencyGuard
-    from goodput_scheduler.placement import PrefillGate
-    from goodput_scheduler.registry import Worker
-
-    guard = LatencyGuard(SchedulerSettings(p0_ready_workers=1, p0_ready_per_ttft=3.0))
+async def test_more_workers_stay_free_of_batch_prefill_as_p0_traffic_grows() -> None:
+    clock = ManualClock(start=1000.0)
+    guard = LatencyGuard(SchedulerSettings(p0_ready_workers=1, p0_ready_per_ttft=3.0, p0_recent_s=30), clock=clock)
     assert guard.p0_reserve() == 0  # no P0 traffic: no reserve
     guard.baseline = 0.2  # the learned unloaded P0 TTFT
-    now = time.monotonic()
+    now = clock.now()
     guard.note_p0(now)
     assert guard.p0_reserve() == 1  # a trickle of P0: the configured minimum
     for i in range(20):  # 2 P0/s over the rate window: 2 x 0.2 s x 3 = 1.2 expected within three TTFTs
         guard.note_p0(now - i * 0.4)
     assert guard.p0_reserve() == 2
+    await clock.advance(30)
+    assert guard.p0_reserve() == 0  # P0 traffic stopped P0_RECENT_S ago: the reserve is given back
 
     # the gate keeps that many of the healthy workers free of batch prefill (never all of them)
     workers = [Worker(worker_id=f"w{i}", address=f"w{i}", channel=None, healthy=True)  # type: ignore[arg-type]
@@ -451,15 +451,15 @@ def test_more_workers_stay_free_of_batch_prefill_as_p0_traffic_grows() -> None:
     batch = PlacementRequest(request_id="b", tenant="t", priority=P2, model="", prompt_tokens=900, max_tokens=10)
     reserve = 2
     gate = PrefillGate(1000, p0_reserve=lambda: reserve)
-    gate.prepare(batch, workers, workers)
-    assert all(gate(batch, w) for w in workers)  # three ready, two kept: one may start a batch prompt
-    workers[0].low_prefill_tokens = 900
-    gate.prepare(batch, workers, workers)
-    assert not any(gate(batch, w) for w in workers)  # the other two are the reserve; w0's step budget is full
+
+    def admitted(request: PlacementRequest) -> list[bool]:
+        kept = gate.filter(CycleState(request, workers), workers)
+        return [w in kept for w in workers]
+
+    assert all(admitted(batch))  # three ready, two kept: one may start a batch prompt
+    workers[0].occupancy.hold(P2, prompt_tokens=900)  # w0 was granted a batch prompt, still prefilling
+    assert not any(admitted(batch))  # the other two are the reserve; w0's step budget is full
     reserve = 1
-    gate.prepare(batch, workers, workers)
-    assert [gate(batch, w) for w in workers] == [False, True, True]
+    assert admitted(batch) == [False, True, True]
     # a P0 prompt goes to a worker free of batch prefill
-    p0 = req("p0", P0)
-    gate.prepare(p0, workers, workers)
-    assert [gate(p0, w) for w in workers] == [False, True, True]
+    assert admitted(req("p0", P0)) == [False, True, True]

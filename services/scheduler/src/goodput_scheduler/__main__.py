@@ -13,8 +13,11 @@ from goodput_core.bootstrap import bootstrap
 from goodput_core.clients import make_channel
 from goodput_core.server import ServiceRunner
 
+from goodput_scheduler.clock import Clock, SystemClock
 from goodput_scheduler.config import SchedulerSettings
-from goodput_scheduler.leases import LatencyGuard, LeaseManager, SchedulerMetrics
+from goodput_scheduler.guard import LatencyGuard
+from goodput_scheduler.leases import LeaseManager
+from goodput_scheduler.metrics import SchedulerMetrics
 from goodput_scheduler.placement import Profile, build_pipeline
 from goodput_scheduler.registry import WorkerRegistry
 from goodput_scheduler.servicer import SchedulerServicer
@@ -26,13 +29,17 @@ class Scheduler(NamedTuple):
     leases: LeaseManager
 
 
-def build(settings: SchedulerSettings, registry: CollectorRegistry,
-          provider: TracerProvider | None) -> Scheduler:
-    """Wires the scheduler (also used by tests to run it in-process)."""
+def build(settings: SchedulerSettings, registry: CollectorRegistry, provider: TracerProvider | None, *,
+          clock: Clock | None = None) -> Scheduler:
+    """Wires the scheduler (also used by tests to run it in-process). ``clock`` times queues, deadlines, the drain
+    rate and the latency guard (tests pass a manual one); worker health checks run on real time."""
+    clock = clock or SystemClock()
     workers = WorkerRegistry(settings, channel_factory=lambda addr: make_channel(addr, provider))
-    guard = LatencyGuard(settings)
-    pipeline = build_pipeline(Profile.parse(settings.profile), settings, registry=registry, guard=guard)
-    leases = LeaseManager(settings, workers, pipeline, SchedulerMetrics(registry, workers), guard=guard)
+    guard = LatencyGuard(settings, clock=clock)
+    pipeline = build_pipeline(Profile.parse(settings.profile), settings, registry=registry, guard=guard,
+                              clock=clock)
+    leases = LeaseManager(settings, workers, pipeline, SchedulerMetrics(registry, workers), guard=guard,
+                          clock=clock)
     servicer = SchedulerServicer(leases, workers, admit_timeout_s=settings.admit_timeout_s)
     runner = ServiceRunner(name="scheduler", settings=settings, registry=registry, provider=provider)
     runner.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, "goodput.scheduler.v1.Scheduler")

@@ -5,10 +5,11 @@ Each worker is checked every ``health_interval_s`` (standard gRPC health check, 
 re-admitted. A failure reported by the gateway (a stream broke) triggers an immediate check, and a failed immediate
 check ejects at once, so the next request does not go to a dead worker.
 
-Example:
-    >>> registry = WorkerRegistry(settings, channel_factory=lambda addr: make_channel(addr, provider))
-    >>> await registry.start()          # begins the health loops
-    >>> registry.healthy()              # [Worker(...), ...]
+Example (in a coroutine)::
+
+    registry = WorkerRegistry(settings, channel_factory=lambda addr: make_channel(addr, provider))
+    await registry.start()          # begins the health loops
+    registry.healthy()              # [Worker(...), ...]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from goodput_scheduler.config import SchedulerSettings
+from goodput_scheduler.leasebook import Occupancy
 
 log = logging.getLogger("goodput.scheduler.registry")
 
@@ -40,13 +42,9 @@ class Worker:
     healthy: bool = False
     load: inference_pb2.WorkerLoad = field(default_factory=inference_pb2.WorkerLoad)
     model: inference_pb2.ModelInfo | None = None
-    inflight: int = 0
-    low_inflight: int = 0  # of which P1/P2 (bounded by the latency guard)
-    # Granted leases whose first token has not come yet (their prompts are being prefilled): P0 leases, and the
-    # estimated prompt tokens of P1/P2 leases (bounded by the prefill gate).
-    p0_prefilling: int = 0
-    p0_prefill_tokens: int = 0
-    low_prefill_tokens: int = 0
+    # What the scheduler's own grants hold here; changed only through leasebook.Hold (read it through the
+    # properties below).
+    occupancy: Occupancy = field(default_factory=Occupancy)
     consecutive_failures: int = 0
     consecutive_passes: int = 0
     last_error: str = ""
@@ -56,6 +54,31 @@ class Worker:
     @property
     def capacity(self) -> int:
         return max(self.load.max_num_seqs, 1)
+
+    @property
+    def inflight(self) -> int:
+        """Leases held here."""
+        return self.occupancy.inflight
+
+    @property
+    def low_inflight(self) -> int:
+        """Of which P1/P2 (bounded by the latency guard)."""
+        return self.occupancy.low_inflight
+
+    @property
+    def p0_prefilling(self) -> int:
+        """P0 leases whose first token has not come yet (their prompts are being prefilled)."""
+        return self.occupancy.p0_prefilling
+
+    @property
+    def p0_prefill_tokens(self) -> int:
+        """Estimated prompt tokens of those P0 leases."""
+        return self.occupancy.p0_prefill_tokens
+
+    @property
+    def low_prefill_tokens(self) -> int:
+        """Estimated prompt tokens of P1/P2 leases without a first token yet (bounded by the prefill gate)."""
+        return self.occupancy.low_prefill_tokens
 
 
 class WorkerRegistry:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -46,7 +45,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise InvalidArgument("a lease starts with an `admit` message")
         a = first.admit
         remaining = context.time_remaining()
-        deadline = time.monotonic() + remaining if remaining is not None else None
+        deadline = self.leases.clock.now() + remaining if remaining is not None else None
         req = PlacementRequest(request_id=a.request_id, tenant=a.tenant, priority=int(a.priority), model=a.model,
                                prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
                                prefix_hint=a.prefix_hint, session_id=a.session_id)

@@ -1,0 +1,224 @@
+"""Lease bookkeeping: what the scheduler's own grants hold on each worker, and the leases the gateways hold.
+
+A worker's counters (leases held, of which P1/P2, P0 prompts being prefilled, prompt tokens pending prefill) have
+one owner, :class:`Occupancy`, and change only through a :class:`Hold`: one grant's share of one worker. A hold is
+taken when a request is granted, its prefill ends at the first token, and it is freed on release — or when the
+caller went away before taking its grant. Each step happens at most once, so every path (first token, release,
+abandon, a broken stream) may call it and no slot or prefill token is ever counted twice or leaked.
+
+Example:
+    >>> from goodput_scheduler.queues import P2
+    >>> occ = Occupancy()
+    >>> hold = occ.hold(P2, prompt_tokens=800)
+    >>> occ.inflight, occ.low_inflight, occ.low_prefill_tokens
+    (1, 1, 800)
+    >>> hold.end_prefill(), hold.end_prefill()       # the first token; a second report changes nothing
+    (True, False)
+    >>> occ.low_prefill_tokens
+    0
+    >>> hold.free(), occ.inflight                    # release
+    (True, 0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from goodput_scheduler.queues import P0, P1
+
+if TYPE_CHECKING:
+    from goodput_scheduler.placement import Decision, PlacementRequest
+    from goodput_scheduler.registry import Worker
+
+__all__ = ["Grant", "Hold", "Lease", "LeaseBook", "Occupancy"]
+
+
+class Occupancy:
+    """What the scheduler's grants hold on one worker, read by placement (capacity, the prefill gate, load
+    scores). The scheduler counts these itself, so they are never stale; they change only through :class:`Hold`."""
+
+    __slots__ = ("_inflight", "_low_inflight", "_p0_prefill_tokens", "_p0_prefilling", "_low_prefill_tokens")
+
+    def __init__(self) -> None:
+        self._inflight = 0
+        self._low_inflight = 0
+        self._p0_prefilling = 0
+        self._p0_prefill_tokens = 0
+        self._low_prefill_tokens = 0
+
+    @property
+    def inflight(self) -> int:
+        """Leases held (granted and not yet released)."""
+        return self._inflight
+
+    @property
+    def low_inflight(self) -> int:
+        """Of which P1/P2 (bounded by the latency guard)."""
+        return self._low_inflight
+
+    @property
+    def p0_prefilling(self) -> int:
+        """P0 leases without a first token yet (their prompts are being prefilled)."""
+        return self._p0_prefilling
+
+    @property
+    def p0_prefill_tokens(self) -> int:
+        """Estimated prompt tokens of those P0 leases."""
+        return self._p0_prefill_tokens
+
+    @property
+    def low_prefill_tokens(self) -> int:
+        """Estimated prompt tokens of P1/P2 leases without a first token yet (bounded by the prefill gate)."""
+        return self._low_prefill_tokens
+
+    def hold(self, priority: int, *, prompt_tokens: int) -> Hold:
+        """Takes a slot for a request granted here; its prompt counts as pending prefill until :meth:`Hold.end_prefill`
+        or :meth:`Hold.free`."""
+        return Hold(self, priority, prompt_tokens)
+
+    def __repr__(self) -> str:
+        return (f"Occupancy(inflight={self._inflight}, low_inflight={self._low_inflight}, "
+                f"p0_prefilling={self._p0_prefilling}, p0_prefill_tokens={self._p0_prefill_tokens}, "
+                f"low_prefill_tokens={self._low_prefill_tokens})")
+
+
+class Hold:
+    """One grant's share of one worker's :class:`Occupancy`: a slot, and its prompt's pending prefill."""
+
+    __slots__ = ("_occ", "priority", "prompt_tokens", "_prefilling", "_held")
+
+    def __init__(self, occ: Occupancy, priority: int, prompt_tokens: int) -> None:
+        self._occ = occ
+        self.priority = priority
+        self.prompt_tokens = max(int(prompt_tokens), 1)  # a prompt is at least one token
+        self._prefilling = True
+        self._held = True
+        occ._inflight += 1
+        if priority == P0:
+            occ._p0_prefilling += 1
+            occ._p0_prefill_tokens += self.prompt_tokens
+        else:
+            occ._low_inflight += 1
+            occ._low_prefill_tokens += self.prompt_tokens
+
+    @property
+    def prefilling(self) -> bool:
+        """No first token yet (and not freed)."""
+        return self._prefilling
+
+    @property
+    def held(self) -> bool:
+        """Not freed yet."""
+        return self._held
+
+    def end_prefill(self) -> bool:
+        """The prompt is prefilled (first token). Returns whether this call ended it."""
+        if not self._prefilling:
+            return False
+        self._prefilling = False
+        occ = self._occ
+        if self.priority == P0:
+            occ._p0_prefilling -= 1
+            occ._p0_prefill_tokens -= self.prompt_tokens
+        else:
+            occ._low_prefill_tokens -= self.prompt_tokens
+        return True
+
+    def free(self) -> bool:
+        """Gives the slot back (ending the prefill if no first token came). Returns whether this call freed it."""
+        if not self._held:
+            return False
+        self.end_prefill()
+        self._held = False
+        self._occ._inflight -= 1
+        if self.priority != P0:
+            self._occ._low_inflight -= 1
+        return True
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a queued ticket receives: the placement decision and the hold taken on its worker."""
+
+    decision: Decision
+    hold: Hold
+
+    @property
+    def worker(self) -> Worker:
+        return self.decision.worker
+
+
+@dataclass(eq=False)
+class Lease:
+    """A grant the caller took: it holds its worker's slot until :meth:`LeaseBook.close`."""
+
+    request: PlacementRequest
+    worker: Worker
+    reason: str
+    queue_wait_s: float
+    granted_at: float
+    hold: Hold
+    priority: int = P1
+
+    @property
+    def released(self) -> bool:
+        return not self.hold.held
+
+    @property
+    def prefilling(self) -> bool:
+        """No first token reported yet."""
+        return self.hold.prefilling
+
+
+class LeaseBook:
+    """The leases held now, by request id, and every change to a worker's occupancy. ``on_change(worker)`` runs
+    after each change (the scheduler mirrors ``inflight`` into its per-worker gauge)."""
+
+    def __init__(self, *, on_change: Callable[[Worker], None] | None = None) -> None:
+        self.leases: dict[str, Lease] = {}
+        self._on_change = on_change
+
+    def __len__(self) -> int:
+        return len(self.leases)
+
+    def _changed(self, worker: Worker) -> None:
+        if self._on_change is not None:
+            self._on_change(worker)
+
+    def hold(self, decision: Decision, request: PlacementRequest, priority: int) -> Grant:
+        """A request was placed: its slot and prompt prefill count on the worker from now on."""
+        hold = decision.worker.occupancy.hold(priority, prompt_tokens=request.prompt_tokens)
+        self._changed(decision.worker)
+        return Grant(decision=decision, hold=hold)
+
+    def undo(self, grant: Grant) -> bool:
+        """Nobody took the grant (the caller went away meanwhile): give its slot back."""
+        if not grant.hold.free():
+            return False
+        self._changed(grant.decision.worker)
+        return True
+
+    def open(self, request: PlacementRequest, grant: Grant, *, priority: int, queue_wait_s: float,
+             now: float) -> Lease:
+        """The caller took its grant: a lease it must release."""
+        decision = grant.decision
+        lease = Lease(request=request, worker=decision.worker, reason=decision.reason, queue_wait_s=queue_wait_s,
+                      granted_at=now, hold=grant.hold, priority=priority)
+        self.leases[request.request_id] = lease
+        return lease
+
+    def first_token(self, lease: Lease) -> bool:
+        """The lease's prompt is prefilled. Returns whether this was news (not released, not reported before)."""
+        if lease.released:
+            return False
+        return lease.hold.end_prefill()
+
+    def close(self, lease: Lease) -> bool:
+        """The lease is released. Returns whether it was still held."""
+        if not lease.hold.free():
+            return False
+        self.leases.pop(lease.request.request_id, None)
+        self._changed(lease.worker)
+        return True

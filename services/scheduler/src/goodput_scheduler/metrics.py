@@ -1,0 +1,50 @@
+"""The lease manager's Prometheus metrics, in one place (the placement pipeline keeps its step histogram)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from goodput_core.metrics import LATENCY_BUCKETS
+
+from goodput_scheduler.registry import WorkerRegistry
+
+__all__ = ["SchedulerMetrics"]
+
+
+class SchedulerMetrics:
+    """Every metric the scheduler exports (names are part of its contract: dashboards, alerts and the HPA read
+    them). Gauges that read live state are bound by the lease manager."""
+
+    def __init__(self, registry: CollectorRegistry, workers: WorkerRegistry) -> None:
+        self.registry = registry
+        self.queue_depth = Gauge("goodput_scheduler_queue_depth", "Requests waiting for a worker.", ["priority"],
+                                 registry=registry)
+        self.queue_wait = Histogram("goodput_scheduler_queue_wait_seconds", "Time from admit to grant.",
+                                    ["priority"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.admissions = Counter("goodput_scheduler_admissions_total", "Requests granted a worker.", ["priority"],
+                                  registry=registry)
+        self.shed = Counter("goodput_scheduler_shed_total", "Requests refused or dropped before a grant, by reason "
+                            "(queue_full, overload, deadline, timeout, no_worker).", ["priority", "reason"],
+                            registry=registry)
+        self.inflight = Gauge("goodput_scheduler_inflight", "Leases held per worker.", ["worker"],
+                              registry=registry)
+        self.placements = Counter("goodput_scheduler_placements_total", "Placement decisions.",
+                                  ["worker", "reason"], registry=registry)
+        self.releases = Counter("goodput_scheduler_releases_total", "Leases released, by outcome.", ["outcome"],
+                                registry=registry)
+        self.saturation = Gauge("goodput_scheduler_saturation", "Overload signal (1 = P2 shed by default).",
+                                registry=registry)
+        self.shedding = Gauge("goodput_scheduler_shedding", "1 while new requests of the class are shed.",
+                              ["priority"], registry=registry)
+        self.guard_limit = Gauge("goodput_scheduler_guard_limit", "P1/P2 leases one worker may hold now (latency "
+                                 "guard).", registry=registry)
+        self.p0_ttft_target = Gauge("goodput_scheduler_p0_ttft_target_seconds", "P0 TTFT the latency guard "
+                                    "defends (0 until learned).", registry=registry)
+        self.p0_ready_workers = Gauge("goodput_scheduler_p0_ready_workers", "Workers to keep free of P1/P2 prefill "
+                                      "for P0 prompts now (0 without recent P0 traffic; the gate never reserves all "
+                                      "workers).", registry=registry)
+        self.drain_rate = Gauge("goodput_scheduler_drain_rate", "Leases released per second (recent window).",
+                                registry=registry)
+        workers_gauge = Gauge("goodput_scheduler_workers", "Workers by state.", ["state"], registry=registry)
+        workers_gauge.labels("healthy").set_function(lambda: len(workers.healthy()))
+        workers_gauge.labels("unhealthy").set_function(lambda: len(workers.all()) - len(workers.healthy()))

@@ -1,0 +1,134 @@
+"""Filters: ``healthy``, ``serves_model``, ``has_capacity`` (the per-worker cap, less the headroom kept for more
+urgent classes, and a KV cache that is not full), ``prefill_gate`` (P1/P2 prompts enter an engine a bounded number of
+tokens at a time, and not while it prefills a P0 prompt; P0 prompts go to a worker free of batch prefill when there
+is one).
+
+Example:
+    >>> from goodput_scheduler.registry import Worker
+    >>> from goodput_scheduler.placement import CycleState, PlacementRequest
+    >>> workers = [Worker(worker_id=f"w{i}", address=f"w{i}", channel=None, healthy=True) for i in range(2)]
+    >>> _ = workers[0].occupancy.hold(1, prompt_tokens=10)      # w0 holds one P0 lease
+    >>> cap = HasCapacity(max_inflight=1)
+    >>> req = PlacementRequest("r1", "t", 1, "", 10, 10)
+    >>> [w.worker_id for w in cap.filter(CycleState(req, workers), workers)]
+    ['w1']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pydantic import Field
+
+from goodput_scheduler.placement.plugins import CycleState, PlacementRequest, StepParameters
+from goodput_scheduler.queues import P0
+from goodput_scheduler.registry import Worker
+
+__all__ = ["DEFAULT_STEP_TOKENS", "HasCapacity", "Healthy", "PrefillGate", "ServesModel", "step_budget"]
+
+DEFAULT_STEP_TOKENS = 2048  # vLLM's max_num_batched_tokens for online serving, when a worker does not say
+
+
+def step_budget(w: Worker, budget_tokens: int = 0) -> int:
+    """``budget_tokens`` when set, else the worker's own per-step token budget (what its engine reports)."""
+    if budget_tokens > 0:
+        return budget_tokens
+    reported = w.model.max_num_batched_tokens if w.model is not None else 0
+    return reported if reported > 0 else DEFAULT_STEP_TOKENS
+
+
+class Healthy:
+    """Workers that pass their health checks and are still registered."""
+
+    name = "healthy"
+
+    def filter(self, state: CycleState, workers: Sequence[Worker]) -> list[Worker]:
+        return [w for w in workers if w.healthy and not w.removed]
+
+
+class ServesModel:
+    """Workers serving the requested model (any, when the request names none or the worker has not said)."""
+
+    name = "serves_model"
+
+    def filter(self, state: CycleState, workers: Sequence[Worker]) -> list[Worker]:
+        model = state.request.model
+        return [w for w in workers if not model or w.model is None or w.model.served_model_name == model]
+
+
+class HasCapacity:
+    """Room for one more lease: fewer than ``max_inflight * share`` leases held, where ``share`` (from ``shares``
+    by priority, 1.0 when absent) keeps headroom for more urgent classes, fewer P1/P2 leases than ``low_limit()``
+    (the latency guard's current limit), and a KV cache below ``kv_full``. Leases are counted by the scheduler
+    itself, so they are never stale."""
+
+    name = "has_capacity"
+
+    class Parameters(StepParameters):
+        kv_full: float = Field(0.97, gt=0, le=1, description="KV-cache usage from which a worker takes no grant.")
+
+    def __init__(self, *, max_inflight: int, shares: dict[int, float] | None = None, kv_full: float = 1.0,
+                 low_limit: Callable[[], float] | None = None) -> None:
+        self.max_inflight = max_inflight
+        self.shares = dict(shares or {})
+        self.kv_full = kv_full
+        self.low_limit = low_limit
+
+    def admits(self, req: PlacementRequest, w: Worker) -> bool:
+        limit = self.max_inflight * self.shares.get(req.priority, 1.0)
+        if w.inflight >= max(limit, 1.0) or (w.inflight > 0 and w.load.kv_cache_usage >= self.kv_full):
+            return False
+        return self.low_limit is None or req.priority == P0 or w.low_inflight < self.low_limit()
+
+    def filter(self, state: CycleState, workers: Sequence[Worker]) -> list[Worker]:
+        return [w for w in workers if self.admits(state.request, w)]
+
+
+class PrefillGate:
+    """P1/P2: no grant to a worker that is prefilling a P0 prompt (``p0_exclusive``), nor one whose pending
+    P1/P2 prefill (granted leases without a first token) would exceed the budget (:func:`step_budget`) — one
+    request always may — and none that would leave fewer than ``p0_reserve()`` healthy workers free of P1/P2
+    prefill (never all of them; the reserve is 0 without recent P0 traffic). vLLM schedules the chunks of prompts
+    it already holds before a newly arrived one, whatever its priority, so a P0 prompt otherwise waits behind every
+    batch prompt granted before it; a worker that is only decoding starts it at its next step. P0 (while there is a
+    reserve): only workers free of P1/P2 prefill when one of the candidates is."""
+
+    name = "prefill_gate"
+
+    class Parameters(StepParameters):
+        enabled: bool = Field(True, description="Off: only the lease caps gate grants.")
+        budget_tokens: int = Field(0, ge=0, description="P1/P2 prompt tokens a worker may be prefilling at once; "
+                                                        "0 = the worker's own per-step budget.")
+        p0_exclusive: bool = Field(True, description="No P1/P2 grant while a P0 prompt is prefilled there.")
+
+    def __init__(self, budget_tokens: int = 0, *, enabled: bool = True, p0_exclusive: bool = True,
+                 p0_reserve: Callable[[], int] | None = None) -> None:
+        self.budget_tokens = budget_tokens
+        self.enabled = enabled
+        self.p0_exclusive = p0_exclusive
+        self.p0_reserve = p0_reserve
+
+    def filter(self, state: CycleState, workers: Sequence[Worker]) -> list[Worker]:
+        if not self.enabled:
+            return list(workers)
+        req = state.request
+        reserve = self.p0_reserve() if self.p0_reserve is not None else 0
+        if req.priority == P0:
+            # a P0 prompt granted to a worker with batch prompts still prefilling waits for their chunks (several
+            # steps); one that is only decoding starts it at its next step, so P0 goes there when one can take it
+            if reserve > 0 and any(w.low_prefill_tokens == 0 for w in workers):
+                return [w for w in workers if w.low_prefill_tokens == 0]
+            return list(workers)
+        spare = len(state.fleet)  # workers free of P1/P2 prefill beyond the reserve (no reserve: all of them)
+        if reserve > 0:
+            up = [w for w in state.fleet if w.healthy and not w.removed]
+            ready = sum(1 for w in up if w.low_prefill_tokens == 0)
+            spare = ready - min(reserve, max(len(up) - 1, 0))
+        return [w for w in workers if self._admits_low(req, w, spare)]
+
+    def _admits_low(self, req: PlacementRequest, w: Worker, spare: int) -> bool:
+        if self.p0_exclusive and w.p0_prefilling > 0:
+            return False
+        if w.low_prefill_tokens > 0:
+            return w.low_prefill_tokens + req.prompt_tokens <= step_budget(w, self.budget_tokens)
+        return spare > 0  # starting a batch prefill here must leave the reserve of ready workers

@@ -1,0 +1,217 @@
+"""The declarative placement profile (``GOODPUT_SCHEDULER_PROFILE``: JSON, or the path of a JSON/YAML file) and
+the pipeline it describes.
+
+A step is a name, or an object with the name and the step's ``parameters`` (a scorer also has a ``weight``)::
+
+    {"filters": ["healthy", "serves_model", "has_capacity",
+                 {"name": "prefill_gate", "parameters": {"budget_tokens": 1024}}],
+     "scorers": [{"name": "least_loaded", "weight": 1.0, "parameters": {"kv_weight": 0.2}},
+                 {"name": "prefix_affinity", "weight": 2.0, "parameters": {"block_chars": 64}}],
+     "picker": "max_score"}
+
+A parameter the profile leaves out comes from the matching setting (``prefix_affinity.block_chars`` from
+``PREFIX_BLOCK_CHARS``, and so on), else from the step's own default. Unknown steps, unknown parameters and values
+out of bounds are refused when the profile is read, naming the step.
+
+Example:
+    >>> profile = Profile.parse('{"scorers": [{"name": "least_loaded", "weight": 1}, '
+    ...                         '{"name": "prefix_affinity", "weight": 2, "parameters": {"block_chars": 64}}]}')
+    >>> profile.filters                 # left out: the default filters
+    ('healthy', 'serves_model', 'has_capacity', 'prefill_gate')
+    >>> profile.scorers, profile.picker, profile.parameters
+    ((('least_loaded', 1.0), ('prefix_affinity', 2.0)), 'max_score', {'prefix_affinity': {'block_chars': 64}})
+    >>> Profile.parse('{"scorers": [{"name": "prefix_affinity", "parameters": {"block_size": 64}}]}')
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: bad parameters for scorer 'prefix_affinity': ...
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from prometheus_client import CollectorRegistry
+
+from goodput_scheduler.clock import Clock, SystemClock
+from goodput_scheduler.placement.filters import HasCapacity, Healthy, PrefillGate, ServesModel
+from goodput_scheduler.placement.pickers import MaxScore, RandomPick, RoundRobin
+from goodput_scheduler.placement.pipeline import PlacementPipeline
+from goodput_scheduler.placement.plugins import (
+    Filter,
+    GuardSignals,
+    NoParameters,
+    Picker,
+    PlacementSettings,
+    PluginHandle,
+    PluginSpec,
+    Scorer,
+    StepKind,
+)
+from goodput_scheduler.placement.scorers import LeastLoaded, LeastPrefill, PrefixAffinity, PrefixIndex, SessionAffinity
+from goodput_scheduler.queues import P1, P2
+
+__all__ = ["BUILTIN_PLUGINS", "DEFAULT_PROFILE", "Profile", "build_pipeline"]
+
+
+def _has_capacity(p: HasCapacity.Parameters, h: PluginHandle) -> HasCapacity:
+    s = h.settings
+    return HasCapacity(max_inflight=s.max_inflight_per_worker, kv_full=p.kv_full,
+                       shares={P1: s.p1_max_share, P2: s.p2_max_share},
+                       low_limit=h.guard.current if h.guard is not None else None)
+
+
+def _prefill_gate(p: PrefillGate.Parameters, h: PluginHandle) -> PrefillGate:
+    # the fifo baseline has no classes, so no gate between them
+    return PrefillGate(p.budget_tokens, enabled=p.enabled and h.settings.queue_policy == "priority",
+                       p0_exclusive=p.p0_exclusive, p0_reserve=h.guard.p0_reserve if h.guard is not None else None)
+
+
+def _prefix_affinity(p: PrefixAffinity.Parameters, h: PluginHandle) -> PrefixAffinity:
+    return PrefixAffinity(PrefixIndex(block_chars=p.block_chars, max_entries=p.index_entries),
+                          max_inflight=h.settings.max_inflight_per_worker, balance_slack=p.balance_slack)
+
+
+BUILTIN_PLUGINS: Mapping[str, PluginSpec] = {spec.name: spec for spec in (
+    PluginSpec("healthy", "filter", NoParameters, build=lambda p, h: Healthy()),
+    PluginSpec("serves_model", "filter", NoParameters, build=lambda p, h: ServesModel()),
+    PluginSpec("has_capacity", "filter", HasCapacity.Parameters, build=_has_capacity,
+               defaults=lambda s: {"kv_full": s.kv_full}),
+    PluginSpec("prefill_gate", "filter", PrefillGate.Parameters, build=_prefill_gate,
+               defaults=lambda s: {"enabled": s.prefill_gate, "budget_tokens": s.low_prefill_budget_tokens,
+                                   "p0_exclusive": s.p0_prefill_exclusive}),
+    PluginSpec("least_loaded", "scorer", LeastLoaded.Parameters,
+               build=lambda p, h: LeastLoaded(kv_weight=p.kv_weight, queue_weight=p.queue_weight),
+               defaults=lambda s: {"kv_weight": s.kv_weight, "queue_weight": s.queue_weight}),
+    PluginSpec("least_prefill", "scorer", LeastPrefill.Parameters, build=lambda p, h: LeastPrefill(p.budget_tokens),
+               defaults=lambda s: {"budget_tokens": s.low_prefill_budget_tokens}),
+    PluginSpec("prefix_affinity", "scorer", PrefixAffinity.Parameters, build=_prefix_affinity,
+               defaults=lambda s: {"block_chars": s.prefix_block_chars, "index_entries": s.prefix_index_entries,
+                                   "balance_slack": s.prefix_balance_slack}),
+    PluginSpec("session_affinity", "scorer", SessionAffinity.Parameters,
+               build=lambda p, h: SessionAffinity(max_entries=p.index_entries),
+               defaults=lambda s: {"index_entries": s.session_index_entries}),
+    PluginSpec("max_score", "picker", NoParameters, build=lambda p, h: MaxScore(h.rng)),
+    PluginSpec("round_robin", "picker", NoParameters, build=lambda p, h: RoundRobin()),
+    PluginSpec("random", "picker", NoParameters, build=lambda p, h: RandomPick(h.rng)),
+)}
+
+DEFAULT_PROFILE: dict[str, Any] = {
+    "filters": ["healthy", "serves_model", "has_capacity", "prefill_gate"],
+    "scorers": [{"name": "least_loaded", "weight": 1.0},
+                {"name": "least_prefill", "weight": 1.0},
+                {"name": "prefix_affinity", "weight": 2.0},
+                {"name": "session_affinity", "weight": 3.0}],
+    "picker": "max_score",
+}
+
+
+def _step(entry: object, kind: StepKind) -> tuple[str, float, dict[str, Any] | None]:
+    """(name, weight, parameters or None) of one profile entry: a name, or {"name", "weight", "parameters"}."""
+    if isinstance(entry, str):
+        return entry, 1.0, None
+    if isinstance(entry, dict) and "name" in entry:
+        params = entry.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise ValueError(f"the parameters of {kind} {entry['name']!r} are an object")
+        return str(entry["name"]), float(entry.get("weight", 1.0)), params
+    shape = "{'name': ..., 'weight': ..., 'parameters': {...}}" if kind == "scorer" else \
+        "a name or {'name': ..., 'parameters': {...}}"
+    raise ValueError(f"bad {kind} entry {entry!r}: use {shape}")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Which steps run, with which weights and parameters (``parameters`` by step name; a step listed twice has
+    the same parameters both times)."""
+
+    filters: tuple[str, ...] = tuple(DEFAULT_PROFILE["filters"])
+    scorers: tuple[tuple[str, float], ...] = tuple((s["name"], s["weight"]) for s in DEFAULT_PROFILE["scorers"])
+    picker: str = "max_score"
+    parameters: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> Profile:
+        """From settings: empty = default, JSON text, or the path of a .json/.yaml file."""
+        text = text.strip()
+        if not text:
+            return cls.from_dict(DEFAULT_PROFILE)
+        if not text.startswith("{"):
+            path = Path(text)
+            raw = path.read_text(encoding="utf-8")
+            if path.suffix in (".yaml", ".yml"):
+                import yaml  # lazy: only YAML profiles need it
+
+                return cls.from_dict(yaml.safe_load(raw))
+            text = raw
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Profile:
+        if not isinstance(doc, dict):
+            raise ValueError("a placement profile is a JSON object")
+        parameters: dict[str, dict[str, Any]] = {}
+
+        def keep(name: str, kind: StepKind, params: dict[str, Any] | None) -> None:
+            if params is None:
+                return
+            if name in parameters and parameters[name] != params:
+                raise ValueError(f"{kind} {name!r} is listed twice with different parameters")
+            parameters[name] = dict(params)
+
+        filters: list[str] = []
+        for entry in doc.get("filters", DEFAULT_PROFILE["filters"]):
+            name, _, params = _step(entry, "filter")
+            keep(name, "filter", params)
+            filters.append(name)
+        scorers: list[tuple[str, float]] = []
+        for entry in doc.get("scorers", DEFAULT_PROFILE["scorers"]):
+            name, weight, params = _step(entry, "scorer")
+            keep(name, "scorer", params)
+            scorers.append((name, weight))
+        picker, _, params = _step(doc.get("picker", "max_score"), "picker")
+        keep(picker, "picker", params)
+        profile = cls(filters=tuple(filters), scorers=tuple(scorers), picker=picker, parameters=parameters)
+        profile.validate()
+        return profile
+
+    def validate(self, plugins: Mapping[str, PluginSpec] = BUILTIN_PLUGINS) -> None:
+        def spec(name: str, kind: StepKind) -> PluginSpec:
+            found = plugins.get(name)
+            if found is None or found.kind != kind:
+                known = sorted(n for n, s in plugins.items() if s.kind == kind)
+                raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(known)}")
+            return found
+
+        for f in self.filters:
+            spec(f, "filter").parse_parameters(self.parameters.get(f, {}))
+        for name, weight in self.scorers:
+            spec(name, "scorer").parse_parameters(self.parameters.get(name, {}))
+            if weight < 0:
+                raise ValueError(f"scorer {name!r} has a negative weight")
+        spec(self.picker, "picker").parse_parameters(self.parameters.get(self.picker, {}))
+
+
+def build_pipeline(profile: Profile, settings: PlacementSettings, *, registry: CollectorRegistry | None = None,
+                   rng: random.Random | None = None, guard: GuardSignals | None = None, clock: Clock | None = None,
+                   plugins: Mapping[str, PluginSpec] | None = None) -> PlacementPipeline:
+    """The pipeline a profile describes. ``guard`` (the latency guard) gives the P1/P2 limit per worker and whether
+    P0 traffic is present; ``plugins`` adds steps of one's own to the built-in ones (:data:`BUILTIN_PLUGINS`)."""
+    specs = {**BUILTIN_PLUGINS, **(plugins or {})}
+    profile.validate(specs)
+    rng = rng or random.Random()
+    handle = PluginHandle(settings=settings, rng=rng, clock=clock or SystemClock(), guard=guard)
+
+    def build(name: str) -> Any:
+        spec = specs[name]
+        return spec.build(spec.parse_parameters(profile.parameters.get(name, {}), settings), handle)
+
+    return PlacementPipeline(
+        filters=[cast(Filter, build(name)) for name in profile.filters],
+        scorers=[(weight, cast(Scorer, build(name))) for name, weight in profile.scorers],
+        picker=cast(Picker, build(profile.picker)), registry=registry, rng=rng)

@@ -1,0 +1,210 @@
+"""Scorers (higher is better; the profile weights each): ``least_loaded`` (leases held, engine queue, KV usage),
+``least_prefill`` (prompt prefill pending on the worker), ``prefix_affinity`` (the worker that recently served the
+longest matching prompt prefix, from block hashes in a bounded LRU), ``session_affinity`` (the worker that served the
+conversation).
+
+Example:
+    >>> from goodput_scheduler.registry import Worker
+    >>> from goodput_scheduler.placement import CycleState, PlacementRequest
+    >>> workers = [Worker(worker_id=f"w{i}", address=f"w{i}", channel=None, healthy=True) for i in range(2)]
+    >>> sessions = SessionAffinity()
+    >>> state = CycleState(PlacementRequest("r1", "t", 1, "", 10, 10, session_id="chat-42"), workers)
+    >>> sessions.score(state, workers)
+    [0.0, 0.0]
+    >>> sessions.observe(state, workers[1])          # the request went to w1
+    >>> sessions.score(state, workers)
+    [0.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import itertools
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from goodput_scheduler.placement.filters import step_budget
+from goodput_scheduler.placement.plugins import CycleState, StepParameters
+from goodput_scheduler.registry import Worker
+
+__all__ = ["LeastLoaded", "LeastPrefill", "PrefixAffinity", "PrefixIndex", "SessionAffinity"]
+
+
+class LeastLoaded:
+    """Fewer leases held (relative to the engine's batch size), a shorter engine queue and a freer KV cache
+    score higher."""
+
+    name = "least_loaded"
+
+    class Parameters(StepParameters):
+        kv_weight: float = Field(0.1, ge=0, description="Weight of KV-cache usage (polled: a tie-break).")
+        queue_weight: float = Field(0.25, ge=0, description="Weight of the engine's waiting queue (polled).")
+
+    def __init__(self, *, kv_weight: float = 1.0, queue_weight: float = 1.0) -> None:
+        self.kv_weight = kv_weight
+        self.queue_weight = queue_weight
+
+    def score(self, state: CycleState, workers: Sequence[Worker]) -> list[float]:
+        return [-(w.inflight / w.capacity + self.queue_weight * w.load.waiting / w.capacity
+                  + self.kv_weight * w.load.kv_cache_usage) for w in workers]
+
+
+class LeastPrefill:
+    """Less prompt prefill pending on the worker, in engine steps (:func:`step_budget`), scores higher: a new
+    request's first token waits for the prefill ahead of it in the engine. (Short P0 prompts weigh little, so P0
+    requests arriving together share the worker kept free of batch prefill.)"""
+
+    name = "least_prefill"
+
+    class Parameters(StepParameters):
+        budget_tokens: int = Field(0, ge=0, description="Tokens of one engine step; 0 = what the worker reports.")
+
+    def __init__(self, budget_tokens: int = 0) -> None:
+        self.budget_tokens = budget_tokens
+
+    def score(self, state: CycleState, workers: Sequence[Worker]) -> list[float]:
+        return [-(w.low_prefill_tokens + w.p0_prefill_tokens) / step_budget(w, self.budget_tokens) for w in workers]
+
+
+class PrefixIndex:
+    """Which workers recently served which prompt prefixes, with bounded memory.
+
+    A prefix is cut into blocks of ``block_chars`` characters; block *i*'s hash covers blocks 0..i (a chain), so one
+    hash names a whole prefix. The index maps hash -> workers that saw it, as an LRU of at most ``max_entries``
+    hashes (no trie, no unbounded growth); the longest match for a worker is the last block of the chain it holds.
+    Each hash remembers its ``workers_per_entry`` most recent workers.
+
+    >>> idx = PrefixIndex(block_chars=4, max_entries=8)
+    >>> idx.record(idx.hashes("abcdefgh"), "w1")
+    >>> idx.match(idx.hashes("abcdefXY"))
+    {'w1': 1}
+    """
+
+    def __init__(self, *, block_chars: int = 128, max_entries: int = 65536, workers_per_entry: int = 4) -> None:
+        self.block_chars = block_chars
+        self.max_entries = max_entries
+        self.workers_per_entry = workers_per_entry
+        self._lru: collections.OrderedDict[bytes, dict[str, int]] = collections.OrderedDict()
+        self._recency = itertools.count()  # orders the records: which worker saw a hash last
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def hashes(self, text: str) -> list[bytes]:
+        out: list[bytes] = []
+        prev = b""
+        for i in range(0, len(text) - self.block_chars + 1, self.block_chars):
+            prev = hashlib.blake2b(prev + text[i:i + self.block_chars].encode("utf-8", "surrogatepass"),
+                                   digest_size=8).digest()
+            out.append(prev)
+        return out
+
+    def match(self, hashes: Sequence[bytes]) -> dict[str, int]:
+        """Worker id -> blocks of the longest prefix it recently served."""
+        best: dict[str, int] = {}
+        for i, h in enumerate(hashes):
+            entry = self._lru.get(h)
+            if entry is None:
+                break  # a chain: no later block can match if this one does not
+            for worker_id in entry:
+                best[worker_id] = i + 1
+        return best
+
+    def record(self, hashes: Sequence[bytes], worker_id: str) -> None:
+        seen = next(self._recency)
+        for h in hashes:
+            entry = self._lru.get(h)
+            if entry is None:
+                entry = self._lru[h] = {}
+            else:
+                self._lru.move_to_end(h)
+            entry[worker_id] = seen
+            if len(entry) > self.workers_per_entry:
+                del entry[min(entry, key=entry.__getitem__)]
+        while len(self._lru) > self.max_entries:
+            self._lru.popitem(last=False)
+
+    def forget_worker(self, worker_id: str) -> None:
+        for entry in self._lru.values():
+            entry.pop(worker_id, None)
+
+
+class _PrefixMatch:
+    """One cycle's prefix hashes and the workers that served them (hashed once per cycle, not per worker)."""
+
+    __slots__ = ("hashes", "matches")
+
+    def __init__(self, hashes: list[bytes], matches: dict[str, int]) -> None:
+        self.hashes = hashes
+        self.matches = matches
+
+
+class PrefixAffinity:
+    """The fraction of the request's prefix blocks the worker recently served (0 to 1), among workers whose load is
+    within ``balance_slack`` (a share of the per-worker cap) of the least loaded candidate. A worker further ahead
+    scores 0, so a hot prefix cannot pile onto one worker while others idle (the cache-aware policy of SGLang's
+    router works the same way): affinity decides while load is balanced, load decides when it is not."""
+
+    name = "prefix_affinity"
+
+    class Parameters(StepParameters):
+        block_chars: int = Field(128, ge=8, description="Characters per hashed block.")
+        index_entries: int = Field(65536, ge=16, description="Block hashes remembered (LRU).")
+        balance_slack: float = Field(0.1, ge=0, le=1, description="Counts only on workers holding at most this "
+                                                                  "share of the cap more leases than the least "
+                                                                  "loaded one.")
+
+    def __init__(self, index: PrefixIndex, *, max_inflight: int = 64, balance_slack: float = 0.1) -> None:
+        self.index = index
+        self.slack = max(balance_slack * max_inflight, 1.0)
+
+    def _match(self, state: CycleState) -> _PrefixMatch:
+        found = state.read(self.name, _PrefixMatch)
+        if found is None:
+            hashes = self.index.hashes(state.request.prefix_hint)
+            found = _PrefixMatch(hashes, self.index.match(hashes))
+            state.write(self.name, found)
+        return found
+
+    def score(self, state: CycleState, workers: Sequence[Worker]) -> list[float]:
+        if not state.request.prefix_hint:
+            return [0.0] * len(workers)
+        m = self._match(state)
+        if not m.hashes:
+            return [0.0] * len(workers)
+        least = min((w.inflight for w in workers), default=0)
+        return [0.0 if w.inflight - least > self.slack else m.matches.get(w.worker_id, 0) / len(m.hashes)
+                for w in workers]
+
+    def observe(self, state: CycleState, worker: Worker) -> None:
+        if state.request.prefix_hint:
+            self.index.record(self._match(state).hashes, worker.worker_id)
+
+
+class SessionAffinity:
+    """1 for the worker that last served the request's session (its KV cache likely holds the conversation), else
+    0. Sessions are kept in a bounded LRU."""
+
+    name = "session_affinity"
+
+    class Parameters(StepParameters):
+        index_entries: int = Field(65536, ge=16, description="Sessions remembered (LRU).")
+
+    def __init__(self, *, max_entries: int = 65536) -> None:
+        self.max_entries = max_entries
+        self._lru: collections.OrderedDict[str, str] = collections.OrderedDict()
+
+    def score(self, state: CycleState, workers: Sequence[Worker]) -> list[float]:
+        session = state.request.session_id
+        last = self._lru.get(session) if session else None
+        return [1.0 if last is not None and last == w.worker_id else 0.0 for w in workers]
+
+    def observe(self, state: CycleState, worker: Worker) -> None:
+        session = state.request.session_id
+        if session:
+            self._lru[session] = worker.worker_id
+            self._lru.move_to_end(session)
+            while len(self._lru) > self.max_entries:
+                self._lru.popitem(last=False)
