@@ -4,6 +4,7 @@ tests/ run the scheduler against real vLLM workers.)"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from goodput_core.clients import make_channel
 
 from goodput_scheduler.__main__ import build
+from goodput_scheduler.clock import ManualClock
 from goodput_scheduler.config import SchedulerSettings
 
 
@@ -60,10 +62,32 @@ async def workers() -> AsyncIterator[Callable[[int], Awaitable[list[StandInWorke
 
 
 class SchedulerHarness:
+    """The scheduler in-process. Its queues, deadlines and drain rate run on ``clock``, a manual clock the test moves
+    (``await h.clock.advance(s)``); worker health checks run on real time against real gRPC servers. ``until``
+    waits for a condition, woken by the scheduler's own change notifications instead of polling."""
+
     def __init__(self, settings: SchedulerSettings) -> None:
         self.registry = CollectorRegistry()
-        self.runner, self.workers, self.leases = build(settings, self.registry, None)
+        self.clock = ManualClock(start=1000.0)
+        self.runner, self.workers, self.leases = build(settings, self.registry, None, clock=self.clock)
         self.channel: aio.Channel | None = None
+        self._changed = asyncio.Event()
+        self.workers.on_change.append(self._changed.set)
+        self.leases.on_change.append(self._changed.set)
+
+    async def until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+        """Returns once ``predicate()`` holds; fails after ``timeout`` real seconds (a guard against hangs)."""
+        async def wait() -> None:
+            while True:
+                self._changed.clear()
+                if predicate():
+                    return
+                await self._changed.wait()
+
+        try:
+            await asyncio.wait_for(wait(), timeout)
+        except TimeoutError:
+            raise AssertionError("condition not reached") from None
 
     async def __aenter__(self) -> SchedulerHarness:
         await self.workers.start()

@@ -3,9 +3,6 @@ over the scheduler's real gRPC API against stand-in and simulated workers."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import grpc
 import pytest
 from goodput.common.v1 import types_pb2
@@ -22,7 +19,7 @@ from goodput_scheduler.queues import Ticket
 from goodput_scheduler.registry import Worker
 
 from .conftest import SchedulerHarness, scheduler_settings
-from .test_scheduler import open_lease, wait_for
+from .test_scheduler import open_lease
 
 P0, P1, P2 = types_pb2.PRIORITY_P0, types_pb2.PRIORITY_P1, types_pb2.PRIORITY_P2
 
@@ -52,7 +49,7 @@ async def test_overload_sheds_p2_before_p1_and_never_p0_below_its_cap(workers) -
     settings = scheduler_settings([a.address], max_inflight_per_worker=1, p0_max_queue=3, shed_p2_at=1.0,
                                   shed_p1_at=2.0, shed_hysteresis=0.5)
     async with SchedulerHarness(settings) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         holder, _ = await open_lease(h, "hold", priority=P1)
         waiting = []
         call, event = await open_lease(h, "p1-a", priority=P1, skip_queued=False)
@@ -88,7 +85,7 @@ async def test_overload_sheds_p2_before_p1_and_never_p0_below_its_cap(workers) -
         current = holder
         for _ in range(5):
             await release(current)
-            await wait_for(lambda: len(set(h.leases.leases) - set(order)) == 1)
+            await h.until(lambda: len(set(h.leases.leases) - set(order)) == 1)
             (granted,) = set(h.leases.leases) - set(order)
             order.append(granted)
             current = calls[granted]
@@ -96,8 +93,10 @@ async def test_overload_sheds_p2_before_p1_and_never_p0_below_its_cap(workers) -
         # (Inside a class the order is by deadline, and these deadlines are equal within gRPC's jitter.)
         assert set(order[:3]) == {"p0-0", "p0-1", "p0-2"} and set(order[3:]) == {"p1-a", "p1-b"}
         await release(current)
-        # The queue drained: saturation fell below the thresholds minus the hysteresis, P2 is admitted again.
-        await wait_for(lambda: not h.leases.overload.shedding[P2])
+        # The queue drained: at the dispatcher's next tick saturation is below the thresholds minus the
+        # hysteresis, and P2 is admitted again.
+        await h.clock.advance(settings.dispatch_interval_s)
+        await h.until(lambda: not h.leases.overload.shedding[P2])
         call, event = await open_lease(h, "p2-b", priority=P2)
         assert event.HasField("granted")
         call.cancel()
@@ -108,11 +107,11 @@ async def test_retry_after_follows_the_observed_drain_rate(workers) -> None:  # 
     settings = scheduler_settings([a.address], max_inflight_per_worker=1, p1_max_queue=2, shed_p2_at=50,
                                   shed_p1_at=60)
     async with SchedulerHarness(settings) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
-        # Ten requests served back to back, ~50 ms each: the drain rate is observed, not assumed.
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        # Ten requests served back to back, 0.5 s each: the drain rate is observed, not assumed.
         for i in range(10):
             call, _ = await open_lease(h, f"warm-{i}", priority=P1)
-            await asyncio.sleep(0.05)
+            await h.clock.advance(0.5)
             await release(call)
         holder, _ = await open_lease(h, "hold", priority=P1)
         queued = [(await open_lease(h, f"q{i}", priority=P1, skip_queued=False))[0] for i in range(2)]
@@ -120,8 +119,8 @@ async def test_retry_after_follows_the_observed_drain_rate(workers) -> None:  # 
             await open_lease(h, "shed", priority=P1)
         assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         retry_after = float(dict(exc.value.trailing_metadata() or ())["retry-after"])
-        rate = h.leases.drain.rate(time.monotonic())
-        assert rate > 0
+        rate = h.leases.drain.rate(h.clock.now())
+        assert rate == pytest.approx(2.0)  # ten releases in five seconds
         # Three requests are ahead of a retry (two queued + itself) at the observed rate, within the clamp.
         expected = 3 / rate
         assert max(0.5, expected * 0.5) <= retry_after <= max(expected * 2, 0.5) + 0.01
@@ -133,20 +132,26 @@ async def test_expired_requests_never_reach_a_worker(sim_workers) -> None:  # ty
     (w,) = await sim_workers(1)
     settings = scheduler_settings([w.address], max_inflight_per_worker=1, p1_timeout_s=0.3)
     async with SchedulerHarness(settings) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         holder, _ = await open_lease(h, "hold", priority=P0)
+        late, event = await open_lease(h, "late", timeout=20, priority=P0, skip_queued=False)
+        assert event.HasField("queued")
+        await h.clock.advance(21)  # its own deadline (before P0's 30 s queue timeout) passes while it waits
         with pytest.raises(grpc.aio.AioRpcError) as own_deadline:
-            await open_lease(h, "late", timeout=0.3, priority=P0)
+            await late.read()
         assert own_deadline.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        slow, event = await open_lease(h, "slow", timeout=60, priority=P1, skip_queued=False)
+        assert event.HasField("queued")
+        await h.clock.advance(0.4)  # P1's queue timeout is 0.3 s here
         with pytest.raises(grpc.aio.AioRpcError) as class_timeout:
-            await open_lease(h, "slow", timeout=30, priority=P1)  # P1's queue timeout is 0.3 s here
+            await slow.read()
         assert class_timeout.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "queue timeout" in (class_timeout.value.details() or "")
         assert h.metric("goodput_scheduler_admissions_total", {"priority": "P0"}) == 1  # only the holder
         assert h.metric("goodput_scheduler_admissions_total", {"priority": "P1"}) == 0
         assert h.metric("goodput_scheduler_shed_total", {"priority": "P1", "reason": "timeout"}) == 1
         holder.cancel()
-        await wait_for(lambda: h.workers.all()[0].inflight == 0)
+        await h.until(lambda: h.workers.all()[0].inflight == 0)
         assert w.engine.load().finished_total == 0 and w.engine.prompt_tokens_total == 0
 
 
@@ -154,10 +159,10 @@ async def test_tenants_take_turns_inside_a_class_and_deadlines_order_each_tenant
     (a,) = await workers(1)
     settings = scheduler_settings([a.address], max_inflight_per_worker=1, shed_p2_at=100, shed_p1_at=100)
     async with SchedulerHarness(settings) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         lm = h.leases
         holder = await lm.acquire(req("hold"), deadline=None)
-        now = time.monotonic()
+        now = h.clock.now()
         tickets: list[Ticket] = []
         for i in range(8):  # tenant "big" bursts first...
             tickets.append(lm.enqueue(req(f"big-{i}", tenant="big"), deadline=now + 50 - i))  # later ones due sooner
@@ -182,7 +187,7 @@ async def test_strict_priority_between_classes(workers) -> None:  # type: ignore
     (a,) = await workers(1)
     settings = scheduler_settings([a.address], max_inflight_per_worker=1, shed_p2_at=100, shed_p1_at=100)
     async with SchedulerHarness(settings) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         lm = h.leases
         lease = await lm.acquire(req("hold", P2), deadline=None)
         tickets = [lm.enqueue(req("p2", P2), deadline=None), lm.enqueue(req("p1", P1), deadline=None),
@@ -202,7 +207,7 @@ async def test_headroom_keeps_slots_for_p0(workers) -> None:  # type: ignore[no-
     settings = scheduler_settings([a.address], max_inflight_per_worker=4, p2_max_share=0.5, p1_max_share=0.75,
                                   shed_p2_at=100, shed_p1_at=100)
     async with SchedulerHarness(settings) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         lm = h.leases
         p2 = [lm.enqueue(req(f"p2-{i}", P2), deadline=None) for i in range(3)]
         assert [t.done for t in p2] == [True, True, False]  # P2 may hold half the slots
@@ -222,7 +227,7 @@ async def test_prefill_gate_lets_batch_prompts_in_a_budget_at_a_time_and_never_d
     settings = scheduler_settings([a.address], max_inflight_per_worker=8, low_prefill_budget_tokens=1000,
                                   shed_p2_at=100, shed_p1_at=100)
     async with SchedulerHarness(settings) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         worker = h.workers.healthy()[0]
         first, event = await open_lease(h, "p2-a", priority=P2, prompt_tokens_estimate=800)
         assert event.HasField("granted")
@@ -235,8 +240,8 @@ async def test_prefill_gate_lets_batch_prompts_in_a_budget_at_a_time_and_never_d
         assert worker.p0_prefilling == 1 and worker.low_prefill_tokens == 800
         # the first batch prompt is prefilled, but a P0 prompt still is: the queued one keeps waiting
         await first.write(first_token_msg())
-        await wait_for(lambda: worker.low_prefill_tokens == 0)
-        await asyncio.sleep(0.2)
+        await h.until(lambda: worker.low_prefill_tokens == 0)
+        await h.clock.advance(0.2)  # the dispatcher ticks: still gated
         assert h.metric("goodput_scheduler_queue_depth", {"priority": "P2"}) == 1
         # P0's first token: the gate opens
         await p0.write(first_token_msg())
@@ -245,7 +250,7 @@ async def test_prefill_gate_lets_batch_prompts_in_a_budget_at_a_time_and_never_d
         assert worker.p0_prefilling == 0 and worker.low_prefill_tokens == 800
         # a release without a first token (the request failed in prefill) frees its prefill tokens too
         await release(second)
-        await wait_for(lambda: worker.low_prefill_tokens == 0)
+        await h.until(lambda: worker.low_prefill_tokens == 0)
         for call in (first, p0):
             await release(call)
         assert worker.inflight == 0
@@ -256,7 +261,7 @@ async def test_while_p0_traffic_is_present_one_worker_stays_free_of_batch_prefil
     settings = scheduler_settings([a.address, b.address], max_inflight_per_worker=8, low_prefill_budget_tokens=1000,
                                   p0_ready_workers=1, shed_p2_at=100, shed_p1_at=100)
     async with SchedulerHarness(settings) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 2)
+        await h.until(lambda: len(h.workers.healthy()) == 2)
         lm = h.leases
 
         def batch(i: int) -> PlacementRequest:
@@ -286,14 +291,14 @@ async def test_while_p0_traffic_is_present_one_worker_stays_free_of_batch_prefil
         # the batch prompt's first token frees its worker for the next one
         lease = await lm.wait(second[0])
         lm.first_token(lease, 0.1)
-        await wait_for(lambda: second[1].done)
+        await h.until(lambda: second[1].done)
         await lm.stop()
 
 
 async def test_prefix_affinity_keeps_a_prefix_on_one_worker_while_load_is_balanced(workers) -> None:  # type: ignore[no-untyped-def]
     ws = await workers(3)
     async with SchedulerHarness(scheduler_settings([w.address for w in ws], max_inflight_per_worker=4)) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 3)
+        await h.until(lambda: len(h.workers.healthy()) == 3)
         lm = h.leases
         system = {name: f"system: you are the {name} assistant. " * 20 for name in ("alpha", "beta", "gamma")}
         placed: dict[str, set[str]] = {name: set() for name in system}
@@ -319,7 +324,7 @@ async def test_session_affinity_and_round_robin_profile(workers) -> None:  # typ
     ws = await workers(3)
     profile = '{"scorers": [{"name": "least_loaded", "weight": 1}], "picker": "round_robin"}'
     async with SchedulerHarness(scheduler_settings([w.address for w in ws], profile=profile)) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 3)
+        await h.until(lambda: len(h.workers.healthy()) == 3)
         seen = []
         for i in range(6):
             lease = await h.leases.acquire(req(f"r{i}", prefix="same prefix " * 30), deadline=None)
@@ -327,7 +332,7 @@ async def test_session_affinity_and_round_robin_profile(workers) -> None:  # typ
             h.leases.release(lease, scheduler_pb2.OUTCOME_OK)
         assert seen[:3] == seen[3:] and len(set(seen)) == 3  # round-robin ignores affinity
     async with SchedulerHarness(scheduler_settings([w.address for w in ws])) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 3)
+        await h.until(lambda: len(h.workers.healthy()) == 3)
         first = await h.leases.acquire(req("s1", session="chat-42"), deadline=None)
         h.leases.release(first, scheduler_pb2.OUTCOME_OK)
         for i in range(4):
@@ -353,7 +358,7 @@ async def test_fifo_policy_is_one_arrival_order_queue(workers) -> None:  # type:
     (a,) = await workers(1)
     settings = scheduler_settings([a.address], max_inflight_per_worker=1, queue_policy="fifo")
     async with SchedulerHarness(settings) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         lm = h.leases
         lease = await lm.acquire(req("hold", P2), deadline=None)
         tickets = [lm.enqueue(req("p2", P2), deadline=None), lm.enqueue(req("p0", P0), deadline=None)]
@@ -370,7 +375,7 @@ async def test_fifo_policy_is_one_arrival_order_queue(workers) -> None:  # type:
 async def test_a_granted_sim_worker_generates_with_the_request_priority(sim_workers) -> None:  # type: ignore[no-untyped-def]
     (w,) = await sim_workers(1)
     async with SchedulerHarness(scheduler_settings([w.address])) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         call, event = await open_lease(h, "r1", priority=P0)
         channel = make_channel(event.granted.address, None)
         stub = inference_pb2_grpc.InferenceStub(channel)
@@ -390,15 +395,15 @@ async def test_a_granted_sim_worker_generates_with_the_request_priority(sim_work
 async def test_a_caller_gone_while_queued_leaks_no_capacity(workers) -> None:  # type: ignore[no-untyped-def]
     (a,) = await workers(1)
     async with SchedulerHarness(scheduler_settings([a.address], max_inflight_per_worker=1)) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         holder, _ = await open_lease(h, "hold", priority=P0)
         gone, event = await open_lease(h, "gone", priority=P0, skip_queued=False)
         assert event.HasField("queued")
         gone.cancel()  # the client vanishes while its request waits
-        await wait_for(lambda: h.leases.queued() == 0)
+        await h.until(lambda: h.leases.queued() == 0)
         await release(holder)
         worker = h.workers.all()[0]
-        await wait_for(lambda: worker.inflight == 0)
+        await h.until(lambda: worker.inflight == 0)
         call, event = await open_lease(h, "next", priority=P0)
         assert event.HasField("granted")
         await release(call)

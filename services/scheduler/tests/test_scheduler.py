@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -19,14 +18,6 @@ def admit(request_id: str, **kw: object) -> scheduler_pb2.LeaseRequest:
     return scheduler_pb2.LeaseRequest(admit=scheduler_pb2.Admit(request_id=request_id, **fields))
 
 
-async def wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.02)
-
-
 async def open_lease(h: SchedulerHarness, request_id: str, timeout: float | None = 10,  # type: ignore[no-untyped-def]
                      *, skip_queued: bool = True, **kw: object):
     call = h.stub.Lease(timeout=timeout)
@@ -40,7 +31,7 @@ async def open_lease(h: SchedulerHarness, request_id: str, timeout: float | None
 async def test_least_loaded_placement_spreads_leases(workers) -> None:  # type: ignore[no-untyped-def]
     a, b = await workers(2)
     async with SchedulerHarness(scheduler_settings([a.address, b.address])) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 2)
+        await h.until(lambda: len(h.workers.healthy()) == 2)
         calls, grants = [], []
         for i in range(6):
             call, event = await open_lease(h, f"r{i}")
@@ -54,9 +45,9 @@ async def test_least_loaded_placement_spreads_leases(workers) -> None:  # type: 
 async def test_unhealthy_worker_is_ejected_and_readmitted(workers) -> None:  # type: ignore[no-untyped-def]
     a, b = await workers(2)
     async with SchedulerHarness(scheduler_settings([a.address, b.address])) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 2)
+        await h.until(lambda: len(h.workers.healthy()) == 2)
         await a.set_serving(False)
-        await wait_for(lambda: [w.address for w in h.workers.healthy()] == [b.address])
+        await h.until(lambda: [w.address for w in h.workers.healthy()] == [b.address])
         for i in range(3):
             call, event = await open_lease(h, f"r{i}")
             assert event.granted.address == b.address
@@ -65,32 +56,32 @@ async def test_unhealthy_worker_is_ejected_and_readmitted(workers) -> None:  # t
         status = {w.address: w for w in listed.workers}
         assert not status[a.address].healthy and status[a.address].last_error
         await a.set_serving(True)
-        await wait_for(lambda: len(h.workers.healthy()) == 2)
+        await h.until(lambda: len(h.workers.healthy()) == 2)
 
 
 async def test_a_lease_is_released_when_the_gateway_vanishes(workers) -> None:  # type: ignore[no-untyped-def]
     (a,) = await workers(1)
     async with SchedulerHarness(scheduler_settings([a.address])) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         call, event = await open_lease(h, "r1")
         worker = h.workers.get(event.granted.worker_id)
         assert worker is not None and worker.inflight == 1
         call.cancel()  # the gateway died or the client went away: no release message ever comes
-        await wait_for(lambda: worker.inflight == 0)
-        await wait_for(lambda: h.metric("goodput_scheduler_releases_total", {"outcome": "abandoned"}) == 1)
+        await h.until(lambda: worker.inflight == 0)
+        await h.until(lambda: h.metric("goodput_scheduler_releases_total", {"outcome": "abandoned"}) == 1)
 
 
 async def test_explicit_release_frees_capacity_for_a_waiting_request(workers) -> None:  # type: ignore[no-untyped-def]
     (a,) = await workers(1)
     async with SchedulerHarness(scheduler_settings([a.address], max_inflight_per_worker=1)) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         first, _ = await open_lease(h, "r1")
         second = h.stub.Lease(timeout=10)
         await second.write(admit("r2"))
         assert (await second.read()).HasField("queued")
         waiting = asyncio.create_task(second.read())
-        await asyncio.sleep(0.3)
-        assert not waiting.done(), "the second request must wait while the worker is at its cap"
+        await h.clock.advance(0.3)  # the dispatcher ticks: the worker is still at its cap
+        assert h.leases.queued() == 1 and not waiting.done(), "the second request must wait while the worker is full"
         await first.write(scheduler_pb2.LeaseRequest(release=scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_OK)))
         await first.done_writing()
         assert (await first.read()).HasField("released")
@@ -103,18 +94,23 @@ async def test_explicit_release_frees_capacity_for_a_waiting_request(workers) ->
 async def test_expired_request_never_gets_a_worker(workers) -> None:  # type: ignore[no-untyped-def]
     (a,) = await workers(1)
     async with SchedulerHarness(scheduler_settings([a.address], max_inflight_per_worker=1)) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         first, _ = await open_lease(h, "r1")
+        late, event = await open_lease(h, "r2", timeout=20, skip_queued=False)
+        assert event.HasField("queued")
+        await h.clock.advance(21)  # its own deadline (before P0's 30 s queue timeout) passes while it waits
         with pytest.raises(grpc.aio.AioRpcError) as exc:
-            await open_lease(h, "r2", timeout=0.5)
+            await late.read()
         assert exc.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "deadline passed while it waited" in (exc.value.details() or "")
+        assert h.metric("goodput_scheduler_shed_total", {"priority": "P0", "reason": "deadline"}) == 1
         first.cancel()
 
 
 async def test_full_queue_sheds_with_retry_after(workers) -> None:  # type: ignore[no-untyped-def]
     (a,) = await workers(1)
     async with SchedulerHarness(scheduler_settings([a.address], max_inflight_per_worker=1, p0_max_queue=1)) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         first, _ = await open_lease(h, "r1")
         second, queued = await open_lease(h, "r2", skip_queued=False)  # waits: the P0 queue holds one
         assert queued.HasField("queued")
@@ -130,16 +126,19 @@ async def test_full_queue_sheds_with_retry_after(workers) -> None:  # type: igno
 async def test_no_healthy_worker_is_unavailable(workers) -> None:  # type: ignore[no-untyped-def]
     (a,) = await workers(1)
     await a.set_serving(False)
-    async with SchedulerHarness(scheduler_settings([a.address])) as h:
+    async with SchedulerHarness(scheduler_settings([a.address], no_worker_wait_s=0.5)) as h:
+        call, event = await open_lease(h, "r1", skip_queued=False)
+        assert event.HasField("queued")
+        await h.clock.advance(0.6)  # no healthy worker appeared within no_worker_wait_s
         with pytest.raises(grpc.aio.AioRpcError) as exc:
-            await open_lease(h, "r1")
+            await call.read()
         assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_reported_worker_failure_ejects_at_once(workers) -> None:  # type: ignore[no-untyped-def]
     a, b = await workers(2)
     async with SchedulerHarness(scheduler_settings([a.address, b.address], health_interval_s=30)) as h:
-        await wait_for(lambda: len(h.workers.healthy()) == 2)
+        await h.until(lambda: len(h.workers.healthy()) == 2)
         call, event = await open_lease(h, "r1")
         victim = a if event.granted.address == a.address else b
         await victim.server.stop(None)  # the worker process dies
@@ -147,7 +146,7 @@ async def test_reported_worker_failure_ejects_at_once(workers) -> None:  # type:
             release=scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_WORKER_FAILED)))
         await call.done_writing()
         # With 30 s between routine checks, only the reported failure can eject it this fast.
-        await wait_for(lambda: [w.address for w in h.workers.healthy()] == [
+        await h.until(lambda: [w.address for w in h.workers.healthy()] == [
             (b if victim is a else a).address], timeout=3)
 
 
@@ -167,7 +166,7 @@ async def test_register_and_deregister_at_runtime(workers) -> None:  # type: ign
     (a,) = await workers(1)
     async with SchedulerHarness(scheduler_settings([])) as h:
         resp = await h.stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(address=a.address))
-        await wait_for(lambda: len(h.workers.healthy()) == 1)
+        await h.until(lambda: len(h.workers.healthy()) == 1)
         await h.stub.DeregisterWorker(scheduler_pb2.DeregisterWorkerRequest(worker_id=resp.worker_id))
         assert not h.workers.all()
         with pytest.raises(grpc.aio.AioRpcError) as exc:
@@ -179,5 +178,5 @@ async def test_workers_discovered_through_dns(workers) -> None:  # type: ignore[
     (a,) = await workers(1)
     settings = scheduler_settings([f"dns:///localhost:{a.port}"], discovery_interval_s=0.2)
     async with SchedulerHarness(settings) as h:
-        await wait_for(lambda: len(h.workers.healthy()) >= 1)
+        await h.until(lambda: len(h.workers.healthy()) >= 1)
         assert all(w.address.endswith(f":{a.port}") for w in h.workers.all())
