@@ -24,7 +24,7 @@ from goodput_gateway.auth import Principal
 from goodput_gateway.caching import GatewayCache
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.pipeline import ModelEntry, Pipeline
-from goodput_gateway.requests import from_openai_chat
+from goodput_gateway.schemas import ChatCompletionRequest, parse
 
 KEYS = json.dumps({"keys": [{"key": "k-a", "tenant": "a", "max_priority": "P0"},
                             {"key": "k-b", "tenant": "b", "max_priority": "P0"}]})
@@ -77,9 +77,9 @@ def chat(question: str, **extra: Any) -> dict[str, Any]:
 
 
 async def _store(addr: str, question: str, tenant: str = "a") -> None:
-    gen = from_openai_chat(chat(question))
+    gen = parse(ChatCompletionRequest, chat(question)).to_request()
     cache = GatewayCache(GatewaySettings(), stub=None, registry=None)  # type: ignore[arg-type]
-    key = cache.key_parts(Principal(tenant=tenant, max_priority=1, default_priority=1), gen, MODEL, "")
+    key = cache.key_parts(Principal(tenant=tenant, max_priority=1, default_priority=1), gen, MODEL)
     async with aio.insecure_channel(addr) as ch:
         resp = await cache_pb2_grpc.CacheStub(ch).Store(cache_pb2.StoreRequest(
             key=key, text=ANSWER, finish_reason=types_pb2.FINISH_REASON_STOP,

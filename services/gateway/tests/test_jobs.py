@@ -375,3 +375,23 @@ async def test_grpc_stream_cancelled_after_its_start_message_releases_the_worker
             while await inflight():
                 assert time.monotonic() < deadline, "the cancelled stream still holds its lease"
                 await asyncio.sleep(0.1)
+
+
+async def test_job_bodies_are_checked_when_submitted(redis_url: str) -> None:
+    keys = json.dumps({"keys": [{"key": API_KEY, "tenant": "batch", "max_priority": "P2"}]})
+    settings = GatewaySettings(redis_url=redis_url, api_keys=keys, grpc_port=0, http_port=0,
+                               jobs_prefix=f"goodput-test:{uuid.uuid4().hex[:8]}")
+    runner = build_gateway(settings, CollectorRegistry(), None)
+    transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw",
+                                 headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+        for body, param, code in (
+                ({"body": {**chat_body(), "tools": [{"type": "function"}]}}, "body.tools", "unsupported_parameter"),
+                ({"body": {"messages": []}}, "body.messages", "invalid_value"),
+                ({"endpoint": "/v1/completions", "body": {"prompt": 5}}, "body.prompt", "invalid_type"),
+                ({"endpoint": "/v1/embeddings", "body": {"input": "a"}}, "endpoint", "invalid_value"),
+                ({"body": chat_body(), "callback_url": "http://x"}, "callback_url", "unsupported_parameter"),
+                ({"endpoint": "/v1/chat/completions"}, "body", "missing_required_parameter")):
+            resp = await http.post("/v1/jobs", json=body)
+            assert resp.status_code == 400, resp.text
+            assert (resp.json()["error"]["param"], resp.json()["error"]["code"]) == (param, code)

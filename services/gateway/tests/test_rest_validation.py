@@ -120,3 +120,141 @@ async def test_scheduler_down_with_a_known_model_is_503(client: httpx.AsyncClien
     service = client._transport.app.state.goodput_service  # type: ignore[attr-defined]  # noqa: SLF001
     service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
     assert_openai_error(await post(client, chat()), 503)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", "auto"),
+    ("functions", [{"name": "f"}]),
+    ("function_call", "auto"),
+    ("parallel_tool_calls", True),
+    ("response_format", {"type": "json_object"}),
+    ("logprobs", True),
+    ("top_logprobs", 3),
+    ("logit_bias", {"50256": -100}),
+    ("n", 2),
+    ("audio", {"voice": "alloy", "format": "wav"}),
+    ("modalities", ["text", "audio"]),
+    ("prediction", {"type": "content", "content": "x"}),
+    ("store", True),
+    ("reasoning_effort", "low"),
+    ("frobnicate", 1),  # not an OpenAI parameter at all
+])
+async def test_fields_the_gateway_does_not_implement_are_refused_by_name(
+        client: httpx.AsyncClient, field: str, value: object) -> None:
+    error = assert_openai_error(await post(client, chat(**{field: value})), 400, field)
+    assert error["code"] == "unsupported_parameter" and field in str(error["message"])
+
+
+@pytest.mark.parametrize("overrides", [
+    {"n": 1}, {"logprobs": False}, {"tools": []}, {"tool_choice": None}, {"response_format": {"type": "text"}},
+    {"stream_options": None}, {"user": "session-1"}, {"max_completion_tokens": 5}, {"stop": "\n"},
+    {"messages": [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+                  {"role": "user", "content": "hi", "name": "ann"}]},
+])
+async def test_values_that_ask_for_nothing_more_are_served(client: httpx.AsyncClient,
+                                                          overrides: dict[str, object]) -> None:
+    # past validation: no backend here, so the honest answer is 503
+    assert_openai_error(await post(client, chat(**overrides)), 503)
+
+
+@pytest.mark.parametrize("message,param,code", [
+    ({"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]},
+     "messages[0].tool_calls", "unsupported_parameter"),
+    ({"role": "tool", "content": "42", "tool_call_id": "1"}, "messages[0].tool_call_id", "unsupported_parameter"),
+    ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]},
+     "messages[0].content", "unsupported_value"),
+    ({"role": "user", "content": "hi", "mood": "happy"}, "messages[0].mood", "unsupported_parameter"),
+    ({"content": "hi"}, "messages[0].role", "missing_required_parameter"),
+])
+async def test_message_fields_are_checked_by_name(client: httpx.AsyncClient, message: dict[str, object],
+                                                  param: str, code: str) -> None:
+    error = assert_openai_error(await post(client, chat(messages=[message])), 400, param)
+    assert error["code"] == code
+
+
+@pytest.mark.parametrize("body,param,code", [
+    ({"prompt": "a", "echo": True}, "echo", "unsupported_parameter"),
+    ({"prompt": "a", "best_of": 3}, "best_of", "unsupported_parameter"),
+    ({"prompt": "a", "suffix": "b"}, "suffix", "unsupported_parameter"),
+    ({"prompt": "a", "logprobs": 2}, "logprobs", "unsupported_parameter"),
+    ({"prompt": "a", "n": 3}, "n", "unsupported_parameter"),
+    ({"prompt": [1, 2, 3]}, "prompt", "unsupported_value"),
+    ({"prompt": 7}, "prompt", "invalid_type"),
+    ({"prompt": "a", "max_tokens": "5"}, "max_tokens", "invalid_type"),
+    ({}, "prompt", "missing_required_parameter"),
+])
+async def test_completions_refuse_what_they_do_not_implement(client: httpx.AsyncClient, body: dict[str, object],
+                                                             param: str, code: str) -> None:
+    resp = await client.post("/v1/completions", json={"model": "m", **body}, headers=AUTH)
+    assert assert_openai_error(resp, 400, param)["code"] == code
+
+
+@pytest.mark.parametrize("path,body,param,code", [
+    ("/v1/embeddings", {"input": "a", "dimensions": 64}, "dimensions", "unsupported_parameter"),
+    ("/v1/embeddings", {"input": [[1, 2]]}, "input", "unsupported_value"),
+    ("/v1/embeddings", {"input": 5}, "input", "invalid_type"),
+    ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, "encoding_format", "invalid_value"),
+    ("/v1/embeddings", {}, "input", "missing_required_parameter"),
+    ("/v1/knowledge-bases/kb/search", {"query": "q", "top_k": -1}, "top_k", "invalid_value"),
+    ("/v1/knowledge-bases/kb/search", {"query": "q", "dense_weight": "half"}, "dense_weight", "invalid_type"),
+    ("/v1/knowledge-bases/kb/search", {"query": "q", "rerank": "yes"}, "rerank", "invalid_type"),
+    ("/v1/knowledge-bases/kb/search", {"q": "typo"}, "q", "unsupported_parameter"),
+    ("/v1/knowledge-bases/kb/documents", {"documents": [{"id": 1}]}, "documents[0].id", "invalid_type"),
+    ("/v1/knowledge-bases/kb/documents", {"documents": [{"text": "x", "metadata": []}]}, "documents[0].metadata",
+     "invalid_type"),
+    ("/v1/knowledge-bases/kb/documents", {"delete_ids": [3]}, "delete_ids[0]", "invalid_type"),
+])
+async def test_knowledge_bodies_are_checked_before_any_backend(client: httpx.AsyncClient, path: str,
+                                                               body: dict[str, object], param: str,
+                                                               code: str) -> None:
+    # no embedder or retriever is configured: a body that got past validation would be a 501
+    assert assert_openai_error(await client.post(path, json=body, headers=AUTH), 400, param)["code"] == code
+    assert (await client.post(path, json={"input": "a"} if "embed" in path else {}, headers=AUTH)).status_code == 501
+
+
+async def test_grpc_requests_pass_the_same_domain_checks() -> None:
+    from goodput.common.v1 import types_pb2
+    from goodput.gateway.v1 import gateway_pb2
+
+    from goodput_core.errors import InvalidArgument
+
+    from goodput_gateway.requests import validate
+    from goodput_gateway.servicer import from_proto
+
+    settings = GatewaySettings(max_prompt_chars=1000)
+    for sampling, param in ((types_pb2.SamplingParams(temperature=9), "temperature"),
+                            (types_pb2.SamplingParams(top_p=0), "top_p"),
+                            (types_pb2.SamplingParams(max_tokens=-1), "max_tokens"),
+                            (types_pb2.SamplingParams(stop=list("abcde")), "stop")):
+        req = gateway_pb2.GenerateRequest(messages=[types_pb2.ChatMessage(role="user", content="hi")],
+                                          sampling=sampling)
+        with pytest.raises(InvalidArgument) as err:
+            validate(from_proto(req, stream=False), settings)
+        assert err.value.param == param
+    too_long = gateway_pb2.GenerateRequest(prompt="x" * 1001)
+    with pytest.raises(InvalidArgument) as err:
+        validate(from_proto(too_long, stream=True), settings)
+    assert err.value.code == "context_length_exceeded" and err.value.param == "prompt"
+
+
+async def test_grpc_refuses_bad_input_with_the_param_named() -> None:
+    import grpc
+    from goodput.common.v1 import types_pb2
+    from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+    from grpc import aio
+
+    settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1")
+    runner = build(settings, CollectorRegistry(), None)
+    await runner.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{runner.grpc_port}") as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            request = gateway_pb2.GenerateRequest(messages=[types_pb2.ChatMessage(role="user", content="hi")],
+                                                  sampling=types_pb2.SamplingParams(temperature=9))
+            with pytest.raises(grpc.RpcError) as err:
+                await stub.Generate(request, metadata=(("authorization", "Bearer k-p0"),), timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+            assert dict(err.value.trailing_metadata())["goodput-error-param"] == "temperature"  # type: ignore[attr-defined]
+    finally:
+        await runner.stop()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from goodput.cache.v1 import cache_pb2_grpc
 from goodput.gateway.v1 import gateway_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2_grpc
+from grpc import aio
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
@@ -19,48 +21,73 @@ from goodput_gateway.caching import GatewayCache
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.jobs import JobQueue
 from goodput_gateway.knowledge import Knowledge
-from goodput_gateway.pipeline import GatewayMetrics, Pipeline
+from goodput_gateway.metrics import GatewayMetrics
+from goodput_gateway.pipeline import Pipeline
 from goodput_gateway.rest import create_app
 from goodput_gateway.service import GatewayService
 from goodput_gateway.servicer import GatewayServicer
 
 
-def build(settings: GatewaySettings, registry: CollectorRegistry, provider: TracerProvider | None) -> ServiceRunner:
-    """Wires the gateway (also used by tests to run it in-process)."""
+@dataclass
+class Wiring:
+    """The gateway's composition: the service and what it holds open."""
+
+    service: GatewayService
+    _channels: list[aio.Channel]
+
+    async def settle(self) -> None:
+        """Waits for the work sent off the response path (lease releases, cache stores)."""
+        await self.service.pipeline.settle()
+        if self.service.cache is not None:
+            await self.service.cache.settle()
+
+    async def close(self) -> None:
+        await self.settle()
+        await self.service.pipeline.close()
+        if self.service.knowledge is not None:
+            await self.service.knowledge.close()
+        for channel in self._channels:
+            await channel.close(grace=None)
+
+
+def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: TracerProvider | None, *,
+            jobs: JobQueue | None = None) -> Wiring:
+    """The one composition root: the gateway's service with its clients, for the server and the jobs worker."""
     keys = ApiKeyStore.from_sources(file=settings.api_keys_file, inline=settings.api_keys)
     scheduler_channel = make_channel(settings.scheduler_addr, provider)
+    channels = [scheduler_channel]
     metrics = GatewayMetrics(registry)
     pipeline = Pipeline(settings, scheduler=scheduler_pb2_grpc.SchedulerStub(scheduler_channel),
                         channel_factory=lambda addr: make_channel(addr, provider), metrics=metrics)
     knowledge = Knowledge(settings, channel_factory=lambda addr: make_channel(addr, provider))
-    cache_channel = make_channel(settings.cache_addr, provider) if settings.cache_addr else None
-    cache = (GatewayCache(settings, stub=cache_pb2_grpc.CacheStub(cache_channel), registry=registry)
-             if cache_channel is not None else None)
+    cache = None
+    if settings.cache_addr:
+        cache_channel = make_channel(settings.cache_addr, provider)
+        channels.append(cache_channel)
+        cache = GatewayCache(settings, stub=cache_pb2_grpc.CacheStub(cache_channel), registry=registry)
     service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics, knowledge=knowledge,
-                             cache=cache)
-    tracer = (provider.get_tracer("goodput.gateway") if provider is not None
-              else TracerProvider().get_tracer("goodput.gateway"))
-    holder: dict[str, ServiceRunner] = {}
+                             cache=cache, jobs=jobs)
+    return Wiring(service, channels)
+
+
+def build(settings: GatewaySettings, registry: CollectorRegistry, provider: TracerProvider | None) -> ServiceRunner:
+    """The gateway's servers around :func:`compose` (also used by tests to run it in-process)."""
     jobs = None
     if settings.redis_url and settings.park_shed_p2:
         import redis
 
         jobs = JobQueue(settings, redis.Redis.from_url(settings.redis_url, socket_timeout=2), registry=registry)
-    app = create_app(service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready, jobs=jobs)
+    wiring = compose(settings, registry, provider, jobs=jobs)
+    tracer = (provider.get_tracer("goodput.gateway") if provider is not None
+              else TracerProvider().get_tracer("goodput.gateway"))
+    holder: dict[str, ServiceRunner] = {}
+    app = create_app(wiring.service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready,
+                     jobs=jobs)
     runner = ServiceRunner(name="gateway", settings=settings, registry=registry, provider=provider, http_app=app)
     holder["runner"] = runner
-    runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(service, jobs=jobs),
+    runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(wiring.service),
                "goodput.gateway.v1.Gateway")
-
-    async def close() -> None:
-        await pipeline.close()
-        await knowledge.close()
-        if cache is not None and cache_channel is not None:
-            await cache.close()
-            await cache_channel.close(grace=None)
-        await scheduler_channel.close(grace=None)
-
-    runner.on_stop.append(close)
+    runner.on_stop.append(wiring.close)
     return runner
 
 

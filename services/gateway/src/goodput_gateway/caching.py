@@ -1,10 +1,12 @@
 """The gateway's side of the response cache: look up before scheduling, replay a hit as a stream, store after a
 stream completes (off the response path).
 
-A hit is a :class:`CachedStream`: the same events as a live answer (TextDelta pieces, then StreamEnd with the usage
-the original answer had), so REST (SSE or JSON) and gRPC shape it exactly like a live one; no worker and no lease
-are involved. Every response says what the cache did (:class:`CacheStatus`): REST in the ``X-Goodput-Cache`` header
-and a ``goodput_cache`` object in the body (first chunk of a stream), gRPC in the ``x-goodput-cache`` metadata.
+A hit is replayed by :func:`replay` with the same events as a live answer (TextDelta pieces, then StreamEnd with the
+usage the original answer had), so REST (SSE or JSON) and gRPC shape it exactly like a live one; no worker and no
+lease are involved. A miss is stored by :meth:`GatewayCache.storing`, a wrapper around the live token stream that
+sends the answer to the cache once the stream has finished. Every response says what the cache did
+(:class:`CacheStatus`): REST in the ``X-Goodput-Cache`` header and a ``goodput_cache`` object in the body (first
+chunk of a stream), gRPC in the ``x-goodput-cache`` metadata and ``CacheInfo`` of a hit.
 
 Only greedy requests (temperature 0) are looked up and stored: any other answer is a sample, not the answer.
 Per request, ``Cache-Control: no-cache`` skips the lookup (the fresh answer is still stored) and ``no-store`` skips
@@ -12,9 +14,9 @@ both lookup and store. Fail-open: a cache that is slow (``cache_timeout_s``), do
 request; it is served uncached and counted in ``goodput_gateway_cache_total{result="error"}``.
 
 Example:
-    >>> cache = GatewayCache(settings, stub=cache_pb2_grpc.CacheStub(channel), metrics=metrics, registry=registry)
-    >>> hit = await cache.lookup(principal, request, model, knowledge_base="", cache_control="", ...)
-    >>> stream = hit or cache.record(await pipeline.open(...), status)
+    >>> cache = GatewayCache(settings, stub=cache_pb2_grpc.CacheStub(channel), registry=registry)
+    >>> status, hit = await cache.lookup(principal, request, model, cache_control="")
+    >>> events = replay(hit) if hit else cache.storing(stream.events(), status, sources)
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,16 +33,16 @@ from goodput.cache.v1 import cache_pb2, cache_pb2_grpc
 from goodput.common.v1 import types_pb2
 from prometheus_client import CollectorRegistry, Counter
 
-from goodput_core.priority import priority_name
 from goodput_core.sampling import sampling_to_proto
 
 from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.pipeline import GenerationStream, ModelEntry, Pipeline, StreamEnd, StreamStart, TextDelta
+from goodput_gateway.metrics import StreamEnd, TextDelta
+from goodput_gateway.pipeline import ModelEntry
 from goodput_gateway.rag import Source
 from goodput_gateway.requests import GenerationRequest
 
-__all__ = ["CACHE_HEADER", "CacheStatus", "CachedStream", "GatewayCache", "cache_metadata"]
+__all__ = ["CACHE_HEADER", "CacheStatus", "GatewayCache", "replay", "sources_of"]
 
 log = logging.getLogger("goodput.gateway.cache")
 CACHE_HEADER = "X-Goodput-Cache"
@@ -68,6 +69,10 @@ class CacheStatus:
             return f"hit; layer={self.layer}; similarity={self.similarity:.3f}"
         return self.status + (f"; reason={self.reason}" if self.reason else "")
 
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The gRPC metadata saying the same (``x-goodput-cache``)."""
+        return ((CACHE_HEADER.lower(), self.header()),)
+
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status, "hit": self.status == "hit"}
         if self.status == "hit":
@@ -77,37 +82,21 @@ class CacheStatus:
         return out
 
 
-def cache_metadata(stream: GenerationStream) -> tuple[tuple[str, str], ...]:
-    status = stream.cache
-    return (("x-goodput-cache", status.header()),) if isinstance(status, CacheStatus) else ()
-
-
 def _directives(cache_control: str) -> set[str]:
     return {d.strip().split("=", 1)[0].lower() for d in cache_control.split(",") if d.strip()}
 
 
-@dataclass
-class CachedStream(GenerationStream):
-    """A cached answer replayed with the events of a live one (no worker, no lease)."""
+async def replay(answer: cache_pb2.LookupResponse) -> AsyncIterator[TextDelta | StreamEnd]:
+    """A cached answer as the events of a live one."""
+    for piece in _PIECE.findall(answer.text):
+        yield TextDelta(piece)
+    yield StreamEnd(finish_reason=_FINISH.get(answer.finish_reason, "stop"),
+                    prompt_tokens=answer.usage.prompt_tokens, completion_tokens=answer.usage.completion_tokens)
 
-    answer: cache_pb2.LookupResponse = field(default_factory=cache_pb2.LookupResponse)
 
-    async def __aiter__(self) -> AsyncIterator[TextDelta | StreamEnd]:
-        metrics = self.pipeline.metrics
-        prio = priority_name(self.priority)
-        first = True
-        for piece in _PIECE.findall(self.answer.text):
-            if first:
-                metrics.ttft.labels(prio).observe(time.monotonic() - self.arrived)
-                first = False
-            yield TextDelta(piece)
-        usage = self.answer.usage
-        metrics.e2e.labels(prio).observe(time.monotonic() - self.arrived)
-        yield StreamEnd(finish_reason=_FINISH.get(self.answer.finish_reason, "stop"),
-                        prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
-
-    async def aclose(self) -> None:
-        self._closed = True
+def sources_of(answer: cache_pb2.LookupResponse) -> list[Source]:
+    """The RAG sources a cached answer was grounded on."""
+    return [Source(chunk_id=s.chunk_id, document_id=s.document_id, score=s.score, text=s.text) for s in answer.sources]
 
 
 class GatewayCache:
@@ -122,30 +111,28 @@ class GatewayCache:
                               "result (stored, the cache's reason not to, error).", ["result"], registry=registry)
         self._background: set[asyncio.Task[None]] = set()
 
-    def key_parts(self, principal: Principal, request: GenerationRequest, model: ModelEntry,
-                  knowledge_base: str) -> cache_pb2.CacheKeyParts:
+    def key_parts(self, principal: Principal, request: GenerationRequest, model: ModelEntry) -> cache_pb2.CacheKeyParts:
         return cache_pb2.CacheKeyParts(
             tenant=principal.tenant, model=model.id, model_version=model.model_version,
             messages=[types_pb2.ChatMessage(role=m.role, content=m.content, name=m.name) for m in request.messages],
-            prompt=request.prompt, sampling=sampling_to_proto(request.sampling), knowledge_base=knowledge_base)
+            prompt=request.prompt, sampling=sampling_to_proto(request.sampling),
+            knowledge_base=request.knowledge_base)
 
-    async def lookup(self, pipeline: Pipeline, principal: Principal, request: GenerationRequest, model: ModelEntry,
-                     *, knowledge_base: str, cache_control: str, request_id: str, arrived: float,
-                     deadline: float) -> CachedStream | CacheStatus:
-        """A replayable hit, or the status to attach to the live stream."""
+    async def lookup(self, principal: Principal, request: GenerationRequest, model: ModelEntry, *,
+                     cache_control: str) -> tuple[CacheStatus, cache_pb2.LookupResponse | None]:
+        """What the cache did, and the cached answer on a hit. Never raises for the cache's own failures."""
         directives = _directives(cache_control)
-        key = self.key_parts(principal, request, model, knowledge_base)
+        key = self.key_parts(principal, request, model)
         if "no-store" in directives:
             self.results.labels("bypass").inc()
-            return CacheStatus("bypass", reason="no-store", store=False)
+            return CacheStatus("bypass", reason="no-store", store=False), None
         if "no-cache" in directives:
             self.results.labels("bypass").inc()
-            return CacheStatus("bypass", reason="no-cache", key=key)
+            return CacheStatus("bypass", reason="no-cache", key=key), None
         if request.sampling.temperature != 0:
             # Only greedy answers are stored, so nothing could be found: no lookup, no store.
             self.results.labels("bypass").inc()
-            return CacheStatus("bypass", reason="not reusable", store=False)
-        started = time.monotonic()
+            return CacheStatus("bypass", reason="not reusable", store=False), None
         try:
             resp = await self.stub.Lookup(cache_pb2.LookupRequest(key=key, allow_semantic=self.settings.cache_semantic),
                                           timeout=self.settings.cache_timeout_s)
@@ -153,40 +140,36 @@ class GatewayCache:
             self.results.labels("error").inc()
             code = err.code().name if isinstance(err, grpc.aio.AioRpcError) else type(err).__name__
             log.warning("cache lookup failed, serving uncached", extra={"code": code})
-            return CacheStatus("error", reason="cache unavailable", key=key)
-        finally:
-            pipeline.metrics.stage.labels("cache").observe(time.monotonic() - started)
+            return CacheStatus("error", reason="cache unavailable", key=key), None
         if not resp.hit:
             self.results.labels("error" if resp.degraded else "miss").inc()
-            return CacheStatus("error" if resp.degraded else "miss", reason=resp.reason, key=key)
+            return CacheStatus("error" if resp.degraded else "miss", reason=resp.reason, key=key), None
         self.results.labels(f"hit_{resp.layer}").inc()
-        status = CacheStatus("hit", layer=resp.layer, similarity=resp.similarity, store=False)
-        stream = CachedStream(pipeline=pipeline, principal=principal, request=request, request_id=request_id,
-                              priority=request.priority, arrived=arrived, deadline=deadline, answer=resp)
-        stream.start = StreamStart(request_id=request_id, model=model.id, worker_id="cache",
-                                   prompt_tokens=resp.usage.prompt_tokens)
-        stream.cache = status
-        stream.sources = [Source(chunk_id=s.chunk_id, document_id=s.document_id, score=s.score, text=s.text)
-                          for s in resp.sources]
-        return stream
+        return CacheStatus("hit", layer=resp.layer, similarity=resp.similarity, store=False), resp
 
-    def record(self, stream: GenerationStream, status: CacheStatus) -> GenerationStream:
-        """Attaches the status; a completed answer is then stored in the background."""
-        stream.cache = status
-        if status.store and status.key is not None:
-            stream.on_complete = self._on_complete
-        return stream
-
-    def _on_complete(self, stream: GenerationStream, end: StreamEnd) -> None:
-        status = stream.cache
-        if not isinstance(status, CacheStatus) or status.key is None or end.finish_reason not in _FINISH_PB:
+    async def storing(self, events: AsyncIterator[TextDelta | StreamEnd], status: CacheStatus,
+                      sources: list[Source]) -> AsyncIterator[TextDelta | StreamEnd]:
+        """``events`` unchanged; once they end with a finished answer, it is stored in the background (a stream
+        that fails or is abandoned stores nothing)."""
+        if not status.store or status.key is None:
+            async for event in events:
+                yield event
             return
+        parts: list[str] = []
+        async for event in events:
+            if isinstance(event, TextDelta):
+                parts.append(event.text)
+            elif event.finish_reason in _FINISH_PB:
+                self._store_later(status.key, "".join(parts), event, sources)
+            yield event
+
+    def _store_later(self, key: cache_pb2.CacheKeyParts, text: str, end: StreamEnd, sources: list[Source]) -> None:
         store = cache_pb2.StoreRequest(
-            key=status.key, text="".join(stream.text_parts), finish_reason=_FINISH_PB[end.finish_reason],
+            key=key, text=text, finish_reason=_FINISH_PB[end.finish_reason],
             usage=types_pb2.Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens,
                                   total_tokens=end.prompt_tokens + end.completion_tokens),
             sources=[cache_pb2.CachedSource(chunk_id=s.chunk_id, document_id=s.document_id, score=s.score,
-                                            text=s.text) for s in stream.sources])
+                                            text=s.text) for s in sources])
         task = asyncio.get_running_loop().create_task(self._store(store))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -199,6 +182,7 @@ class GatewayCache:
             return
         self.stores.labels("stored" if resp.stored else (resp.reason or "not stored")).inc()
 
-    async def close(self) -> None:
+    async def settle(self) -> None:
+        """Waits (up to 5 s) for the stores sent off the response path."""
         if self._background:
-            await asyncio.wait(self._background, timeout=5)
+            await asyncio.wait(set(self._background), timeout=5)

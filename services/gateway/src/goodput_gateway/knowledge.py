@@ -3,7 +3,7 @@
 ``POST /v1/knowledge-bases/{kb}/documents``). Every call is scoped to the caller's tenant (from its API key).
 
 A feature whose backend address is not configured (``GOODPUT_GATEWAY_EMBEDDER_ADDR``, ``..._RETRIEVER_ADDR``)
-answers UNIMPLEMENTED / 501, as before.
+answers UNIMPLEMENTED / 501, as before. REST bodies are the pydantic models of :mod:`goodput_gateway.schemas`.
 
 Example:
     >>> knowledge = Knowledge(settings, channel_factory=lambda addr: make_channel(addr, provider))
@@ -13,7 +13,6 @@ Example:
 from __future__ import annotations
 
 import base64
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,6 +28,7 @@ from grpc import aio
 from goodput_core.errors import InvalidArgument, Unimplemented, from_rpc_error
 
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.schemas import EmbeddingsRequest, IndexRequest, SearchRequest, parse
 
 __all__ = ["Knowledge", "install_routes"]
 
@@ -136,30 +136,6 @@ async def grpc_index(service: Any, principal: Any, request: gateway_pb2.IndexReq
 # ---- REST -----------------------------------------------------------------------------------------------------
 
 
-def _opt_str(body: dict[str, Any], name: str, default: str = "") -> str:
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if not isinstance(v, str):
-        raise InvalidArgument(f"'{name}' must be a string", param=name, code="invalid_type")
-    return v
-
-
-def _opt_int(body: dict[str, Any], name: str) -> int:
-    v = body.get(name)
-    if v is None:
-        return 0
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise InvalidArgument(f"'{name}' must be a non-negative integer", param=name, code="invalid_type")
-    return v
-
-
-def _object(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise InvalidArgument("the request body must be a JSON object", code="invalid_json")
-    return body
-
-
 def sources_json(hits: Any) -> list[dict[str, Any]]:
     return [{"chunk_id": h.chunk_id, "document_id": h.document_id, "score": round(float(h.score), 6),
              "text": h.text} for h in hits]
@@ -171,25 +147,13 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> JSONResponse:
         service.authenticate(request.headers.get("authorization"))
-        body = _object(await read_json(request))
-        raw = body.get("input")
-        if isinstance(raw, str):
-            texts = [raw]
-        elif isinstance(raw, list) and all(isinstance(t, str) for t in raw):
-            texts = raw
-        else:
-            raise InvalidArgument("'input' must be a string or an array of strings (token arrays are not "
-                                  "supported)", param="input", code="invalid_type")
-        fmt = _opt_str(body, "encoding_format", "float")
-        if fmt not in ("float", "base64"):
-            raise InvalidArgument("'encoding_format' must be 'float' or 'base64'", param="encoding_format",
-                                  code="invalid_value")
-        model = _opt_str(body, "model")
-        r = await _knowledge(service).embed(texts, "" if model == "default" else model)
+        body = parse(EmbeddingsRequest, await read_json(request))
+        model = body.model or ""
+        r = await _knowledge(service).embed(body.input, "" if model == "default" else model)
         data = []
         for i, v in enumerate(r.vectors):
             values: Any = list(v.values)
-            if fmt == "base64":
+            if body.encoding_format == "base64":
                 values = base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
             data.append({"object": "embedding", "index": i, "embedding": values})
         return JSONResponse({"object": "list", "data": data, "model": r.model,
@@ -198,48 +162,22 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
     @app.post("/v1/knowledge-bases/{kb}/search")
     async def search(kb: str, request: Request) -> JSONResponse:
         principal = service.authenticate(request.headers.get("authorization"))
-        body = _object(await read_json(request))
-        weight = body.get("dense_weight")
-        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float))
-                                   or not math.isfinite(weight)):
-            raise InvalidArgument("'dense_weight' must be a number between 0 and 1", param="dense_weight",
-                                  code="invalid_type")
-        rerank = body.get("rerank", False)
-        if not isinstance(rerank, bool):
-            raise InvalidArgument("'rerank' must be a boolean", param="rerank", code="invalid_type")
-        r = await _knowledge(service).search(principal.tenant, kb, _opt_str(body, "query"),
-                                             top_k=_opt_int(body, "top_k"), fusion=_opt_str(body, "fusion"),
-                                             dense_weight=None if weight is None else float(weight), rerank=rerank)
+        body = parse(SearchRequest, await read_json(request))
+        r = await _knowledge(service).search(principal.tenant, kb, body.query or "", top_k=body.top_k or 0,
+                                             fusion=body.fusion or "", dense_weight=body.dense_weight,
+                                             rerank=body.rerank)
         return JSONResponse({"object": "list", "data": sources_json(r.hits), "degraded": r.degraded,
                              "notes": list(r.notes), "kb_version": r.kb_version})
 
     @app.post("/v1/knowledge-bases/{kb}/documents")
     async def index(kb: str, request: Request) -> JSONResponse:
         principal = service.authenticate(request.headers.get("authorization"))
-        body = _object(await read_json(request))
-        raw_docs = body.get("documents") or []
-        deletes = body.get("delete_ids") or []
-        if not isinstance(raw_docs, list) or not all(isinstance(d, dict) for d in raw_docs):
-            raise InvalidArgument("'documents' must be an array of objects", param="documents", code="invalid_type")
-        if not isinstance(deletes, list) or not all(isinstance(d, str) for d in deletes):
-            raise InvalidArgument("'delete_ids' must be an array of strings", param="delete_ids",
-                                  code="invalid_type")
-        docs = []
-        for i, d in enumerate(raw_docs):
-            meta = d.get("metadata") or {}
-            if not isinstance(meta, dict):
-                raise InvalidArgument(f"documents[{i}].metadata must be an object", param=f"documents[{i}].metadata",
-                                      code="invalid_type")
-            for name in ("id", "text", "type", "title"):
-                if d.get(name) is not None and not isinstance(d.get(name), str):
-                    raise InvalidArgument(f"documents[{i}].{name} must be a string", param=f"documents[{i}].{name}",
-                                          code="invalid_type")
-            docs.append(embedder_pb2.Document(id=d.get("id") or "", text=d.get("text") or "",
-                                              type=d.get("type") or "", title=d.get("title") or "",
-                                              metadata={str(k): str(v) for k, v in meta.items()}))
-        r = await _knowledge(service).index(principal.tenant, kb, docs, deletes)
+        body = parse(IndexRequest, await read_json(request))
+        docs = [embedder_pb2.Document(id=d.id or "", text=d.text or "", type=d.type or "", title=d.title or "",
+                                      metadata={str(k): str(v) for k, v in (d.metadata or {}).items()})
+                for d in body.documents or []]
+        r = await _knowledge(service).index(principal.tenant, kb, docs, body.delete_ids or [])
         return JSONResponse({"object": "knowledge_base.index_result", "knowledge_base": kb,
                              "chunks_embedded": r.chunks_embedded, "chunks_deleted": r.chunks_deleted,
                              "documents_unchanged": r.documents_unchanged, "documents_deleted": r.documents_deleted,
                              "kb_version": r.kb_version})
-

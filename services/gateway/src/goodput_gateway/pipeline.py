@@ -4,9 +4,12 @@ Tokens flow worker -> gateway -> caller with no buffering; the scheduler only ho
 (finished, caller gone, worker lost, error) releases the lease with its outcome, and a caller that goes away
 cancels the worker call, which aborts the request in the engine.
 
+The pipeline knows nothing of caching, RAG or metering of the answer: the service wraps its token stream for those.
+
 Example:
-    >>> stream = await pipeline.open(principal, request, request_id="req-1", deadline=time.monotonic() + 300)
-    >>> async for event in stream:       # TextDelta ..., then StreamEnd
+    >>> stream = await pipeline.open(principal, request, cost, request_id="req-1", model="m",
+    ...                              arrived=now, deadline=now + 300)
+    >>> async for event in stream.events():       # TextDelta ..., then StreamEnd
     ...     ...
 """
 
@@ -16,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
@@ -24,16 +27,16 @@ from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
-from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from goodput_core.errors import GoodputError, InvalidArgument, Unavailable, from_rpc_error
-from goodput_core.metrics import LATENCY_BUCKETS
-from goodput_core.priority import priority_name
 from goodput_core.sampling import sampling_to_proto
 
 from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.requests import GenerationRequest
+from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta
+from goodput_gateway.requests import Cost, GenerationRequest
+
+__all__ = ["GenerationStream", "ModelEntry", "Pipeline", "StreamEnd", "StreamStart", "TextDelta"]
 
 log = logging.getLogger("goodput.gateway.pipeline")
 
@@ -41,7 +44,6 @@ _WORKER_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.Statu
                 grpc.StatusCode.CANCELLED}
 _FINISH = {types_pb2.FINISH_REASON_STOP: "stop", types_pb2.FINISH_REASON_LENGTH: "length",
            types_pb2.FINISH_REASON_ABORT: "abort"}
-ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 @dataclass(frozen=True)
@@ -60,35 +62,6 @@ class StreamStart:
     prompt_tokens: int
 
 
-@dataclass(frozen=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class StreamEnd:
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-
-
-class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("goodput_gateway_requests_total", "Requests by route, status and priority.",
-                                ["route", "code", "priority"], registry=registry)
-        self.ttft = Histogram("goodput_gateway_ttft_seconds", "Time to first token, from arrival.", ["priority"],
-                              buckets=LATENCY_BUCKETS, registry=registry)
-        self.itl = Histogram("goodput_gateway_itl_seconds", "Time between streamed chunks.", ["priority"],
-                             buckets=ITL_BUCKETS, registry=registry)
-        self.e2e = Histogram("goodput_gateway_e2e_seconds", "Request duration, arrival to last token.",
-                             ["priority"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.stage = Histogram("goodput_gateway_stage_seconds", "Latency by pipeline stage.", ["stage"],
-                               buckets=LATENCY_BUCKETS, registry=registry)
-        self.worker_failures = Counter("goodput_gateway_worker_failures_total",
-                                       "Worker calls lost (before or after the first token).", ["phase"],
-                                       registry=registry)
-
-
 @dataclass
 class _Lease:
     call: aio.StreamStreamCall
@@ -98,38 +71,23 @@ class _Lease:
     first_token: asyncio.Task[None] | None = None  # the first-token report, sent before the release
 
 
-@dataclass
 class GenerationStream:
-    """One request in flight. Iterate it for TextDelta events and a final StreamEnd; always exhausted or closed."""
+    """One request on a worker, under a lease. Iterate :meth:`events` for TextDelta events and a final StreamEnd;
+    :meth:`aclose` (always called, also after the last event) stops the worker call and releases the lease."""
 
-    pipeline: Pipeline
-    principal: Principal
-    request: GenerationRequest
-    request_id: str
-    priority: int
-    arrived: float
-    deadline: float
-    start: StreamStart | None = None
-    sources: list[Any] = field(default_factory=list)  # RAG: the chunks put in the prompt (rag.Source)
-    _lease: _Lease | None = None
-    _call: aio.UnaryStreamCall | None = None
-    _completion_tokens: int = 0
-    _first_token_at: float | None = None
-    _closed: bool = False
-    _outcome: int = scheduler_pb2.OUTCOME_CANCELLED
-    text_parts: list[str] = field(default_factory=list)
-    cache: Any = None  # caching.CacheStatus: what the response cache did for this request
-    # Called once the worker finished the answer (the text is in text_parts): the cache stores it.
-    on_complete: Callable[[GenerationStream, StreamEnd], None] | None = None
+    def __init__(self, pipeline: Pipeline, *, lease: _Lease, call: aio.UnaryStreamCall, start: StreamStart,
+                 arrived: float) -> None:
+        self.pipeline = pipeline
+        self.start = start
+        self._lease = lease
+        self._call = call
+        self._arrived = arrived
+        self._completion_tokens = 0
+        self._ttft_s = 0.0
+        self._outcome = scheduler_pb2.OUTCOME_CANCELLED
+        self._closed = False
 
-    def remaining(self) -> float:
-        return max(self.deadline - time.monotonic(), 0.001)
-
-    async def __aiter__(self) -> AsyncIterator[TextDelta | StreamEnd]:
-        assert self._call is not None and self.start is not None
-        metrics = self.pipeline.metrics
-        prio = priority_name(self.priority)
-        last = time.monotonic()
+    async def events(self) -> AsyncIterator[TextDelta | StreamEnd]:
         try:
             while True:
                 try:
@@ -140,44 +98,19 @@ class GenerationStream:
                     raise self._fail(Unavailable("the worker ended the stream without finishing"))
                 kind = chunk.WhichOneof("kind")
                 if kind == "delta":
-                    now = time.monotonic()
-                    if self._first_token_at is None:
-                        self._first_token_at = now
-                        metrics.ttft.labels(prio).observe(now - self.arrived)
-                        if self._lease is not None:
-                            self.pipeline.report_first_token(self._lease, now - self.arrived)
-                    else:
-                        metrics.itl.labels(prio).observe(now - last)
-                    last = now
+                    if not self._ttft_s:
+                        self._ttft_s = max(time.monotonic() - self._arrived, 1e-6)
+                        self.pipeline.report_first_token(self._lease, self._ttft_s)
                     self._completion_tokens = chunk.delta.completion_tokens
-                    if self.on_complete is not None:
-                        self.text_parts.append(chunk.delta.text)
                     yield TextDelta(chunk.delta.text)
                 elif kind == "finished":
                     f = chunk.finished
                     self._outcome = scheduler_pb2.OUTCOME_OK
-                    metrics.e2e.labels(prio).observe(time.monotonic() - self.arrived)
-                    end = StreamEnd(finish_reason=_FINISH.get(f.finish_reason, "stop"),
+                    yield StreamEnd(finish_reason=_FINISH.get(f.finish_reason, "stop"),
                                     prompt_tokens=f.usage.prompt_tokens, completion_tokens=f.usage.completion_tokens)
-                    if self.on_complete is not None:
-                        self.on_complete(self, end)
-                    yield end
                     return
         finally:
             await self.aclose()
-
-    async def collect(self) -> tuple[str, StreamEnd]:
-        """The whole answer (for non-streaming callers): its text and its final event."""
-        parts: list[str] = []
-        end: StreamEnd | None = None
-        async for event in self:
-            if isinstance(event, TextDelta):
-                parts.append(event.text)
-            else:
-                end = event
-        if end is None:
-            raise Unavailable("the stream ended without a finish")
-        return "".join(parts), end
 
     def _fail(self, err: GoodputError) -> GoodputError:
         self._outcome = scheduler_pb2.OUTCOME_WORKER_FAILED
@@ -190,8 +123,7 @@ class GenerationStream:
             return from_rpc_error(err)
         if code in _WORKER_LOST:
             self.pipeline.metrics.worker_failures.labels("mid_stream").inc()
-            worker = self._lease.worker_id if self._lease else "?"
-            log.warning("worker lost mid-stream", extra={"worker": worker, "code": code.name})
+            log.warning("worker lost mid-stream", extra={"worker": self._lease.worker_id, "code": code.name})
             return self._fail(Unavailable(f"the inference worker failed mid-stream ({code.name.lower()}); "
                                           "the answer is incomplete, retry the request"))
         self._outcome = scheduler_pb2.OUTCOME_ERROR
@@ -202,12 +134,10 @@ class GenerationStream:
         if self._closed:
             return
         self._closed = True
-        if self._call is not None and not self._call.done():
+        if not self._call.done():
             self._call.cancel()
-        if self._lease is not None:
-            self.pipeline.release(self._lease, self._outcome, prompt_tokens=self.start.prompt_tokens
-                                  if self.start else 0, completion_tokens=self._completion_tokens,
-                                  ttft_s=(self._first_token_at - self.arrived) if self._first_token_at else 0.0)
+        self.pipeline.release(self._lease, self._outcome, prompt_tokens=self.start.prompt_tokens,
+                              completion_tokens=self._completion_tokens, ttft_s=self._ttft_s)
 
 
 class Pipeline:
@@ -228,9 +158,13 @@ class Pipeline:
             channel = self._channels[address] = self._channel_factory(address)
         return inference_pb2_grpc.InferenceStub(channel)
 
-    async def close(self) -> None:
+    async def settle(self) -> None:
+        """Waits (up to 5 s) for the releases sent off the response path."""
         if self._background:
-            await asyncio.wait(self._background, timeout=5)
+            await asyncio.wait(set(self._background), timeout=5)
+
+    async def close(self) -> None:
+        await self.settle()
         for channel in self._channels.values():
             await channel.close(grace=None)
 
@@ -284,42 +218,38 @@ class Pipeline:
 
     # ---- generation ------------------------------------------------------------------------------------------
 
-    async def open(self, principal: Principal, request: GenerationRequest, *, request_id: str, model: str,
-                   arrived: float, deadline: float) -> GenerationStream:
-        """Leases a worker and starts generation; returns once the worker accepted the request (so validation
-        errors surface before any response bytes are sent)."""
-        priority = principal.resolve_priority(request.priority)
-        stream = GenerationStream(pipeline=self, principal=principal, request=request, request_id=request_id,
-                                  priority=priority, arrived=arrived, deadline=deadline)
+    async def open(self, principal: Principal, request: GenerationRequest, cost: Cost, *, request_id: str,
+                   model: str, arrived: float, deadline: float) -> GenerationStream:
+        """Leases a worker for ``request`` (its priority resolved, its cost estimated) and starts generation;
+        returns once the worker accepted the request, so errors surface before any response bytes are sent. A
+        worker that fails before accepting is retried once on another (``worker_retry``)."""
         attempts = 2 if self.settings.worker_retry else 1
         for attempt in range(attempts):
-            lease = await self._lease(stream, model)
-            stream._lease = lease
+            lease = await self._lease(principal, request, cost, request_id=request_id, model=model,
+                                      deadline=deadline)
             try:
-                stream.start = await self._start_worker(stream, lease, model)
-                return stream
+                call, start = await self._start_worker(principal, request, lease, request_id=request_id,
+                                                       model=model, deadline=deadline)
+                return GenerationStream(self, lease=lease, call=call, start=start, arrived=arrived)
             except _WorkerLost as lost:
                 self.metrics.worker_failures.labels("before_first_token").inc()
                 self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
-                stream._lease = None
                 if attempt + 1 == attempts:
                     raise Unavailable(f"the inference worker failed: {lost}") from None
                 log.warning("worker failed before the first token; retrying on another",
                             extra={"worker": lease.worker_id})
             except BaseException:
                 self.release(lease, scheduler_pb2.OUTCOME_ERROR)
-                stream._lease = None
                 raise
         raise Unavailable("no worker could take the request")
 
-    async def _lease(self, stream: GenerationStream, model: str) -> _Lease:
+    async def _lease(self, principal: Principal, req: GenerationRequest, cost: Cost, *, request_id: str,
+                     model: str, deadline: float) -> _Lease:
         started = time.monotonic()
-        req = stream.request
-        call = self.scheduler.Lease(timeout=stream.deadline - time.monotonic())
-        admit = scheduler_pb2.Admit(request_id=stream.request_id, tenant=stream.principal.tenant,
-                                    priority=cast(Any, stream.priority), model=model,
-                                    prompt_tokens_estimate=req.prompt_chars() // 4,
-                                    max_tokens=req.sampling.max_tokens, prefix_hint=req.prefix_hint(),
+        call = self.scheduler.Lease(timeout=deadline - time.monotonic())
+        admit = scheduler_pb2.Admit(request_id=request_id, tenant=principal.tenant, priority=cast(Any, req.priority),
+                                    model=model, prompt_tokens_estimate=cost.prompt_tokens,
+                                    max_tokens=cost.max_tokens, prefix_hint=req.prefix_hint(),
                                     session_id=req.session_id)
         try:
             await call.write(scheduler_pb2.LeaseRequest(admit=admit))
@@ -344,15 +274,13 @@ class Pipeline:
         self.metrics.stage.labels("schedule").observe(time.monotonic() - started)
         return _Lease(call=call, worker_id=event.granted.worker_id, address=event.granted.address)
 
-    async def _start_worker(self, stream: GenerationStream, lease: _Lease, model: str) -> StreamStart:
-        req = stream.request
-        sampling = sampling_to_proto(req.sampling)
+    async def _start_worker(self, principal: Principal, req: GenerationRequest, lease: _Lease, *, request_id: str,
+                            model: str, deadline: float) -> tuple[aio.UnaryStreamCall, StreamStart]:
         gen = inference_pb2.GenerateRequest(
-            request_id=stream.request_id, model=model, prompt=req.prompt, sampling=sampling,
-            priority=cast(Any, stream.priority), tenant=stream.principal.tenant,
+            request_id=request_id, model=model, prompt=req.prompt, sampling=sampling_to_proto(req.sampling),
+            priority=cast(Any, req.priority), tenant=principal.tenant,
             messages=[types_pb2.ChatMessage(role=m.role, content=m.content, name=m.name) for m in req.messages])
-        call = self._worker(lease.address).Generate(gen, timeout=stream.remaining())
-        stream._call = call
+        call = self._worker(lease.address).Generate(gen, timeout=max(deadline - time.monotonic(), 0.001))
         try:
             first = await call.read()
         except grpc.RpcError as err:
@@ -367,8 +295,8 @@ class Pipeline:
         if first is aio.EOF or first.WhichOneof("kind") != "started":
             call.cancel()
             raise _WorkerLost("the worker did not acknowledge the request")
-        return StreamStart(request_id=stream.request_id, model=model, worker_id=lease.worker_id,
-                           prompt_tokens=first.started.prompt_tokens)
+        return call, StreamStart(request_id=request_id, model=model, worker_id=lease.worker_id,
+                                 prompt_tokens=first.started.prompt_tokens)
 
     def report_first_token(self, lease: _Lease, ttft_s: float) -> None:
         """Tells the scheduler the prompt's prefill is done (off the caller's path): its prefill gate and latency

@@ -3,16 +3,15 @@ of that knowledge base (searched with the last user message, scoped to the calle
 conversation, within the model's context budget, and the sources used go back to the caller.
 
 Budget: the context may take what is left of the model's window after the answer (``max_tokens``, or the
-default) and the conversation, estimated at 3 characters a token (the same estimate as the max_tokens default),
+default) and the conversation, in the gateway's one token estimate (``requests.estimate_tokens``),
 capped by ``rag_max_context_chars`` and by ``max_prompt_chars``. Chunks go in rank order; one that does not fit
 is left out with everything after it, so the sources returned are exactly the chunks the model saw.
 
-Extension fields: REST body ``knowledge_base`` or header ``X-Goodput-Knowledge-Base``; gRPC
-``GenerateRequest.knowledge_base``.
+The knowledge base is ``GenerationRequest.knowledge_base``: the REST body field ``knowledge_base`` or the header
+``X-Goodput-Knowledge-Base``; gRPC ``GenerateRequest.knowledge_base``.
 
 Example:
-    >>> request, sources = await augment(knowledge, settings, tenant="acme", kb="handbook", request=req,
-    ...                                  max_model_len=2048)
+    >>> request, sources = await augment(knowledge, settings, tenant="acme", request=req, max_model_len=2048)
 """
 
 from __future__ import annotations
@@ -23,9 +22,9 @@ from typing import Any
 from goodput_core.errors import InvalidArgument
 
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.requests import GenerationRequest, Message
+from goodput_gateway.requests import CHARS_PER_TOKEN, GenerationRequest, Message, estimate_tokens
 
-__all__ = ["KB_HEADER", "Source", "augment", "knowledge_base_from"]
+__all__ = ["KB_HEADER", "Source", "augment"]
 
 KB_HEADER = "x-goodput-knowledge-base"
 INSTRUCTION = ("Answer the question using the context below. Each context passage starts with its number; cite "
@@ -40,15 +39,6 @@ class Source:
     text: str
 
 
-def knowledge_base_from(body: Any, header: str | None) -> str:
-    value = body.get("knowledge_base") if isinstance(body, dict) else None
-    if value is None:
-        value = header or ""
-    if not isinstance(value, str):
-        raise InvalidArgument("'knowledge_base' must be a string", param="knowledge_base", code="invalid_type")
-    return value.strip()
-
-
 def _query(request: GenerationRequest) -> str:
     for m in reversed(request.messages):
         if m.role == "user" and m.content.strip():
@@ -58,18 +48,20 @@ def _query(request: GenerationRequest) -> str:
 
 def context_budget(request: GenerationRequest, settings: GatewaySettings, max_model_len: int) -> int:
     answer = request.sampling.max_tokens or settings.default_max_tokens
-    left_tokens = max_model_len - answer - request.prompt_chars() // 3 - 64
-    return max(0, min(left_tokens * 3, settings.rag_max_context_chars,
+    left_tokens = max_model_len - answer - estimate_tokens(request.prompt_chars()) - 64
+    return max(0, min(left_tokens * CHARS_PER_TOKEN, settings.rag_max_context_chars,
                       settings.max_prompt_chars - request.prompt_chars() - len(INSTRUCTION) - 64))
 
 
-async def augment(knowledge: Any, settings: GatewaySettings, *, tenant: str, kb: str, request: GenerationRequest,
+async def augment(knowledge: Any, settings: GatewaySettings, *, tenant: str, request: GenerationRequest,
                   max_model_len: int) -> tuple[GenerationRequest, list[Source]]:
+    """The request with the best chunks of ``request.knowledge_base`` in front, and the chunks used."""
     query = _query(request)
     if not query.strip():
         raise InvalidArgument("a RAG request needs a user message to search with", param="messages",
                               code="invalid_value")
-    result = await knowledge.search(tenant, kb, query[:settings.rag_max_query_chars], top_k=settings.rag_top_k)
+    result = await knowledge.search(tenant, request.knowledge_base, query[:settings.rag_max_query_chars],
+                                    top_k=settings.rag_top_k)
     budget = context_budget(request, settings, max_model_len)
     sources: list[Source] = []
     parts: list[str] = []

@@ -28,13 +28,16 @@ from goodput_core.metrics import metrics_response
 from goodput_core.priority import priority_name
 
 from goodput_gateway.caching import CACHE_HEADER
-from goodput_gateway.jobs import JobQueue, park_if_shed
-from goodput_gateway.jobs import install_routes as install_job_routes
+from goodput_gateway.jobs import JOB_HEADER, JobQueue, Parked
+from goodput_gateway.jobs.routes import install_routes as install_job_routes
 from goodput_gateway.knowledge import install_routes as install_knowledge_routes
-from goodput_gateway.pipeline import GenerationStream, StreamEnd, TextDelta
-from goodput_gateway.rag import KB_HEADER, knowledge_base_from
-from goodput_gateway.requests import GenerationRequest, from_openai_chat, from_openai_completion
-from goodput_gateway.service import GatewayService
+from goodput_gateway.metrics import StreamEnd, TextDelta
+from goodput_gateway.rag import KB_HEADER
+from goodput_gateway.requests import GenerationRequest
+from goodput_gateway.schemas import ChatCompletionRequest, CompletionRequest, parse
+from goodput_gateway.service import Call, GatewayService, Generation, Opened
+
+__all__ = ["completion_body", "create_app", "error_response"]
 
 PRIORITY_HEADER = "x-goodput-priority"
 SSE_HEADERS = {
@@ -48,6 +51,8 @@ def error_response(err: GoodputError, request_id: str | None = None) -> JSONResp
     headers = {REQUEST_ID_HEADER: request_id} if request_id else {}
     if err.retry_after_s is not None:
         headers["Retry-After"] = str(max(int(err.retry_after_s + 0.999), 1))
+    if isinstance(err, Parked):  # a shed P2 request parked as a job: the 429 says which
+        headers[JOB_HEADER] = err.job_id
     return JSONResponse(err.openai_body(), status_code=err.http_status, headers=headers)
 
 
@@ -106,59 +111,58 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
             raise InvalidArgument(f"request body is not valid JSON: {err.msg} at line {err.lineno} column "
                                   f"{err.colno}", code="invalid_json") from None
 
-    async def handle(request: Request, route: str,
-                     parse: Callable[..., GenerationRequest]) -> Response:
+    async def handle(request: Request, route: str, schema: type[ChatCompletionRequest | CompletionRequest]) -> Response:
         arrived = time.monotonic()
         request_id = new_request_id()
         span = tracer.start_span(f"POST {request.url.path}", kind=SpanKind.SERVER,
                                  attributes={"goodput.request_id": request_id, "http.route": request.url.path})
-        prio_label = "unspecified"
+
+        async def parse_body() -> GenerationRequest:  # after authentication: nothing is read before it
+            body = parse(schema, await read_json(request))
+            return body.to_request(header_priority=request.headers.get(PRIORITY_HEADER),
+                                   header_kb=request.headers.get(KB_HEADER))
+
+        call = Call(parse=parse_body, authorization=request.headers.get("authorization"), request_id=request_id,
+                    arrived=arrived, cache_control=request.headers.get("cache-control", ""))
         with request_context(request_id=request_id), trace.use_span(span, end_on_exit=False):
             try:
-                principal = service.authenticate(request.headers.get("authorization"))
-                span.set_attribute("goodput.tenant", principal.tenant)
-                body = await read_json(request)
-                gen = parse(body, header_priority=request.headers.get(PRIORITY_HEADER))
-                kb = knowledge_base_from(body, request.headers.get(KB_HEADER))
-                stream = await service.begin(principal, gen, request_id=request_id, arrived=arrived,
-                                             knowledge_base=kb,
-                                             cache_control=request.headers.get("cache-control", ""))
-                prio_label = priority_name(stream.priority)
+                generation = await service.open(call)
             except GoodputError as err:
-                service.metrics.requests.labels(route, str(err.http_status), prio_label).inc()
+                service.metrics.requests.labels(route, str(err.http_status), "unspecified").inc()
                 span.set_status(Status(StatusCode.ERROR, err.message))
                 span.end()
-                if jobs is not None:  # a shed P2 request is parked as a job, and the 429 says which
-                    return await park_if_shed(jobs, service, err, request, route, error_response, request_id)
                 return error_response(err, request_id)
             except BaseException:
                 span.end()
                 raise
-        service.metrics.requests.labels(route, "200", prio_label).inc()
-        span.set_attribute("goodput.worker", stream.start.worker_id if stream.start else "")
+        opened = generation.opened
+        service.metrics.requests.labels(route, "200", priority_name(opened.priority)).inc()
+        span.set_attribute("goodput.tenant", opened.tenant)
+        span.set_attribute("goodput.worker", opened.worker_id)
         headers = {REQUEST_ID_HEADER: request_id}
-        if stream.cache is not None:  # X-Goodput-Cache: hit; layer=l2; similarity=0.973
-            headers[CACHE_HEADER] = stream.cache.header()
-        if gen.stream:
-            return StreamingResponse(_stream_events(stream, gen, route, span), media_type="text/event-stream",
+        if opened.cache is not None:  # X-Goodput-Cache: hit; layer=l2; similarity=0.973
+            headers[CACHE_HEADER] = opened.cache.header()
+        if opened.request.stream:
+            return StreamingResponse(_stream_events(generation, route, span), media_type="text/event-stream",
                                      headers={**SSE_HEADERS, **headers})
         try:
             with trace.use_span(span, end_on_exit=False):
-                body = await _collect(stream, gen, route)
+                async with generation:
+                    text, end = await generation.collect()
         except GoodputError as err:
             span.set_status(Status(StatusCode.ERROR, err.message))
             return error_response(err, request_id)
         finally:
             span.end()
-        return JSONResponse(body, headers=headers)
+        return JSONResponse(completion_body(opened, text, end, route=route), headers=headers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await handle(request, "chat", from_openai_chat)
+        return await handle(request, "chat", ChatCompletionRequest)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await handle(request, "completions", from_openai_completion)
+        return await handle(request, "completions", CompletionRequest)
 
     install_knowledge_routes(app, service, read_json)
     if jobs is not None:
@@ -166,9 +170,9 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
     return app
 
 
-def _ids(stream: GenerationStream, route: str) -> tuple[str, str, int]:
+def _ids(opened: Opened, route: str, response_id: str = "") -> tuple[str, str, int]:
     prefix = "chatcmpl" if route == "chat" else "cmpl"
-    return f"{prefix}-{stream.request_id.removeprefix('req-') or uuid.uuid4().hex}", \
+    return f"{prefix}-{response_id or opened.request_id.removeprefix('req-') or uuid.uuid4().hex}", \
         ("chat.completion" if route == "chat" else "text_completion"), int(time.time())
 
 
@@ -177,30 +181,29 @@ def _usage(end: StreamEnd) -> dict[str, int]:
             "total_tokens": end.prompt_tokens + end.completion_tokens}
 
 
-async def _collect(stream: GenerationStream, gen: GenerationRequest, route: str) -> dict[str, Any]:
-    text, end = await stream.collect()
-    cid, obj, created = _ids(stream, route)
+def completion_body(opened: Opened, text: str, end: StreamEnd, *, route: str, response_id: str = "") -> dict[str, Any]:
+    """The OpenAI-shaped JSON answer (``chat.completion`` or ``text_completion``), with the Goodput extensions."""
+    cid, obj, created = _ids(opened, route, response_id)
     choice: dict[str, Any]
     if route == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": end.finish_reason,
                   "logprobs": None}
     else:
         choice = {"index": 0, "text": text, "finish_reason": end.finish_reason, "logprobs": None}
-    model = stream.start.model if stream.start else gen.model
-    body = {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice],
+    body = {"id": cid, "object": obj, "created": created, "model": opened.model, "choices": [choice],
             "usage": _usage(end), "system_fingerprint": None}
-    if stream.sources:  # RAG extension: the chunks the answer was grounded on, beside `choices`
-        body["sources"] = [asdict(s) for s in stream.sources]
-    if stream.cache is not None:  # what the response cache did (hit, layer, similarity)
-        body["goodput_cache"] = stream.cache.as_dict()
+    if opened.sources:  # RAG extension: the chunks the answer was grounded on, beside `choices`
+        body["sources"] = [asdict(s) for s in opened.sources]
+    if opened.cache is not None:  # what the response cache did (hit, layer, similarity)
+        body["goodput_cache"] = opened.cache.as_dict()
     return body
 
 
-async def _stream_events(stream: GenerationStream, gen: GenerationRequest, route: str,
-                         span: trace.Span) -> AsyncIterator[bytes]:
-    cid, obj, created = _ids(stream, route)
+async def _stream_events(generation: Generation, route: str, span: trace.Span) -> AsyncIterator[bytes]:
+    opened = generation.opened
+    cid, obj, created = _ids(opened, route)
     obj = "chat.completion.chunk" if route == "chat" else "text_completion"
-    model = stream.start.model if stream.start else gen.model
+    model = opened.model
 
     def chunk(delta_text: str | None, finish: str | None, *, role: bool = False) -> dict[str, Any]:
         if route == "chat":
@@ -217,17 +220,17 @@ async def _stream_events(stream: GenerationStream, gen: GenerationRequest, route
     try:
         if route == "chat":
             first = chunk("", None, role=True)
-            if stream.sources:  # RAG extension on the first chunk (the openai SDK keeps unknown fields)
-                first["sources"] = [asdict(s) for s in stream.sources]
-            if stream.cache is not None:
-                first["goodput_cache"] = stream.cache.as_dict()
+            if opened.sources:  # RAG extension on the first chunk (the openai SDK keeps unknown fields)
+                first["sources"] = [asdict(s) for s in opened.sources]
+            if opened.cache is not None:
+                first["goodput_cache"] = opened.cache.as_dict()
             yield _sse(first)
-        async for event in stream:
+        async for event in generation:
             if isinstance(event, TextDelta):
                 yield _sse(chunk(event.text, None))
             else:
                 yield _sse(chunk(None if route == "chat" else "", event.finish_reason))
-                if gen.include_usage:
+                if opened.request.include_usage:
                     yield _sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [],
                                 "usage": _usage(event)})
                 yield b"data: [DONE]\n\n"
@@ -236,5 +239,5 @@ async def _stream_events(stream: GenerationStream, gen: GenerationRequest, route
         span.set_status(Status(StatusCode.ERROR, err.message))
         yield _sse(err.openai_body())
     finally:
-        await stream.aclose()
+        await generation.aclose()
         span.end()

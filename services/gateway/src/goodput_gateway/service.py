@@ -1,37 +1,122 @@
-"""The gateway's front half, shared by REST and gRPC: authenticate, validate, open the pipeline.
+"""The request path behind both APIs, in one function: :meth:`GatewayService.generate`.
+
+REST (:mod:`goodput_gateway.rest`), gRPC (:mod:`goodput_gateway.servicer`) and the jobs worker hand over a
+:class:`Call` (credentials, a parser for their wire format, the caller's options) and shape the events that come
+back; everything between is here, in the order it happens: authenticate -> parse -> cache lookup -> RAG -> admit
+(lease a worker) -> stream -> release -> cache store. Cross-cutting work wraps the token stream (timing, the cache
+store); it does not live inside it.
 
 Example:
-    >>> stream = await service.begin(authorization="Bearer k", request=req, route="chat")
-    >>> async for event in stream: ...
+    >>> generation = await service.open(Call(parse=parse_body, authorization="Bearer k"))
+    >>> generation.opened.model, generation.opened.sources
+    >>> async with generation:
+    ...     async for event in generation:     # TextDelta ..., then StreamEnd
+    ...         ...
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import replace
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from types import TracebackType
 
 from goodput_core.context import new_request_id, tenant_id_var
-from goodput_core.errors import Unimplemented
+from goodput_core.errors import ResourceExhausted, Unavailable, Unimplemented
+from goodput_core.priority import priority_name
 
 from goodput_gateway.auth import ApiKeyStore, Principal
-from goodput_gateway.caching import CachedStream, CacheStatus, GatewayCache
+from goodput_gateway.caching import CacheStatus, GatewayCache, replay, sources_of
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.jobs.parking import park
+from goodput_gateway.jobs.store import JobQueue
 from goodput_gateway.knowledge import Knowledge
-from goodput_gateway.pipeline import GatewayMetrics, GenerationStream, Pipeline
+from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta, timed
+from goodput_gateway.pipeline import Pipeline
 from goodput_gateway.rag import Source, augment
-from goodput_gateway.requests import GenerationRequest, apply_model_limits, validate_shape
+from goodput_gateway.requests import GenerationRequest, resolve_cost, validate
+
+__all__ = ["Call", "Generation", "GatewayService", "Opened"]
+
+log = logging.getLogger("goodput.gateway")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One generation call as an API hands it over."""
+
+    parse: Callable[[], Awaitable[GenerationRequest]]  # the wire format to a request; runs after authentication
+    authorization: str | None = None  # "Bearer <key>"
+    principal: Principal | None = None  # already authenticated instead (a parked job runs as its tenant)
+    request_id: str = ""
+    arrived: float = 0.0  # time.monotonic() at arrival; 0 = now
+    timeout_s: float | None = None  # the caller's deadline, if shorter than request_timeout_s
+    cache_control: str = ""  # "no-cache" (skip the lookup), "no-store" (skip lookup and store)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The first event of a generation: what the caller needs before the first token."""
+
+    request_id: str
+    tenant: str
+    priority: int  # resolved against the API key
+    model: str
+    worker_id: str  # "cache" for a cached answer
+    request: GenerationRequest  # as the caller sent it (stream, include_usage, kind)
+    sources: list[Source]  # RAG: the chunks put in the prompt
+    cache: CacheStatus | None  # what the response cache did; None without a cache
+
+
+class Generation:
+    """An opened generation: ``opened``, then its events. Always closed (``async with`` or :meth:`aclose`):
+    closing stops the worker call and releases the lease."""
+
+    def __init__(self, opened: Opened, events: AsyncGenerator[Opened | TextDelta | StreamEnd, None]) -> None:
+        self.opened = opened
+        self._events = events
+
+    async def __aiter__(self) -> AsyncGenerator[TextDelta | StreamEnd, None]:
+        async for event in self._events:
+            assert not isinstance(event, Opened)
+            yield event
+
+    async def collect(self) -> tuple[str, StreamEnd]:
+        """The whole answer (for non-streaming callers): its text and its final event."""
+        parts: list[str] = []
+        end: StreamEnd | None = None
+        async for event in self:
+            if isinstance(event, TextDelta):
+                parts.append(event.text)
+            else:
+                end = event
+        if end is None:
+            raise Unavailable("the stream ended without a finish")
+        return "".join(parts), end
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+    async def __aenter__(self) -> Generation:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
 
 
 class GatewayService:
     def __init__(self, settings: GatewaySettings, *, keys: ApiKeyStore, pipeline: Pipeline,
                  metrics: GatewayMetrics, knowledge: Knowledge | None = None,
-                 cache: GatewayCache | None = None) -> None:
+                 cache: GatewayCache | None = None, jobs: JobQueue | None = None) -> None:
         self.settings = settings
-        self.cache = cache
-        self.knowledge = knowledge
         self.keys = keys
         self.pipeline = pipeline
         self.metrics = metrics
+        self.knowledge = knowledge
+        self.cache = cache
+        self.jobs = jobs  # where shed P2 work is parked; None = not parked
 
     def authenticate(self, authorization: str | None) -> Principal:
         started = time.monotonic()
@@ -40,38 +125,96 @@ class GatewayService:
         self.metrics.stage.labels("auth").observe(time.monotonic() - started)
         return principal
 
-    async def begin(self, principal: Principal, request: GenerationRequest, *, request_id: str | None = None,
-                    arrived: float | None = None, timeout_s: float | None = None,
-                    knowledge_base: str = "", cache_control: str = "") -> GenerationStream:
-        arrived = arrived or time.monotonic()
+    async def open(self, call: Call) -> Generation:
+        """Runs :meth:`generate` up to its first event; errors before it (bad input, shed, no worker) raise here,
+        before the caller has sent anything."""
+        events = self.generate(call)
+        try:
+            opened = await anext(events)
+        except BaseException:
+            await events.aclose()
+            raise
+        assert isinstance(opened, Opened)
+        return Generation(opened, events)
+
+    async def generate(self, call: Call) -> AsyncGenerator[Opened | TextDelta | StreamEnd, None]:
+        """One request, top to bottom: an :class:`Opened` event, then TextDelta events, then a StreamEnd."""
+        arrived = call.arrived or time.monotonic()
+        request_id = call.request_id or new_request_id()
+        timeout = min(call.timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
+        deadline = arrived + timeout
+
+        # authenticate, before anything is parsed
+        principal = call.principal or self.authenticate(call.authorization)
+
+        # parse and check; the priority is resolved against the key here, once, before anything is spent
         started = time.monotonic()
-        # Priority is checked before anything is spent on the request.
-        request = replace(request, priority=principal.resolve_priority(request.priority))
-        validate_shape(request, self.settings)
+        asked = await call.parse()
+        request = replace(asked, priority=principal.resolve_priority(asked.priority))
+        validate(request, self.settings)
         model = await self.pipeline.resolve_model(request.model)
-        request_id = request_id or new_request_id()
-        timeout = min(timeout_s, self.settings.request_timeout_s) if timeout_s else self.settings.request_timeout_s
-        cached: CachedStream | CacheStatus | None = None
-        if self.cache is not None:  # before retrieval and scheduling: a hit needs neither
-            cached = await self.cache.lookup(self.pipeline, principal, request, model, knowledge_base=knowledge_base,
-                                             cache_control=cache_control, request_id=request_id, arrived=arrived,
-                                             deadline=arrived + timeout)
-            if isinstance(cached, CachedStream):
-                return cached
-        sources: list[Source] = []
-        if knowledge_base:  # RAG: retrieval before scheduling
-            if self.knowledge is None or not self.knowledge.retrieval_enabled:
-                raise Unimplemented("knowledge_base needs the retriever service, which this gateway is not "
-                                    "configured with")
-            retrieve_started = time.monotonic()
-            request, sources = await augment(self.knowledge, self.settings, tenant=principal.tenant,
-                                             kb=knowledge_base, request=request, max_model_len=model.max_model_len)
-            self.metrics.stage.labels("retrieve").observe(time.monotonic() - retrieve_started)
-        request = apply_model_limits(request, self.settings, max_model_len=model.max_model_len)
         self.metrics.stage.labels("validate").observe(time.monotonic() - started)
-        stream = await self.pipeline.open(principal, request, request_id=request_id,
-                                          model=model.id, arrived=arrived, deadline=arrived + timeout)
-        stream.sources = sources
-        if self.cache is not None and isinstance(cached, CacheStatus):
-            return self.cache.record(stream, cached)
-        return stream
+        prio = priority_name(request.priority)
+
+        # cache lookup: a hit needs no retrieval and no worker
+        status: CacheStatus | None = None
+        if self.cache is not None:
+            started = time.monotonic()
+            status, hit = await self.cache.lookup(principal, request, model, cache_control=call.cache_control)
+            self.metrics.stage.labels("cache").observe(time.monotonic() - started)
+            if hit is not None:
+                yield Opened(request_id=request_id, tenant=principal.tenant, priority=request.priority, model=model.id,
+                             worker_id="cache", request=request, sources=sources_of(hit), cache=status)
+                async for event in timed(replay(hit), self.metrics, priority=prio, arrived=arrived):
+                    yield event
+                return
+
+        # RAG: the knowledge base's best chunks in front of the conversation
+        grounded, sources = await self._retrieve(principal, request, max_model_len=model.max_model_len)
+
+        # cost, once, on the final prompt; then admission: the scheduler leases a worker (or sheds)
+        final, cost = resolve_cost(grounded, self.settings, max_model_len=model.max_model_len)
+        try:
+            stream = await self.pipeline.open(principal, final, cost, request_id=request_id, model=model.id,
+                                              arrived=arrived, deadline=deadline)
+        except ResourceExhausted as err:
+            await self._park(err, principal, request)  # batch work is parked, not lost (raises Parked)
+            raise
+
+        # stream: tokens flow worker -> caller; the cache store and the timing wrap the stream
+        try:
+            yield Opened(request_id=request_id, tenant=principal.tenant, priority=request.priority, model=model.id,
+                         worker_id=stream.start.worker_id, request=request, sources=sources, cache=status)
+            events = timed(stream.events(), self.metrics, priority=prio, arrived=arrived)
+            if self.cache is not None and status is not None:
+                events = self.cache.storing(events, status, sources)
+            async for event in events:
+                yield event
+        finally:
+            await stream.aclose()  # release: the worker call stops and the lease goes back, whatever happened
+
+    async def _retrieve(self, principal: Principal, request: GenerationRequest, *,
+                        max_model_len: int) -> tuple[GenerationRequest, list[Source]]:
+        if not request.knowledge_base:
+            return request, []
+        if self.knowledge is None or not self.knowledge.retrieval_enabled:
+            raise Unimplemented("knowledge_base needs the retriever service, which this gateway is not configured "
+                                "with")
+        started = time.monotonic()
+        grounded = await augment(self.knowledge, self.settings, tenant=principal.tenant, request=request,
+                                 max_model_len=max_model_len)
+        self.metrics.stage.labels("retrieve").observe(time.monotonic() - started)
+        return grounded
+
+    async def _park(self, err: ResourceExhausted, principal: Principal, request: GenerationRequest) -> None:
+        """A shed P2 request (the caller's, as parsed) becomes a job; the error then names it. Best effort: the
+        caller gets its honest 429 either way."""
+        if self.jobs is None:
+            return
+        try:
+            parked = await park(self.jobs, err, tenant=principal.tenant, request=request)
+        except Exception:  # noqa: BLE001
+            log.exception("could not park a shed P2 request")
+            return
+        if parked is not None:
+            raise parked from err

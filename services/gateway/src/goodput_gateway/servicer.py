@@ -1,8 +1,13 @@
-"""Thin gRPC servicer for the public Gateway API, over the same service as REST."""
+"""Thin gRPC servicer for the public Gateway API, over the same request path as REST
+(:meth:`goodput_gateway.service.GatewayService.generate`).
+
+A ``GenerateRequest`` becomes a :class:`~goodput_gateway.requests.GenerationRequest` in :func:`from_proto` and then
+passes the same domain checks as a REST body. Every field is carried: ``no_cache`` is ``Cache-Control: no-store``
+(neither read nor write); the ``cache-control`` metadata works as the REST header does.
+"""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -11,20 +16,29 @@ from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from grpc import aio
 
 from goodput_core.context import REQUEST_ID_HEADER, new_request_id, request_context
-from goodput_core.errors import GoodputError, ResourceExhausted
+from goodput_core.errors import GoodputError
+from goodput_core.priority import priority_name
+from goodput_core.sampling import sampling_from_proto
 
-from goodput_gateway.auth import Principal
-from goodput_gateway.caching import cache_metadata
-from goodput_gateway.jobs import JOB_ID_KEY, JobQueue, park_shed
 from goodput_gateway.knowledge import grpc_embed, grpc_index, grpc_search
-from goodput_gateway.pipeline import GenerationStream, StreamEnd, TextDelta
-from goodput_gateway.requests import GenerationRequest, from_proto, to_openai_body
-from goodput_gateway.service import GatewayService
+from goodput_gateway.metrics import StreamEnd, TextDelta
+from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message
+from goodput_gateway.service import Call, GatewayService, Opened
 
-log = logging.getLogger("goodput.gateway")
+__all__ = ["GatewayServicer", "from_proto"]
 
 _FINISH = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REASON_LENGTH,
            "abort": types_pb2.FINISH_REASON_ABORT}
+
+
+def from_proto(req: gateway_pb2.GenerateRequest, *, stream: bool) -> GenerationRequest:
+    """The request as the domain sees it; its checks (:func:`~goodput_gateway.requests.validate`) come after."""
+    messages = tuple(Message(role=ROLE_ALIASES.get(m.role, m.role), content=m.content, name=m.name)
+                     for m in req.messages)
+    return GenerationRequest(model=req.model, messages=messages, prompt=req.prompt,
+                             sampling=sampling_from_proto(req.sampling), priority=int(req.priority), stream=stream,
+                             session_id=req.session_id, knowledge_base=req.knowledge_base.strip(),
+                             kind="completion" if req.prompt and not req.messages else "chat")
 
 
 def _metadata(context: aio.ServicerContext, name: str) -> str:
@@ -43,102 +57,82 @@ def _usage(end: StreamEnd) -> types_pb2.Usage:
                            total_tokens=end.prompt_tokens + end.completion_tokens)
 
 
-def _sources(stream: GenerationStream) -> list[gateway_pb2.Source]:
+def _sources(opened: Opened) -> list[gateway_pb2.Source]:
     return [gateway_pb2.Source(chunk_id=s.chunk_id, document_id=s.document_id, score=s.score, text=s.text)
-            for s in stream.sources]
+            for s in opened.sources]
+
+
+def _cache_info(opened: Opened) -> gateway_pb2.CacheInfo | None:
+    status = opened.cache
+    if status is None or status.status != "hit":
+        return None
+    return gateway_pb2.CacheInfo(hit=True, layer=status.layer, similarity=status.similarity)
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, service: GatewayService, *, jobs: JobQueue | None = None) -> None:
+    def __init__(self, service: GatewayService) -> None:
         self.service = service
-        self.jobs = jobs
 
-    def _count(self, route: str, code: str, priority: str = "unspecified") -> None:
-        self.service.metrics.requests.labels(route, code, priority).inc()
+    def _call(self, request: gateway_pb2.GenerateRequest, context: aio.ServicerContext, *, stream: bool,
+              request_id: str) -> Call:
+        async def parse() -> GenerationRequest:
+            return from_proto(request, stream=stream)
 
-    async def _park(self, err: GoodputError, principal: Principal | None, gen: GenerationRequest | None,
-                    request: gateway_pb2.GenerateRequest) -> None:
-        """A shed P2 request is parked as a job (as on REST); its id travels in trailing metadata next to the
-        RESOURCE_EXHAUSTED status and its retry-after. Best effort: the caller gets its honest error either way."""
-        if self.jobs is None or principal is None or gen is None or not isinstance(err, ResourceExhausted):
-            return
-        try:
-            route, body = to_openai_body(gen, knowledge_base=request.knowledge_base)
-            job = await park_shed(self.jobs, err, principal=principal, gen=gen, route=route, body=body)
-        except Exception:  # noqa: BLE001
-            log.exception("could not park a shed P2 request")
-            return
-        if job is not None:
-            err.extra_metadata = (*err.extra_metadata, (JOB_ID_KEY, job.id))
+        cache_control = "no-store" if request.no_cache else _metadata(context, "cache-control")
+        return Call(parse=parse, authorization=_authorization(context), request_id=request_id,
+                    arrived=time.monotonic(), timeout_s=context.time_remaining(), cache_control=cache_control)
+
+    def _count(self, route: str, code: str, priority: int | None = None) -> None:
+        self.service.metrics.requests.labels(route, code, priority_name(priority or 0)).inc()
 
     async def GenerateStream(self, request: gateway_pb2.GenerateRequest,
                              context: aio.ServicerContext) -> AsyncIterator[gateway_pb2.GenerateStreamResponse]:
-        arrived = time.monotonic()
         request_id = new_request_id()
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         with request_context(request_id=request_id):
-            principal: Principal | None = None
-            gen = None
             try:
-                principal = self.service.authenticate(_authorization(context))
-                gen = from_proto(request, stream=True)
-                stream = await self.service.begin(principal, gen, request_id=request_id,
-                                                  arrived=arrived, timeout_s=context.time_remaining(),
-                                                  knowledge_base=request.knowledge_base,
-                                                  cache_control=_metadata(context, "cache-control"))
+                generation = await self.service.open(self._call(request, context, stream=True,
+                                                                request_id=request_id))
             except GoodputError as err:
                 self._count("grpc_stream", err.grpc_code.name)
-                await self._park(err, principal, gen, request)
                 raise
             # A caller that cancels after the start message never iterates the stream: close it (worker call
             # and lease) whatever happens, as the REST path does.
-            try:
-                if cache_metadata(stream):  # x-goodput-cache: hit; layer=l1; similarity=1.000
-                    await context.send_initial_metadata(cache_metadata(stream))
-                    context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *cache_metadata(stream)))
-                self._count("grpc_stream", "OK")
-                assert stream.start is not None
+            async with generation:
+                opened = generation.opened
+                if opened.cache is not None:  # x-goodput-cache: hit; layer=l1; similarity=1.000
+                    await context.send_initial_metadata(opened.cache.metadata())
+                    context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *opened.cache.metadata()))
+                self._count("grpc_stream", "OK", opened.priority)
                 yield gateway_pb2.GenerateStreamResponse(start=gateway_pb2.StreamStart(
-                    request_id=request_id, model=stream.start.model, sources=_sources(stream)))
-                async for event in stream:
+                    request_id=request_id, model=opened.model, sources=_sources(opened), cache=_cache_info(opened)))
+                async for event in generation:
                     if isinstance(event, TextDelta):
                         yield gateway_pb2.GenerateStreamResponse(delta=event.text)
                     else:
                         yield gateway_pb2.GenerateStreamResponse(end=gateway_pb2.StreamEnd(
                             finish_reason=_FINISH[event.finish_reason], usage=_usage(event)))
-            finally:
-                await stream.aclose()
 
     async def Generate(self, request: gateway_pb2.GenerateRequest,
                        context: aio.ServicerContext) -> gateway_pb2.GenerateResponse:
-        arrived = time.monotonic()
         request_id = new_request_id()
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         with request_context(request_id=request_id):
-            principal: Principal | None = None
-            gen = None
             try:
-                principal = self.service.authenticate(_authorization(context))
-                gen = from_proto(request, stream=False)
-                stream = await self.service.begin(principal, gen, request_id=request_id, arrived=arrived,
-                                                  timeout_s=context.time_remaining(),
-                                                  knowledge_base=request.knowledge_base,
-                                                  cache_control=_metadata(context, "cache-control"))
+                generation = await self.service.open(self._call(request, context, stream=False,
+                                                                request_id=request_id))
             except GoodputError as err:
                 self._count("grpc", err.grpc_code.name)
-                await self._park(err, principal, gen, request)
                 raise
-            if cache_metadata(stream):
-                context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *cache_metadata(stream)))
-            self._count("grpc", "OK")
-            try:
-                text, end = await stream.collect()
-            finally:
-                await stream.aclose()
-            assert stream.start is not None
-            return gateway_pb2.GenerateResponse(request_id=request_id, model=stream.start.model,
-                                                text=text, finish_reason=_FINISH[end.finish_reason],
-                                                usage=_usage(end), sources=_sources(stream))
+            opened = generation.opened
+            if opened.cache is not None:
+                context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *opened.cache.metadata()))
+            self._count("grpc", "OK", opened.priority)
+            async with generation:
+                text, end = await generation.collect()
+            return gateway_pb2.GenerateResponse(request_id=request_id, model=opened.model, text=text,
+                                                finish_reason=_FINISH[end.finish_reason], usage=_usage(end),
+                                                cache=_cache_info(opened), sources=_sources(opened))
 
     async def ListModels(self, request: gateway_pb2.ListModelsRequest,
                          context: aio.ServicerContext) -> gateway_pb2.ListModelsResponse:

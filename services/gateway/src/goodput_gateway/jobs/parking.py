@@ -1,0 +1,52 @@
+"""Parking: a P2 request the scheduler shed for load becomes a job, from the request as the gateway parsed it.
+
+Both APIs park through :meth:`goodput_gateway.service.GatewayService.generate`, which raises :class:`Parked` in place
+of the shed error: REST answers it with its 429, ``Retry-After``, an ``X-Goodput-Job-Id`` header and ``job_id`` in
+the error body; gRPC with RESOURCE_EXHAUSTED, ``retry-after`` and ``x-goodput-job-id`` trailing metadata.
+
+Example:
+    >>> parked = await park(queue, shed_error, tenant="acme", request=request)   # None: not parked
+    >>> raise parked from shed_error
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from goodput.common.v1 import types_pb2
+
+from goodput_core.errors import GoodputError, ResourceExhausted
+
+from goodput_gateway.jobs.store import JOB_ID_KEY, SHED_CODES, JobQueue, retry_delay
+from goodput_gateway.requests import GenerationRequest
+from goodput_gateway.schemas import to_body
+
+__all__ = ["Parked", "park"]
+
+
+class Parked(ResourceExhausted):
+    """A shed request that was parked as job ``job_id``: the same 429 / RESOURCE_EXHAUSTED, naming the job."""
+
+    def __init__(self, shed: GoodputError, job_id: str) -> None:
+        super().__init__(shed.message, param=shed.param, code=shed.code, retry_after_s=shed.retry_after_s)
+        self.job_id = job_id
+        self.extra_metadata = (*shed.extra_metadata, (JOB_ID_KEY, job_id))
+
+    def openai_body(self) -> dict[str, Any]:
+        body = super().openai_body()
+        body["error"]["job_id"] = self.job_id
+        return body
+
+
+async def park(queue: JobQueue, err: ResourceExhausted, *, tenant: str, request: GenerationRequest) -> Parked | None:
+    """Parks ``request`` (parsed, its priority resolved) when it is batch (P2) work the scheduler shed for load
+    (queue full or overloaded); returns the error to raise in place of ``err``, or None when it is not parked."""
+    if err.code not in SHED_CODES or request.priority != types_pb2.PRIORITY_P2:
+        return None
+    route, body = to_body(request)
+    delay = retry_delay(1, err.retry_after_s, base_s=queue.settings.job_retry_base_s,
+                        cap_s=queue.settings.job_retry_cap_s)
+    job = await asyncio.to_thread(queue.submit, tenant=tenant, route=route, body=body, delay_s=delay,
+                                  error=f"ResourceExhausted: {err.message}")
+    return Parked(err, job.id)

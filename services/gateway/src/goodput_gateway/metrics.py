@@ -1,0 +1,65 @@
+"""The gateway's request metrics, and the wrapper that times a token stream (TTFT, ITL, end to end).
+
+Example:
+    >>> events = timed(stream.events(), metrics, priority="P0", arrived=arrived)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from goodput_core.metrics import LATENCY_BUCKETS
+
+__all__ = ["GatewayMetrics", "StreamEnd", "TextDelta", "timed"]
+
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    finish_reason: str  # "stop", "length" or "abort"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter("goodput_gateway_requests_total", "Requests by route, status and priority.",
+                                ["route", "code", "priority"], registry=registry)
+        self.ttft = Histogram("goodput_gateway_ttft_seconds", "Time to first token, from arrival.", ["priority"],
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.itl = Histogram("goodput_gateway_itl_seconds", "Time between streamed chunks.", ["priority"],
+                             buckets=ITL_BUCKETS, registry=registry)
+        self.e2e = Histogram("goodput_gateway_e2e_seconds", "Request duration, arrival to last token.",
+                             ["priority"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.stage = Histogram("goodput_gateway_stage_seconds", "Latency by pipeline stage.", ["stage"],
+                               buckets=LATENCY_BUCKETS, registry=registry)
+        self.worker_failures = Counter("goodput_gateway_worker_failures_total",
+                                       "Worker calls lost (before or after the first token).", ["phase"],
+                                       registry=registry)
+
+
+async def timed(events: AsyncIterator[TextDelta | StreamEnd], metrics: GatewayMetrics, *, priority: str,
+                arrived: float) -> AsyncIterator[TextDelta | StreamEnd]:
+    """``events`` unchanged, observing time to first token, time between tokens and time to the end."""
+    last: float | None = None
+    async for event in events:
+        now = time.monotonic()
+        if isinstance(event, TextDelta):
+            if last is None:
+                metrics.ttft.labels(priority).observe(now - arrived)
+            else:
+                metrics.itl.labels(priority).observe(now - last)
+            last = now
+        else:
+            metrics.e2e.labels(priority).observe(now - arrived)
+        yield event

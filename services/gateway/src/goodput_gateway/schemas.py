@@ -1,0 +1,310 @@
+"""The REST request bodies as pydantic models mirroring OpenAI's schema (chat, completions, embeddings) and the
+gateway's own (knowledge bases, jobs), with OpenAI's error shape: ``{"error": {"message", "type", "param",
+"code"}}``, ``param`` named as OpenAI names it (``messages[0].content``).
+
+Every field of OpenAI's schema is either carried through or refused by name: a field the gateway does not
+implement (``tools``, ``response_format``, ``logprobs``, ``logit_bias``, ``n`` > 1, ...) is a 400 with
+``code: unsupported_parameter`` unless its value asks for nothing (``null``, ``n: 1``, ``logprobs: false``,
+``tools: []``); a field OpenAI does not have either is a 400 with the same code. Nothing is silently dropped.
+
+Types are strict (``"10"`` is not an integer, ``1`` is not ``true``); ranges and sizes are the domain's checks
+(:func:`goodput_gateway.requests.validate`), which gRPC requests pass as well.
+
+Example:
+    >>> body = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8})
+    >>> body.to_request().sampling.max_tokens
+    8
+    >>> parse(ChatCompletionRequest, {"messages": [], "tools": [{"type": "function"}]})
+    Traceback (most recent call last):
+    goodput_core.errors.InvalidArgument: 'tools' is not supported by this gateway (accepted: null, [])
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, TypeVar
+
+from goodput.common.v1 import types_pb2
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from goodput_core.errors import InvalidArgument
+from goodput_core.priority import parse_priority
+from goodput_core.sampling import Sampling
+
+from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message
+
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "EmbeddingsRequest", "IndexRequest", "JobRequest",
+           "SearchRequest", "parse", "to_body"]
+
+UNSUPPORTED = "unsupported_parameter"
+M = TypeVar("M", bound="Body")
+
+
+class Body(BaseModel):
+    """A REST body: strict types, unknown fields refused, ``UNSUPPORTED`` fields refused unless neutral."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    # OpenAI fields this gateway does not implement -> the values that ask for nothing (accepted and dropped).
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not cls.UNSUPPORTED:
+            return data
+        kept = dict(data)
+        for name, neutral in cls.UNSUPPORTED.items():
+            if name not in kept:
+                continue
+            value = kept.pop(name)
+            if not any(value == v and type(value) is type(v) for v in neutral):
+                accepted = ", ".join(json.dumps(v) for v in neutral)
+                raise PydanticCustomError(UNSUPPORTED, f"is not supported by this gateway (accepted: {accepted})",
+                                          {"field": name})
+        return kept
+
+
+def parse(model: type[M], body: Any) -> M:
+    """``body`` (parsed JSON) validated as ``model``; InvalidArgument in OpenAI's terms otherwise."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as err:
+        raise _invalid(err) from None
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+_RANK = {UNSUPPORTED: 0, "extra_forbidden": 0, "missing": 1}  # refusals by name first, then what is missing
+
+
+def _invalid(err: ValidationError) -> InvalidArgument:
+    e = min(err.errors(include_url=False), key=lambda e: _RANK.get(e["type"], 2))
+    kind, loc = e["type"], tuple(e["loc"])
+    if kind == UNSUPPORTED:
+        param = _param((*loc, e["ctx"]["field"]))
+        return InvalidArgument(f"'{param}' {e['msg']}", param=param, code=UNSUPPORTED)
+    param = _param(loc)
+    if not loc:
+        return InvalidArgument("the request body must be a JSON object", code="invalid_json")
+    if kind == "extra_forbidden":
+        return InvalidArgument(f"unrecognized request argument supplied: '{param}'", param=param, code=UNSUPPORTED)
+    if kind == "missing":
+        return InvalidArgument(f"'{param}' is required", param=param, code="missing_required_parameter")
+    if kind in ("invalid_type", "invalid_value", "unsupported_value"):  # ours, from a field validator
+        return InvalidArgument(f"'{param}' {e['msg']}", param=param, code=kind)
+    code = "invalid_type" if kind.endswith("_type") or kind.endswith("_parsing") else "invalid_value"
+    return InvalidArgument(f"'{param}': {e['msg'][:1].lower()}{e['msg'][1:]}", param=param, code=code)
+
+
+# ---- chat and completions ------------------------------------------------------------------------------------
+
+
+class StreamOptions(Body):
+    UNSUPPORTED = {"include_obfuscation": (None, False)}
+    include_usage: bool | None = None
+
+
+class ChatMessage(Body):
+    UNSUPPORTED = {"tool_calls": (None, []), "tool_call_id": (None,), "function_call": (None,), "audio": (None,),
+                   "refusal": (None,)}
+    role: str
+    content: str | None = None  # text, or a list of text parts (joined), see below
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            if value is not None and not isinstance(value, str):
+                raise PydanticCustomError("invalid_type", "must be a string or an array of text parts")
+            return value
+        texts = []
+        for j, part in enumerate(value):
+            if not isinstance(part, dict) or not isinstance(part.get("text"), str) or part.get("type") != "text" \
+                    or set(part) - {"type", "text"}:
+                kind = part.get("type") if isinstance(part, dict) else None
+                raise PydanticCustomError("unsupported_value", f"part {j}: only text parts are supported"
+                                          + (f", not {kind!r}" if isinstance(kind, str) and kind != "text" else ""))
+            texts.append(part["text"])
+        return "".join(texts)
+
+
+class _Generation(Body):
+    """What chat and completions share: model, sampling, streaming and the Goodput extensions."""
+
+    UNSUPPORTED = {"n": (None, 1), "logit_bias": (None, {}), "service_tier": (None, "auto", "default"),
+                   "store": (None, False), "metadata": (None, {})}
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # vLLM's extension
+    stop: list[str] = []
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # the session id of session-affine placement
+    # Goodput extensions (with the openai SDK: extra_body={...})
+    priority: str | None = None  # "P0" | "P1" | "P2"; or the X-Goodput-Priority header
+    knowledge_base: str | None = None  # RAG; or the X-Goodput-Knowledge-Base header
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stops(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [value]
+        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+            raise PydanticCustomError("invalid_type", "must be a string or an array of strings")
+        return value
+
+    def to_request(self, *, header_priority: str | None = None, header_kb: str | None = None) -> GenerationRequest:
+        raise NotImplementedError
+
+    def _common(self, *, header_priority: str | None, header_kb: str | None, max_tokens: int | None) -> dict[str, Any]:
+        priority_value = self.priority if self.priority is not None else header_priority
+        priority = parse_priority(priority_value) if priority_value is not None else types_pb2.PRIORITY_UNSPECIFIED
+        kb = self.knowledge_base if self.knowledge_base is not None else (header_kb or "")
+        sampling = Sampling(max_tokens=max_tokens or 0, temperature=self.temperature, top_p=self.top_p,
+                            top_k=self.top_k, stop=tuple(self.stop), seed=self.seed,
+                            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty)
+        return {"model": self.model or "", "sampling": sampling, "priority": priority, "stream": bool(self.stream),
+                "include_usage": bool(self.stream_options and self.stream_options.include_usage),
+                "session_id": self.user or "", "knowledge_base": kb.strip()}
+
+
+class ChatCompletionRequest(_Generation):
+    """``POST /v1/chat/completions``."""
+
+    UNSUPPORTED = {**_Generation.UNSUPPORTED, "tools": (None, []), "tool_choice": (None, "none"),
+                   "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
+                   "response_format": (None, {"type": "text"}), "logprobs": (None, False), "top_logprobs": (None, 0),
+                   "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
+                   "reasoning_effort": (None,), "verbosity": (None,), "web_search_options": (None,),
+                   "prompt_cache_key": (None,), "safety_identifier": (None,)}
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def to_request(self, *, header_priority: str | None = None, header_kb: str | None = None) -> GenerationRequest:
+        messages = tuple(Message(role=ROLE_ALIASES.get(m.role, m.role), content=m.content or "", name=m.name or "")
+                         for m in self.messages)
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return GenerationRequest(messages=messages, kind="chat", **self._common(
+            header_priority=header_priority, header_kb=header_kb, max_tokens=max_tokens))
+
+
+class CompletionRequest(_Generation):
+    """``POST /v1/completions``: one prompt (a string, or an array of one string)."""
+
+    UNSUPPORTED = {**_Generation.UNSUPPORTED, "best_of": (None, 1), "echo": (None, False), "logprobs": (None,),
+                   "suffix": (None, "")}
+    prompt: str
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if len(value) == 1 and isinstance(value[0], str):
+                return value[0]
+            raise PydanticCustomError("unsupported_value", "must be one string (batches of prompts and token arrays "
+                                      "are not supported)")
+        return value
+
+    def to_request(self, *, header_priority: str | None = None, header_kb: str | None = None) -> GenerationRequest:
+        return GenerationRequest(prompt=self.prompt, kind="completion", **self._common(
+            header_priority=header_priority, header_kb=header_kb, max_tokens=self.max_tokens))
+
+
+def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
+    """The route (``chat`` or ``completions``) and the OpenAI-shaped body of a parsed request, which parses back to
+    the same request: how a shed request is stored when it is parked as a job, whichever API sent it."""
+    body: dict[str, Any] = {"model": req.model}
+    if req.kind == "chat":
+        body["messages"] = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})}
+                            for m in req.messages]
+    else:
+        body["prompt"] = req.prompt
+    s = req.sampling
+    if s.max_tokens:
+        body["max_tokens"] = s.max_tokens
+    if s.stop:
+        body["stop"] = list(s.stop)
+    for name in ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty"):
+        value = getattr(s, name)
+        if value is not None:
+            body[name] = value
+    if req.session_id:
+        body["user"] = req.session_id
+    if req.knowledge_base:
+        body["knowledge_base"] = req.knowledge_base
+    return ("chat" if req.kind == "chat" else "completions"), body
+
+
+# ---- embeddings and knowledge bases --------------------------------------------------------------------------
+
+
+class EmbeddingsRequest(Body):
+    """``POST /v1/embeddings``."""
+
+    UNSUPPORTED = {"dimensions": (None,), "user": (None,)}
+    input: list[str]
+    model: str | None = None
+    encoding_format: str | None = "float"
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _texts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list) and value and not all(isinstance(t, str) for t in value):
+            raise PydanticCustomError("unsupported_value", "must be a string or an array of strings (token arrays "
+                                      "are not supported)")
+        return value
+
+    @field_validator("encoding_format")
+    @classmethod
+    def _format(cls, value: str | None) -> str:
+        if value not in (None, "float", "base64"):
+            raise PydanticCustomError("invalid_value", "must be 'float' or 'base64'")
+        return value or "float"
+
+
+class SearchRequest(Body):
+    """``POST /v1/knowledge-bases/{kb}/search``."""
+
+    query: str | None = ""
+    top_k: int | None = Field(None, ge=0)
+    fusion: str | None = ""  # "rrf" | "weighted" | "" (the retriever's default)
+    dense_weight: float | None = Field(None, ge=0.0, le=1.0)
+    rerank: bool = False
+
+
+class Document(Body):
+    id: str | None = None
+    text: str | None = None
+    type: str | None = None
+    title: str | None = None
+    metadata: dict[str, str | int | float | bool] | None = None
+
+
+class IndexRequest(Body):
+    """``POST /v1/knowledge-bases/{kb}/documents``."""
+
+    documents: list[Document] | None = None
+    delete_ids: list[str] | None = None
+
+
+class JobRequest(Body):
+    """``POST /v1/jobs``: batch work run later at P2 (``body`` is validated as the endpoint's body at once)."""
+
+    endpoint: str = "/v1/chat/completions"
+    body: dict[str, Any]
