@@ -309,6 +309,7 @@ its settings (empty = the app's default queue). ctx: root, svc */}}
 {{ $p }}MAX_PROMPT_TOKENS: {{ include "goodput.num" $l.maxPromptTokens | quote }}
 {{- if $l.kvCacheSpaceGb }}
 {{ $p }}KV_CACHE_SPACE_GB: {{ include "goodput.num" $l.kvCacheSpaceGb | quote }}
+{{ $p }}KV_CACHE_DTYPE: {{ $l.kvCacheDtype | quote }}
 VLLM_CPU_KVCACHE_SPACE: {{ include "goodput.num" $l.kvCacheSpaceGb | quote }}
 {{- end }}
 {{ $p }}DATA_DIR: "/data"

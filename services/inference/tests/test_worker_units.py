@@ -3,6 +3,7 @@ engine (the integration tests run the real one)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from goodput_core.errors import InvalidArgument
 
 from goodput_inference.config import InferenceSettings
 from goodput_inference.devmodel import ensure_dev_model
-from goodput_inference.servicer import to_gen_request
+from goodput_inference.servicer import WorkerMetrics, to_gen_request
 from goodput_inference.vllm_engine import VllmEngine
 
 
@@ -34,6 +35,21 @@ def test_settings_from_env_map_to_vllm_engine_args(monkeypatch: pytest.MonkeyPat
     assert args.enable_prefix_caching is False and args.quantization == "awq"
     assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 4}
     assert args.scheduling_policy == "priority" and args.served_model_name == ["m"]
+
+
+def test_dtype_auto_is_float32_on_a_cpu_and_an_explicit_dtype_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.platforms import current_platform
+
+    engine = VllmEngine(InferenceSettings(), model_dir=Path("/models/m"), served_model_name="m")
+    args = engine.engine_args()
+    assert args.dtype == ("float32" if current_platform.is_cpu() else "auto") and args.kv_cache_dtype == "auto"
+    monkeypatch.setenv("GOODPUT_INFERENCE_DTYPE", "bfloat16")
+    monkeypatch.setenv("GOODPUT_INFERENCE_KV_CACHE_DTYPE", "fp8")
+    args = VllmEngine(InferenceSettings(), model_dir=Path("/models/m"), served_model_name="m").engine_args()
+    assert args.dtype == "bfloat16" and args.kv_cache_dtype == "fp8"
+    monkeypatch.setenv("GOODPUT_INFERENCE_DTYPE", "fp4")
+    with pytest.raises(ValueError):
+        InferenceSettings()
 
 
 def test_bad_settings_are_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,5 +91,18 @@ def test_dev_model_is_converted_once_and_reused() -> None:
     assert (first / "config.json").is_file() and (first / "model.safetensors").is_file()
     assert (first / "tokenizer.json").is_file()
     assert '"temperature": 0.2' in (first / "generation_config.json").read_text()
+    # The weights on disk are the dequantised GGUF's, in float32: nothing rounded away before the engine's dtype.
+    assert json.loads((first / "config.json").read_text())["dtype"] == "float32"
     mtime = (first / "model.safetensors").stat().st_mtime
     assert ensure_dev_model() == first and (first / "model.safetensors").stat().st_mtime == mtime
+
+
+def test_the_engine_info_metric_carries_the_engines_numerics() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from goodput_inference.sim_engine import SimEngine
+
+    registry = CollectorRegistry()
+    WorkerMetrics(registry, SimEngine(InferenceSettings(engine="sim")))
+    text = generate_latest(registry).decode()
+    assert 'goodput_worker_engine_info{device="simulated",dtype="none",engine="sim",kv_cache_dtype="none"} 1.0' in text

@@ -39,7 +39,13 @@ class InferenceSettings(ServiceSettings):
     speculative_config: dict[str, Any] | None = Field(
         None, description='JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}.')
     scheduling_policy: Literal["fcfs", "priority"] = "priority"
-    dtype: str = "auto"
+    dtype: Literal["auto", "float32", "float", "bfloat16", "float16", "half"] = Field(
+        "auto", description="Weights and activations. `auto`: float32 on a CPU (the only dtype whose answers were "
+                            "measured to match the model's own on every CPU; bf16 kernels differ between Intel AMX "
+                            "and AMD), vLLM's choice from the model's config on a GPU. `bfloat16`/`float16` on a "
+                            "CPU are for users who ask, after checking answers on their CPU.")
+    kv_cache_dtype: Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="KV-cache dtype (vLLM's kv_cache_dtype); `auto` = the model's dtype.")
     kv_cache_space_gb: float = Field(1.0, gt=0, description="KV cache size on the CPU build (VLLM_CPU_KVCACHE_SPACE).")
     enforce_eager: bool = False
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request leaves it at 0.")

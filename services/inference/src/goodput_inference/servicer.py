@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from grpc import aio
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import InfoMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from goodput_core.context import request_context
 from goodput_core.errors import Unavailable
@@ -51,6 +54,26 @@ class WorkerMetrics:
              "gpu_utilization"),
         ):
             Gauge(name, doc, registry=registry).set_function(_load_reader(engine, attr))
+        registry.register(_EngineInfo(engine))
+
+
+class _EngineInfo(Collector):
+    """``goodput_worker_engine_info``: the engine's numerics (device, dtype, KV-cache dtype, CPU vendor/model/ISA,
+    AMX and AVX-512 present, attention kernel) as labels, read at scrape time, so a report or a dashboard can say
+    what a number was measured on. Absent until the engine has started."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def describe(self) -> list[Metric]:
+        return []  # labels are known only once the engine has started
+
+    def collect(self) -> Iterator[Metric]:
+        labels = self.engine.numerics()
+        if labels:
+            family = InfoMetricFamily("goodput_worker_engine", "What the engine computes with.")
+            family.add_metric([], labels)
+            yield family
 
 
 def _load_reader(engine: Engine, attr: str) -> Callable[[], float]:

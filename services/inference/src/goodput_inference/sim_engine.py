@@ -150,6 +150,9 @@ class SimEngine:
                                 max_prompt_tokens=self._max_prompt_tokens(), engine="sim",
                                 model_version="sim-a100-7b", max_num_batched_tokens=self.params.max_batched_tokens)
 
+    def numerics(self) -> dict[str, str]:
+        return {"engine": "sim", "device": "simulated", "dtype": "none", "kv_cache_dtype": "none"}
+
     def load(self) -> Load:
         used = self._private_blocks + sum(1 for pins in self._cache.values() if pins > 0)
         return Load(running=len(self._running), waiting=len(self._waiting),

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
+from goodput_core.cpu import cpu_info
 from goodput_core.errors import InvalidArgument, Unavailable
 
 from goodput_inference.config import InferenceSettings
@@ -83,11 +84,13 @@ class VllmEngine:
         self._max_batched_tokens = 0  # known once the engine has started
         self._model_version = settings.model_version or _config_hash(model_dir)
         self._sampling_defaults: dict[str, Any] = {}
+        self._numerics: dict[str, str] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
 
     def engine_args(self) -> Any:
         from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
 
         s = self.settings
         return AsyncEngineArgs(
@@ -101,7 +104,8 @@ class VllmEngine:
             quantization=s.quantization or None,
             speculative_config=s.speculative_config,
             scheduling_policy=s.scheduling_policy,
-            dtype=cast(Any, s.dtype),
+            dtype=cast(Any, resolve_dtype(s.dtype, on_cpu=current_platform.is_cpu())),
+            kv_cache_dtype=cast(Any, s.kv_cache_dtype),
             enforce_eager=s.enforce_eager,
             disable_log_stats=False,  # the stat logger below is how running/waiting/KV usage reach us
             enable_log_requests=False,
@@ -126,8 +130,9 @@ class VllmEngine:
         # request that leaves temperature/top_p unset gets what the model's authors recommend.
         self._sampling_defaults = {k: v for k, v in self._engine.model_config.get_diff_sampling_param().items()
                                    if k in _DEFAULTABLE}
+        self._numerics = self._read_numerics()
         self._ready = True
-        log.info("vLLM engine ready", extra={"max_model_len": self._max_model_len})
+        log.info("vLLM engine ready", extra={"max_model_len": self._max_model_len, **self._numerics})
 
     async def shutdown(self) -> None:
         self._ready = False
@@ -163,6 +168,27 @@ class VllmEngine:
             finished_total=self._finished,
             ready=self._ready,
         )
+
+    def numerics(self) -> dict[str, str]:
+        """What the engine computes with: device, CPU (vendor, model, ISA, AMX/AVX-512 present), the dtype the
+        engine resolved, its KV-cache dtype and the CPU attention kernel; empty until the engine has started."""
+        return dict(self._numerics)
+
+    def _read_numerics(self) -> dict[str, str]:
+        import torch
+        from vllm.platforms import current_platform
+
+        config = self._engine.vllm_config
+        dtype = config.model_config.dtype
+        dtype_name = str(dtype).removeprefix("torch.")
+        kv_dtype = str(config.cache_config.cache_dtype)
+        info = {"engine": f"vllm {VLLM_VERSION}", "device": str(current_platform.device_type), "dtype": dtype_name,
+                "kv_cache_dtype": dtype_name if kv_dtype == "auto" else kv_dtype}
+        if current_platform.is_cpu():
+            info.update({f"cpu_{k}": v for k, v in cpu_info().items()})
+            info["torch_cpu_capability"] = str(torch.backends.cpu.get_cpu_capability())
+            info["attention_isa"] = _cpu_attention_isa(dtype, config)
+        return info
 
     @property
     def inflight(self) -> int:
@@ -251,6 +277,34 @@ class VllmEngine:
             if not finished:
                 # vLLM's generate() has aborted the engine request on cancellation / close (it frees the slot).
                 self._aborted += 1
+
+
+def resolve_dtype(setting: str, *, on_cpu: bool) -> str:
+    """The dtype the engine is started with. ``auto`` on a CPU is float32: vLLM's own ``auto`` would pick bfloat16
+    there, whose kernels give a small model different greedy answers on Intel AMX than on AMD (see
+    :mod:`goodput_inference.devmodel`); on a GPU ``auto`` is left to vLLM (the model config's half precision).
+
+    >>> resolve_dtype("auto", on_cpu=True), resolve_dtype("auto", on_cpu=False), resolve_dtype("half", on_cpu=True)
+    ('float32', 'auto', 'float16')
+    """
+    aliases = {"float": "float32", "half": "float16"}
+    if setting == "auto":
+        return "float32" if on_cpu else "auto"
+    return aliases.get(setting, setting)
+
+
+def _cpu_attention_isa(dtype: Any, config: Any) -> str:
+    """The kernel family vLLM's CPU attention picks (``amx``, ``vec``, ``vec16``, ``neon``...). It is a private
+    function of the pinned vLLM version, so an unknown answer is reported rather than failing the start."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        model = config.model_config
+        return str(_get_attn_isa(dtype, int(config.cache_config.block_size), int(model.get_head_size()),
+                                 str(config.cache_config.cache_dtype)))
+    except Exception as err:  # noqa: BLE001 - informational only
+        log.debug("could not read the CPU attention ISA", extra={"error": repr(err)})
+        return "unknown"
 
 
 def _config_hash(model_dir: Path) -> str:
