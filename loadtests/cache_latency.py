@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from loadtests.common import machine_info, markdown_table, summarize, write_report
+from loadtests.common import cpu_label, machine_info, markdown_table, summarize, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 GOALS_MS = {"exact_p99": 5.0, "semantic_p99": 20.0}
@@ -252,7 +252,7 @@ def report(data: dict[str, Any]) -> str:
            "semantic": big["semantic"]["p99_ms"] <= GOALS_MS["semantic_p99"]}
     return "\n".join([
         "# Cache lookup latency", "",
-        f"`python -m loadtests.cache_latency` on {m.get('cpu_model', 'CPU')} ({m.get('cores_usable', '?')} CPUs, "
+        f"`python -m loadtests.cache_latency` on {cpu_label(m)} ({m.get('cores_usable', '?')} CPUs, "
         f"load average {m.get('loadavg_1_5_15', '?')}), local Redis, {data['lookups']} lookups of each kind per "
         f"size. Questions: {QUESTION_SETS[data.get('questions', 'mock')]} (`--questions "
         f"{data.get('questions', 'mock')}`). All entries in one partition (worst case). Semantic = the whole "

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from loadtests.common import machine_info, markdown_table, summarize, write_report
+from loadtests.common import cpu_label, machine_info, markdown_table, summarize, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM = "You are the support assistant of Acme Cloud. Answer in one or two sentences."
@@ -147,7 +147,7 @@ def report(data: dict[str, Any]) -> str:
         "# Cache: a replayed customer-support trace through the gateway", "",
         f"`python -m loadtests.cache_trace`: {s['requests']} streamed greedy chat requests (seed {data['seed']}, "
         f"max_tokens {data['max_tokens']}), one at a time, through the gateway with the cache on; "
-        f"{data['platform']} on {m.get('cpu_model', 'CPU')} ({m.get('cores_usable', '?')} CPUs).", "",
+        f"{data['platform']} on {cpu_label(m)} ({m.get('cores_usable', '?')} CPUs).", "",
         f"**Inference requests avoided: {pct(s['avoided_share'])}** ({s['hits']} of {s['requests']}: "
         f"{s['l1_hits']} exact, {s['l2_hits']} semantic). Wrong hits: {s['wrong_hits']}.", "",
         markdown_table(["request kind", "requests", "hits", "L1", "L2"], kinds), "",

@@ -21,8 +21,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from goodput_core.cpu import cpu_info
+
 __all__ = [
-    "PERCENTILES", "bootstrap_diff_ci", "fmt_ms", "machine_info", "markdown_table", "package_versions",
+    "PERCENTILES", "bootstrap_diff_ci", "cpu_label", "fmt_ms", "machine_info", "markdown_table", "package_versions",
     "percentile", "summarize", "write_report",
 ]
 
@@ -126,8 +128,12 @@ def machine_info() -> dict[str, Any]:
     Holds no host names or file-system paths, so it can be committed with a report.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpu = cpu_info()
     info: dict[str, Any] = {
         "cpu_model": _cpu_model(),
+        "cpu_vendor": cpu["vendor"],
+        "cpu_isa": cpu["isa"],
+        "cpu_flags": {k: cpu[k] == "true" for k in ("amx", "avx512", "avx512_bf16", "avx2")},
         "cores_usable": cores,
         "cores_total": os.cpu_count(),
         "machine": platform.machine(),
@@ -141,6 +147,23 @@ def machine_info() -> dict[str, Any]:
     if hasattr(os, "getloadavg"):
         info["loadavg_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
     return info
+
+
+def cpu_label(machine: dict[str, Any]) -> str:
+    """How a report names the CPU it ran on: model, vendor and the widest vector/matrix path, since vLLM's CPU
+    kernels (and so a small model's answers in bf16) differ with them.
+
+    >>> cpu_label({"cpu_model": "AMD EPYC 9R14", "cpu_vendor": "AMD", "cpu_isa": "avx512"})
+    'AMD EPYC 9R14 (AMD, AVX-512, no AMX)'
+    >>> cpu_label({"cpu_model": "Intel(R) Xeon(R) Processor", "cpu_vendor": "Intel", "cpu_isa": "amx"})
+    'Intel(R) Xeon(R) Processor (Intel, AMX + AVX-512)'
+    """
+    model = machine.get("cpu_model", "CPU")
+    isa = {"amx": "AMX + AVX-512", "avx512": "AVX-512, no AMX", "avx2": "AVX2", "other": "no AVX2"}.get(
+        machine.get("cpu_isa", ""))
+    if not isa:
+        return str(model)
+    return f"{model} ({machine.get('cpu_vendor', '?')}, {isa})"
 
 
 def write_report(out: Path, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:

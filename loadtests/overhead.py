@@ -50,6 +50,7 @@ from rich.table import Table
 from loadtests.common import (
     PERCENTILES,
     bootstrap_diff_ci,
+    cpu_label,
     machine_info,
     markdown_table,
     package_versions,
@@ -530,7 +531,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     lines += ["## Machine and engine", ""]
     w = report.get("worker", {})
-    rows = [["CPU", f"{m.get('cpu_model')} — {m.get('cores_usable')} usable cores of {m.get('cores_total')}"],
+    rows = [["CPU", f"{cpu_label(m)} — {m.get('cores_usable')} usable cores of {m.get('cores_total')}"],
             ["memory", f"{m.get('memory_gib')} GiB"], ["OS / Python", f"{m.get('os')} / {m.get('python')}"],
             ["load average (1/5/15) at start", " / ".join(str(x) for x in m.get("loadavg_1_5_15", []))],
             ["model", f"{w.get('served_model_name')} (version {w.get('model_version')}, "

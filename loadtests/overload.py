@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loadtests.common import machine_info, markdown_table, percentile, summarize, write_report
+from loadtests.common import cpu_label, machine_info, markdown_table, percentile, summarize, write_report
 from loadtests.simfleet import LeaseClient, RequestSpec, Result, SimFleet, random_text
 
 CLASSES = ("P0", "P1", "P2")
@@ -321,14 +321,14 @@ def render_markdown(report: dict[str, Any]) -> str:
     if s.get("engine"):  # --engine vllm: real engines, no simulation
         fleet = (f"Real workers: {s['engine']}, {s['workers']} workers x {s['max_num_seqs']} sequences, prompts and "
                  f"answers scaled down to the small model; the workers, the scheduler and the client share "
-                 f"{report['machine'].get('cores_usable')} CPU cores ({report['machine'].get('cpu_model')}).")
+                 f"{report['machine'].get('cores_usable')} CPU cores ({cpu_label(report['machine'])}).")
     else:
         fleet = (f"Simulated workers (A100 / 7B calibration, `goodput_inference.sim_engine`), {s['workers']} workers "
                  f"x {s['max_num_seqs']} sequences, {s['sim'].get('max_batched_tokens', 2048)} tokens per engine "
                  f"step (vLLM's max_num_batched_tokens, chunked prefill), simulated time x{s['sim']['time_scale']} "
                  f"(every latency below is wall-clock, so also x{s['sim']['time_scale']} an A100's); real scheduler "
                  f"and worker processes over gRPC on {report['machine'].get('cores_usable')} CPU cores "
-                 f"({report['machine'].get('cpu_model')}).")
+                 f"({cpu_label(report['machine'])}).")
     lines = [
         "# Overload benchmark: priority classes vs FIFO and round-robin placement",
         "",

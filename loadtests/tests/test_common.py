@@ -9,6 +9,7 @@ import pytest
 
 from loadtests.common import (
     bootstrap_diff_ci,
+    cpu_label,
     fmt_ms,
     machine_info,
     markdown_table,
@@ -78,6 +79,16 @@ def test_machine_info_has_no_paths_or_host_names() -> None:
     assert "/" not in text.replace("/s", "")  # no file-system paths
     import socket
     assert socket.gethostname() not in text
+
+
+def test_every_report_can_name_the_cpu_and_its_vector_path() -> None:
+    """vLLM's CPU kernels differ between Intel AMX, AVX-512 and AVX2 machines: a report says which it ran on."""
+    info = machine_info()
+    assert info["cpu_isa"] in ("amx", "avx512", "avx2", "other") and info["cpu_vendor"]
+    assert set(info["cpu_flags"]) == {"amx", "avx512", "avx512_bf16", "avx2"}
+    label = cpu_label(info)
+    assert label.startswith(info["cpu_model"]) and info["cpu_vendor"] in label
+    assert cpu_label({"cpu_model": "AMD EPYC"}) == "AMD EPYC"  # an older report without the fields
 
 
 def test_schedule_sends_every_prompt_once_per_path_in_shuffled_order() -> None:
