@@ -19,6 +19,8 @@ from .conftest import KEY_P0, list_workers, read_spans, wait_until, worker_load
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# These tests check the answer's meaning, tolerantly; test_numerics.py checks the exact tokens against a float32
+# reference, so a kernel that changes the model's answers fails there, on any CPU, with the reason.
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
 
 
@@ -37,7 +39,7 @@ def test_non_streaming_chat_with_the_openai_sdk(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(model=model_id(client), messages=QUESTION, max_tokens=20,  # type: ignore[arg-type]
                                           temperature=0)
     text = resp.choices[0].message.content or ""
-    assert "Paris" in text
+    assert "paris" in text.lower()
     assert resp.usage is not None and resp.usage.prompt_tokens > 5 and resp.usage.completion_tokens > 0
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
     assert resp.choices[0].finish_reason in ("stop", "length")
@@ -53,7 +55,7 @@ def test_streaming_chat_with_the_openai_sdk(client: openai.OpenAI) -> None:
         for choice in chunk.choices:
             parts.append(choice.delta.content or "")
             finish = choice.finish_reason or finish
-    assert "Paris" in "".join(parts)
+    assert "paris" in "".join(parts).lower()
     assert finish in ("stop", "length")
     assert usage is not None and usage.completion_tokens > 0
 
@@ -74,7 +76,7 @@ def test_grpc_generate_stream_and_generate(platform: Platform) -> None:
         events = list(stub.GenerateStream(request, metadata=metadata, timeout=120))
         assert events[0].HasField("start") and events[0].start.request_id
         text = "".join(e.delta for e in events if e.WhichOneof("kind") == "delta")
-        assert "Paris" in text
+        assert "paris" in text.lower()
         assert events[-1].HasField("end") and events[-1].end.usage.completion_tokens > 0
         unary = stub.Generate(request, metadata=metadata, timeout=120)
         assert unary.text == text and unary.usage.total_tokens > 0
