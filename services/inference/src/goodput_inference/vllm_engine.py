@@ -118,9 +118,12 @@ class VllmEngine:
         if not self._gpu.available:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.settings.kv_cache_space_gb:g}")
         self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        log.info("starting vLLM engine", extra={"model": str(self.model_dir), "vllm": VLLM_VERSION})
-        # Engine construction blocks (profiling, warm-up); keep the event loop answering health checks meanwhile.
         args = self.engine_args()
+        # Logged before the engine starts too, so a failed start still says what machine it failed on.
+        log.info("starting vLLM engine", extra={"model": str(self.model_dir), "vllm": VLLM_VERSION,
+                                                "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype,
+                                                **{f"cpu_{k}": v for k, v in cpu_info().items()}})
+        # Engine construction blocks (profiling, warm-up); keep the event loop answering health checks meanwhile.
         self._engine = await asyncio.to_thread(
             AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory()])
         self._max_model_len = int(self._engine.model_config.max_model_len)
