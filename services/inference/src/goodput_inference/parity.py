@@ -102,7 +102,7 @@ def reference_greedy(model_dir: Path, prompts: list[dict[str, Any]], *, max_toke
                     break
                 tokens.append(token)
                 margins.append(float(top.values[0] - top.values[1]))
-                pieces.append(tokenizer.decode(tokens, skip_special_tokens=True))
+                pieces.append(str(tokenizer.decode(tokens, skip_special_tokens=True)))
                 seq = torch.tensor([[token]])
             out.append(Reference(prompt_ids=ids, token_ids=tokens, pieces=pieces, margins=margins))
     return out
