@@ -3,7 +3,8 @@ Shared snippets. Every service is rendered by the same generic templates (config
 service, hpa, pdb, servicemonitor, networkpolicy) from a context dict:
   (dict "root" $ "svc" "<values key>")
 and the static facts of the service in "goodput.serviceMeta" (ports, env prefix, component, who may call
-it and whom it calls), which follow docs/services.md. A Celery worker has no gRPC port (grpcPort 0) and
+it and whom it calls), which follow the topology of libs/contracts (goodput_contracts.topology) and
+docs/services.md; tests/chart/test_chart_topology.py fails when they drift apart. A Celery worker has no gRPC port (grpcPort 0) and
 names its app, the setting holding its queue and the setting of its metrics port (httpPortSetting,
 default HTTP_PORT) in its meta.
 */}}
@@ -75,14 +76,15 @@ embedder:
   grpcPort: 50053
   httpPort: 9103
   ingressFrom: [gateway, retriever, cache, jobsWorker]
-  egressTo: []
+  {{- /* The indexer writes through the retriever's IndexStore, the single owner of the stores. */}}
+  egressTo: [retriever]
   external: [redis, qdrant, elasticsearch]
 retriever:
   component: retriever
   prefix: GOODPUT_RETRIEVER_
   grpcPort: 50054
   httpPort: 9104
-  ingressFrom: [gateway, jobsWorker]
+  ingressFrom: [gateway, embedder, indexWorker, jobsWorker]
   egressTo: [embedder]
   external: [qdrant, elasticsearch]
 cache:
@@ -101,7 +103,8 @@ indexWorker:
   httpPortSetting: WORKER_HTTP_PORT
   celery: {app: goodput_embedder.jobs, queueSetting: INDEX_QUEUE}
   ingressFrom: []
-  egressTo: [embedder]
+  {{- /* A job embeds in-process and writes through the retriever. */}}
+  egressTo: [retriever]
   external: [redis, qdrant, elasticsearch]
 jobsWorker:
   component: jobs-worker
@@ -306,10 +309,10 @@ its settings (empty = the app's default queue). ctx: root, svc */}}
 {{ $p }}SPECULATIVE_CONFIG: {{ ternary "" (toJson $l.speculativeConfig) (empty $l.speculativeConfig) | quote }}
 {{ $p }}SCHEDULING_POLICY: {{ $l.schedulingPolicy | quote }}
 {{ $p }}DTYPE: {{ $l.dtype | quote }}
+{{ $p }}KV_CACHE_DTYPE: {{ $l.kvCacheDtype | quote }}
 {{ $p }}MAX_PROMPT_TOKENS: {{ include "goodput.num" $l.maxPromptTokens | quote }}
 {{- if $l.kvCacheSpaceGb }}
 {{ $p }}KV_CACHE_SPACE_GB: {{ include "goodput.num" $l.kvCacheSpaceGb | quote }}
-{{ $p }}KV_CACHE_DTYPE: {{ $l.kvCacheDtype | quote }}
 VLLM_CPU_KVCACHE_SPACE: {{ include "goodput.num" $l.kvCacheSpaceGb | quote }}
 {{- end }}
 {{ $p }}DATA_DIR: "/data"

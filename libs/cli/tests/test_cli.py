@@ -17,14 +17,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_status_with_nothing_running_exits_non_zero_and_says_what_is_down():
-    result = runner.invoke(app, ["status", "--scheduler", f"127.0.0.1:{_free_port()}",
+def test_status_with_nothing_running_exits_non_zero_and_says_what_is_down(tmp_path):
+    result = runner.invoke(app, ["status", "--state-dir", str(tmp_path), "--scheduler", f"127.0.0.1:{_free_port()}",
                                  "--gateway", f"http://127.0.0.1:{_free_port()}",
                                  "--gateway-grpc", f"127.0.0.1:{_free_port()}", "--timeout", "1"])
 
     assert result.exit_code == 1
     assert "Traceback" not in result.output
-    assert "error: gateway (gRPC) is down" in result.output
+    assert "error: gateway is down" in result.output
     assert "scheduler is down" in result.output
 
 
@@ -68,3 +68,20 @@ def test_printed_examples_stream_with_the_key_and_model():
     assert 'OpenAI(base_url="http://127.0.0.1:8080/v1", api_key="gp-dev-abc")' in text
     snippet = text[text.index("from openai import OpenAI"):text.index("Or: goodput chat")]
     compile(snippet, "<snippet>", "exec")  # the Python snippet is valid as printed
+
+
+def test_index_takes_several_paths_and_refuses_two_that_give_the_same_document_id(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "README.md").write_text("docs readme")
+    (tmp_path / "README.md").write_text("top readme")
+    url = f"http://127.0.0.1:{_free_port()}"
+
+    clash = runner.invoke(app, ["index", str(tmp_path / "docs"), str(tmp_path / "README.md"), "--kb", "handbook",
+                                "--url", url, "--key", "gp-x"])
+    assert clash.exit_code == 1 and "both give a document with the id 'README.md'" in clash.output
+
+    (tmp_path / "docs" / "README.md").rename(tmp_path / "docs" / "guide.md")
+    both = runner.invoke(app, ["index", str(tmp_path / "docs"), str(tmp_path / "README.md"), "--kb", "handbook",
+                               "--url", url, "--key", "gp-x"])
+    assert both.exit_code == 1 and "Traceback" not in both.output
+    assert "documents 0-1" in both.output and "cannot reach the gateway" in both.output  # both read, one batch

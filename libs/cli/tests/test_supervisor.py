@@ -31,7 +31,7 @@ def test_addresses_follow_the_port_offset(tmp_path):
 def test_each_service_gets_its_ports_and_peers(tmp_path, monkeypatch):
     monkeypatch.delenv("GOODPUT_INFERENCE_KV_CACHE_SPACE_GB", raising=False)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    monkeypatch.setattr("goodput_cli.supervisor.cpu_bindings", lambda n: cpu_bindings(n, [0, 1]))
+    monkeypatch.setattr("goodput_cli.plan.cpu_bindings", lambda n: cpu_bindings(n, [0, 1]))
     p = Platform(workdir=tmp_path, workers=2, port_offset=100, env={"GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.2"})
 
     specs = {s.name: s for s in p.plan()}
@@ -190,15 +190,15 @@ def test_timeout_names_the_slow_service(tmp_path, fake_services):
     platform = _platform(tmp_path, fake_services, FAKE_DELAY="30")
     platform.redis_url = "redis://127.0.0.1:1/0"
     # Pretend Redis answers so the test does not need one.
-    import goodput_cli.supervisor as sup
+    import goodput_cli.procs as sup
 
-    real = sup._redis_ping
-    sup._redis_ping = lambda host, port, timeout_s=0.5: True  # type: ignore[assignment]
+    real = sup.redis_ping
+    sup.redis_ping = lambda host, port, timeout_s=0.5: True  # type: ignore[assignment]
     try:
         with pytest.raises(PlatformError, match="timed out after 2 s waiting for worker-0, worker-1, scheduler"):
             platform.start(timeout_s=2)
     finally:
-        sup._redis_ping = real
+        sup.redis_ping = real
 
 
 def _pids_with_env(marker: str) -> list[int]:
@@ -246,3 +246,31 @@ def test_goodput_up_prints_working_examples_and_ctrl_c_stops_everything(tmp_path
     assert not up_file.exists()
     assert len(seen_running) >= 4  # two workers, scheduler, gateway (and `up` itself)
     assert _pids_with_env(f"PYTHONPATH={fake_services}") == []
+
+
+# --- two platforms on one machine -------------------------------------------------------------------------------------
+
+def test_a_second_platform_on_the_same_state_folder_is_refused_naming_the_first(tmp_path):
+    first = Platform(workdir=tmp_path, knowledge=False, cache=False, jobs=False)
+    first._claim_state()
+    try:
+        second = Platform(workdir=tmp_path, port_offset=100)
+        with pytest.raises(PlatformError, match=rf"(?s)state folder of a platform that is running \(pid {os.getpid()}"
+                                                r".*--state-dir"):
+            second.start(timeout_s=5)
+    finally:
+        first._release_state()
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())  # the second started nothing
+
+
+def test_a_platform_on_its_own_redis_database_gets_its_own_keys_queues_and_version_channel(tmp_path):
+    p = Platform(workdir=tmp_path, redis_db=3, env={"GOODPUT_REDIS_URL": "redis://127.0.0.1:6379/0"})
+    specs = {s.name: s for s in p.plan()}
+
+    assert p.redis_url == "redis://127.0.0.1:6379/3"
+    for name, prefix in (("embedder", "GOODPUT_EMBEDDER_"), ("index-worker", "GOODPUT_EMBEDDER_"),
+                         ("cache", "GOODPUT_CACHE_"), ("jobs-worker", "GOODPUT_GATEWAY_")):
+        assert specs[name].env[prefix + "REDIS_URL"] == "redis://127.0.0.1:6379/3", name
+    assert specs["embedder"].env["GOODPUT_EMBEDDER_VERSION_CHANNEL"] == "goodput:kb-version:db3"
+    assert specs["cache"].env["GOODPUT_CACHE_VERSION_CHANNEL"] == "goodput:kb-version:db3"
+    assert Platform(workdir=tmp_path).plan()[-2].env.get("GOODPUT_GATEWAY_REDIS_URL", "").endswith("/0")

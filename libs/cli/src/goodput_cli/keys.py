@@ -69,3 +69,12 @@ def write_dev_keys(workdir: Path) -> str:
                                "max_priority": "P0", "default_priority": "P0"}])
     _write_private(workdir / DEV_KEY_FILE, key + "\n")
     return key
+
+
+STATE_DIR_NAME = ".goodput"
+
+
+def default_state_dir() -> Path:
+    """The state folder of `goodput up` and of the commands that talk to it: ``$GOODPUT_STATE_DIR``, else
+    ``.goodput`` in the current folder."""
+    return Path(os.environ.get("GOODPUT_STATE_DIR") or Path.cwd() / STATE_DIR_NAME)

@@ -1,9 +1,11 @@
-"""`goodput index PATH --kb NAME` and `goodput search "query" --kb NAME`, through the gateway's REST API.
+"""`goodput index PATH... --kb NAME` and `goodput search "query" --kb NAME`, through the gateway's REST API.
 
-``index`` reads files, a folder or a JSONL (``{"id", "text", "title"?, "type"?, "metadata"?}`` per line), sends
-them in batches to ``POST /v1/knowledge-bases/{kb}/documents`` with a progress bar, and is incremental by nature:
-the indexer skips documents whose content hash is unchanged (0 embeddings) and replaces the chunks of changed ones.
-(Removing documents that disappeared from a source is what a Reindex job does: it sees the whole source.)
+``index`` reads files, folders or JSONL files (``{"id", "text", "title"?, "type"?, "metadata"?}`` per line), several
+at once (``goodput index docs/ README.md --kb handbook``; two paths that give the same document id are refused before
+anything is sent), sends them in batches to ``POST /v1/knowledge-bases/{kb}/documents`` with a progress bar, and is
+incremental by nature: the indexer skips documents whose content hash is unchanged (0 embeddings) and replaces the
+chunks of changed ones. (Removing documents that disappeared from a source is what a Reindex job does: it sees the
+whole source.)
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from goodput_sources import SourceError, read_sources
+
 from goodput_cli.chat import DEFAULT_GATEWAY_URL, ChatError, resolve_key
+from goodput_cli.keys import default_state_dir
 
 __all__ = ["register"]
-
-WORKDIR_NAME = ".goodput"
 
 
 def _post(url: str, key: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -44,7 +47,8 @@ def _post(url: str, key: str, body: dict[str, Any], timeout_s: float) -> dict[st
 def register(app: typer.Typer) -> None:
     @app.command()
     def index(
-        path: Annotated[Path, typer.Argument(help="A file, a folder (recursively) or a JSONL of documents.")],
+        paths: Annotated[list[Path], typer.Argument(help="Files, folders (recursively) or JSONL files of documents.",
+                                                    show_default=False)],
         kb: Annotated[str, typer.Option("--kb", help="Knowledge base name.")],
         batch: Annotated[int, typer.Option("--batch", min=1, help="Documents per request.")] = 32,
         url: Annotated[str, typer.Option("--url", envvar="GOODPUT_URL", help="Gateway URL.")] = DEFAULT_GATEWAY_URL,
@@ -53,18 +57,16 @@ def register(app: typer.Typer) -> None:
         timeout: Annotated[float, typer.Option("--timeout", help="Seconds per request.")] = 300.0,
     ) -> None:
         """Index documents into a knowledge base (incremental: unchanged documents are not re-embedded)."""
-        from goodput_embedder.sources import SourceError, read_source
-
         console = Console(stderr=True)
         try:
-            api_key = resolve_key(key, Path.cwd() / WORKDIR_NAME)
+            api_key = resolve_key(key, default_state_dir())
             docs = [{"id": d.id, "text": d.text, "title": d.title, "type": d.type, "metadata": d.metadata}
-                    for d in read_source(path)]
+                    for d in read_sources(paths)]
         except (ChatError, SourceError) as err:
-            console.print(f"error: {err}", markup=False)
+            console.print(f"error: {err}", markup=False, soft_wrap=True)
             raise typer.Exit(1) from None
         if not docs:
-            console.print(f"error: no documents in {path}", markup=False)
+            console.print(f"error: no documents in {' '.join(map(str, paths))}", markup=False, soft_wrap=True)
             raise typer.Exit(1)
         totals = {"chunks_embedded": 0, "chunks_deleted": 0, "documents_unchanged": 0, "kb_version": 0}
         endpoint = f"{url.rstrip('/')}/v1/knowledge-bases/{kb}/documents"
@@ -77,7 +79,7 @@ def register(app: typer.Typer) -> None:
                     r = _post(endpoint, api_key, {"documents": part}, timeout)
                 except ChatError as err:
                     progress.stop()
-                    console.print(f"error: documents {i}-{i + len(part) - 1}: {err}", markup=False)
+                    console.print(f"error: documents {i}-{i + len(part) - 1}: {err}", markup=False, soft_wrap=True)
                     raise typer.Exit(1) from None
                 for k in ("chunks_embedded", "chunks_deleted", "documents_unchanged"):
                     totals[k] += int(r.get(k, 0))
@@ -99,13 +101,13 @@ def register(app: typer.Typer) -> None:
         """Search a knowledge base (hybrid dense + BM25)."""
         console = Console()
         try:
-            api_key = resolve_key(key, Path.cwd() / WORKDIR_NAME)
+            api_key = resolve_key(key, default_state_dir())
             body: dict[str, Any] = {"query": query, "top_k": top_k, "fusion": fusion}
             if dense_weight is not None:
                 body["dense_weight"] = dense_weight
             r = _post(f"{url.rstrip('/')}/v1/knowledge-bases/{kb}/search", api_key, body, 60.0)
         except ChatError as err:
-            Console(stderr=True).print(f"error: {err}", markup=False)
+            Console(stderr=True).print(f"error: {err}", markup=False, soft_wrap=True)
             raise typer.Exit(1) from None
         if as_json:
             print(json.dumps(r, indent=2))
@@ -118,6 +120,6 @@ def register(app: typer.Typer) -> None:
             table.add_row(str(i), f"{h.get('score', 0):.4f}", str(h.get("document_id")), text[:200])
         console.print(table)
         for note in r.get("notes", []):
-            console.print(f"note: {note}", markup=False)
+            console.print(f"note: {note}", markup=False, soft_wrap=True)
         if r.get("degraded"):
             console.print("[yellow]degraded: one search leg did not answer[/]")

@@ -14,21 +14,21 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from goodput_cli.chat import DEFAULT_GATEWAY_URL, DEV_MODEL, ChatError, resolve_key, stream_chat
+from goodput_cli.keys import default_state_dir
 from goodput_cli.knowledge import register as register_knowledge_commands
-from goodput_cli.status import collect
-from goodput_cli.supervisor import GATEWAY_GRPC, SCHEDULER_GRPC, Platform, PlatformError
+from goodput_cli.status import collect, render
+from goodput_cli.supervisor import Platform, PlatformError
 
 app = typer.Typer(help="Goodput: LLM inference and RAG platform, on this machine.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 
-WORKDIR_NAME = ".goodput"
 UP_FILE = "up.json"  # written once `goodput up` is serving, removed when it stops
 EXAMPLE_QUESTION = "What is the capital of France?"
-DEFAULT_SCHEDULER = f"127.0.0.1:{SCHEDULER_GRPC}"
-DEFAULT_GATEWAY_GRPC = f"127.0.0.1:{GATEWAY_GRPC}"
+StateDir = Annotated[Path | None, typer.Option(
+    "--state-dir", envvar="GOODPUT_STATE_DIR", show_default=False,
+    help="State folder of the platform: key file, dev key, logs (default: .goodput here).")]
 
 
 class Priority(str, Enum):
@@ -99,11 +99,19 @@ def up(
                                          help="Inference workers (one vLLM engine each).")] = 1,
     port_offset: Annotated[int, typer.Option("--port-offset", help="Added to every port (run two platforms).")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for every service to serve.")] = 900,
+    state_dir: StateDir = None,
+    redis_db: Annotated[int | None, typer.Option(
+        "--redis-db", min=0, show_default=False,
+        help="Redis database of this platform (keys, Celery queues); default: the one in GOODPUT_REDIS_URL, "
+             "else 0.")] = None,
 ) -> None:
-    """Start Redis (if needed), the inference workers, the scheduler and the gateway here; Ctrl-C stops them all."""
+    """Start Redis (if needed) and every service here; Ctrl-C stops them all.
+
+    A second platform on this machine: its own --state-dir, --port-offset and --redis-db.
+    """
     console = Console()
-    workdir = Path.cwd() / WORKDIR_NAME
-    platform = Platform(workdir=workdir, workers=workers, port_offset=port_offset)
+    workdir = (state_dir or default_state_dir()).resolve()
+    platform = Platform(workdir=workdir, workers=workers, port_offset=port_offset, redis_db=redis_db)
     # Ctrl-C and SIGTERM both stop everything, even when SIGINT came ignored (e.g. started with `&` by a script).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -120,7 +128,9 @@ def up(
         # For scripts and tools: where the running platform answers (removed again on stop).
         (workdir / UP_FILE).write_text(json.dumps({"pid": os.getpid(), "gateway_http": platform.gateway_http,
                                                    "gateway_grpc": platform.gateway_grpc,
-                                                   "scheduler_grpc": platform.scheduler_grpc}) + "\n")
+                                                   "scheduler_grpc": platform.scheduler_grpc,
+                                                   "redis_url": platform.redis_url,
+                                                   "endpoints": platform.endpoints()}) + "\n")
         reported: set[str] = set()
         while True:
             for name, rc in platform.exited().items():
@@ -169,7 +179,7 @@ def chat(
         sys.stdout.flush()
 
     try:
-        api_key = resolve_key(key, Path.cwd() / WORKDIR_NAME)
+        api_key = resolve_key(key, default_state_dir())
         stream_chat(question=question, url=url, key=api_key, model=model, max_tokens=max_tokens,
                     priority=priority.value if priority else None, write=write)
     except ChatError as err:
@@ -182,40 +192,41 @@ def chat(
     print()
 
 
+def status_endpoints(state_dir: Path, port_offset: int) -> dict[str, str]:
+    """What `status` checks: the endpoints a running `goodput up` wrote into its state folder, else those of a
+    platform started with ``port_offset``."""
+    try:
+        up_file = json.loads((state_dir / UP_FILE).read_text())
+        endpoints = up_file["endpoints"]
+        if isinstance(endpoints, dict):
+            return {str(k): str(v) for k, v in endpoints.items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return Platform(workdir=state_dir, port_offset=port_offset).endpoints()
+
+
 @app.command()
 def status(
-    scheduler: Annotated[str, typer.Option("--scheduler", help="Scheduler gRPC address.")] = DEFAULT_SCHEDULER,
-    gateway: Annotated[str, typer.Option("--gateway", help="Gateway base URL (REST).")] = DEFAULT_GATEWAY_URL,
-    gateway_grpc: Annotated[str, typer.Option("--gateway-grpc", help="Gateway gRPC address.")] = DEFAULT_GATEWAY_GRPC,
+    state_dir: StateDir = None,
+    port_offset: Annotated[int, typer.Option("--port-offset", help="Of a platform without an up.json in the "
+                                                                   "state folder.")] = 0,
+    scheduler: Annotated[str | None, typer.Option("--scheduler", show_default=False,
+                                                  help="Scheduler gRPC address.")] = None,
+    gateway: Annotated[str | None, typer.Option("--gateway", show_default=False,
+                                                help="Gateway base URL (REST).")] = None,
+    gateway_grpc: Annotated[str | None, typer.Option("--gateway-grpc", show_default=False,
+                                                     help="Gateway gRPC address.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per check.")] = 2.0,
 ) -> None:
-    """Health of the gateway, the scheduler and every worker, with each worker's load. Non-zero exit if any is down."""
+    """Health of every service (gateway, scheduler, embedder, retriever, cache, Celery workers) and each worker's
+    load. Non-zero exit if any is down."""
     console = Console()
-    report = collect(scheduler=scheduler, gateway_url=gateway, gateway_grpc=gateway_grpc, timeout_s=timeout)
-
-    services = Table(title="services", title_justify="left")
-    for col in ("service", "address", "health"):
-        services.add_column(col)
-    for s in report.services:
-        services.add_row(s.name, s.address, f"[green]{s.detail}[/]" if s.ok else f"[red]{s.detail}[/]")
-    console.print(services)
-
-    if report.workers:
-        workers = Table(title="workers (load as the scheduler sees it)", title_justify="left")
-        workers.add_column("worker", no_wrap=True)
-        workers.add_column("address", no_wrap=True)
-        workers.add_column("state", no_wrap=True)
-        for col in ("running", "waiting", "KV", "inflight"):
-            workers.add_column(col, justify="right", no_wrap=True)
-        workers.add_column("last error", overflow="fold")
-        for w in report.workers:
-            state = "[green]healthy[/]" if w.healthy else "[red]unhealthy[/]"
-            if w.serving != "serving":
-                state += f" [red]({w.serving})[/]"
-            workers.add_row(w.worker_id, w.address, state, str(w.running), str(w.waiting),
-                            f"{w.kv_cache_usage:.0%}", str(w.inflight), w.last_error or "")
-        console.print(workers)
-
+    endpoints = status_endpoints((state_dir or default_state_dir()).resolve(), port_offset)
+    for name, value in (("scheduler", scheduler), ("gateway_http", gateway), ("gateway", gateway_grpc)):
+        if value:
+            endpoints[name] = value
+    report = collect(endpoints, timeout_s=timeout)
+    render(report, console)
     if not report.ok:
         raise _fail("; ".join(report.problems))
     console.print("[green]all services healthy[/]")

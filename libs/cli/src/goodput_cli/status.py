@@ -1,8 +1,12 @@
 """`goodput status`: health of every service and each worker's load, as the scheduler sees it.
 
+Every gRPC service answers the standard health check; the gateway's REST side and the Celery workers (which serve
+no gRPC) answer ``/healthz`` on their HTTP port. ``endpoints`` names what to check (``Platform.endpoints()``, or
+the ``up.json`` a running `goodput up` writes).
+
 Example:
-    >>> report = collect(scheduler="127.0.0.1:50052", gateway_url="http://127.0.0.1:8080",
-    ...                  gateway_grpc="127.0.0.1:50051")
+    >>> report = collect({"gateway": "127.0.0.1:50051", "gateway_http": "http://127.0.0.1:8080",
+    ...                   "scheduler": "127.0.0.1:50052", "index-worker": "http://127.0.0.1:9106"})
     >>> report.ok
 """
 
@@ -14,8 +18,15 @@ import grpc
 import httpx
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rich import box
+from rich.console import Console
+from rich.table import Table
 
-__all__ = ["ServiceHealth", "StatusReport", "WorkerRow", "collect"]
+__all__ = ["ServiceHealth", "StatusReport", "WorkerRow", "collect", "render"]
+
+# Checked in this order; a name missing from the endpoints is not part of that platform.
+GRPC_SERVICES = ("gateway", "scheduler", "embedder", "retriever", "cache")
+HTTP_SERVICES = ("index-worker", "jobs-worker")
 
 
 @dataclass
@@ -89,12 +100,20 @@ def http_health(name: str, url: str, timeout_s: float) -> ServiceHealth:
     return ServiceHealth(name, url, False, f"HTTP {reply.status_code}")
 
 
-def collect(*, scheduler: str, gateway_url: str, gateway_grpc: str, timeout_s: float = 2.0) -> StatusReport:
+def collect(endpoints: dict[str, str], *, timeout_s: float = 2.0) -> StatusReport:
     report = StatusReport()
-    report.services.append(grpc_health("gateway (gRPC)", gateway_grpc, timeout_s))
-    report.services.append(http_health("gateway (HTTP)", gateway_url.rstrip("/") + "/healthz", timeout_s))
-    sched = grpc_health("scheduler", scheduler, timeout_s)
-    report.services.append(sched)
+    for name in GRPC_SERVICES:
+        if name in endpoints:
+            report.services.append(grpc_health(name, endpoints[name], timeout_s))
+        if name == "gateway" and "gateway_http" in endpoints:
+            report.services.append(http_health("gateway (HTTP)", endpoints["gateway_http"].rstrip("/") + "/healthz",
+                                               timeout_s))
+    for name in HTTP_SERVICES:
+        if name in endpoints:
+            report.services.append(http_health(name, endpoints[name].rstrip("/") + "/healthz", timeout_s))
+    scheduler = endpoints.get("scheduler")
+    if scheduler is None:
+        return report
     with grpc.insecure_channel(scheduler) as channel:
         try:
             reply = scheduler_pb2_grpc.SchedulerStub(channel).ListWorkers(scheduler_pb2.ListWorkersRequest(),
@@ -111,3 +130,35 @@ def collect(*, scheduler: str, gateway_url: str, gateway_grpc: str, timeout_s: f
             running=w.load.running, waiting=w.load.waiting, kv_cache_usage=w.load.kv_cache_usage,
             inflight=w.inflight, last_error=w.last_error))
     return report
+
+
+def render(report: StatusReport, console: Console) -> None:
+    """The services table, then the workers table (it fits 80 columns: each worker's last error goes on a line of
+    its own below the table, where it may wrap)."""
+    services = Table(title="services", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("service", "address", "health"):
+        services.add_column(col, overflow="fold")
+    for s in report.services:
+        services.add_row(s.name, s.address, f"[green]{s.detail}[/]" if s.ok else f"[red]{s.detail}[/]")
+    console.print(services)
+    if not report.workers:
+        return
+    workers = Table(title="workers (load as the scheduler sees it)", title_justify="left", box=box.SIMPLE_HEAD,
+                    pad_edge=False)
+    workers.add_column("worker", no_wrap=True, max_width=16, overflow="ellipsis")
+    workers.add_column("address", no_wrap=True, max_width=22, overflow="ellipsis")
+    workers.add_column("state", no_wrap=True)
+    for col in ("run", "wait", "KV", "infl"):
+        workers.add_column(col, justify="right", no_wrap=True)
+    errors = []
+    for w in report.workers:
+        state = "[green]healthy[/]" if w.healthy else "[red]unhealthy[/]"
+        if w.serving != "serving":
+            state += f" [red]({w.serving.split(' (')[0]})[/]"
+        workers.add_row(w.worker_id, w.address, state, str(w.running), str(w.waiting), f"{w.kv_cache_usage:.0%}",
+                        str(w.inflight))
+        if w.last_error:
+            errors.append(f"{w.worker_id}: last error: {w.last_error}")
+    console.print(workers)
+    for line in errors:
+        console.print(line, markup=False, highlight=False)

@@ -1,0 +1,169 @@
+"""Which child processes a local platform runs and how each is wired, from the one topology definition
+(:mod:`goodput_contracts.topology`: ports, env prefixes, peers), so the supervisor cannot drift from the chart.
+
+Every port is the topology's plus ``port_offset`` (the n-th inference worker's also ``+ n``); every peer a service
+has in the topology gets the peer's local address in its setting when the peer runs here. One local choice departs
+from the cluster: the cache embeds in-process (no embedder hop or batching window on the lookup path).
+
+Example:
+    >>> wiring = Wiring(workdir=Path(".goodput"), workers=2, port_offset=0, python="python3",
+    ...                 redis_url="redis://127.0.0.1:6379/0")
+    >>> [s.name for s in plan(wiring)][:3]
+    ['worker-0', 'worker-1', 'scheduler']
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from goodput_contracts import DEFAULT_CHANNEL, SERVICES
+
+from goodput_cli.procs import ServiceSpec, cpu_bindings
+
+__all__ = ["HOST", "Wiring", "grpc_addr", "http_port", "plan", "redis_db_url", "version_channel"]
+
+HOST = "127.0.0.1"
+DEFAULT_KV_CACHE_SPACE_GB = "1"
+# Peers the local platform deliberately leaves unwired (the service then works without them).
+LOCAL_CHOICES = {("cache", "embedder")}
+# Process names of the services that are not one per topology entry.
+_NAMES = {"inference": "worker", "indexWorker": "index-worker", "jobsWorker": "jobs-worker"}
+_CELERY_FLAGS = ["--pool", "solo", "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+
+
+def grpc_addr(key: str, port_offset: int, instance: int = 0) -> str:
+    return f"{HOST}:{SERVICES[key].grpc_port + port_offset + instance}"
+
+
+def http_port(key: str, port_offset: int, instance: int = 0) -> int:
+    return SERVICES[key].http_port + port_offset + instance
+
+
+def redis_db_url(url: str, db: int) -> str:
+    """``url`` with its database number replaced.
+
+    >>> redis_db_url("redis://127.0.0.1:6379/0", 3)
+    'redis://127.0.0.1:6379/3'
+    """
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
+
+
+def version_channel(redis_url: str) -> str:
+    """The KB-version channel of a platform on this Redis database. Pub/sub channels are shared by every database
+    of a server, so a platform on another database gets its own channel (``goodput:kb-version:db3``).
+
+    >>> version_channel("redis://127.0.0.1:6379/0"), version_channel("redis://127.0.0.1:6379/3")
+    ('goodput:kb-version', 'goodput:kb-version:db3')
+    """
+    path = urlsplit(redis_url).path.strip("/")
+    db = int(path) if path.isdigit() else 0
+    return DEFAULT_CHANNEL if db == 0 else f"{DEFAULT_CHANNEL}:db{db}"
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What the plan depends on. ``inherited`` is the environment the children inherit (explicit settings there
+    are kept)."""
+
+    workdir: Path
+    workers: int
+    port_offset: int
+    python: str
+    redis_url: str
+    knowledge: bool = True
+    cache: bool = True
+    jobs: bool = True
+    inherited: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    def log_path(self, name: str) -> Path:
+        return self.workdir / "logs" / f"{name}.log"
+
+    def running(self) -> list[str]:
+        """Topology keys of the services this platform runs, in start order."""
+        keys = ["inference", "scheduler"]
+        if self.knowledge:
+            keys += ["embedder", "retriever", "indexWorker"]
+        if self.cache:
+            keys.append("cache")
+        if self.jobs:
+            keys.append("jobsWorker")
+        return [*keys, "gateway"]
+
+
+def _peers(key: str, w: Wiring, running: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    svc = SERVICES[key]
+    for peer in svc.peers:
+        if peer.service not in running or (key, peer.service) in LOCAL_CHOICES:
+            continue
+        if peer.service == "inference":
+            value = ",".join(grpc_addr("inference", w.port_offset, i) for i in range(w.workers))
+        else:
+            value = grpc_addr(peer.service, w.port_offset)
+        env[svc.env(peer.setting)] = value
+    return env
+
+
+def _service_env(key: str, w: Wiring, running: list[str], instance: int = 0) -> dict[str, str]:
+    svc = SERVICES[key]
+    env = {"GOODPUT_REDIS_URL": w.redis_url, "PYTHONUNBUFFERED": "1"}
+    if svc.grpc_port:
+        env[svc.env("GRPC_PORT")] = str(svc.grpc_port + w.port_offset + instance)
+    env[svc.env(svc.http_port_setting)] = str(http_port(key, w.port_offset, instance))
+    # The gateway's Redis holds parked jobs only: it gets it when the jobs worker runs.
+    if "redis" in svc.external and (svc.prefix != SERVICES["gateway"].prefix or w.jobs):
+        env[svc.env("REDIS_URL")] = w.redis_url
+    if key in ("embedder", "indexWorker", "cache"):
+        env[svc.env("VERSION_CHANNEL")] = version_channel(w.redis_url)
+    env.update(_peers(key, w, running))
+    return env
+
+
+def _spec(name: str, argv: list[str], env: dict[str, str], grpc: str | None, w: Wiring) -> ServiceSpec:
+    return ServiceSpec(name=name, argv=argv, env=env, grpc_addr=grpc, log_path=w.log_path(name))
+
+
+def plan(w: Wiring) -> list[ServiceSpec]:
+    """The Goodput services in start order (Redis is not part of it: it is started only when missing)."""
+    running = w.running()
+    bindings = cpu_bindings(w.workers)
+    specs: list[ServiceSpec] = []
+    for key in running:
+        svc = SERVICES[key]
+        if key == "inference":
+            for i in range(w.workers):
+                env = {**_service_env(key, w, running, i), svc.env("WORKER_ID"): f"worker-{i}"}
+                if svc.env("ENFORCE_EAGER") not in w.inherited:
+                    # On CPU, vLLM's graph compilation makes engine start ~4x slower (about 145 s instead of 35 s
+                    # on 2 cores) for a modest decode speed-up: a local platform starts eager unless told otherwise.
+                    env[svc.env("ENFORCE_EAGER")] = "true"
+                if svc.env("KV_CACHE_SPACE_GB") not in w.inherited:
+                    env[svc.env("KV_CACHE_SPACE_GB")] = DEFAULT_KV_CACHE_SPACE_GB
+                if bindings[i] is not None and "VLLM_CPU_OMP_THREADS_BIND" not in w.inherited:
+                    env["VLLM_CPU_OMP_THREADS_BIND"] = str(bindings[i])
+                specs.append(_spec(f"worker-{i}", [w.python, "-m", svc.package], env,
+                                   grpc_addr(key, w.port_offset, i), w))
+            continue
+        env = _service_env(key, w, running)
+        name = _NAMES.get(key, key)
+        if key == "gateway":
+            env[svc.env("API_KEYS_FILE")] = str(w.workdir / "api-keys.json")
+        if key == "retriever":
+            env[svc.env("DATA_DIR")] = str(w.workdir / "retriever-data")
+        if svc.is_celery_worker:
+            if key == "jobsWorker":
+                # The jobs worker runs parked requests through the gateway's own pipeline: the gateway's settings.
+                env = {**_service_env("gateway", w, running), **env,
+                       svc.env("API_KEYS_FILE"): str(w.workdir / "api-keys.json")}
+            argv = [w.python, "-m", "celery", "-A", svc.celery_app, "worker"]
+            if key == "jobsWorker":
+                argv += ["-Q", w.inherited.get(svc.env(svc.queue_setting), svc.default_queue)]
+            # --pool solo: one process, so its metrics port sees every job.
+            specs.append(_spec(name, argv + _CELERY_FLAGS, env, None, w))
+        else:
+            specs.append(_spec(name, [w.python, "-m", svc.package], env, grpc_addr(key, w.port_offset), w))
+    return specs
