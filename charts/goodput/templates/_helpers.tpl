@@ -61,7 +61,7 @@ scheduler:
   httpPort: 9102
   ingressFrom: [gateway, jobsWorker]
   egressTo: [inference]
-  external: [redis]
+  external: []
 inference:
   component: inference
   prefix: GOODPUT_INFERENCE_
@@ -369,7 +369,7 @@ expansion, which envFrom does not do. ctx: root, svc
 {{- $p := $meta.prefix }}
 {{- $ext := $root.Values.external }}
 {{- $usesRedis := has "redis" $meta.external }}
-{{- if has .svc (list "scheduler" "gateway") }}{{ $usesRedis = (index $root.Values .svc).config.useRedis }}{{ end }}
+{{- if eq .svc "gateway" }}{{ $usesRedis = $root.Values.gateway.config.useRedis }}{{ end }}
 {{- if $usesRedis }}
 {{- if $ext.redis.existingSecret }}
 {{- $u := urlParse $ext.redis.url }}

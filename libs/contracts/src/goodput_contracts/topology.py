@@ -71,7 +71,7 @@ SERVICES: dict[str, Service] = {s.key: s for s in (
     Service("gateway", "gateway", "goodput_gateway", "GOODPUT_GATEWAY_", 50051, 8080, peers=_GATEWAY_PEERS,
             also_calls=("inference",), external=("redis",), description="REST + gRPC front door"),
     Service("scheduler", "scheduler", "goodput_scheduler", "GOODPUT_SCHEDULER_", 50052, 9102,
-            peers=(Peer("inference", "WORKERS"),), external=("redis",), description="queues, admission, placement"),
+            peers=(Peer("inference", "WORKERS"),), external=(), description="queues, admission, placement"),
     Service("inference", "inference", "goodput_inference", "GOODPUT_INFERENCE_", 50061, 9161, per_instance=True,
             description="one vLLM engine"),
     Service("embedder", "embedder", "goodput_embedder", "GOODPUT_EMBEDDER_", 50053, 9103,
