@@ -24,8 +24,9 @@ def goodput(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def status(platform: Platform) -> subprocess.CompletedProcess[str]:
-    return goodput("status", "--scheduler", platform.scheduler_grpc, "--gateway", platform.gateway_http,
-                   "--gateway-grpc", platform.gateway_grpc)
+    # Every service of the test platform, found from its state folder and port offset as a user's `goodput up`
+    # platform is found from .goodput.
+    return goodput("status", "--state-dir", str(platform.workdir), "--port-offset", str(platform.port_offset))
 
 
 def test_cli_status_and_chat(platform: Platform) -> None:
