@@ -25,6 +25,7 @@ from goodput.gateway.v1 import gateway_pb2
 from goodput.retriever.v1 import retriever_pb2, retriever_pb2_grpc
 from grpc import aio
 
+from goodput_core.clients import EmbeddingClient, Embeddings
 from goodput_core.errors import InvalidArgument, Unimplemented, from_rpc_error
 
 from goodput_gateway.config import GatewaySettings
@@ -43,13 +44,13 @@ class Knowledge:
     def __init__(self, settings: GatewaySettings, *, channel_factory: Callable[[str], aio.Channel]) -> None:
         self.settings = settings
         self._channels: list[aio.Channel] = []
-        self._embedding: embedder_pb2_grpc.EmbeddingStub | None = None
+        self._embedding: EmbeddingClient | None = None
         self._indexer: embedder_pb2_grpc.IndexerStub | None = None
         self._retrieval: retriever_pb2_grpc.RetrievalStub | None = None
         if settings.embedder_addr:
             ch = channel_factory(settings.embedder_addr)
             self._channels.append(ch)
-            self._embedding = embedder_pb2_grpc.EmbeddingStub(ch)
+            self._embedding = EmbeddingClient(ch, timeout_s=settings.knowledge_timeout_s)
             self._indexer = embedder_pb2_grpc.IndexerStub(ch)
         if settings.retriever_addr:
             ch = channel_factory(settings.retriever_addr)
@@ -70,7 +71,7 @@ class Knowledge:
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
-    async def embed(self, texts: list[str], model: str = "") -> embedder_pb2.EmbedResponse:
+    async def embed(self, texts: list[str], model: str = "") -> Embeddings:
         if self._embedding is None:
             raise Unimplemented(NO_EMBEDDER)
         if not texts:
@@ -78,7 +79,7 @@ class Knowledge:
         if len(texts) > self.settings.max_embed_batch:
             raise InvalidArgument(f"{len(texts)} inputs; the limit is {self.settings.max_embed_batch}",
                                   param="input", code="invalid_value")
-        return await self._call(self._embedding.Embed, embedder_pb2.EmbedRequest(texts=texts, model=model))
+        return await self._embedding.embed(texts, model=model)
 
     async def search(self, tenant: str, kb: str, query: str, *, top_k: int = 0, fusion: str = "",
                      dense_weight: float | None = None, rerank: bool = False) -> retriever_pb2.SearchResponse:
@@ -113,7 +114,7 @@ def _knowledge(service: Any) -> Knowledge:
 async def grpc_embed(service: Any, principal: Any, request: gateway_pb2.EmbedRequest) -> gateway_pb2.EmbedResponse:
     r = await _knowledge(service).embed(list(request.texts), request.model)
     return gateway_pb2.EmbedResponse(model=r.model, prompt_tokens=r.tokens,
-                                     embeddings=[gateway_pb2.Embedding(values=v.values) for v in r.vectors])
+                                     embeddings=[gateway_pb2.Embedding(values=v) for v in r.vectors])
 
 
 async def grpc_search(service: Any, principal: Any, request: gateway_pb2.SearchRequest) -> gateway_pb2.SearchResponse:
@@ -152,7 +153,7 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
         r = await _knowledge(service).embed(body.input, "" if model == "default" else model)
         data = []
         for i, v in enumerate(r.vectors):
-            values: Any = list(v.values)
+            values: Any = v
             if body.encoding_format == "base64":
                 values = base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
             data.append({"object": "embedding", "index": i, "embedding": values})
