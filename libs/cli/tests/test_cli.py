@@ -59,6 +59,7 @@ def test_chat_reads_the_dev_key_of_goodput_up(tmp_path, monkeypatch):
     assert "cannot reach the gateway" in result.output  # got past the key lookup
 
 
+    assert '"temperature": 0' in text and "temperature=0," in text  # greedy: the model's most likely answer
 def test_printed_examples_stream_with_the_key_and_model():
     text = usage_examples(base_url="http://127.0.0.1:8080", key="gp-dev-abc", model="smollm2-135m-instruct")
 
