@@ -2,7 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-TEST_DIRS = $(wildcard libs/*/tests services/*/tests) loadtests/tests tests
+# Every lib's and service's folder: its tests/ and, as doctests (--doctest-modules in pyproject.toml), the examples
+# in its src/ docstrings; loadtests/ likewise (its tests/ and its modules' examples).
+TEST_DIRS = libs services loadtests tests
 # mypy checks the packages by name, found through MYPYPATH (some services are namespace packages).
 SRC_DIRS = $(wildcard libs/*/src services/*/src)
 empty :=

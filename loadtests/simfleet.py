@@ -6,11 +6,12 @@ The workers are ``python -m goodput_inference`` with ``GOODPUT_INFERENCE_ENGINE=
 ``goodput_inference.sim_engine``) and the scheduler is ``python -m goodput_scheduler``: the production code paths,
 over gRPC. Only the GPU is simulated.
 
-Example:
-    >>> with SimFleet(workers=4, base_port=56100, sim={"time_scale": 2}) as fleet:
-    ...     fleet.start_scheduler({"QUEUE_POLICY": "fifo"})
-    ...     client = LeaseClient(fleet.scheduler_addr)
-    ...     result = await client.run(RequestSpec(...))
+Example::
+
+    with SimFleet(workers=4, base_port=56100, sim={"time_scale": 2}) as fleet:
+        fleet.start_scheduler({"QUEUE_POLICY": "fifo"})
+        client = LeaseClient(fleet.scheduler_addr)
+        result = await client.run(RequestSpec(...))
 """
 
 from __future__ import annotations

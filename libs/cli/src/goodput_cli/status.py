@@ -4,10 +4,11 @@ Every gRPC service answers the standard health check; the gateway's REST side an
 no gRPC) answer ``/healthz`` on their HTTP port. ``endpoints`` names what to check (``Platform.endpoints()``, or
 the ``up.json`` a running `goodput up` writes).
 
-Example:
-    >>> report = collect({"gateway": "127.0.0.1:50051", "gateway_http": "http://127.0.0.1:8080",
-    ...                   "scheduler": "127.0.0.1:50052", "index-worker": "http://127.0.0.1:9106"})
-    >>> report.ok
+Example::
+
+    report = collect({"gateway": "127.0.0.1:50051", "gateway_http": "http://127.0.0.1:8080",
+                      "scheduler": "127.0.0.1:50052", "index-worker": "http://127.0.0.1:9106"})
+    report.ok
 """
 
 from __future__ import annotations

@@ -12,13 +12,14 @@ holds ``workdir/platform.lock``, so a second one on the same folder is refused. 
 their own state folders, ports (``port_offset``) and Redis database (``redis_db``: keys and Celery queues are
 per database; the KB-version channel gets the database's number, since pub/sub is shared by all databases).
 
-Example:
-    >>> platform = Platform(workdir=tmp_path, workers=2, port_offset=1000)
-    >>> platform.start()                      # ~2 minutes on CPU: the workers load vLLM
-    >>> httpx.post(platform.gateway_http + "/v1/chat/completions",
-    ...            headers={"Authorization": f"Bearer {platform.dev_key}"}, json={...})
-    >>> platform.kill_worker(1)               # SIGKILL, like a crashed pod
-    >>> platform.stop()
+Example::
+
+    platform = Platform(workdir=tmp_path, workers=2, port_offset=1000)
+    platform.start()                      # ~2 minutes on CPU: the workers load vLLM
+    httpx.post(platform.gateway_http + "/v1/chat/completions",
+               headers={"Authorization": f"Bearer {platform.dev_key}"}, json={...})
+    platform.kill_worker(1)               # SIGKILL, like a crashed pod
+    platform.stop()
 
 It is also a context manager (``with Platform(workdir=...) as p:`` starts and stops). Children never outlive the
 supervisor: ``stop`` runs from ``finally``/``atexit``, and on Linux a child started from the main thread also gets

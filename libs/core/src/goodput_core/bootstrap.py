@@ -1,8 +1,9 @@
 """What every service's ``__main__`` does first: settings (fail fast), logging, tracing, a metrics registry.
 
-Example:
-    >>> rt = bootstrap("scheduler", SchedulerSettings)
-    >>> runner = ServiceRunner(name="scheduler", settings=rt.settings, registry=rt.registry, provider=rt.provider)
+Example::
+
+    rt = bootstrap("scheduler", SchedulerSettings)
+    runner = ServiceRunner(name="scheduler", settings=rt.settings, registry=rt.registry, provider=rt.provider)
 """
 
 from __future__ import annotations

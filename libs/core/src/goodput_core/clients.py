@@ -1,9 +1,10 @@
 """gRPC channels to other Goodput services, with tracing, keepalive and sane message limits, and the typed
 clients several services share (:class:`EmbeddingClient`).
 
-Example:
-    >>> channel = make_channel("127.0.0.1:50052", provider)
-    >>> stub = scheduler_pb2_grpc.SchedulerStub(channel)
+Example::
+
+    channel = make_channel("127.0.0.1:50052", provider)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ class EmbeddingClient:
     The one client of every caller (gateway, retriever, cache), so the request shape, the deadline and the error
     mapping are the same everywhere: a failed call raises the matching :class:`goodput_core.errors.GoodputError`.
 
-    Example:
-        >>> client = EmbeddingClient(make_channel("127.0.0.1:50053", provider), timeout_s=2.0)
-        >>> (await client.embed(["how do I reset my password?"])).vectors[0][:2]
-        [0.0123, -0.0456]
+    Example::
+
+        client = EmbeddingClient(make_channel("127.0.0.1:50053", provider), timeout_s=2.0)
+        (await client.embed(["how do I reset my password?"])).vectors[0][:2]   # [0.0123, -0.0456]
     """
 
     def __init__(self, channel: aio.Channel, *, timeout_s: float) -> None:

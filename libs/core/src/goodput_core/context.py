@@ -1,8 +1,11 @@
 """Per-request context (request id, tenant id) carried in ``contextvars`` so logs and spans pick it up anywhere.
 
-Example:
+Example (inside the block, every log line and span carries ``request_id`` and ``tenant_id``):
     >>> with request_context(request_id="req-1", tenant="acme"):
-    ...     log.info("admitted")   # the JSON line carries request_id and tenant_id
+    ...     request_id_var.get(), tenant_id_var.get()
+    ('req-1', 'acme')
+    >>> request_id_var.get() is None
+    True
 """
 
 from __future__ import annotations

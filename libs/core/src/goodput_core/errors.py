@@ -5,7 +5,11 @@ Domain code raises these; gRPC servers map them with :class:`ErrorInterceptor`, 
 :func:`from_rpc_error`, so an error keeps its meaning across every hop.
 
 Example:
-    >>> raise InvalidArgument("messages must not be empty", param="messages")
+    >>> err = InvalidArgument("messages must not be empty", param="messages")
+    >>> err.grpc_code, err.http_status
+    (<StatusCode.INVALID_ARGUMENT: (3, 'invalid argument')>, 400)
+    >>> err.openai_body()["error"]["param"], err.openai_body()["error"]["type"]
+    ('messages', 'invalid_request_error')
 """
 
 from __future__ import annotations

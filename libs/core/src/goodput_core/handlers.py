@@ -1,7 +1,8 @@
 """Rebuilding a gRPC method handler around a wrapper, for server interceptors.
 
-Example:
-    >>> return rewrap(handler, unary=lambda fn: timed(fn), stream=lambda fn: timed_stream(fn))
+Example::
+
+    return rewrap(handler, unary=lambda fn: timed(fn), stream=lambda fn: timed_stream(fn))
 """
 
 from __future__ import annotations

@@ -103,9 +103,14 @@ class SharedCounter(Collector):
     reports the work its prefork children did. A failed read gives the family without samples, not a failed
     scrape; ``known`` label values are always reported (0 until counted).
 
-    Example:
+    Example (in a service, ``read`` is ``lambda: {k.decode(): int(v) for k, v in redis.hgetall(key).items()}``):
+        >>> registry = CollectorRegistry()
         >>> registry.register(SharedCounter("goodput_embedder_jobs", "Reindex jobs by outcome.", "outcome",
-        ...                                 read=lambda: {k.decode(): int(v) for k, v in r.hgetall(key).items()}))
+        ...                                 read=lambda: {"completed": 3}, known=("failed",)))
+        >>> registry.get_sample_value("goodput_embedder_jobs_total", {"outcome": "completed"})
+        3
+        >>> registry.get_sample_value("goodput_embedder_jobs_total", {"outcome": "failed"})
+        0
     """
 
     def __init__(self, name: str, documentation: str, label: str, *, read: Callable[[], dict[str, int]],

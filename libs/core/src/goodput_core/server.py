@@ -2,10 +2,11 @@
 the standard health service, reflection, an HTTP side port for `/metrics` and `/healthz`, and graceful drain on
 SIGTERM/SIGINT (health turns NOT_SERVING, in-flight RPCs get ``drain_grace_s`` to finish).
 
-Example:
-    >>> runner = ServiceRunner(name="scheduler", settings=settings, registry=registry, provider=provider)
-    >>> runner.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, "goodput.scheduler.v1.Scheduler")
-    >>> await runner.run()   # until SIGTERM
+Example::
+
+    runner = ServiceRunner(name="scheduler", settings=settings, registry=registry, provider=provider)
+    runner.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, "goodput.scheduler.v1.Scheduler")
+    await runner.run()   # until SIGTERM
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """OpenTelemetry tracing: one tracer provider per service, gRPC client and server interceptors that propagate the
 W3C trace context across every hop, and exporters chosen by settings.
 
-Example:
-    >>> provider = setup_tracing(service="gateway", exporter="otlp")
-    >>> channel = grpc.aio.insecure_channel(addr, interceptors=client_interceptors(provider))
-    >>> server = grpc.aio.server(interceptors=[server_interceptor(provider), ...])
+Example::
+
+    provider = setup_tracing(service="gateway", exporter="otlp")
+    channel = grpc.aio.insecure_channel(addr, interceptors=client_interceptors(provider))
+    server = grpc.aio.server(interceptors=[server_interceptor(provider), ...])
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Documents to index, read from files, folders (recursively) or JSONL files: what a Reindex job and
 `goodput index` both read, so the same path gives the same documents (and ids) either way.
 
-Example:
-    >>> from goodput_sources import read_sources
-    >>> docs = list(read_sources([Path("docs/"), Path("README.md")]))
+Example::
+
+    from goodput_sources import read_sources
+    docs = list(read_sources([Path("docs/"), Path("README.md")]))
 """
 
 from goodput_sources.reader import SourceDocument, SourceError, read_source, read_sources

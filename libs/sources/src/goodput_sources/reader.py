@@ -4,9 +4,10 @@ or a folder of them (recursively). JSONL lines are ``{"id" or "_id", "text", "ti
 A file's id is its name; a file in a folder has its path inside that folder (``docs/api/auth.md`` read from
 ``docs/`` is ``api/auth.md``), so a folder indexed again gives the same ids and unchanged files are skipped.
 
-Example:
-    >>> for doc in read_source(Path("docs/")): ...
-    >>> docs = list(read_sources([Path("docs/"), Path("README.md")]))   # ids must not collide across paths
+Example::
+
+    for doc in read_source(Path("docs/")): ...
+    docs = list(read_sources([Path("docs/"), Path("README.md")]))   # ids must not collide across paths
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ request is generated as if uncached) and is counted; after a Redis failure, look
 a dead Redis costs no latency. Store: only reusable answers (greedy sampling or an explicit opt-in), with a TTL per
 content type; time-sensitive questions get a short TTL (or none) and are never served from L2.
 
-Example:
-    >>> cache = ResponseCache(settings, redis=Redis.from_url(url), vectoriser=LocalVectoriser(), metrics=m)
-    >>> await cache.store(req, Answer(text="Paris.", completion_tokens=3))
-    >>> (await cache.lookup(req)).layer
-    'l1'
+Example::
+
+    cache = ResponseCache(settings, redis=Redis.from_url(url), vectoriser=LocalVectoriser(), metrics=m)
+    await cache.store(req, Answer(text="Paris.", completion_tokens=3))
+    (await cache.lookup(req)).layer   # 'l1'
 """
 
 from __future__ import annotations

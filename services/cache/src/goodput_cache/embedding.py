@@ -3,10 +3,10 @@
 Both give L2-normalised all-MiniLM-L6-v2 vectors (:class:`goodput_minilm.OnnxMiniLM`, the model the embedder
 serves), so entries stored through one can be searched through the other.
 
-Example:
-    >>> vectoriser = LocalVectoriser()                  # or RemoteVectoriser(make_channel("embedder:50053"))
-    >>> (await vectoriser.embed(["how do I reset my password?"])).shape
-    (1, 384)
+Example::
+
+    vectoriser = LocalVectoriser()                  # or RemoteVectoriser(make_channel("embedder:50053"))
+    (await vectoriser.embed(["how do I reset my password?"])).shape   # (1, 384)
 """
 
 from __future__ import annotations

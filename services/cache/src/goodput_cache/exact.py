@@ -9,10 +9,11 @@ Keys (``<prefix>`` is ``GOODPUT_CACHE_KEY_PREFIX``):
 - ``<prefix>:t:<tenant>``, ``<prefix>:kb:<tenant>:<kb>``, ``<prefix>:m:<model>``: sets of keys, for invalidation.
   They may list expired keys; invalidation simply deletes what is still there.
 
-Example:
-    >>> store = ExactStore(redis_client, prefix="goodput:cache")
-    >>> await store.put(entry, vector=None, ttl_s=3600, max_entries=100_000)
-    >>> (await store.get(entry.key)).text
+Example::
+
+    store = ExactStore(redis_client, prefix="goodput:cache")
+    await store.put(entry, vector=None, ttl_s=3600, max_entries=100_000)
+    (await store.get(entry.key)).text
 """
 
 from __future__ import annotations

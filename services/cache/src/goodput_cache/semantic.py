@@ -10,10 +10,15 @@ Partitions keep searches small and make cross-tenant hits impossible by construc
 vectors of its own partition. The :class:`VectorIndex` protocol lets a Qdrant server (filtered by partition)
 replace it for fleets whose cache does not fit one process.
 
-Example:
-    >>> index = NumpyIndex(dim=384, max_per_partition=100_000, ann=AnnConfig())
-    >>> index.add("p1", "key1", vector, question="how do I reset my password?", expires=time.time() + 3600)
-    >>> index.search("p1", query_vector, k=4)     # [(0.97, "key1", "how do I reset my password?")]
+Example (3-dimensional vectors here; the cache's are all-MiniLM-L6-v2's 384):
+    >>> index = NumpyIndex(dim=3, max_per_partition=100_000, ann=AnnConfig())
+    >>> index.add("p1", "key1", np.array([1.0, 0.0, 0.0]), question="how do I reset my password?",
+    ...           expires=time.time() + 3600)
+    >>> [(round(c.similarity, 2), c.key) for c in index.search("p1", np.array([0.96, 0.28, 0.0]), k=4,
+    ...                                                        min_similarity=0.9)]
+    [(0.96, 'key1')]
+    >>> index.search("p2", np.array([0.96, 0.28, 0.0]), k=4, min_similarity=0.9)   # another partition sees nothing
+    []
 """
 
 from __future__ import annotations

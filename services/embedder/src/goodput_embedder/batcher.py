@@ -10,10 +10,11 @@ company, which trades its latency for fewer, fuller calls at low load. A full ba
 Why no fixed window by default: a window is paid by every request on an idle service, and the interactive caller
 (the cache's L2 lookup, a RAG query) is exactly the one that cannot afford it.
 
-Example:
-    >>> batcher = MicroBatcher(model, window_ms=0, max_batch=64)
-    >>> vectors = await batcher.embed(["a", "b"])       # shares a model call with concurrent callers
-    >>> await batcher.close()
+Example::
+
+    batcher = MicroBatcher(model, window_ms=0, max_batch=64)
+    vectors = await batcher.embed(["a", "b"])       # shares a model call with concurrent callers
+    await batcher.close()
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Chunkers, one per document type. Sizes are counted in words (whitespace-separated tokens; MiniLM's word
+r"""Chunkers, one per document type. Sizes are counted in words (whitespace-separated tokens; MiniLM's word
 pieces run ~1.3 per English word) and come from settings.
 
 - ``faq``: one chunk per question/answer entry.
@@ -11,7 +11,9 @@ A section longer than its type's limit is split like prose. Every chunk carries 
 line, so a chunk is understandable (and findable) on its own.
 
 Example:
-    >>> chunks = chunk_document(text, doc_type="markdown", title="Guide", sizes=ChunkSizes())
+    >>> chunk_document("# Refunds\nWithin 30 days.\n\n## Exceptions\nSale items are final.\n", doc_type="markdown",
+    ...                title="Guide", sizes=ChunkSizes())
+    ['Guide\nRefunds\nWithin 30 days.', 'Guide\nRefunds > Exceptions\nSale items are final.']
 """
 
 from __future__ import annotations

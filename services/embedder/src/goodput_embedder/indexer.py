@@ -18,9 +18,10 @@ The records are staged under their own key and renamed over the live key after t
 Every finished write bumps the knowledge base's version (a Redis counter) and publishes
 ``{"tenant", "knowledge_base", "version"}`` on the version channel (the cache invalidates on it).
 
-Example:
-    >>> indexer = Indexer(settings, embed=model.embed, store=GrpcStoreWriter(addr), redis=Redis.from_url(url))
-    >>> result = indexer.index_documents("acme", "handbook", [Doc(id="a", text="...")], delete_ids=[])
+Example::
+
+    indexer = Indexer(settings, embed=model.embed, store=GrpcStoreWriter(addr), redis=Redis.from_url(url))
+    result = indexer.index_documents("acme", "handbook", [Doc(id="a", text="...")], delete_ids=[])
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 The models themselves live in the shared ``goodput_minilm`` library (the cache runs the same one in-process):
 ``minilm-onnx-int8`` is :class:`goodput_minilm.OnnxMiniLM`, ``minilm-torch`` :class:`goodput_minilm.TorchMiniLM`.
 
-Example:
-    >>> model = load_model(settings)
-    >>> vectors = model.embed(["what is goodput?"])   # numpy array (1, 384), float32
+Example::
+
+    model = load_model(settings)
+    vectors = model.embed(["what is goodput?"])   # numpy array (1, 384), float32
 """
 
 from __future__ import annotations

@@ -31,11 +31,12 @@ Calibration (defaults of :class:`SimParams`): a 7B Llama-class model in fp16 on 
 These are round numbers read from public figures, good to within tens of percent; capacity experiments compare
 policies on the same simulated fleet, which is what they are for.
 
-Example:
-    >>> engine = SimEngine(settings, params=SimParams(time_scale=4.0))
-    >>> await engine.start()
-    >>> async for event in engine.generate(GenRequest(request_id="r1", prompt="Hello")):
-    ...     print(event)
+Example::
+
+    engine = SimEngine(settings, params=SimParams(time_scale=4.0))
+    await engine.start()
+    async for event in engine.generate(GenRequest(request_id="r1", prompt="Hello")):
+        print(event)
 """
 
 from __future__ import annotations

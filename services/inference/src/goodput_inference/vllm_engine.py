@@ -4,11 +4,12 @@ It runs one ``AsyncLLM`` in-process (the engine core is vLLM's own background pr
 template, validates prompt length against the context window before anything reaches the engine, streams deltas,
 aborts the engine request when the consumer goes away, and keeps the load numbers the scheduler places by.
 
-Example:
-    >>> engine = VllmEngine(settings, model_dir=Path("/models/llama"))
-    >>> await engine.start()
-    >>> async for event in engine.generate(GenRequest(request_id="r1", prompt="Hello")):
-    ...     print(event)
+Example::
+
+    engine = VllmEngine(settings, model_dir=Path("/models/llama"))
+    await engine.start()
+    async for event in engine.generate(GenRequest(request_id="r1", prompt="Hello")):
+        print(event)
 """
 
 from __future__ import annotations

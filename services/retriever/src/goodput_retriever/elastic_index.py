@@ -5,9 +5,10 @@ call (remove + add in the same request is atomic).
 
 Not exercised on a machine without a cluster: its tests run when GOODPUT_TEST_ELASTICSEARCH_URL is set.
 
-Example:
-    >>> idx = ElasticsearchIndex(url="https://es:9200", api_key="...")
-    >>> idx.ensure("acme", "handbook")
+Example::
+
+    idx = ElasticsearchIndex(url="https://es:9200", api_key="...")
+    idx.ensure("acme", "handbook")
 """
 
 from __future__ import annotations

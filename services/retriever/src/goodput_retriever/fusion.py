@@ -4,8 +4,11 @@
 - :func:`weighted`: ``w * norm(dense) + (1 - w) * norm(lexical)`` with scores min-max normalised per leg
   (a result missing from a leg gets 0 from it).
 
-Example:
-    >>> rrf([dense_hits, lexical_hits], k=60)[:5]
+Example (``b`` is in both legs, so it ranks first):
+    >>> dense = [Hit("a-0", "a", 0.91), Hit("b-0", "b", 0.84)]
+    >>> lexical = [Hit("b-0", "b", 7.1), Hit("c-0", "c", 3.2)]
+    >>> [(h.chunk_id, round(h.score, 4)) for h in rrf([dense, lexical], k=60)]
+    [('b-0', 0.0325), ('a-0', 0.0164), ('c-0', 0.0161)]
 """
 
 from __future__ import annotations

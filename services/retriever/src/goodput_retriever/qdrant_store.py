@@ -1,9 +1,14 @@
 """Dense leg: Qdrant, as a server (``QdrantClient(url=...)``) or in-process local mode (``path=`` or
 ``:memory:``) — the same client API either way.
 
-Example:
-    >>> store = QdrantStore(location=":memory:", dim=384)
-    >>> store.ensure("acme", "handbook")
+Example (3-dimensional vectors here; the embedder's are 384):
+    >>> store = QdrantStore(location=":memory:", dim=3)
+    >>> store.ensure("acme", "handbook")     # True: created
+    True
+    >>> store.upsert("acme", "handbook", [StoredChunk("refunds-0", "refunds", "Refunds...", vector=[1, 0, 0]),
+    ...                                   StoredChunk("shipping-0", "shipping", "We ship...", vector=[0, 1, 0])])
+    >>> [h.chunk_id for h in store.search("acme", "handbook", [0.9, 0.1, 0.0], limit=1)]
+    ['refunds-0']
 """
 
 from __future__ import annotations

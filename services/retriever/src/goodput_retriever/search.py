@@ -5,9 +5,10 @@ parallel, each under ``leg_timeout_s`` → fusion (RRF or weighted) → optional
 timing out gives the other's results with ``degraded`` set and a note; both failing is UNAVAILABLE. Every query
 is scoped to the caller's tenant and knowledge base.
 
-Example:
-    >>> retriever = Retriever(settings, vectors=QdrantStore(), lexical=TantivyIndex(":memory:"), embedder=emb)
-    >>> result = await retriever.search(SearchQuery(tenant="acme", kb="handbook", query="refund policy"))
+Example::
+
+    retriever = Retriever(settings, vectors=QdrantStore(), lexical=TantivyIndex(":memory:"), embedder=emb)
+    result = await retriever.search(SearchQuery(tenant="acme", kb="handbook", query="refund policy"))
 """
 
 from __future__ import annotations

@@ -8,7 +8,12 @@ a dict entry.
 
 Example:
     >>> idx = TantivyIndex(":memory:")
-    >>> idx.ensure("acme", "handbook")
+    >>> idx.ensure("acme", "handbook"), idx.ensure("acme", "handbook")   # created, then already there
+    (True, False)
+    >>> idx.upsert("acme", "handbook", [StoredChunk("refunds-0", "refunds", "Refunds are paid within 30 days."),
+    ...                                 StoredChunk("shipping-0", "shipping", "We ship worldwide.")])
+    >>> [h.chunk_id for h in idx.search("acme", "handbook", "refund policy", limit=5)]   # English stemming
+    ['refunds-0']
 """
 
 from __future__ import annotations
