@@ -99,6 +99,15 @@ def test_a_streamed_answer_is_stored_and_replayed_in_the_same_shape(platform: Pl
         assert events[0].HasField("start") and events[-1].HasField("end")
         assert "".join(e.delta for e in events if e.WhichOneof("kind") == "delta") == text(live_events)
         assert events[-1].end.usage.completion_tokens == live_events[-1]["usage"]["completion_tokens"]
+        assert events[0].start.cache.hit and events[0].start.cache.layer == "l1"  # CacheInfo says what answered
+        unary = stub.Generate(request, metadata=(("authorization", f"Bearer {KEY_P0}"),), timeout=60)
+        assert unary.cache.hit and unary.cache.layer == "l1" and unary.text == text(live_events)
+        # no_cache: neither read nor written, and no CacheInfo
+        bypass = gateway_pb2.GenerateRequest(messages=request.messages, sampling=request.sampling, no_cache=True)
+        call = stub.GenerateStream(bypass, metadata=(("authorization", f"Bearer {KEY_P0}"),), timeout=60)
+        events = list(call)
+        assert dict(call.initial_metadata())["x-goodput-cache"].startswith("bypass")
+        assert not events[0].start.HasField("cache")
 
 
 def test_tenants_never_share_and_near_misses_are_generated(platform: Platform) -> None:
