@@ -1,15 +1,13 @@
-"""Fixtures of the cache's unit tests: the real ONNX embedding model (loaded once) and the local Redis, each test
-under its own key prefix (deleted afterwards), so tests never see each other's entries."""
+"""Fixtures of the cache's unit tests: the real ONNX embedding model (loaded once) and a real Redis (goodput_testing's
+``redis_url``), each test under its own key prefix (``redis_prefix``, deleted afterwards), so tests never see each
+other's entries."""
 
 from __future__ import annotations
 
-import socket
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-import redis
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
@@ -18,15 +16,6 @@ from goodput_cache.config import CacheSettings
 from goodput_cache.embedding import LocalVectoriser
 from goodput_cache.keys import CacheRequest, Message, Sampling
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def dead_port() -> int:
-    """A local port nothing listens on (bound, then closed): a store or service that is down."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture(scope="session")
 def vectoriser() -> LocalVectoriser:
@@ -34,22 +23,12 @@ def vectoriser() -> LocalVectoriser:
 
 
 @pytest.fixture
-def prefix() -> Any:
-    p = f"test-cache-{uuid.uuid4().hex[:10]}"
-    yield p
-    r = redis.Redis.from_url(REDIS_URL)
-    keys = list(r.scan_iter(match=f"{p}*", count=1000))
-    if keys:
-        r.delete(*keys)
-    r.close()
-
-
-@pytest.fixture
-def make_cache(prefix: str, vectoriser: LocalVectoriser) -> Any:
+def make_cache(redis_prefix: str, redis_url: str, vectoriser: LocalVectoriser) -> Any:
+    prefix = redis_prefix
     made: list[ResponseCache] = []
 
     def make(registry: CollectorRegistry | None = None, *, embed_with: Any = None, **overrides: Any) -> ResponseCache:
-        options: dict[str, Any] = {"redis_url": REDIS_URL, "key_prefix": prefix, "kb_key_prefix": prefix,
+        options: dict[str, Any] = {"redis_url": redis_url, "key_prefix": prefix, "kb_key_prefix": prefix,
                                    "version_channel": f"{prefix}:kb-version", **overrides}
         settings = CacheSettings(**options)
         redis_client = Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s,

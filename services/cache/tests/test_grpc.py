@@ -14,11 +14,10 @@ from prometheus_client import CollectorRegistry
 from goodput_cache.__main__ import build
 from goodput_cache.config import CacheSettings
 
-from .conftest import REDIS_URL
 
-
-async def test_grpc_round_trip_and_errors(prefix: str, vectoriser: Any) -> None:
-    settings = CacheSettings(grpc_port=0, http_port=0, redis_url=REDIS_URL, key_prefix=prefix,
+async def test_grpc_round_trip_and_errors(redis_url: str, redis_prefix: str, vectoriser: Any) -> None:
+    prefix = redis_prefix
+    settings = CacheSettings(grpc_port=0, http_port=0, redis_url=redis_url, key_prefix=prefix,
                              kb_key_prefix=prefix, version_channel=f"{prefix}:kb-version", max_entry_bytes=1024)
     runner, cache = build(settings, CollectorRegistry(), None, vectoriser=vectoriser)
     await runner.start()

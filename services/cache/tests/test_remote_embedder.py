@@ -11,17 +11,19 @@ import pytest
 from grpc import aio
 from prometheus_client import CollectorRegistry
 
+from goodput_testing import dead_port
+
 from goodput_cache.embedding import LocalVectoriser, RemoteVectoriser
 from goodput_embedder.__main__ import build as build_embedder
 from goodput_embedder.config import EmbedderSettings
 
-from .conftest import REDIS_URL, ask, dead_port
+from .conftest import ask
 from .test_cache import ANSWER, PASSWORD, PASSWORD_PARAPHRASE
 
 
 @pytest.fixture
-async def remote(vectoriser: LocalVectoriser) -> AsyncIterator[RemoteVectoriser]:
-    settings = EmbedderSettings(grpc_port=0, http_port=0, redis_url=REDIS_URL, drain_grace_s=0,
+async def remote(vectoriser: LocalVectoriser, redis_url: str) -> AsyncIterator[RemoteVectoriser]:
+    settings = EmbedderSettings(grpc_port=0, http_port=0, redis_url=redis_url, drain_grace_s=0,
                                 retriever_addr="127.0.0.1:1")
     runner, _ = build_embedder(settings, CollectorRegistry(), None, model=vectoriser.model)
     await runner.start()

@@ -1,15 +1,11 @@
-"""Real components for the embedder's tests: the ONNX model, a Redis on 127.0.0.1 (started when none answers), and
-a real retriever (qdrant-client local mode + tantivy, in memory) serving IndexStore in-process on a free port."""
+"""Real components for the embedder's tests: the ONNX model, a real Redis (goodput_testing's ``redis_url``: the
+local one, or one started for the session), and a real retriever (qdrant-client local mode + tantivy, in memory)
+serving IndexStore in-process on a free port."""
 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
 import threading
-import time
-import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -28,39 +24,6 @@ from goodput_retriever.config import RetrieverSettings
 from goodput_retriever.search import Retriever
 
 
-def _ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    if _ping(6379):
-        yield "redis://127.0.0.1:6379/0"
-        return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("no Redis on 127.0.0.1:6379 and no redis-server binary (make install installs it)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not _ping(port):
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("redis-server did not start")
-        time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(10)
-
-
 @pytest.fixture(scope="session")
 def model() -> OnnxMiniLM:
     return OnnxMiniLM()
@@ -75,9 +38,13 @@ class CountingModel:
         self.texts = 0
         self.calls = 0
         self.fail_after: int | None = None
-        self.delay_s = 0.0
         self.batches: list[int] = []  # texts per call
+        self.called = threading.Event()  # set by the first call
         self.gate: threading.Event | None = None  # when set up, a call waits for it (holds the model busy)
+        # When set up, every call waits for a permit: the test moves the model call by call. ``held`` counts the
+        # calls that have reached it.
+        self.step: threading.Semaphore | None = None
+        self.held = 0
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if self.fail_after is not None and self.calls >= self.fail_after:
@@ -85,10 +52,13 @@ class CountingModel:
         self.calls += 1
         self.texts += len(texts)
         self.batches.append(len(texts))
+        self.called.set()
         if self.gate is not None:
             self.gate.wait(30)
-        if self.delay_s:
-            time.sleep(self.delay_s)
+        if self.step is not None:
+            self.held += 1
+            if not self.step.acquire(timeout=30):
+                raise RuntimeError("the test never let this model call through")
         return self.model.embed(texts)
 
     def count_tokens(self, texts: list[str]) -> int:
@@ -120,9 +90,9 @@ async def retriever(model: OnnxMiniLM) -> AsyncIterator[RunningRetriever]:
 
 
 @pytest.fixture
-def settings(redis_url: str, retriever: RunningRetriever) -> EmbedderSettings:
-    return EmbedderSettings(redis_url=redis_url, retriever_addr=retriever.address,
-                            key_prefix=f"goodput-test-{uuid.uuid4().hex[:8]}", grpc_port=0, http_port=0,
+def settings(redis_url: str, redis_prefix: str, retriever: RunningRetriever) -> EmbedderSettings:
+    return EmbedderSettings(redis_url=redis_url, retriever_addr=retriever.address, key_prefix=redis_prefix,
+                            version_channel=f"{redis_prefix}:kb-version", grpc_port=0, http_port=0,
                             worker_http_port=0, drain_grace_s=0)
 
 

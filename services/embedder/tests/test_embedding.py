@@ -12,6 +12,8 @@ from goodput.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from grpc import aio
 from prometheus_client import CollectorRegistry
 
+from goodput_testing import async_wait_until
+
 from goodput_embedder.__main__ import build
 from goodput_embedder.batcher import MicroBatcher
 from goodput_embedder.config import EmbedderSettings
@@ -35,10 +37,11 @@ async def test_requests_arriving_during_a_model_call_share_the_next_one_without_
     batcher = MicroBatcher(counting, window_ms=0, max_batch=64)
     try:
         first = asyncio.ensure_future(batcher.embed(["how do I reset my password?"]))
-        while not counting.calls:  # the idle model took the lone request at once
-            await asyncio.sleep(0.001)
+        # the idle model took the lone request at once
+        assert await asyncio.to_thread(counting.called.wait, 30)
         later = [asyncio.ensure_future(batcher.embed([f"question number {i}"])) for i in range(10)]
-        await asyncio.sleep(0)
+        # all ten queued behind the running call (the batcher's queue; its tasks enqueue on their first step)
+        await async_wait_until(lambda: batcher._queue.qsize() == 10, timeout=30, interval=0)
         counting.gate.set()
         results = await asyncio.wait_for(asyncio.gather(first, *later), 30)
     finally:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
 from goodput_core.errors import InvalidArgument
+from goodput_testing import async_wait_until
 
 from goodput_embedder.indexer import Doc, Indexer
 from goodput_retriever.search import SearchQuery
@@ -102,18 +104,28 @@ async def test_queries_during_a_full_rebuild_see_a_complete_index(indexer: Index
     old = [Doc(id=f"o{i}", text=f"old corpus entry {i} about apples") for i in range(12)]
     await asyncio.to_thread(indexer.run_job, "acme", "swap", old, full_rebuild=False)
     new = [Doc(id=f"n{i}", text=f"new corpus entry {i} about apples") for i in range(12)]
-    counting.delay_s = 0.05
+    counting.step = threading.Semaphore(0)  # the rebuild stops at each model call until the test has queried
     indexer.settings = indexer.settings.model_copy(update={"write_batch": 2})
     job = asyncio.ensure_future(asyncio.to_thread(indexer.run_job, "acme", "swap", new, full_rebuild=True,
                                                   batch_docs=2))
     seen: set[frozenset[str]] = set()
-    while not job.done():
+    queried = 0
+
+    def at_the_next_call(n: int):  # type: ignore[no-untyped-def]
+        return lambda: job.done() or counting.held > n
+
+    while True:
+        await async_wait_until(at_the_next_call(queried), timeout=30, interval=0.005)
+        if job.done():
+            break
+        queried += 1
         r = await retriever.retriever.search(SearchQuery(tenant="acme", kb="swap", query="corpus entry apples",
                                                          top_k=50, fusion="lexical"))
         seen.add(frozenset(h.document_id[0] for h in r.hits))
         assert len(r.hits) == 12, "a query saw a half-built index"
-        await asyncio.sleep(0.01)
+        counting.step.release()
     result = await job
+    assert queried == 6  # a query at every step of the rebuild: 12 documents, 2 per batch
     assert result.chunks_embedded == 12
     assert frozenset("o") in seen
     r = await retriever.retriever.search(SearchQuery(tenant="acme", kb="swap", query="corpus entry", top_k=50))

@@ -6,15 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
+
+from goodput_testing import async_wait_until, free_port
 
 from goodput_embedder.config import EmbedderSettings
 from goodput_embedder.jobs import REINDEX_TASK, JobStore, create_app
@@ -23,19 +23,14 @@ from goodput_retriever.search import SearchQuery
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def worker(settings: EmbedderSettings, tmp_path: Path):  # type: ignore[no-untyped-def]
     """A prefork worker, as the chart runs it: the task runs in a child process, /metrics is the parent's."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "GOODPUT_EMBEDDER_REDIS_URL": settings.redis_url,
            "GOODPUT_EMBEDDER_RETRIEVER_ADDR": settings.retriever_addr,
-           "GOODPUT_EMBEDDER_KEY_PREFIX": settings.key_prefix, "GOODPUT_EMBEDDER_WORKER_HTTP_PORT": str(port)}
+           "GOODPUT_EMBEDDER_KEY_PREFIX": settings.key_prefix,
+           "GOODPUT_EMBEDDER_VERSION_CHANNEL": settings.version_channel, "GOODPUT_EMBEDDER_WORKER_HTTP_PORT": str(port)}
     log = (tmp_path / "worker.log").open("wb")
     # A queue of its own, so that a platform's worker on the same Redis does not take this test's jobs.
     queue = f"{settings.key_prefix}-jobs"
@@ -54,13 +49,12 @@ def worker(settings: EmbedderSettings, tmp_path: Path):  # type: ignore[no-untyp
 
 
 async def _wait(jobs: JobStore, job_id: str, timeout_s: float = 120):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    """The job's final state, read from Redis (the worker is another process: nothing to wait on but its record)."""
+    async def finished():  # type: ignore[no-untyped-def]
         info = await asyncio.to_thread(jobs.get, job_id)
-        if info is not None and info.state in ("succeeded", "failed"):
-            return info
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"job {job_id} did not finish")
+        return info if info is not None and info.state in ("succeeded", "failed") else None
+
+    return await async_wait_until(finished, timeout=timeout_s, interval=0.1, message=f"job {job_id} did not finish")
 
 
 async def test_reindex_job_runs_on_a_celery_worker_and_publishes_the_version(settings, worker, retriever,
@@ -79,12 +73,14 @@ async def test_reindex_job_runs_on_a_celery_worker_and_publishes_the_version(set
     info = await _wait(jobs, job_id)
     assert info.state == "succeeded", info.error
     assert (info.documents_done, info.documents_total, info.chunks_embedded) == (10, 10, 10)
-    messages = []
-    for _ in range(50):
+    announced = {"tenant": "acme", "knowledge_base": "notes", "version": info.kb_version}
+
+    def next_announcement() -> bool:
         m = pubsub.get_message(timeout=0.1)
-        if m and m["type"] == "message":
-            messages.append(json.loads(m["data"]))
-    assert {"tenant": "acme", "knowledge_base": "notes", "version": info.kb_version} in messages
+        return bool(m and m["type"] == "message" and json.loads(m["data"]) == announced)
+
+    await async_wait_until(lambda: asyncio.to_thread(next_announcement), timeout=10, interval=0,
+                           message="the new version was not announced")
     r = await retriever.retriever.search(SearchQuery(tenant="acme", kb="notes", query="word7", top_k=3))
     assert r.hits[0].document_id == "d7"
     # A second run of the unchanged source embeds nothing; a missing source fails the job with a clear error.
