@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from goodput_testing import async_wait_until
+
 from loadtests import overload, prefix
 from loadtests.simfleet import RequestSpec, Result
 
@@ -53,9 +55,6 @@ def test_prefix_requests_share_system_prompts_only_in_the_shared_scenario() -> N
 
 
 async def test_scheduler_sampler_reads_the_guard_and_leases_from_metrics() -> None:
-    import asyncio
-    import socket
-
     from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
     registry = CollectorRegistry()
@@ -63,16 +62,11 @@ async def test_scheduler_sampler_reads_the_guard_and_leases_from_metrics() -> No
     inflight = Gauge("goodput_scheduler_inflight", "leases", ["worker"], registry=registry)
     inflight.labels("w1").set(3)
     inflight.labels("w2").set(5)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
     try:
-        with overload.SchedulerSampler(f"http://127.0.0.1:{port}/metrics", interval_s=0.05) as sampler:
-            for _ in range(100):
-                await asyncio.sleep(0.05)
-                if len(sampler.samples["goodput_scheduler_guard_limit"]) >= 2:
-                    break
+        with overload.SchedulerSampler(f"http://127.0.0.1:{server.server_port}/metrics", interval_s=0.05) as sampler:
+            # the sampler scrapes in its own thread
+            await async_wait_until(lambda: len(sampler.samples["goodput_scheduler_guard_limit"]) >= 2, timeout=5)
         summary = sampler.summary()
     finally:
         server.shutdown()

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import socket
-
 from typer.testing import CliRunner
+
+from goodput_testing import dead_port
 
 from goodput_cli.main import app, usage_examples
 
 runner = CliRunner()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_status_with_nothing_running_exits_non_zero_and_says_what_is_down(tmp_path):
-    result = runner.invoke(app, ["status", "--state-dir", str(tmp_path), "--scheduler", f"127.0.0.1:{_free_port()}",
-                                 "--gateway", f"http://127.0.0.1:{_free_port()}",
-                                 "--gateway-grpc", f"127.0.0.1:{_free_port()}", "--timeout", "1"])
+    result = runner.invoke(app, ["status", "--state-dir", str(tmp_path), "--scheduler", f"127.0.0.1:{dead_port()}",
+                                 "--gateway", f"http://127.0.0.1:{dead_port()}",
+                                 "--gateway-grpc", f"127.0.0.1:{dead_port()}", "--timeout", "1"])
 
     assert result.exit_code == 1
     assert "Traceback" not in result.output
@@ -29,7 +23,7 @@ def test_status_with_nothing_running_exits_non_zero_and_says_what_is_down(tmp_pa
 
 
 def test_chat_without_gateway_exits_non_zero_with_a_hint():
-    result = runner.invoke(app, ["chat", "hello", "--url", f"http://127.0.0.1:{_free_port()}", "--key", "gp-x"])
+    result = runner.invoke(app, ["chat", "hello", "--url", f"http://127.0.0.1:{dead_port()}", "--key", "gp-x"])
 
     assert result.exit_code == 1
     assert "Traceback" not in result.output
@@ -41,7 +35,7 @@ def test_chat_without_any_key_says_where_keys_come_from(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GOODPUT_API_KEY", raising=False)
 
-    result = runner.invoke(app, ["chat", "hello", "--url", f"http://127.0.0.1:{_free_port()}"])
+    result = runner.invoke(app, ["chat", "hello", "--url", f"http://127.0.0.1:{dead_port()}"])
 
     assert result.exit_code == 1
     assert "no API key" in result.output and "GOODPUT_API_KEY" in result.output
@@ -54,18 +48,18 @@ def test_chat_reads_the_dev_key_of_goodput_up(tmp_path, monkeypatch):
     monkeypatch.delenv("GOODPUT_API_KEY", raising=False)
     write_dev_keys(tmp_path / ".goodput")
 
-    result = runner.invoke(app, ["chat", "hello", "--url", f"http://127.0.0.1:{_free_port()}"])
+    result = runner.invoke(app, ["chat", "hello", "--url", f"http://127.0.0.1:{dead_port()}"])
 
     assert "cannot reach the gateway" in result.output  # got past the key lookup
 
 
-    assert '"temperature": 0' in text and "temperature=0," in text  # greedy: the model's most likely answer
 def test_printed_examples_stream_with_the_key_and_model():
     text = usage_examples(base_url="http://127.0.0.1:8080", key="gp-dev-abc", model="smollm2-135m-instruct")
 
     assert "curl -N http://127.0.0.1:8080/v1/chat/completions" in text
     assert '-H "Authorization: Bearer gp-dev-abc"' in text
     assert '"stream": true' in text and '"model": "smollm2-135m-instruct"' in text
+    assert '"temperature": 0' in text and "temperature=0," in text  # greedy: the model's most likely answer
     assert 'OpenAI(base_url="http://127.0.0.1:8080/v1", api_key="gp-dev-abc")' in text
     snippet = text[text.index("from openai import OpenAI"):text.index("Or: goodput chat")]
     compile(snippet, "<snippet>", "exec")  # the Python snippet is valid as printed
@@ -75,7 +69,7 @@ def test_index_takes_several_paths_and_refuses_two_that_give_the_same_document_i
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "README.md").write_text("docs readme")
     (tmp_path / "README.md").write_text("top readme")
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{dead_port()}"
 
     clash = runner.invoke(app, ["index", str(tmp_path / "docs"), str(tmp_path / "README.md"), "--kb", "handbook",
                                 "--url", url, "--key", "gp-x"])

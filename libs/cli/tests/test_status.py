@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,17 +14,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rich.console import Console
 from typer.testing import CliRunner
 
+from goodput_testing import dead_port
+
 from goodput_cli.main import app
 from goodput_cli.status import StatusReport, WorkerRow, collect, render
 from goodput_cli.supervisor import Platform
 
 runner = CliRunner()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_every_service_of_the_platform_is_checked(tmp_path: Path) -> None:
@@ -58,7 +53,7 @@ def test_a_serving_service_and_a_celery_worker_show_healthy_beside_those_that_ar
     threading.Thread(target=http.serve_forever, daemon=True).start()
     try:
         endpoints = {"cache": f"127.0.0.1:{cache_port}", "index-worker": f"http://127.0.0.1:{http.server_port}",
-                     "embedder": f"127.0.0.1:{_free_port()}"}
+                     "embedder": f"127.0.0.1:{dead_port()}"}
         report = collect(endpoints, timeout_s=1)
     finally:
         server.stop(None)
@@ -87,7 +82,7 @@ def test_the_worker_table_fits_80_columns_and_errors_go_below_it() -> None:
 
 
 def test_status_reads_the_endpoints_of_the_running_platform_from_its_state_folder(tmp_path: Path) -> None:
-    cache = f"127.0.0.1:{_free_port()}"
+    cache = f"127.0.0.1:{dead_port()}"
     (tmp_path / "up.json").write_text(json.dumps({"endpoints": {"cache": cache}}))
 
     result = runner.invoke(app, ["status", "--state-dir", str(tmp_path), "--timeout", "0.5"])

@@ -8,10 +8,11 @@ import random
 import shutil
 import socket
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+
+from goodput_testing import wait_until
 
 from goodput_cli.supervisor import Platform, PlatformError, cpu_bindings
 
@@ -109,7 +110,7 @@ FAKE = textwrap.dedent('''
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
         server.add_insecure_port("127.0.0.1:" + os.environ[prefix + "GRPC_PORT"])
         server.start()
-        time.sleep(float(os.environ.get("FAKE_DELAY", "0")))
+        time.sleep(float(os.environ.get("FAKE_DELAY", "0")))  # the behaviour under test: a service slow to serve
         servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         print("serving", flush=True)
         signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
@@ -173,8 +174,8 @@ def test_start_waits_for_every_service_and_stop_leaves_no_process(tmp_path, fake
         pids["worker-1"] = platform.pid("worker-1")
     finally:
         platform.stop(grace_s=5)
-    time.sleep(0.1)
-    assert [name for name, pid in pids.items() if pid and _alive(pid)] == []
+    wait_until(lambda: not [name for name, pid in pids.items() if pid and _alive(pid)], timeout=5,
+               message="a child outlived stop")
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (make install)")
@@ -230,12 +231,13 @@ def test_goodput_up_prints_working_examples_and_ctrl_c_stops_everything(tmp_path
                            str(probe.port_offset)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     up_file = tmp_path / ".goodput" / "up.json"  # written once `up` has printed its examples
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not up_file.exists() and up.poll() is None:
-        time.sleep(0.1)
-    seen_running = _pids_with_env(f"PYTHONPATH={fake_services}")
-    up.send_signal(signal.SIGINT)
-    output, _ = up.communicate(timeout=60)
+    try:
+        wait_until(lambda: up_file.exists() or up.poll() is not None, timeout=90, interval=0.1,
+                   message="goodput up did not print its examples")
+        seen_running = _pids_with_env(f"PYTHONPATH={fake_services}")
+    finally:
+        up.send_signal(signal.SIGINT)
+        output, _ = up.communicate(timeout=60)
 
     key = (tmp_path / ".goodput" / "dev-key").read_text().strip()
     assert up.returncode == 0, output

@@ -3,7 +3,6 @@ retry-after), health, reflection, metrics and trace propagation from client to s
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -21,6 +20,7 @@ from goodput_core.clients import make_channel
 from goodput_core.errors import InvalidArgument, ResourceExhausted, from_rpc_error
 from goodput_core.server import ServiceRunner
 from goodput_core.settings import ServiceSettings, service_config
+from goodput_testing import async_wait_until
 
 
 class _Settings(ServiceSettings):
@@ -98,11 +98,15 @@ async def test_trace_context_crosses_the_hop(served) -> None:  # type: ignore[no
     async with make_channel(f"127.0.0.1:{runner.grpc_port}", provider) as ch:
         with tracer.start_as_current_span("caller") as parent:
             await inference_pb2_grpc.InferenceStub(ch).GetModelInfo(inference_pb2.GetModelInfoRequest())
-    await asyncio.sleep(0.05)
-    spans = exporter.get_finished_spans()
     trace_id = parent.get_span_context().trace_id
-    kinds = {s.kind.name for s in spans if s.context.trace_id == trace_id and "GetModelInfo" in s.name}
-    assert kinds == {"CLIENT", "SERVER"}, [(s.name, s.kind) for s in spans]
+
+    def kinds() -> set[str]:
+        return {s.kind.name for s in exporter.get_finished_spans()
+                if s.context.trace_id == trace_id and "GetModelInfo" in s.name}
+
+    # the server's span ends in the server's task, after the response has reached the client
+    await async_wait_until(lambda: kinds() == {"CLIENT", "SERVER"}, timeout=5,
+                           message=f"one trace across the hop, got {kinds()}")
 
 
 async def test_metrics_count_calls_by_code() -> None:
@@ -129,12 +133,13 @@ async def test_http_side_port_serves_metrics_and_healthz(unused_tcp_port: int) -
     await runner.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{unused_tcp_port}") as client:
-            for _ in range(50):
+            async def healthz() -> httpx.Response | None:
                 try:
-                    r = await client.get("/healthz")
-                    break
+                    return await client.get("/healthz")
                 except httpx.ConnectError:
-                    await asyncio.sleep(0.05)
+                    return None  # the side port's server starts in the background
+
+            r = await async_wait_until(healthz, timeout=5, message="/healthz never answered")
             assert r.status_code == 200
             assert (await client.get("/metrics")).status_code == 200
     finally:

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from goodput_core.errors import InvalidArgument
+from goodput_testing import async_wait_until
 
 from goodput_inference.config import InferenceSettings
 from goodput_inference.engine import Delta, Finished, GenRequest, Sampling, Started
@@ -61,7 +62,7 @@ async def test_priority_policy_serves_urgent_requests_first_and_kv_capacity_boun
         finished.append(rid)
 
     first = asyncio.create_task(go("first", 3))
-    await asyncio.sleep(0)
+    await async_wait_until(lambda: e.load().running == 1, timeout=5, interval=0)  # "first" holds the only slot
     tasks = [asyncio.create_task(go(rid, prio)) for rid, prio in (("batch", 3), ("interactive", 1))]
     await asyncio.gather(first, *tasks)
     assert finished == ["first", "interactive", "batch"]
