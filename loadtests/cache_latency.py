@@ -129,11 +129,12 @@ async def _run(args: argparse.Namespace, vectoriser: Any) -> dict[str, Any]:
     from redis.asyncio import Redis
     from tokenizers import Tokenizer
 
+    from goodput_minilm import tokenizer_dir
+
     from goodput_cache.cache import Answer, CacheMetrics, ResponseCache
     from goodput_cache.config import CacheSettings
     from goodput_cache.exact import Entry
     from goodput_cache.keys import CacheRequest, Message, Sampling, derive
-    from goodput_embedder.models import tokenizer_dir
 
     tokenizer = Tokenizer.from_file(str(tokenizer_dir() / "tokenizer.json"))
     tokenizer.no_padding()  # the file pads to 128: count the question's own word pieces
