@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -88,13 +87,3 @@ def worker_load(platform: Platform, i: int) -> inference_pb2.WorkerLoad:
     with grpc.insecure_channel(platform.worker_grpc(i)) as ch:
         return inference_pb2_grpc.InferenceStub(ch).GetLoad(inference_pb2.GetLoadRequest(), timeout=5)
 
-
-def wait_until(predicate, timeout: float = 20.0, interval: float = 0.2):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached within %.0f s" % timeout)
-        time.sleep(interval)

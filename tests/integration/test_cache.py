@@ -16,6 +16,8 @@ import pytest
 from goodput.common.v1 import types_pb2
 from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
+from goodput_testing import wait_until
+
 from goodput_cli.supervisor import Platform
 
 from .conftest import KEY_P0, KEY_P2
@@ -44,14 +46,13 @@ def _events(resp: httpx.Response) -> list[dict[str, Any]]:
     return out
 
 
-def _until_hit(send: Any, attempts: int = 20) -> httpx.Response:
-    """The answer is stored after the stream completes, off the response path: give it a moment."""
-    for _ in range(attempts):
-        time.sleep(0.3)
+def _until_hit(send: Any, timeout: float = 60.0) -> httpx.Response:
+    """The answer is stored after the stream completes, off the response path: asks again until it is served."""
+    def hit() -> httpx.Response | None:
         resp = send()
-        if resp.headers.get("x-goodput-cache", "").startswith("hit"):
-            return resp
-    raise AssertionError(f"never a hit: {resp.headers.get('x-goodput-cache')}")
+        return resp if resp.headers.get("x-goodput-cache", "").startswith("hit") else None
+
+    return wait_until(hit, timeout=timeout, interval=0.3, message="never a cache hit")
 
 
 def _shape(chunk: dict[str, Any]) -> tuple[Any, ...]:
@@ -125,6 +126,8 @@ def test_cache_control_and_non_greedy_requests(platform: Platform) -> None:
     question = f"What are your opening hours on holidays? ({uuid.uuid4().hex[:6]})"
     assert _chat(platform, question, headers={"Cache-Control": "no-store"}).headers["x-goodput-cache"] == \
         "bypass; reason=no-store"
+    # Nothing to wait on: the assertion is that no store happens. A second is more than a store takes (the hits
+    # above land within a few hundred milliseconds), so a wrong store would have landed by then.
     time.sleep(1.0)
     assert _chat(platform, question).headers["x-goodput-cache"] == "miss"  # no-store stored nothing
     _until_hit(lambda: _chat(platform, question))

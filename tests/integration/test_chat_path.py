@@ -12,9 +12,11 @@ import pytest
 from goodput.common.v1 import types_pb2
 from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
+from goodput_testing import wait_until
+
 from goodput_cli.supervisor import Platform
 
-from .conftest import KEY_P0, list_workers, read_spans, wait_until, worker_load
+from .conftest import KEY_P0, list_workers, read_spans, worker_load
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 

@@ -11,9 +11,11 @@ import threading
 import openai
 import pytest
 
+from goodput_testing import wait_until
+
 from goodput_cli.supervisor import Platform
 
-from .conftest import KEY_P0, list_workers, wait_until
+from .conftest import KEY_P0, list_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 

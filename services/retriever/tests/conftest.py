@@ -25,7 +25,7 @@ def model() -> OnnxMiniLM:
 class ModelEmbedder:
     def __init__(self, model: OnnxMiniLM) -> None:
         self.model = model
-        self.delay_s = 0.0
+        self.delay_s = 0.0  # a slow embedder: the behaviour under test is the dense leg running out of time
         self.fail = False
 
     async def embed_query(self, text: str) -> Sequence[float]:
