@@ -74,8 +74,9 @@ def test_greedy_answers_match_a_float32_reference_token_for_token(
 def test_the_worker_reports_what_it_computes_with(platform: Platform) -> None:
     metrics = httpx.get(platform.worker_http(0) + "/metrics", timeout=10).text
     families = {f.name: f for f in text_string_to_metric_families(metrics)}
-    assert "goodput_worker_engine" in families, "the info metric is exported once the engine has started"
-    labels = families["goodput_worker_engine"].samples[0].labels
+    # An Info metric is exposed as a gauge named ..._info with the value 1; the parser names the family so.
+    assert "goodput_worker_engine_info" in families, "the info metric is exported once the engine has started"
+    labels = families["goodput_worker_engine_info"].samples[0].labels
     here = cpu_info()
     assert labels["device"] == "cpu"
     assert labels["dtype"] == "float32", "auto resolves to float32 on a CPU"
