@@ -21,11 +21,8 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -37,78 +34,15 @@ from goodput_cache.embedding import Vectoriser, VectorMemo
 from goodput_cache.exact import Entry, ExactStore
 from goodput_cache.guard import is_time_sensitive, near_miss
 from goodput_cache.keys import CacheRequest, check_request, derive, greedy, normalise, validate_key, validate_name
+from goodput_cache.metrics import CacheMetrics, Tally
+from goodput_cache.results import Answer, LookupResult, StoreResult
 from goodput_cache.semantic import Candidate, NumpyIndex, VectorIndex
 
 __all__ = ["Answer", "CacheMetrics", "LookupResult", "ResponseCache", "StoreResult"]
 
 log = logging.getLogger("goodput.cache")
-LOOKUP_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 _STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 CANDIDATES = 4
-
-
-@dataclass
-class Answer:
-    text: str
-    finish_reason: int = 1
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    # RAG: the chunks the answer was grounded on ({chunk_id, document_id, score, text}), replayed with a hit.
-    sources: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
-class LookupResult:
-    hit: bool = False
-    layer: str = ""
-    similarity: float = 0.0
-    answer: Answer | None = None
-    degraded: bool = False
-    key: str = ""
-    reason: str = ""
-    matched_query: str = ""
-
-
-@dataclass
-class StoreResult:
-    stored: bool
-    reason: str = ""
-    key: str = ""
-    ttl_s: int = 0
-
-
-@dataclass
-class _Tally:
-    hits: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    misses: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    tokens_saved: int = 0
-    gpu_seconds_saved: float = 0.0
-    degraded: int = 0
-
-
-class CacheMetrics:
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        self.lookups = Counter("goodput_cache_lookups_total", "Lookups by layer, result and tenant "
-                               "(result: hit, miss, error, guarded = an L2 candidate vetoed by the near-miss guard, "
-                               "ambiguous = an L2 miss because two cached answers differ and match about equally).",
-                               ["layer", "result", "tenant"], registry=registry)
-        self.lookup_seconds = Histogram("goodput_cache_lookup_seconds", "Lookup latency by layer.", ["layer"],
-                                        buckets=LOOKUP_BUCKETS, registry=registry)
-        self.stores = Counter("goodput_cache_stores_total", "Store calls by result (stored or the reason not).",
-                              ["result"], registry=registry)
-        self.tokens_saved = Counter("goodput_cache_tokens_saved_total", "Completion tokens served from the cache.",
-                                    ["tenant"], registry=registry)
-        self.gpu_seconds_saved = Counter("goodput_cache_gpu_seconds_saved_total", "Estimated accelerator seconds "
-                                         "the hits saved.", ["tenant"], registry=registry)
-        self.degraded = Counter("goodput_cache_degraded_total", "Calls answered without a store that was down "
-                                "(fail-open).", ["store"], registry=registry)
-        self.evictions = Counter("goodput_cache_evictions_total", "Entries removed by reason.", ["reason"],
-                                 registry=registry)
-        self.embeddings = Counter("goodput_cache_embeddings_total", "Questions vectorised for L2, by source: "
-                                  "model (embedded) or memo (the vector of a recent lookup or store reused).",
-                                  ["source"], registry=registry)
-        self.entries = Gauge("goodput_cache_semantic_entries", "Entries in the L2 index of this process.",
-                             registry=registry)
 
 
 class ResponseCache:
@@ -123,7 +57,7 @@ class ResponseCache:
                                                      ann=settings.ann_config())
         self.metrics = metrics
         self._memo = VectorMemo(settings.vector_memo_entries)
-        self._tally: dict[str, _Tally] = defaultdict(_Tally)
+        self._tally: dict[str, Tally] = defaultdict(Tally)
         self._broken_until = 0.0
         self._watch: asyncio.Task[None] | None = None
 
@@ -179,7 +113,7 @@ class ResponseCache:
         return result
 
     async def _semantic(self, req: CacheRequest, partition: str, question: str, threshold: float,
-                        tally: _Tally) -> LookupResult:
+                        tally: Tally) -> LookupResult:
         try:
             vector = await self._vector(question)
         except Exception as err:  # noqa: BLE001 - any embedder failure is served uncached
@@ -244,12 +178,12 @@ class ResponseCache:
         self._memo.put(question, vector)
         return vector
 
-    def _degraded(self, req: CacheRequest, tally: _Tally, reason: str) -> LookupResult:
+    def _degraded(self, req: CacheRequest, tally: Tally, reason: str) -> LookupResult:
         self.metrics.lookups.labels("l1", "error", req.tenant).inc()
         tally.degraded += 1
         return LookupResult(degraded=True, reason=reason)
 
-    def _count(self, layer: str, result: str, tenant: str, tally: _Tally, entry: Entry | None = None) -> None:
+    def _count(self, layer: str, result: str, tenant: str, tally: Tally, entry: Entry | None = None) -> None:
         self.metrics.lookups.labels(layer, result, tenant).inc()
         if result == "hit" and entry is not None:
             tally.hits[layer] += 1

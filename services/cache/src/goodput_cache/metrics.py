@@ -1,0 +1,46 @@
+"""The cache's Prometheus metrics, and the per-tenant tally :meth:`ResponseCache.stats` reports."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["LOOKUP_BUCKETS", "CacheMetrics", "Tally"]
+
+LOOKUP_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+
+
+@dataclass
+class Tally:
+    hits: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    misses: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    tokens_saved: int = 0
+    gpu_seconds_saved: float = 0.0
+    degraded: int = 0
+
+
+class CacheMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.lookups = Counter("goodput_cache_lookups_total", "Lookups by layer, result and tenant "
+                               "(result: hit, miss, error, guarded = an L2 candidate vetoed by the near-miss guard, "
+                               "ambiguous = an L2 miss because two cached answers differ and match about equally).",
+                               ["layer", "result", "tenant"], registry=registry)
+        self.lookup_seconds = Histogram("goodput_cache_lookup_seconds", "Lookup latency by layer.", ["layer"],
+                                        buckets=LOOKUP_BUCKETS, registry=registry)
+        self.stores = Counter("goodput_cache_stores_total", "Store calls by result (stored or the reason not).",
+                              ["result"], registry=registry)
+        self.tokens_saved = Counter("goodput_cache_tokens_saved_total", "Completion tokens served from the cache.",
+                                    ["tenant"], registry=registry)
+        self.gpu_seconds_saved = Counter("goodput_cache_gpu_seconds_saved_total", "Estimated accelerator seconds "
+                                         "the hits saved.", ["tenant"], registry=registry)
+        self.degraded = Counter("goodput_cache_degraded_total", "Calls answered without a store that was down "
+                                "(fail-open).", ["store"], registry=registry)
+        self.evictions = Counter("goodput_cache_evictions_total", "Entries removed by reason.", ["reason"],
+                                 registry=registry)
+        self.embeddings = Counter("goodput_cache_embeddings_total", "Questions vectorised for L2, by source: "
+                                  "model (embedded) or memo (the vector of a recent lookup or store reused).",
+                                  ["source"], registry=registry)
+        self.entries = Gauge("goodput_cache_semantic_entries", "Entries in the L2 index of this process.",
+                             registry=registry)
