@@ -16,6 +16,8 @@ import pytest
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
+from goodput_testing import delete_keys
+
 from goodput_cli.supervisor import Platform
 
 PORT_OFFSET = int(os.environ.get("GOODPUT_TEST_PORT_OFFSET", "1000"))
@@ -45,21 +47,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         yield p
     finally:
         p.stop()
-        _drop_keys(p.redis_url, cache_prefix)
-
-
-def _drop_keys(redis_url: str, prefix: str) -> None:
-    import redis
-
-    r = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            r.delete(*keys)
-    except redis.RedisError:
-        pass
-    finally:
-        r.close()
+        delete_keys(p.redis_url, cache_prefix + ":")
 
 
 def _sha(key: str) -> str:

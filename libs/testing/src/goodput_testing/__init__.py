@@ -13,7 +13,7 @@ Example:
 """
 
 from goodput_testing._ports import dead_port, free_port
-from goodput_testing._redis import RedisServer, redis_answers
+from goodput_testing._redis import RedisServer, delete_keys, redis_answers
 from goodput_testing._wait import async_wait_until, wait_until
 
-__all__ = ["RedisServer", "async_wait_until", "dead_port", "free_port", "redis_answers", "wait_until"]
+__all__ = ["RedisServer", "async_wait_until", "dead_port", "delete_keys", "free_port", "redis_answers", "wait_until"]

@@ -82,3 +82,18 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def delete_keys(redis_url: str, prefix: str) -> None:
+    """Deletes every key that starts with ``prefix`` (best effort: a server already gone leaves nothing)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    except redis.RedisError:
+        pass  # a test that stopped the server (or a server already gone) leaves nothing to clean
+    finally:
+        client.close()

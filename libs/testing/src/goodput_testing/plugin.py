@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from goodput_testing._redis import RedisServer, redis_answers
+from goodput_testing._redis import RedisServer, delete_keys, redis_answers
 
 LOCAL_REDIS_PORT = 6379
 
@@ -42,25 +42,11 @@ def redis_url() -> Iterator[str]:
 def redis_session_prefix(redis_url: str) -> Iterator[str]:
     prefix = f"goodput-test-{uuid.uuid4().hex[:8]}"
     yield prefix
-    _delete_keys(redis_url, prefix)
+    delete_keys(redis_url, prefix)
 
 
 @pytest.fixture
 def redis_prefix(redis_url: str, redis_session_prefix: str) -> Iterator[str]:
     prefix = f"{redis_session_prefix}-{uuid.uuid4().hex[:6]}"
     yield prefix
-    _delete_keys(redis_url, prefix)
-
-
-def _delete_keys(redis_url: str, prefix: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        if keys:
-            client.delete(*keys)
-    except redis.RedisError:
-        pass  # a test that stopped the server (or a server already gone) leaves nothing to clean
-    finally:
-        client.close()
+    delete_keys(redis_url, prefix)
