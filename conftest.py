@@ -2,12 +2,8 @@
 
 ``--doctest-modules`` (pyproject.toml) runs the examples in every module's docstrings, so they cannot go stale.
 What must not be collected that way is listed here, each with its reason. (``__main__.py`` modules are never
-collected by pytest's doctest plugin, and nothing in the source folders does work at import time.)
+collected by pytest's doctest plugin, and nothing in the source folders does work at import time.) An example that
+needs a running server, the platform or ``await`` is written as a plain ``Example::`` block instead of ``>>>``.
 """
 
-collect_ignore = [
-    # Its examples need a running scheduler and cache or ``await`` (goodput_gateway.caching, jobs.parking, jobs.routes,
-    # jobs.store, jobs.worker, knowledge, metrics, pipeline, rag, service): to be rewritten as plain ``Example::``
-    # blocks or runnable doctests, then this line goes.
-    "services/gateway/src",
-]
+collect_ignore: list[str] = []

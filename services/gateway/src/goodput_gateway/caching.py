@@ -13,10 +13,31 @@ Per request, ``Cache-Control: no-cache`` skips the lookup (the fresh answer is s
 both lookup and store. Fail-open: a cache that is slow (``cache_timeout_s``), down or erroring never fails a
 request; it is served uncached and counted in ``goodput_gateway_cache_total{result="error"}``.
 
-Example:
-    >>> cache = GatewayCache(settings, stub=cache_pb2_grpc.CacheStub(channel), registry=registry)
-    >>> status, hit = await cache.lookup(principal, request, model, cache_control="")
-    >>> events = replay(hit) if hit else cache.storing(stream.events(), status, sources)
+Example (inside the service, with a cache server on ``channel``)::
+
+    cache = GatewayCache(settings, stub=cache_pb2_grpc.CacheStub(channel), registry=registry)
+    status, hit = await cache.lookup(principal, request, model, cache_control="")
+    events = replay(hit) if hit else cache.storing(stream.events(), status, sources)
+
+A hit replays as word pieces, then the original usage; its status is what the ``X-Goodput-Cache`` header says:
+
+    >>> import asyncio
+    >>> hit = cache_pb2.LookupResponse(hit=True, text="Goodput is useful throughput.",
+    ...                                finish_reason=types_pb2.FINISH_REASON_STOP,
+    ...                                usage=types_pb2.Usage(prompt_tokens=5, completion_tokens=4))
+    >>> async def events() -> list[TextDelta | StreamEnd]:
+    ...     return [event async for event in replay(hit)]
+    >>> for event in asyncio.run(events()):
+    ...     print(event)
+    TextDelta(text='Goodput')
+    TextDelta(text=' is')
+    TextDelta(text=' useful')
+    TextDelta(text=' throughput.')
+    StreamEnd(finish_reason='stop', prompt_tokens=5, completion_tokens=4)
+    >>> CacheStatus("hit", layer="l2", similarity=0.9731).header()
+    'hit; layer=l2; similarity=0.973'
+    >>> CacheStatus("bypass", reason="no-store").header()
+    'bypass; reason=no-store'
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@
 A feature whose backend address is not configured (``GOODPUT_GATEWAY_EMBEDDER_ADDR``, ``..._RETRIEVER_ADDR``)
 answers UNIMPLEMENTED / 501, as before. REST bodies are the pydantic models of :mod:`goodput_gateway.schemas`.
 
-Example:
-    >>> knowledge = Knowledge(settings, channel_factory=lambda addr: make_channel(addr, provider))
-    >>> hits = await knowledge.search("acme", "handbook", "refund policy", top_k=5)
+Example (with the embedder and retriever up, inside a coroutine)::
+
+    knowledge = Knowledge(settings, channel_factory=lambda addr: make_channel(addr, provider))
+    hits = await knowledge.search("acme", "handbook", "refund policy", top_k=5)
 """
 
 from __future__ import annotations

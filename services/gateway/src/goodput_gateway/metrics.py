@@ -1,7 +1,22 @@
 """The gateway's request metrics, and the wrapper that times a token stream (TTFT, ITL, end to end).
 
-Example:
-    >>> events = timed(stream.events(), metrics, priority="P0", arrived=arrived)
+Example: the service wraps a live stream as ``timed(stream.events(), metrics, priority="P0", arrived=arrived)``;
+the events pass unchanged, and the first token is one time-to-first-token sample.
+
+    >>> import asyncio
+    >>> registry = CollectorRegistry()
+    >>> metrics = GatewayMetrics(registry)
+    >>> async def answer() -> AsyncIterator[TextDelta | StreamEnd]:
+    ...     yield TextDelta("Hi")
+    ...     yield TextDelta(" there")
+    ...     yield StreamEnd(finish_reason="stop", prompt_tokens=3, completion_tokens=2)
+    >>> async def consume() -> list[TextDelta | StreamEnd]:
+    ...     return [event async for event in timed(answer(), metrics, priority="P0", arrived=time.monotonic())]
+    >>> [type(event).__name__ for event in asyncio.run(consume())]
+    ['TextDelta', 'TextDelta', 'StreamEnd']
+    >>> [registry.get_sample_value(f"goodput_gateway_{name}_seconds_count", {"priority": "P0"})
+    ...  for name in ("ttft", "itl", "e2e")]
+    [1.0, 1.0, 1.0]
 """
 
 from __future__ import annotations

@@ -6,11 +6,12 @@ cancels the worker call, which aborts the request in the engine.
 
 The pipeline knows nothing of caching, RAG or metering of the answer: the service wraps its token stream for those.
 
-Example:
-    >>> stream = await pipeline.open(principal, request, cost, request_id="req-1", model="m",
-    ...                              arrived=now, deadline=now + 300)
-    >>> async for event in stream.events():       # TextDelta ..., then StreamEnd
-    ...     ...
+Example (with a scheduler and its workers up, inside a coroutine)::
+
+    stream = await pipeline.open(principal, request, cost, request_id="req-1", model="m",
+                                 arrived=now, deadline=now + 300)
+    async for event in stream.events():       # TextDelta ..., then StreamEnd
+        ...
 """
 
 from __future__ import annotations

@@ -10,8 +10,25 @@ is left out with everything after it, so the sources returned are exactly the ch
 The knowledge base is ``GenerationRequest.knowledge_base``: the REST body field ``knowledge_base`` or the header
 ``X-Goodput-Knowledge-Base``; gRPC ``GenerateRequest.knowledge_base``.
 
-Example:
-    >>> request, sources = await augment(knowledge, settings, tenant="acme", request=req, max_model_len=2048)
+Example: ``knowledge`` is a :class:`goodput_gateway.knowledge.Knowledge` (a retriever behind it); here a stand-in
+answers the search with two chunks, and both fit the budget:
+
+    >>> import asyncio
+    >>> from goodput.retriever.v1 import retriever_pb2
+    >>> class Handbook:
+    ...     async def search(self, tenant: str, kb: str, query: str, *, top_k: int) -> retriever_pb2.SearchResponse:
+    ...         return retriever_pb2.SearchResponse(hits=[
+    ...             retriever_pb2.Hit(chunk_id="c1", document_id="d1", score=0.9, text="Refunds take 5 days."),
+    ...             retriever_pb2.Hit(chunk_id="c2", document_id="d2", score=0.7, text="Ask support.")])
+    >>> req = GenerationRequest(messages=(Message("user", "How long do refunds take?"),), knowledge_base="handbook")
+    >>> request, sources = asyncio.run(augment(Handbook(), GatewaySettings(), tenant="acme", request=req,
+    ...                                        max_model_len=2048))
+    >>> [s.chunk_id for s in sources]
+    ['c1', 'c2']
+    >>> print(request.messages[0].content.split("Context:")[1].strip())
+    [1] Refunds take 5 days.
+    <BLANKLINE>
+    [2] Ask support.
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ back; everything between is here, in the order it happens: authenticate -> parse
 (lease a worker) -> stream -> release -> cache store. Cross-cutting work wraps the token stream (timing, the cache
 store); it does not live inside it.
 
-Example:
-    >>> generation = await service.open(Call(parse=parse_body, authorization="Bearer k"))
-    >>> generation.opened.model, generation.opened.sources
-    >>> async with generation:
-    ...     async for event in generation:     # TextDelta ..., then StreamEnd
-    ...         ...
+Example (the service composed by :func:`goodput_gateway.__main__.compose`, inside a coroutine)::
+
+    generation = await service.open(Call(parse=parse_body, authorization="Bearer k"))
+    generation.opened.model, generation.opened.sources
+    async with generation:
+        async for event in generation:     # TextDelta ..., then StreamEnd
+            ...
 """
 
 from __future__ import annotations

@@ -4,9 +4,19 @@ Both APIs park through :meth:`goodput_gateway.service.GatewayService.generate`, 
 of the shed error: REST answers it with its 429, ``Retry-After``, an ``X-Goodput-Job-Id`` header and ``job_id`` in
 the error body; gRPC with RESOURCE_EXHAUSTED, ``retry-after`` and ``x-goodput-job-id`` trailing metadata.
 
-Example:
-    >>> parked = await park(queue, shed_error, tenant="acme", request=request)   # None: not parked
-    >>> raise parked from shed_error
+Example (in the service, with the jobs' Redis behind ``queue``)::
+
+    parked = await park(queue, shed_error, tenant="acme", request=request)   # None: not parked
+    raise parked from shed_error
+
+The error a parked request answers with is the shed one, naming the job:
+
+    >>> shed = ResourceExhausted("scheduler queue is full", code="queue_full", retry_after_s=2.0)
+    >>> parked = Parked(shed, "job-1f2e")
+    >>> parked.openai_body()["error"]["job_id"], parked.retry_after_s
+    ('job-1f2e', 2.0)
+    >>> parked.extra_metadata[-1]
+    ('x-goodput-job-id', 'job-1f2e')
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The jobs' REST routes: ``POST /v1/jobs`` (batch work, run later at P2) and ``GET /v1/jobs/{id}`` (the caller's
 tenant's jobs only; once completed, with the same OpenAI-shaped body the synchronous call would have returned).
 
-Example:
-    >>> install_routes(app, service, read_json, queue)
+Example (wiring the gateway's REST app, :mod:`goodput_gateway.rest`)::
+
+    install_routes(app, service, read_json, queue)
 """
 
 from __future__ import annotations

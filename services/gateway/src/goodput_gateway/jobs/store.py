@@ -1,10 +1,16 @@
 """Jobs in Redis: a hash per job, a set per state, attempts per outcome; and the retry policy of parked work.
 
-Example:
-    >>> queue = JobQueue(settings, redis.Redis.from_url(settings.redis_url))
-    >>> job = queue.submit(tenant="acme", route="chat", body={"messages": [...]})
-    >>> queue.get(job.id, tenant="acme").state
-    'queued'
+Example (with a Redis at ``settings.redis_url``)::
+
+    queue = JobQueue(settings, redis.Redis.from_url(settings.redis_url))
+    job = queue.submit(tenant="acme", route="chat", body={"messages": [...]})
+    queue.get(job.id, tenant="acme").state    # 'queued'
+
+What ``GET /v1/jobs/{id}`` answers for a job, in OpenAI's shape:
+
+    >>> public = Job(id="job-1", tenant="acme", route="chat", body={}, deadline_at=400.0).public()
+    >>> public["object"], public["status"], public["endpoint"], public["expires_at"]
+    ('job', 'queued', '/v1/chat/completions', 400)
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ that lives as long as the process) at P2, as the tenant that submitted it.
 Shed again, or the scheduler unreachable (restarting), a job is re-parked with :func:`retry_delay` until it
 completes or its deadline passes.
 
-Example:
-    >>> runner = JobRunner(settings)
-    >>> run_job(queue, "job-1f2e...", runner=runner)     # one attempt: completed, parked again or failed
+Example (in a worker process, with the scheduler and the jobs' Redis up)::
+
+    runner = JobRunner(settings)
+    run_job(queue, "job-1f2e...", runner=runner)     # one attempt: completed, parked again or failed
 """
 
 from __future__ import annotations
