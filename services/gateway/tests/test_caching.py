@@ -5,13 +5,11 @@ hit is answered without the scheduler, replayed in the shape of a live answer (J
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-import redis
 from goodput.cache.v1 import cache_pb2, cache_pb2_grpc
 from goodput.common.v1 import types_pb2
 from grpc import aio
@@ -30,17 +28,16 @@ KEYS = json.dumps({"keys": [{"key": "k-a", "tenant": "a", "max_priority": "P0"},
                             {"key": "k-b", "tenant": "b", "max_priority": "P0"}]})
 MODEL = ModelEntry(id="smollm2", max_model_len=2048, model_version="v1", workers=1)
 ANSWER = "Goodput is useful tokens delivered within their latency objective per GPU-second."
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture
-async def cache_service() -> AsyncIterator[tuple[str, Any]]:
+async def cache_service(redis_url: str, redis_prefix: str) -> AsyncIterator[tuple[str, Any]]:
+    """The cache service, its keys under this test's ``redis_prefix`` (the plugin deletes them after the test)."""
     cache_mod = pytest.importorskip("goodput_cache.__main__")
     from goodput_cache.config import CacheSettings
 
-    prefix = f"test-gw-cache-{uuid.uuid4().hex[:8]}"
-    settings = CacheSettings(grpc_port=0, http_port=0, redis_url=REDIS_URL, key_prefix=prefix, kb_key_prefix=prefix,
-                             version_channel=f"{prefix}:kb")
+    settings = CacheSettings(grpc_port=0, http_port=0, redis_url=redis_url, key_prefix=redis_prefix,
+                             kb_key_prefix=redis_prefix, version_channel=f"{redis_prefix}:kb")
     runner, cache = cache_mod.build(settings, CollectorRegistry(), None)
     await runner.start()
     await cache.start()
@@ -48,11 +45,6 @@ async def cache_service() -> AsyncIterator[tuple[str, Any]]:
         yield f"127.0.0.1:{runner.grpc_port}", cache
     finally:
         await runner.stop()
-        r = redis.Redis.from_url(REDIS_URL)
-        keys = list(r.scan_iter(match=f"{prefix}*"))
-        if keys:
-            r.delete(*keys)
-        r.close()
 
 
 def _client(cache_addr: str, monkeypatch: pytest.MonkeyPatch) -> httpx.AsyncClient:
