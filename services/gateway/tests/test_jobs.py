@@ -10,13 +10,8 @@ import contextlib
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +25,8 @@ from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 from prometheus_client import CollectorRegistry
 
+from goodput_testing import async_wait_until, free_port
+
 from goodput_gateway.__main__ import build as build_gateway
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.jobs import JobQueue
@@ -39,62 +36,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 API_KEY = "test-key-batch"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    """The local Redis when one answers, else a private redis-server for these tests."""
-    try:
-        if redis.Redis(host="127.0.0.1", port=6379, socket_timeout=1).ping():
-            yield "redis://127.0.0.1:6379/0"
-            return
-    except redis.RedisError:
-        pass
-    binary = shutil.which("redis-server") or shutil.which("valkey-server")
-    if binary is None:
-        pytest.skip("no Redis answers on 127.0.0.1:6379 and no redis-server is installed")
-    port = free_port()
-    tmp = tempfile.mkdtemp(prefix="goodput-redis-")
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until(lambda: _pings(port), 10, "redis-server")
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(10)
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _pings(port: int) -> bool:
-    try:
-        return bool(redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5).ping())
-    except redis.RedisError:
-        return False
-
-
 class Procs:
     """A simulated worker, a scheduler (restartable) and a Celery jobs worker, as processes."""
 
-    def __init__(self, redis_url: str, logdir: Path) -> None:
+    def __init__(self, redis_url: str, prefix: str, logdir: Path) -> None:
         self.redis_url = redis_url
         self.logdir = logdir
         self.worker_addr = f"127.0.0.1:{free_port()}"
         self.scheduler_port = free_port()
         self.scheduler_addr = f"127.0.0.1:{self.scheduler_port}"
-        run = uuid.uuid4().hex[:8]
-        self.jobs_env = {"GOODPUT_GATEWAY_REDIS_URL": redis_url, "GOODPUT_GATEWAY_JOBS_QUEUE": f"goodput-test-{run}",
-                         "GOODPUT_GATEWAY_JOBS_PREFIX": f"goodput-test:{run}",
+        # The Celery queue (a Redis list) and the jobs' keys both under ``prefix``, so they are cleaned up after.
+        self.jobs_env = {"GOODPUT_GATEWAY_REDIS_URL": redis_url, "GOODPUT_GATEWAY_JOBS_QUEUE": f"{prefix}-queue",
+                         "GOODPUT_GATEWAY_JOBS_PREFIX": prefix,
                          "GOODPUT_GATEWAY_SCHEDULER_ADDR": self.scheduler_addr,
                          "GOODPUT_GATEWAY_JOB_RETRY_BASE_S": "0.2", "GOODPUT_GATEWAY_JOB_RETRY_CAP_S": "1.0",
                          "GOODPUT_GATEWAY_REQUEST_TIMEOUT_S": "20",
@@ -147,12 +100,18 @@ class Procs:
 
 
 @pytest.fixture(scope="module")
-def procs(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
-    p = Procs(redis_url, tmp_path_factory.mktemp("jobs-logs"))
+def procs(redis_url: str, redis_session_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
+    # Module-scoped (the processes are started once), so under the session's prefix rather than a test's.
+    p = Procs(redis_url, f"{redis_session_prefix}-jobs", tmp_path_factory.mktemp("jobs-logs"))
     p.start_worker()
     p.start_celery()
     yield p
     p.stop_all()
+    # Celery's binding of the queue is kept outside any prefix (``_kombu.binding...<queue>``): removed here.
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"_kombu.binding*.{p.jobs_env['GOODPUT_GATEWAY_JOBS_QUEUE']}"):
+        client.delete(key)
+    client.close()
 
 
 class Overload:
@@ -165,17 +124,9 @@ class Overload:
         self.calls: list[aio.StreamStreamCall] = []
 
     async def __aenter__(self) -> Overload:
-        deadline = time.monotonic() + 30
-        while True:  # the scheduler and its worker may still be starting
-            try:
-                resp = await self.stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=1)
-                if any(w.healthy for w in resp.workers):
-                    break
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("the scheduler has no healthy worker")
-            await asyncio.sleep(0.1)
+        # The scheduler and its worker may still be starting.
+        await async_wait_until(lambda: has_healthy_worker(self.stub), timeout=30, interval=0.1,
+                               message="the scheduler has no healthy worker")
         for i in range(2):
             call = self.stub.Lease(timeout=120)
             await call.write(scheduler_pb2.LeaseRequest(admit=scheduler_pb2.Admit(
@@ -194,19 +145,31 @@ class Overload:
         await self.channel.close()
 
 
+async def has_healthy_worker(scheduler: scheduler_pb2_grpc.SchedulerStub, *, idle: bool = False) -> bool:
+    """True when the scheduler answers and has a healthy worker (with ``idle``: one holding no lease)."""
+    try:
+        resp = await scheduler.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=1)
+    except grpc.RpcError:
+        return False
+    return any(w.healthy and not (idle and w.inflight) for w in resp.workers)
+
+
 def chat_body(text: str = "Summarise the quarterly report.") -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": text}], "max_tokens": 6}
 
 
 async def wait_job(queue: JobQueue, job_id: str, predicate: Any, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = await asyncio.to_thread(queue.load, job_id)
-        if job is not None and predicate(job):
-            return job
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job did not reach the expected state: {job}")
-        await asyncio.sleep(0.1)
+    """The job once ``predicate`` holds for it (the Celery worker, another process, moves it along)."""
+    seen: list[Any] = [None]
+
+    async def reached() -> Any:
+        seen[0] = job = await asyncio.to_thread(queue.load, job_id)
+        return job if job is not None and predicate(job) else None
+
+    try:
+        return await async_wait_until(reached, timeout=timeout, interval=0.1)
+    except AssertionError as e:
+        raise AssertionError(f"job did not reach the expected state: {seen[0]}") from e
 
 
 @pytest.fixture
@@ -281,10 +244,11 @@ async def test_rest_sheds_p2_with_429_retry_after_and_a_job_to_fetch(procs: Proc
                 assert (await http.get(f"/v1/jobs/{job_id}")).json()["status"] in ("parked", "running")
                 await load.release()
                 for jid in (job_id, submitted.json()["id"]):
-                    deadline = time.monotonic() + 60
-                    while (body := (await http.get(f"/v1/jobs/{jid}")).json())["status"] != "completed":
-                        assert time.monotonic() < deadline, body
-                        await asyncio.sleep(0.2)
+                    async def completed(jid: str = jid) -> dict[str, Any] | None:
+                        body: dict[str, Any] = (await http.get(f"/v1/jobs/{jid}")).json()
+                        return body if body["status"] == "completed" else None
+                    body = await async_wait_until(completed, timeout=60, interval=0.2,
+                                                  message=f"job {jid} did not complete")
                     assert body["response"]["choices"][0]["message"]["content"]
             other = {"Authorization": "Bearer nope"}
             assert (await http.get(f"/v1/jobs/{job_id}", headers=other)).status_code == 401
@@ -361,7 +325,9 @@ async def test_grpc_stream_cancelled_after_its_start_message_releases_the_worker
                 sampling=types_pb2.SamplingParams(max_tokens=3000), priority=types_pb2.PRIORITY_P0)
             async with Overload(procs.scheduler_addr) as hold:  # waits until the scheduler has a healthy worker
                 await hold.release()
-            await asyncio.sleep(0.3)
+            # The released holds are gone from the scheduler's books: its only slot is free for this stream.
+            await async_wait_until(lambda: has_healthy_worker(scheduler, idle=True), timeout=10,
+                                   message="the scheduler's worker did not become idle")
             call = stub.GenerateStream(request, metadata=(("authorization", f"Bearer {API_KEY}"),), timeout=120)
             first = await call.read()
             assert first.HasField("start")
@@ -371,16 +337,16 @@ async def test_grpc_stream_cancelled_after_its_start_message_releases_the_worker
                 return sum(w.inflight for w in resp.workers)
             assert await inflight() == 1
             call.cancel()
-            deadline = time.monotonic() + 5
-            while await inflight():
-                assert time.monotonic() < deadline, "the cancelled stream still holds its lease"
-                await asyncio.sleep(0.1)
+
+            async def released() -> bool:
+                return await inflight() == 0
+            await async_wait_until(released, timeout=5, interval=0.1,
+                                   message="the cancelled stream still holds its lease")
 
 
-async def test_job_bodies_are_checked_when_submitted(redis_url: str) -> None:
+async def test_job_bodies_are_checked_when_submitted(redis_url: str, redis_prefix: str) -> None:
     keys = json.dumps({"keys": [{"key": API_KEY, "tenant": "batch", "max_priority": "P2"}]})
-    settings = GatewaySettings(redis_url=redis_url, api_keys=keys, grpc_port=0, http_port=0,
-                               jobs_prefix=f"goodput-test:{uuid.uuid4().hex[:8]}")
+    settings = GatewaySettings(redis_url=redis_url, api_keys=keys, grpc_port=0, http_port=0, jobs_prefix=redis_prefix)
     runner = build_gateway(settings, CollectorRegistry(), None)
     transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
     async with httpx.AsyncClient(transport=transport, base_url="http://gw",
