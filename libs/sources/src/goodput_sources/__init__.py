@@ -7,6 +7,6 @@ Example::
     docs = list(read_sources([Path("docs/"), Path("README.md")]))
 """
 
-from goodput_sources.reader import SourceDocument, SourceError, read_source, read_sources
+from goodput_sources.reader import SourceDenied, SourceDocument, SourceError, check_source, read_source, read_sources
 
-__all__ = ["SourceDocument", "SourceError", "read_source", "read_sources"]
+__all__ = ["SourceDenied", "SourceDocument", "SourceError", "check_source", "read_source", "read_sources"]
