@@ -30,7 +30,8 @@ def worker(settings: EmbedderSettings, tmp_path: Path):  # type: ignore[no-untyp
     env = {**os.environ, "GOODPUT_EMBEDDER_REDIS_URL": settings.redis_url,
            "GOODPUT_EMBEDDER_RETRIEVER_ADDR": settings.retriever_addr,
            "GOODPUT_EMBEDDER_KEY_PREFIX": settings.key_prefix,
-           "GOODPUT_EMBEDDER_VERSION_CHANNEL": settings.version_channel, "GOODPUT_EMBEDDER_WORKER_HTTP_PORT": str(port)}
+           "GOODPUT_EMBEDDER_VERSION_CHANNEL": settings.version_channel, "GOODPUT_EMBEDDER_WORKER_HTTP_PORT": str(port),
+           "GOODPUT_EMBEDDER_SOURCE_ROOTS": str(tmp_path)}
     log = (tmp_path / "worker.log").open("wb")
     # A queue of its own, so that a platform's worker on the same Redis does not take this test's jobs.
     queue = f"{settings.key_prefix}-jobs"
@@ -92,9 +93,14 @@ async def test_reindex_job_runs_on_a_celery_worker_and_publishes_the_version(set
     app.send_task(REINDEX_TASK, args=[job3, "acme", "notes", str(tmp_path / "missing.jsonl"), False], queue=queue)
     info3 = await _wait(jobs, job3)
     assert info3.state == "failed" and "does not exist" in info3.error
+    # the worker reads only under its source roots: a system file fails the job, naming why
+    job4 = jobs.create("acme", "notes", "/etc/passwd", False)
+    app.send_task(REINDEX_TASK, args=[job4, "acme", "notes", "/etc/passwd", False], queue=queue)
+    info4 = await _wait(jobs, job4)
+    assert info4.state == "failed" and "outside the source roots" in info4.error, info4.error
     # the jobs ran in the pool's child process; the parent's /metrics counts them all
     metrics = httpx.get(metrics_url, timeout=5).text
     assert 'goodput_embedder_jobs_total{outcome="succeeded"} 2.0' in metrics
-    assert 'goodput_embedder_jobs_total{outcome="failed"} 1.0' in metrics
+    assert 'goodput_embedder_jobs_total{outcome="failed"} 2.0' in metrics
     pubsub.close()
     client.close()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from goodput_contracts import DEFAULT_CHANNEL, DEFAULT_KEY_PREFIX
 from goodput_core.settings import ServiceSettings, service_config
@@ -61,6 +62,28 @@ class EmbedderSettings(ServiceSettings):
     faq_max_tokens: int = Field(512, ge=16, description="FAQ: an entry longer than this is split.")
     write_batch: int = Field(128, ge=1, description="Chunks per write to the retriever during a job.")
     job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="How long job status is kept in Redis.")
+    # --- what Reindex may read ---
+    source_roots: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Folders whose files a Reindex job may read, comma-separated absolute "
+        "paths; a source must resolve (symlinks followed) inside one. Empty = Reindex reads no local path "
+        "(documents arrive through IndexDocuments).")
+    source_max_file_bytes: int = Field(64 << 20, ge=1, description="Largest file a Reindex job reads (a gzipped "
+                                                                   "JSONL file: its decompressed text).")
+
+    @field_validator("source_roots", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [r.strip() for r in value.split(",") if r.strip()]
+        return value
+
+    @field_validator("source_roots")
+    @classmethod
+    def _absolute(cls, roots: list[str]) -> list[str]:
+        for r in roots:
+            if not r.startswith("/"):
+                raise ValueError(f"source root {r!r} is not an absolute path")
+        return roots
 
     @model_validator(mode="after")
     def _check(self) -> EmbedderSettings:

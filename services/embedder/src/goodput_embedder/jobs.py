@@ -2,8 +2,8 @@
 
     celery -A goodput_embedder.jobs worker --pool solo --concurrency 1
 
-The task reads a source (file, folder or JSONL, see :mod:`goodput_embedder.sources`) with the same
-:class:`~goodput_embedder.indexer.Indexer` as the synchronous path, recording progress in Redis
+The task reads a source (a file, folder or JSONL under the source roots: :mod:`goodput_embedder.sources`) with the
+same :class:`~goodput_embedder.indexer.Indexer` as the synchronous path, recording progress in Redis
 (``<prefix>:job:<id>``, read by ``JobStatus``). Tasks are acknowledged late and re-queued when a worker dies, and
 indexing is idempotent, so a job killed halfway finishes on re-run with no duplicates and nothing missing.
 
@@ -22,7 +22,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -32,10 +31,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 from goodput_core.errors import GoodputError
 from goodput_core.metrics import SharedCounter
 from goodput_core.settings import load_settings
-from goodput_sources import SourceError, read_source
 
 from goodput_embedder.config import EmbedderSettings
 from goodput_embedder.indexer import Doc, Indexer, IndexResult
+from goodput_embedder.sources import SourceAccess
 
 __all__ = ["JobStore", "JobInfo", "REINDEX_TASK", "create_app", "run_reindex"]
 
@@ -99,26 +98,23 @@ class JobStore:
                        error=d.get("error", ""))
 
 
-def _count_documents(path: Path) -> int:
-    return sum(1 for _ in read_source(path))
-
-
 def run_reindex(indexer: Indexer, jobs: JobStore, job_id: str, tenant: str, kb: str, source: str,
-                full_rebuild: bool) -> IndexResult:
-    """The task body (also called directly by tests)."""
+                full_rebuild: bool, *, sources: SourceAccess | None = None) -> IndexResult:
+    """The task body (also called directly by tests). ``source`` is read only through ``sources`` (by default the
+    indexer's settings): a path outside the source roots, a special file or one over the bound fails the job."""
+    access = sources or SourceAccess.from_settings(indexer.settings)
     jobs.update(job_id, state="running", started=time.time(), error="")
     try:
-        path = Path(source)
-        total = _count_documents(path)
+        total = sum(1 for _ in access.read(source))
         jobs.update(job_id, documents_total=total)
         docs = (Doc(id=d.id, text=d.text, type=d.type, title=d.title, metadata=d.metadata)
-                for d in read_source(path))
+                for d in access.read(source))
 
         def progress(done: int, result: IndexResult) -> None:
             jobs.update(job_id, documents_done=done, chunks_embedded=result.chunks_embedded)
 
         result = indexer.run_job(tenant, kb, docs, full_rebuild=full_rebuild, progress=progress)
-    except (GoodputError, SourceError, OSError) as err:
+    except (GoodputError, OSError) as err:
         message = err.message if isinstance(err, GoodputError) else str(err)
         jobs.update(job_id, state="failed", error=message, finished=time.time())
         log.warning("reindex failed", extra={"job_id": job_id, "error": message})

@@ -14,6 +14,7 @@ from goodput_embedder.batcher import MicroBatcher
 from goodput_embedder.config import EmbedderSettings
 from goodput_embedder.indexer import Doc, Indexer, validate_name
 from goodput_embedder.jobs import REINDEX_TASK, JobStore
+from goodput_embedder.sources import SourceAccess
 
 # Names an OpenAI client may send for the default model.
 MODEL_ALIASES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
@@ -55,11 +56,13 @@ class EmbeddingServicer(embedder_pb2_grpc.EmbeddingServicer):
 
 
 class IndexerServicer(embedder_pb2_grpc.IndexerServicer):
-    def __init__(self, settings: EmbedderSettings, indexer: Indexer, jobs: JobStore, celery: Any) -> None:
+    def __init__(self, settings: EmbedderSettings, indexer: Indexer, jobs: JobStore, celery: Any, *,
+                 sources: SourceAccess | None = None) -> None:
         self.settings = settings
         self.indexer = indexer
         self.jobs = jobs
         self.celery = celery
+        self.sources = sources or SourceAccess.from_settings(settings)
 
     async def IndexDocuments(self, request: embedder_pb2.IndexDocumentsRequest, context: aio.ServicerContext
                              ) -> embedder_pb2.IndexDocumentsResponse:
@@ -79,6 +82,9 @@ class IndexerServicer(embedder_pb2_grpc.IndexerServicer):
         if not request.source_uri.strip():
             raise InvalidArgument("'source_uri' must name a file, folder or JSONL readable by the indexing "
                                   "workers", param="source_uri", code="invalid_value")
+        # Refused here, as a status code, before a job exists: outside the source roots, a special or pseudo file,
+        # over the size bound. The job checks again when it reads.
+        await asyncio.to_thread(self.sources.check, request.source_uri)
         job_id = await asyncio.to_thread(self.jobs.create, request.tenant, request.knowledge_base,
                                          request.source_uri, request.full_rebuild)
         await asyncio.to_thread(self.celery.send_task, REINDEX_TASK, args=[
