@@ -87,7 +87,7 @@ async def test_malformed_json_invalid_utf8_and_non_object_are_400(client: httpx.
     assert assert_openai_error(await post(client, None, raw=b'{"model": "\xff\xfe"}'), 400)["code"] == \
         "invalid_encoding"
     assert_openai_error(await post(client, [1, 2, 3]), 400)
-    assert_openai_error(await post(client, None, raw=b"x" * 5000), 400)
+    assert assert_openai_error(await post(client, None, raw=b"x" * 5000), 413)["code"] == "request_too_large"
 
 
 async def test_priority_above_the_key_is_403(client: httpx.AsyncClient) -> None:

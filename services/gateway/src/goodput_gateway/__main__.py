@@ -19,6 +19,7 @@ from goodput_core.server import ServiceRunner
 from goodput_gateway.auth import ApiKeyStore
 from goodput_gateway.caching import GatewayCache
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.guard import PublicApiGuard
 from goodput_gateway.jobs import JobQueue
 from goodput_gateway.knowledge import Knowledge
 from goodput_gateway.metrics import GatewayMetrics
@@ -83,7 +84,11 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     holder: dict[str, ServiceRunner] = {}
     app = create_app(wiring.service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready,
                      jobs=jobs)
-    runner = ServiceRunner(name="gateway", settings=settings, registry=registry, provider=provider, http_app=app)
+    # The public port: the API key is checked before a message is read, the message's size before it is parsed
+    # (guard.py).
+    guard = PublicApiGuard(wiring.service.keys, max_message_bytes=settings.max_grpc_message_bytes)
+    runner = ServiceRunner(name="gateway", settings=settings, registry=registry, provider=provider, http_app=app,
+                           interceptors=[guard])
     holder["runner"] = runner
     runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(wiring.service),
                "goodput.gateway.v1.Gateway")

@@ -19,7 +19,7 @@ from typing import Any
 from goodput.common.v1 import types_pb2
 
 from goodput_core.errors import PermissionDenied, Unauthenticated
-from goodput_core.priority import more_urgent, parse_priority, priority_name
+from goodput_core.priority import check_priority, more_urgent, parse_priority, priority_name
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,9 @@ class Principal:
     default_priority: int
 
     def resolve_priority(self, requested: int) -> int:
-        """The request's priority: the key's default when unset; PermissionDenied above the allowance."""
-        if requested == types_pb2.PRIORITY_UNSPECIFIED:
+        """The request's priority: the key's default when unset; InvalidArgument when it is not a defined class
+        (``priority=4`` is not "less urgent than P2"); PermissionDenied above the allowance."""
+        if check_priority(requested) == types_pb2.PRIORITY_UNSPECIFIED:
             return self.default_priority
         if more_urgent(requested, self.max_priority):
             raise PermissionDenied(

@@ -18,8 +18,24 @@ class GatewaySettings(ServiceSettings):
     max_prompt_chars: int = Field(32_768, ge=1, description="Largest prompt (sum of message contents), in "
                                                              "characters; token limits are the worker's.")
     max_messages: int = Field(256, ge=1, description="Most messages in one chat request.")
-    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest REST request body.")
-    max_stop_sequences: int = Field(4, ge=0)
+    # ---- input bounds: every field a caller sends has one (REST 400/413/431, gRPC INVALID_ARGUMENT or
+    # RESOURCE_EXHAUSTED), checked before anything is spent on it ----
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest REST request body, chunked bodies included "
+                                                              "(413 as soon as it is passed).")
+    max_header_bytes: int = Field(16 << 10, ge=1024, description="Largest REST request head: the request line and "
+                                                                 "all headers together (431).")
+    max_grpc_message_bytes: int = Field(4 << 20, ge=1024, description="Largest gRPC request message on the public "
+                                                                      "port (RESOURCE_EXHAUSTED); read only after "
+                                                                      "its API key is checked.")
+    max_message_chars: int = Field(32_768, ge=1, description="Longest single message or prompt, in characters "
+                                                             "(the whole prompt is bounded by max_prompt_chars).")
+    max_name_chars: int = Field(256, ge=1, description="Longest identifier a caller sends: model, user (the session "
+                                                       "id), knowledge base, message name.")
+    max_stop_sequences: int = Field(4, ge=0, description="Most stop sequences in one request.")
+    max_stop_chars: int = Field(256, ge=1, description="Longest stop sequence, in characters.")
+    max_query_chars: int = Field(2000, ge=1, description="Longest search query, in characters (longer is refused; "
+                                                         "the RAG query is cut to rag_max_query_chars instead).")
+    max_embed_input_chars: int = Field(32_768, ge=1, description="Longest embeddings input, in characters.")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request does not set it "
                                                            "(capped by the context window).")
     request_timeout_s: float = Field(300.0, gt=0, description="Deadline of a request end to end, unless the "

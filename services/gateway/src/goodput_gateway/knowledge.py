@@ -30,6 +30,7 @@ from goodput_core.clients import EmbeddingClient, Embeddings
 from goodput_core.errors import InvalidArgument, Unimplemented, from_rpc_error
 
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.requests import check_length
 from goodput_gateway.schemas import EmbeddingsRequest, IndexRequest, SearchRequest, parse
 
 __all__ = ["Knowledge", "install_routes"]
@@ -72,18 +73,26 @@ class Knowledge:
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
+    # Input bounds come first, whether or not the backend is configured: the same input gets the same answer on
+    # every deployment and on both APIs.
+
     async def embed(self, texts: list[str], model: str = "") -> Embeddings:
-        if self._embedding is None:
-            raise Unimplemented(NO_EMBEDDER)
         if not texts:
             raise InvalidArgument("'input' must not be empty", param="input", code="invalid_value")
         if len(texts) > self.settings.max_embed_batch:
             raise InvalidArgument(f"{len(texts)} inputs; the limit is {self.settings.max_embed_batch}",
                                   param="input", code="invalid_value")
+        for i, text in enumerate(texts):
+            check_length(text, self.settings.max_embed_input_chars, param=f"input[{i}]")
+        check_length(model, self.settings.max_name_chars, param="model")
+        if self._embedding is None:
+            raise Unimplemented(NO_EMBEDDER)
         return await self._embedding.embed(texts, model=model)
 
     async def search(self, tenant: str, kb: str, query: str, *, top_k: int = 0, fusion: str = "",
                      dense_weight: float | None = None, rerank: bool = False) -> retriever_pb2.SearchResponse:
+        check_length(kb, self.settings.max_name_chars, param="knowledge_base")
+        check_length(query, self.settings.max_query_chars, param="query")
         if self._retrieval is None:
             raise Unimplemented(NO_RETRIEVER)
         if fusion not in _FUSION:
@@ -96,6 +105,7 @@ class Knowledge:
 
     async def index(self, tenant: str, kb: str, documents: list[embedder_pb2.Document],
                     delete_ids: list[str]) -> embedder_pb2.IndexDocumentsResponse:
+        check_length(kb, self.settings.max_name_chars, param="knowledge_base")
         if self._indexer is None:
             raise Unimplemented(NO_INDEXER)
         return await self._call(self._indexer.IndexDocuments, embedder_pb2.IndexDocumentsRequest(

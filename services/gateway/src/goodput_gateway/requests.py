@@ -21,12 +21,13 @@ from dataclasses import dataclass, field, replace
 from goodput.common.v1 import types_pb2
 
 from goodput_core.errors import InvalidArgument
+from goodput_core.priority import check_priority
 from goodput_core.sampling import Sampling
 
 from goodput_gateway.config import GatewaySettings
 
 __all__ = ["CHARS_PER_TOKEN", "ROLES", "ROLE_ALIASES", "Cost", "GenerationRequest", "Message", "Sampling",
-           "estimate_tokens", "resolve_cost", "validate"]
+           "check_length", "estimate_tokens", "resolve_cost", "validate"]
 
 ROLES = {"system", "user", "assistant", "tool"}
 ROLE_ALIASES = {"developer": "system"}
@@ -36,6 +37,7 @@ CHARS_PER_TOKEN = 3
 # Sampling ranges (OpenAI's), checked for REST and gRPC alike.
 SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (1e-9, 1.0), "presence_penalty": (-2.0, 2.0),
                    "frequency_penalty": (-2.0, 2.0)}
+INT_RANGES = {"max_tokens": (0, 2**31 - 1), "top_k": (-(2**31), 2**31 - 1), "seed": (-(2**63), 2**63 - 1)}
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,18 @@ def estimate_tokens(chars: int) -> int:
     return chars // CHARS_PER_TOKEN
 
 
+def check_length(value: str, limit: int, *, param: str, what: str = "characters") -> None:
+    """InvalidArgument naming ``param`` when ``value`` is longer than ``limit`` (the value itself is not echoed)."""
+    if len(value) > limit:
+        raise InvalidArgument(f"'{param}' is {len(value)} {what} long; the limit is {limit}", param=param,
+                              code="string_above_max_length")
+
+
 def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
-    """The domain checks that need no knowledge of the model: emptiness, roles, sizes, sampling ranges."""
+    """The domain checks that need no knowledge of the model: emptiness, roles, sizes, sampling ranges, the priority
+    class. Every string and list a caller sends is bounded here by a setting (REST bodies are bounded in bytes
+    before they are parsed; gRPC messages by ``max_grpc_message_bytes``)."""
+    check_priority(req.priority)
     if req.messages and req.prompt:
         raise InvalidArgument("set either messages or prompt, not both", param="messages")
     if not req.messages and not req.prompt:
@@ -84,8 +96,16 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
                               param="messages", code="invalid_value")
     for i, m in enumerate(req.messages):
         if m.role not in ROLES:
-            raise InvalidArgument(f"messages[{i}].role {m.role!r} is not one of {sorted(ROLES)}",
+            raise InvalidArgument(f"messages[{i}].role {m.role[:32]!r} is not one of {sorted(ROLES)}",
                                   param=f"messages[{i}].role", code="invalid_value")
+        check_length(m.name, settings.max_name_chars, param=f"messages[{i}].name")
+        if len(m.content) > settings.max_message_chars:
+            raise InvalidArgument(f"messages[{i}].content has {len(m.content)} characters; the limit is "
+                                  f"{settings.max_message_chars}", param=f"messages[{i}].content",
+                                  code="context_length_exceeded")
+    if len(req.prompt) > settings.max_message_chars:
+        raise InvalidArgument(f"the prompt has {len(req.prompt)} characters; the limit is {settings.max_message_chars}",
+                              param="prompt", code="context_length_exceeded")
     if req.prompt_chars() > settings.max_prompt_chars:
         raise InvalidArgument(f"the prompt has {req.prompt_chars()} characters; the limit is "
                               f"{settings.max_prompt_chars}", param="messages" if req.messages else "prompt",
@@ -100,6 +120,15 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
     if len(s.stop) > settings.max_stop_sequences:
         raise InvalidArgument(f"at most {settings.max_stop_sequences} stop sequences", param="stop",
                               code="invalid_value")
+    for name, (lo, hi) in INT_RANGES.items():  # the proto's integer widths: a bigger number is a 400, not a 500
+        value = getattr(s, name)
+        if value is not None and not lo <= value <= hi:
+            raise InvalidArgument(f"'{name}' must be between {lo} and {hi}", param=name, code="invalid_value")
+    for i, stop in enumerate(s.stop):
+        check_length(stop, settings.max_stop_chars, param=f"stop[{i}]")
+    check_length(req.model, settings.max_name_chars, param="model")
+    check_length(req.session_id, settings.max_name_chars, param="user")  # gRPC: session_id
+    check_length(req.knowledge_base, settings.max_name_chars, param="knowledge_base")
 
 
 @dataclass(frozen=True)

@@ -282,7 +282,7 @@ class SearchRequest(Body):
     """``POST /v1/knowledge-bases/{kb}/search``."""
 
     query: str | None = ""
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, le=2**31 - 1)
     fusion: str | None = ""  # "rrf" | "weighted" | "" (the retriever's default)
     dense_weight: float | None = Field(None, ge=0.0, le=1.0)
     rerank: bool = False

@@ -1,0 +1,114 @@
+"""The public gRPC port's guard: the API key is checked before the request message is read, and the message's size
+before it is parsed.
+
+gRPC runs server interceptors when a call's metadata has arrived and before its message is received, but a unary
+request is received and deserialised before the handler runs. So :class:`PublicApiGuard` hands gRPC a
+request-streaming handler in its place: a call without a valid ``authorization`` is ended UNAUTHENTICATED without
+its message being read at all (an unauthenticated caller costs the gateway its metadata, which gRPC bounds, and
+what flow control lets in); an authenticated call's message is taken as raw bytes, refused RESOURCE_EXHAUSTED when
+larger than ``max_message_bytes``, and only then parsed and handed to the servicer, which sees the usual
+(request, context) call. The servicer still authenticates on its own (it needs the principal).
+
+What gRPC's transport receives before that is bounded by the server's ``grpc.max_receive_message_length``.
+
+Example (the gateway's servers, :func:`goodput_gateway.__main__.build`)::
+
+    runner = ServiceRunner(name="gateway", ..., interceptors=[PublicApiGuard(keys, max_message_bytes=4 << 20)])
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from goodput_core.errors import GoodputError, InvalidArgument, abort_with
+
+from goodput_gateway.auth import ApiKeyStore
+from goodput_gateway.limits import PayloadTooLarge
+
+__all__ = ["GUARDED_SERVICE", "PublicApiGuard"]
+
+GUARDED_SERVICE = "goodput.gateway.v1.Gateway"  # every method needs an API key; health and reflection do not
+
+
+def _authorization(details: grpc.HandlerCallDetails) -> str | None:
+    for key, value in details.invocation_metadata or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else value.decode("utf-8", "replace")
+    return None
+
+
+class PublicApiGuard(aio.ServerInterceptor):
+    def __init__(self, keys: ApiKeyStore, *, max_message_bytes: int) -> None:
+        self.keys = keys
+        self.max_message_bytes = max_message_bytes
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or method.rpartition("/")[0].lstrip("/") != GUARDED_SERVICE \
+                or handler.request_streaming:
+            return handler
+        try:
+            self.keys.authenticate(_authorization(handler_call_details))
+        except GoodputError as err:
+            return _refusal(handler, err)
+        return self._bounded(handler)
+
+    def _bounded(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """The same unary-request method, its message read as bytes and checked for size before it is parsed."""
+        limit, parse = self.max_message_bytes, handler.request_deserializer
+
+        async def message(requests: AsyncIterator[bytes]) -> Any:
+            async for raw in requests:
+                if len(raw) > limit:
+                    raise PayloadTooLarge(f"request message is {len(raw)} bytes; the limit is {limit}")
+                return parse(raw) if parse is not None else raw
+            raise InvalidArgument("the call carried no request message")
+
+        if handler.response_streaming:
+            inner_stream = handler.unary_stream
+
+            async def stream(requests: AsyncIterator[bytes], context: aio.ServicerContext) -> AsyncIterator[Any]:
+                try:
+                    request = await message(requests)
+                except GoodputError as err:
+                    await abort_with(context, err)
+                    return
+                async for item in inner_stream(request, context):
+                    yield item
+
+            return grpc.stream_stream_rpc_method_handler(stream, None, handler.response_serializer)
+        inner_unary = handler.unary_unary
+
+        async def unary(requests: AsyncIterator[bytes], context: aio.ServicerContext) -> Any:
+            try:
+                request = await message(requests)
+            except GoodputError as err:
+                await abort_with(context, err)
+                return None
+            return await inner_unary(request, context)
+
+        return grpc.stream_unary_rpc_method_handler(unary, None, handler.response_serializer)
+
+
+def _refusal(handler: grpc.RpcMethodHandler, err: GoodputError) -> grpc.RpcMethodHandler:
+    """A handler that ends the call with ``err`` and never reads its request."""
+    if handler.response_streaming:
+        async def refuse_stream(requests: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+            await abort_with(context, err)
+            yield  # pragma: no cover - abort raises
+
+        return grpc.stream_stream_rpc_method_handler(refuse_stream, None, handler.response_serializer)
+
+    async def refuse(requests: Any, context: aio.ServicerContext) -> Any:
+        await abort_with(context, err)
+
+    return grpc.stream_unary_rpc_method_handler(refuse, None, handler.response_serializer)
