@@ -6,4 +6,12 @@ collected by pytest's doctest plugin, and nothing in the source folders does wor
 needs a running server, the platform or ``await`` is written as a plain ``Example::`` block instead of ``>>>``.
 """
 
+import os
+
 collect_ignore: list[str] = []
+
+# In-process unit tests run their gRPC servers and clients in plaintext: a service's settings default to mutual TLS
+# and would refuse to start without certificates. Mutual TLS and authorization are tested where they are built
+# (libs/core/tests) and end to end (tests/security, tests/integration: the local platform runs mTLS whatever this
+# process says, since the supervisor sets the switch for every child).
+os.environ.setdefault("GOODPUT_INSECURE_INTERNAL", "true")

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import pytest
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -66,12 +65,12 @@ def read_spans(platform: Platform) -> list[dict[str, Any]]:
 
 
 def list_workers(platform: Platform) -> list[scheduler_pb2.WorkerStatus]:
-    with grpc.insecure_channel(platform.scheduler_grpc) as ch:
+    with platform.internal_channel(platform.scheduler_grpc) as ch:  # mTLS, as the operator
         return list(scheduler_pb2_grpc.SchedulerStub(ch).ListWorkers(
             scheduler_pb2.ListWorkersRequest(), timeout=5).workers)
 
 
 def worker_load(platform: Platform, i: int) -> inference_pb2.WorkerLoad:
-    with grpc.insecure_channel(platform.worker_grpc(i)) as ch:
+    with platform.internal_channel(platform.worker_grpc(i)) as ch:
         return inference_pb2_grpc.InferenceStub(ch).GetLoad(inference_pb2.GetLoadRequest(), timeout=5)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import pytest
 from goodput.common.v1 import types_pb2
@@ -36,7 +35,7 @@ MIN_HORIZON = 6  # a prompt whose reference hits a near-tie sooner would prove l
 
 @pytest.fixture(scope="module")
 def model_dir(platform: Platform) -> Path:
-    with grpc.insecure_channel(platform.worker_grpc(0)) as ch:
+    with platform.internal_channel(platform.worker_grpc(0)) as ch:  # mTLS, as the operator
         info = inference_pb2_grpc.InferenceStub(ch).GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=10)
     return Path(info.model)
 
@@ -51,7 +50,8 @@ def greedy(platform: Platform, worker: int, prompt: dict[str, Any]) -> str:
     request = inference_pb2.GenerateRequest(
         request_id=f"parity-{worker}-{prompt['name']}", messages=messages, prompt=str(prompt.get("prompt", "")),
         sampling=types_pb2.SamplingParams(max_tokens=TOKENS, temperature=0))
-    with grpc.insecure_channel(platform.worker_grpc(worker)) as ch:
+    # Only the gateway (and its jobs worker) may ask a worker to generate: the test presents the gateway's certificate.
+    with platform.internal_channel(platform.worker_grpc(worker), identity="gateway") as ch:
         chunks = list(inference_pb2_grpc.InferenceStub(ch).Generate(request, timeout=120))
     return "".join(c.delta.text for c in chunks if c.WhichOneof("kind") == "delta")
 

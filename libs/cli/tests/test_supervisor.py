@@ -73,6 +73,29 @@ def test_each_service_gets_its_ports_and_peers(tmp_path, monkeypatch):
     assert p.child_env(specs["worker-0"])["GOODPUT_INFERENCE_GRPC_PORT"] == "50161"
 
 
+def test_every_process_gets_its_own_identity_and_mtls_is_on_by_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("GOODPUT_INSECURE_INTERNAL", "true")  # the supervisor's own environment does not decide
+    specs = {s.name: s for s in Platform(workdir=tmp_path, workers=2).plan()}
+    tls = tmp_path.resolve() / "tls"
+
+    assert {s.env["GOODPUT_INSECURE_INTERNAL"] for s in specs.values()} == {"false"}
+    assert specs["worker-1"].env["GOODPUT_INFERENCE_TLS_CERT_FILE"] == str(tls / "inference.pem")
+    assert specs["scheduler"].env["GOODPUT_SCHEDULER_TLS_KEY_FILE"] == str(tls / "scheduler-key.pem")
+    assert specs["cache"].env["GOODPUT_CACHE_TLS_CA_FILE"] == str(tls / "ca.pem")
+    # The Celery workers share their service's prefix, not its identity.
+    assert specs["jobs-worker"].env["GOODPUT_GATEWAY_TLS_CERT_FILE"] == str(tls / "jobsWorker.pem")
+    assert specs["gateway"].env["GOODPUT_GATEWAY_TLS_CERT_FILE"] == str(tls / "gateway.pem")
+    assert specs["index-worker"].env["GOODPUT_EMBEDDER_TLS_CERT_FILE"] == str(tls / "indexWorker.pem")
+    # Probed over mTLS, but for the gateway's public port.
+    assert [n for n, s in specs.items() if s.tls] == ["worker-0", "worker-1", "scheduler", "embedder", "retriever",
+                                                      "cache"]
+
+    plain = {s.name: s for s in Platform(workdir=tmp_path, insecure_internal=True).plan()}
+    assert plain["scheduler"].env["GOODPUT_INSECURE_INTERNAL"] == "true"
+    assert "GOODPUT_SCHEDULER_TLS_CERT_FILE" not in plain["scheduler"].env
+    assert not any(s.tls for s in plain.values())
+
+
 def test_one_worker_is_not_pinned_and_explicit_settings_are_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("GOODPUT_INFERENCE_KV_CACHE_SPACE_GB", "3")
     spec = Platform(workdir=tmp_path, workers=1).plan()[0]
@@ -108,7 +131,16 @@ FAKE = textwrap.dedent('''
         servicer = health.HealthServicer()
         servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-        server.add_insecure_port("127.0.0.1:" + os.environ[prefix + "GRPC_PORT"])
+        address = "127.0.0.1:" + os.environ[prefix + "GRPC_PORT"]
+        if os.environ.get(prefix + "TLS_CERT_FILE") and prefix != "GOODPUT_GATEWAY_":  # the gateway's is public
+            def read(name):
+                with open(os.environ[prefix + name], "rb") as f:
+                    return f.read()
+            creds = grpc.ssl_server_credentials([(read("TLS_KEY_FILE"), read("TLS_CERT_FILE"))],
+                                                root_certificates=read("TLS_CA_FILE"), require_client_auth=True)
+            server.add_secure_port(address, creds)
+        else:
+            server.add_insecure_port(address)
         server.start()
         time.sleep(float(os.environ.get("FAKE_DELAY", "0")))  # the behaviour under test: a service slow to serve
         servicer.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -165,6 +197,15 @@ def test_start_waits_for_every_service_and_stop_leaves_no_process(tmp_path, fake
         pids = {name: platform.pid(name) for name in ("redis", "worker-0", "worker-1", "scheduler", "gateway")}
         assert all(pids.values())
         assert "serving" in platform.log_path("gateway").read_text()
+        # The scheduler serves mTLS: the operator's certificate passes, no certificate does not.
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        with platform.internal_channel(platform.scheduler_grpc) as ch:
+            assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1
+        import grpc
+
+        with grpc.insecure_channel(platform.scheduler_grpc) as ch, pytest.raises(grpc.RpcError):
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
         assert platform.dev_key and (tmp_path / "work" / "dev-key").read_text().strip() == platform.dev_key
 
         platform.kill_worker(1)

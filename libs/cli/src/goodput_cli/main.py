@@ -10,7 +10,7 @@ import time
 from enum import Enum
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -110,6 +110,10 @@ def up(
         "--redis-db", min=0, show_default=False,
         help="Redis database of this platform (keys, Celery queues); default: the one in GOODPUT_REDIS_URL, "
              "else 0.")] = None,
+    insecure_internal: Annotated[bool, typer.Option(
+        "--insecure-internal", envvar="GOODPUT_INSECURE_INTERNAL",
+        help="Plaintext gRPC between the services (no certificates, no authorization by identity). The default "
+             "is mutual TLS with a development CA in the state folder.")] = False,
 ) -> None:
     """Start Redis (if needed) and every service here; Ctrl-C stops them all.
 
@@ -117,7 +121,11 @@ def up(
     """
     console = Console()
     workdir = (state_dir or default_state_dir()).resolve()
-    platform = Platform(workdir=workdir, workers=workers, port_offset=port_offset, redis_db=redis_db)
+    platform = Platform(workdir=workdir, workers=workers, port_offset=port_offset, redis_db=redis_db,
+                        insecure_internal=insecure_internal)
+    if insecure_internal:
+        console.print("warning: internal gRPC runs in PLAINTEXT (--insecure-internal): services do not authenticate "
+                      "or authorize each other", style="yellow", highlight=False)
     # Ctrl-C and SIGTERM both stop everything, even when SIGINT came ignored (e.g. started with `&` by a script).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -136,6 +144,7 @@ def up(
                                                    "gateway_grpc": platform.gateway_grpc,
                                                    "scheduler_grpc": platform.scheduler_grpc,
                                                    "redis_url": platform.redis_url,
+                                                   "tls_dir": str(platform.tls_dir or ""),
                                                    "endpoints": platform.endpoints()}) + "\n")
         reported: set[str] = set()
         while True:
@@ -198,6 +207,29 @@ def chat(
     print()
 
 
+def operator_credentials(state_dir: Path) -> Any:
+    """The operator's mTLS credentials of the platform in ``state_dir`` (its ``up.json`` names the CA's folder; else
+    ``tls/`` there); None when that platform runs plaintext or has no certificates."""
+    import grpc
+
+    from goodput_core.tls import tls_files
+
+    tls_dir = state_dir / "tls"
+    try:
+        named = json.loads((state_dir / UP_FILE).read_text()).get("tls_dir")
+        if isinstance(named, str):
+            if not named:
+                return None
+            tls_dir = Path(named)
+    except (OSError, ValueError, AttributeError):
+        pass
+    files = tls_files(tls_dir, "operator")
+    if not files.cert.exists():
+        return None
+    cert, key, ca = files.read()
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
 def status_endpoints(state_dir: Path, port_offset: int) -> dict[str, str]:
     """What `status` checks: the endpoints a running `goodput up` wrote into its state folder, else those of a
     platform started with ``port_offset``."""
@@ -227,11 +259,12 @@ def status(
     """Health of every service (gateway, scheduler, embedder, retriever, cache, Celery workers) and each worker's
     load. Non-zero exit if any is down."""
     console = Console()
-    endpoints = status_endpoints((state_dir or default_state_dir()).resolve(), port_offset)
+    folder = (state_dir or default_state_dir()).resolve()
+    endpoints = status_endpoints(folder, port_offset)
     for name, value in (("scheduler", scheduler), ("gateway_http", gateway), ("gateway", gateway_grpc)):
         if value:
             endpoints[name] = value
-    report = collect(endpoints, timeout_s=timeout)
+    report = collect(endpoints, timeout_s=timeout, credentials=operator_credentials(folder))
     render(report, console)
     if not report.ok:
         raise _fail("; ".join(report.problems))

@@ -5,6 +5,11 @@ Every port is the topology's plus ``port_offset`` (the n-th inference worker's a
 has in the topology gets the peer's local address in its setting when the peer runs here. One local choice departs
 from the cluster: the cache embeds in-process (no embedder hop or batching window on the lookup path).
 
+Internal gRPC is mutual TLS: with ``tls_dir`` (the development CA's folder) every process gets its own identity's
+certificate (``<PREFIX>TLS_CERT_FILE``, ``_KEY_FILE``, ``_CA_FILE``; the jobs worker its own, not the gateway's,
+though it shares the gateway's prefix) and ``GOODPUT_INSECURE_INTERNAL=false``; without it, plaintext
+(``GOODPUT_INSECURE_INTERNAL=true``, which every service logs as a warning).
+
 Example:
     >>> wiring = Wiring(workdir=Path(".goodput"), workers=2, port_offset=0, python="python3",
     ...                 redis_url="redis://127.0.0.1:6379/0")
@@ -20,6 +25,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from goodput_contracts import DEFAULT_CHANNEL, SERVICES
+from goodput_core.tls import tls_files
 
 from goodput_cli.procs import ServiceSpec, cpu_bindings
 
@@ -78,6 +84,8 @@ class Wiring:
     cache: bool = True
     jobs: bool = True
     inherited: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    # The development CA's folder (goodput_core.tls.ensure_dev_pki); None = plaintext internal gRPC.
+    tls_dir: Path | None = None
 
     def log_path(self, name: str) -> Path:
         return self.workdir / "logs" / f"{name}.log"
@@ -120,11 +128,23 @@ def _service_env(key: str, w: Wiring, running: list[str], instance: int = 0) -> 
     if key in ("embedder", "indexWorker", "cache"):
         env[svc.env("VERSION_CHANNEL")] = version_channel(w.redis_url)
     env.update(_peers(key, w, running))
+    env.update(_tls_env(key, w))
     return env
 
 
-def _spec(name: str, argv: list[str], env: dict[str, str], grpc: str | None, w: Wiring) -> ServiceSpec:
-    return ServiceSpec(name=name, argv=argv, env=env, grpc_addr=grpc, log_path=w.log_path(name))
+def _tls_env(key: str, w: Wiring) -> dict[str, str]:
+    """The process's identity (its topology key) as certificate settings, or the explicit plaintext switch."""
+    if w.tls_dir is None:
+        return {"GOODPUT_INSECURE_INTERNAL": "true"}
+    svc, files = SERVICES[key], tls_files(w.tls_dir, key)
+    return {"GOODPUT_INSECURE_INTERNAL": "false", svc.env("TLS_CERT_FILE"): str(files.cert),
+            svc.env("TLS_KEY_FILE"): str(files.key), svc.env("TLS_CA_FILE"): str(files.ca)}
+
+
+def _spec(name: str, argv: list[str], env: dict[str, str], grpc: str | None, w: Wiring, *,
+          public: bool = False) -> ServiceSpec:
+    return ServiceSpec(name=name, argv=argv, env=env, grpc_addr=grpc, log_path=w.log_path(name),
+                       tls=grpc is not None and not public and w.tls_dir is not None)
 
 
 def plan(w: Wiring) -> list[ServiceSpec]:
@@ -165,5 +185,6 @@ def plan(w: Wiring) -> list[ServiceSpec]:
             # --pool solo: one process, so its metrics port sees every job.
             specs.append(_spec(name, argv + _CELERY_FLAGS, env, None, w))
         else:
-            specs.append(_spec(name, [w.python, "-m", svc.package], env, grpc_addr(key, w.port_offset), w))
+            specs.append(_spec(name, [w.python, "-m", svc.package], env, grpc_addr(key, w.port_offset), w,
+                               public=key == "gateway"))
     return specs

@@ -28,13 +28,15 @@ class PlatformError(RuntimeError):
 
 @dataclass(frozen=True)
 class ServiceSpec:
-    """How one child process is started. ``env`` holds only the variables the supervisor sets for it."""
+    """How one child process is started. ``env`` holds only the variables the supervisor sets for it. ``tls``: its
+    gRPC port serves mutual TLS (an internal service), so it is probed with the operator's certificate."""
 
     name: str
     argv: list[str]
     env: dict[str, str]
     grpc_addr: str | None
     log_path: Path
+    tls: bool = False
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """`goodput status`: health of every service and each worker's load, as the scheduler sees it.
 
-Every gRPC service answers the standard health check; the gateway's REST side and the Celery workers (which serve
+Every gRPC service answers the standard health check (the internal ones over mutual TLS, checked with the operator's
+``credentials``; the gateway's public port in plaintext); the gateway's REST side and the Celery workers (which serve
 no gRPC) answer ``/healthz`` on their HTTP port. ``endpoints`` names what to check (``Platform.endpoints()``, or
 the ``up.json`` a running `goodput up` writes).
 
@@ -80,8 +81,15 @@ def _describe(err: grpc.RpcError) -> str:
     return f"down ({code.name if code else 'error'})"
 
 
-def grpc_health(name: str, address: str, timeout_s: float) -> ServiceHealth:
-    with grpc.insecure_channel(address) as channel:
+def _channel(address: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+    if credentials is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, credentials)
+
+
+def grpc_health(name: str, address: str, timeout_s: float,
+                credentials: grpc.ChannelCredentials | None = None) -> ServiceHealth:
+    with _channel(address, credentials) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
                                                               timeout=timeout_s)
@@ -101,11 +109,14 @@ def http_health(name: str, url: str, timeout_s: float) -> ServiceHealth:
     return ServiceHealth(name, url, False, f"HTTP {reply.status_code}")
 
 
-def collect(endpoints: dict[str, str], *, timeout_s: float = 2.0) -> StatusReport:
+def collect(endpoints: dict[str, str], *, timeout_s: float = 2.0,
+            credentials: grpc.ChannelCredentials | None = None) -> StatusReport:
+    """``credentials``: the operator's, for the internal services (None: they serve plaintext)."""
     report = StatusReport()
     for name in GRPC_SERVICES:
         if name in endpoints:
-            report.services.append(grpc_health(name, endpoints[name], timeout_s))
+            report.services.append(grpc_health(name, endpoints[name], timeout_s,
+                                               None if name == "gateway" else credentials))
         if name == "gateway" and "gateway_http" in endpoints:
             report.services.append(http_health("gateway (HTTP)", endpoints["gateway_http"].rstrip("/") + "/healthz",
                                                timeout_s))
@@ -115,7 +126,7 @@ def collect(endpoints: dict[str, str], *, timeout_s: float = 2.0) -> StatusRepor
     scheduler = endpoints.get("scheduler")
     if scheduler is None:
         return report
-    with grpc.insecure_channel(scheduler) as channel:
+    with _channel(scheduler, credentials) as channel:
         try:
             reply = scheduler_pb2_grpc.SchedulerStub(channel).ListWorkers(scheduler_pb2.ListWorkersRequest(),
                                                                           timeout=timeout_s)
@@ -125,7 +136,7 @@ def collect(endpoints: dict[str, str], *, timeout_s: float = 2.0) -> StatusRepor
     if not reply.workers:
         report.workers_error = "the scheduler knows no workers"
     for w in reply.workers:
-        health = grpc_health(w.worker_id, w.address, timeout_s)
+        health = grpc_health(w.worker_id, w.address, timeout_s, credentials)
         report.workers.append(WorkerRow(
             worker_id=w.worker_id, address=w.address, healthy=w.healthy, serving=health.detail,
             running=w.load.running, waiting=w.load.waiting, kv_cache_usage=w.load.kv_cache_usage,

@@ -12,12 +12,19 @@ holds ``workdir/platform.lock``, so a second one on the same folder is refused. 
 their own state folders, ports (``port_offset``) and Redis database (``redis_db``: keys and Celery queues are
 per database; the KB-version channel gets the database's number, since pub/sub is shared by all databases).
 
+Internal gRPC is mutual TLS unless ``insecure_internal=True``: ``start`` makes (or reuses, while valid) a development
+CA and one certificate per identity in ``workdir/tls`` — each service, the two Celery workers and the operator, whose
+certificate the supervisor's own readiness checks and :meth:`Platform.internal_channel` present. The gateway's
+public ports (REST and gRPC) stay plaintext with API keys.
+
 Example::
 
     platform = Platform(workdir=tmp_path, workers=2, port_offset=1000)
     platform.start()                      # ~2 minutes on CPU: the workers load vLLM
     httpx.post(platform.gateway_http + "/v1/chat/completions",
                headers={"Authorization": f"Bearer {platform.dev_key}"}, json={...})
+    with platform.internal_channel(platform.scheduler_grpc) as ch:   # mTLS as the operator
+        SchedulerStub(ch).ListWorkers(ListWorkersRequest())
     platform.kill_worker(1)               # SIGKILL, like a crashed pod
     platform.stop()
 
@@ -45,6 +52,9 @@ import grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from rich.console import Console
 
+from goodput_contracts.access import IDENTITIES, OPERATOR
+from goodput_core.tls import TlsFiles, ensure_dev_pki, tls_files
+
 from goodput_cli import procs
 from goodput_cli.keys import read_dev_key, write_dev_keys, write_keys_file
 from goodput_cli.plan import HOST, Wiring, grpc_addr, http_port, plan, redis_db_url
@@ -55,6 +65,7 @@ __all__ = ["DEFAULT_REDIS_URL", "Platform", "PlatformError", "ServiceSpec", "cpu
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 LOCK_FILE = "platform.lock"  # held by the running supervisor of a state folder
+TLS_DIR = "tls"  # the development CA and every identity's certificate, in the state folder
 
 # Short reconnect backoff: the default grows to minutes, which would hide a server that just came up.
 _PROBE_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
@@ -67,12 +78,13 @@ class Platform:
     ``env`` is added to every child's environment (after the supervisor's own environment); the ports, addresses
     and worker ids are always the supervisor's. ``api_keys`` are the entries of the gateway's key file; None
     creates a development key (``dev_key``, also in ``workdir/dev-key``) for tenant ``dev`` with P0 allowed.
+    ``insecure_internal`` runs internal gRPC in plaintext (every service warns at start); the default is mTLS.
     """
 
     def __init__(self, *, workdir: Path, workers: int = 1, port_offset: int = 0, env: dict[str, str] | None = None,
                  api_keys: list[dict[str, Any]] | None = None, python: str | None = None,
                  knowledge: bool | None = None, cache: bool | None = None, jobs: bool | None = None,
-                 redis_db: int | None = None) -> None:
+                 redis_db: int | None = None, insecure_internal: bool = False) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.workdir = Path(workdir).resolve()
@@ -92,6 +104,7 @@ class Platform:
         self.redis_url = self.env.get("GOODPUT_REDIS_URL") or os.environ.get("GOODPUT_REDIS_URL") or DEFAULT_REDIS_URL
         if redis_db is not None:
             self.redis_url = redis_db_url(self.redis_url, redis_db)
+        self.insecure_internal = insecure_internal
         self._lock_file: IO[str] | None = None
         self._procs: dict[str, Proc] = {}
         self._order: list[str] = []
@@ -149,6 +162,34 @@ class Platform:
                 out[spec.name] = f"http://{HOST}:{http_port(key, self.port_offset)}"
         return out
 
+    # --- identities (mutual TLS) ------------------------------------------------------------------------------------
+    @property
+    def tls_dir(self) -> Path | None:
+        """The development CA's folder; None when internal gRPC is plaintext."""
+        return None if self.insecure_internal else self.workdir / TLS_DIR
+
+    def tls_files(self, identity: str = OPERATOR) -> TlsFiles:
+        """The certificate, key and CA of ``identity`` (a topology key or ``operator``), made by ``start``."""
+        if self.tls_dir is None:
+            raise PlatformError("this platform runs internal gRPC in plaintext (insecure_internal=True)")
+        return tls_files(self.tls_dir, identity)
+
+    def credentials(self, identity: str = OPERATOR) -> grpc.ChannelCredentials | None:
+        """Channel credentials presenting ``identity``'s certificate; None on a plaintext platform."""
+        if self.tls_dir is None:
+            return None
+        cert, key, ca = self.tls_files(identity).read()
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+    def internal_channel(self, address: str, *, identity: str = OPERATOR,
+                         options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
+        """A (blocking) channel to an internal service of this platform, as ``identity`` (the operator by default),
+        over mutual TLS; plaintext on a plaintext platform. The gateway's public port needs no certificate."""
+        creds = self.credentials(identity)
+        if creds is None:
+            return grpc.insecure_channel(address, options=options)
+        return grpc.secure_channel(address, creds, options=options)
+
     @property
     def logs_dir(self) -> Path:
         return self.workdir / "logs"
@@ -169,7 +210,7 @@ class Platform:
         """The Goodput services in start order (Redis is not part of it: it is started only when missing)."""
         return plan(Wiring(workdir=self.workdir, workers=self.workers, port_offset=self.port_offset,
                            python=self.python, redis_url=self.redis_url, knowledge=self.knowledge, cache=self.cache,
-                           jobs=self.jobs, inherited={**os.environ, **self.env}))
+                           jobs=self.jobs, inherited={**os.environ, **self.env}, tls_dir=self.tls_dir))
 
     def child_env(self, spec: ServiceSpec) -> dict[str, str]:
         """The full environment of a child: the supervisor's, then ``env``, then the spec's wiring."""
@@ -198,6 +239,8 @@ class Platform:
             self.dev_key = write_dev_keys(self.workdir)
         else:
             write_keys_file(self.workdir, self.api_keys)
+        if self.tls_dir is not None:
+            ensure_dev_pki(self.tls_dir, IDENTITIES)
         if not self._atexit_registered:
             atexit.register(self.stop)
             self._atexit_registered = True
@@ -337,7 +380,7 @@ class Platform:
         with self._lock:
             procs = [p for p in self._procs.values()
                      if p.spec.grpc_addr and (only is None or p.spec.name in only)]
-        channels = {p.spec.name: grpc.insecure_channel(str(p.spec.grpc_addr), options=_PROBE_OPTIONS) for p in procs}
+        channels = {p.spec.name: self._probe_channel(p.spec) for p in procs}
         view = Progress(console, procs)
         try:
             with view:
@@ -374,6 +417,12 @@ class Platform:
         finally:
             for ch in channels.values():
                 ch.close()
+
+    def _probe_channel(self, spec: ServiceSpec) -> grpc.Channel:
+        """Health checks as the operator over mTLS (the gateway's public port: plaintext)."""
+        if spec.tls:
+            return self.internal_channel(str(spec.grpc_addr), options=_PROBE_OPTIONS)
+        return grpc.insecure_channel(str(spec.grpc_addr), options=_PROBE_OPTIONS)
 
     def _wait_workers_healthy(self, channel: grpc.Channel, deadline: float, timeout_s: float,
                               view: Progress) -> None:

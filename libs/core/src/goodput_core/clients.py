@@ -3,7 +3,7 @@ clients several services share (:class:`EmbeddingClient`).
 
 Example::
 
-    channel = make_channel("127.0.0.1:50052", provider)
+    channel = make_channel("127.0.0.1:50052", provider, credentials=channel_credentials(settings))
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
 """
 
@@ -36,8 +36,13 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
-def make_channel(address: str, provider: TracerProvider | None, *, traced: bool = True) -> aio.Channel:
+def make_channel(address: str, provider: TracerProvider | None, *, traced: bool = True,
+                 credentials: grpc.ChannelCredentials | None = None) -> aio.Channel:
+    """A channel to another Goodput service: mutual TLS with ``credentials`` (the caller's own certificate, from
+    :func:`goodput_core.tls.channel_credentials`), plaintext when they are None (``insecure_internal``)."""
     interceptors = client_interceptors(provider) if traced else []
+    if credentials is not None:
+        return aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS, interceptors=interceptors)
     return aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
 
 

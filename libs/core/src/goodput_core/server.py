@@ -26,9 +26,11 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
+from goodput_core.authz import AuthzInterceptor
 from goodput_core.errors import ErrorInterceptor
 from goodput_core.metrics import GrpcServerMetrics, ops_app
-from goodput_core.settings import ServiceSettings
+from goodput_core.settings import ServiceSettings, env_prefix
+from goodput_core.tls import server_credentials
 from goodput_core.tracing import server_interceptor
 
 log = logging.getLogger("goodput.server")
@@ -50,16 +52,26 @@ Hook = Callable[[], Coroutine[Any, Any, None]]
 
 
 class ServiceRunner:
-    """Owns one service's gRPC server, health state, HTTP side port and shutdown sequence."""
+    """Owns one service's gRPC server, health state, HTTP side port and shutdown sequence.
+
+    The gRPC server is internal unless ``public``: it serves mutual TLS (a client certificate from the platform's
+    CA is required) and authorizes every call by the peer's identity (:class:`AuthzInterceptor`, the table of
+    ``goodput_contracts.access`` under ``name``), or plaintext when the settings say ``insecure_internal``. A public
+    server (the gateway's, which product teams call with API keys) is plaintext here; TLS for it ends at the
+    ingress.
+    """
 
     def __init__(self, *, name: str, settings: ServiceSettings, registry: CollectorRegistry,
                  provider: TracerProvider | None, interceptors: Sequence[aio.ServerInterceptor] = (),
-                 http_app: Any = None) -> None:
+                 http_app: Any = None, public: bool = False) -> None:
         self.name = name
         self.settings = settings
         self.registry = registry
+        self.public = public
+        self._credentials = None if public else server_credentials(settings, prefix=env_prefix(type(settings)))
+        authz = [] if self._credentials is None else [AuthzInterceptor(name, registry)]
         self.server = aio.server(
-            interceptors=[server_interceptor(provider), GrpcServerMetrics(registry), ErrorInterceptor(),
+            interceptors=[server_interceptor(provider), GrpcServerMetrics(registry), ErrorInterceptor(), *authz,
                           *interceptors],
             options=GRPC_SERVER_OPTIONS,
         )
@@ -93,7 +105,10 @@ class ServiceRunner:
     async def start(self, *, serving: bool = True) -> None:
         reflection.enable_server_reflection([*self._service_names, reflection.SERVICE_NAME], self.server)
         address = f"{self.settings.grpc_host}:{self.settings.grpc_port}"
-        self.grpc_port = self.server.add_insecure_port(address)
+        if self._credentials is not None:
+            self.grpc_port = self.server.add_secure_port(address, self._credentials)
+        else:
+            self.grpc_port = self.server.add_insecure_port(address)
         if self.grpc_port == 0:
             raise RuntimeError(f"cannot bind gRPC port {address}")
         # Health first: a loading worker must never answer SERVING, not even for the first check.

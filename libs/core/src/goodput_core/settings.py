@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Literal, TypeVar
 
@@ -20,6 +21,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 def service_config(prefix: str) -> SettingsConfigDict:
     return SettingsConfigDict(env_prefix=prefix, extra="ignore", validate_default=True, frozen=True)
+
+
+def _insecure_default() -> bool:
+    """``GOODPUT_INSECURE_INTERNAL`` (one switch for a whole local platform); a service's own
+    ``<PREFIX>INSECURE_INTERNAL`` wins over it."""
+    return os.environ.get("GOODPUT_INSECURE_INTERNAL", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class ServiceSettings(BaseSettings):
@@ -36,6 +43,13 @@ class ServiceSettings(BaseSettings):
         "none", description="Where spans go; `otlp` uses the standard OTEL_EXPORTER_OTLP_ENDPOINT.")
     otel_file: str = Field("", description="JSON-lines span file when otel_exporter=file.")
     drain_grace_s: float = Field(30.0, ge=0, description="Seconds in-flight RPCs get to finish after SIGTERM.")
+    # Mutual TLS on every internal hop (goodput_core.tls): the server requires a client certificate from the CA,
+    # and every internal client presents this one.
+    tls_cert_file: str = Field("", description="PEM certificate of this service (its identity in the URI SAN).")
+    tls_key_file: str = Field("", description="PEM private key of tls_cert_file.")
+    tls_ca_file: str = Field("", description="PEM CA bundle peers' certificates must chain to.")
+    insecure_internal: bool = Field(default_factory=_insecure_default,
+                                    description="Plaintext internal gRPC without identities (never in production).")
 
 
 S = TypeVar("S", bound=ServiceSettings)

@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from goodput_core.bootstrap import bootstrap
 from goodput_core.clients import make_channel
 from goodput_core.server import ServiceRunner
+from goodput_core.tls import channel_credentials
 
 from goodput_cache.cache import CacheMetrics, ResponseCache
 from goodput_cache.config import CacheSettings
@@ -31,7 +32,8 @@ def build(settings: CacheSettings, registry: CollectorRegistry, provider: Tracer
     redis = Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s,
                            socket_connect_timeout=settings.redis_timeout_s)
     if vectoriser is None and settings.semantic:
-        vectoriser = (RemoteVectoriser(make_channel(settings.embedder_addr, provider),
+        vectoriser = (RemoteVectoriser(make_channel(settings.embedder_addr, provider,
+                                                    credentials=channel_credentials(settings)),
                                        timeout_s=settings.embedder_timeout_s) if settings.embedder_addr
                       else LocalVectoriser(model_path=settings.embedder_model_path, threads=settings.embedder_threads,
                                            spin=settings.embedder_spin))

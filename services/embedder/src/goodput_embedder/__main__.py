@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from goodput_core.bootstrap import bootstrap
 from goodput_core.server import ServiceRunner
+from goodput_core.tls import channel_credentials
 
 from goodput_embedder.batcher import BatcherMetrics, MicroBatcher
 from goodput_embedder.config import EmbedderSettings
@@ -31,7 +32,8 @@ def build(settings: EmbedderSettings, registry: CollectorRegistry, provider: Tra
     batcher = MicroBatcher(model, window_ms=settings.batch_window_ms, max_batch=settings.max_batch,
                            metrics=BatcherMetrics(registry))
     client = redis.Redis.from_url(settings.redis_url)
-    store = GrpcStoreWriter(settings.retriever_addr, timeout_s=settings.write_timeout_s)
+    store = GrpcStoreWriter(settings.retriever_addr, timeout_s=settings.write_timeout_s,
+                            credentials=channel_credentials(settings))
     indexer = Indexer(settings, embed=model.embed, store=store, redis_client=client)
     jobs = JobStore(client, prefix=settings.key_prefix, ttl_s=settings.job_ttl_s)
     runner = ServiceRunner(name="embedder", settings=settings, registry=registry, provider=provider)

@@ -145,13 +145,16 @@ def create_app(settings: EmbedderSettings) -> Celery:
 
     @cache
     def context() -> tuple[Indexer, JobStore]:
+        from goodput_core.tls import channel_credentials
+
         from goodput_embedder.models import load_model
         from goodput_embedder.store_client import GrpcStoreWriter
 
         model = load_model(settings)
         client = redis.Redis.from_url(settings.redis_url)
         indexer = Indexer(settings, embed=model.embed,
-                          store=GrpcStoreWriter(settings.retriever_addr, timeout_s=settings.write_timeout_s),
+                          store=GrpcStoreWriter(settings.retriever_addr, timeout_s=settings.write_timeout_s,
+                                                credentials=channel_credentials(settings)),
                           redis_client=client)
         return indexer, JobStore(client, prefix=settings.key_prefix, ttl_s=settings.job_ttl_s)
 

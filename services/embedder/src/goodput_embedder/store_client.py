@@ -19,8 +19,11 @@ __all__ = ["GrpcStoreWriter"]
 
 
 class GrpcStoreWriter:
-    def __init__(self, address: str, *, timeout_s: float = 60.0) -> None:
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def __init__(self, address: str, *, timeout_s: float = 60.0,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        # Mutual TLS with the embedder's (or its Celery worker's) certificate; plaintext only when it is None.
+        self._channel = (grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS) if credentials is not None
+                         else grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
         self._stub = retriever_pb2_grpc.IndexStoreStub(self._channel)
         self.timeout_s = timeout_s
 

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from goodput_core.bootstrap import bootstrap
 from goodput_core.clients import make_channel
 from goodput_core.server import ServiceRunner
+from goodput_core.tls import channel_credentials
 
 from goodput_gateway.auth import ApiKeyStore
 from goodput_gateway.caching import GatewayCache
@@ -55,15 +56,21 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
             jobs: JobQueue | None = None) -> Wiring:
     """The one composition root: the gateway's service with its clients, for the server and the jobs worker."""
     keys = ApiKeyStore.from_sources(file=settings.api_keys_file, inline=settings.api_keys)
-    scheduler_channel = make_channel(settings.scheduler_addr, provider)
+    # Every internal call goes out over mutual TLS with the gateway's own certificate (the jobs worker's, in it).
+    credentials = channel_credentials(settings)
+
+    def dial(addr: str) -> aio.Channel:
+        return make_channel(addr, provider, credentials=credentials)
+
+    scheduler_channel = dial(settings.scheduler_addr)
     channels = [scheduler_channel]
     metrics = GatewayMetrics(registry)
     pipeline = Pipeline(settings, scheduler=scheduler_pb2_grpc.SchedulerStub(scheduler_channel),
-                        channel_factory=lambda addr: make_channel(addr, provider), metrics=metrics)
-    knowledge = Knowledge(settings, channel_factory=lambda addr: make_channel(addr, provider))
+                        channel_factory=dial, metrics=metrics)
+    knowledge = Knowledge(settings, channel_factory=dial)
     cache = None
     if settings.cache_addr:
-        cache_channel = make_channel(settings.cache_addr, provider)
+        cache_channel = dial(settings.cache_addr)
         channels.append(cache_channel)
         cache = GatewayCache(settings, stub=cache_pb2_grpc.CacheStub(cache_channel), registry=registry)
     service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics, knowledge=knowledge,
@@ -84,11 +91,11 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     holder: dict[str, ServiceRunner] = {}
     app = create_app(wiring.service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready,
                      jobs=jobs)
-    # The public port: the API key is checked before a message is read, the message's size before it is parsed
-    # (guard.py).
+    # Its gRPC port is the public API (API keys), not an internal one: the key is checked before a message is read,
+    # the message's size before it is parsed (guard.py).
     guard = PublicApiGuard(wiring.service.keys, max_message_bytes=settings.max_grpc_message_bytes)
     runner = ServiceRunner(name="gateway", settings=settings, registry=registry, provider=provider, http_app=app,
-                           interceptors=[guard])
+                           public=True, interceptors=[guard])
     holder["runner"] = runner
     runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(wiring.service),
                "goodput.gateway.v1.Gateway")

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from goodput_core.bootstrap import bootstrap
 from goodput_core.clients import make_channel
 from goodput_core.server import ServiceRunner
+from goodput_core.tls import channel_credentials
 
 from goodput_retriever.config import RetrieverSettings
 from goodput_retriever.qdrant_store import QdrantStore
@@ -61,7 +62,7 @@ def build(settings: RetrieverSettings, registry: CollectorRegistry, provider: Tr
     vectors, lexical, versions = make_stores(settings)
     channel = None
     if embedder is None:
-        channel = make_channel(settings.embedder_addr, provider)
+        channel = make_channel(settings.embedder_addr, provider, credentials=channel_credentials(settings))
         embedder = GrpcQueryEmbedder(channel, timeout_s=settings.leg_timeout_s)
     retriever = Retriever(settings, vectors=vectors, lexical=lexical, embedder=embedder,
                           reranker=load_reranker(settings.reranker), metrics=RetrieverMetrics(registry),

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from goodput_core.bootstrap import bootstrap
 from goodput_core.clients import make_channel
 from goodput_core.server import ServiceRunner
+from goodput_core.tls import channel_credentials
 
 from goodput_scheduler.clock import Clock, SystemClock
 from goodput_scheduler.config import SchedulerSettings
@@ -34,7 +35,9 @@ def build(settings: SchedulerSettings, registry: CollectorRegistry, provider: Tr
     """Wires the scheduler (also used by tests to run it in-process). ``clock`` times queues, deadlines, the drain
     rate and the latency guard (tests pass a manual one); worker health checks run on real time."""
     clock = clock or SystemClock()
-    workers = WorkerRegistry(settings, channel_factory=lambda addr: make_channel(addr, provider))
+    credentials = channel_credentials(settings)
+    workers = WorkerRegistry(settings, channel_factory=lambda addr: make_channel(addr, provider,
+                                                                                credentials=credentials))
     guard = LatencyGuard(settings, clock=clock)
     pipeline = build_pipeline(Profile.parse(settings.profile), settings, registry=registry, guard=guard,
                               clock=clock)

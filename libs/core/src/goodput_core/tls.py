@@ -1,0 +1,266 @@
+"""Mutual TLS between Goodput services: a development CA with one certificate per identity, and the gRPC
+credentials every server and internal client builds from a service's settings.
+
+An identity is a topology key (``scheduler``, ``jobsWorker``…) or ``operator`` (the CLI and the local supervisor).
+It is written into the certificate twice: as the common name and as the URI SAN ``spiffe://goodput/<identity>``
+(what cert-manager's ``uris`` or a SPIFFE issuer would put there); :mod:`goodput_core.authz` reads it back from the
+TLS auth context. Development certificates name ``127.0.0.1`` and ``localhost``, so every local address verifies.
+
+Settings (every service, with its own prefix): ``TLS_CERT_FILE``, ``TLS_KEY_FILE`` and ``TLS_CA_FILE`` (PEM files,
+the service's certificate and key and the CA its peers' certificates must chain to), or ``INSECURE_INTERNAL=true``
+for plaintext (also read from the common ``GOODPUT_INSECURE_INTERNAL``), which logs a warning at every start.
+
+Example:
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> files = ensure_dev_pki(folder, ["scheduler", "operator"])
+    >>> sorted(files)
+    ['operator', 'scheduler']
+    >>> identity_of(files["scheduler"].cert.read_bytes())
+    'scheduler'
+    >>> ensure_dev_pki(folder, ["scheduler"])["scheduler"] == files["scheduler"]   # reused while valid
+    True
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+__all__ = ["SPIFFE_PREFIX", "TlsConfigError", "TlsFiles", "TlsSettings", "channel_credentials", "configured_files",
+           "ensure_dev_pki", "identity_of", "server_credentials", "spiffe_id", "tls_files"]
+
+log = logging.getLogger("goodput.tls")
+
+SPIFFE_PREFIX = "spiffe://goodput/"
+CA_NAME = "ca"
+# A development CA lives a year, its leaves 90 days; a leaf within RENEW_BEFORE of its end is issued again.
+CA_DAYS = 365
+LEAF_DAYS = 90
+RENEW_BEFORE = dt.timedelta(days=7)
+DEV_HOSTS = ("localhost",)
+DEV_IPS = ("127.0.0.1", "::1")
+
+
+class TlsConfigError(ValueError):
+    """Mutual TLS is on (the default) but the settings do not name the service's certificate, key and CA."""
+
+
+class TlsSettings(Protocol):
+    """What a service's settings say about its TLS (fields of :class:`goodput_core.settings.ServiceSettings`)."""
+
+    @property
+    def tls_cert_file(self) -> str: ...
+    @property
+    def tls_key_file(self) -> str: ...
+    @property
+    def tls_ca_file(self) -> str: ...
+    @property
+    def insecure_internal(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """One identity's PEM files and the CA that signed them."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        return self.cert.read_bytes(), self.key.read_bytes(), self.ca.read_bytes()
+
+
+def spiffe_id(identity: str) -> str:
+    """The URI SAN naming ``identity``.
+
+    >>> spiffe_id("gateway")
+    'spiffe://goodput/gateway'
+    """
+    return SPIFFE_PREFIX + identity
+
+
+def identity_of(cert_pem: bytes) -> str | None:
+    """The Goodput identity a certificate names: its ``spiffe://goodput/`` URI SAN, else its common name."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        for uri in sans.get_values_for_type(x509.UniformResourceIdentifier):
+            if uri.startswith(SPIFFE_PREFIX):
+                return uri[len(SPIFFE_PREFIX):]
+    except x509.ExtensionNotFound:
+        pass
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if names else None
+
+
+# --- the development CA (``goodput up``, tests) -----------------------------------------------------------------
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Writes a key readable by its owner only (0600 from the first byte, not chmod'ed afterwards)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    tmp.replace(path)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _load(path: Path) -> x509.Certificate | None:
+    try:
+        return x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def _fresh(cert: x509.Certificate, margin: dt.timedelta) -> bool:
+    now = _now()
+    return cert.not_valid_before_utc <= now and cert.not_valid_after_utc - margin > now
+
+
+def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+        return True
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+
+
+def _ensure_ca(folder: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey, bool]:
+    cert_path, key_path = folder / f"{CA_NAME}.pem", folder / f"{CA_NAME}-key.pem"
+    cert = _load(cert_path)
+    if cert is not None and _fresh(cert, RENEW_BEFORE) and key_path.exists():
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        if isinstance(key, ec.EllipticCurvePrivateKey) and key.public_key() == cert.public_key():
+            return cert, key, False
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Goodput"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, "Goodput development CA")])
+    now = _now()
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=CA_DAYS))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256()))
+    _write_private(key_path, _key_pem(key))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    log.info("created a development CA", extra={"path": str(cert_path)})
+    return cert, key, True
+
+
+def _leaf_ok(files: TlsFiles, ca: x509.Certificate, identity: str) -> bool:
+    cert = _load(files.cert)
+    if cert is None or not files.key.exists() or not _fresh(cert, RENEW_BEFORE) or not _signed_by(cert, ca):
+        return False
+    try:
+        key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
+    except (OSError, ValueError):
+        return False
+    return key.public_key() == cert.public_key() and identity_of(files.cert.read_bytes()) == identity
+
+
+def _issue(files: TlsFiles, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, identity: str) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(spiffe_id(identity))]
+    sans += [x509.DNSName(h) for h in DEV_HOSTS]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in DEV_IPS]
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Goodput"),
+                                     x509.NameAttribute(NameOID.COMMON_NAME, identity)]))
+            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=LEAF_DAYS))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            # Every service is both a server (its own API) and a client (its peers').
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    _write_private(files.key, _key_pem(key))
+    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def tls_files(folder: Path, identity: str) -> TlsFiles:
+    """Where :func:`ensure_dev_pki` keeps ``identity``'s files in ``folder``."""
+    return TlsFiles(cert=folder / f"{identity}.pem", key=folder / f"{identity}-key.pem", ca=folder / f"{CA_NAME}.pem")
+
+
+def ensure_dev_pki(folder: Path, identities: Iterable[str]) -> dict[str, TlsFiles]:
+    """A development CA in ``folder`` and a certificate per identity, reusing the files already there while they
+    are valid (not expiring within a week, signed by the CA, naming the identity, matching their key); a new CA
+    issues every certificate again. Keys are written 0600, the folder 0700."""
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    ca, ca_key, new_ca = _ensure_ca(folder)
+    out: dict[str, TlsFiles] = {}
+    for identity in identities:
+        files = tls_files(folder, identity)
+        if new_ca or not _leaf_ok(files, ca, identity):
+            _issue(files, ca, ca_key, identity)
+        out[identity] = files
+    return out
+
+
+# --- credentials from settings -------------------------------------------------------------------------------------
+
+def configured_files(settings: TlsSettings, *, prefix: str = "", warn: bool = True) -> TlsFiles | None:
+    """The settings' files, None when plaintext is asked for (with a warning, at every start); fails fast naming the
+    missing settings. ``prefix`` (for messages) defaults to the settings class's env prefix."""
+    prefix = prefix or str(getattr(type(settings), "model_config", {}).get("env_prefix", ""))
+    if settings.insecure_internal:
+        if warn:
+            log.warning("internal gRPC is PLAINTEXT (%sINSECURE_INTERNAL=true): peers are not authenticated and calls "
+                        "are not authorized by identity; never run it so in production", prefix)
+        return None
+    missing = [name for name, value in (("TLS_CERT_FILE", settings.tls_cert_file),
+                                        ("TLS_KEY_FILE", settings.tls_key_file),
+                                        ("TLS_CA_FILE", settings.tls_ca_file)) if not value]
+    if missing:
+        raise TlsConfigError(f"internal gRPC is mutual TLS: set {', '.join(prefix + m for m in missing)} "
+                         f"(or {prefix}INSECURE_INTERNAL=true for plaintext, never in production)")
+    return TlsFiles(Path(settings.tls_cert_file), Path(settings.tls_key_file), Path(settings.tls_ca_file))
+
+
+def server_credentials(settings: TlsSettings, *, prefix: str = "") -> grpc.ServerCredentials | None:
+    """TLS that requires a client certificate signed by the CA; None when ``insecure_internal`` is set."""
+    files = configured_files(settings, prefix=prefix)
+    if files is None:
+        return None
+    cert, key, ca = files.read()
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+
+
+def channel_credentials(settings: TlsSettings, *, prefix: str = "") -> grpc.ChannelCredentials | None:
+    """The service's own certificate for dialling its peers (verified against the CA); None when insecure."""
+    files = configured_files(settings, prefix=prefix)
+    if files is None:
+        return None
+    cert, key, ca = files.read()
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)

@@ -1,0 +1,249 @@
+"""Mutual TLS and authorization by identity, in process: the development CA, a real ServiceRunner serving mTLS, and
+the interceptor's decisions (allowed, wrong identity, no identity, tenant named by a peer not acting for tenants)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import stat
+
+import grpc
+import pytest
+from cryptography import x509
+from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
+
+from goodput_contracts.access import ACCESS, IDENTITIES, OPEN_SERVICES, TENANT_ACTORS, Rule
+from goodput_core.authz import AuthzInterceptor
+from goodput_core.clients import make_channel
+from goodput_core.server import ServiceRunner
+from goodput_core.settings import ServiceSettings, service_config
+from goodput_core.tls import TlsConfigError, TlsFiles, channel_credentials, ensure_dev_pki, identity_of, tls_files
+
+
+class Settings(ServiceSettings):
+    model_config = service_config("GOODPUT_TEST_")
+
+
+def _settings(files: TlsFiles | None) -> Settings:
+    if files is None:
+        return Settings(grpc_port=0, insecure_internal=True)
+    return Settings(grpc_port=0, insecure_internal=False, tls_cert_file=str(files.cert), tls_key_file=str(files.key),
+                    tls_ca_file=str(files.ca))
+
+
+# --- the development CA ------------------------------------------------------------------------------------------
+
+def test_dev_pki_names_each_identity_keeps_keys_private_and_is_reused(tmp_path):
+    files = ensure_dev_pki(tmp_path, ["scheduler", "jobsWorker"])
+
+    cert = x509.load_pem_x509_certificate(files["jobsWorker"].cert.read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.UniformResourceIdentifier) == ["spiffe://goodput/jobsWorker"]
+    assert sans.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert "127.0.0.1" in {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
+    assert identity_of(files["scheduler"].cert.read_bytes()) == "scheduler"
+    for path in (files["scheduler"].key, files["jobsWorker"].key, tmp_path / "ca-key.pem"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    ensure_dev_pki(tmp_path, ["scheduler", "jobsWorker"])
+
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_an_invalid_certificate_is_issued_again_and_a_new_ca_reissues_all(tmp_path):
+    files = ensure_dev_pki(tmp_path, ["cache", "retriever"])
+    cache_cert, retriever_cert = files["cache"].cert.read_bytes(), files["retriever"].cert.read_bytes()
+    # Someone else's certificate under the cache's name: it does not name the cache.
+    files["cache"].cert.write_bytes(retriever_cert)
+
+    ensure_dev_pki(tmp_path, ["cache", "retriever"])
+
+    assert identity_of(files["cache"].cert.read_bytes()) == "cache"
+    assert files["cache"].cert.read_bytes() != cache_cert
+    assert files["retriever"].cert.read_bytes() == retriever_cert
+
+    (tmp_path / "ca.pem").unlink()
+    ensure_dev_pki(tmp_path, ["cache", "retriever"])
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.pem").read_bytes())
+    leaf = x509.load_pem_x509_certificate(files["retriever"].cert.read_bytes())
+    leaf.verify_directly_issued_by(ca)
+    assert leaf.not_valid_after_utc > dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=30)
+
+
+def test_tls_is_on_unless_plaintext_is_asked_for(tmp_path):
+    with pytest.raises(TlsConfigError, match="GOODPUT_TEST_TLS_CERT_FILE.*GOODPUT_TEST_INSECURE_INTERNAL=true"):
+        channel_credentials(Settings(insecure_internal=False))
+    assert channel_credentials(Settings(insecure_internal=True)) is None
+    files = ensure_dev_pki(tmp_path, ["x"])["x"]
+    assert files == tls_files(tmp_path, "x")
+    assert channel_credentials(_settings(files)) is not None
+
+
+def test_the_common_switch_turns_plaintext_on(monkeypatch):
+    monkeypatch.setenv("GOODPUT_INSECURE_INTERNAL", "false")
+    assert Settings().insecure_internal is False
+    monkeypatch.setenv("GOODPUT_INSECURE_INTERNAL", "true")
+    assert Settings().insecure_internal is True
+    monkeypatch.setenv("GOODPUT_TEST_INSECURE_INTERNAL", "false")  # the service's own setting wins
+    assert Settings().insecure_internal is False
+
+
+def test_the_access_table_names_known_identities_and_believes_streamed_tenants_only_from_tenant_actors():
+    for service, rules in ACCESS.items():
+        for method, rule in rules.items():
+            assert method.startswith("/goodput."), method
+            assert rule.callers <= set(IDENTITIES), (service, method)
+            assert rule.tenant_from <= rule.callers, (service, method)
+    # A stream's tenant is not checked per message: every caller of Lease must be one that acts for tenants.
+    assert ACCESS["scheduler"]["/goodput.scheduler.v1.Scheduler/Lease"].callers <= TENANT_ACTORS
+
+
+# --- a real server under mTLS --------------------------------------------------------------------------------------
+
+class _Scheduler(scheduler_pb2_grpc.SchedulerServicer):
+    async def ListWorkers(self, request, context):  # noqa: N802
+        return scheduler_pb2.ListWorkersResponse()
+
+    async def RegisterWorker(self, request, context):  # noqa: N802
+        return scheduler_pb2.RegisterWorkerResponse()
+
+
+@pytest.fixture
+def pki(tmp_path):
+    files = ensure_dev_pki(tmp_path / "tls", ["scheduler", "gateway", "inference", "operator"])
+    other = ensure_dev_pki(tmp_path / "other-ca", ["gateway"])
+    return files, other
+
+
+@pytest.fixture
+async def scheduler(pki):
+    files, _ = pki
+    registry = CollectorRegistry()
+    runner = ServiceRunner(name="scheduler", settings=_settings(files["scheduler"]), registry=registry, provider=None)
+    runner.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, _Scheduler(), "goodput.scheduler.v1.Scheduler")
+    await runner.start()
+    yield f"127.0.0.1:{runner.grpc_port}", registry
+    await runner.server.stop(None)
+
+
+def _denied(registry: CollectorRegistry, method: str, peer: str, reason: str) -> float:
+    return registry.get_sample_value("goodput_authz_denied_total", {
+        "service": "scheduler", "method": method, "peer": peer, "reason": reason}) or 0.0
+
+
+def _dial(address: str, files: TlsFiles) -> aio.Channel:
+    return make_channel(address, None, credentials=channel_credentials(_settings(files)))
+
+
+async def test_an_allowed_peer_is_served_and_a_wrong_identity_is_refused_and_counted(scheduler, pki):
+    address, registry = scheduler
+    files, _ = pki
+    async with _dial(address, files["gateway"]) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        await stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)
+        with pytest.raises(grpc.RpcError) as err:
+            await stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(address="1.2.3.4:1"),
+                                      timeout=5)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "gateway may not call" in (err.value.details() or "")
+        # Health is open to any peer with a certificate from the CA.
+        reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    assert _denied(registry, "RegisterWorker", "gateway", "not_allowed") == 1
+
+    async with _dial(address, files["inference"]) as ch:
+        await scheduler_pb2_grpc.SchedulerStub(ch).RegisterWorker(scheduler_pb2.RegisterWorkerRequest(), timeout=5)
+
+
+async def test_no_certificate_or_another_ca_is_refused_at_the_handshake(scheduler, pki):
+    address, _ = scheduler
+    files, other = pki
+    async with aio.insecure_channel(address) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=3)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    ca = files["gateway"].ca.read_bytes()
+    async with aio.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca)) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=3)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    # A "gateway" certificate from another CA, trusting the server's CA: the server refuses the client.
+    cert, key, _ = other["gateway"].read()
+    creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    async with aio.secure_channel(address, creds) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            await scheduler_pb2_grpc.SchedulerStub(ch).ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=3)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+# --- the interceptor's decisions, with a table of its own ----------------------------------------------------------
+
+class _Ctx:
+    def __init__(self, auth: dict[str, list[bytes]]) -> None:
+        self._auth = auth
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self._auth
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = (code, details)
+        raise aio.AbortError()
+
+
+def _spiffe(identity: str) -> dict[str, list[bytes]]:
+    return {"peer_spiffe_id": [f"spiffe://goodput/{identity}".encode()]}
+
+
+async def _call(interceptor: AuthzInterceptor, method: str, request: object, ctx: _Ctx) -> str:
+    async def behaviour(request: object, context: object) -> str:
+        return "served"
+
+    async def continuation(details: object) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(behaviour)
+
+    class Details:
+        pass
+
+    details = Details()
+    details.method = method  # type: ignore[attr-defined]
+    handler = await interceptor.intercept_service(continuation, details)  # type: ignore[arg-type]
+    try:
+        return await handler.unary_unary(request, ctx)
+    except aio.AbortError:
+        assert ctx.aborted is not None
+        return ctx.aborted[0].name
+
+
+async def test_a_tenant_is_believed_only_from_a_peer_allowed_to_act_for_tenants():
+    from goodput.cache.v1 import cache_pb2
+
+    registry = CollectorRegistry()
+    method = "/goodput.cache.v1.Cache/Stats"
+    authz = AuthzInterceptor("cache", registry, table={method: Rule(frozenset({"gateway", "operator"}), "tenant")})
+    acme = cache_pb2.StatsRequest(tenant="acme")
+
+    assert await _call(authz, method, acme, _Ctx(_spiffe("gateway"))) == "served"
+    assert await _call(authz, method, cache_pb2.StatsRequest(), _Ctx(_spiffe("operator"))) == "served"
+    assert await _call(authz, method, acme, _Ctx(_spiffe("operator"))) == "PERMISSION_DENIED"
+    assert await _call(authz, method, acme, _Ctx(_spiffe("scheduler"))) == "PERMISSION_DENIED"
+    assert await _call(authz, method, acme, _Ctx({})) == "UNAUTHENTICATED"
+    assert await _call(authz, "/goodput.cache.v1.Cache/Lookup", acme, _Ctx(_spiffe("gateway"))) == "PERMISSION_DENIED"
+    assert await _call(authz, f"/{OPEN_SERVICES[0]}/Check", acme, _Ctx(_spiffe("scheduler"))) == "served"
+    # The common name counts when the certificate carries no spiffe URI.
+    assert await _call(authz, method, acme, _Ctx({"x509_common_name": [b"gateway"]})) == "served"
+
+    def count(peer: str, reason: str, m: str = "Stats") -> float:
+        return registry.get_sample_value("goodput_authz_denied_total", {
+            "service": "cache", "method": m, "peer": peer, "reason": reason}) or 0.0
+
+    assert count("operator", "tenant") == 1
+    assert count("scheduler", "not_allowed") == 1
+    assert count("none", "no_identity") == 1
+    assert count("gateway", "not_allowed", "Lookup") == 1
