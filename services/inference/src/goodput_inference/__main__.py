@@ -19,16 +19,18 @@ from goodput_inference.config import InferenceSettings
 from goodput_inference.devmodel import SERVED_NAME, ensure_dev_model
 from goodput_inference.engine import Engine
 from goodput_inference.servicer import InferenceServicer, WorkerMetrics
+from goodput_inference.tenancy import CacheSalts
 
 
 async def serve() -> None:
     rt = bootstrap("inference", InferenceSettings)
     s = rt.settings
     engine: Engine
+    salts = CacheSalts.from_settings(s)  # the prefix cache is salted per tenant (or sharing group)
     if s.engine == "sim":
         from goodput_inference.sim_engine import SimEngine
 
-        engine = SimEngine(s)
+        engine = SimEngine(s, salts=salts)
     else:
         from goodput_inference.vllm_engine import VllmEngine
 
@@ -37,7 +39,8 @@ async def serve() -> None:
         else:
             data_dir = Path(s.data_dir) if s.data_dir else None
             model_dir, default_name = await asyncio.to_thread(ensure_dev_model, data_dir), SERVED_NAME
-        engine = VllmEngine(s, model_dir=model_dir, served_model_name=s.served_model_name or default_name)
+        engine = VllmEngine(s, model_dir=model_dir, served_model_name=s.served_model_name or default_name,
+                            salts=salts)
     worker_id = s.worker_id or f"{socket.gethostname()}:{s.grpc_port}"
     servicer = InferenceServicer(engine, worker_id=worker_id, metrics=WorkerMetrics(rt.registry, engine))
     runner = ServiceRunner(name="inference", settings=s, registry=rt.registry, provider=rt.provider)

@@ -4,11 +4,14 @@ name, so the chart's values read like vLLM's own flags."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import NoDecode
 
 from goodput_core.settings import ServiceSettings, service_config
+
+from goodput_inference.tenancy import check_sharing_groups
 
 
 class InferenceSettings(ServiceSettings):
@@ -49,6 +52,26 @@ class InferenceSettings(ServiceSettings):
     kv_cache_space_gb: float = Field(1.0, gt=0, description="KV cache size on the CPU build (VLLM_CPU_KVCACHE_SPACE).")
     enforce_eager: bool = False
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request leaves it at 0.")
+    # --- prefix-cache isolation (goodput_inference.tenancy) ---
+    cache_salt_key: SecretStr = Field(SecretStr(""), description="Key of the per-tenant prefix-cache salt (HMAC); "
+                                      "empty = a random key per process. Set it, the same on every worker, when KV "
+                                      "blocks outlive the process or move between engines.")
+    cache_sharing_groups: Annotated[dict[str, list[str]], NoDecode] = Field(
+        default_factory=dict, description='Tenants that share one prefix cache, JSON {"group": ["tenant-a", '
+        '"tenant-b"]}; every other tenant has a cache of its own. The scheduler takes the same setting.')
+
+    @field_validator("cache_sharing_groups", mode="before")
+    @classmethod
+    def _parse_groups(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
+
+    @field_validator("cache_sharing_groups")
+    @classmethod
+    def _check_groups(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        check_sharing_groups(value)
+        return value
 
     @field_validator("speculative_config", "sim_config", mode="before")
     @classmethod

@@ -31,7 +31,7 @@ class GenRequest:
     sampling: Sampling = field(default_factory=Sampling)
     priority: int = 0  # 0 = unspecified, 1 = P0 (most urgent) ... 3 = P2
     model: str = ""
-    tenant: str = ""
+    tenant: str = ""  # whose prefix cache the prompt may reuse (goodput_inference.tenancy)
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,9 @@ class Load:
     aborted_total: int
     finished_total: int
     ready: bool
+    # Prefix cache, since start: prompt tokens looked up, and those found cached (a hit skips their prefill).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 class Engine(Protocol):

@@ -9,7 +9,7 @@ from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from grpc import aio
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -55,6 +55,7 @@ class WorkerMetrics:
         ):
             Gauge(name, doc, registry=registry).set_function(_load_reader(engine, attr))
         registry.register(_EngineInfo(engine))
+        registry.register(_PrefixCache(engine))
 
 
 class _EngineInfo(Collector):
@@ -74,6 +75,25 @@ class _EngineInfo(Collector):
             family = InfoMetricFamily("goodput_worker_engine", "What the engine computes with.")
             family.add_metric([], labels)
             yield family
+
+
+class _PrefixCache(Collector):
+    """``goodput_worker_prefix_cache_queries_total`` and ``..._hits_total``: prompt tokens the engine looked up in
+    its prefix cache since start, and those it found (reuse is per tenant: a hit is always the tenant's own prefix
+    or its sharing group's)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        load = self.engine.load()
+        yield CounterMetricFamily("goodput_worker_prefix_cache_queries", "Prompt tokens looked up in the prefix "
+                                  "cache.", value=load.prefix_cache_queries)
+        yield CounterMetricFamily("goodput_worker_prefix_cache_hits", "Prompt tokens found in the prefix cache "
+                                  "(their prefill was skipped).", value=load.prefix_cache_hits)
 
 
 def _load_reader(engine: Engine, attr: str) -> Callable[[], float]:

