@@ -61,6 +61,7 @@ from goodput_scheduler.placement.scorers import (
     PrefixAffinity,
     PrefixIndex,
     SessionAffinity,
+    SharingScopes,
 )
 
 __all__ = [
@@ -68,5 +69,5 @@ __all__ = [
     "GuardSignals", "HasCapacity", "Healthy", "LeastLoaded", "LeastPrefill", "MaxScore", "Observer", "Picker",
     "PlacementPipeline", "PlacementRequest", "PlacementSettings", "PluginHandle", "PluginSpec", "PrefillGate",
     "PrefixAffinity", "PrefixIndex", "Profile", "RandomPick", "RoundRobin", "ScoredWorker", "Scorer",
-    "ServesModel", "SessionAffinity", "StepParameters", "build_pipeline", "step_budget",
+    "ServesModel", "SessionAffinity", "SharingScopes", "StepParameters", "build_pipeline", "step_budget",
 ]

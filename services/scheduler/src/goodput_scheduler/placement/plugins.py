@@ -158,6 +158,7 @@ class PlacementSettings(Protocol):
     prefix_block_chars: int
     prefix_index_entries: int
     prefix_balance_slack: float
+    cache_sharing_groups: dict[str, list[str]]
     session_index_entries: int
     prefill_gate: bool
     low_prefill_budget_tokens: int

@@ -53,7 +53,14 @@ from goodput_scheduler.placement.plugins import (
     Scorer,
     StepKind,
 )
-from goodput_scheduler.placement.scorers import LeastLoaded, LeastPrefill, PrefixAffinity, PrefixIndex, SessionAffinity
+from goodput_scheduler.placement.scorers import (
+    LeastLoaded,
+    LeastPrefill,
+    PrefixAffinity,
+    PrefixIndex,
+    SessionAffinity,
+    SharingScopes,
+)
 from goodput_scheduler.queues import P1, P2
 
 __all__ = ["BUILTIN_PLUGINS", "DEFAULT_PROFILE", "Profile", "build_pipeline"]
@@ -74,7 +81,8 @@ def _prefill_gate(p: PrefillGate.Parameters, h: PluginHandle) -> PrefillGate:
 
 def _prefix_affinity(p: PrefixAffinity.Parameters, h: PluginHandle) -> PrefixAffinity:
     return PrefixAffinity(PrefixIndex(block_chars=p.block_chars, max_entries=p.index_entries),
-                          max_inflight=h.settings.max_inflight_per_worker, balance_slack=p.balance_slack)
+                          max_inflight=h.settings.max_inflight_per_worker, balance_slack=p.balance_slack,
+                          scopes=SharingScopes(p.sharing_groups))
 
 
 BUILTIN_PLUGINS: Mapping[str, PluginSpec] = {spec.name: spec for spec in (
@@ -92,7 +100,8 @@ BUILTIN_PLUGINS: Mapping[str, PluginSpec] = {spec.name: spec for spec in (
                defaults=lambda s: {"budget_tokens": s.low_prefill_budget_tokens}),
     PluginSpec("prefix_affinity", "scorer", PrefixAffinity.Parameters, build=_prefix_affinity,
                defaults=lambda s: {"block_chars": s.prefix_block_chars, "index_entries": s.prefix_index_entries,
-                                   "balance_slack": s.prefix_balance_slack}),
+                                   "balance_slack": s.prefix_balance_slack,
+                                   "sharing_groups": s.cache_sharing_groups}),
     PluginSpec("session_affinity", "scorer", SessionAffinity.Parameters,
                build=lambda p, h: SessionAffinity(max_entries=p.index_entries),
                defaults=lambda s: {"index_entries": s.session_index_entries}),

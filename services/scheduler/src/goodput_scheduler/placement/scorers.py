@@ -1,7 +1,13 @@
 """Scorers (higher is better; the profile weights each): ``least_loaded`` (leases held, engine queue, KV usage),
 ``least_prefill`` (prompt prefill pending on the worker), ``prefix_affinity`` (the worker that recently served the
-longest matching prompt prefix, from block hashes in a bounded LRU), ``session_affinity`` (the worker that served the
-conversation).
+longest matching prompt prefix of the same tenant, from block hashes in a bounded LRU), ``session_affinity`` (the
+worker that served the tenant's conversation).
+
+Affinity never crosses tenants. The workers salt their prefix caches per tenant, so another tenant's cached prompt
+would not be reused anyway, and steering a request to the worker that holds it would tell the sender, by where and
+how fast it was served, that someone sent that prompt. A prefix is therefore hashed under its tenant's *scope* (the
+tenant, or the cache sharing group it is in: the same ``cache_sharing_groups`` the workers are given), and a session
+is remembered per tenant.
 
 Example:
     >>> from goodput_scheduler.registry import Worker
@@ -21,7 +27,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pydantic import Field
 
@@ -29,7 +35,29 @@ from goodput_scheduler.placement.filters import step_budget
 from goodput_scheduler.placement.plugins import CycleState, StepParameters
 from goodput_scheduler.registry import Worker
 
-__all__ = ["LeastLoaded", "LeastPrefill", "PrefixAffinity", "PrefixIndex", "SessionAffinity"]
+__all__ = ["LeastLoaded", "LeastPrefill", "PrefixAffinity", "PrefixIndex", "SessionAffinity", "SharingScopes"]
+
+
+class SharingScopes:
+    """Who shares prefix affinity with a tenant: its cache sharing group (``{"group": ["tenant", ...]}``), else
+    the tenant alone. Group and tenant scopes never collide, whatever the names.
+
+    >>> scopes = SharingScopes({"partners": ["acme", "globex"]})
+    >>> scopes.of("acme"), scopes.of("globex"), scopes.of("initech"), scopes.of("partners")
+    ('group:partners', 'group:partners', 'tenant:initech', 'tenant:partners')
+    """
+
+    def __init__(self, groups: Mapping[str, Sequence[str]] | None = None) -> None:
+        self._group_of: dict[str, str] = {}
+        for group, tenants in (groups or {}).items():
+            for tenant in tenants:
+                if self._group_of.setdefault(tenant, group) != group:
+                    raise ValueError(f"tenant {tenant!r} is in two cache sharing groups "
+                                     f"({self._group_of[tenant]!r} and {group!r})")
+
+    def of(self, tenant: str) -> str:
+        group = self._group_of.get(tenant)
+        return f"group:{group}" if group is not None else f"tenant:{tenant}"
 
 
 class LeastLoaded:
@@ -72,14 +100,18 @@ class PrefixIndex:
     """Which workers recently served which prompt prefixes, with bounded memory.
 
     A prefix is cut into blocks of ``block_chars`` characters; block *i*'s hash covers blocks 0..i (a chain), so one
-    hash names a whole prefix. The index maps hash -> workers that saw it, as an LRU of at most ``max_entries``
-    hashes (no trie, no unbounded growth); the longest match for a worker is the last block of the chain it holds.
-    Each hash remembers its ``workers_per_entry`` most recent workers.
+    hash names a whole prefix. The chain starts from the ``scope`` (a tenant, or its sharing group): the same text
+    of two scopes gives unrelated hashes, so one scope's prompts never match another's. The index maps hash ->
+    workers that saw it, as an LRU of at most ``max_entries`` hashes (no trie, no unbounded growth); the longest
+    match for a worker is the last block of the chain it holds. Each hash remembers its ``workers_per_entry`` most
+    recent workers.
 
     >>> idx = PrefixIndex(block_chars=4, max_entries=8)
-    >>> idx.record(idx.hashes("abcdefgh"), "w1")
-    >>> idx.match(idx.hashes("abcdefXY"))
+    >>> idx.record(idx.hashes("abcdefgh", scope="tenant:acme"), "w1")
+    >>> idx.match(idx.hashes("abcdefXY", scope="tenant:acme"))
     {'w1': 1}
+    >>> idx.match(idx.hashes("abcdefgh", scope="tenant:globex"))
+    {}
     """
 
     def __init__(self, *, block_chars: int = 128, max_entries: int = 65536, workers_per_entry: int = 4) -> None:
@@ -92,9 +124,9 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._lru)
 
-    def hashes(self, text: str) -> list[bytes]:
+    def hashes(self, text: str, *, scope: str = "") -> list[bytes]:
         out: list[bytes] = []
-        prev = b""
+        prev = hashlib.blake2b(scope.encode("utf-8", "surrogatepass"), digest_size=8).digest() if scope else b""
         for i in range(0, len(text) - self.block_chars + 1, self.block_chars):
             prev = hashlib.blake2b(prev + text[i:i + self.block_chars].encode("utf-8", "surrogatepass"),
                                    digest_size=8).digest()
@@ -142,10 +174,11 @@ class _PrefixMatch:
 
 
 class PrefixAffinity:
-    """The fraction of the request's prefix blocks the worker recently served (0 to 1), among workers whose load is
-    within ``balance_slack`` (a share of the per-worker cap) of the least loaded candidate. A worker further ahead
-    scores 0, so a hot prefix cannot pile onto one worker while others idle (the cache-aware policy of SGLang's
-    router works the same way): affinity decides while load is balanced, load decides when it is not."""
+    """The fraction of the request's prefix blocks the worker recently served to the same tenant (or sharing
+    group) (0 to 1), among workers whose load is within ``balance_slack`` (a share of the per-worker cap) of the
+    least loaded candidate. A worker further ahead scores 0, so a hot prefix cannot pile onto one worker while others
+    idle (the cache-aware policy of SGLang's router works the same way): affinity decides while load is balanced,
+    load decides when it is not."""
 
     name = "prefix_affinity"
 
@@ -155,15 +188,21 @@ class PrefixAffinity:
         balance_slack: float = Field(0.1, ge=0, le=1, description="Counts only on workers holding at most this "
                                                                   "share of the cap more leases than the least "
                                                                   "loaded one.")
+        sharing_groups: dict[str, list[str]] = Field(
+            default_factory=dict, description="Tenants whose prefixes count for each other, {group: [tenant, ...]} "
+                                              "(the workers' cache sharing groups); every other tenant's only for "
+                                              "itself.")
 
-    def __init__(self, index: PrefixIndex, *, max_inflight: int = 64, balance_slack: float = 0.1) -> None:
+    def __init__(self, index: PrefixIndex, *, max_inflight: int = 64, balance_slack: float = 0.1,
+                 scopes: SharingScopes | None = None) -> None:
         self.index = index
         self.slack = max(balance_slack * max_inflight, 1.0)
+        self.scopes = scopes or SharingScopes()
 
     def _match(self, state: CycleState) -> _PrefixMatch:
         found = state.read(self.name, _PrefixMatch)
         if found is None:
-            hashes = self.index.hashes(state.request.prefix_hint)
+            hashes = self.index.hashes(state.request.prefix_hint, scope=self.scopes.of(state.request.tenant))
             found = _PrefixMatch(hashes, self.index.match(hashes))
             state.write(self.name, found)
         return found
@@ -185,7 +224,8 @@ class PrefixAffinity:
 
 class SessionAffinity:
     """1 for the worker that last served the request's session (its KV cache likely holds the conversation), else
-    0. Sessions are kept in a bounded LRU."""
+    0. Sessions are kept in a bounded LRU, per tenant: a session id is the client's choice, so another tenant's
+    request with the same id is another conversation."""
 
     name = "session_affinity"
 
@@ -194,16 +234,16 @@ class SessionAffinity:
 
     def __init__(self, *, max_entries: int = 65536) -> None:
         self.max_entries = max_entries
-        self._lru: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._lru: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
 
     def score(self, state: CycleState, workers: Sequence[Worker]) -> list[float]:
-        session = state.request.session_id
-        last = self._lru.get(session) if session else None
+        session = (state.request.tenant, state.request.session_id)
+        last = self._lru.get(session) if state.request.session_id else None
         return [1.0 if last is not None and last == w.worker_id else 0.0 for w in workers]
 
     def observe(self, state: CycleState, worker: Worker) -> None:
-        session = state.request.session_id
-        if session:
+        session = (state.request.tenant, state.request.session_id)
+        if state.request.session_id:
             self._lru[session] = worker.worker_id
             self._lru.move_to_end(session)
             while len(self._lru) > self.max_entries:
