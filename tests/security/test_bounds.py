@@ -218,3 +218,14 @@ def test_the_platform_still_serves_after_all_of_it(platform: Platform, http: htt
     assert resp.status_code == 200, resp.text
     assert resp.json()["choices"][0]["message"]["content"] is not None
     assert platform.exited() == {}
+
+
+def test_grpc_serves_through_the_guard(stub: gateway_pb2_grpc.GatewayStub) -> None:
+    request = gateway_pb2.GenerateRequest(messages=[types_pb2.ChatMessage(role="user", content="Say hi.")],
+                                          sampling=types_pb2.SamplingParams(max_tokens=4))
+    metadata = (("authorization", f"Bearer {KEY}"),)
+    answer = stub.Generate(request, metadata=metadata, timeout=30)
+    assert answer.usage.completion_tokens > 0
+    events = list(stub.GenerateStream(request, metadata=metadata, timeout=30))
+    assert events[0].HasField("start") and events[-1].HasField("end")
+    assert [m.id for m in stub.ListModels(gateway_pb2.ListModelsRequest(), metadata=metadata, timeout=30).models]
