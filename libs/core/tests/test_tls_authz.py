@@ -247,3 +247,23 @@ async def test_a_tenant_is_believed_only_from_a_peer_allowed_to_act_for_tenants(
     assert count("scheduler", "not_allowed") == 1
     assert count("none", "no_identity") == 1
     assert count("gateway", "not_allowed", "Lookup") == 1
+
+
+def test_every_internal_rpc_of_the_protos_has_a_rule_and_every_rule_an_rpc():
+    from goodput.cache.v1 import cache_pb2
+    from goodput.embedder.v1 import embedder_pb2
+    from goodput.inference.v1 import inference_pb2
+    from goodput.retriever.v1 import retriever_pb2
+
+    protos = {"scheduler": scheduler_pb2, "inference": inference_pb2, "embedder": embedder_pb2,
+              "retriever": retriever_pb2, "cache": cache_pb2}
+    for service, module in protos.items():
+        methods = {f"/{svc.full_name}/{m.name}" for svc in module.DESCRIPTOR.services_by_name.values()
+                   for m in svc.methods}
+        assert set(ACCESS[service]) == methods, service
+
+
+async def test_plaintext_is_logged_as_a_warning_at_start(caplog):
+    with caplog.at_level("WARNING", logger="goodput.tls"):
+        ServiceRunner(name="scheduler", settings=_settings(None), registry=CollectorRegistry(), provider=None)
+    assert "PLAINTEXT (GOODPUT_TEST_INSECURE_INTERNAL=true)" in caplog.text
