@@ -94,7 +94,8 @@ async def _vectoriser(args: argparse.Namespace) -> AsyncIterator[Any]:
     addr = args.embedder_addr
     if not addr:
         addr = f"127.0.0.1:{_free_port()}"
-        env = {**os.environ, "GOODPUT_EMBEDDER_GRPC_PORT": addr.rsplit(":", 1)[1],
+        # Plaintext, said explicitly: the benchmark's client dials the embedder without a certificate.
+        env = {**os.environ, "GOODPUT_INSECURE_INTERNAL": "true", "GOODPUT_EMBEDDER_GRPC_PORT": addr.rsplit(":", 1)[1],
                "GOODPUT_EMBEDDER_HTTP_PORT": str(_free_port()),
                "GOODPUT_EMBEDDER_INTRA_OP_THREADS": str(args.embed_threads)}
         proc = subprocess.Popen([sys.executable, "-m", "goodput_embedder"], env=env, stdout=subprocess.DEVNULL,

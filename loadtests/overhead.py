@@ -141,6 +141,9 @@ class Target:
     worker: str
     api_key: str
     priority: str = "P0"
+    # The worker's port is internal (mutual TLS): the direct path dials it with the gateway's certificate, as the
+    # gateway does; None = plaintext (a platform run with INSECURE_INTERNAL).
+    worker_credentials: grpc.ChannelCredentials | None = None
 
 
 def _messages(prompt: str) -> list[dict[str, str]]:
@@ -160,7 +163,9 @@ class Clients:
     def __init__(self, target: Target, *, max_streams: int) -> None:
         self.target = target
         options = [("grpc.max_receive_message_length", 16 << 20)]
-        self._worker_channel = aio.insecure_channel(target.worker, options=options)
+        self._worker_channel = (aio.secure_channel(target.worker, target.worker_credentials, options=options)
+                                if target.worker_credentials is not None
+                                else aio.insecure_channel(target.worker, options=options))
         self._gateway_channel = aio.insecure_channel(target.gateway_grpc, options=options)
         self.worker = inference_pb2_grpc.InferenceStub(self._worker_channel)
         self.gateway = gateway_pb2_grpc.GatewayStub(self._gateway_channel)
@@ -744,7 +749,8 @@ def main(argv: list[str] | None = None) -> int:
             platform = start_platform(workdir.resolve(), args.port_offset, console,
                                       cores=engine_cores(args.engine_cores), engine=args.engine)
             target = Target(gateway_url=platform.gateway_http, gateway_grpc=platform.gateway_grpc,
-                            worker=platform.worker_grpc(0), api_key=BENCH_KEY, priority=args.priority)
+                            worker=platform.worker_grpc(0), api_key=BENCH_KEY, priority=args.priority,
+                            worker_credentials=platform.credentials("gateway"))
             platform_desc = ("started by the benchmark: one worker, the scheduler and the gateway, each its own "
                              "process, default settings except the engine flags")
             cores = engine_cores(args.engine_cores)

@@ -208,7 +208,9 @@ class SimFleet:
     def _spawn(self, module: str, env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
         self.logdir.mkdir(parents=True, exist_ok=True)
         log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - the process owns it
-        full = {**os.environ, **env}
+        # Plaintext between the fleet's processes, said explicitly (they warn at start): the benchmark measures
+        # scheduling policies, and its client dials the scheduler and the workers directly without certificates.
+        full = {**os.environ, "GOODPUT_INSECURE_INTERNAL": "true", **env}
         return subprocess.Popen([sys.executable, "-m", module], env=full, stdout=log, stderr=subprocess.STDOUT)
 
     def start_workers(self) -> None:
