@@ -108,6 +108,13 @@ def test_a_symlink_inside_a_root_pointing_outside_is_refused(root: Path) -> None
     (root / "kb" / "leak.md").unlink()
     (root / "kb" / "alias.md").symlink_to(root / "kb" / "a.md")
     assert sorted(d.id for d in read_source(root / "kb", roots=[root])) == ["a.md", "alias.md"]
+    # a symlinked folder is not entered: one inside the root is left out, one leading outside is refused
+    (root / "kb" / "again").symlink_to(root / "kb", target_is_directory=True)
+    assert sorted(d.id for d in read_source(root / "kb", roots=[root])) == ["a.md", "alias.md"]
+    (root / "kb" / "out").symlink_to(root.parent, target_is_directory=True)
+    with pytest.raises(SourceDenied, match="out resolves to"):
+        list(read_source(root / "kb", roots=[root]))
+    (root / "kb" / "out").unlink()
     # and the root itself may be reached through a symlink
     (root.parent / "link-to-root").symlink_to(root, target_is_directory=True)
     assert [d.id for d in read_source(root.parent / "link-to-root" / "kb" / "a.md", roots=[root])] == ["a.md"]

@@ -232,14 +232,10 @@ def _is_jsonl(path: Path) -> bool:
 def _folder(folder: Path, real_folder: Path, guard: _Guard) -> Iterator[SourceDocument]:
     # Symlinked folders are not followed (no cycles, no second copy of a tree); symlinked files are, to their
     # resolved target, which must be inside the roots like everything else.
-    for entry in sorted(real_folder.rglob("*")):
+    for entry in sorted(_walk(real_folder)):
         rel = entry.relative_to(real_folder)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
         shown = folder / rel
         st = entry.lstat()
-        if stat.S_ISDIR(st.st_mode):
-            continue
         real = entry
         if stat.S_ISLNK(st.st_mode):
             real = guard.resolve(entry, shown=shown)
@@ -249,6 +245,17 @@ def _folder(folder: Path, real_folder: Path, guard: _Guard) -> Iterator[SourceDo
             yield from _jsonl(real, shown, guard)
         else:
             yield _file(real, shown, rel.as_posix(), guard)
+
+
+def _walk(folder: Path) -> Iterator[Path]:
+    """Every entry below ``folder`` but folders, hidden ones (and all under a hidden folder) left out, symlinked
+    folders not entered."""
+    for top, dirs, files in os.walk(folder, followlinks=False):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        base = Path(top)
+        yield from (base / f for f in files if not f.startswith("."))
+        # a symlink to a folder is listed among dirs by os.walk: hand it on, the caller resolves and checks it
+        yield from (base / d for d in dirs if (base / d).is_symlink())
 
 
 def check_source(path: Path, *, roots: Sequence[Path] | None = None, max_file_bytes: int | None = None) -> Path:
