@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import stat
+from pathlib import Path
 
 import grpc
 import pytest
@@ -173,6 +174,39 @@ async def test_no_certificate_or_another_ca_is_refused_at_the_handshake(schedule
     # A "gateway" certificate from another CA, trusting the server's CA: the server refuses the client.
     cert, key, _ = other["gateway"].read()
     creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    async with aio.secure_channel(address, creds) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            await scheduler_pb2_grpc.SchedulerStub(ch).ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=3)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def _expired_gateway_cert(folder: Path) -> tuple[bytes, bytes]:
+    """A "gateway" certificate signed by the platform's own CA, whose validity ended yesterday."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca = x509.load_pem_x509_certificate((folder / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((folder / "ca-key.pem").read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gateway")]))
+            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=30)).not_valid_after(now - dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier("spiffe://goodput/gateway")]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+async def test_an_expired_certificate_from_the_right_ca_is_refused(scheduler, pki):
+    address, _ = scheduler
+    files, _ = pki
+    cert, key = _expired_gateway_cert(files["gateway"].ca.parent)
+    creds = grpc.ssl_channel_credentials(root_certificates=files["gateway"].ca.read_bytes(), private_key=key,
+                                         certificate_chain=cert)
     async with aio.secure_channel(address, creds) as ch:
         with pytest.raises(grpc.RpcError) as err:
             await scheduler_pb2_grpc.SchedulerStub(ch).ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=3)
