@@ -9,17 +9,21 @@ generation asked by the scheduler). Each is refused, and a refusal by identity i
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
 
 import grpc
 import httpx
 import pytest
+from goodput.cache.v1 import cache_pb2, cache_pb2_grpc
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from goodput_core.tls import ensure_dev_pki
+from goodput_testing import delete_keys
 
+from goodput_cli.plan import HOST, http_port
 from goodput_cli.supervisor import Platform
 
 pytestmark = [pytest.mark.integration]
@@ -32,15 +36,20 @@ API_KEY = "test-key-mtls"
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     import hashlib
 
-    env = {"GOODPUT_INFERENCE_ENGINE": "sim", "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.5"}
+    # The response cache runs too (its own Redis keys, removed at the end): the gateway's lookups and stores go
+    # over mTLS, and it is where a tenant named by the wrong peer is refused.
+    cache_prefix = f"goodput:cache:mtls-{uuid.uuid4().hex[:8]}"
+    env = {"GOODPUT_INFERENCE_ENGINE": "sim", "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.5",
+           "GOODPUT_CACHE_KEY_PREFIX": cache_prefix}
     keys = [{"key_sha256": hashlib.sha256(API_KEY.encode()).hexdigest(), "tenant": "mtls", "max_priority": "P0"}]
     p = Platform(workdir=tmp_path_factory.mktemp("mtls"), workers=1, port_offset=PORT_OFFSET, env=env,
-                 api_keys=keys, knowledge=False, cache=False, jobs=False)
+                 api_keys=keys, knowledge=False, cache=True, jobs=False)
     p.start(timeout_s=300)
     try:
         yield p
     finally:
         p.stop()
+        delete_keys(p.redis_url, cache_prefix + ":")
 
 
 def _code(call) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
@@ -124,3 +133,19 @@ def test_another_services_certificate_may_not_generate_and_the_refusal_is_counte
         stub = inference_pb2_grpc.InferenceStub(ch)
         stub.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=5)
         assert _code(lambda: list(stub.Generate(request, timeout=10))) == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_tenant_named_by_a_peer_that_does_not_act_for_tenants_is_denied(platform: Platform) -> None:
+    metrics = f"http://{HOST}:{http_port('cache', platform.port_offset)}/metrics"
+    before = _denied(metrics, "cache", "Stats", "operator", "tenant")
+    with platform.internal_channel(platform.cache_grpc) as ch:  # the operator: totals yes, a tenant's numbers no
+        stub = cache_pb2_grpc.CacheStub(ch)
+        stub.Stats(cache_pb2.StatsRequest(), timeout=5)
+        assert _code(lambda: stub.Stats(cache_pb2.StatsRequest(tenant="mtls"),
+                                        timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    assert _denied(metrics, "cache", "Stats", "operator", "tenant") == before + 1
+    # A stolen retriever certificate cannot read another tenant's cached answers.
+    lookup = cache_pb2.LookupRequest(key=cache_pb2.CacheKeyParts(tenant="mtls", model="m", prompt="hello"))
+    with platform.internal_channel(platform.cache_grpc, identity="retriever") as ch:
+        assert _code(lambda: cache_pb2_grpc.CacheStub(ch).Lookup(lookup, timeout=5)) == \
+            grpc.StatusCode.PERMISSION_DENIED
