@@ -1,6 +1,9 @@
 """The gRPC server bootstrap every service uses: ``grpc.aio`` with tracing, metrics and error-mapping interceptors,
-the standard health service, reflection, an HTTP side port for `/metrics` and `/healthz`, and graceful drain on
-SIGTERM/SIGINT (health turns NOT_SERVING, in-flight RPCs get ``drain_grace_s`` to finish).
+the standard health service, reflection, an HTTP side port for `/metrics` and `/healthz` (or the service's own
+HTTP app, with `/metrics` on ``metrics_port`` when that is set), and graceful drain on SIGTERM/SIGINT: health and
+`/healthz` turn NOT_SERVING at once, new RPCs and HTTP requests are refused (UNAVAILABLE, 503), the gRPC calls and
+HTTP requests (streams included) in flight get ``drain_grace_s`` to finish, and only then do the ``on_stop`` hooks
+close what the service dials, so an answer in flight is never cut by its own upstream channel closing.
 
 Example::
 
@@ -12,9 +15,10 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -50,6 +54,81 @@ GRPC_SERVER_OPTIONS: list[tuple[str, Any]] = [
 
 Hook = Callable[[], Coroutine[Any, Any, None]]
 
+# After the drain, how long uvicorn may take to close connections that are left (idle keep-alives, a client
+# that does not read its last bytes) before their tasks are cancelled.
+HTTP_CLOSE_S = 5
+
+
+class DrainGate:
+    """ASGI middleware around a service's HTTP app: counts the requests in flight (a streamed response counts
+    until its last byte), and once :meth:`close` is called answers new requests 503 (``/healthz`` and
+    ``/metrics`` still pass, so probes see NOT_SERVING and the last scrape works) while those in flight finish.
+
+    Example::
+
+        gate = DrainGate(app)
+        ...
+        gate.close()
+        await gate.idle(timeout_s=30)   # True when every request in flight has finished
+    """
+
+    PASS = ("/healthz", "/metrics")
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.closed = False
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.closed and scope.get("path") not in self.PASS:
+            body = b'{"error":{"message":"the server is shutting down; retry on another replica",' \
+                   b'"type":"server_error","param":null,"code":"unavailable"}}'
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def idle(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), max(timeout_s, 0.0))
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+
+class _HttpServer(uvicorn.Server):
+    """uvicorn without its signal handlers: the runner owns SIGTERM/SIGINT and stops the HTTP servers after the
+    drain. (uvicorn's own handler would start its shutdown on the same signal, cutting streams in flight after its
+    graceful-shutdown timeout, whatever the drain grace.)"""
+
+    def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+        return None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
 
 class ServiceRunner:
     """Owns one service's gRPC server, health state, HTTP side port and shutdown sequence.
@@ -79,10 +158,12 @@ class ServiceRunner:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names: list[str] = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
         self._http_app = http_app
-        self._http_server: uvicorn.Server | None = None
-        self._http_task: asyncio.Task[None] | None = None
+        self._http_servers: list[uvicorn.Server] = []
+        self._http_tasks: list[asyncio.Task[None]] = []
+        self._gate: DrainGate | None = None
         self._ready = False
         self._stop = asyncio.Event()
+        self.on_start: list[Hook] = []  # once serving (background work such as store readings)
         self.on_drain: list[Hook] = []
         self.on_stop: list[Hook] = []
         self.grpc_port = 0
@@ -114,16 +195,37 @@ class ServiceRunner:
         # Health first: a loading worker must never answer SERVING, not even for the first check.
         await self.set_serving(serving)
         await self.server.start()
-        app = self._http_app or ops_app(self.registry, ready=lambda: self._ready)
-        if self.settings.http_port or self._http_app is not None:
-            config = uvicorn.Config(app, host=self.settings.grpc_host, port=self.settings.http_port,
-                                    log_config=None, access_log=False, lifespan="off", timeout_keep_alive=30)
-            self._http_server = uvicorn.Server(config)
-            # The runner owns SIGTERM/SIGINT (drain first); uvicorn must not install its own handlers.
-            setattr(self._http_server, "install_signal_handlers", lambda: None)  # noqa: B010
-            self._http_task = asyncio.create_task(self._http_server.serve())
+        ops = ops_app(self.registry, ready=lambda: self._ready)
+        metrics_port = self.settings.metrics_port
+        if self._http_app is not None:
+            self._gate = DrainGate(self._http_app)
+            self._serve_http(self._gate, self.settings.http_port)
+        elif self.settings.http_port:
+            self._serve_http(ops, self.settings.http_port)
+        if metrics_port and metrics_port != self.settings.http_port:
+            self._serve_http(ops, metrics_port)
+        await self._http_bound()
+        for hook in self.on_start:
+            await hook()
         log.info("serving", extra={"grpc": address, "http_port": self.settings.http_port,
+                                   "metrics_port": metrics_port or self.settings.http_port,
                                    "services": self._service_names})
+
+    async def _http_bound(self) -> None:
+        """Returns once every HTTP server listens (a port that cannot be bound fails the start)."""
+        while not all(server.started for server in self._http_servers):
+            for task in self._http_tasks:
+                if task.done():
+                    task.result()
+                    raise RuntimeError("an HTTP server stopped while starting (is its port free?)")
+            await asyncio.sleep(0.01)
+
+    def _serve_http(self, app: Any, port: int) -> None:
+        config = uvicorn.Config(app, host=self.settings.grpc_host, port=port, log_config=None, access_log=False,
+                                lifespan="off", timeout_keep_alive=30, timeout_graceful_shutdown=HTTP_CLOSE_S)
+        server = _HttpServer(config)
+        self._http_servers.append(server)
+        self._http_tasks.append(asyncio.create_task(server.serve()))
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -147,17 +249,28 @@ class ServiceRunner:
         await self.stop()
 
     async def stop(self) -> None:
+        """The drain, in order: NOT_SERVING and refuse new work; let the gRPC calls and HTTP requests in flight
+        finish within ``drain_grace_s`` (one deadline for both); stop the HTTP servers; then the ``on_stop``
+        hooks, which close the channels the service dials, last."""
         grace = self.settings.drain_grace_s
-        log.info("draining", extra={"grace_s": grace})
+        log.info("draining", extra={"grace_s": grace, "http_inflight": self._gate.inflight if self._gate else 0})
+        deadline = asyncio.get_running_loop().time() + grace
         self._ready = False
+        if self._gate is not None:
+            self._gate.close()
         await self.health.enter_graceful_shutdown()
         for hook in self.on_drain:
             await hook()
-        await self.server.stop(grace)
-        if self._http_server is not None:
-            self._http_server.should_exit = True
-            if self._http_task is not None:
-                await asyncio.wait([self._http_task], timeout=5)
+        remaining = max(deadline - asyncio.get_running_loop().time(), 0.0)
+        http_idle = self._gate.idle(remaining) if self._gate is not None else asyncio.sleep(0, True)
+        _, idle = await asyncio.gather(self.server.stop(remaining), http_idle)
+        if not idle:
+            log.warning("drain grace over with HTTP requests in flight",
+                        extra={"http_inflight": self._gate.inflight if self._gate else 0})
+        for server in self._http_servers:
+            server.should_exit = True
+        if self._http_tasks:
+            await asyncio.wait(self._http_tasks, timeout=HTTP_CLOSE_S + 1)
         for hook in self.on_stop:
             await hook()
         log.info("stopped")

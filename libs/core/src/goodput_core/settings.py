@@ -37,6 +37,8 @@ class ServiceSettings(BaseSettings):
     grpc_host: str = Field("127.0.0.1", description="Address the gRPC server binds (0.0.0.0 in a pod).")
     grpc_port: int = Field(0, ge=0, le=65535, description="gRPC port.")
     http_port: int = Field(0, ge=0, le=65535, description="Port of /metrics and /healthz (REST on the gateway).")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Port of /metrics and /healthz of its own (0 = on "
+                              "http_port); on the gateway it takes /metrics off the public REST port.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
     otel_exporter: Literal["none", "otlp", "console", "file"] = Field(

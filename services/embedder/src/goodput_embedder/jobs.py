@@ -29,7 +29,7 @@ from celery import Celery, signals
 from prometheus_client import CollectorRegistry, start_http_server
 
 from goodput_core.errors import GoodputError
-from goodput_core.metrics import SharedCounter
+from goodput_core.metrics import SharedCounter, StoreReadings
 from goodput_core.settings import load_settings
 
 from goodput_embedder.config import EmbedderSettings
@@ -140,8 +140,11 @@ def create_app(settings: EmbedderSettings) -> Celery:
     registry = CollectorRegistry()
     scrape_store = JobStore(redis.Redis.from_url(settings.redis_url, socket_timeout=2.0), prefix=settings.key_prefix,
                             ttl_s=settings.job_ttl_s)
+    # The metrics thread reads Redis when scraped, waiting half a second at most (then it serves the last values).
+    readings = StoreReadings("embedder_jobs", registry, scrape_wait_s=0.5)
     registry.register(SharedCounter("goodput_embedder_jobs", "Reindex jobs by outcome (from Redis, every worker "
-                                    "process).", "outcome", read=scrape_store.outcomes, known=("succeeded", "failed")))
+                                    "process).", "outcome", read=readings.add("outcomes", scrape_store.outcomes),
+                                    known=("succeeded", "failed")))
 
     @cache
     def context() -> tuple[Indexer, JobStore]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from goodput.cache.v1 import cache_pb2_grpc
 from goodput.gateway.v1 import gateway_pb2_grpc
@@ -89,8 +91,9 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     tracer = (provider.get_tracer("goodput.gateway") if provider is not None
               else TracerProvider().get_tracer("goodput.gateway"))
     holder: dict[str, ServiceRunner] = {}
+    # With a metrics port of its own, /metrics is not on the public REST port.
     app = create_app(wiring.service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready,
-                     jobs=jobs)
+                     jobs=jobs, serve_metrics=not settings.metrics_port)
     # Its gRPC port is the public API (API keys), not an internal one: the key is checked before a message is read,
     # the message's size before it is parsed (guard.py).
     guard = PublicApiGuard(wiring.service.keys, max_message_bytes=settings.max_grpc_message_bytes)
@@ -99,8 +102,19 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     holder["runner"] = runner
     runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(wiring.service),
                "goodput.gateway.v1.Gateway")
+    if jobs is not None and jobs.metrics.readings is not None:
+        # Jobs by state are read from Redis in the background: a scrape never waits on Redis (nor, with it, the
+        # streams this event loop serves).
+        runner.on_start.append(_started(jobs.metrics.readings.start))
+        runner.on_stop.append(jobs.metrics.readings.stop)
     runner.on_stop.append(wiring.close)
     return runner
+
+
+def _started(start: Callable[[], object]) -> Callable[[], Coroutine[Any, Any, None]]:
+    async def hook() -> None:
+        start()
+    return hook
 
 
 async def serve() -> None:

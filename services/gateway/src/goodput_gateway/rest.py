@@ -62,7 +62,8 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 
 def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: trace.Tracer,
-               ready: Callable[[], bool], jobs: JobQueue | None = None) -> FastAPI:
+               ready: Callable[[], bool], jobs: JobQueue | None = None, serve_metrics: bool = True) -> FastAPI:
+    """The REST app; ``serve_metrics=False`` leaves `/metrics` off it (served on the metrics port instead)."""
     app = FastAPI(title="Goodput gateway", version="v1", docs_url=None, redoc_url=None)
     app.add_middleware(HeaderLimit, max_bytes=service.settings.max_header_bytes)
     app.state.goodput_service = service  # for in-process tests and debugging
@@ -82,9 +83,10 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
         ok = ready()
         return JSONResponse({"status": "ok" if ok else "not ready"}, status_code=200 if ok else 503)
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return metrics_response(registry)
+    if serve_metrics:
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return metrics_response(registry)
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> JSONResponse:

@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from goodput_core.errors import DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from goodput_core.metrics import SharedCounter
+from goodput_core.metrics import SharedCounter, StoreReadings
 
 __all__ = ["ENDPOINTS", "JOB_HEADER", "JOB_ID_KEY", "OUTCOMES", "RETRYABLE", "ROUTES", "SHED_CODES", "STATES",
            "TERMINAL", "Job", "JobQueue", "JobsMetrics", "celery_send", "retry_delay"]
@@ -90,25 +90,35 @@ ROUTES = {v: k for k, v in ENDPOINTS.items()}
 
 
 class JobsMetrics:
-    def __init__(self, registry: CollectorRegistry | None, queue: JobQueue | None = None) -> None:
+    """Transitions counted in this process; jobs by state and attempts by outcome read from Redis off the scrape
+    path (``readings``: the gateway starts them on its event loop; a worker's metrics thread reads on a scrape,
+    waiting ``scrape_wait_s`` at most), so that a scrape never waits on Redis."""
+
+    def __init__(self, registry: CollectorRegistry | None, queue: JobQueue | None = None, *,
+                 scrape_wait_s: float = 0.0) -> None:
         self.transitions = Counter("goodput_gateway_deferred_job_transitions_total",
                                    "Deferred jobs entering a state (in this process).", ["state"], registry=registry)
+        self.readings: StoreReadings | None = None
         if registry is not None and queue is not None:
-            jobs = Gauge("goodput_gateway_deferred_jobs", "Deferred jobs by state (from Redis, all processes).",
-                         ["state"], registry=registry)
+            self.readings = StoreReadings("gateway_jobs", registry, scrape_wait_s=scrape_wait_s)
+            jobs = Gauge("goodput_gateway_deferred_jobs", "Deferred jobs by state (from Redis, all processes; "
+                         "NaN until first read).", ["state"], registry=registry)
             for state in STATES:
-                jobs.labels(state).set_function(_state_reader(queue, state))
+                jobs.labels(state).set_function(_last_count(self.readings.add(state, _counter(queue, state))))
+            attempts = self.readings.add("attempts", queue.attempts)
             registry.register(SharedCounter("goodput_gateway_deferred_job_attempts",
                                             "Attempts of deferred jobs by outcome (from Redis, all processes).",
-                                            "outcome", read=queue.attempts, known=OUTCOMES))
+                                            "outcome", read=attempts, known=OUTCOMES))
 
 
-def _state_reader(queue: JobQueue, state: str) -> Callable[[], float]:
+def _counter(queue: JobQueue, state: str) -> Callable[[], int]:
+    return lambda: queue.count(state)
+
+
+def _last_count(last: Callable[[], Any]) -> Callable[[], float]:
     def read() -> float:
-        try:
-            return float(queue.count(state))
-        except Exception:  # noqa: BLE001 - a scrape must not fail because Redis blinked
-            return float("nan")
+        value = last()
+        return float("nan") if value is None else float(value)
     return read
 
 

@@ -168,7 +168,8 @@ def serve_metrics(settings: Any, redis_client: Any) -> tuple[Any, Any] | None:
     from prometheus_client import start_http_server
 
     registry = CollectorRegistry()
-    JobsMetrics(registry, JobQueue(settings, redis_client, send=celery_send(settings)))
+    # Its own thread serves the scrape: it reads Redis then, but waits half a second at most (then the last values).
+    JobsMetrics(registry, JobQueue(settings, redis_client, send=celery_send(settings)), scrape_wait_s=0.5)
     server, thread = start_http_server(settings.jobs_worker_http_port, addr=settings.grpc_host, registry=registry)
     log.info("jobs worker metrics", extra={"addr": settings.grpc_host, "port": settings.jobs_worker_http_port})
     return server, thread
