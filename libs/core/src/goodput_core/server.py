@@ -142,7 +142,8 @@ class ServiceRunner:
 
     def __init__(self, *, name: str, settings: ServiceSettings, registry: CollectorRegistry,
                  provider: TracerProvider | None, interceptors: Sequence[aio.ServerInterceptor] = (),
-                 http_app: Any = None, public: bool = False) -> None:
+                 http_app: Any = None, public: bool = False, grpc_options: Sequence[tuple[str, Any]] = (),
+                 http_options: dict[str, Any] | None = None) -> None:
         self.name = name
         self.settings = settings
         self.registry = registry
@@ -152,8 +153,10 @@ class ServiceRunner:
         self.server = aio.server(
             interceptors=[server_interceptor(provider), GrpcServerMetrics(registry), ErrorInterceptor(), *authz,
                           *interceptors],
-            options=GRPC_SERVER_OPTIONS,
+            # A service's own options (e.g. a smaller receive limit on a public port) override the defaults.
+            options=[*(o for o in GRPC_SERVER_OPTIONS if o[0] not in dict(grpc_options)), *grpc_options],
         )
+        self._http_options = dict(http_options or {})
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names: list[str] = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
@@ -222,7 +225,8 @@ class ServiceRunner:
 
     def _serve_http(self, app: Any, port: int) -> None:
         config = uvicorn.Config(app, host=self.settings.grpc_host, port=port, log_config=None, access_log=False,
-                                lifespan="off", timeout_keep_alive=30, timeout_graceful_shutdown=HTTP_CLOSE_S)
+                                lifespan="off", timeout_keep_alive=30, timeout_graceful_shutdown=HTTP_CLOSE_S,
+                                **self._http_options)
         server = _HttpServer(config)
         self._http_servers.append(server)
         self._http_tasks.append(asyncio.create_task(server.serve()))

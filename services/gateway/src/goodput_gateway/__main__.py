@@ -97,8 +97,12 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     # Its gRPC port is the public API (API keys), not an internal one: the key is checked before a message is read,
     # the message's size before it is parsed (guard.py).
     guard = PublicApiGuard(wiring.service.keys, max_message_bytes=settings.max_grpc_message_bytes)
+    # gRPC refuses a message above the limit before receiving the rest of it; h11 (not httptools, which has no
+    # limit) stops reading a request head above MAX_HEADER_BYTES.
     runner = ServiceRunner(name="gateway", settings=settings, registry=registry, provider=provider, http_app=app,
-                           public=True, interceptors=[guard])
+                           public=True, interceptors=[guard],
+                           grpc_options=[("grpc.max_receive_message_length", settings.max_grpc_message_bytes)],
+                           http_options={"http": "h11", "h11_max_incomplete_event_size": settings.max_header_bytes})
     holder["runner"] = runner
     runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(wiring.service),
                "goodput.gateway.v1.Gateway")
