@@ -16,10 +16,11 @@ SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 INSTALL_HINT = "run: PYTHON=<this python> bash scripts/install-k8s-tools.sh"
 
 # Custom resources have no schema in kubernetes-validate; it warns and moves on. Only these may warn.
-CUSTOM_KINDS = ("ServiceMonitor", "PrometheusRule")
-ALLOWED_WARNING = re.compile(
-    r"^WARN .* Couldn't find schema for kind (%s) with api version monitoring\.coreos\.com/v1" % "|".join(CUSTOM_KINDS)
-)
+CUSTOM_KINDS = {"monitoring.coreos.com/v1": ("ServiceMonitor", "PrometheusRule"),
+                "cert-manager.io/v1": ("Certificate", "Issuer")}
+ALLOWED_WARNING = re.compile("|".join(
+    r"^WARN .* Couldn't find schema for kind (%s) with api version %s " % ("|".join(kinds), re.escape(api))
+    for api, kinds in CUSTOM_KINDS.items()))
 
 
 def test_scenarios_exist() -> None:

@@ -18,7 +18,10 @@ SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 ALL_SCENARIOS = [None, *SCENARIOS]
 SECRETISH = re.compile(r"KEY|PASSWORD|TOKEN|SECRET")
 # Contract settings (docs/services.md) whose names look secret but hold plain numbers or paths.
-NOT_SECRET = {"GOODPUT_INFERENCE_MAX_PROMPT_TOKENS", "GOODPUT_GATEWAY_API_KEYS_FILE"}
+NOT_SECRET = {"GOODPUT_INFERENCE_MAX_PROMPT_TOKENS", "GOODPUT_GATEWAY_API_KEYS_FILE",
+              # The path of the mounted TLS Secret's key, not the key.
+              *(f"{prefix}TLS_KEY_FILE" for prefix in ("GOODPUT_GATEWAY_", "GOODPUT_SCHEDULER_", "GOODPUT_INFERENCE_",
+                                                       "GOODPUT_EMBEDDER_", "GOODPUT_RETRIEVER_", "GOODPUT_CACHE_"))}
 
 
 def _containers(deploy: dict[str, Any]) -> list[dict[str, Any]]:
@@ -171,12 +174,73 @@ def test_every_container_has_probes(chart: Any, values: str | None) -> None:
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 assert probe in c, f"{component}/{c['name']} has no {probe}"
             ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-            if "grpc" in ports:
-                # Native gRPC probes against grpc.health.v1 on the gRPC port.
+            if "grpc" in ports and component == "gateway":
+                # Native gRPC probes against grpc.health.v1 on the (public, plaintext) gRPC port.
                 for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                     assert c[probe]["grpc"]["port"] == ports["grpc"], f"{component} {probe}"
             else:
-                assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", component
+                # The kubelet's gRPC probe has no client certificate: mutual-TLS servers are probed on /healthz.
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, f"{component} {probe}"
+
+
+def test_internal_tls_settings_mounts_and_certificates(chart: Any) -> None:
+    docs = chart.docs()
+    certificates = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Certificate"}
+    configs = by_kind(docs, "ConfigMap")
+    for component, deploy in by_kind(docs, "Deployment").items():
+        spec = deploy["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "tls"]
+        assert mount == {"name": "tls", "mountPath": "/etc/goodput/tls", "readOnly": True}, component
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "tls"]
+        secret = volume["secret"]["secretName"]
+        data = configs[component]["data"]
+        (prefix,) = {k.removesuffix("TLS_CERT_FILE") for k in data if k.endswith("TLS_CERT_FILE")}
+        assert (data[prefix + "TLS_CERT_FILE"], data[prefix + "TLS_KEY_FILE"], data[prefix + "TLS_CA_FILE"]) == (
+            "/etc/goodput/tls/tls.crt", "/etc/goodput/tls/tls.key", "/etc/goodput/tls/ca.crt"), component
+        assert prefix + "INSECURE_INTERNAL" not in data, component
+        (cert,) = [d for d in certificates.values() if d["spec"]["secretName"] == secret]
+        key = cert["spec"]["commonName"]
+        assert cert["spec"]["uris"] == [f"spiffe://goodput/{key}"], component
+        assert {"server auth", "client auth"} <= set(cert["spec"]["usages"]), component
+        assert cert["spec"]["issuerRef"]["name"] == "goodput-ca", component
+    # No issuer given: the release bootstraps its own CA.
+    assert certificates["goodput-ca"]["spec"]["isCA"] is True
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "Issuer"} == {"goodput-selfsigned", "goodput-ca"}
+
+
+def test_internal_tls_from_an_issuer_or_existing_secrets(chart: Any) -> None:
+    docs = chart.docs(sets=("tls.certManager.issuerRef.name=platform-ca",
+                            "tls.certManager.issuerRef.kind=ClusterIssuer",
+                            "tls.existingSecrets.scheduler=my-scheduler-tls"))
+    assert not [d for d in docs if d["kind"] == "Issuer"]
+    certificates = [d for d in docs if d["kind"] == "Certificate"]
+    assert all(d["spec"]["issuerRef"]["name"] == "platform-ca" for d in certificates)
+    assert all(d["spec"]["issuerRef"]["kind"] == "ClusterIssuer" for d in certificates)
+    assert "scheduler" not in {d["spec"]["commonName"] for d in certificates}  # the user's Secret instead
+    scheduler = by_kind(docs, "Deployment")["scheduler"]["spec"]["template"]["spec"]
+    (volume,) = [v for v in scheduler["volumes"] if v["name"] == "tls"]
+    assert volume["secret"]["secretName"] == "my-scheduler-tls"
+    # Without cert-manager, every rendered service needs its Secret (or the explicit insecure fallback).
+    proc = chart.run([chart.helm, "template", "goodput", str(chart.path), "--set", "tls.certManager.enabled=false"])
+    assert proc.returncode != 0 and "internal gRPC is mutual TLS" in proc.stderr
+
+
+def test_tls_insecure_is_explicit_plaintext_with_a_warning(chart: Any) -> None:
+    docs = chart.docs(sets=("tls.insecure=true",))
+    assert not [d for d in docs if d["kind"] in ("Certificate", "Issuer")]
+    for component, deploy in by_kind(docs, "Deployment").items():
+        spec = deploy["spec"]["template"]["spec"]
+        assert "tls" not in {v["name"] for v in spec["volumes"]}, component
+        data = by_kind(docs, "ConfigMap")[component]["data"]
+        assert [v for k, v in data.items() if k.endswith("INSECURE_INTERNAL")] == ["true"], component
+        (c,) = spec["containers"]
+        if any(p["name"] == "grpc" for p in c["ports"]):
+            assert "grpc" in c["readinessProbe"], component  # plaintext: native gRPC probes again
+    # helm renders NOTES.txt only on install (which needs a cluster): the warning is read from the template.
+    notes = (chart.path / "templates" / "NOTES.txt").read_text()
+    assert "{{- if .Values.tls.insecure }}\n\nWARNING: tls.insecure is true: internal gRPC is PLAINTEXT" in notes
 
 
 def test_ports_follow_the_contract(chart: Any) -> None:

@@ -213,6 +213,14 @@ the kubelet probes the pod IP. */}}
 {{- if $c.otel.endpoint }}
 {{- $_ := set $env "OTEL_EXPORTER_OTLP_ENDPOINT" $c.otel.endpoint }}
 {{- end }}
+{{- if $root.Values.tls.insecure }}
+{{- $_ := set $env (printf "%sINSECURE_INTERNAL" $p) "true" }}
+{{- else }}
+{{- $mount := $root.Values.tls.mountPath }}
+{{- $_ := set $env (printf "%sTLS_CERT_FILE" $p) (printf "%s/tls.crt" $mount) }}
+{{- $_ := set $env (printf "%sTLS_KEY_FILE" $p) (printf "%s/tls.key" $mount) }}
+{{- $_ := set $env (printf "%sTLS_CA_FILE" $p) (printf "%s/ca.crt" $mount) }}
+{{- end }}
 {{- $_ := set $env "OTEL_SERVICE_NAME" (printf "goodput-%s" $meta.component) }}
 {{- /* Writable locations: the root filesystem is read-only. */}}
 {{- $_ := set $env "HOME" "/tmp" }}
@@ -410,7 +418,8 @@ expansion, which envFrom does not do. ctx: root, svc
 
 {{/* A probe handler: native gRPC on the gRPC port (grpc.health.v1), HTTP /healthz where there is none. */}}
 {{- define "goodput.probe" -}}
-{{- if .meta.grpcPort -}}
+{{- /* The kubelet's gRPC probe speaks plaintext only: a mutual-TLS server is probed on /healthz. */}}
+{{- if and .meta.grpcPort .grpcProbe -}}
 grpc:
   port: {{ .meta.grpcPort }}
 {{- else -}}
@@ -434,8 +443,21 @@ httpGet:
 {{- end }}
 
 {{/* Sanity checks that the schema cannot express. ctx: root, svc */}}
+{{/* The Secret with a service's certificate (tls.crt, tls.key, ca.crt); empty when internal gRPC is plaintext.
+ctx: root, svc */}}
+{{- define "goodput.tlsSecret" -}}
+{{- $tls := .root.Values.tls }}
+{{- if not $tls.insecure }}
+{{- index $tls.existingSecrets .svc | default (printf "%s-tls" (include "goodput.componentName" .)) }}
+{{- end }}
+{{- end }}
+
 {{- define "goodput.validate" -}}
 {{- $v := index .root.Values .svc }}
+{{- $tls := .root.Values.tls }}
+{{- if not (or $tls.insecure $tls.certManager.enabled (index $tls.existingSecrets .svc)) }}
+{{- fail (printf "%s: internal gRPC is mutual TLS; set tls.certManager.enabled=true, tls.existingSecrets.%s, or tls.insecure=true (quick installs only)" .svc .svc) }}
+{{- end }}
 {{- if lt (int $v.terminationGracePeriodSeconds) (add $v.drainGraceSeconds $v.preStopSleepSeconds | int) }}
 {{- fail (printf "%s.terminationGracePeriodSeconds (%v) must cover preStopSleepSeconds + drainGraceSeconds (%v), or in-flight streams are killed" .svc $v.terminationGracePeriodSeconds (add $v.drainGraceSeconds $v.preStopSleepSeconds)) }}
 {{- end }}

@@ -22,6 +22,9 @@ data:
 {{- $meta := include "goodput.meta" . | fromYaml }}
 {{- $name := include "goodput.componentName" . }}
 {{- $g := $root.Values.global }}
+{{- $tlsSecret := include "goodput.tlsSecret" . }}
+{{- /* The gateway's gRPC port is public (plaintext, API keys); the others are mutual TLS unless tls.insecure. */}}
+{{- $grpcProbe := or (not $tlsSecret) (eq .svc "gateway") }}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -110,11 +113,11 @@ spec:
             {{- end }}
           {{- end }}
           startupProbe:
-            {{- include "goodput.probe" (dict "meta" $meta "timing" $v.probes.startup) | nindent 12 }}
+            {{- include "goodput.probe" (dict "meta" $meta "timing" $v.probes.startup "grpcProbe" $grpcProbe) | nindent 12 }}
           readinessProbe:
-            {{- include "goodput.probe" (dict "meta" $meta "timing" $v.probes.readiness) | nindent 12 }}
+            {{- include "goodput.probe" (dict "meta" $meta "timing" $v.probes.readiness "grpcProbe" $grpcProbe) | nindent 12 }}
           livenessProbe:
-            {{- include "goodput.probe" (dict "meta" $meta "timing" $v.probes.liveness) | nindent 12 }}
+            {{- include "goodput.probe" (dict "meta" $meta "timing" $v.probes.liveness "grpcProbe" $grpcProbe) | nindent 12 }}
           {{- if gt (int $v.preStopSleepSeconds) 0 }}
           lifecycle:
             preStop:
@@ -130,6 +133,11 @@ spec:
               mountPath: /tmp
             - name: cache
               mountPath: /cache
+            {{- if $tlsSecret }}
+            - name: tls
+              mountPath: {{ $root.Values.tls.mountPath }}
+              readOnly: true
+            {{- end }}
             {{- if eq .svc "inference" }}
             - name: dshm
               mountPath: /dev/shm
@@ -151,6 +159,14 @@ spec:
         - name: cache
           emptyDir:
             sizeLimit: {{ $root.Values.common.cacheSizeLimit }}
+        {{- if $tlsSecret }}
+        # The service's certificate and key and the CA its peers must chain to (tls.certManager or
+        # tls.existingSecrets); cert-manager renews it in place.
+        - name: tls
+          secret:
+            secretName: {{ $tlsSecret }}
+            defaultMode: 0440
+        {{- end }}
         {{- if eq .svc "inference" }}
         # Tensor-parallel ranks and NCCL exchange through shared memory; the runtime's default 64 MiB
         # /dev/shm makes multi-GPU workers crash or crawl.
