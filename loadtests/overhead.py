@@ -336,6 +336,7 @@ def engine_cores(spec: str) -> str | None:
 
 
 def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: str | None,
+                   insecure_internal: bool = False,
                    engine: str = "vllm") -> Any:
     """One worker, the scheduler and the gateway on ports shifted by ``port_offset``; returns the started handle.
     ``engine="sim"`` serves the simulated A100 engine through the same worker, which isolates the platform's own
@@ -349,7 +350,8 @@ def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: 
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
     # No response cache: the same greedy prompts repeat, and the benchmark measures the generation path.
     platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=env, cache=False,
-                        api_keys=[{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}])
+                        api_keys=[{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}],
+                        insecure_internal=insecure_internal)
     platform.dev_key = BENCH_KEY
     console.print(f"starting the platform (one worker, port offset {port_offset}); vLLM takes a minute or two")
     platform.start(console=console)
@@ -709,6 +711,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--engine-cores", default="auto", help="with --start: cores for the engine's threads "
                     "(VLLM_CPU_OMP_THREADS_BIND), 'auto' (all but one core) or 'all'")
     ap.add_argument("--port-offset", type=int, default=300, help="port offset of the --start platform")
+    ap.add_argument("--insecure-internal", action="store_true",
+                    help="with --start: plaintext internal gRPC (to measure what mutual TLS costs)")
     ap.add_argument("--render", type=Path, default=None, metavar="JSON",
                     help="only rewrite the Markdown and PNG of an existing JSON report (next to it); runs nothing")
     ap.add_argument("--smoke", action="store_true", help="quick check: 1 and 2 streams, 4 requests, 8 tokens; "
@@ -747,7 +751,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.start:
             workdir = args.out.parent / f"{args.out.name}-platform"
             platform = start_platform(workdir.resolve(), args.port_offset, console,
-                                      cores=engine_cores(args.engine_cores), engine=args.engine)
+                                      cores=engine_cores(args.engine_cores), engine=args.engine,
+                                      insecure_internal=args.insecure_internal)
             target = Target(gateway_url=platform.gateway_http, gateway_grpc=platform.gateway_grpc,
                             worker=platform.worker_grpc(0), api_key=BENCH_KEY, priority=args.priority,
                             worker_credentials=platform.credentials("gateway"))
@@ -756,7 +761,8 @@ def main(argv: list[str] | None = None) -> int:
             cores = engine_cores(args.engine_cores)
             engine_flags = ", ".join(f"{k.removeprefix('GOODPUT_INFERENCE_').lower()}={v}"
                                      for k, v in ENGINE_ENV.items()) + f", engine={args.engine}, engine cores=" \
-                + (cores or "all") + " (other settings at their defaults)"
+                + (cores or "all") + ", internal gRPC " + ("plaintext" if args.insecure_internal else "mutual TLS") \
+                + " (other settings at their defaults)"
         else:
             target = Target(gateway_url=args.gateway_url, gateway_grpc=args.gateway_grpc, worker=args.worker,
                             api_key=args.api_key, priority=args.priority)

@@ -42,7 +42,7 @@ def test_dev_pki_names_each_identity_keeps_keys_private_and_is_reused(tmp_path):
     cert = x509.load_pem_x509_certificate(files["jobsWorker"].cert.read_bytes())
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert sans.get_values_for_type(x509.UniformResourceIdentifier) == ["spiffe://goodput/jobsWorker"]
-    assert sans.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert sans.get_values_for_type(x509.DNSName) == ["localhost", "goodput.internal"]  # the last is what clients check
     assert "127.0.0.1" in {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
     assert identity_of(files["scheduler"].cert.read_bytes()) == "scheduler"
     for path in (files["scheduler"].key, files["jobsWorker"].key, tmp_path / "ca-key.pem"):

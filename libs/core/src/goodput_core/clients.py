@@ -18,6 +18,7 @@ from grpc import aio
 from opentelemetry.sdk.trace import TracerProvider
 
 from goodput_core.errors import from_rpc_error
+from goodput_core.tls import PLATFORM_NAME
 from goodput_core.tracing import client_interceptors
 
 __all__ = ["CHANNEL_OPTIONS", "EmbeddingClient", "Embeddings", "make_channel"]
@@ -42,7 +43,10 @@ def make_channel(address: str, provider: TracerProvider | None, *, traced: bool 
     :func:`goodput_core.tls.channel_credentials`), plaintext when they are None (``insecure_internal``)."""
     interceptors = client_interceptors(provider) if traced else []
     if credentials is not None:
-        return aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS, interceptors=interceptors)
+        # Peers are dialled by address (a worker by its pod IP): the server's certificate is checked for the
+        # platform's name instead (goodput_core.tls.PLATFORM_NAME), signed by the platform's CA.
+        options = [*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", PLATFORM_NAME)]
+        return aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
     return aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
 
 

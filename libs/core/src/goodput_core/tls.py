@@ -51,7 +51,12 @@ CA_NAME = "ca"
 CA_DAYS = 365
 LEAF_DAYS = 90
 RENEW_BEFORE = dt.timedelta(days=7)
-DEV_HOSTS = ("localhost",)
+# The DNS name every platform certificate carries and every internal client checks (gRPC's target name override):
+# peers are dialled by address (a worker by its pod IP, which no certificate can name), so the client verifies that
+# the server holds a certificate of this platform's CA under this name; which service it is, the server proves
+# no further (the server side authorizes the caller by its identity).
+PLATFORM_NAME = "goodput.internal"
+DEV_HOSTS = ("localhost", PLATFORM_NAME)
 DEV_IPS = ("127.0.0.1", "::1")
 
 
@@ -182,7 +187,12 @@ def _leaf_ok(files: TlsFiles, ca: x509.Certificate, identity: str) -> bool:
         key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
     except (OSError, ValueError):
         return False
-    return key.public_key() == cert.public_key() and identity_of(files.cert.read_bytes()) == identity
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    return (key.public_key() == cert.public_key() and identity_of(files.cert.read_bytes()) == identity
+            and PLATFORM_NAME in names.get_values_for_type(x509.DNSName))
 
 
 def _issue(files: TlsFiles, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, identity: str) -> None:
