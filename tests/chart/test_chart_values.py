@@ -492,3 +492,20 @@ def test_network_policies_expose_only_the_gateway(chart: Any, values: str | None
 def test_pdbs_for_every_service(chart: Any) -> None:
     docs = chart.docs()
     assert set(by_kind(docs, "PodDisruptionBudget")) == set(by_kind(docs, "Deployment"))
+
+
+
+def test_tenant_cache_sharing_reaches_workers_and_scheduler_and_the_salt_key_comes_from_a_secret(chart: Any) -> None:
+    """The workers salt prefix caches per tenant and the scheduler keys affinity the same way: both get the same
+    sharing groups; the salt's key is a Secret, never a plain value."""
+    docs = chart.docs(sets=("tenancy.cacheSharingGroups.support={acme-a,acme-b}",
+                            "tenancy.cacheSaltKey.existingSecret=salt"))
+    expected = {"support": ["acme-a", "acme-b"]}
+    assert json.loads(_config(docs, "inference")["GOODPUT_INFERENCE_CACHE_SHARING_GROUPS"]) == expected
+    assert json.loads(_config(docs, "scheduler")["GOODPUT_SCHEDULER_CACHE_SHARING_GROUPS"]) == expected
+    deploy = by_kind(docs, "Deployment")["inference"]
+    env = {e["name"]: e for e in deploy["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+    assert env["GOODPUT_INFERENCE_CACHE_SALT_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "salt",
+                                                                                    "key": "cache-salt-key"}
+    defaults = chart.docs()
+    assert "GOODPUT_INFERENCE_CACHE_SHARING_GROUPS" not in _config(defaults, "inference")  # every tenant alone

@@ -300,6 +300,8 @@ its settings (empty = the app's default queue). ctx: root, svc */}}
 {{ $p }}P0_TTFT_SLO_RATIO: {{ include "goodput.num" $v.config.p0TtftSloRatio | quote }}
 {{ $p }}P0_TTFT_TARGET_S: {{ include "goodput.num" $v.config.p0TtftTargetSeconds | quote }}
 {{ $p }}PROFILE: {{ $v.config.profile | quote }}
+{{- /* The same groups as the workers': a group's tenants share prefix affinity as they share cached prefixes. */}}
+{{ $p }}CACHE_SHARING_GROUPS: {{ ternary "" (toJson .root.Values.tenancy.cacheSharingGroups) (empty .root.Values.tenancy.cacheSharingGroups) | quote }}
 {{- end }}
 
 {{- define "goodput.config.inference" -}}
@@ -319,6 +321,7 @@ its settings (empty = the app's default queue). ctx: root, svc */}}
 {{ $p }}DTYPE: {{ $l.dtype | quote }}
 {{ $p }}KV_CACHE_DTYPE: {{ $l.kvCacheDtype | quote }}
 {{ $p }}MAX_PROMPT_TOKENS: {{ include "goodput.num" $l.maxPromptTokens | quote }}
+{{ $p }}CACHE_SHARING_GROUPS: {{ ternary "" (toJson .root.Values.tenancy.cacheSharingGroups) (empty .root.Values.tenancy.cacheSharingGroups) | quote }}
 {{- if $l.kvCacheSpaceGb }}
 {{ $p }}KV_CACHE_SPACE_GB: {{ include "goodput.num" $l.kvCacheSpaceGb | quote }}
 VLLM_CPU_KVCACHE_SPACE: {{ include "goodput.num" $l.kvCacheSpaceGb | quote }}
@@ -406,6 +409,13 @@ expansion, which envFrom does not do. ctx: root, svc
     secretKeyRef:
       name: {{ $ext.elasticsearch.existingSecret }}
       key: {{ $ext.elasticsearch.apiKeyKey }}
+{{- end }}
+{{- if and (eq .svc "inference") $root.Values.tenancy.cacheSaltKey.existingSecret }}
+- name: {{ $p }}CACHE_SALT_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $root.Values.tenancy.cacheSaltKey.existingSecret }}
+      key: {{ $root.Values.tenancy.cacheSaltKey.key }}
 {{- end }}
 {{- if and (eq .svc "gateway") $root.Values.apiKeys.existingSecret }}
 - name: {{ $p }}API_KEYS
