@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from goodput_contracts.sharing import SharingGroups, parse_sharing_groups
 
 
 def service_config(prefix: str) -> SettingsConfigDict:
@@ -73,3 +75,15 @@ def load_settings(cls: type[S]) -> S:
             lines.append(f"  {name}={e.get('input')!r}: {e['msg']}")
         print("\n".join(lines), file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _checked_groups(value: dict[str, list[str]]) -> dict[str, list[str]]:
+    SharingGroups(value)  # a tenant in two groups, or an unnamed group, is refused at start
+    return value
+
+
+# CACHE_SHARING_GROUPS of the inference workers and the scheduler, read the same way by both (a JSON object
+# {"group": ["tenant", ...]}, empty = every tenant alone): goodput_contracts.sharing.
+SharingGroupsSetting = Annotated[dict[str, list[str]], NoDecode, BeforeValidator(parse_sharing_groups),
+                                 AfterValidator(_checked_groups)]
+

@@ -4,14 +4,11 @@ name, so the chart's values read like vLLM's own flags."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import NoDecode
 
-from goodput_core.settings import ServiceSettings, service_config
-
-from goodput_inference.tenancy import check_sharing_groups
+from goodput_core.settings import ServiceSettings, SharingGroupsSetting, service_config
 
 
 class InferenceSettings(ServiceSettings):
@@ -56,22 +53,9 @@ class InferenceSettings(ServiceSettings):
     cache_salt_key: SecretStr = Field(SecretStr(""), description="Key of the per-tenant prefix-cache salt (HMAC); "
                                       "empty = a random key per process. Set it, the same on every worker, when KV "
                                       "blocks outlive the process or move between engines.")
-    cache_sharing_groups: Annotated[dict[str, list[str]], NoDecode] = Field(
+    cache_sharing_groups: SharingGroupsSetting = Field(
         default_factory=dict, description='Tenants that share one prefix cache, JSON {"group": ["tenant-a", '
         '"tenant-b"]}; every other tenant has a cache of its own. The scheduler takes the same setting.')
-
-    @field_validator("cache_sharing_groups", mode="before")
-    @classmethod
-    def _parse_groups(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return json.loads(value) if value.strip() else {}
-        return value
-
-    @field_validator("cache_sharing_groups")
-    @classmethod
-    def _check_groups(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
-        check_sharing_groups(value)
-        return value
 
     @field_validator("speculative_config", "sim_config", mode="before")
     @classmethod

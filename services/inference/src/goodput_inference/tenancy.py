@@ -31,6 +31,8 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from goodput_contracts.sharing import SharingGroups
+
 if TYPE_CHECKING:
     from goodput_inference.config import InferenceSettings
 
@@ -45,17 +47,7 @@ def check_sharing_groups(groups: Mapping[str, Sequence[str]]) -> dict[str, str]:
     ...
     ValueError: tenant 't1' is in two cache sharing groups ('a' and 'b')
     """
-    out: dict[str, str] = {}
-    for group, tenants in groups.items():
-        if not group:
-            raise ValueError("a cache sharing group needs a name")
-        if isinstance(tenants, str):
-            raise ValueError(f"cache sharing group {group!r}: a list of tenants, not a string")
-        for tenant in tenants:
-            if tenant in out and out[tenant] != group:
-                raise ValueError(f"tenant {tenant!r} is in two cache sharing groups ({out[tenant]!r} and {group!r})")
-            out[tenant] = group
-    return out
+    return SharingGroups(groups).group_of
 
 
 class CacheSalts:

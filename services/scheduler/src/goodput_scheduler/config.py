@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
-from goodput_core.settings import ServiceSettings, service_config
+from goodput_core.settings import ServiceSettings, SharingGroupsSetting, service_config
 
 
 class SchedulerSettings(ServiceSettings):
@@ -103,7 +102,7 @@ class SchedulerSettings(ServiceSettings):
                                         "least loaded one (higher: more cache hits, less even load).")
     prefix_index_entries: int = Field(65536, ge=16, description="Prefix affinity: block hashes remembered (LRU).")
     session_index_entries: int = Field(65536, ge=16, description="Session affinity: sessions remembered (LRU).")
-    cache_sharing_groups: Annotated[dict[str, list[str]], NoDecode] = Field(
+    cache_sharing_groups: SharingGroupsSetting = Field(
         default_factory=dict, description='Prefix affinity: tenants whose prompts count for each other, JSON '
         '{"group": ["tenant-a", "tenant-b"]} (the workers\' setting of the same name); affinity never crosses '
         "other tenants.")
@@ -113,21 +112,6 @@ class SchedulerSettings(ServiceSettings):
     kv_weight: float = Field(0.1, ge=0, description="Placement: weight of KV-cache usage in the load score (it is "
                              "polled, so stale between checks: a tie-break next to the live lease count).")
     queue_weight: float = Field(0.25, ge=0, description="Placement: weight of the engine's waiting queue (polled).")
-
-    @field_validator("cache_sharing_groups", mode="before")
-    @classmethod
-    def _parse_groups(cls, value: object) -> object:
-        if isinstance(value, str):
-            return json.loads(value) if value.strip() else {}
-        return value
-
-    @field_validator("cache_sharing_groups")
-    @classmethod
-    def _check_groups(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
-        from goodput_scheduler.placement.scorers import SharingScopes
-
-        SharingScopes(value)  # a tenant in two groups is refused at start
-        return value
 
     @field_validator("workers", mode="before")
     @classmethod

@@ -27,9 +27,11 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from pydantic import Field
+
+from goodput_contracts.sharing import SharingGroups
 
 from goodput_scheduler.placement.filters import step_budget
 from goodput_scheduler.placement.plugins import CycleState, StepParameters
@@ -38,7 +40,7 @@ from goodput_scheduler.registry import Worker
 __all__ = ["LeastLoaded", "LeastPrefill", "PrefixAffinity", "PrefixIndex", "SessionAffinity", "SharingScopes"]
 
 
-class SharingScopes:
+class SharingScopes(SharingGroups):
     """Who shares prefix affinity with a tenant: its cache sharing group (``{"group": ["tenant", ...]}``), else
     the tenant alone. Group and tenant scopes never collide, whatever the names.
 
@@ -47,17 +49,8 @@ class SharingScopes:
     ('group:partners', 'group:partners', 'tenant:initech', 'tenant:partners')
     """
 
-    def __init__(self, groups: Mapping[str, Sequence[str]] | None = None) -> None:
-        self._group_of: dict[str, str] = {}
-        for group, tenants in (groups or {}).items():
-            for tenant in tenants:
-                if self._group_of.setdefault(tenant, group) != group:
-                    raise ValueError(f"tenant {tenant!r} is in two cache sharing groups "
-                                     f"({self._group_of[tenant]!r} and {group!r})")
-
     def of(self, tenant: str) -> str:
-        group = self._group_of.get(tenant)
-        return f"group:{group}" if group is not None else f"tenant:{tenant}"
+        return self.scope(tenant)
 
 
 class LeastLoaded:
