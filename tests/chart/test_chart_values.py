@@ -509,3 +509,21 @@ def test_tenant_cache_sharing_reaches_workers_and_scheduler_and_the_salt_key_com
                                                                                     "key": "cache-salt-key"}
     defaults = chart.docs()
     assert "GOODPUT_INFERENCE_CACHE_SHARING_GROUPS" not in _config(defaults, "inference")  # every tenant alone
+
+
+def test_a_metrics_port_of_its_own_is_wired_through_env_pod_service_monitor_and_policy(chart: Any) -> None:
+    """gateway.service.metricsPort takes /metrics off the public REST port: the process is told (METRICS_PORT), the
+    pod and the Service name the port, Prometheus scrapes it and the NetworkPolicy lets only metricsFrom reach it."""
+    docs = chart.docs(sets=("gateway.service.metricsPort=9180",))
+    assert _config(docs, "gateway")["GOODPUT_GATEWAY_METRICS_PORT"] == "9180"
+    container = by_kind(docs, "Deployment")["gateway"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": 9180, "protocol": "TCP"} in container["ports"]
+    service_ports = {p["name"]: p["port"] for p in by_kind(docs, "Service")["gateway"]["spec"]["ports"]}
+    assert service_ports["metrics"] == 9180
+    assert by_kind(docs, "ServiceMonitor")["gateway"]["spec"]["endpoints"][0]["port"] == "metrics"
+    ingress = by_kind(docs, "NetworkPolicy")["gateway"]["spec"]["ingress"]
+    metrics_rules = [r for r in ingress if {"port": "metrics", "protocol": "TCP"} in r["ports"]]
+    assert len(metrics_rules) == 1 and metrics_rules[0].get("from"), "only networkPolicy.metricsFrom reaches it"
+    defaults = chart.docs()
+    assert "GOODPUT_GATEWAY_METRICS_PORT" not in _config(defaults, "gateway")
+    assert by_kind(defaults, "ServiceMonitor")["gateway"]["spec"]["endpoints"][0]["port"] == "http"

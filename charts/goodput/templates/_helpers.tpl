@@ -210,6 +210,9 @@ the kubelet probes the pod IP. */}}
 {{- $_ := set $env (printf "%sLOG_FORMAT" $p) $c.logFormat }}
 {{- $_ := set $env (printf "%sOTEL_EXPORTER" $p) $c.otel.exporter }}
 {{- $_ := set $env (printf "%sDRAIN_GRACE_S" $p) (include "goodput.num" $v.drainGraceSeconds) }}
+{{- with (include "goodput.metricsPort" .) }}
+{{- $_ := set $env (printf "%sMETRICS_PORT" $p) . }}
+{{- end }}
 {{- if $c.otel.endpoint }}
 {{- $_ := set $env "OTEL_EXPORTER_OTLP_ENDPOINT" $c.otel.endpoint }}
 {{- end }}
@@ -477,4 +480,12 @@ ctx: root, svc */}}
 {{- if and (eq .svc "inference") (eq $v.model.source "pvc") (not $v.model.pvc.claimName) }}
 {{- fail "inference.model.pvc.claimName is required when inference.model.source is pvc" }}
 {{- end }}
+{{- end }}
+
+{{/* The port /metrics is served on when it has one of its own (<svc>.service.metricsPort); empty = the HTTP port.
+ctx: root, svc */}}
+{{- define "goodput.metricsPort" -}}
+{{- $v := index .root.Values .svc }}
+{{- $port := dig "service" "metricsPort" 0 $v }}
+{{- if $port }}{{ $port }}{{ end }}
 {{- end }}

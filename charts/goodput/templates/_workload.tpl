@@ -99,6 +99,11 @@ spec:
             - name: http
               containerPort: {{ $meta.httpPort }}
               protocol: TCP
+            {{- with (include "goodput.metricsPort" .) }}
+            - name: metrics
+              containerPort: {{ . }}
+              protocol: TCP
+            {{- end }}
           envFrom:
             - configMapRef:
                 name: {{ $name }}
@@ -246,6 +251,13 @@ spec:
       targetPort: http
       protocol: TCP
       appProtocol: http
+    {{- with (include "goodput.metricsPort" .) }}
+    - name: metrics
+      port: {{ . }}
+      targetPort: metrics
+      protocol: TCP
+      appProtocol: http
+    {{- end }}
 {{- end }}
 
 {{- define "goodput.hpa" -}}
@@ -351,7 +363,7 @@ spec:
     matchLabels:
       {{- include "goodput.selectorLabels" . | nindent 6 }}
   endpoints:
-    - port: http
+    - port: {{ ternary "metrics" "http" (ne (include "goodput.metricsPort" .) "") }}
       path: /metrics
       interval: {{ $sm.interval }}
       scrapeTimeout: {{ $sm.scrapeTimeout }}
@@ -402,9 +414,10 @@ spec:
               {{- include "goodput.selectorLabels" (dict "root" $root "svc" .) | nindent 14 }}
         {{- end }}
     {{- end }}
-    {{- if ne .svc "gateway" }}
+    {{- $metricsPort := include "goodput.metricsPort" . }}
+    {{- if or (ne .svc "gateway") $metricsPort }}
     - ports:
-        - port: http
+        - port: {{ ternary "metrics" "http" (ne $metricsPort "") }}
           protocol: TCP
       {{- with $np.metricsFrom }}
       from:
