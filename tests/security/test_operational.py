@@ -14,8 +14,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
+from goodput.common.v1 import types_pb2
+from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 from goodput_testing import wait_until
 
@@ -51,7 +54,7 @@ def _body() -> dict[str, object]:
             "max_tokens": MAX_TOKENS, "temperature": 0}
 
 
-def test_sigterm_lets_a_rest_stream_finish_and_refuses_new_requests(platform: Platform) -> None:
+def test_sigterm_lets_rest_and_grpc_streams_finish_and_refuses_new_requests(platform: Platform) -> None:
     headers = {"Authorization": f"Bearer {API_KEY}"}
     lines: list[str] = []
     errors: list[BaseException] = []
@@ -70,9 +73,29 @@ def test_sigterm_lets_a_rest_stream_finish_and_refuses_new_requests(platform: Pl
             errors.append(err)
             first_chunk.set()
 
+    grpc_events: list[str] = []
+    grpc_first = threading.Event()
+
+    def grpc_stream() -> None:
+        request = gateway_pb2.GenerateRequest(
+            messages=[types_pb2.ChatMessage(role="user", content="Tell me a long story.")],
+            sampling=types_pb2.SamplingParams(max_tokens=MAX_TOKENS, temperature=0))
+        try:
+            with grpc.insecure_channel(platform.gateway_grpc) as ch:
+                for event in gateway_pb2_grpc.GatewayStub(ch).GenerateStream(
+                        request, metadata=(("authorization", f"Bearer {API_KEY}"),), timeout=60):
+                    grpc_events.append(event.WhichOneof("kind") or "")
+                    grpc_first.set()
+        except BaseException as err:  # noqa: BLE001 - reported by the test below
+            errors.append(err)
+            grpc_first.set()
+
     reader = threading.Thread(target=stream, daemon=True)
     reader.start()
+    grpc_reader = threading.Thread(target=grpc_stream, daemon=True)
+    grpc_reader.start()
     assert first_chunk.wait(30), "the stream did not start"
+    assert grpc_first.wait(30), "the gRPC stream did not start"
     time.sleep(1.0)  # well inside the answer: tokens are still coming
     gateway = platform.pid("gateway")
     assert gateway is not None
@@ -91,8 +114,10 @@ def test_sigterm_lets_a_rest_stream_finish_and_refuses_new_requests(platform: Pl
         assert refused.headers["Retry-After"]
 
     reader.join(timeout=60)
-    assert not reader.is_alive() and not errors, errors
+    grpc_reader.join(timeout=60)
+    assert not reader.is_alive() and not grpc_reader.is_alive() and not errors, errors
     assert lines[-1] == "data: [DONE]", lines[-3:]
+    assert grpc_events[-1] == "end" and grpc_events.count("delta") > 1, grpc_events[-3:]  # gRPC finished too
     assert time.monotonic() - signalled > 5.0  # the stream outlived the old 5 s cut, within the 30 s grace
     proc_exited = wait_until(lambda: "gateway" in platform.exited() and platform.exited()["gateway"] == 0 or None,
                              timeout=30, message="the gateway did not exit cleanly after the drain")
