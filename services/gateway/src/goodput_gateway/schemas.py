@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import json
+from abc import abstractmethod
 from typing import Any, ClassVar, TypeVar
 
 from goodput.common.v1 import types_pb2
@@ -167,8 +168,9 @@ class _Generation(Body):
             raise PydanticCustomError("invalid_type", "must be a string or an array of strings")
         return value
 
+    @abstractmethod
     def to_request(self, *, header_priority: str | None = None, header_kb: str | None = None) -> GenerationRequest:
-        raise NotImplementedError
+        """The domain request (chat and completions each say how); headers fill what the body leaves unset."""
 
     def _common(self, *, header_priority: str | None, header_kb: str | None, max_tokens: int | None) -> dict[str, Any]:
         priority_value = self.priority if self.priority is not None else header_priority
