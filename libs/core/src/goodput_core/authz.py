@@ -23,6 +23,7 @@ from grpc import aio
 from prometheus_client import CollectorRegistry, Counter
 
 from goodput_contracts.access import ACCESS, OPEN_SERVICES, Rule
+from goodput_core.handlers import rewrap
 from goodput_core.tls import SPIFFE_PREFIX
 
 __all__ = ["AuthzInterceptor", "peer_identity", "tenant_of"]
@@ -84,14 +85,22 @@ class AuthzInterceptor(aio.ServerInterceptor):
         service = method.lstrip("/").split("/", 1)[0]
         rule = None if service in OPEN_SERVICES else self.table.get(method)
         check_tenant = rule is not None and bool(rule.tenant_field) and not handler.request_streaming
-        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
-            fn = getattr(handler, kind)
-            if fn:
-                wrapped = self._wrap(fn, method, rule, open_=service in OPEN_SERVICES, check_tenant=check_tenant,
-                                     streaming=handler.response_streaming)
-                return getattr(grpc, f"{kind}_rpc_method_handler")(wrapped, handler.request_deserializer,
-                                                                    handler.response_serializer)
-        return handler
+        open_ = service in OPEN_SERVICES
+
+        def unary(fn: Callable[..., Any]) -> Callable[..., Any]:
+            async def call(request: Any, context: aio.ServicerContext) -> Any:
+                await self._refusal(request, context, method, rule, open_=open_, check_tenant=check_tenant)
+                return await fn(request, context)
+            return call
+
+        def stream(fn: Callable[..., Any]) -> Callable[..., Any]:
+            async def call(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+                await self._refusal(request, context, method, rule, open_=open_, check_tenant=check_tenant)
+                async for item in fn(request, context):
+                    yield item
+            return call
+
+        return rewrap(handler, unary=unary, stream=stream)
 
     async def _refusal(self, request: Any, context: aio.ServicerContext, method: str, rule: Rule | None, *,
                        open_: bool, check_tenant: bool) -> None:
@@ -117,17 +126,3 @@ class AuthzInterceptor(aio.ServerInterceptor):
         log.warning("call refused", extra={"method": method, "peer": peer or None, "reason": reason,
                                            "address": context.peer()})
         await context.abort(code, message)
-
-    def _wrap(self, fn: Callable[..., Any], method: str, rule: Rule | None, *, open_: bool, check_tenant: bool,
-              streaming: bool) -> Callable[..., Any]:
-        if streaming:
-            async def stream(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
-                await self._refusal(request, context, method, rule, open_=open_, check_tenant=check_tenant)
-                async for item in fn(request, context):
-                    yield item
-            return stream
-
-        async def unary(request: Any, context: aio.ServicerContext) -> Any:
-            await self._refusal(request, context, method, rule, open_=open_, check_tenant=check_tenant)
-            return await fn(request, context)
-        return unary
