@@ -40,11 +40,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     env = {"GOODPUT_INFERENCE_ENGINE": "sim", "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.5"}
     p = Platform(workdir=tmp_path_factory.mktemp("bounds"), workers=1, port_offset=PORT_OFFSET, env=env,
                  api_keys=keys, knowledge=False, cache=False, jobs=False)
-    p.start(timeout_s=300)
-    try:
+    with p:  # started here, stopped after the module's tests
         yield p
-    finally:
-        p.stop()
 
 
 @pytest.fixture(scope="module")

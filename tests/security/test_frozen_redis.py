@@ -41,11 +41,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory, server: RedisServer) -> I
     keys = [{"key_sha256": hashlib.sha256(API_KEY.encode()).hexdigest(), "tenant": "ops", "max_priority": "P0"}]
     p = Platform(workdir=tmp_path_factory.mktemp("frozen-redis"), workers=1, port_offset=PORT_OFFSET, env=env,
                  api_keys=keys, knowledge=False, cache=False, jobs=True)
-    p.start(timeout_s=300)
-    try:
+    with p:  # started here, stopped after the module's tests
         yield p
-    finally:
-        p.stop()
 
 
 def test_a_frozen_redis_stalls_neither_a_scrape_nor_a_stream(platform: Platform, server: RedisServer) -> None:

@@ -36,11 +36,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory, root: Path) -> Iterator[P
     env = {"GOODPUT_INFERENCE_ENGINE": "sim", "GOODPUT_EMBEDDER_SOURCE_ROOTS": str(root)}
     p = Platform(workdir=tmp_path_factory.mktemp("indexing"), workers=1, port_offset=PORT_OFFSET, env=env,
                  knowledge=True, cache=False, jobs=False)
-    p.start(timeout_s=300)
-    try:
+    with p:  # started here, stopped after the module's tests
         yield p
-    finally:
-        p.stop()
 
 
 def reindex(platform: Platform, source: str) -> embedder_pb2.ReindexResponse:

@@ -43,11 +43,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
             for t in TENANTS]
     p = Platform(workdir=tmp_path_factory.mktemp("isolation"), workers=1, port_offset=PORT_OFFSET, env=env,
                  api_keys=keys, knowledge=False, cache=False, jobs=False)
-    p.start(timeout_s=900)
-    try:
+    with p:  # started here, stopped after the module's tests
         yield p
-    finally:
-        p.stop()
 
 
 @dataclass(frozen=True)

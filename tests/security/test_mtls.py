@@ -44,11 +44,10 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     keys = [{"key_sha256": hashlib.sha256(API_KEY.encode()).hexdigest(), "tenant": "mtls", "max_priority": "P0"}]
     p = Platform(workdir=tmp_path_factory.mktemp("mtls"), workers=1, port_offset=PORT_OFFSET, env=env,
                  api_keys=keys, knowledge=False, cache=True, jobs=False)
-    p.start(timeout_s=300)
     try:
-        yield p
+        with p:  # started here, stopped after the module's tests
+            yield p
     finally:
-        p.stop()
         delete_keys(p.redis_url, cache_prefix + ":")
 
 

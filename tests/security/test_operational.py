@@ -42,11 +42,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     keys = [{"key_sha256": hashlib.sha256(API_KEY.encode()).hexdigest(), "tenant": "ops", "max_priority": "P0"}]
     p = Platform(workdir=tmp_path_factory.mktemp("operational"), workers=1, port_offset=PORT_OFFSET, env=env,
                  api_keys=keys, knowledge=False, cache=False, jobs=False)
-    p.start(timeout_s=300)
-    try:
+    with p:  # started here, stopped after the module's tests
         yield p
-    finally:
-        p.stop()
 
 
 def _body() -> dict[str, object]:
