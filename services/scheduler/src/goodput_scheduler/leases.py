@@ -1,7 +1,9 @@
 """Admission, dispatch and release of requests: the scheduler's domain logic, free of gRPC.
 
 * Every request joins the queue of its class (P0, P1, P2), each with its own depth and longest wait
-  (:mod:`~goodput_scheduler.queues`).
+  (:mod:`~goodput_scheduler.queues`). A bounded depth is shared out between the tenants waiting, by weight: when the
+  queue is full, a tenant at its share is refused, and a tenant under it takes the place of the newest request of
+  the tenant most over its own share (that request fails with ResourceExhausted and a retry-after).
 * A dispatcher grants the head of the most urgent non-empty class to the best worker with room (late binding:
   nothing is bound to a worker before one has room; :mod:`~goodput_scheduler.placement` decides which). Inside a
   class, tenants take turns and each tenant's requests go earliest deadline first.
@@ -79,6 +81,7 @@ class LeaseManager:
         m = self.metrics
         for prio in CLASSES:
             m.queue_depth.labels(priority_name(prio)).set_function(self._depth_reader(prio))
+            m.queue_tenants.labels(priority_name(prio)).set_function(self._tenants_reader(prio))
             m.shedding.labels(priority_name(prio)).set_function(self._shedding_reader(prio))
         m.saturation.set_function(lambda: self.overload.saturation)
         m.drain_rate.set_function(lambda: self.drain.rate(self.clock.now()))
@@ -88,6 +91,9 @@ class LeaseManager:
 
     def _depth_reader(self, prio: int) -> Callable[[], float]:
         return lambda: float(self.queued(prio))
+
+    def _tenants_reader(self, prio: int) -> Callable[[], float]:
+        return lambda: float(self.queues.tenants(prio))
 
     def _shedding_reader(self, prio: int) -> Callable[[], float]:
         return lambda: float(self.overload.shedding.get(prio, False))
@@ -153,10 +159,7 @@ class LeaseManager:
                 code="overloaded", retry_after_s=self.retry_after_s(prio))
         queue = self.queues.of(prio)
         if max_queue and len(queue) >= max_queue:
-            self.metrics.shed.labels(label, "queue_full").inc()
-            raise ResourceExhausted(f"the {label if not self.fifo else 'scheduler'} queue is full "
-                                    f"({len(queue)} waiting)", code="queue_full",
-                                    retry_after_s=self.retry_after_s(prio))
+            self._make_room(queue, req, prio, max_queue)
         effective = deadline
         if timeout_s > 0:
             effective = min(deadline, now + timeout_s) if deadline is not None else now + timeout_s
@@ -167,6 +170,26 @@ class LeaseManager:
         if not ticket.done:
             self._ensure_ticker()
         return ticket
+
+    def _make_room(self, queue: ClassQueue, req: PlacementRequest, prio: int, max_queue: int) -> None:
+        """The class queue is full: refuse the request, or (its tenant under its share) push out the newest request
+        of the tenant most over its own. Either way the tenant named is the one whose share is full."""
+        label = priority_name(prio)
+        full = queue.when_full(req, max_queue)
+        if full is None:  # no shares to weigh: one tenant alone, or the fifo policy
+            self.metrics.shed.labels(label, "queue_full").inc()
+            raise ResourceExhausted(f"the {label if not self.fifo else 'scheduler'} queue is full "
+                                    f"({len(queue)} waiting)", code="queue_full",
+                                    retry_after_s=self.retry_after_s(prio))
+        if full.gives_way is None:
+            self.metrics.shed.labels(label, "tenant_share").inc()
+            raise ResourceExhausted(f"tenant {full.tenant}'s share of the {label} queue is full ({full.held} of "
+                                    f"{max_queue} places)", code="queue_full", retry_after_s=self.retry_after_s(prio))
+        queue.remove(full.gives_way)
+        self._fail(full.gives_way, "tenant_share", ResourceExhausted(
+            f"tenant {full.tenant} holds more than its share of the {label} queue ({full.held} of {max_queue} "
+            f"places; its share is {full.share:.3g}): its newest waiting request gave its place to another "
+            "tenant's", code="queue_full", retry_after_s=self.retry_after_s(full.gives_way.priority)))
 
     async def wait(self, ticket: Ticket) -> Lease:
         """Waits for the grant. Raises DeadlineExceeded or Unavailable when the request is dropped; on

@@ -19,13 +19,16 @@ class SchedulerMetrics:
         self.registry = registry
         self.queue_depth = Gauge("goodput_scheduler_queue_depth", "Requests waiting for a worker.", ["priority"],
                                  registry=registry)
+        self.queue_tenants = Gauge("goodput_scheduler_queue_tenants", "Tenants with requests waiting (a bounded "
+                                   "class's depth is shared out between them by weight).", ["priority"],
+                                   registry=registry)
         self.queue_wait = Histogram("goodput_scheduler_queue_wait_seconds", "Time from admit to grant.",
                                     ["priority"], buckets=LATENCY_BUCKETS, registry=registry)
         self.admissions = Counter("goodput_scheduler_admissions_total", "Requests granted a worker.", ["priority"],
                                   registry=registry)
         self.shed = Counter("goodput_scheduler_shed_total", "Requests refused or dropped before a grant, by reason "
-                            "(queue_full, overload, deadline, timeout, no_worker).", ["priority", "reason"],
-                            registry=registry)
+                            "(queue_full, tenant_share, overload, deadline, timeout, no_worker).",
+                            ["priority", "reason"], registry=registry)
         self.inflight = Gauge("goodput_scheduler_inflight", "Leases held per worker.", ["worker"],
                               registry=registry)
         self.placements = Counter("goodput_scheduler_placements_total", "Placement decisions.",

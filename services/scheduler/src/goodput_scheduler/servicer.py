@@ -29,6 +29,22 @@ def worker_status(w: Worker) -> scheduler_pb2.WorkerStatus:
     return status
 
 
+MAX_TENANT_WEIGHT = 1e6  # far beyond any ratio between tenants that means something; keeps the weights' sum finite
+
+
+def tenant_weight(sent: float) -> float:
+    """The admit's ``tenant_weight`` as a fair-share weight: 0 (unset) means 1; a negative, non-finite or absurdly
+    large weight is refused rather than guessed at.
+
+    >>> tenant_weight(0.0), tenant_weight(3.0)
+    (1.0, 3.0)
+    """
+    if not (0 <= sent <= MAX_TENANT_WEIGHT):  # NaN fails this too
+        raise InvalidArgument(f"tenant_weight must be between 0 and {MAX_TENANT_WEIGHT:g} (0 = 1)",
+                              param="tenant_weight")
+    return sent or 1.0
+
+
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, leases: LeaseManager, registry: WorkerRegistry, *, admit_timeout_s: float) -> None:
         self.leases = leases
@@ -48,7 +64,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         deadline = self.leases.clock.now() + remaining if remaining is not None else None
         req = PlacementRequest(request_id=a.request_id, tenant=a.tenant, priority=int(a.priority), model=a.model,
                                prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
-                               prefix_hint=a.prefix_hint, session_id=a.session_id)
+                               prefix_hint=a.prefix_hint, session_id=a.session_id,
+                               tenant_weight=tenant_weight(a.tenant_weight))
         with request_context(request_id=a.request_id, tenant=a.tenant or None):
             ticket = self.leases.enqueue(req, deadline=deadline)
             try:

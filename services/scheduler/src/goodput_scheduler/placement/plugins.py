@@ -52,6 +52,7 @@ class PlacementRequest:
     max_tokens: int
     prefix_hint: str = ""
     session_id: str = ""
+    tenant_weight: float = 1.0  # the tenant's weight in each bounded class queue's fair share (> 0)
 
 
 class CycleState:
