@@ -52,6 +52,22 @@ async def test_prefix_cache_hits_skip_prefill_of_a_shared_prefix() -> None:
     await e.shutdown()
 
 
+async def test_each_request_reports_the_prompt_tokens_it_found_in_the_prefix_cache() -> None:
+    e = engine()
+    await e.start()
+    prompt = "abcd" * 16 * 10  # 160 tokens: exactly 10 blocks of 16
+    first = (await run(e, "a", prompt))[-1]
+    before = e.load().prefix_cache_hits
+    second = (await run(e, "b", prompt))[-1]
+    other = (await run(e, "c", "wxyz" * 16 * 10))[-1]
+    await e.shutdown()
+    assert isinstance(first, Finished) and isinstance(second, Finished) and isinstance(other, Finished)
+    assert first.cached_tokens == 0 and other.cached_tokens == 0
+    # The repeat hits every block but the last: as in vLLM, the prompt's last token is always computed.
+    assert second.prompt_tokens == 160 and second.cached_tokens == 144
+    assert second.cached_tokens == e.load().prefix_cache_hits - before  # what the request says, the engine counted
+
+
 async def test_priority_policy_serves_urgent_requests_first_and_kv_capacity_bounds_admission() -> None:
     e = engine(max_num_seqs=1)
     await e.start()

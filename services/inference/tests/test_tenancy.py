@@ -72,7 +72,8 @@ class _Engine:
         from types import SimpleNamespace
 
         self.prompts.append(dict(prompt))
-        yield SimpleNamespace(finished=True, outputs=[SimpleNamespace(token_ids=[1], text="x", finish_reason="stop")])
+        yield SimpleNamespace(finished=True, num_cached_tokens=0,
+                              outputs=[SimpleNamespace(token_ids=[1], text="x", finish_reason="stop")])
 
 
 async def test_the_vllm_engine_sends_each_prompt_with_its_tenants_salt() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from goodput.common.v1 import types_pb2
@@ -14,6 +16,7 @@ from goodput_core.errors import InvalidArgument
 
 from goodput_inference.config import InferenceSettings
 from goodput_inference.devmodel import ensure_dev_model
+from goodput_inference.engine import Finished, GenRequest, Sampling
 from goodput_inference.servicer import WorkerMetrics, to_gen_request
 from goodput_inference.vllm_engine import VllmEngine
 
@@ -106,3 +109,33 @@ def test_the_engine_info_metric_carries_the_engines_numerics() -> None:
     WorkerMetrics(registry, SimEngine(InferenceSettings(engine="sim")))
     text = generate_latest(registry).decode()
     assert 'goodput_worker_engine_info{device="simulated",dtype="none",engine="sim",kv_cache_dtype="none"} 1.0' in text
+
+
+class _PrefixHitEngine:
+    """Stands in for vLLM's AsyncLLM: streams two delta outputs the way vLLM 0.32 does for a request whose prompt
+    hit the prefix cache (``num_cached_tokens`` on every output from the first token on)."""
+
+    def __init__(self, num_cached_tokens: int | None) -> None:
+        self.num_cached_tokens = num_cached_tokens
+
+    async def generate(self, prompt: Any, params: Any, request_id: str, priority: int = 0) -> Any:
+        for finished, text in ((False, "Hel"), (True, "lo")):
+            yield SimpleNamespace(finished=finished, num_cached_tokens=self.num_cached_tokens,
+                                  outputs=[SimpleNamespace(token_ids=[1], text=text, finish_reason="stop")])
+
+
+class _Tokenizer:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+
+async def test_the_vllm_engine_reports_the_prompts_prefix_cache_hit_in_its_final_event() -> None:
+    engine = VllmEngine(InferenceSettings(max_model_len=256), model_dir=Path("/m"), served_model_name="m")
+    engine._tokenizer, engine._ready = _Tokenizer(), True  # noqa: SLF001 - no model loaded
+    finals = []
+    for cached in (32, None):  # None: vLLM did not say (reads as no hit)
+        engine._engine = _PrefixHitEngine(cached)  # noqa: SLF001
+        request = GenRequest(request_id=f"r{cached}", prompt="x" * 40, sampling=Sampling(max_tokens=2))
+        finals.append([ev async for ev in engine.generate(request)][-1])
+    assert finals == [Finished(reason="stop", prompt_tokens=40, completion_tokens=2, cached_tokens=32),
+                      Finished(reason="stop", prompt_tokens=40, completion_tokens=2, cached_tokens=0)]

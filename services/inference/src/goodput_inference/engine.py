@@ -50,6 +50,8 @@ class Finished:
     reason: str  # "stop", "length" or "abort"
     prompt_tokens: int
     completion_tokens: int
+    # Of prompt_tokens, those whose KV came from the prefix cache (their prefill was skipped); 0 without a hit.
+    cached_tokens: int = 0
 
 
 GenEvent = Started | Delta | Finished

@@ -46,6 +46,12 @@ class WorkerMetrics:
                                      registry=registry)
         self.generated_tokens = Counter("goodput_worker_generated_tokens_total", "Tokens generated.",
                                         registry=registry)
+        # What finished requests' usage reported as cached (the sum of Usage.cached_tokens, as the gateway meters
+        # it); goodput_worker_prefix_cache_hits_total is the engine's own count of lookups, aborted requests' too.
+        self.cached_prompt_tokens = Counter(
+            "goodput_worker_cached_prompt_tokens_total",
+            "Prompt tokens of finished requests whose KV came from the prefix cache (reported in their usage).",
+            registry=registry)
         for name, doc, attr in (
             ("goodput_worker_running_requests", "Sequences being decoded.", "running"),
             ("goodput_worker_waiting_requests", "Sequences waiting in the engine.", "waiting"),
@@ -126,9 +132,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     elif isinstance(event, Finished):
                         outcome = "finished"
                         self.metrics.generated_tokens.inc(event.completion_tokens)
+                        self.metrics.cached_prompt_tokens.inc(event.cached_tokens)
                         usage = types_pb2.Usage(prompt_tokens=event.prompt_tokens,
                                                 completion_tokens=event.completion_tokens,
-                                                total_tokens=event.prompt_tokens + event.completion_tokens)
+                                                total_tokens=event.prompt_tokens + event.completion_tokens,
+                                                cached_tokens=event.cached_tokens)
                         yield inference_pb2.GenerateChunk(finished=inference_pb2.Finished(
                             finish_reason=_FINISH[event.reason], usage=usage))
             except Exception:

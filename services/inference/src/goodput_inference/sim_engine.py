@@ -14,8 +14,8 @@ The model, one engine step at a time (vLLM v1 with chunked prefill):
 * the KV cache holds ``kv_blocks`` blocks of ``block_tokens`` tokens; a request is admitted only when its blocks fit;
   waiting requests are taken in priority order (``scheduling_policy=priority``) or arrival order;
 * prefix caching: prompt blocks are hashed as a chain seeded with the tenant's cache salt (as vLLM salts the first
-  block); blocks already cached are not prefilled again, finished requests leave their prompt blocks cached, evicted
-  least recently used when new requests need room.
+  block); blocks already cached are not prefilled again (each request reports them as its ``cached_tokens``),
+  finished requests leave their prompt blocks cached, evicted least recently used when new requests need room.
 
 Calibration (defaults of :class:`SimParams`): a 7B Llama-class model in fp16 on one A100-80GB-SXM under vLLM.
 
@@ -271,8 +271,10 @@ class SimEngine:
         p = self.params
         while self._waiting and len(self._running) < self.settings.max_num_seqs:
             _, s = self._waiting[0]
+            # As in vLLM, the prompt's last token is always computed (its logits give the first output token), so
+            # a hit covers at most the full blocks before it.
             cached = 0
-            for h in s.block_hashes:
+            for h in s.block_hashes[:(s.prompt_tokens - 1) // p.block_tokens]:
                 if h not in self._cache:
                     break
                 cached += 1
@@ -318,7 +320,7 @@ class SimEngine:
                 s.events.put_nowait(Delta(text=" tok" * n, completion_tokens=s.generated))
             if done:
                 s.events.put_nowait(Finished(reason="length", prompt_tokens=s.prompt_tokens,
-                                             completion_tokens=s.generated))
+                                             completion_tokens=s.generated, cached_tokens=s.cached_tokens))
                 self._finished += 1
                 self._finish(s)
 

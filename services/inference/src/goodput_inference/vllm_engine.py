@@ -289,12 +289,22 @@ class VllmEngine:
                     finished = True
                     reason = "length" if completion.finish_reason == "length" else "stop"
                     self._finished += 1
-                    yield Finished(reason=reason, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+                    yield Finished(reason=reason, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                   cached_tokens=_cached_tokens(out))
         finally:
             self._inflight -= 1
             if not finished:
                 # vLLM's generate() has aborted the engine request on cancellation / close (it frees the slot).
                 self._aborted += 1
+
+
+def _cached_tokens(out: Any) -> int:
+    """Prompt tokens of a request whose KV the engine did not compute: hits in its prefix cache (and, with a KV
+    connector, tokens loaded from outside). vLLM 0.32 records them when the request's prefill is first scheduled
+    (``PrefillStats``, a re-prefill after preemption does not count) and puts them on every ``RequestOutput`` from the
+    first token on; they are at most the prompt's length less one (its last token is always computed), and 0 with
+    prefix caching off. ``None`` (not known) reads as 0."""
+    return int(out.num_cached_tokens or 0)
 
 
 def resolve_dtype(setting: str, *, on_cpu: bool) -> str:
