@@ -48,14 +48,16 @@ def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
 
 
 @functools.cache
-def _render(helm: str, values: tuple[str, ...], sets: tuple[str, ...]) -> str:
+def _render(helm: str, values: tuple[str, ...], sets: tuple[str, ...], set_json: tuple[str, ...] = ()) -> str:
     cmd = [helm, "template", "goodput", str(CHART), "--namespace", "goodput"]
     for v in values:
         cmd += ["-f", str(CHART / "ci" / v)]
     for s in sets:
         cmd += ["--set", s]
+    for s in set_json:
+        cmd += ["--set-json", s]
     proc = run(cmd)
-    assert proc.returncode == 0, f"helm template failed for {values} {sets}:\n{proc.stderr}"
+    assert proc.returncode == 0, f"helm template failed for {values} {sets} {set_json}:\n{proc.stderr}"
     return proc.stdout
 
 
@@ -70,13 +72,15 @@ class Chart:
     def __init__(self, helm: str) -> None:
         self.helm = helm
 
-    def text(self, *values: str | None, sets: tuple[str, ...] = ()) -> str:
-        """The rendered YAML with the given ci/ values files (None entries are ignored)."""
-        return _render(self.helm, tuple(v for v in values if v), tuple(sets))
+    def text(self, *values: str | None, sets: tuple[str, ...] = (), set_json: tuple[str, ...] = ()) -> str:
+        """The rendered YAML with the given ci/ values files (None entries are ignored), then `--set` and
+        `--set-json` values (--set passes 0.5 as a string, which the schema refuses where it wants a number)."""
+        return _render(self.helm, tuple(v for v in values if v), tuple(sets), tuple(set_json))
 
-    def docs(self, *values: str | None, sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    def docs(self, *values: str | None, sets: tuple[str, ...] = (),
+             set_json: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         """The rendered manifests as a list of dicts."""
-        return [d for d in yaml.safe_load_all(self.text(*values, sets=sets)) if d]
+        return [d for d in yaml.safe_load_all(self.text(*values, sets=sets, set_json=set_json)) if d]
 
     @staticmethod
     def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:

@@ -258,6 +258,47 @@ the kubelet probes the pod IP. */}}
 {{ $p }}JOBS_QUEUE: {{ $v.config.jobsQueue | quote }}
 {{ $p }}JOBS_PREFIX: {{ $v.config.jobsPrefix | quote }}
 {{ $p }}PARK_SHED_P2: {{ ternary "true" "false" $v.config.parkShedP2 | quote }}
+{{- with include "goodput.apiKeysFile" . }}
+{{ $p }}API_KEYS_FILE: {{ . | quote }}
+{{ $p }}API_KEYS_RELOAD_S: {{ include "goodput.num" $.root.Values.apiKeys.reloadSeconds | quote }}
+{{- end }}
+{{- /* Tenants' quotas and metering (QUOTA_REDIS_URL comes from goodput.secretEnv when tenancy.quotas.redis.url is
+set; else the gateway's REDIS_URL holds them). */}}
+{{- $q := .root.Values.tenancy.quotas }}
+{{- $m := .root.Values.tenancy.metering }}
+{{ $p }}QUOTA_PREFIX: {{ $q.prefix | quote }}
+{{ $p }}QUOTA_TIMEOUT_S: {{ include "goodput.num" $q.timeoutSeconds | quote }}
+{{ $p }}QUOTA_FAIL_OPEN_SHARE: {{ include "goodput.quotaFailOpenShare" .root | quote }}
+{{ $p }}QUOTA_RETRY_S: {{ include "goodput.num" $q.retrySeconds | quote }}
+{{ $p }}USAGE_PREFIX: {{ $m.usagePrefix | quote }}
+{{ $p }}USAGE_RETENTION_DAYS: {{ include "goodput.num" $m.usageRetentionDays | quote }}
+{{ $p }}USAGE_FLUSH_S: {{ include "goodput.num" $m.flushSeconds | quote }}
+{{ $p }}METRICS_TENANTS: {{ join "," $m.metricsTenants | quote }}
+{{ $p }}METER_PREFILL_TOKENS_PER_S: {{ include "goodput.num" $m.prefillTokensPerSecond | quote }}
+{{ $p }}METER_DECODE_TOKENS_PER_S: {{ include "goodput.num" $m.decodeTokensPerSecond | quote }}
+{{- end }}
+
+{{/* QUOTA_FAIL_OPEN_SHARE: tenancy.quotas.failOpenShare, or 1 / the gateway's replicas (its HPA's minReplicas when
+autoscaling), so that the replicas enforcing locally while Redis is unreachable together allow about the limit, never
+less. Pass the root context. */}}
+{{- define "goodput.quotaFailOpenShare" -}}
+{{- $share := .Values.tenancy.quotas.failOpenShare }}
+{{- if kindIs "invalid" $share }}
+{{- $gw := .Values.gateway }}
+{{- $n := ternary $gw.autoscaling.minReplicas $gw.replicas $gw.autoscaling.enabled | int }}
+{{- $share = round (divf 1 (max 1 $n)) 4 }}
+{{- end }}
+{{- include "goodput.num" $share }}
+{{- end }}
+
+{{/* The path of the API keys file when this service mounts the keys Secret (apiKeys.existingSecret): the gateway,
+and the jobsWorker, which runs a parked job under its tenant's limits and budget as the keys file sets them (and
+fails it once the tenant has no key any more). Empty otherwise. ctx: root, svc */}}
+{{- define "goodput.apiKeysFile" -}}
+{{- $k := .root.Values.apiKeys }}
+{{- if and (has .svc (list "gateway" "jobsWorker")) $k.existingSecret }}
+{{- printf "%s/%s" (trimSuffix "/" $k.mountPath) $k.key }}
+{{- end }}
 {{- end }}
 
 {{- /* The jobs workers run parked requests through the gateway's pipeline: the gateway's settings (its
@@ -420,12 +461,22 @@ expansion, which envFrom does not do. ctx: root, svc
       name: {{ $root.Values.tenancy.cacheSaltKey.existingSecret }}
       key: {{ $root.Values.tenancy.cacheSaltKey.key }}
 {{- end }}
-{{- if and (eq .svc "gateway") $root.Values.apiKeys.existingSecret }}
-- name: {{ $p }}API_KEYS
+{{- /* The API keys are a mounted file (goodput.apiKeysFile), not env: env never sees a rotated key. */}}
+{{- $qr := $root.Values.tenancy.quotas.redis }}
+{{- if and (eq $p "GOODPUT_GATEWAY_") $qr.url }}
+{{- if $qr.existingSecret }}
+{{- $u := urlParse $qr.url }}
+- name: GOODPUT_QUOTA_REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ $root.Values.apiKeys.existingSecret }}
-      key: {{ $root.Values.apiKeys.key }}
+      name: {{ $qr.existingSecret }}
+      key: {{ $qr.passwordKey }}
+- name: {{ $p }}QUOTA_REDIS_URL
+  value: {{ printf "%s://:$(GOODPUT_QUOTA_REDIS_PASSWORD)@%s%s" $u.scheme $u.host $u.path | quote }}
+{{- else }}
+- name: {{ $p }}QUOTA_REDIS_URL
+  value: {{ $qr.url | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -476,6 +527,10 @@ ctx: root, svc */}}
 {{- end }}
 {{- if and $v.autoscaling.enabled (gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) }}
 {{- fail (printf "%s.autoscaling.minReplicas must not exceed maxReplicas" .svc) }}
+{{- end }}
+{{- $qr := .root.Values.tenancy.quotas.redis }}
+{{- if and (eq .svc "gateway") $qr.existingSecret (not $qr.url) }}
+{{- fail "tenancy.quotas.redis.existingSecret is set but tenancy.quotas.redis.url is empty: the gateway's own Redis (external.redis) takes its password from external.redis.existingSecret" }}
 {{- end }}
 {{- if and (eq .svc "inference") (eq $v.model.source "pvc") (not $v.model.pvc.claimName) }}
 {{- fail "inference.model.pvc.claimName is required when inference.model.source is pvc" }}

@@ -25,6 +25,7 @@ data:
 {{- $tlsSecret := include "goodput.tlsSecret" . }}
 {{- /* The gateway's gRPC port is public (plaintext, API keys); the others are mutual TLS unless tls.insecure. */}}
 {{- $grpcProbe := or (not $tlsSecret) (eq .svc "gateway") }}
+{{- $apiKeysFile := include "goodput.apiKeysFile" . }}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -143,6 +144,12 @@ spec:
               mountPath: {{ $root.Values.tls.mountPath }}
               readOnly: true
             {{- end }}
+            {{- if $apiKeysFile }}
+            # The whole volume, never a subPath: a subPath mount is not updated when the Secret changes.
+            - name: api-keys
+              mountPath: {{ dir $apiKeysFile }}
+              readOnly: true
+            {{- end }}
             {{- if eq .svc "inference" }}
             - name: dshm
               mountPath: /dev/shm
@@ -171,6 +178,17 @@ spec:
           secret:
             secretName: {{ $tlsSecret }}
             defaultMode: 0440
+        {{- end }}
+        {{- if $apiKeysFile }}
+        # The API keys (GOODPUT_GATEWAY_API_KEYS_FILE). The kubelet rewrites the file when the Secret changes (within
+        # its sync period) and the gateway re-reads it within API_KEYS_RELOAD_S: key rotation needs no restart.
+        - name: api-keys
+          secret:
+            secretName: {{ $root.Values.apiKeys.existingSecret }}
+            defaultMode: 0440
+            items:
+              - key: {{ $root.Values.apiKeys.key }}
+                path: {{ base $apiKeysFile }}
         {{- end }}
         {{- if eq .svc "inference" }}
         # Tensor-parallel ranks and NCCL exchange through shared memory; the runtime's default 64 MiB
