@@ -9,6 +9,7 @@ promtool both checks them (`check rules`) and evaluates them on sample series (`
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,37 @@ def test_alerts_cover_slo_burn_and_saturation() -> None:
     untested = sorted(a for a in alerts if f"alertname: {a}\n" not in tested)
     # The slow-burn twins share the fast ones' recording rules, which are unit-tested.
     assert set(untested) <= {"GoodputP0TTFTBudgetBurnSlow", "GoodputErrorBudgetBurnSlow"}, untested
+
+
+# The gateway's per-tenant metrics (issue 15: quotas, fair share, metering), with the labels the dashboard and the
+# alerts group by. They are defined in services/gateway (goodput_gateway.metering and .quotas), not derived from it
+# here (the chart tests do not import the services): keep this list in step with the gateway's metrics.
+GATEWAY_TENANT_METRICS = {
+    "goodput_tenant_requests_total": ("tenant", "model", "outcome"),
+    "goodput_tenant_tokens_total": ("tenant", "model", "kind"),
+    "goodput_tenant_cache_hits_total": ("tenant", "model"),
+    "goodput_tenant_saved_tokens_total": ("tenant", "model"),
+    "goodput_tenant_gpu_seconds_total": ("tenant", "model"),
+    "goodput_quota_refused_total": ("tenant", "limit"),
+    "goodput_quota_fail_open_total": ("reason",),
+    "goodput_tenant_budget_used_ratio": ("tenant",),
+    "goodput_tenant_budget_soft_ratio": ("tenant",),
+    "goodput_usage_flush_errors_total": (),
+}
+
+
+def test_alerts_cover_tenant_budgets_and_quota_fail_open() -> None:
+    groups = yaml.safe_load((RULES_DIR / "alerts.yaml").read_text())["groups"]
+    rules = {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+    assert {"GoodputTenantBudgetSoftThreshold", "GoodputTenantBudgetExhausted", "GoodputQuotaFailOpen"} <= set(rules)
+    for name in ("GoodputTenantBudgetSoftThreshold", "GoodputTenantBudgetExhausted"):
+        assert "goodput_tenant_budget_used_ratio" in rules[name]["expr"], name
+        assert "{{ $labels.tenant }}" in rules[name]["annotations"]["summary"], name
+    assert "goodput_tenant_budget_soft_ratio" in rules["GoodputTenantBudgetSoftThreshold"]["expr"]
+    assert "goodput_quota_fail_open_total" in rules["GoodputQuotaFailOpen"]["expr"]
+    # Every goodput_tenant_* / goodput_quota_* / goodput_usage_* name an alert uses is one the gateway exports.
+    used = set(re.findall(r"goodput_(?:tenant|quota|usage)_\w+", yaml.safe_dump(groups)))
+    assert used <= set(GATEWAY_TENANT_METRICS), used - set(GATEWAY_TENANT_METRICS)
 
 
 def _adapter_rules() -> list[dict[str, Any]]:
@@ -163,6 +195,28 @@ DASHBOARD = REPO / "charts" / "goodput" / "dashboards" / "goodput.json"
 def _dashboard_exprs() -> list[str]:
     dash = json.loads(DASHBOARD.read_text())
     return [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+
+
+def test_dashboard_has_a_tenants_row_with_usage_refusals_budgets_and_gpu_time() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    rows = [p for p in panels if p["type"] == "row"]
+    (row,) = [r for r in rows if r["title"].startswith("Tenants")]
+    end = min((r["gridPos"]["y"] for r in rows if r["gridPos"]["y"] > row["gridPos"]["y"]), default=float("inf"))
+    exprs = [t["expr"] for p in panels if row["gridPos"]["y"] < p["gridPos"]["y"] < end
+             for t in p.get("targets", [])]
+    text = "\n".join(exprs)
+    for metric in GATEWAY_TENANT_METRICS:
+        assert metric in text, metric
+    for grouping in ("by (tenant, kind)", "by (tenant, outcome)", "by (tenant, limit)", "by (tenant)"):
+        assert grouping in text, grouping
+    # Every goodput_tenant_* / goodput_quota_* / goodput_usage_* name the dashboard queries is one the gateway exports.
+    used = set(re.findall(r"goodput_(?:tenant|quota|usage)_\w+", "\n".join(_dashboard_exprs())))
+    assert used <= set(GATEWAY_TENANT_METRICS), used - set(GATEWAY_TENANT_METRICS)
+    # The same data source and panel ids unique, like the rest of the dashboard.
+    assert len({p["id"] for p in panels}) == len(panels)
+    for p in panels:
+        if p["type"] != "row":
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
 
 
 def test_dashboard_shows_what_sres_tune_by(chart: Any) -> None:
