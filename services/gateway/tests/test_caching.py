@@ -99,7 +99,8 @@ async def test_hits_are_answered_without_a_backend_in_the_shape_of_a_live_answer
         body = r.json()
         assert body["choices"][0]["message"]["content"] == ANSWER
         assert body["choices"][0]["finish_reason"] == "stop"
-        assert body["usage"] == {"prompt_tokens": 20, "completion_tokens": 17, "total_tokens": 37}
+        assert body["usage"] == {"prompt_tokens": 20, "completion_tokens": 17, "total_tokens": 37,
+                                 "prompt_tokens_details": {"cached_tokens": 0}}
         assert body["goodput_cache"] == {"status": "hit", "hit": True, "layer": "l1", "similarity": 1.0}
 
         r = await client.post("/v1/chat/completions",

@@ -48,6 +48,10 @@ class Procs:
         # The Celery queue (a Redis list) and the jobs' keys both under ``prefix``, so they are cleaned up after.
         self.jobs_env = {"GOODPUT_GATEWAY_REDIS_URL": redis_url, "GOODPUT_GATEWAY_JOBS_QUEUE": f"{prefix}-queue",
                          "GOODPUT_GATEWAY_JOBS_PREFIX": prefix,
+                         # A parked job runs as its tenant, which needs a key; quota and usage keys under ``prefix``.
+                         "GOODPUT_GATEWAY_API_KEYS": json.dumps({"keys": [{"key": API_KEY, "tenant": "batch"}]}),
+                         "GOODPUT_GATEWAY_QUOTA_PREFIX": f"{prefix}:quota",
+                         "GOODPUT_GATEWAY_USAGE_PREFIX": f"{prefix}:usage",
                          "GOODPUT_GATEWAY_SCHEDULER_ADDR": self.scheduler_addr,
                          "GOODPUT_GATEWAY_JOB_RETRY_BASE_S": "0.2", "GOODPUT_GATEWAY_JOB_RETRY_CAP_S": "1.0",
                          "GOODPUT_GATEWAY_REQUEST_TIMEOUT_S": "20",
@@ -346,7 +350,8 @@ async def test_grpc_stream_cancelled_after_its_start_message_releases_the_worker
 
 async def test_job_bodies_are_checked_when_submitted(redis_url: str, redis_prefix: str) -> None:
     keys = json.dumps({"keys": [{"key": API_KEY, "tenant": "batch", "max_priority": "P2"}]})
-    settings = GatewaySettings(redis_url=redis_url, api_keys=keys, grpc_port=0, http_port=0, jobs_prefix=redis_prefix)
+    settings = GatewaySettings(redis_url=redis_url, api_keys=keys, grpc_port=0, http_port=0, jobs_prefix=redis_prefix,
+                               quota_prefix=f"{redis_prefix}:quota", usage_prefix=f"{redis_prefix}:usage")
     runner = build_gateway(settings, CollectorRegistry(), None)
     transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
     async with httpx.AsyncClient(transport=transport, base_url="http://gw",

@@ -45,6 +45,9 @@ class GoodputError(Exception):
         self.retry_after_s = retry_after_s
         # More trailing metadata for the caller (e.g. the id of the job a shed request was parked as).
         self.extra_metadata: tuple[tuple[str, str], ...] = ()
+        # Response headers for a REST caller (e.g. OpenAI's x-ratelimit-*); gRPC callers get them as trailing
+        # metadata, their names lowercased.
+        self.headers: dict[str, str] = {}
 
     def openai_body(self) -> dict[str, Any]:
         """The JSON body OpenAI's API returns for an error."""
@@ -59,7 +62,7 @@ class GoodputError(Exception):
             md.append((ERROR_CODE_KEY, self.code))
         if self.param:
             md.append((ERROR_PARAM_KEY, self.param))
-        return (*md, *self.extra_metadata)
+        return (*md, *self.extra_metadata, *((k.lower(), v) for k, v in self.headers.items()))
 
 
 class InvalidArgument(GoodputError):

@@ -7,6 +7,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import redis.asyncio as aioredis
 from goodput.cache.v1 import cache_pb2_grpc
 from goodput.gateway.v1 import gateway_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2_grpc
@@ -19,17 +20,20 @@ from goodput_core.clients import make_channel
 from goodput_core.server import ServiceRunner
 from goodput_core.tls import channel_credentials
 
-from goodput_gateway.auth import ApiKeyStore
+from goodput_gateway.auth import ApiKeyStore, KeysFileWatcher
 from goodput_gateway.caching import GatewayCache
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.guard import PublicApiGuard
 from goodput_gateway.jobs import JobQueue
 from goodput_gateway.knowledge import Knowledge
+from goodput_gateway.metering import Meter
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipeline import Pipeline
+from goodput_gateway.quotas import Quotas
 from goodput_gateway.rest import create_app
 from goodput_gateway.service import GatewayService
 from goodput_gateway.servicer import GatewayServicer
+from goodput_gateway.tenants import TenantLabels
 
 
 @dataclass
@@ -40,13 +44,18 @@ class Wiring:
     _channels: list[aio.Channel]
 
     async def settle(self) -> None:
-        """Waits for the work sent off the response path (lease releases, cache stores)."""
+        """Waits for the work sent off the response path (lease releases, cache stores, quota settlements) and
+        writes the usage counted so far."""
         await self.service.pipeline.settle()
         if self.service.cache is not None:
             await self.service.cache.settle()
+        await self.service.quotas.settle_all()
+        await self.service.meter.flush()
 
     async def close(self) -> None:
         await self.settle()
+        await self.service.meter.stop()
+        await self.service.quotas.close()
         await self.service.pipeline.close()
         if self.service.knowledge is not None:
             await self.service.knowledge.close()
@@ -75,8 +84,15 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
         cache_channel = dial(settings.cache_addr)
         channels.append(cache_channel)
         cache = GatewayCache(settings, stub=cache_pb2_grpc.CacheStub(cache_channel), registry=registry)
+    # Quotas and usage live in Redis, shared by every replica (and the jobs workers); without one, in this process.
+    quota_url = settings.quota_redis_url or settings.redis_url
+    labels = TenantLabels(settings.metrics_tenants)
+    quotas = Quotas(settings, redis_url=quota_url, registry=registry, labels=labels)
+    usage_redis = (aioredis.Redis.from_url(quota_url, socket_timeout=2, socket_connect_timeout=2)
+                   if quota_url else None)
+    meter = Meter(settings, redis=usage_redis, registry=registry, labels=labels)
     service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics, knowledge=knowledge,
-                             cache=cache, jobs=jobs)
+                             cache=cache, jobs=jobs, quotas=quotas, meter=meter)
     return Wiring(service, channels)
 
 
@@ -111,6 +127,12 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
         # streams this event loop serves).
         runner.on_start.append(_started(jobs.metrics.readings.start))
         runner.on_stop.append(jobs.metrics.readings.stop)
+    # A rotated key stops working within api_keys_reload_s, without a restart.
+    watcher = KeysFileWatcher(wiring.service.keys, file=settings.api_keys_file, inline=settings.api_keys,
+                              interval_s=settings.api_keys_reload_s, registry=registry)
+    runner.on_start.append(_started(watcher.start))
+    runner.on_start.append(_started(wiring.service.meter.start))
+    runner.on_stop.append(watcher.stop)
     runner.on_stop.append(wiring.close)
     return runner
 

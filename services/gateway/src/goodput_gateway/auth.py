@@ -1,25 +1,71 @@
-"""API keys: each maps to a tenant, the most urgent priority it may use and its default priority.
+"""API keys and tenants: each key maps to a tenant, the most urgent priority it may use, its default priority, and
+the limits that bound it; each tenant has limits of its own and a fair-share weight.
 
-Keys are held only as SHA-256 digests (a file may store the digest, so the plain key never sits on disk) and an
-incoming key is compared against every digest in constant time.
+The keys file (``GOODPUT_GATEWAY_API_KEYS_FILE``, usually a mounted Secret) holds keys only as SHA-256 digests, so
+the plain key never sits on disk; ``goodput keys create`` adds one and prints the key once. A key is found by its
+digest in a dict (O(1)); timing tells an attacker nothing, since what is looked up is the digest of what they sent.
+The file is re-read when it changes (:class:`KeysFileWatcher`): a rotated key stops working within
+``api_keys_reload_s`` and no request in flight is touched (it holds its :class:`Principal`).
 
-Example file (`GOODPUT_GATEWAY_API_KEYS_FILE`, usually a mounted Secret):
-    {"keys": [{"key_sha256": "9f86...", "tenant": "acme", "max_priority": "P0", "default_priority": "P1"}]}
+Example file::
+
+    {"defaults": {"rpm": 600, "tpm": 200000, "max_concurrent": 32},
+     "tenants": {"acme": {"rpm": 1200, "monthly_tokens": 50000000, "monthly_soft": 0.8, "weight": 2}},
+     "keys": [{"id": "acme-ci", "key_sha256": "9f86...", "tenant": "acme", "max_priority": "P0",
+               "default_priority": "P1", "rpm": 60}]}
+
+Limits (0 = none): ``rpm`` requests per minute, ``tpm`` tokens per minute, ``max_concurrent`` streams at once,
+``monthly_tokens`` a calendar month's tokens (UTC) with ``monthly_soft`` the share at which the soft threshold's
+metric and alert fire. A tenant's limits are its entry's over ``defaults``; a key's own limits (any of the same
+fields on the key) apply to that key in addition to its tenant's. ``weight`` (tenants only, default 1) is the
+tenant's share of each class's queue at the scheduler. ``operator: true`` lets a key read every tenant's usage.
+
+    >>> store = ApiKeyStore(parse_keys_document("inline", {"tenants": {"acme": {"rpm": 10, "weight": 2}},
+    ...     "keys": [{"id": "acme-ci", "key": "k-1", "tenant": "acme", "tpm": 1000}]}))
+    >>> p = store.authenticate("Bearer k-1")
+    >>> p.tenant, p.key_id, p.weight, p.tenant_quota.rpm, p.key_quota.tpm
+    ('acme', 'acme-ci', 2.0, 10, 1000)
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import hmac
 import json
-from dataclasses import dataclass
+import logging
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from goodput.common.v1 import types_pb2
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from goodput_core.errors import PermissionDenied, Unauthenticated
 from goodput_core.priority import check_priority, more_urgent, parse_priority, priority_name
+
+__all__ = ["ApiKeyStore", "KeysFileWatcher", "Principal", "Quota", "parse_keys_document", "sha256_hex"]
+
+log = logging.getLogger("goodput.gateway.auth")
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Resolved limits of one scope (a tenant or a key); 0 = no limit."""
+
+    rpm: int = 0
+    tpm: int = 0
+    max_concurrent: int = 0
+    monthly_tokens: int = 0
+    monthly_soft: float = 0.8
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.rpm or self.tpm or self.max_concurrent or self.monthly_tokens)
+
+
+NO_QUOTA = Quota()
 
 
 @dataclass(frozen=True)
@@ -27,6 +73,11 @@ class Principal:
     tenant: str
     max_priority: int
     default_priority: int
+    key_id: str = ""  # the key's id (never the key): "" for a principal not made from a key (a parked job)
+    weight: float = 1.0  # the tenant's fair-share weight at the scheduler
+    tenant_quota: Quota = field(default=NO_QUOTA)
+    key_quota: Quota = field(default=NO_QUOTA)
+    operator: bool = False  # may read every tenant's usage
 
     def resolve_priority(self, requested: int) -> int:
         """The request's priority: the key's default when unset; InvalidArgument when it is not a defined class
@@ -44,42 +95,121 @@ def sha256_hex(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+# ---- the keys file's schema --------------------------------------------------------------------------------------
+
+class _Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rpm: int | None = Field(None, ge=0, description="Requests per minute (0 = none).")
+    tpm: int | None = Field(None, ge=0, description="Tokens per minute, prompt and completion (0 = none).")
+    max_concurrent: int | None = Field(None, ge=0, description="Requests in flight at once (0 = none).")
+    monthly_tokens: int | None = Field(None, ge=0, description="Tokens per calendar month, UTC (0 = none).")
+    monthly_soft: float | None = Field(None, gt=0, le=1, description="Share of monthly_tokens at which the soft "
+                                                                     "threshold's metric and alert fire.")
+
+
+class _Tenant(_Limits):
+    weight: float | None = Field(None, gt=0, le=1000, description="Fair-share weight in the scheduler's queues.")
+
+
+class _Key(_Limits):
+    id: str = Field("", max_length=128, description="The key's name in metrics, usage and logs; default: the first "
+                                                    "12 hex digits of its digest.")
+    tenant: str = Field(min_length=1, max_length=128)
+    key_sha256: str = Field("", pattern=r"^([0-9a-fA-F]{64})?$")
+    key: str = Field("", description="The plain key (tests and development only; production stores the digest).")
+    max_priority: str = "P1"
+    default_priority: str | None = None
+    operator: bool = False
+
+
+class _KeysDocument(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    defaults: _Tenant = Field(default_factory=_Tenant)
+    tenants: dict[str, _Tenant] = Field(default_factory=dict)
+    keys: list[_Key] = Field(default_factory=list)
+
+
+def _quota(*layers: _Limits | None) -> Quota:
+    """The first value set in ``layers`` for each limit (the most specific layer first)."""
+    values: dict[str, Any] = {}
+    for name in ("rpm", "tpm", "max_concurrent", "monthly_tokens", "monthly_soft"):
+        for layer in layers:
+            if layer is not None and getattr(layer, name) is not None:
+                values[name] = getattr(layer, name)
+                break
+    return Quota(**values)
+
+
+def parse_keys_document(source: str, doc: Any) -> list[tuple[bytes, Principal]]:
+    """The (digest, principal) entries of one keys document; ValueError naming ``source`` when it is invalid."""
+    if isinstance(doc, list):  # the first version's bare list of keys
+        doc = {"keys": doc}
+    try:
+        parsed = _KeysDocument.model_validate(doc)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{source}: {where}: {first['msg']}") from None
+    entries: list[tuple[bytes, Principal]] = []
+    for i, item in enumerate(parsed.keys):
+        digest = item.key_sha256.lower() or (sha256_hex(item.key) if item.key else "")
+        if not digest:
+            raise ValueError(f"{source}: key #{i} needs key_sha256 (64 hex chars) or key")
+        try:
+            max_p = parse_priority(item.max_priority)
+            default_p = parse_priority(item.default_priority or priority_name(max_p))
+        except ValueError as err:
+            raise ValueError(f"{source}: key #{i}: {err}") from None
+        if more_urgent(default_p, max_p):
+            raise ValueError(f"{source}: key #{i} default_priority is above max_priority")
+        tenant = parsed.tenants.get(item.tenant)
+        weight = (tenant.weight if tenant is not None and tenant.weight is not None
+                  else parsed.defaults.weight if parsed.defaults.weight is not None else 1.0)
+        entries.append((bytes.fromhex(digest), Principal(
+            tenant=item.tenant, max_priority=max_p, default_priority=default_p, key_id=item.id or digest[:12],
+            weight=float(weight), tenant_quota=_quota(tenant, parsed.defaults), key_quota=_quota(item),
+            operator=item.operator)))
+    return entries
+
+
 class ApiKeyStore:
+    """The keys, by digest. :meth:`replace` swaps them all at once (a reload)."""
+
     def __init__(self, entries: list[tuple[bytes, Principal]]) -> None:
-        self._entries = entries
+        self._by_digest = self._index(entries)
+
+    @staticmethod
+    def _index(entries: list[tuple[bytes, Principal]]) -> dict[bytes, Principal]:
+        index: dict[bytes, Principal] = {}
+        for digest, principal in entries:
+            if digest in index:
+                raise ValueError(f"the key of tenant {principal.tenant!r} ({principal.key_id}) is listed twice")
+            index[digest] = principal
+        return index
 
     @classmethod
     def from_sources(cls, *, file: str = "", inline: str = "") -> ApiKeyStore:
-        entries: list[tuple[bytes, Principal]] = []
-        docs: list[tuple[str, Any]] = []
-        if file:
-            docs.append((file, json.loads(Path(file).read_text(encoding="utf-8"))))
-        if inline.strip():
-            docs.append(("GOODPUT_GATEWAY_API_KEYS", json.loads(inline)))
-        for source, doc in docs:
-            keys = doc.get("keys") if isinstance(doc, dict) else doc
-            if not isinstance(keys, list):
-                raise ValueError(f"{source}: expected {{'keys': [...]}}")
-            for i, item in enumerate(keys):
-                entries.append(cls._entry(source, i, item))
-        return cls(entries)
+        return cls(load_entries(file=file, inline=inline))
 
-    @staticmethod
-    def _entry(source: str, i: int, item: Any) -> tuple[bytes, Principal]:
-        if not isinstance(item, dict) or not item.get("tenant"):
-            raise ValueError(f"{source}: key #{i} needs a tenant")
-        digest = item.get("key_sha256") or (sha256_hex(item["key"]) if item.get("key") else "")
-        if len(digest) != 64:
-            raise ValueError(f"{source}: key #{i} needs key_sha256 (64 hex chars) or key")
-        max_p = parse_priority(item.get("max_priority", "P1"))
-        default_p = parse_priority(item.get("default_priority", priority_name(max_p)))
-        if more_urgent(default_p, max_p):
-            raise ValueError(f"{source}: key #{i} default_priority is above max_priority")
-        return bytes.fromhex(digest), Principal(tenant=str(item["tenant"]), max_priority=max_p,
-                                                default_priority=default_p)
+    def replace(self, entries: list[tuple[bytes, Principal]]) -> None:
+        self._by_digest = self._index(entries)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._by_digest)
+
+    def principals(self) -> list[Principal]:
+        return list(self._by_digest.values())
+
+    def tenant_principal(self, tenant: str, *, priority: int) -> Principal:
+        """The tenant's own principal (its limits and weight, no key's) at ``priority``, for work it submitted
+        earlier that runs without a key (a parked job); Unauthenticated once the tenant has no key any more."""
+        for principal in self._by_digest.values():
+            if principal.tenant == tenant:
+                return Principal(tenant=tenant, max_priority=priority, default_priority=priority,
+                                 weight=principal.weight, tenant_quota=principal.tenant_quota)
+        raise Unauthenticated(f"tenant {tenant!r} has no API key any more", code="invalid_api_key")
 
     def authenticate(self, authorization: str | None) -> Principal:
         """From an `Authorization: Bearer <key>` value to the key's principal, or Unauthenticated."""
@@ -89,11 +219,86 @@ class ApiKeyStore:
         if scheme.lower() != "bearer" or not key.strip():
             raise Unauthenticated("malformed Authorization header: expected `Bearer <key>`",
                                   code="invalid_api_key")
-        digest = hashlib.sha256(key.strip().encode("utf-8", "surrogateescape")).digest()
-        found: Principal | None = None
-        for stored, principal in self._entries:
-            if hmac.compare_digest(stored, digest):  # every entry is compared: no early exit on a match
-                found = principal
+        found = self._by_digest.get(hashlib.sha256(key.strip().encode("utf-8", "surrogateescape")).digest())
         if found is None:
             raise Unauthenticated("invalid API key", code="invalid_api_key")
         return found
+
+
+def load_entries(*, file: str = "", inline: str = "") -> list[tuple[bytes, Principal]]:
+    """The entries of the keys file and of the inline JSON (merged); ValueError or OSError when unreadable."""
+    entries: list[tuple[bytes, Principal]] = []
+    if file:
+        entries += parse_keys_document(file, _json(file, Path(file).read_text(encoding="utf-8")))
+    if inline.strip():
+        entries += parse_keys_document("GOODPUT_GATEWAY_API_KEYS", _json("GOODPUT_GATEWAY_API_KEYS", inline))
+    return entries
+
+
+def _json(source: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{source}: not valid JSON: {err}") from None
+
+
+class KeysFileWatcher:
+    """Re-reads the keys file when it changes (its size, mtime or inode: a Kubernetes Secret volume swaps a
+    symlink), every ``interval_s``. A file that no longer parses keeps the keys in force, logged and counted."""
+
+    def __init__(self, store: ApiKeyStore, *, file: str, inline: str = "", interval_s: float,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.store = store
+        self.file = file
+        self.inline = inline
+        self.interval_s = interval_s
+        self._seen = self._stat()
+        self._task: asyncio.Task[None] | None = None
+        self.reloads = Counter("goodput_gateway_keys_reloads_total", "Keys file reloads, by result (ok, error).",
+                               ["result"], registry=registry)
+        self.keys = Gauge("goodput_gateway_api_keys", "API keys in force.", registry=registry)
+        self.keys.set_function(lambda: len(self.store))
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.file)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def check(self) -> bool:
+        """Reloads if the file changed; True when the keys were replaced."""
+        seen = self._stat()
+        if seen == self._seen:
+            return False
+        self._seen = seen
+        try:
+            self.store.replace(load_entries(file=self.file, inline=self.inline))
+        except (OSError, ValueError) as err:
+            self.reloads.labels("error").inc()
+            log.error("keys file not reloaded; the keys in force stay", extra={"error": str(err)})
+            return False
+        self.reloads.labels("ok").inc()
+        log.info("keys file reloaded", extra={"keys": len(self.store)})
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await asyncio.to_thread(self.check)
+            except Exception:  # noqa: BLE001 - the watcher must outlive any one bad read
+                log.exception("keys file check failed")
+
+    def start(self) -> None:
+        if self._task is None and self.file and self.interval_s > 0:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None

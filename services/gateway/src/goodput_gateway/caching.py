@@ -33,7 +33,7 @@ A hit replays as word pieces, then the original usage; its status is what the ``
     TextDelta(text=' is')
     TextDelta(text=' useful')
     TextDelta(text=' throughput.')
-    StreamEnd(finish_reason='stop', prompt_tokens=5, completion_tokens=4)
+    StreamEnd(finish_reason='stop', prompt_tokens=5, completion_tokens=4, cached_tokens=0)
     >>> CacheStatus("hit", layer="l2", similarity=0.9731).header()
     'hit; layer=l2; similarity=0.973'
     >>> CacheStatus("bypass", reason="no-store").header()

@@ -15,6 +15,30 @@ class GatewaySettings(ServiceSettings):
     scheduler_addr: str = Field("127.0.0.1:50052", description="Scheduler gRPC address.")
     api_keys_file: str = Field("", description="JSON file of API keys (mount a Secret here).")
     api_keys: str = Field("", description="The same JSON inline (from a secretKeyRef). Merged with the file.")
+    api_keys_reload_s: float = Field(2.0, ge=0, description="How often the keys file is checked for changes and "
+                                                            "re-read (a rotated key stops working); 0 = never.")
+    # ---- tenants: quotas (goodput_gateway.quotas) and metering (goodput_gateway.metering) ----
+    quota_redis_url: str = Field("", description="Redis of the per-tenant limits, budgets and usage, shared by "
+                                                 "every replica; empty = redis_url; both empty = counters in this "
+                                                 "process (right for one replica only).")
+    quota_prefix: str = Field("goodput:quota", description="Prefix of the quota counters' Redis keys.")
+    quota_timeout_s: float = Field(0.1, gt=0, description="Longest a quota step may wait on Redis; slower counts "
+                                                          "as unreachable.")
+    quota_fail_open_share: float = Field(1.0, gt=0, le=1, description="Redis unreachable: the share of every rate "
+                                         "and concurrency limit each replica enforces on its own (1 / replicas "
+                                         "keeps the total); budgets are not checked meanwhile.")
+    quota_retry_s: float = Field(5.0, gt=0, description="After Redis failed, how long the local bound is used "
+                                                        "before Redis is tried again.")
+    usage_prefix: str = Field("goodput:usage", description="Prefix of the usage records' Redis keys.")
+    usage_retention_days: float = Field(400.0, gt=0, description="How long a month's or day's usage is kept.")
+    usage_flush_s: float = Field(1.0, gt=0, description="How often counted usage is written to Redis.")
+    metrics_tenants: str = Field("", description="Tenants with a label of their own in the per-tenant metrics, "
+                                                 "comma-separated; \"*\" = all (few tenants only); others are "
+                                                 "\"other\".")
+    meter_prefill_tokens_per_s: float = Field(10_000.0, gt=0, description="Estimated GPU-seconds: one GPU's "
+                                                                          "prefill rate (prompt tokens/s).")
+    meter_decode_tokens_per_s: float = Field(2_500.0, gt=0, description="Estimated GPU-seconds: one GPU's decode "
+                                                                        "throughput at a typical batch (tokens/s).")
     max_prompt_chars: int = Field(32_768, ge=1, description="Largest prompt (sum of message contents), in "
                                                              "characters; token limits are the worker's.")
     max_messages: int = Field(256, ge=1, description="Most messages in one chat request.")

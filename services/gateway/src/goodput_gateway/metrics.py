@@ -44,6 +44,7 @@ class StreamEnd:
     finish_reason: str  # "stop", "length" or "abort"
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # of prompt_tokens, from the engine's prefix cache
 
 
 class GatewayMetrics:

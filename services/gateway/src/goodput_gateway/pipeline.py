@@ -84,6 +84,8 @@ class GenerationStream:
         self._call = call
         self._arrived = arrived
         self._completion_tokens = 0
+        self._prompt_tokens = start.prompt_tokens
+        self._cached_tokens = 0
         self._ttft_s = 0.0
         self._outcome = scheduler_pb2.OUTCOME_CANCELLED
         self._closed = False
@@ -107,11 +109,20 @@ class GenerationStream:
                 elif kind == "finished":
                     f = chunk.finished
                     self._outcome = scheduler_pb2.OUTCOME_OK
+                    self._prompt_tokens = f.usage.prompt_tokens or self._prompt_tokens
+                    self._completion_tokens = f.usage.completion_tokens
+                    self._cached_tokens = f.usage.cached_tokens
                     yield StreamEnd(finish_reason=_FINISH.get(f.finish_reason, "stop"),
-                                    prompt_tokens=f.usage.prompt_tokens, completion_tokens=f.usage.completion_tokens)
+                                    prompt_tokens=f.usage.prompt_tokens, completion_tokens=f.usage.completion_tokens,
+                                    cached_tokens=f.usage.cached_tokens)
                     return
         finally:
             await self.aclose()
+
+    def usage(self) -> tuple[int, int, int]:
+        """(prompt, completion, prefix-cached) tokens so far: the worker's final count, or what it reported
+        before the stream ended early."""
+        return self._prompt_tokens, self._completion_tokens, self._cached_tokens
 
     def _fail(self, err: GoodputError) -> GoodputError:
         self._outcome = scheduler_pb2.OUTCOME_WORKER_FAILED
@@ -251,7 +262,7 @@ class Pipeline:
         admit = scheduler_pb2.Admit(request_id=request_id, tenant=principal.tenant, priority=cast(Any, req.priority),
                                     model=model, prompt_tokens_estimate=cost.prompt_tokens,
                                     max_tokens=cost.max_tokens, prefix_hint=req.prefix_hint(),
-                                    session_id=req.session_id)
+                                    session_id=req.session_id, tenant_weight=principal.weight)
         try:
             await call.write(scheduler_pb2.LeaseRequest(admit=admit))
             while True:

@@ -3,7 +3,9 @@ plus `/healthz` and `/metrics`. Errors use OpenAI's JSON shape (`{"error": {"mes
 
 Goodput extensions: the `priority` body field or `X-Goodput-Priority` header ("P0", "P1", "P2"); RAG with the
 `knowledge_base` body field or `X-Goodput-Knowledge-Base` header (the answer then carries `sources` beside
-`choices`, or on the first chunk of a stream); the knowledge routes of :mod:`goodput_gateway.knowledge`.
+`choices`, or on the first chunk of a stream); the knowledge routes of :mod:`goodput_gateway.knowledge`;
+`GET /v1/usage` (the tenant's metered usage, :mod:`goodput_gateway.metering`). Every generation response carries
+OpenAI's `x-ratelimit-*` headers for the caller's limits (:mod:`goodput_gateway.quotas`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from goodput_core.context import REQUEST_ID_HEADER, new_request_id, request_context
-from goodput_core.errors import GoodputError, InvalidArgument
+from goodput_core.errors import GoodputError, InvalidArgument, PermissionDenied
 from goodput_core.metrics import metrics_response
 from goodput_core.priority import priority_name
 
@@ -32,6 +34,7 @@ from goodput_gateway.jobs import JOB_HEADER, JobQueue, Parked
 from goodput_gateway.jobs.routes import install_routes as install_job_routes
 from goodput_gateway.knowledge import install_routes as install_knowledge_routes
 from goodput_gateway.limits import HeaderLimit, read_limited
+from goodput_gateway.metering import parse_period
 from goodput_gateway.metrics import StreamEnd, TextDelta
 from goodput_gateway.rag import KB_HEADER
 from goodput_gateway.requests import GenerationRequest
@@ -54,6 +57,7 @@ def error_response(err: GoodputError, request_id: str | None = None) -> JSONResp
         headers["Retry-After"] = str(max(int(err.retry_after_s + 0.999), 1))
     if isinstance(err, Parked):  # a shed P2 request parked as a job: the 429 says which
         headers[JOB_HEADER] = err.job_id
+    headers.update(err.headers)  # e.g. the x-ratelimit-* values of a request refused by its quotas
     return JSONResponse(err.openai_body(), status_code=err.http_status, headers=headers)
 
 
@@ -95,6 +99,24 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
         return JSONResponse({"object": "list", "data": [
             {"id": m.id, "object": "model", "created": 0, "owned_by": "goodput", "max_model_len": m.max_model_len}
             for m in models]})
+
+    @app.get("/v1/usage")
+    async def usage(request: Request, period: str | None = None, tenant: str | None = None) -> JSONResponse:
+        """The caller's tenant's usage in a month (default: this one) or a day, by model; an operator key may name
+        any tenant, or ``*`` for all of them."""
+        principal = service.authenticate(request.headers.get("authorization"))
+        when = parse_period(period)
+        if tenant and tenant != principal.tenant and not principal.operator:
+            raise PermissionDenied("only an operator key may read another tenant's usage", param="tenant")
+        meter = service.meter
+        names = await meter.tenants(when) if tenant == "*" else [tenant or principal.tenant]
+        data = [{"tenant": name, "model": model, **counts}
+                for name in names for model, counts in (await meter.usage(name, when)).items()]
+        body: dict[str, Any] = {"object": "list", "period": when, "data": data}
+        if not tenant or tenant == principal.tenant:
+            body["tenant"] = principal.tenant
+            body["limits"] = asdict(principal.tenant_quota)
+        return JSONResponse(body)
 
     async def read_json(request: Request) -> Any:
         """The body as JSON; called only after authentication. Read in pieces: 413 as soon as it passes
@@ -140,7 +162,7 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
         service.metrics.requests.labels(route, "200", priority_name(opened.priority)).inc()
         span.set_attribute("goodput.tenant", opened.tenant)
         span.set_attribute("goodput.worker", opened.worker_id)
-        headers = {REQUEST_ID_HEADER: request_id}
+        headers = {REQUEST_ID_HEADER: request_id, **opened.rate_limits}
         if opened.cache is not None:  # X-Goodput-Cache: hit; layer=l2; similarity=0.973
             headers[CACHE_HEADER] = opened.cache.header()
         if opened.request.stream:
@@ -177,9 +199,10 @@ def _ids(opened: Opened, route: str, response_id: str = "") -> tuple[str, str, i
         ("chat.completion" if route == "chat" else "text_completion"), int(time.time())
 
 
-def _usage(end: StreamEnd) -> dict[str, int]:
+def _usage(end: StreamEnd) -> dict[str, Any]:
     return {"prompt_tokens": end.prompt_tokens, "completion_tokens": end.completion_tokens,
-            "total_tokens": end.prompt_tokens + end.completion_tokens}
+            "total_tokens": end.prompt_tokens + end.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": end.cached_tokens}}
 
 
 def completion_body(opened: Opened, text: str, end: StreamEnd, *, route: str, response_id: str = "") -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 REST (:mod:`goodput_gateway.rest`), gRPC (:mod:`goodput_gateway.servicer`) and the jobs worker hand over a
 :class:`Call` (credentials, a parser for their wire format, the caller's options) and shape the events that come
-back; everything between is here, in the order it happens: authenticate -> parse -> cache lookup -> RAG -> admit
-(lease a worker) -> stream -> release -> cache store. Cross-cutting work wraps the token stream (timing, the cache
+back; everything between is here, in the order it happens: authenticate -> parse -> quotas (the tenant's and the
+key's limits) -> cache lookup -> RAG -> admit (lease a worker) -> stream -> release -> cache store -> settle the
+quotas and meter the usage. Cross-cutting work wraps the token stream (timing, the cache
 store); it does not live inside it.
 
 Example (the service composed by :func:`goodput_gateway.__main__.compose`, inside a coroutine)::
@@ -20,11 +21,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 
 from goodput_core.context import new_request_id, tenant_id_var
-from goodput_core.errors import ResourceExhausted, Unavailable, Unimplemented
+from goodput_core.errors import GoodputError, ResourceExhausted, Unavailable, Unimplemented
 from goodput_core.priority import priority_name
 
 from goodput_gateway.auth import ApiKeyStore, Principal
@@ -33,8 +34,10 @@ from goodput_gateway.config import GatewaySettings
 from goodput_gateway.jobs.parking import park
 from goodput_gateway.jobs.store import JobQueue
 from goodput_gateway.knowledge import Knowledge
+from goodput_gateway.metering import Meter, Usage
 from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta, timed
-from goodput_gateway.pipeline import Pipeline
+from goodput_gateway.pipeline import ModelEntry, Pipeline
+from goodput_gateway.quotas import Admission, Quotas, RateLimited
 from goodput_gateway.rag import Source, augment
 from goodput_gateway.requests import GenerationRequest, resolve_cost, validate
 
@@ -68,6 +71,7 @@ class Opened:
     request: GenerationRequest  # as the caller sent it (stream, include_usage, kind)
     sources: list[Source]  # RAG: the chunks put in the prompt
     cache: CacheStatus | None  # what the response cache did; None without a cache
+    rate_limits: dict[str, str] = field(default_factory=dict)  # OpenAI's x-ratelimit-* values at admission
 
 
 class Generation:
@@ -107,12 +111,28 @@ class Generation:
         await self.aclose()
 
 
+@dataclass
+class _Tokens:
+    """What one admitted request used, filled in as it runs."""
+
+    inference: bool = False  # a worker ran it
+    finished: bool = False  # its stream reached its end
+    cache_hit: bool = False
+    saved: int = 0  # tokens a cache hit did not compute
+    prompt: int = 0
+    completion: int = 0
+    cached: int = 0  # prompt tokens from the engine's prefix cache
+
+
 class GatewayService:
     def __init__(self, settings: GatewaySettings, *, keys: ApiKeyStore, pipeline: Pipeline,
                  metrics: GatewayMetrics, knowledge: Knowledge | None = None,
-                 cache: GatewayCache | None = None, jobs: JobQueue | None = None) -> None:
+                 cache: GatewayCache | None = None, jobs: JobQueue | None = None, quotas: Quotas | None = None,
+                 meter: Meter | None = None) -> None:
         self.settings = settings
         self.keys = keys
+        self.quotas = quotas or Quotas(settings, redis_url="")
+        self.meter = meter or Meter(settings, redis=None)
         self.pipeline = pipeline
         self.metrics = metrics
         self.knowledge = knowledge
@@ -157,6 +177,33 @@ class GatewayService:
         self.metrics.stage.labels("validate").observe(time.monotonic() - started)
         prio = priority_name(request.priority)
 
+        # quotas: the tenant's and the key's limits, before anything is spent (a refusal is a 429 with the limits)
+        started = time.monotonic()
+        _, estimate = resolve_cost(request, self.settings, max_model_len=model.max_model_len)
+        try:
+            admission = await self.quotas.admit(principal, prompt_tokens=estimate.prompt_tokens, timeout_s=timeout)
+        except RateLimited:
+            self.meter.record(principal.tenant, model.id, Usage(refused=1))
+            raise
+        self.metrics.stage.labels("quota").observe(time.monotonic() - started)
+        tokens = _Tokens()
+        admitted = self._admitted(call, principal, request, model, admission, tokens, request_id=request_id,
+                                  arrived=arrived, deadline=deadline, prio=prio)
+        try:
+            async for event in admitted:
+                yield event
+        except GoodputError as err:
+            for name, value in admission.headers.items():  # a later refusal (shed, no worker) shows the limits too
+                err.headers.setdefault(name, value)
+            raise
+        finally:
+            await admitted.aclose()  # now, not when collected: its stream's release fills in `tokens`
+            self._account(principal, model.id, admission, tokens)
+
+    async def _admitted(self, call: Call, principal: Principal, request: GenerationRequest, model: ModelEntry,
+                        admission: Admission, tokens: _Tokens, *, request_id: str, arrived: float, deadline: float,
+                        prio: str) -> AsyncGenerator[Opened | TextDelta | StreamEnd, None]:
+        """The request once its quotas admitted it; ``tokens`` records what it used, for the accounting."""
         # cache lookup: a hit needs no retrieval and no worker
         status: CacheStatus | None = None
         if self.cache is not None:
@@ -164,8 +211,11 @@ class GatewayService:
             status, hit = await self.cache.lookup(principal, request, model, cache_control=call.cache_control)
             self.metrics.stage.labels("cache").observe(time.monotonic() - started)
             if hit is not None:
+                tokens.cache_hit = True
+                tokens.saved = hit.usage.prompt_tokens + hit.usage.completion_tokens
                 yield Opened(request_id=request_id, tenant=principal.tenant, priority=request.priority, model=model.id,
-                             worker_id="cache", request=request, sources=sources_of(hit), cache=status)
+                             worker_id="cache", request=request, sources=sources_of(hit), cache=status,
+                             rate_limits=admission.headers)
                 async for event in timed(replay(hit), self.metrics, priority=prio, arrived=arrived):
                     yield event
                 return
@@ -184,15 +234,34 @@ class GatewayService:
 
         # stream: tokens flow worker -> caller; the cache store and the timing wrap the stream
         try:
+            tokens.inference = True
             yield Opened(request_id=request_id, tenant=principal.tenant, priority=request.priority, model=model.id,
-                         worker_id=stream.start.worker_id, request=request, sources=sources, cache=status)
+                         worker_id=stream.start.worker_id, request=request, sources=sources, cache=status,
+                         rate_limits=admission.headers)
             events = timed(stream.events(), self.metrics, priority=prio, arrived=arrived)
             if self.cache is not None and status is not None:
                 events = self.cache.storing(events, status, sources)
             async for event in events:
+                if isinstance(event, StreamEnd):
+                    tokens.finished = True
                 yield event
         finally:
             await stream.aclose()  # release: the worker call stops and the lease goes back, whatever happened
+            tokens.prompt, tokens.completion, tokens.cached = stream.usage()
+
+    def _account(self, principal: Principal, model: str, admission: Admission, tokens: _Tokens) -> None:
+        """The request's quotas settled with what it really used, and its usage metered (off the response path)."""
+        admission.settle(prompt_tokens=tokens.prompt, completion_tokens=tokens.completion,
+                         inference=tokens.inference)
+        if tokens.cache_hit:
+            usage = Usage(requests=1, cache_hits=1, saved_tokens=tokens.saved)
+        else:
+            usage = Usage(requests=1, prompt_tokens=tokens.prompt, completion_tokens=tokens.completion,
+                          cached_tokens=tokens.cached,
+                          gpu_seconds=self.meter.gpu_seconds(tokens.prompt - tokens.cached, tokens.completion)
+                          if tokens.inference else 0.0)
+        outcome = "ok" if tokens.finished or tokens.cache_hit else "error" if not tokens.inference else "cancelled"
+        self.meter.record(principal.tenant, model, usage, outcome=outcome)
 
     async def _retrieve(self, principal: Principal, request: GenerationRequest, *,
                         max_model_len: int) -> tuple[GenerationRequest, list[Source]]:

@@ -54,7 +54,7 @@ def _authorization(context: aio.ServicerContext) -> str | None:
 
 def _usage(end: StreamEnd) -> types_pb2.Usage:
     return types_pb2.Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens,
-                           total_tokens=end.prompt_tokens + end.completion_tokens)
+                           total_tokens=end.prompt_tokens + end.completion_tokens, cached_tokens=end.cached_tokens)
 
 
 def _sources(opened: Opened) -> list[gateway_pb2.Source]:
@@ -67,6 +67,12 @@ def _cache_info(opened: Opened) -> gateway_pb2.CacheInfo | None:
     if status is None or status.status != "hit":
         return None
     return gateway_pb2.CacheInfo(hit=True, layer=status.layer, similarity=status.similarity)
+
+
+def _response_metadata(opened: Opened) -> tuple[tuple[str, str], ...]:
+    """What the response cache did and OpenAI's x-ratelimit-* values, as metadata."""
+    cache = tuple(opened.cache.metadata()) if opened.cache is not None else ()
+    return (*cache, *opened.rate_limits.items())
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
@@ -100,9 +106,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             # and lease) whatever happens, as the REST path does.
             async with generation:
                 opened = generation.opened
-                if opened.cache is not None:  # x-goodput-cache: hit; layer=l1; similarity=1.000
-                    await context.send_initial_metadata(opened.cache.metadata())
-                    context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *opened.cache.metadata()))
+                metadata = _response_metadata(opened)  # x-goodput-cache, x-ratelimit-*
+                if metadata:
+                    await context.send_initial_metadata(metadata)
+                    context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *metadata))
                 self._count("grpc_stream", "OK", opened.priority)
                 yield gateway_pb2.GenerateStreamResponse(start=gateway_pb2.StreamStart(
                     request_id=request_id, model=opened.model, sources=_sources(opened), cache=_cache_info(opened)))
@@ -125,8 +132,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 self._count("grpc", err.grpc_code.name)
                 raise
             opened = generation.opened
-            if opened.cache is not None:
-                context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *opened.cache.metadata()))
+            metadata = _response_metadata(opened)
+            if metadata:
+                context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *metadata))
             self._count("grpc", "OK", opened.priority)
             async with generation:
                 text, end = await generation.collect()

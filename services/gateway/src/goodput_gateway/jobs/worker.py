@@ -25,7 +25,6 @@ from prometheus_client import CollectorRegistry
 
 from goodput_core.errors import GoodputError
 
-from goodput_gateway.auth import Principal
 from goodput_gateway.jobs.store import RETRYABLE, TERMINAL, Job, JobQueue, JobsMetrics, celery_send, retry_delay
 
 if TYPE_CHECKING:
@@ -63,8 +62,9 @@ class JobRunner:
         async def parse_body() -> Any:
             return parse(schema, job.body).to_request()
 
-        call = Call(parse=parse_body, principal=Principal(tenant=job.tenant, max_priority=p2, default_priority=p2),
-                    request_id=f"req-{job.id.removeprefix('job-')}")
+        # The job runs as its tenant, under the tenant's limits and budget (not around them).
+        principal = self._wiring.service.keys.tenant_principal(job.tenant, priority=p2)
+        call = Call(parse=parse_body, principal=principal, request_id=f"req-{job.id.removeprefix('job-')}")
         try:
             async with await self._wiring.service.open(call) as generation:
                 text, end = await generation.collect()
@@ -96,6 +96,10 @@ def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, A
     try:
         job.result = runner(job)
     except RETRYABLE as err:
+        if err.code == "insufficient_quota":  # the tenant's monthly budget is spent: no retry helps this month
+            job.state, job.error = "failed", f"{type(err).__name__}: {err.message}"
+            queue.save(job, previous="running")
+            return job
         delay = retry_delay(job.attempts, err.retry_after_s, base_s=queue.settings.job_retry_base_s,
                             cap_s=queue.settings.job_retry_cap_s, rng=rng)
         job.state, job.error, job.next_attempt_at = "parked", f"{type(err).__name__}: {err.message}", now + delay

@@ -1,0 +1,161 @@
+"""Per-tenant and per-key quotas against a real Redis: two ``Quotas`` on one Redis are two gateway replicas, so
+every limit here is checked across replicas, not per process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from goodput_testing import dead_port
+
+from goodput_gateway.auth import Principal, Quota
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.quotas import Admission, QuotaExhausted, Quotas, RateLimited
+
+pytestmark = pytest.mark.asyncio
+
+Factory = Callable[..., Quotas]
+
+
+@pytest.fixture
+async def replicas(redis_url: str, redis_prefix: str) -> AsyncIterator[Factory]:
+    """Makes gateway replicas' quota counters on one Redis (closed after the test)."""
+    made: list[Quotas] = []
+
+    def make(url: str | None = None, **overrides: object) -> Quotas:
+        settings = GatewaySettings(quota_prefix=f"{redis_prefix}:quota", **overrides)  # type: ignore[arg-type]
+        quotas = Quotas(settings, redis_url=redis_url if url is None else url, registry=CollectorRegistry())
+        made.append(quotas)
+        return quotas
+
+    yield make
+    for quotas in made:
+        await quotas.close()
+
+
+NONE = Quota()
+
+
+def principal(tenant: str = "acme", *, key_id: str = "acme-key", tenant_quota: Quota = NONE,
+              key_quota: Quota = NONE) -> Principal:
+    return Principal(tenant=tenant, max_priority=1, default_priority=1, key_id=key_id, tenant_quota=tenant_quota,
+                     key_quota=key_quota)
+
+
+async def admit(quotas: Quotas, who: Principal, prompt_tokens: int = 10) -> Admission | RateLimited:
+    try:
+        return await quotas.admit(who, prompt_tokens=prompt_tokens, timeout_s=30)
+    except RateLimited as err:
+        return err
+
+
+async def test_requests_per_minute_hold_exactly_across_two_replicas(replicas: Factory) -> None:
+    a, b = replicas(), replicas()
+    who = principal(tenant_quota=Quota(rpm=5))
+    results = [await admit((a, b)[i % 2], who) for i in range(15)]  # 3N, alternating between the replicas
+    admitted = [r for r in results if isinstance(r, Admission)]
+    refused = [r for r in results if isinstance(r, RateLimited)]
+    assert len(admitted) == 5
+    err = refused[0]
+    assert err.code == "rate_limit_exceeded" and err.http_status == 429
+    assert err.retry_after_s is not None and 0 < err.retry_after_s <= 60
+    assert err.headers["x-ratelimit-limit-requests"] == "5"
+    assert err.headers["x-ratelimit-remaining-requests"] == "0"
+    assert err.headers["x-ratelimit-reset-requests"].endswith("s")
+    assert "tenant 'acme'" in err.message
+    # admitted responses show what is left
+    assert [r.headers["x-ratelimit-remaining-requests"] for r in admitted] == ["4", "3", "2", "1", "0"]
+    # another tenant is untouched
+    assert isinstance(await admit(a, principal("globex", key_id="g", tenant_quota=Quota(rpm=5))), Admission)
+
+
+async def test_a_key_limit_applies_beside_its_tenant_limit(replicas: Factory) -> None:
+    q = replicas()
+    narrow = principal(key_id="ci", tenant_quota=Quota(rpm=100), key_quota=Quota(rpm=2))
+    other_key = principal(key_id="web", tenant_quota=Quota(rpm=100))
+    assert [isinstance(await admit(q, narrow), Admission) for _ in range(3)] == [True, True, False]
+    assert isinstance(await admit(q, other_key), Admission)  # the tenant still has room
+    err = await admit(q, narrow)
+    assert isinstance(err, RateLimited) and "API key 'ci'" in err.message
+
+
+async def test_tokens_per_minute_count_real_usage_not_the_estimate(replicas: Factory) -> None:
+    a, b = replicas(), replicas()
+    who = principal(tenant_quota=Quota(tpm=1000))
+    first = await admit(a, who, prompt_tokens=100)
+    assert isinstance(first, Admission)
+    assert first.headers["x-ratelimit-remaining-tokens"] == "900"  # the prompt's estimate, counted at admission
+    first.settle(prompt_tokens=80, completion_tokens=700, inference=True)  # what the worker really used
+    await a.settle_all()
+    second = await admit(b, who, prompt_tokens=100)  # the other replica sees the corrected count
+    assert isinstance(second, Admission)
+    assert second.headers["x-ratelimit-remaining-tokens"] == str(1000 - 780 - 100)
+    second.settle(prompt_tokens=100, completion_tokens=0, inference=False)  # a cache hit: no inference counted
+    await b.settle_all()
+    third = await admit(a, who, prompt_tokens=300)
+    assert isinstance(third, RateLimited)  # 780 + 300 > 1000
+    assert third.headers["x-ratelimit-limit-tokens"] == "1000"
+    assert third.headers["x-ratelimit-remaining-tokens"] == "220"
+    assert isinstance(await admit(a, who, prompt_tokens=200), Admission)  # the refused 300 were given back
+
+
+async def test_a_prompt_larger_than_the_whole_minute_is_refused_by_name(replicas: Factory) -> None:
+    err = await admit(replicas(), principal(tenant_quota=Quota(tpm=50)), prompt_tokens=51)
+    assert isinstance(err, RateLimited) and "51 prompt tokens" in err.message
+
+
+async def test_concurrent_requests_are_bounded_across_replicas_and_given_back(replicas: Factory) -> None:
+    a, b = replicas(), replicas()
+    who = principal(tenant_quota=Quota(max_concurrent=2))
+    one, two = await admit(a, who), await admit(b, who)
+    assert isinstance(one, Admission) and isinstance(two, Admission)
+    third = await admit(a, who)
+    assert isinstance(third, RateLimited) and "2 requests in flight" in third.message
+    one.settle(prompt_tokens=10, completion_tokens=5, inference=True)
+    await a.settle_all()
+    assert isinstance(await admit(b, who), Admission)
+
+
+async def test_a_spent_monthly_budget_refuses_with_insufficient_quota(replicas: Factory) -> None:
+    a, b = replicas(), replicas()
+    who = principal(tenant_quota=Quota(monthly_tokens=500, monthly_soft=0.5))
+    first = await admit(a, who)
+    assert isinstance(first, Admission)
+    first.settle(prompt_tokens=100, completion_tokens=300, inference=True)
+    await a.settle_all()
+    assert a.metrics.budget_used.labels("other")._value.get() == pytest.approx(0.8)  # noqa: SLF001
+    second = await admit(b, who)
+    assert isinstance(second, Admission)  # 400 of 500: still under
+    second.settle(prompt_tokens=50, completion_tokens=60, inference=True)
+    await b.settle_all()
+    err = await admit(a, who)
+    assert isinstance(err, QuotaExhausted)
+    assert err.code == "insufficient_quota" and err.http_status == 429
+    assert err.retry_after_s is not None and err.retry_after_s > 0  # until the month ends
+    assert "monthly budget of 500 tokens" in err.message
+
+
+async def test_an_unreachable_redis_fails_open_with_a_local_bound_and_counts_it(replicas: Factory) -> None:
+    q = replicas(f"redis://127.0.0.1:{dead_port()}/0", quota_fail_open_share=0.5, quota_timeout_s=0.2)
+    who = principal(tenant_quota=Quota(rpm=4, monthly_tokens=1))
+    results = [await admit(q, who) for _ in range(4)]
+    assert [isinstance(r, Admission) for r in results] == [True, True, False, False]  # half of 4, locally
+    assert q.metrics.fail_open.labels("admit")._value.get() == 1  # noqa: SLF001 - Redis tried once, then not
+    assert q.metrics.fail_open.labels("local_bound")._value.get() == 4  # noqa: SLF001
+
+
+async def test_without_redis_the_counters_are_this_process(replicas: Factory) -> None:
+    q = replicas("")
+    assert not q.shared
+    who = principal(tenant_quota=Quota(rpm=1, max_concurrent=1))
+    first = await admit(q, who)
+    assert isinstance(first, Admission) and isinstance(await admit(q, who), RateLimited)
+
+
+async def test_unlimited_principals_skip_redis_entirely(replicas: Factory) -> None:
+    q = replicas(f"redis://127.0.0.1:{dead_port()}/0")
+    admitted = await asyncio.wait_for(admit(q, principal()), timeout=1)
+    assert isinstance(admitted, Admission) and admitted.headers == {}
