@@ -15,8 +15,8 @@ def test_key_file_holds_only_the_hash(tmp_path):
     assert key.startswith("gp-dev-")
     text = (tmp_path / "api-keys.json").read_text()
     assert key not in text
-    assert json.loads(text) == {"keys": [{"key_sha256": hashlib.sha256(key.encode()).hexdigest(), "tenant": "dev",
-                                          "max_priority": "P0", "default_priority": "P0"}]}
+    assert json.loads(text) == {"keys": [{"id": "dev", "key_sha256": hashlib.sha256(key.encode()).hexdigest(),
+                                          "tenant": "dev", "max_priority": "P0", "default_priority": "P0"}]}
 
 
 def test_plain_key_is_readable_by_its_owner_only(tmp_path):

@@ -1,4 +1,5 @@
-"""The `goodput` command: `up` runs the platform here, `chat` asks it, `status` checks it."""
+"""The `goodput` command: `up` runs the platform here, `chat` asks it, `status` checks it, `keys` manages its API
+keys."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from rich.console import Console
 
 from goodput_cli.chat import DEFAULT_GATEWAY_URL, DEV_MODEL, ChatError, resolve_key, stream_chat
 from goodput_cli.keys import default_state_dir
+from goodput_cli.keys_cli import register as register_keys_commands
 from goodput_cli.knowledge import register as register_knowledge_commands
 from goodput_cli.status import collect, render
 from goodput_cli.supervisor import Platform, PlatformError
@@ -103,6 +105,9 @@ Or: goodput chat "{EXAMPLE_QUESTION}"
 def up(
     workers: Annotated[int, typer.Option("--workers", "-w", min=1,
                                          help="Inference workers (one vLLM engine each).")] = 1,
+    gateways: Annotated[int, typer.Option("--gateways", min=1,
+                                          help="Gateway replicas (the n-th on the first's ports + 20n); they share "
+                                               "the scheduler, the keys file and the quota counters.")] = 1,
     port_offset: Annotated[int, typer.Option("--port-offset", help="Added to every port (run two platforms).")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for every service to serve.")] = 900,
     state_dir: StateDir = None,
@@ -122,7 +127,7 @@ def up(
     console = Console()
     workdir = (state_dir or default_state_dir()).resolve()
     platform = Platform(workdir=workdir, workers=workers, port_offset=port_offset, redis_db=redis_db,
-                        insecure_internal=insecure_internal)
+                        insecure_internal=insecure_internal, gateways=gateways)
     if insecure_internal:
         console.print("warning: internal gRPC runs in PLAINTEXT (--insecure-internal): services do not authenticate "
                       "or authorize each other", style="yellow", highlight=False)
@@ -134,7 +139,9 @@ def up(
         console.print(f"starting Goodput: {workers} worker(s), logs in {platform.logs_dir}", highlight=False)
         platform.start(timeout_s=timeout, console=console)
         ready = True
-        print(f"\nGoodput is up: REST {platform.gateway_http}, gRPC {platform.gateway_grpc}. "
+        more = "".join(f"; replica {i}: REST {platform.gateway_http_at(i)}, gRPC {platform.gateway_grpc_at(i)}"
+                       for i in range(1, gateways))
+        print(f"\nGoodput is up: REST {platform.gateway_http}, gRPC {platform.gateway_grpc}{more}. "
               f"Dev API key: {platform.dev_key} (also in {workdir / 'dev-key'})\n")
         print(usage_examples(base_url=platform.gateway_http, key=str(platform.dev_key),
                              model=_served_model(platform)))
@@ -272,6 +279,7 @@ def status(
 
 
 register_knowledge_commands(app)  # `goodput index` and `goodput search`
+register_keys_commands(app)  # `goodput keys create|list|revoke|tenant`
 
 
 def main() -> None:

@@ -40,12 +40,26 @@ _NAMES = {"inference": "worker", "indexWorker": "index-worker", "jobsWorker": "j
 _CELERY_FLAGS = ["--pool", "solo", "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"]
 
 
+# A gateway replica's ports are the first's plus this many per replica (the workers' ports follow theirs one by one,
+# so a stride of 1 would land a second gateway on the scheduler's port).
+GATEWAY_PORT_STRIDE = 20
+
+
+def _shift(key: str, instance: int) -> int:
+    return instance * (GATEWAY_PORT_STRIDE if key == "gateway" else 1)
+
+
 def grpc_addr(key: str, port_offset: int, instance: int = 0) -> str:
-    return f"{HOST}:{SERVICES[key].grpc_port + port_offset + instance}"
+    """The local address of the ``instance``-th process of ``key``.
+
+    >>> grpc_addr("inference", 0, 1), grpc_addr("gateway", 0, 1)
+    ('127.0.0.1:50062', '127.0.0.1:50071')
+    """
+    return f"{HOST}:{SERVICES[key].grpc_port + port_offset + _shift(key, instance)}"
 
 
 def http_port(key: str, port_offset: int, instance: int = 0) -> int:
-    return SERVICES[key].http_port + port_offset + instance
+    return SERVICES[key].http_port + port_offset + _shift(key, instance)
 
 
 def redis_db_url(url: str, db: int) -> str:
@@ -83,6 +97,9 @@ class Wiring:
     knowledge: bool = True
     cache: bool = True
     jobs: bool = True
+    # Gateway replicas (the first on the topology's ports, the n-th GATEWAY_PORT_STRIDE * n above), sharing the
+    # scheduler, the key file and the quota counters in Redis.
+    gateways: int = 1
     inherited: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     # The development CA's folder (goodput_core.tls.ensure_dev_pki); None = plaintext internal gRPC.
     tls_dir: Path | None = None
@@ -120,11 +137,14 @@ def _service_env(key: str, w: Wiring, running: list[str], instance: int = 0) -> 
     svc = SERVICES[key]
     env = {"GOODPUT_REDIS_URL": w.redis_url, "PYTHONUNBUFFERED": "1"}
     if svc.grpc_port:
-        env[svc.env("GRPC_PORT")] = str(svc.grpc_port + w.port_offset + instance)
+        env[svc.env("GRPC_PORT")] = str(svc.grpc_port + w.port_offset + _shift(key, instance))
     env[svc.env(svc.http_port_setting)] = str(http_port(key, w.port_offset, instance))
-    # The gateway's Redis holds parked jobs only: it gets it when the jobs worker runs.
+    # The gateway's REDIS_URL holds parked jobs only: it gets it when the jobs worker runs. Its quota counters and
+    # usage are always in Redis, so that every replica (and the jobs worker) counts against the same limits.
     if "redis" in svc.external and (svc.prefix != SERVICES["gateway"].prefix or w.jobs):
         env[svc.env("REDIS_URL")] = w.redis_url
+    if svc.prefix == SERVICES["gateway"].prefix:
+        env[svc.env("QUOTA_REDIS_URL")] = w.redis_url
     if key in ("embedder", "indexWorker", "cache"):
         env[svc.env("VERSION_CHANNEL")] = version_channel(w.redis_url)
     env.update(_peers(key, w, running))
@@ -168,10 +188,14 @@ def plan(w: Wiring) -> list[ServiceSpec]:
                 specs.append(_spec(f"worker-{i}", [w.python, "-m", svc.package], env,
                                    grpc_addr(key, w.port_offset, i), w))
             continue
+        if key == "gateway":
+            for i in range(w.gateways):
+                env = {**_service_env(key, w, running, i), svc.env("API_KEYS_FILE"): str(w.workdir / "api-keys.json")}
+                specs.append(_spec("gateway" if i == 0 else f"gateway-{i}", [w.python, "-m", svc.package], env,
+                                   grpc_addr(key, w.port_offset, i), w, public=True))
+            continue
         env = _service_env(key, w, running)
         name = _NAMES.get(key, key)
-        if key == "gateway":
-            env[svc.env("API_KEYS_FILE")] = str(w.workdir / "api-keys.json")
         if key == "retriever":
             env[svc.env("DATA_DIR")] = str(w.workdir / "retriever-data")
         if svc.is_celery_worker:
@@ -185,6 +209,5 @@ def plan(w: Wiring) -> list[ServiceSpec]:
             # --pool solo: one process, so its metrics port sees every job.
             specs.append(_spec(name, argv + _CELERY_FLAGS, env, None, w))
         else:
-            specs.append(_spec(name, [w.python, "-m", svc.package], env, grpc_addr(key, w.port_offset), w,
-                               public=key == "gateway"))
+            specs.append(_spec(name, [w.python, "-m", svc.package], env, grpc_addr(key, w.port_offset), w))
     return specs

@@ -84,9 +84,10 @@ class Platform:
     def __init__(self, *, workdir: Path, workers: int = 1, port_offset: int = 0, env: dict[str, str] | None = None,
                  api_keys: list[dict[str, Any]] | None = None, python: str | None = None,
                  knowledge: bool | None = None, cache: bool | None = None, jobs: bool | None = None,
-                 redis_db: int | None = None, insecure_internal: bool = False) -> None:
-        if workers < 1:
-            raise ValueError("workers must be at least 1")
+                 redis_db: int | None = None, insecure_internal: bool = False, gateways: int = 1) -> None:
+        if workers < 1 or gateways < 1:
+            raise ValueError("workers and gateways must be at least 1")
+        self.gateways = gateways
         self.workdir = Path(workdir).resolve()
         self.workers = workers
         self.port_offset = port_offset
@@ -114,11 +115,22 @@ class Platform:
     # --- addresses ------------------------------------------------------------------------------------------------
     @property
     def gateway_http(self) -> str:
-        return f"http://{HOST}:{http_port('gateway', self.port_offset)}"
+        return self.gateway_http_at(0)
 
     @property
     def gateway_grpc(self) -> str:
-        return grpc_addr("gateway", self.port_offset)
+        return self.gateway_grpc_at(0)
+
+    def gateway_http_at(self, i: int) -> str:
+        """The REST base URL of gateway replica ``i`` (0 is :attr:`gateway_http`)."""
+        if not 0 <= i < self.gateways:
+            raise IndexError(f"gateway {i} does not exist (gateways: 0..{self.gateways - 1})")
+        return f"http://{HOST}:{http_port('gateway', self.port_offset, i)}"
+
+    def gateway_grpc_at(self, i: int) -> str:
+        if not 0 <= i < self.gateways:
+            raise IndexError(f"gateway {i} does not exist (gateways: 0..{self.gateways - 1})")
+        return grpc_addr("gateway", self.port_offset, i)
 
     @property
     def scheduler_grpc(self) -> str:
@@ -210,7 +222,8 @@ class Platform:
         """The Goodput services in start order (Redis is not part of it: it is started only when missing)."""
         return plan(Wiring(workdir=self.workdir, workers=self.workers, port_offset=self.port_offset,
                            python=self.python, redis_url=self.redis_url, knowledge=self.knowledge, cache=self.cache,
-                           jobs=self.jobs, inherited={**os.environ, **self.env}, tls_dir=self.tls_dir))
+                           jobs=self.jobs, gateways=self.gateways, inherited={**os.environ, **self.env},
+                           tls_dir=self.tls_dir))
 
     def child_env(self, spec: ServiceSpec) -> dict[str, str]:
         """The full environment of a child: the supervisor's, then ``env``, then the spec's wiring."""
