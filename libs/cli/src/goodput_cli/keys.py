@@ -174,11 +174,13 @@ def edit_keys_document(path: Path, *, move_invalid_aside: bool = False) -> Itera
         _write_private(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
 
-def write_keys_file(workdir: Path, entries: list[dict[str, Any]]) -> Path:
-    """Replaces the keys file of ``workdir`` with exactly ``entries`` (tests that bring their own keys)."""
+def write_keys_file(workdir: Path, entries: list[dict[str, Any]] | dict[str, Any]) -> Path:
+    """Replaces the keys file of ``workdir`` with exactly ``entries`` (tests that bring their own keys): a list of
+    keys, or a whole document (``defaults``, ``tenants``, ``keys``)."""
     path = workdir / KEYS_FILE
+    doc = entries if isinstance(entries, dict) else {"keys": entries}
     with _locked(path):
-        _write_private(path, json.dumps({"keys": entries}, indent=2) + "\n")
+        _write_private(path, json.dumps(doc, indent=2) + "\n")
     return path
 
 

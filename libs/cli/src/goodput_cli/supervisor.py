@@ -76,13 +76,14 @@ class Platform:
     """The local platform: Redis, ``workers`` inference workers, the scheduler and the gateway as child processes.
 
     ``env`` is added to every child's environment (after the supervisor's own environment); the ports, addresses
-    and worker ids are always the supervisor's. ``api_keys`` are the entries of the gateway's key file; None
-    creates a development key (``dev_key``, also in ``workdir/dev-key``) for tenant ``dev`` with P0 allowed.
+    and worker ids are always the supervisor's. ``api_keys`` are the entries of the gateway's key file (or its whole
+    document: defaults, tenants, keys); None creates a development key (``dev_key``, also in ``workdir/dev-key``)
+    for tenant ``dev`` with P0 allowed.
     ``insecure_internal`` runs internal gRPC in plaintext (every service warns at start); the default is mTLS.
     """
 
     def __init__(self, *, workdir: Path, workers: int = 1, port_offset: int = 0, env: dict[str, str] | None = None,
-                 api_keys: list[dict[str, Any]] | None = None, python: str | None = None,
+                 api_keys: list[dict[str, Any]] | dict[str, Any] | None = None, python: str | None = None,
                  knowledge: bool | None = None, cache: bool | None = None, jobs: bool | None = None,
                  redis_db: int | None = None, insecure_internal: bool = False, gateways: int = 1) -> None:
         if workers < 1 or gateways < 1:
