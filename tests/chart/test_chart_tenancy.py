@@ -93,7 +93,7 @@ def test_quota_and_metering_settings_reach_the_gateway_and_the_jobs_worker(chart
     gw, jobs = _config(chart, docs, "gateway"), _config(chart, docs, "jobs-worker")
     expected = {
         "QUOTA_PREFIX": "goodput:quota",
-        "QUOTA_TIMEOUT_S": "0.1",
+        "QUOTA_TIMEOUT_S": "0.5",
         "QUOTA_FAIL_OPEN_SHARE": "0.5",  # 1 / gateway.autoscaling.minReplicas (2)
         "QUOTA_RETRY_S": "5",
         "USAGE_PREFIX": "goodput:usage",

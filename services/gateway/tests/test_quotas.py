@@ -109,11 +109,14 @@ async def test_a_prompt_larger_than_the_whole_minute_is_refused_by_name(replicas
 
 async def test_concurrent_requests_are_bounded_across_replicas_and_given_back(replicas: Factory) -> None:
     a, b = replicas(), replicas()
-    who = principal(tenant_quota=Quota(max_concurrent=2))
+    who = principal(tenant_quota=Quota(max_concurrent=2, rpm=100))
     one, two = await admit(a, who), await admit(b, who)
     assert isinstance(one, Admission) and isinstance(two, Admission)
     third = await admit(a, who)
     assert isinstance(third, RateLimited) and "2 requests in flight" in third.message
+    # the refusal shows the request window as it stands, and did not count in it
+    assert third.headers["x-ratelimit-limit-requests"] == "100"
+    assert third.headers["x-ratelimit-remaining-requests"] == "98"
     one.settle(prompt_tokens=10, completion_tokens=5, inference=True)
     await a.settle_all()
     assert isinstance(await admit(b, who), Admission)

@@ -22,7 +22,7 @@ class GatewaySettings(ServiceSettings):
                                                  "every replica; empty = redis_url; both empty = counters in this "
                                                  "process (right for one replica only).")
     quota_prefix: str = Field("goodput:quota", description="Prefix of the quota counters' Redis keys.")
-    quota_timeout_s: float = Field(0.1, gt=0, description="Longest a quota step may wait on Redis; slower counts "
+    quota_timeout_s: float = Field(0.5, gt=0, description="Longest a quota step may wait on Redis; slower counts "
                                                           "as unreachable.")
     quota_fail_open_share: float = Field(1.0, gt=0, le=1, description="Redis unreachable: the share of every rate "
                                          "and concurrency limit each replica enforces on its own (1 / replicas "

@@ -389,6 +389,24 @@ class Quotas:
             log.warning("quota store unreachable: enforcing the local bound", extra={"error": repr(err)})
             return await self._admit(self.fallback, principal, scopes, member, prompt_tokens, timeout_s)
 
+    @staticmethod
+    async def _windows(backend: _Backend, scopes: list[_Scope]) -> tuple[list[_Window], list[_Window]]:
+        """Each scope's request and token windows as they stand, without counting anything in them."""
+        requests: list[_Window] = []
+        tokens: list[_Window] = []
+        now = time.time()
+        for s in scopes:
+            if s.quota.rpm:
+                item = backend.rpm_item(s)
+                stats = await backend.moving.get_window_stats(item, *s.id())
+                requests.append(_Window(item.amount, stats.remaining, stats.reset_time - now))
+            if s.quota.tpm:
+                item = backend.tpm_item(s)
+                stats = await backend.fixed.get_window_stats(item, *s.id())
+                reset_s = stats.reset_time - now if stats.reset_time else 60.0
+                tokens.append(_Window(item.amount, stats.remaining, reset_s))
+        return requests, tokens
+
     async def _admit(self, backend: _Backend, principal: Principal, scopes: list[_Scope], member: str,
                      prompt_tokens: int, timeout_s: float) -> Admission:
         if backend is self.fallback:
@@ -407,12 +425,13 @@ class Quotas:
                         f"({used} in {month}); it resets at the start of next month (UTC)",
                         headers={}, retry_after_s=month_left))
 
-        # concurrency: a place in every scope at once, or none
+        # concurrency: a place in every scope at once, or none (the refusal shows the rate windows, uncounted)
         full = await guarded(backend.acquire(scopes, member, timeout_s + 30.0))
         if full is not None:
             raise self._refuse(principal, "concurrent", RateLimited(
                 f"{full.describe()} already has {full.quota.max_concurrent} requests in flight "
-                f"(its max_concurrent); retry when one finishes", headers={}, retry_after_s=1.0))
+                f"(its max_concurrent); retry when one finishes",
+                headers=_headers(*await guarded(self._windows(backend, scopes))), retry_after_s=1.0))
         try:
             requests: list[_Window] = []
             tokens: list[_Window] = []
