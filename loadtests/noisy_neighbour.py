@@ -1,0 +1,911 @@
+"""Noisy-neighbour benchmark: tenant A floods P0 at 10x its share while tenant B sends its normal P0 rate, through
+the gateway (REST, streaming), on a simulated fleet; without quotas and with them, on the same arrivals.
+
+For each fleet size, one platform (``goodput_cli.supervisor.Platform``: real gateway, scheduler and simulated
+workers, ``GOODPUT_INFERENCE_ENGINE=sim``; only the GPU is simulated) and, in this order:
+
+1. **calibration**: B's unloaded P0 TTFT, one request at a time, and the fleet's P0 capacity (closed loop, every
+   slot busy, completions per second), both measured in this run;
+2. **shares**: two tenants of equal weight, so each one's share is half the fleet: ``share_rps`` = capacity / 2
+   and ``share_slots`` = slots / 2. A's flood is open-loop Poisson at ``--flood`` (10) x ``share_rps``; B's normal
+   rate is ``--b-load`` (0.5) x ``share_rps``. The arrivals are drawn once (seeded) and replayed in every phase;
+   only the prompts' text differs between phases (so no phase reuses another's prefix cache);
+3. **phases**, ``--phase-s`` seconds of arrivals each: ``alone`` (B only: B's unloaded value, the reference of the
+   goal), ``without_quotas`` (A + B, keys without limits: only the scheduler's per-tenant queue shares act) and one
+   ``with_quotas`` run per ``--quota-runs`` entry (A + B, each tenant limited to its share in the gateway's keys
+   file: ``rpm`` = share_rps x 60, and with ``+concurrent`` also ``max_concurrent`` = share_slots; the quota
+   counters start empty).
+
+Per phase it reports B's success rate and TTFT p50/p95/p99 (first content delta of the SSE stream) with the ratio
+of p99 to B's p99 alone (goal: <= 1.25x) and A's admitted and refused requests: by what refused them, and whether
+every refusal was a 429 with ``code: rate_limit_exceeded`` (``queue_full`` when the scheduler refused it), a
+``Retry-After`` and sane ``x-ratelimit-*-requests`` headers (limit = the configured rpm, 0 <= remaining <= limit, a
+parseable reset within the minute), and whether A passed its rpm more often than the limit allows. A's flood is
+sent from a separate process, so B's client (and its TTFT clock) does not share an event loop with it.
+
+    python -m loadtests.noisy_neighbour                          # 2 and 4 workers, ~9 min on 2 cores
+    python -m loadtests.noisy_neighbour --out loadtests/reports/noisy_neighbour   # the reference run
+    python -m loadtests.noisy_neighbour --smoke                  # 2 workers, short phases, one quota run (~45 s)
+    python -m loadtests.noisy_neighbour --render loadtests/reports/noisy_neighbour.json   # re-render report + plot
+
+A benchmark reports numbers; it does not fail on a missed goal (only when nothing could be served).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing
+import random
+import re
+import secrets
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loadtests.common import cpu_label, machine_info, markdown_table, percentile, summarize, write_report
+from loadtests.simfleet import random_text
+
+__all__ = ["Outcome", "analyse_flood", "analyse_quiet", "goals", "main", "parse_reset", "refusal_kind",
+           "refusal_problems", "render_markdown", "render_plot"]
+
+NOISY, QUIET, PROBE = "tenant-a", "tenant-b", "calibration"
+LABELS = {NOISY: "A", QUIET: "B"}
+PORT_OFFSET = 3400  # no other test or benchmark uses it (tests: 1000, 2300-3200, 3500, 3700; loadtests: 300, 3000)
+TTFT_GOAL_RATIO = 1.25
+RPM_WINDOW_S = 60.0
+# The gateway's x-ratelimit-reset-* format (goodput_gateway.quotas.format_reset): 20ms, 1s, 59.5s, 6m0s, 1h2m5s.
+_RESET = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+# ---- one request through the gateway -------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    """One streamed chat request as the client saw it."""
+
+    tenant: str
+    scheduled_s: float  # arrival, seconds after the phase's start
+    lag_s: float = 0.0  # how late the client sent it (a load generator short of CPU shows here)
+    status: int = 0  # HTTP status; 0 = no response (transport error)
+    code: str = ""  # the OpenAI error body's code (a refusal, or an error event mid-stream)
+    message: str = ""
+    headers: dict[str, str] = field(default_factory=dict)  # Retry-After and x-ratelimit-*
+    ttft_s: float | None = None  # to the first content delta
+    e2e_s: float | None = None
+    completed: bool = False  # a finish_reason and [DONE] arrived
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.completed
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """One tenant's arrivals in one phase (picklable: A's flood runs in another process)."""
+
+    base_url: str
+    key: str
+    tenant: str
+    tag: str  # makes the prompts unique to the phase (no prefix-cache reuse between phases)
+    arrivals: tuple[float, ...]  # seconds after t0
+    t0: float  # time.monotonic() of the phase's start (CLOCK_MONOTONIC: the same in every process)
+    prompt_chars: int
+    max_tokens: int
+    timeout_s: float = 120.0
+
+
+def prompt_for(tag: str, i: int, chars: int) -> str:
+    head = f"{tag} request {i}: "
+    return head + random_text(random.Random(f"{tag}-{i}"), max(chars - len(head), 1))
+
+
+def _error_of(raw: bytes) -> tuple[str, str]:
+    try:
+        err = json.loads(raw)["error"]
+        return str(err.get("code") or ""), str(err.get("message") or "")[:240]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "", raw[:240].decode("utf-8", "replace")
+
+
+async def send(client: httpx.AsyncClient, traffic: Traffic, i: int) -> Outcome:
+    scheduled = traffic.arrivals[i] if i < len(traffic.arrivals) else None  # None: closed loop, no schedule
+    out = Outcome(tenant=traffic.tenant, scheduled_s=scheduled or 0.0)
+    body = {"messages": [{"role": "user", "content": prompt_for(traffic.tag, i, traffic.prompt_chars)}],
+            "max_tokens": traffic.max_tokens, "stream": True, "priority": "P0"}
+    start = time.monotonic()
+    out.lag_s = 0.0 if scheduled is None else max(0.0, start - (traffic.t0 + scheduled))
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body,
+                                 headers={"Authorization": f"Bearer {traffic.key}"}) as resp:
+            out.status = resp.status_code
+            out.headers = {k: v for k, v in resp.headers.items() if k == "retry-after" or k.startswith("x-ratelimit-")}
+            if resp.status_code != 200:
+                out.code, out.message = _error_of(await resp.aread())
+                return out
+            finished = done = False
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    done = True
+                    continue
+                event = json.loads(data)
+                if "error" in event:  # an error after the headers: an SSE event
+                    out.code, out.message = str(event["error"].get("code") or ""), str(event["error"].get("message"))
+                    continue
+                for choice in event.get("choices") or ():
+                    if out.ttft_s is None and (choice.get("delta") or {}).get("content"):
+                        out.ttft_s = time.monotonic() - start
+                    if choice.get("finish_reason"):
+                        finished = True
+            out.completed = finished and done
+            out.e2e_s = time.monotonic() - start
+    except (httpx.HTTPError, ValueError) as err:
+        out.message = f"{type(err).__name__}: {err}"[:240]
+    return out
+
+
+async def drive(traffic: Traffic) -> list[Outcome]:
+    """Sends every arrival at its time (open loop) and waits for all of them."""
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+    timeout = httpx.Timeout(traffic.timeout_s, connect=10.0)
+    async with httpx.AsyncClient(base_url=traffic.base_url, timeout=timeout, limits=limits) as client:
+        tasks = []
+        for i, at in enumerate(traffic.arrivals):
+            delay = traffic.t0 + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(client, traffic, i)))
+        return list(await asyncio.gather(*tasks))
+
+
+def drive_in_process(traffic: Traffic) -> list[Outcome]:
+    """:func:`drive` in a process of its own (a ProcessPoolExecutor's worker)."""
+    return asyncio.run(drive(traffic))
+
+
+def _ready() -> bool:
+    return True
+
+
+def poisson(rng: random.Random, rate: float, duration_s: float) -> tuple[float, ...]:
+    out: list[float] = []
+    t = 0.0
+    while rate > 0:
+        t += rng.expovariate(rate)
+        if t > duration_s:
+            break
+        out.append(round(t, 4))
+    return tuple(out)
+
+
+# ---- calibration ---------------------------------------------------------------------------------------------------
+
+async def sequential_ttft(base_url: str, key: str, tenant: str, *, n: int, prompt_chars: int,
+                          max_tokens: int) -> list[float]:
+    """B alone, one request at a time: its unloaded TTFT."""
+    traffic = Traffic(base_url, key, tenant, "sequential", (), 0.0, prompt_chars, max_tokens)
+    out = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=60.0) as client:
+        for i in range(n):
+            r = await send(client, traffic, i)
+            if r.ok and r.ttft_s is not None:
+                out.append(r.ttft_s)
+            await asyncio.sleep(0.05)
+    return out
+
+
+async def capacity(base_url: str, key: str, *, concurrency: int, warmup_s: float, measure_s: float,
+                   prompt_chars: int, max_tokens: int) -> dict[str, Any]:
+    """Closed loop with every slot busy (a tenant of its own, no limits): P0 completions per second."""
+    traffic = Traffic(base_url, key, PROBE, "capacity", (), 0.0, prompt_chars, max_tokens)
+    done: list[float] = []
+    refused = 0
+    counter = iter(range(1_000_000))
+    start = time.monotonic()
+    stop = start + warmup_s + measure_s
+
+    async def loop(client: httpx.AsyncClient) -> None:
+        nonlocal refused
+        while time.monotonic() < stop:
+            r = await send(client, traffic, next(counter))
+            if r.ok:
+                done.append(time.monotonic())
+            else:
+                refused += 1
+                await asyncio.sleep(0.1)
+
+    limits = httpx.Limits(max_connections=concurrency + 8)
+    async with httpx.AsyncClient(base_url=base_url, timeout=60.0, limits=limits) as client:
+        await asyncio.gather(*(loop(client) for _ in range(concurrency)))
+    window = [t for t in done if start + warmup_s <= t <= start + warmup_s + measure_s]
+    return {"rps": len(window) / measure_s, "completed_in_window": len(window), "not_ok": refused,
+            "concurrency": concurrency, "warmup_s": warmup_s, "measure_s": measure_s}
+
+
+# ---- the keys file -----------------------------------------------------------------------------------------------
+
+def keys_document(keys: dict[str, str], limits: dict[str, int] | None, marker: int) -> dict[str, Any]:
+    """A and B with equal weights and, in a quota run, the same limits each; the probe tenant's rpm is a version
+    marker (never reached) that shows on its responses once the gateway has reloaded this document."""
+    tenants: dict[str, dict[str, Any]] = {NOISY: {"weight": 1}, QUIET: {"weight": 1}, PROBE: {"rpm": marker}}
+    for t in (NOISY, QUIET):
+        tenants[t].update(limits or {})
+    return {"tenants": tenants,
+            "keys": [{"id": f"{t}-key", "key": keys[t], "tenant": t, "max_priority": "P0", "default_priority": "P0"}
+                     for t in (NOISY, QUIET, PROBE)]}
+
+
+async def install_keys(platform: Any, doc: dict[str, Any], marker: int, probe_key: str, *,
+                       timeout_s: float = 30.0) -> float:
+    """Writes the keys document (atomically) and waits until the gateway serves it; returns the seconds taken."""
+    from goodput_cli.keys import edit_keys_document
+
+    started = time.monotonic()
+    with edit_keys_document(platform.api_keys_file) as current:
+        current.clear()
+        current.update(doc)
+    body = {"messages": [{"role": "user", "content": f"probe {marker} {secrets.token_hex(4)}"}], "max_tokens": 1}
+    async with httpx.AsyncClient(base_url=platform.gateway_http, timeout=30.0) as client:
+        while time.monotonic() - started < timeout_s:
+            r = await client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {probe_key}"})
+            if r.headers.get("x-ratelimit-limit-requests") == str(marker):
+                return time.monotonic() - started
+            await asyncio.sleep(0.25)
+    raise RuntimeError(f"the gateway did not load the keys file within {timeout_s:.0f} s")
+
+
+def reset_counters(redis_url: str, prefix: str) -> int:
+    """Deletes this run's quota (and usage) keys, so a quota run starts with empty counters."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i:i + 500])
+        return len(keys)
+    finally:
+        client.close()
+
+
+async def gateway_counters(base_url: str) -> dict[str, float]:
+    """The gateway's quota counters (refusals by limit, fail-open decisions), summed over labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            text = (await client.get(f"{base_url}/metrics")).text
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "goodput_quota_refused_total":
+                    name = f"refused:{s.labels.get('limit', '?')}"
+                elif s.name == "goodput_quota_fail_open_total":
+                    name = f"fail_open:{s.labels.get('reason', '?')}"
+                else:
+                    continue
+                out[name] = out.get(name, 0.0) + s.value
+    except (httpx.HTTPError, ValueError):
+        pass
+    return out
+
+
+# ---- analysis ------------------------------------------------------------------------------------------------------
+
+def parse_reset(value: str) -> float | None:
+    """Seconds of an ``x-ratelimit-reset-*`` value; None when it is not in the gateway's format.
+
+    >>> parse_reset("20ms"), parse_reset("59.5s"), parse_reset("6m0s"), parse_reset("1h2m5s"), parse_reset("soon")
+    (0.02, 59.5, 360.0, 3725.0, None)
+    """
+    if value.endswith("ms") and value[:-2].isdigit():
+        return int(value[:-2]) / 1000
+    m = _RESET.match(value)
+    if not value or m is None:
+        return None
+    h, mi, s = m.groups()
+    return int(h or 0) * 3600 + int(mi or 0) * 60 + float(s or 0)
+
+
+def refusal_kind(o: Outcome) -> str:
+    """What refused a request, from its error code and message.
+
+    >>> refusal_kind(Outcome("a", 0, status=429, code="rate_limit_exceeded",
+    ...                      message="tenant 'a' is over its limit of 5 requests per minute"))
+    'rpm'
+    """
+    m = o.message
+    if o.status == 0:
+        return "no response"
+    if "requests per minute" in m:
+        return "rpm"
+    if "requests in flight" in m:
+        return "max_concurrent"
+    if "tokens per minute" in m:
+        return "tpm"
+    if o.code == "insufficient_quota":
+        return "monthly budget"
+    if o.code == "queue_full":
+        return "scheduler: tenant share" if "share" in m else "scheduler: queue full"
+    return f"{o.status} {o.code or m[:60]}".strip()
+
+
+QUOTA_KINDS = ("rpm", "max_concurrent", "tpm")
+
+
+def expected_code(kind: str) -> str:
+    """The error code a refusal of this kind must carry: the gateway's quotas say ``rate_limit_exceeded`` (a spent
+    monthly budget ``insufficient_quota``), the scheduler's queue ``queue_full``."""
+    if kind == "monthly budget":
+        return "insufficient_quota"
+    return "queue_full" if kind.startswith("scheduler") else "rate_limit_exceeded"
+
+
+def refusal_problems(o: Outcome, rpm: int) -> list[str]:
+    """Why a refusal in a quota run is not what a client is promised ([] when it is): a 429 with its kind's code
+    (``rate_limit_exceeded`` for a quota), ``Retry-After`` (whole seconds, at least 1) and, since the request's
+    tenant has an rpm limit, ``x-ratelimit-*-requests`` with the configured limit (the gateway puts them on a later
+    refusal by the scheduler too).
+
+    >>> refusal_problems(Outcome("a", 0, status=429, code="rate_limit_exceeded", headers={"retry-after": "1"}), 60)
+    ['x-ratelimit-*-requests missing']
+    """
+    problems = []
+    kind = refusal_kind(o)
+    if o.status != 429:
+        problems.append(f"status {o.status}")
+    if o.code != expected_code(kind):
+        problems.append(f"code {o.code or '(none)'}")
+    ra = o.headers.get("retry-after", "")
+    if not ra.isdigit() or int(ra) < 1:
+        problems.append("Retry-After missing or < 1 s")
+    problems += ratelimit_problems(o.headers, rpm, refused_by_rpm=kind == "rpm")
+    return problems
+
+
+def ratelimit_problems(headers: dict[str, str], rpm: int, *, refused_by_rpm: bool = False) -> list[str]:
+    limit, remaining = headers.get("x-ratelimit-limit-requests"), headers.get("x-ratelimit-remaining-requests")
+    reset = headers.get("x-ratelimit-reset-requests")
+    if limit is None or remaining is None or reset is None:
+        return ["x-ratelimit-*-requests missing"]
+    problems = []
+    if limit != str(rpm):
+        problems.append(f"x-ratelimit-limit-requests {limit} != configured {rpm}")
+    if not remaining.isdigit() or int(remaining) > rpm:
+        problems.append(f"x-ratelimit-remaining-requests {remaining} not within 0..{rpm}")
+    elif refused_by_rpm and int(remaining) != 0:
+        problems.append(f"x-ratelimit-remaining-requests {remaining} on an rpm refusal")
+    seconds = parse_reset(reset)
+    if seconds is None or not 0 <= seconds <= RPM_WINDOW_S:
+        problems.append(f"x-ratelimit-reset-requests {reset!r} not a time within the minute")
+    return problems
+
+
+def _ms(values: Sequence[float]) -> list[float]:
+    return [round(v * 1000, 1) for v in values]
+
+
+def analyse_quiet(outcomes: list[Outcome], *, rpm: int | None) -> dict[str, Any]:
+    """B's side of a phase: success, TTFT and, in a quota run, the x-ratelimit headers of its admitted responses."""
+    ok = [o for o in outcomes if o.ok]
+    ttft = [o.ttft_s for o in ok if o.ttft_s is not None]
+    out: dict[str, Any] = {
+        "n": len(outcomes), "ok": len(ok), "success_rate": len(ok) / len(outcomes) if outcomes else None,
+        "ttft": summarize(ttft), "e2e": summarize([o.e2e_s for o in ok if o.e2e_s is not None]),
+        "ttft_ms": _ms(ttft),
+        "failures": Counter(refusal_kind(o) if o.status != 200 else f"stream: {o.code or o.message[:60]}"
+                            for o in outcomes if not o.ok).most_common(5),
+        "client_lag_p99_ms": (percentile([o.lag_s for o in outcomes], 99) or 0.0) * 1000,
+    }
+    if rpm:
+        admitted = [o for o in outcomes if o.status == 200]
+        bad = Counter(p for o in admitted for p in ratelimit_problems(o.headers, rpm))
+        out["admitted_headers"] = {"checked": len(admitted), "ok": sum(1 for o in admitted
+                                                                       if not ratelimit_problems(o.headers, rpm)),
+                                   "problems": bad.most_common(5)}
+    return out
+
+
+def analyse_flood(outcomes: list[Outcome], *, phase_s: float, rpm: int | None) -> dict[str, Any]:
+    """A's side of a phase: what was admitted, what refused it and, in a quota run, whether every refusal carried
+    what a client is promised."""
+    admitted = [o for o in outcomes if o.status == 200]
+    refused = [o for o in outcomes if o.status == 429]
+    retry_after = [float(o.headers["retry-after"]) for o in refused if o.headers.get("retry-after", "").isdigit()]
+    out: dict[str, Any] = {
+        "n": len(outcomes), "offered_rps": len(outcomes) / phase_s if phase_s else None,
+        "admitted": len(admitted), "admitted_rps": len(admitted) / phase_s if phase_s else None,
+        "completed": sum(1 for o in outcomes if o.ok), "refused": len(refused),
+        "refused_by": Counter(refusal_kind(o) for o in refused).most_common(),
+        "other_failures": Counter(refusal_kind(o) if o.status != 200 else f"stream: {o.code or o.message[:60]}"
+                                  for o in outcomes if o.status != 429 and not o.ok).most_common(5),
+        "retry_after_s": {"min": min(retry_after), "p50": percentile(retry_after, 50), "max": max(retry_after)}
+        if retry_after else None,
+        "refusals_with_retry_after": sum(1 for o in refused if o.headers.get("retry-after")),
+        "client_lag_p99_ms": (percentile([o.lag_s for o in outcomes], 99) or 0.0) * 1000,
+    }
+    if rpm:
+        kinds: dict[str, list[int]] = {}
+        problems: Counter[str] = Counter()
+        for o in refused:
+            found = refusal_problems(o, rpm)
+            tally = kinds.setdefault(refusal_kind(o), [0, 0])
+            tally[0] += not found
+            tally[1] += 1
+            problems.update(f"{refusal_kind(o)}: {p}" for p in found)
+        out["refusal_checks"] = {"checked": len(refused), "ok": sum(ok for ok, _ in kinds.values()),
+                                 "by_quota": sum(n for k, (_, n) in kinds.items() if k in QUOTA_KINDS),
+                                 "ok_by_kind": kinds, "problems": problems.most_common(8)}
+        bad = Counter(p for o in admitted for p in ratelimit_problems(o.headers, rpm))
+        out["admitted_headers"] = {"checked": len(admitted), "ok": sum(1 for o in admitted
+                                                                       if not ratelimit_problems(o.headers, rpm)),
+                                   "problems": bad.most_common(5)}
+    return out
+
+
+# ---- the benchmark -------------------------------------------------------------------------------------------------
+
+QUOTA_RUNS = {"rpm": ("rpm",), "rpm+concurrent": ("rpm", "max_concurrent")}
+
+
+async def run_fleet(args: argparse.Namespace, workers: int, pool: ProcessPoolExecutor,
+                    flood_ready: Future[bool]) -> dict[str, Any]:
+    """One platform of ``workers`` simulated workers: calibration, then every phase on the same arrivals."""
+    from goodput_cli.supervisor import Platform
+
+    run_id = secrets.token_hex(4)
+    quota_prefix, usage_prefix = f"goodput:nn-{run_id}:quota", f"goodput:nn-{run_id}:usage"
+    sim = {"time_scale": args.time_scale, "stream_every": 8, "max_batched_tokens": args.max_batched_tokens}
+    env = {"GOODPUT_INFERENCE_ENGINE": "sim", "GOODPUT_INFERENCE_SIM_CONFIG": json.dumps(sim),
+           "GOODPUT_INFERENCE_MAX_NUM_SEQS": str(args.max_num_seqs),
+           "GOODPUT_SCHEDULER_MAX_INFLIGHT_PER_WORKER": str(args.max_num_seqs),
+           "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.25", "GOODPUT_GATEWAY_API_KEYS_RELOAD_S": "0.5",
+           "GOODPUT_GATEWAY_QUOTA_PREFIX": quota_prefix, "GOODPUT_GATEWAY_USAGE_PREFIX": usage_prefix,
+           **{f"GOODPUT_{svc}_LOG_LEVEL": "WARNING" for svc in ("GATEWAY", "SCHEDULER", "INFERENCE")}}
+    keys = {t: f"nn-{t}-{secrets.token_hex(12)}" for t in (NOISY, QUIET, PROBE)}
+    slots = workers * args.max_num_seqs
+    fleet: dict[str, Any] = {"workers": workers, "slots": slots, "phases": {}}
+    workdir = tempfile.TemporaryDirectory(prefix="goodput-noisy-")
+    platform = Platform(workdir=Path(workdir.name), workers=workers, port_offset=args.port_offset, env=env,
+                        api_keys=keys_document(keys, None, 0)["keys"], knowledge=False, cache=False, jobs=False,
+                        redis_db=args.redis_db)
+    base = platform.gateway_http
+    markers = iter(range(10_000_000, 11_000_000))
+
+    async def apply(limits: dict[str, int] | None) -> float:
+        marker = next(markers)
+        return await install_keys(platform, keys_document(keys, limits, marker), marker, keys[PROBE])
+
+    try:
+        started = time.monotonic()
+        platform.start(timeout_s=180)
+        fleet["start_s"] = time.monotonic() - started
+        await apply(None)
+
+        seq = await sequential_ttft(base, keys[QUIET], QUIET, n=args.unloaded_n, prompt_chars=args.prompt_chars,
+                                    max_tokens=args.max_tokens)
+        fleet["unloaded_sequential"] = summarize(seq)
+        cap = await capacity(base, keys[PROBE], concurrency=slots + 2, warmup_s=args.capacity_warmup_s,
+                             measure_s=args.capacity_s, prompt_chars=args.prompt_chars, max_tokens=args.max_tokens)
+        fleet["capacity"] = cap
+        share_rps = cap["rps"] * args.share
+        share_slots = max(1, round(slots * args.share))
+        rpm = max(1, math.ceil(share_rps * RPM_WINDOW_S))
+        rates = {NOISY: args.flood * share_rps, QUIET: args.b_load * share_rps}
+        fleet["share"] = {"fraction": args.share, "rps": share_rps, "slots": share_slots}
+        fleet["rates_rps"] = {LABELS[t]: r for t, r in rates.items()}
+        fleet["limits"] = {"rpm": rpm, "max_concurrent": share_slots, "weight": 1}
+        print(f"[{workers} workers] B unloaded TTFT p50 {fleet['unloaded_sequential']['p50_ms'] or 0:.0f} ms "
+              f"p99 {fleet['unloaded_sequential']['p99_ms'] or 0:.0f} ms; capacity {cap['rps']:.2f} req/s; share "
+              f"{share_rps:.2f} req/s, {share_slots} slots; A {rates[NOISY]:.1f} req/s, B {rates[QUIET]:.2f} req/s",
+              flush=True)
+        if cap["rps"] <= 0:
+            raise RuntimeError("the fleet completed nothing while measuring its capacity")
+        arrivals = {t: poisson(random.Random(f"{args.seed}-{workers}-{t}"), rates[t], args.phase_s)
+                    for t in (NOISY, QUIET)}
+
+        phases: list[tuple[str, tuple[str, ...] | None, bool]] = [("alone", None, False),
+                                                                 ("without_quotas", None, True)]
+        phases += [(f"with_quotas[{name}]", QUOTA_RUNS[name], True) for name in args.quota_runs]
+        await asyncio.wrap_future(flood_ready)
+        for name, limit_kinds, flood in phases:
+            phase_s = args.phase_s if flood else args.alone_s
+            limits = None
+            if limit_kinds is not None:
+                limits = {k: fleet["limits"][k] for k in limit_kinds}
+            deleted = reset_counters(platform.redis_url, quota_prefix)
+            reload_s = await apply(limits)
+            await asyncio.sleep(0.5)  # the probe's request leaves the fleet
+            before = await gateway_counters(base)
+            t0 = time.monotonic() + 0.5  # A's process gets its arrivals meanwhile
+            tag = f"{name} {workers}w"
+            quiet = Traffic(base, keys[QUIET], QUIET, f"{tag} B", tuple(a for a in arrivals[QUIET] if a <= phase_s),
+                            t0, args.prompt_chars, args.max_tokens)
+            noisy = Traffic(base, keys[NOISY], NOISY, f"{tag} A", arrivals[NOISY], t0, args.prompt_chars,
+                            args.max_tokens)
+            loop = asyncio.get_running_loop()
+            flood_future = loop.run_in_executor(pool, drive_in_process, noisy) if flood else None
+            quiet_out = await drive(quiet)
+            noisy_out = await flood_future if flood_future is not None else []
+            drain_s = time.monotonic() - (t0 + phase_s)
+            after = await gateway_counters(base)
+            rpm_in_force = limits.get("rpm") if limits else None
+            phase = {"limits": limits, "phase_s": phase_s, "quiet": analyse_quiet(quiet_out, rpm=rpm_in_force),
+                     "noisy": analyse_flood(noisy_out, phase_s=phase_s, rpm=rpm_in_force) if flood else None,
+                     "drain_s": drain_s, "keys_reload_s": reload_s, "counters_reset": deleted,
+                     "gateway_counters": {k: v - before.get(k, 0.0) for k, v in after.items()
+                                          if v - before.get(k, 0.0)}}
+            fleet["phases"][name] = phase
+            q = phase["quiet"]
+            line = (f"[{workers} workers] {name}: B {q['ok']}/{q['n']} ok, TTFT p50 {q['ttft']['p50_ms'] or 0:.0f} "
+                    f"p99 {q['ttft']['p99_ms'] or 0:.0f} ms")
+            if phase["noisy"]:
+                a = phase["noisy"]
+                line += f"; A {a['admitted']}/{a['n']} admitted, refused by {dict(a['refused_by'])}"
+                if "refusal_checks" in a:
+                    line += f", {a['refusal_checks']['ok']}/{a['refusal_checks']['checked']} refusals as promised"
+            print(line, flush=True)
+    finally:
+        platform.stop()
+        try:
+            reset_counters(platform.redis_url, f"goodput:nn-{run_id}:")
+        except Exception as err:  # noqa: BLE001 - leftover keys under a unique prefix are harmless
+            print(f"could not delete this run's Redis keys: {err}", file=sys.stderr)
+        workdir.cleanup()
+    alone = fleet["phases"]["alone"]["quiet"]["ttft"]["p99_ms"]
+    seq_p99 = fleet["unloaded_sequential"]["p99_ms"]
+    for phase in fleet["phases"].values():
+        p99 = phase["quiet"]["ttft"]["p99_ms"]
+        phase["quiet"]["p99_vs_alone"] = p99 / alone if p99 and alone else None
+        phase["quiet"]["p99_vs_sequential"] = p99 / seq_p99 if p99 and seq_p99 else None
+    return fleet
+
+
+async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "benchmark": "noisy_neighbour", "machine": machine_info(),
+        "setup": {"workers": args.workers, "max_num_seqs": args.max_num_seqs,
+                  "sim": {"time_scale": args.time_scale, "stream_every": 8,
+                          "max_batched_tokens": args.max_batched_tokens},
+                  "prompt_chars": args.prompt_chars, "max_tokens": args.max_tokens, "phase_s": args.phase_s,
+                  "alone_s": args.alone_s,
+                  "share": args.share, "flood": args.flood, "b_load": args.b_load, "quota_runs": args.quota_runs,
+                  "unloaded_n": args.unloaded_n, "seed": args.seed, "p0_max_queue": 20, "smoke": args.smoke,
+                  "goal_ttft_ratio": TTFT_GOAL_RATIO},
+        "fleets": [],
+    }
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        flood_ready = pool.submit(_ready)  # A's process starts (imports) while the first platform starts
+        for workers in args.workers:
+            report["fleets"].append(await run_fleet(args, workers, pool, flood_ready))
+    return report
+
+
+# ---- report ------------------------------------------------------------------------------------------------------
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{v * 100:.1f}%"
+
+
+def _num(v: float | None, digits: int = 0) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def _passes(phase: dict[str, Any]) -> str:
+    passed, bound = quota_passes(phase)
+    if bound is None:
+        return "—"
+    return f"**{passed}** / {bound}" if passed > bound else f"{passed} / {bound}"
+
+
+def _span(v: dict[str, Any] | None) -> str:
+    if not v:
+        return "—"
+    return f"{v['min']:g}" if v["min"] == v["max"] else f"{v['min']:g}–{v['max']:g}"
+
+
+def _ratio(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}x"
+
+
+def goals(report: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    out: list[tuple[str, str, bool | None]] = []
+    for fleet in report["fleets"]:
+        w = fleet["workers"]
+        alone = fleet["phases"]["alone"]["quiet"]["ttft"]["p99_ms"]
+        for name, phase in fleet["phases"].items():
+            if not name.startswith("with_quotas"):
+                continue
+            q, a = phase["quiet"], phase["noisy"]
+            where = f"{w} workers, {name}"
+            out.append((f"{where}: B's P0 success 100%", f"{q['ok']}/{q['n']}",
+                        None if not q["n"] else q["ok"] == q["n"]))
+            p99 = q["ttft"]["p99_ms"]
+            out.append((f"{where}: B's TTFT p99 ≤ {TTFT_GOAL_RATIO}x B alone",
+                        f"{_num(p99)} ms vs {_num(alone)} ms: {_ratio(q.get('p99_vs_alone'))}",
+                        None if q.get("p99_vs_alone") is None else q["p99_vs_alone"] <= TTFT_GOAL_RATIO))
+            checks = a.get("refusal_checks") or {}
+            kinds = ", ".join(f"{k} {ok}/{n}" for k, (ok, n) in checks.get("ok_by_kind", {}).items())
+            out.append((f"{where}: A refused by its quota, and every refusal a 429 with its code "
+                        "(rate_limit_exceeded; the scheduler's queue_full), Retry-After and x-ratelimit-*-requests "
+                        "(limit = configured, remaining ≥ 0)",
+                        f"{checks.get('by_quota', 0)} refused by the quota; {checks.get('ok', 0)}/"
+                        f"{checks.get('checked', 0)} refusals as promised" + (f" ({kinds})" if kinds else ""),
+                        None if not checks.get("checked")
+                        else checks["by_quota"] > 0 and checks["ok"] == checks["checked"]))
+            passed, bound = quota_passes(phase)
+            if bound is not None:
+                out.append((f"{where}: A passed its rpm quota at most {bound} times (rpm {phase['limits']['rpm']}, a "
+                            f"{phase.get('phase_s', report['setup']['phase_s']):g} s phase)", f"{passed}",
+                            passed <= bound))
+    return out
+
+
+def quota_passes(phase: dict[str, Any]) -> tuple[int, int | None]:
+    """How many of A's requests the gateway's quotas let through in a phase (admitted, or refused later by the
+    scheduler: both count against the rpm), and the most an rpm limit allows in the phase (None: no rpm limit)."""
+    a = phase.get("noisy") or {}
+    passed = a.get("n", 0) - sum(n for kind, n in a.get("refused_by", ()) if kind in QUOTA_KINDS)
+    rpm = (phase.get("limits") or {}).get("rpm")
+    if not rpm:
+        return passed, None
+    return passed, rpm * math.ceil(phase.get("phase_s", RPM_WINDOW_S) / RPM_WINDOW_S)
+
+
+def _met(ok: bool | None) -> str:
+    return "—" if ok is None else ("yes" if ok else "**no**")
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    s, m = report["setup"], report["machine"]
+    lines = [
+        "# Noisy neighbour: one tenant floods P0, another keeps its normal rate",
+        "",
+        f"Generated {report.get('generated_at', '')} by `python -m loadtests.noisy_neighbour"
+        f"{' --smoke' if s.get('smoke') else ''}`. Real gateway (REST, SSE), scheduler and simulated workers "
+        f"(`GOODPUT_INFERENCE_ENGINE=sim`, A100 / 7B calibration) as local processes, started by "
+        f"`goodput_cli.supervisor.Platform` with mutual TLS inside; quota counters in the local Redis. "
+        f"{s['max_num_seqs']} sequences per worker (the scheduler's per-worker cap too), "
+        f"{s['sim']['max_batched_tokens']} tokens per engine step, simulated time x{s['sim']['time_scale']:g} (every "
+        f"latency below is wall-clock). Everything, the load generators included, shared "
+        f"{m.get('cores_usable')} CPU cores ({cpu_label(m)}) with other work: **numbers compare only within one "
+        "run** (and within one fleet size).",
+        "",
+        "## How the shares and limits were chosen",
+        "",
+        f"- Every request is P0, ~{s['prompt_chars'] // 4} prompt tokens (unique text: no prefix-cache reuse), "
+        f"{s['max_tokens']} output tokens, streamed; TTFT is measured by the client at the first content delta.",
+        "- The fleet's P0 capacity is measured in the same run (closed loop through the gateway, slots + 2 "
+        "requests in flight, completions per second after a warm-up).",
+        f"- Two tenants of equal weight: each one's **share** is {s['share']:.0%} of the fleet: share_rps = "
+        f"{s['share']:g} x capacity, share_slots = {s['share']:g} x slots.",
+        f"- A floods at **{s['flood']:g}x share_rps**, B sends **{s['b_load']:g}x share_rps** (its normal rate, "
+        "well under its share); open-loop Poisson, drawn once per fleet size and replayed in every phase "
+        f"({s['phase_s']:g} s of arrivals each" + (f"; *alone*: the first {s['alone_s']:g} s of them"
+                                                    if s.get("alone_s", s["phase_s"]) < s["phase_s"] else "")
+        + "). A is sent from a separate process.",
+        "- *alone*: B only (B's unloaded value, the goal's reference). *without_quotas*: keys without limits (the "
+        f"scheduler's per-tenant shares of the P0 queue, depth {s['p0_max_queue']}, still act). *with_quotas[rpm]*: "
+        "A and B each `rpm` = share_rps x 60 in the keys file's `tenants` (weights 1). "
+        "*with_quotas[rpm+concurrent]*: also `max_concurrent` = share_slots. The quota counters start empty in "
+        "every quota run.",
+        "",
+        "## Goals",
+        "",
+        markdown_table(["goal", "measured", "met"], [(g, v, _met(ok)) for g, v, ok in goals(report)]),
+        "",
+        "## Fleets",
+        "",
+        markdown_table(
+            ["workers", "slots", "capacity req/s", "share req/s / slots", "A req/s", "B req/s", "rpm limit",
+             "max_concurrent limit", "B unloaded TTFT p50 / p99 ms (one at a time)"],
+            [[f["workers"], f["slots"], _num(f["capacity"]["rps"], 2),
+              f"{f['share']['rps']:.2f} / {f['share']['slots']}", _num(f["rates_rps"]["A"], 1),
+              _num(f["rates_rps"]["B"], 2), f["limits"]["rpm"], f["limits"]["max_concurrent"],
+              f"{_num(f['unloaded_sequential']['p50_ms'])} / {_num(f['unloaded_sequential']['p99_ms'])}"]
+             for f in report["fleets"]]),
+        "",
+        "## B (normal rate)",
+        "",
+    ]
+    rows = []
+    for f in report["fleets"]:
+        for name, ph in f["phases"].items():
+            q = ph["quiet"]
+            rows.append([f["workers"], name, q["n"], _pct(q["success_rate"]), _num(q["ttft"]["p50_ms"]),
+                         _num(q["ttft"]["p95_ms"]), _num(q["ttft"]["p99_ms"]), _ratio(q.get("p99_vs_alone")),
+                         _ratio(q.get("p99_vs_sequential")), _num(q["e2e"]["p50_ms"]),
+                         "; ".join(f"{k} ({n})" for k, n in q["failures"]) or "—"])
+    lines += [markdown_table(["workers", "run", "n", "success", "TTFT p50 ms", "p95", "p99", "p99 / alone",
+                              "p99 / one at a time", "e2e p50 ms", "failures"], rows), ""]
+    lines += ["## A (10x its share)", ""]
+    rows = []
+    for f in report["fleets"]:
+        for name, ph in f["phases"].items():
+            a = ph["noisy"]
+            if not a:
+                continue
+            checks = a.get("refusal_checks")
+            adm = a.get("admitted_headers")
+            ra = a.get("retry_after_s")
+            rows.append([f["workers"], name, a["n"], _num(a["offered_rps"], 1), a["admitted"],
+                         _num(a["admitted_rps"], 2), a["completed"], a["refused"],
+                         "; ".join(f"{k} {n}" for k, n in a["refused_by"]) or "—",
+                         f"{a['refusals_with_retry_after']}/{a['refused']}",
+                         _span(ra),
+                         _passes(ph),
+                         "—" if not checks else f"{checks['ok']}/{checks['checked']}",
+                         "—" if not adm else f"{adm['ok']}/{adm['checked']}",
+                         "; ".join(f"{k} ({n})" for k, n in a["other_failures"]) or "—"])
+    lines += [markdown_table(["workers", "run", "sent", "sent req/s", "admitted", "admitted req/s", "completed",
+                              "refused (429)", "refused by", "with Retry-After", "Retry-After s",
+                              "passed the quota / rpm bound", "refusals as promised",
+                              "admitted with sane x-ratelimit", "other failures"], rows), ""]
+    problems = [f"- {f['workers']} workers, {name}: " + "; ".join(f"{p} ({n})" for p, n in
+                                                                  ph["noisy"]["refusal_checks"]["problems"])
+                for f in report["fleets"] for name, ph in f["phases"].items()
+                if ph["noisy"] and ph["noisy"].get("refusal_checks", {}).get("problems")]
+    problems += [f"- {f['workers']} workers, {name}, {who} admitted: " + "; ".join(f"{p} ({n})" for p, n in
+                                                                                   side["admitted_headers"]["problems"])
+                 for f in report["fleets"] for name, ph in f["phases"].items()
+                 for who, side in (("A", ph["noisy"]), ("B", ph["quiet"]))
+                 if side and side.get("admitted_headers", {}).get("problems")]
+    if problems:
+        lines += ["## What the refusals and responses lacked", "", *problems, ""]
+    rows = []
+    for f in report["fleets"]:
+        for name, ph in f["phases"].items():
+            a = ph["noisy"] or {}
+            rows.append([f["workers"], name, _num(ph["quiet"]["client_lag_p99_ms"], 1),
+                         _num(a.get("client_lag_p99_ms"), 1), _num(ph["drain_s"], 1),
+                         ", ".join(f"{k} {v:g}" for k, v in sorted(ph["gateway_counters"].items())) or "—"])
+    lines += ["## The run itself", "",
+              "How late each load generator sent its requests (p99; a generator short of CPU shows here), how long "
+              "the last requests took after the arrivals ended, and the gateway's quota counters during the phase. "
+              "`fail_open:*` counts quota decisions taken by the gateway's local bound because a quota step took "
+              "longer than `quota_timeout_s` (Redis, or the gateway's own event loop, slow): for `quota_retry_s` "
+              "the local counters decide, and they hold only what this replica counted while failing open, not "
+              "Redis's counts, so a tenant already at its rpm gets up to a fresh minute's worth meanwhile (see "
+              "*passed the quota* above).", "",
+              markdown_table(["workers", "run", "B send lag p99 ms", "A send lag p99 ms", "drain s",
+                              "gateway quota counters"], rows), ""]
+    lines += [
+        "## Reading it",
+        "",
+        "- *p99 / alone* is the goal's ratio: B's TTFT p99 in the run over B's p99 when it runs alone at the same "
+        "arrivals. *p99 / one at a time* compares with B's unloaded TTFT measured one request at a time (stricter: "
+        "it leaves out B's own load).",
+        "- *refusals as promised* (quota runs): 429 with the refusal's code (`rate_limit_exceeded` from the "
+        "gateway's quotas, `queue_full` from the scheduler's queue), a `Retry-After` of at least 1 s, and "
+        "`x-ratelimit-limit-requests` = the configured rpm, `x-ratelimit-remaining-requests` within 0..limit (0 on "
+        "an rpm refusal), a parseable `x-ratelimit-reset-requests` within the minute (the gateway puts them on a "
+        "later refusal by the scheduler too). *admitted with sane x-ratelimit*: the same three headers on A's "
+        "admitted responses.",
+        "- An rpm limit is a moving window of 60 s: a tenant sending 10x its share gets its whole minute's worth "
+        "in the first ~6 s, and the fleet sees that burst (B's requests in it, and while the queue drains, are "
+        "the slow part of B's distribution); `max_concurrent` bounds what A holds at any moment. Every request "
+        "admitted by the quotas counts against the rpm, also those the scheduler then refuses, so in the rpm run "
+        "A's burst spends most of its minute on 429s from the scheduler's queue.",
+        "- Within P0 the engines take prompts first come, first served, and a slot A gives back is taken at once "
+        "by A's next request: even held to its share of the slots, A's prompts share B's prefill steps, and B "
+        "sees a fleet as busy as A's share makes it, not an idle one.",
+        "- Without quotas the scheduler's per-tenant shares of the P0 queue still admit every B request (A's "
+        "newest waiting request gives way), but B then waits behind a fleet full of A's work.",
+        "- The plot `noisy_neighbour.png` shows the distribution of B's TTFT in each run, per fleet size.",
+    ]
+    return "\n".join(lines)
+
+
+def render_plot(report: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fleets = report["fleets"]
+    if not fleets:
+        return None
+    fig, axes = plt.subplots(1, len(fleets), figsize=(6.5 * len(fleets), 4.5), squeeze=False)
+    for ax, f in zip(axes[0], fleets, strict=True):
+        for name, ph in f["phases"].items():
+            values = sorted(ph["quiet"]["ttft_ms"])
+            if not values:
+                continue
+            ys = [(i + 1) / len(values) for i in range(len(values))]
+            ax.step(values, ys, where="post", label=f"{name} (p99 {ph['quiet']['ttft']['p99_ms']:.0f} ms)")
+        alone = f["phases"]["alone"]["quiet"]["ttft"]["p99_ms"]
+        if alone:
+            ax.axvline(TTFT_GOAL_RATIO * alone, color="red", linestyle="--",
+                       label=f"goal: p99 ≤ {TTFT_GOAL_RATIO}x alone ({TTFT_GOAL_RATIO * alone:.0f} ms)")
+        ax.set_xscale("log")
+        ax.set_xlabel("B's TTFT (ms, log)")
+        ax.set_ylabel("share of B's requests")
+        ax.set_title(f"{f['workers']} simulated workers: B's P0 TTFT")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    doc = __doc__ or ""
+    ap = argparse.ArgumentParser(prog="python -m loadtests.noisy_neighbour", description=doc.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, nargs="+", default=[2, 4], help="fleet sizes, one platform each")
+    ap.add_argument("--max-num-seqs", type=int, default=8, help="per worker (and the scheduler's per-worker cap)")
+    ap.add_argument("--time-scale", type=float, default=4.0,
+                    help="simulated time multiplier: a slower simulated GPU keeps the request rates (and so the "
+                         "CPU the gateway and the load generators need) small")
+    ap.add_argument("--max-batched-tokens", type=int, default=512, help="the engines' token budget per step")
+    ap.add_argument("--prompt-chars", type=int, default=1024, help="prompt length (~4 characters a token)")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--phase-s", type=float, default=45.0, help="seconds of arrivals per phase")
+    ap.add_argument("--alone-s", type=float, default=None,
+                    help="seconds of the alone phase (the first part of the same arrivals; default: --phase-s)")
+    ap.add_argument("--share", type=float, default=0.5, help="each tenant's share of the fleet")
+    ap.add_argument("--flood", type=float, default=10.0, help="A's rate, in multiples of its share")
+    ap.add_argument("--b-load", type=float, default=0.5, help="B's rate, in multiples of its share")
+    ap.add_argument("--quota-runs", nargs="+", choices=sorted(QUOTA_RUNS), default=["rpm", "rpm+concurrent"],
+                    help="the with-quotas runs: which limits A and B get")
+    ap.add_argument("--unloaded-n", type=int, default=30, help="B's requests one at a time (unloaded TTFT)")
+    ap.add_argument("--capacity-s", type=float, default=12.0)
+    ap.add_argument("--capacity-warmup-s", type=float, default=6.0)
+    ap.add_argument("--port-offset", type=int, default=PORT_OFFSET)
+    ap.add_argument("--redis-db", type=int, default=None, help="Redis database (default: the URL's, 0)")
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--out", type=Path, default=Path("loadtests/out/noisy_neighbour"))
+    ap.add_argument("--smoke", action="store_true",
+                    help="one fleet of 2 workers, short phases, the rpm quota run only (a smoke run, ~45 s)")
+    ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="re-render a saved report")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        # 7 s phases: A at 10x its share passes a minute's rpm (60 s x its share) after ~6 s, so the rpm run refuses.
+        args.workers, args.phase_s, args.alone_s, args.time_scale, args.unloaded_n = [2], 7.0, 3.0, 2.0, 5
+        args.capacity_s, args.capacity_warmup_s, args.quota_runs = 3.0, 2.0, ["rpm"]
+    if args.alone_s is None or args.alone_s > args.phase_s:
+        args.alone_s = args.phase_s
+    return args
+
+
+def served(report: dict[str, Any]) -> int:
+    return sum(ph["quiet"]["ok"] + ((ph["noisy"] or {}).get("completed") or 0)
+               for f in report["fleets"] for ph in f["phases"].values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.render:
+        report = json.loads(args.render.read_text(encoding="utf-8"))
+        out = args.render.with_suffix("")
+    else:
+        report = asyncio.run(benchmark(args))
+        out = args.out
+    json_path, md_path = write_report(out, report, render_markdown(report))
+    png = render_plot(report, out.parent / f"{out.name}.png")
+    print(f"report: {md_path} {json_path} {png or ''}")
+    for g, measured, ok in goals(report):
+        print(f"  {'MET ' if ok else 'MISS' if ok is not None else '  ? '} {g}: {measured}")
+    return 0 if served(report) > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
