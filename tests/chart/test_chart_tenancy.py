@@ -96,6 +96,7 @@ def test_quota_and_metering_settings_reach_the_gateway_and_the_jobs_worker(chart
         "QUOTA_TIMEOUT_S": "0.5",
         "QUOTA_FAIL_OPEN_SHARE": "0.5",  # 1 / gateway.autoscaling.minReplicas (2)
         "QUOTA_RETRY_S": "5",
+        "QUOTA_QUANTUM_S": "0",
         "USAGE_PREFIX": "goodput:usage",
         "USAGE_RETENTION_DAYS": "400",
         "USAGE_FLUSH_S": "1",
@@ -221,6 +222,7 @@ def test_notes_warn_when_replicas_would_count_quotas_apart(chart: Any, tmp_path:
         "tenancy.quotas.failOpenShare=1.5",  # more than the limit per replica
         "tenancy.quotas.timeoutSeconds=0",
         "tenancy.quotas.retrySeconds=-1",
+        "tenancy.quotas.quantumSeconds=61",
         'tenancy.quotas.redis.url="quota-redis:6379"',  # no scheme
         'tenancy.quotas.redis.url="redis://:hunter2@quota-redis:6379/0"',  # credentials belong in existingSecret
         "tenancy.metering.usageRetentionDays=0",

@@ -270,6 +270,7 @@ set; else the gateway's REDIS_URL holds them). */}}
 {{ $p }}QUOTA_TIMEOUT_S: {{ include "goodput.num" $q.timeoutSeconds | quote }}
 {{ $p }}QUOTA_FAIL_OPEN_SHARE: {{ include "goodput.quotaFailOpenShare" .root | quote }}
 {{ $p }}QUOTA_RETRY_S: {{ include "goodput.num" $q.retrySeconds | quote }}
+{{ $p }}QUOTA_QUANTUM_S: {{ $q.quantumSeconds | int | quote }}
 {{ $p }}USAGE_PREFIX: {{ $m.usagePrefix | quote }}
 {{ $p }}USAGE_RETENTION_DAYS: {{ include "goodput.num" $m.usageRetentionDays | quote }}
 {{ $p }}USAGE_FLUSH_S: {{ include "goodput.num" $m.flushSeconds | quote }}

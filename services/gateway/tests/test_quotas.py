@@ -162,3 +162,26 @@ async def test_unlimited_principals_skip_redis_entirely(replicas: Factory) -> No
     q = replicas(f"redis://127.0.0.1:{dead_port()}/0")
     admitted = await asyncio.wait_for(admit(q, principal()), timeout=1)
     assert isinstance(admitted, Admission) and admitted.headers == {}
+
+
+async def test_a_quantised_limit_spreads_a_minute_over_its_quanta(replicas: Factory) -> None:
+    a, b = replicas(quota_quantum_s=10), replicas(quota_quantum_s=10)
+    who = principal(tenant_quota=Quota(rpm=60))  # 60 a minute = 10 per 10 s
+    results = [await admit((a, b)[i % 2], who) for i in range(30)]
+    assert sum(isinstance(r, Admission) for r in results) == 10  # a burst gets one quantum's worth, not 60
+    refused = next(r for r in results if isinstance(r, RateLimited))
+    assert "10 per 10 s" in refused.message and 0 < (refused.retry_after_s or 0) <= 10
+    assert refused.headers["x-ratelimit-limit-requests"] == "60"  # the headers speak of the minute
+    assert refused.headers["x-ratelimit-remaining-requests"] == "50"
+
+
+async def test_a_budget_refusal_shows_the_rate_windows(replicas: Factory) -> None:
+    q = replicas()
+    who = principal(tenant_quota=Quota(monthly_tokens=10, rpm=30))
+    first = await admit(q, who)
+    assert isinstance(first, Admission)
+    first.settle(prompt_tokens=5, completion_tokens=5, inference=True)
+    await q.settle_all()
+    err = await admit(q, who)
+    assert isinstance(err, QuotaExhausted)
+    assert err.headers["x-ratelimit-limit-requests"] == "30" and err.headers["x-ratelimit-remaining-requests"] == "29"

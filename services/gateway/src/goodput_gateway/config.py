@@ -24,6 +24,9 @@ class GatewaySettings(ServiceSettings):
     quota_prefix: str = Field("goodput:quota", description="Prefix of the quota counters' Redis keys.")
     quota_timeout_s: float = Field(0.5, gt=0, description="Longest a quota step may wait on Redis; slower counts "
                                                           "as unreachable.")
+    quota_quantum_s: int = Field(0, ge=0, le=60, description="Requests-per-minute limits also enforced pro rata over "
+                                 "this many seconds (as OpenAI quantises them: rpm 600 with 1 s is 10 per second), so "
+                                 "a tenant cannot spend its minute in one burst; 0 = per minute only.")
     quota_fail_open_share: float = Field(1.0, gt=0, le=1, description="Redis unreachable: the share of every rate "
                                          "and concurrency limit each replica enforces on its own (1 / replicas "
                                          "keeps the total); budgets are not checked meanwhile.")

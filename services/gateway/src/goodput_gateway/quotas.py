@@ -5,6 +5,8 @@ before anything is spent on it, and settled when it ends:
 
 * **requests per minute**: the ``limits`` library's moving window (a Lua script on Redis): exact over any 60 s, so
   a tenant allowed N sending 3N through any number of replicas gets exactly N;
+  With ``quota_quantum_s`` set, the same limit is also enforced pro rata over that many seconds (as OpenAI
+  quantises its limits), so a tenant cannot spend a whole minute's requests in one burst that floods the fleet;
 * **tokens per minute**: ``limits``' fixed window of 60 s. The prompt's estimated tokens are counted at admission
   (a request that would pass the limit is refused and its count given back); at the end the count is corrected to
   what the worker reports: its real prompt tokens plus the completion tokens generated, so a stream that ends early
@@ -45,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from limits import RateLimitItem, RateLimitItemPerMinute
+from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.aio.storage import MemoryStorage, RedisStorage, Storage
 from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
 from limits.errors import StorageError
@@ -188,6 +190,12 @@ class _Backend:
 
     def rpm_item(self, scope: _Scope) -> RateLimitItem:
         return RateLimitItemPerMinute(self._bound(scope.quota.rpm), namespace="rpm")
+
+    def quantum_item(self, scope: _Scope, quantum_s: int) -> RateLimitItem:
+        """The requests limit pro rata over ``quantum_s`` seconds (at least one request), so a minute's worth
+        cannot all arrive in its first seconds."""
+        return RateLimitItemPerSecond(max(math.ceil(self._bound(scope.quota.rpm) * quantum_s / 60), 1), quantum_s,
+                                      namespace="rpq")
 
     def tpm_item(self, scope: _Scope) -> RateLimitItem:
         return RateLimitItemPerMinute(self._bound(scope.quota.tpm), namespace="tpm")
@@ -386,8 +394,16 @@ class Quotas:
                 raise
             self._down_until = time.monotonic() + self.settings.quota_retry_s
             self.metrics.fail_open.labels("admit").inc()
+            # a step that timed out may still have taken a concurrency place in Redis: given back when Redis answers
+            self.spawn(self._forget(backend, scopes, member))
             log.warning("quota store unreachable: enforcing the local bound", extra={"error": repr(err)})
             return await self._admit(self.fallback, principal, scopes, member, prompt_tokens, timeout_s)
+
+    async def _forget(self, backend: _Backend, scopes: list[_Scope], member: str) -> None:
+        try:
+            await asyncio.wait_for(backend.release(scopes, member), timeout=self.settings.quota_retry_s)
+        except _REDIS_DOWN:
+            pass  # it expires with the request's deadline
 
     @staticmethod
     async def _windows(backend: _Backend, scopes: list[_Scope]) -> tuple[list[_Window], list[_Window]]:
@@ -423,7 +439,7 @@ class Quotas:
                     raise self._refuse(principal, "budget", QuotaExhausted(
                         f"{s.describe()} has used its monthly budget of {s.quota.monthly_tokens} tokens "
                         f"({used} in {month}); it resets at the start of next month (UTC)",
-                        headers={}, retry_after_s=month_left))
+                        headers=_headers(*await guarded(self._windows(backend, scopes))), retry_after_s=month_left))
 
         # concurrency: a place in every scope at once, or none (the refusal shows the rate windows, uncounted)
         full = await guarded(backend.acquire(scopes, member, timeout_s + 30.0))
@@ -440,6 +456,16 @@ class Quotas:
                 if not s.quota.rpm:
                     continue
                 item = backend.rpm_item(s)
+                if self.settings.quota_quantum_s:  # quantised: a share of the minute's requests per quantum
+                    quantum = backend.quantum_item(s, self.settings.quota_quantum_s)
+                    if not await guarded(backend.moving.hit(quantum, *s.id())):
+                        stats = await guarded(backend.moving.get_window_stats(item, *s.id()))
+                        requests.append(_Window(item.amount, stats.remaining, stats.reset_time - time.time()))
+                        q_stats = await guarded(backend.moving.get_window_stats(quantum, *s.id()))
+                        raise self._refuse(principal, "rpm", RateLimited(
+                            f"{s.describe()} is over its limit of {item.amount} requests per minute, enforced as "
+                            f"{quantum.amount} per {quantum.multiples} s", headers=_headers(requests, tokens),
+                            retry_after_s=max(q_stats.reset_time - time.time(), 0.05)))
                 ok = await guarded(backend.moving.hit(item, *s.id()))
                 stats = await guarded(backend.moving.get_window_stats(item, *s.id()))
                 requests.append(_Window(item.amount, stats.remaining, stats.reset_time - time.time()))
