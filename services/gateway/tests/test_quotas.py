@@ -185,3 +185,27 @@ async def test_a_budget_refusal_shows_the_rate_windows(replicas: Factory) -> Non
     err = await admit(q, who)
     assert isinstance(err, QuotaExhausted)
     assert err.headers["x-ratelimit-limit-requests"] == "30" and err.headers["x-ratelimit-remaining-requests"] == "29"
+
+
+async def test_knowledge_calls_share_the_tenants_request_limit() -> None:
+    """Embeddings, search and indexing are admitted under the same quotas as generations (no knowledge services
+    run here: the admitted call fails behind the quota, and still counts as a request)."""
+    import json
+
+    import httpx
+
+    from goodput_gateway.__main__ import build
+
+    keys = json.dumps({"tenants": {"acme": {"rpm": 2}}, "keys": [{"key": "k", "tenant": "acme"}]})
+    settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=keys, scheduler_addr="127.0.0.1:1")
+    runner = build(settings, CollectorRegistry(), None)
+    transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw",
+                                 headers={"Authorization": "Bearer k"}) as client:
+        first = await client.post("/v1/embeddings", json={"input": "hello"})
+        second = await client.post("/v1/knowledge-bases/kb/search", json={"query": "hello"})
+        third = await client.post("/v1/embeddings", json={"input": "hello"})
+    assert first.status_code != 429 and second.status_code != 429
+    assert third.status_code == 429, third.text
+    assert third.json()["error"]["code"] == "rate_limit_exceeded"
+    assert third.headers["x-ratelimit-limit-requests"] == "2"

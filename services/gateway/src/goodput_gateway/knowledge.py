@@ -30,7 +30,7 @@ from goodput_core.clients import EmbeddingClient, Embeddings
 from goodput_core.errors import InvalidArgument, Unimplemented, from_rpc_error
 
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.requests import check_length
+from goodput_gateway.requests import check_length, estimate_tokens
 from goodput_gateway.schemas import EmbeddingsRequest, IndexRequest, SearchRequest, parse
 
 __all__ = ["Knowledge", "install_routes"]
@@ -122,16 +122,23 @@ def _knowledge(service: Any) -> Knowledge:
 # ---- gRPC -----------------------------------------------------------------------------------------------------
 
 
+def _chars(texts: Any) -> int:
+    return sum(len(t) for t in texts)
+
+
 async def grpc_embed(service: Any, principal: Any, request: gateway_pb2.EmbedRequest) -> gateway_pb2.EmbedResponse:
-    r = await _knowledge(service).embed(list(request.texts), request.model)
+    async with service.metered(principal, what="embeddings", tokens=estimate_tokens(_chars(request.texts))) as adm:
+        r = await _knowledge(service).embed(list(request.texts), request.model)
+        adm.used = r.tokens
     return gateway_pb2.EmbedResponse(model=r.model, prompt_tokens=r.tokens,
                                      embeddings=[gateway_pb2.Embedding(values=v) for v in r.vectors])
 
 
 async def grpc_search(service: Any, principal: Any, request: gateway_pb2.SearchRequest) -> gateway_pb2.SearchResponse:
-    r = await _knowledge(service).search(
-        principal.tenant, request.knowledge_base, request.query, top_k=request.top_k, fusion=request.fusion,
-        dense_weight=request.dense_weight if request.HasField("dense_weight") else None, rerank=request.rerank)
+    async with service.metered(principal, what="search", tokens=estimate_tokens(len(request.query))):
+        r = await _knowledge(service).search(
+            principal.tenant, request.knowledge_base, request.query, top_k=request.top_k, fusion=request.fusion,
+            dense_weight=request.dense_weight if request.HasField("dense_weight") else None, rerank=request.rerank)
     return gateway_pb2.SearchResponse(results=[gateway_pb2.Source(chunk_id=h.chunk_id, document_id=h.document_id,
                                                                   score=h.score, text=h.text) for h in r.hits],
                                       degraded=r.degraded, notes=r.notes, kb_version=r.kb_version)
@@ -140,7 +147,8 @@ async def grpc_search(service: Any, principal: Any, request: gateway_pb2.SearchR
 async def grpc_index(service: Any, principal: Any, request: gateway_pb2.IndexRequest) -> gateway_pb2.IndexResponse:
     docs = [embedder_pb2.Document(id=d.id, text=d.text, type=d.type, title=d.title, metadata=dict(d.metadata))
             for d in request.documents]
-    r = await _knowledge(service).index(principal.tenant, request.knowledge_base, docs, list(request.delete_ids))
+    async with service.metered(principal, what="index", tokens=estimate_tokens(_chars(d.text for d in docs))):
+        r = await _knowledge(service).index(principal.tenant, request.knowledge_base, docs, list(request.delete_ids))
     return gateway_pb2.IndexResponse(chunks_embedded=r.chunks_embedded, documents_unchanged=r.documents_unchanged,
                                      documents_deleted=r.documents_deleted, kb_version=r.kb_version)
 
@@ -158,10 +166,12 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> JSONResponse:
-        service.authenticate(request.headers.get("authorization"))
+        principal = service.authenticate(request.headers.get("authorization"))
         body = parse(EmbeddingsRequest, await read_json(request))
         model = body.model or ""
-        r = await _knowledge(service).embed(body.input, "" if model == "default" else model)
+        async with service.metered(principal, what="embeddings", tokens=estimate_tokens(_chars(body.input))) as adm:
+            r = await _knowledge(service).embed(body.input, "" if model == "default" else model)
+            adm.used = r.tokens
         data = []
         for i, v in enumerate(r.vectors):
             values: Any = v
@@ -169,17 +179,18 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
                 values = base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
             data.append({"object": "embedding", "index": i, "embedding": values})
         return JSONResponse({"object": "list", "data": data, "model": r.model,
-                             "usage": {"prompt_tokens": r.tokens, "total_tokens": r.tokens}})
+                             "usage": {"prompt_tokens": r.tokens, "total_tokens": r.tokens}}, headers=adm.headers)
 
     @app.post("/v1/knowledge-bases/{kb}/search")
     async def search(kb: str, request: Request) -> JSONResponse:
         principal = service.authenticate(request.headers.get("authorization"))
         body = parse(SearchRequest, await read_json(request))
-        r = await _knowledge(service).search(principal.tenant, kb, body.query or "", top_k=body.top_k or 0,
-                                             fusion=body.fusion or "", dense_weight=body.dense_weight,
-                                             rerank=body.rerank)
+        async with service.metered(principal, what="search", tokens=estimate_tokens(len(body.query or ""))) as adm:
+            r = await _knowledge(service).search(principal.tenant, kb, body.query or "", top_k=body.top_k or 0,
+                                                 fusion=body.fusion or "", dense_weight=body.dense_weight,
+                                                 rerank=body.rerank)
         return JSONResponse({"object": "list", "data": sources_json(r.hits), "degraded": r.degraded,
-                             "notes": list(r.notes), "kb_version": r.kb_version})
+                             "notes": list(r.notes), "kb_version": r.kb_version}, headers=adm.headers)
 
     @app.post("/v1/knowledge-bases/{kb}/documents")
     async def index(kb: str, request: Request) -> JSONResponse:
@@ -188,8 +199,10 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
         docs = [embedder_pb2.Document(id=d.id or "", text=d.text or "", type=d.type or "", title=d.title or "",
                                       metadata={str(k): str(v) for k, v in (d.metadata or {}).items()})
                 for d in body.documents or []]
-        r = await _knowledge(service).index(principal.tenant, kb, docs, body.delete_ids or [])
+        tokens = estimate_tokens(_chars(d.text for d in docs))
+        async with service.metered(principal, what="index", tokens=tokens) as adm:
+            r = await _knowledge(service).index(principal.tenant, kb, docs, body.delete_ids or [])
         return JSONResponse({"object": "knowledge_base.index_result", "knowledge_base": kb,
                              "chunks_embedded": r.chunks_embedded, "chunks_deleted": r.chunks_deleted,
                              "documents_unchanged": r.documents_unchanged, "documents_deleted": r.documents_deleted,
-                             "kb_version": r.kb_version})
+                             "kb_version": r.kb_version}, headers=adm.headers)

@@ -284,6 +284,7 @@ class Admission:
     estimate: int
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
+    used: int | None = None  # the tokens a call that is not a generation really used (set by the caller)
 
     def settle(self, *, prompt_tokens: int, completion_tokens: int, inference: bool) -> None:
         if self.settled:

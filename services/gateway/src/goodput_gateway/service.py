@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 
@@ -146,6 +147,35 @@ class GatewayService:
         self.metrics.stage.labels("auth").observe(time.monotonic() - started)
         return principal
 
+    @asynccontextmanager
+    async def metered(self, principal: Principal, *, what: str, tokens: int) -> AsyncIterator[Admission]:
+        """A call that is not a generation (embeddings, search, indexing: ``what``) under the caller's quotas,
+        admitted with ``tokens`` estimated input tokens and metered; the block may set ``admission.used`` to the
+        tokens really used. Its ``headers`` are the x-ratelimit-* values for the response.
+
+        Example::
+
+            async with service.metered(principal, what="embeddings", tokens=estimate) as admission:
+                result = await knowledge.embed(texts)
+                admission.used = result.tokens
+        """
+        try:
+            admission = await self.quotas.admit(principal, prompt_tokens=tokens,
+                                                timeout_s=self.settings.request_timeout_s)
+        except RateLimited:
+            self.meter.record(principal.tenant, what, Usage(refused=1))
+            raise
+        done = False
+        try:
+            yield admission
+            done = True
+        finally:
+            used = tokens if admission.used is None else admission.used
+            admission.settle(prompt_tokens=used, completion_tokens=0, inference=done)
+            self.meter.record(principal.tenant, what, Usage(requests=1, prompt_tokens=used if done else 0,
+                                                            gpu_seconds=self.meter.gpu_seconds(used, 0) if done
+                                                            else 0.0), outcome="ok" if done else "error")
+
     async def open(self, call: Call) -> Generation:
         """Runs :meth:`generate` up to its first event; errors before it (bad input, shed, no worker) raise here,
         before the caller has sent anything."""
@@ -197,8 +227,10 @@ class GatewayService:
                 err.headers.setdefault(name, value)
             raise
         finally:
-            await admitted.aclose()  # now, not when collected: its stream's release fills in `tokens`
-            self._account(principal, model.id, admission, tokens)
+            try:
+                await admitted.aclose()  # now, not when collected: its stream's release fills in `tokens`
+            finally:
+                self._account(principal, model.id, admission, tokens)  # whatever happened: the place goes back
 
     async def _admitted(self, call: Call, principal: Principal, request: GenerationRequest, model: ModelEntry,
                         admission: Admission, tokens: _Tokens, *, request_id: str, arrived: float, deadline: float,
