@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from goodput_core.errors import PermissionDenied, Unauthenticated
+from goodput_core.periodic import Periodic
 from goodput_core.priority import check_priority, more_urgent, parse_priority, priority_name
 
 __all__ = ["ApiKeyStore", "KeysFileWatcher", "Principal", "Quota", "parse_keys_document", "sha256_hex"]
@@ -253,7 +254,7 @@ class KeysFileWatcher:
         self.inline = inline
         self.interval_s = interval_s
         self._seen = self._stat()
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic(lambda: asyncio.to_thread(self.check), interval_s=interval_s, name="keys-file")
         self.reloads = Counter("goodput_gateway_keys_reloads_total", "Keys file reloads, by result (ok, error).",
                                ["result"], registry=registry)
         self.keys = Gauge("goodput_gateway_api_keys", "API keys in force.", registry=registry)
@@ -282,23 +283,9 @@ class KeysFileWatcher:
         log.info("keys file reloaded", extra={"keys": len(self.store)})
         return True
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await asyncio.to_thread(self.check)
-            except Exception:  # noqa: BLE001 - the watcher must outlive any one bad read
-                log.exception("keys file check failed")
-
     def start(self) -> None:
-        if self._task is None and self.file and self.interval_s > 0:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        if self.file and self.interval_s > 0:
+            self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._periodic.stop()

@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry, Counter
 from redis.exceptions import RedisError
 
 from goodput_core.errors import InvalidArgument
+from goodput_core.periodic import Periodic
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.tenants import TenantLabels
@@ -99,7 +100,7 @@ class Meter:
         self.metrics = MeterMetrics(registry)
         self._pending: dict[tuple[str, str, str], Usage] = defaultdict(Usage)  # (tenant, day, model)
         self._memory: dict[tuple[str, str], dict[str, Usage]] = defaultdict(lambda: defaultdict(Usage))
-        self._task: asyncio.Task[None] | None = None
+        self._writer = Periodic(self.flush, interval_s=settings.usage_flush_s, name="usage-writer")
         self._lock = asyncio.Lock()
 
     def gpu_seconds(self, prompt_tokens: int, completion_tokens: int) -> float:
@@ -191,26 +192,12 @@ class Meter:
         return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
 
     # ---- background writer ----
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.usage_flush_s)
-            try:
-                await self.flush()
-            except Exception:  # noqa: BLE001 - the writer must outlive any one failure
-                log.exception("usage flush failed")
-
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._writer.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        """Stops the writer and writes what is pending (retried for up to 2 s while Redis fails)."""
+        await self._writer.stop()
         started = time.monotonic()
         while not await self.flush() and time.monotonic() - started < 2.0:
             await asyncio.sleep(0.2)
