@@ -72,6 +72,13 @@ def test_key_covers_everything_that_changes_the_answer() -> None:
                 ask("Hi", kb="docs", kb_version=1), ask("Hi", kb="docs", kb_version=2),
                 CacheRequest(**{**base.__dict__, "sampling": Sampling(max_tokens=65, temperature=0.0)}),
                 CacheRequest(**{**base.__dict__, "model": "other"}),
+                # structured output: the same question answered as JSON, or to another schema, is another answer
+                CacheRequest(**{**base.__dict__, "sampling": Sampling(max_tokens=64, temperature=0.0,
+                                                                      json_object=True)}),
+                CacheRequest(**{**base.__dict__, "sampling": Sampling(max_tokens=64, temperature=0.0,
+                                                                      json_schema='{"type":"object"}')}),
+                CacheRequest(**{**base.__dict__, "sampling": Sampling(max_tokens=64, temperature=0.0,
+                                                                      json_schema='{"type":"array"}')}),
                 ask("hi")]
     keys = {derive(v).exact for v in variants}
     assert len(keys) == len(variants) and derive(base).exact not in keys

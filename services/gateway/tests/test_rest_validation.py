@@ -128,7 +128,6 @@ async def test_scheduler_down_with_a_known_model_is_503(client: httpx.AsyncClien
     ("functions", [{"name": "f"}]),
     ("function_call", "auto"),
     ("parallel_tool_calls", True),
-    ("response_format", {"type": "json_object"}),
     ("logprobs", True),
     ("top_logprobs", 3),
     ("logit_bias", {"50256": -100}),
@@ -258,3 +257,62 @@ async def test_grpc_refuses_bad_input_with_the_param_named() -> None:
             assert dict(err.value.trailing_metadata())["goodput-error-param"] == "temperature"  # type: ignore[attr-defined]
     finally:
         await runner.stop()
+
+
+# ---- response_format (structured output) ------------------------------------------------------------------------
+
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def test_response_format_json_schema_becomes_the_canonical_schema_text() -> None:
+    from goodput_gateway.schemas import ChatCompletionRequest, parse, to_body
+
+    body = chat(response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY,
+                                                                        "strict": True}})
+    req = parse(ChatCompletionRequest, body).to_request()
+    assert req.sampling.json_schema is not None and json.loads(req.sampling.json_schema) == CITY
+    assert req.sampling.structured and not req.sampling.json_object
+    # a parked job's body parses back to the same request
+    route, again = to_body(req)
+    assert route == "chat" and parse(ChatCompletionRequest, again).to_request() == req
+    obj = parse(ChatCompletionRequest, chat(response_format={"type": "json_object"})).to_request()
+    assert obj.sampling.json_object and obj.sampling.json_schema is None
+    text = parse(ChatCompletionRequest, chat(response_format={"type": "text"})).to_request()
+    assert not text.sampling.structured
+
+
+@pytest.mark.parametrize("response_format,param", [
+    ({"type": "json_schema"}, "response_format"),  # no schema
+    ({"type": "xml"}, "response_format.type"),
+    ({"type": "json_schema", "json_schema": {"schema": CITY}}, "response_format.json_schema.name"),
+    ({"type": "json_schema", "json_schema": {"name": "c", "schema": CITY, "extra": 1}},
+     "response_format.json_schema.extra"),
+    ({"type": "json_object", "json_schema": {"name": "c", "schema": CITY}}, "response_format"),
+])
+async def test_a_malformed_response_format_is_refused_by_name(client: httpx.AsyncClient, response_format: object,
+                                                              param: str) -> None:
+    assert_openai_error(await post(client, chat(response_format=response_format)), 400, param)
+
+
+async def test_a_schema_above_its_bound_is_refused_before_any_backend(client: httpx.AsyncClient) -> None:
+    huge = {"type": "object", "description": "x" * 5000}  # the fixture's body limit is 4096 bytes: a 413 first
+    fmt = {"type": "json_schema", "json_schema": {"name": "h", "schema": huge}}
+    resp = await post(client, chat(response_format=fmt))
+    assert resp.status_code == 413
+    settings = GatewaySettings(max_response_schema_chars=100)
+    from goodput_core.errors import InvalidArgument
+
+    from goodput_gateway.requests import validate
+    from goodput_gateway.schemas import ChatCompletionRequest, parse
+
+    req = parse(ChatCompletionRequest, chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "h", "schema": {"type": "object", "description": "x" * 200}}})).to_request()
+    with pytest.raises(InvalidArgument) as err:
+        validate(req, settings)
+    assert err.value.param == "response_format"
+
+
+async def test_completions_refuse_response_format_by_name(client: httpx.AsyncClient) -> None:
+    resp = await client.post("/v1/completions", headers=AUTH,
+                             json={"model": "m", "prompt": "hi", "response_format": {"type": "json_object"}})
+    assert_openai_error(resp, 400, "response_format")

@@ -6,6 +6,9 @@ Example:
     >>> s = Sampling(max_tokens=16, temperature=0.0)
     >>> sampling_from_proto(sampling_to_proto(s)) == s
     True
+    >>> j = Sampling(json_schema='{"type": "object"}')
+    >>> sampling_from_proto(sampling_to_proto(j)) == j, j.structured
+    (True, True)
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 
 from goodput.common.v1 import types_pb2
 
-_OPTIONAL = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty")
+_OPTIONAL = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "json_schema")
 
 
 @dataclass(frozen=True)
@@ -27,15 +30,22 @@ class Sampling:
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    json_schema: str | None = None  # structured output: a JSON Schema document (text) the answer must match
+    json_object: bool = False  # structured output: the answer is a JSON object
+
+    @property
+    def structured(self) -> bool:
+        """Whether the answer is constrained to JSON."""
+        return self.json_schema is not None or self.json_object
 
 
 def sampling_from_proto(pb: types_pb2.SamplingParams) -> Sampling:
     optional = {name: getattr(pb, name) if pb.HasField(name) else None for name in _OPTIONAL}
-    return Sampling(max_tokens=pb.max_tokens, stop=tuple(pb.stop), **optional)
+    return Sampling(max_tokens=pb.max_tokens, stop=tuple(pb.stop), json_object=pb.json_object, **optional)
 
 
 def sampling_to_proto(s: Sampling) -> types_pb2.SamplingParams:
-    pb = types_pb2.SamplingParams(max_tokens=s.max_tokens, stop=list(s.stop))
+    pb = types_pb2.SamplingParams(max_tokens=s.max_tokens, stop=list(s.stop), json_object=s.json_object)
     for name in _OPTIONAL:
         value = getattr(s, name)
         if value is not None:

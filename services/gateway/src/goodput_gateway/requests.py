@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
 
@@ -111,6 +112,21 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
                               f"{settings.max_prompt_chars}", param="messages" if req.messages else "prompt",
                               code="context_length_exceeded")
     s = req.sampling
+    if s.json_schema is not None:
+        if len(s.json_schema) > settings.max_response_schema_chars:
+            raise InvalidArgument(f"the response_format schema has {len(s.json_schema)} characters; the limit is "
+                                  f"{settings.max_response_schema_chars}", param="response_format",
+                                  code="invalid_value")
+        try:
+            schema = json.loads(s.json_schema)
+        except ValueError:
+            schema = None
+        if not isinstance(schema, dict):
+            raise InvalidArgument("the response_format schema must be a JSON object (a JSON Schema document)",
+                                  param="response_format", code="invalid_value")
+    if s.structured and req.kind != "chat":
+        raise InvalidArgument("structured output (response_format) is for chat requests", param="response_format",
+                              code="unsupported_parameter")
     if s.max_tokens < 0:
         raise InvalidArgument("'max_tokens' must be at least 1", param="max_tokens", code="invalid_value")
     for name, (lo, hi) in SAMPLING_RANGES.items():

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from abc import abstractmethod
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from goodput.common.v1 import types_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -136,6 +136,36 @@ class ChatMessage(Body):
         return "".join(texts)
 
 
+class JsonSchemaFormat(Body):
+    """``response_format.json_schema``: the schema the answer must match (the engine enforces it whether or not
+    ``strict`` is set)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Body):
+    """OpenAI's ``response_format``: ``text``, ``json_object`` or ``json_schema`` (structured output)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise PydanticCustomError("invalid_value", "json_schema is required with type json_schema, and only then")
+        return self
+
+    def sampling(self) -> dict[str, Any]:
+        """The Sampling fields this format sets (the schema as canonical JSON text, so equal schemas are equal)."""
+        if self.json_schema is not None:
+            return {"json_schema": json.dumps(self.json_schema.schema_, sort_keys=True, separators=(",", ":"))}
+        return {"json_object": self.type == "json_object"}
+
+
 class _Generation(Body):
     """What chat and completions share: model, sampling, streaming and the Goodput extensions."""
 
@@ -172,13 +202,15 @@ class _Generation(Body):
     def to_request(self, *, header_priority: str | None = None, header_kb: str | None = None) -> GenerationRequest:
         """The domain request (chat and completions each say how); headers fill what the body leaves unset."""
 
-    def _common(self, *, header_priority: str | None, header_kb: str | None, max_tokens: int | None) -> dict[str, Any]:
+    def _common(self, *, header_priority: str | None, header_kb: str | None, max_tokens: int | None,
+                structured: dict[str, Any] | None = None) -> dict[str, Any]:
         priority_value = self.priority if self.priority is not None else header_priority
         priority = parse_priority(priority_value) if priority_value is not None else types_pb2.PRIORITY_UNSPECIFIED
         kb = self.knowledge_base if self.knowledge_base is not None else (header_kb or "")
         sampling = Sampling(max_tokens=max_tokens or 0, temperature=self.temperature, top_p=self.top_p,
                             top_k=self.top_k, stop=tuple(self.stop), seed=self.seed,
-                            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty)
+                            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                            **(structured or {}))
         return {"model": self.model or "", "sampling": sampling, "priority": priority, "stream": bool(self.stream),
                 "include_usage": bool(self.stream_options and self.stream_options.include_usage),
                 "session_id": self.user or "", "knowledge_base": kb.strip()}
@@ -189,19 +221,21 @@ class ChatCompletionRequest(_Generation):
 
     UNSUPPORTED = {**_Generation.UNSUPPORTED, "tools": (None, []), "tool_choice": (None, "none"),
                    "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
-                   "response_format": (None, {"type": "text"}), "logprobs": (None, False), "top_logprobs": (None, 0),
+                   "logprobs": (None, False), "top_logprobs": (None, 0),
                    "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
                    "reasoning_effort": (None,), "verbosity": (None,), "web_search_options": (None,),
                    "prompt_cache_key": (None,), "safety_identifier": (None,)}
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(None, ge=1)
+    response_format: ResponseFormat | None = None
 
     def to_request(self, *, header_priority: str | None = None, header_kb: str | None = None) -> GenerationRequest:
         messages = tuple(Message(role=ROLE_ALIASES.get(m.role, m.role), content=m.content or "", name=m.name or "")
                          for m in self.messages)
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        structured = self.response_format.sampling() if self.response_format is not None else None
         return GenerationRequest(messages=messages, kind="chat", **self._common(
-            header_priority=header_priority, header_kb=header_kb, max_tokens=max_tokens))
+            header_priority=header_priority, header_kb=header_kb, max_tokens=max_tokens, structured=structured))
 
 
 class CompletionRequest(_Generation):
@@ -244,6 +278,11 @@ def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
         value = getattr(s, name)
         if value is not None:
             body[name] = value
+    if s.json_schema is not None:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "response", "schema": json.loads(s.json_schema)}}
+    elif s.json_object:
+        body["response_format"] = {"type": "json_object"}
     if req.session_id:
         body["user"] = req.session_id
     if req.knowledge_base:

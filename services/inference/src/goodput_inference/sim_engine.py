@@ -196,6 +196,9 @@ class SimEngine:
         if request.model and request.model != self.served_model_name:
             raise InvalidArgument(f"model {request.model!r} is not served here; use {self.served_model_name!r}",
                                   param="model", code="model_not_found")
+        if request.sampling.structured:  # refused by name: a simulated answer cannot honour a schema
+            raise InvalidArgument("the simulated engine does not implement structured output (response_format)",
+                                  param="response_format", code="unsupported_parameter")
         text = self._text(request)
         prompt_tokens = max(1, math.ceil(len(text) / self.params.chars_per_token))
         if prompt_tokens > self._max_prompt_tokens():

@@ -253,6 +253,11 @@ class VllmEngine:
                 kwargs[name] = value
         if s.stop:
             kwargs["stop"] = list(s.stop)
+        if s.structured:  # constrained decoding by the engine's structured-output backend (xgrammar by default)
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kwargs["structured_outputs"] = (StructuredOutputsParams(json=s.json_schema) if s.json_schema is not None
+                                            else StructuredOutputsParams(json_object=True))
         try:
             return SamplingParams(**kwargs)
         except (ValueError, TypeError) as err:
