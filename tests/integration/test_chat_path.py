@@ -151,3 +151,15 @@ def test_every_service_exposes_metrics(platform: Platform) -> None:
     for base, metric in expectations.items():
         resp = httpx.get(base + "/metrics", timeout=10)
         assert resp.status_code == 200 and metric in resp.text, base
+
+
+def test_every_served_model_is_listed_and_can_be_retrieved(client: openai.OpenAI) -> None:
+    models = {m.id: m for m in client.models.list().data}
+    generation = model_id(client)
+    assert client.models.retrieve(generation).id == generation
+    # the embedding model too, with the name /v1/embeddings answers with
+    embedding = client.embeddings.create(input=["hello"], model="default").model
+    assert embedding in models and client.models.retrieve(embedding).id == embedding
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("no-such-model")
+    assert err.value.code == "model_not_found"

@@ -78,6 +78,12 @@ async def test_embed_over_grpc(embedder) -> None:  # type: ignore[no-untyped-def
     assert r.model == "all-MiniLM-L6-v2-onnx-int8"
 
 
+async def test_describe_model_names_what_embed_answers_with(embedder) -> None:  # type: ignore[no-untyped-def]
+    stub, _ = embedder
+    m = await stub.DescribeModel(embedder_pb2.DescribeModelRequest())
+    assert m.name == "all-MiniLM-L6-v2-onnx-int8" and m.dimensions == 384 and "all-MiniLM-L6-v2" in m.aliases
+
+
 @pytest.mark.parametrize("texts, model_name", [([], ""), (["ok", " "], ""), (["a"] * 5, ""), (["x" * 101], ""),
                                           (["ok"], "text-embedding-3-large")])
 async def test_bad_embed_requests_are_invalid_argument(embedder, texts, model_name) -> None:  # type: ignore[no-untyped-def]

@@ -80,6 +80,7 @@ ACCESS: dict[str, dict[str, Rule]] = {
     },
     "embedder": {
         _EMB + "Embed": _r(*_GW, "retriever", "cache"),
+        _EMB + "DescribeModel": _r(*_GW, "retriever", "cache", OPERATOR),
         _IDX + "IndexDocuments": _r(*_GW, OPERATOR, tenant="tenant", tenant_also=(OPERATOR,)),
         _IDX + "Reindex": _r(*_GW, OPERATOR, tenant="tenant", tenant_also=(OPERATOR,)),
         _IDX + "JobStatus": _r(*_GW, OPERATOR),

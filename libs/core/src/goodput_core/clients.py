@@ -87,5 +87,16 @@ class EmbeddingClient:
             raise from_rpc_error(err) from None
         return Embeddings(model=resp.model, vectors=[list(v.values) for v in resp.vectors], tokens=resp.tokens)
 
+    async def describe(self, *, timeout_s: float | None = None) -> tuple[str, int]:
+        """The served model's name and vector length."""
+        from goodput.embedder.v1 import embedder_pb2
+
+        try:
+            resp = await self._stub.DescribeModel(embedder_pb2.DescribeModelRequest(),
+                                                  timeout=self.timeout_s if timeout_s is None else timeout_s)
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+        return resp.name, resp.dimensions
+
     async def embed_one(self, text: str, *, timeout_s: float | None = None) -> list[float]:
         return (await self.embed([text], timeout_s=timeout_s)).vectors[0]

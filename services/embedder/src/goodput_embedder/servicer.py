@@ -54,6 +54,11 @@ class EmbeddingServicer(embedder_pb2_grpc.EmbeddingServicer):
         return embedder_pb2.EmbedResponse(model=model.name, tokens=tokens,
                                           vectors=[embedder_pb2.Vector(values=v.tolist()) for v in vectors])
 
+    async def DescribeModel(self, request: embedder_pb2.DescribeModelRequest, context: aio.ServicerContext
+                            ) -> embedder_pb2.EmbeddingModel:
+        model = self.batcher.model
+        return embedder_pb2.EmbeddingModel(name=model.name, aliases=list(MODEL_ALIASES), dimensions=model.dim)
+
 
 class IndexerServicer(embedder_pb2_grpc.IndexerServicer):
     def __init__(self, settings: EmbedderSettings, indexer: Indexer, jobs: JobStore, celery: Any, *,

@@ -14,6 +14,7 @@ Example (with the embedder and retriever up, inside a coroutine)::
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,7 +28,7 @@ from goodput.retriever.v1 import retriever_pb2, retriever_pb2_grpc
 from grpc import aio
 
 from goodput_core.clients import EmbeddingClient, Embeddings
-from goodput_core.errors import InvalidArgument, Unimplemented, from_rpc_error
+from goodput_core.errors import GoodputError, InvalidArgument, Unimplemented, from_rpc_error
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.requests import check_length, estimate_tokens
@@ -37,6 +38,8 @@ __all__ = ["Knowledge", "install_routes"]
 
 _FUSION = {"": retriever_pb2.FUSION_UNSPECIFIED, "rrf": retriever_pb2.FUSION_RRF,
            "weighted": retriever_pb2.FUSION_WEIGHTED}
+log = logging.getLogger("goodput.gateway.knowledge")
+
 NO_EMBEDDER = "embeddings need the embedder service, which this gateway is not configured with"
 NO_RETRIEVER = "search needs the retriever service, which this gateway is not configured with"
 NO_INDEXER = "indexing needs the embedder service, which this gateway is not configured with"
@@ -49,6 +52,7 @@ class Knowledge:
         self._embedding: EmbeddingClient | None = None
         self._indexer: embedder_pb2_grpc.IndexerStub | None = None
         self._retrieval: retriever_pb2_grpc.RetrievalStub | None = None
+        self._embedding_model: tuple[str, int] | None = None
         if settings.embedder_addr:
             ch = channel_factory(settings.embedder_addr)
             self._channels.append(ch)
@@ -62,6 +66,19 @@ class Knowledge:
     @property
     def retrieval_enabled(self) -> bool:
         return self._retrieval is not None
+
+    async def embedding_model(self) -> tuple[str, int] | None:
+        """The embedder's model (name, dimensions), asked once and kept; None without an embedder or while it does
+        not answer (asked again next time)."""
+        if self._embedding is None:
+            return None
+        if self._embedding_model is None:
+            try:
+                self._embedding_model = await self._embedding.describe()
+            except GoodputError as err:
+                log.warning("the embedder did not describe its model", extra={"error": err.message})
+                return None
+        return self._embedding_model
 
     async def close(self) -> None:
         for ch in self._channels:

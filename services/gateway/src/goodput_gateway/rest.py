@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from goodput_core.context import REQUEST_ID_HEADER, new_request_id, request_context
-from goodput_core.errors import GoodputError, InvalidArgument, PermissionDenied
+from goodput_core.errors import GoodputError, InvalidArgument, NotFound, PermissionDenied
 from goodput_core.metrics import metrics_response
 from goodput_core.priority import priority_name
 
@@ -92,13 +92,29 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
         async def metrics() -> Response:
             return metrics_response(registry)
 
+    async def served_models() -> list[dict[str, Any]]:
+        """The generation models of healthy workers, then the embedding model (when an embedder answers)."""
+        data: list[dict[str, Any]] = [
+            {"id": m.id, "object": "model", "created": 0, "owned_by": "goodput", "max_model_len": m.max_model_len}
+            for m in await service.pipeline.models()]
+        embedding = await service.knowledge.embedding_model() if service.knowledge is not None else None
+        if embedding is not None:
+            data.append({"id": embedding[0], "object": "model", "created": 0, "owned_by": "goodput",
+                         "dimensions": embedding[1]})
+        return data
+
     @app.get("/v1/models")
     async def list_models(request: Request) -> JSONResponse:
         service.authenticate(request.headers.get("authorization"))
-        models = await service.pipeline.models()
-        return JSONResponse({"object": "list", "data": [
-            {"id": m.id, "object": "model", "created": 0, "owned_by": "goodput", "max_model_len": m.max_model_len}
-            for m in models]})
+        return JSONResponse({"object": "list", "data": await served_models()})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> JSONResponse:
+        service.authenticate(request.headers.get("authorization"))
+        for model in await served_models():
+            if model["id"] == model_id:
+                return JSONResponse(model)
+        raise NotFound(f"The model '{model_id[:128]}' does not exist", param="model", code="model_not_found")
 
     @app.get("/v1/usage")
     async def usage(request: Request, period: str | None = None, tenant: str | None = None) -> JSONResponse:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"goodput/embedder/v1/embedder.proto\x12\x13goodput.embedder.v1\",\n\x0c\x45mbedRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\"\x18\n\x06Vector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\\\n\rEmbedResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12,\n\x07vectors\x18\x02 \x03(\x0b\x32\x1b.goodput.embedder.v1.Vector\x12\x0e\n\x06tokens\x18\x03 \x01(\x05\"\xb1\x01\n\x08\x44ocument\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12=\n\x08metadata\x18\x05 \x03(\x0b\x32+.goodput.embedder.v1.Document.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x85\x01\n\x15IndexDocumentsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\x30\n\tdocuments\x18\x03 \x03(\x0b\x32\x1d.goodput.embedder.v1.Document\x12\x12\n\ndelete_ids\x18\x04 \x03(\t\"\x95\x01\n\x16IndexDocumentsResponse\x12\x17\n\x0f\x63hunks_embedded\x18\x01 \x01(\x05\x12\x16\n\x0e\x63hunks_deleted\x18\x02 \x01(\x05\x12\x1b\n\x13\x64ocuments_unchanged\x18\x03 \x01(\x05\x12\x19\n\x11\x64ocuments_deleted\x18\x04 \x01(\x05\x12\x12\n\nkb_version\x18\x05 \x01(\x03\"b\n\x0eReindexRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\x12\n\nsource_uri\x18\x03 \x01(\t\x12\x14\n\x0c\x66ull_rebuild\x18\x04 \x01(\x08\"!\n\x0fReindexResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\"\n\x10JobStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xb0\x01\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12,\n\x05state\x18\x02 \x01(\x0e\x32\x1d.goodput.embedder.v1.JobState\x12\x16\n\x0e\x64ocuments_done\x18\x03 \x01(\x05\x12\x17\n\x0f\x64ocuments_total\x18\x04 \x01(\x05\x12\x17\n\x0f\x63hunks_embedded\x18\x05 \x01(\x05\x12\x12\n\nkb_version\x18\x06 \x01(\x03\x12\r\n\x05\x65rror\x18\x07 \x01(\t*\x82\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x32[\n\tEmbedding\x12N\n\x05\x45mbed\x12!.goodput.embedder.v1.EmbedRequest\x1a\".goodput.embedder.v1.EmbedResponse2\x98\x02\n\x07Indexer\x12i\n\x0eIndexDocuments\x12*.goodput.embedder.v1.IndexDocumentsRequest\x1a+.goodput.embedder.v1.IndexDocumentsResponse\x12T\n\x07Reindex\x12#.goodput.embedder.v1.ReindexRequest\x1a$.goodput.embedder.v1.ReindexResponse\x12L\n\tJobStatus\x12%.goodput.embedder.v1.JobStatusRequest\x1a\x18.goodput.embedder.v1.Jobb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"goodput/embedder/v1/embedder.proto\x12\x13goodput.embedder.v1\"\x16\n\x14\x44\x65scribeModelRequest\"C\n\x0e\x45mbeddingModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x12\n\ndimensions\x18\x03 \x01(\x05\",\n\x0c\x45mbedRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\"\x18\n\x06Vector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\\\n\rEmbedResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12,\n\x07vectors\x18\x02 \x03(\x0b\x32\x1b.goodput.embedder.v1.Vector\x12\x0e\n\x06tokens\x18\x03 \x01(\x05\"\xb1\x01\n\x08\x44ocument\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12=\n\x08metadata\x18\x05 \x03(\x0b\x32+.goodput.embedder.v1.Document.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x85\x01\n\x15IndexDocumentsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\x30\n\tdocuments\x18\x03 \x03(\x0b\x32\x1d.goodput.embedder.v1.Document\x12\x12\n\ndelete_ids\x18\x04 \x03(\t\"\x95\x01\n\x16IndexDocumentsResponse\x12\x17\n\x0f\x63hunks_embedded\x18\x01 \x01(\x05\x12\x16\n\x0e\x63hunks_deleted\x18\x02 \x01(\x05\x12\x1b\n\x13\x64ocuments_unchanged\x18\x03 \x01(\x05\x12\x19\n\x11\x64ocuments_deleted\x18\x04 \x01(\x05\x12\x12\n\nkb_version\x18\x05 \x01(\x03\"b\n\x0eReindexRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\x12\n\nsource_uri\x18\x03 \x01(\t\x12\x14\n\x0c\x66ull_rebuild\x18\x04 \x01(\x08\"!\n\x0fReindexResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\"\n\x10JobStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xb0\x01\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12,\n\x05state\x18\x02 \x01(\x0e\x32\x1d.goodput.embedder.v1.JobState\x12\x16\n\x0e\x64ocuments_done\x18\x03 \x01(\x05\x12\x17\n\x0f\x64ocuments_total\x18\x04 \x01(\x05\x12\x17\n\x0f\x63hunks_embedded\x18\x05 \x01(\x05\x12\x12\n\nkb_version\x18\x06 \x01(\x03\x12\r\n\x05\x65rror\x18\x07 \x01(\t*\x82\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x32\xbc\x01\n\tEmbedding\x12N\n\x05\x45mbed\x12!.goodput.embedder.v1.EmbedRequest\x1a\".goodput.embedder.v1.EmbedResponse\x12_\n\rDescribeModel\x12).goodput.embedder.v1.DescribeModelRequest\x1a#.goodput.embedder.v1.EmbeddingModel2\x98\x02\n\x07Indexer\x12i\n\x0eIndexDocuments\x12*.goodput.embedder.v1.IndexDocumentsRequest\x1a+.goodput.embedder.v1.IndexDocumentsResponse\x12T\n\x07Reindex\x12#.goodput.embedder.v1.ReindexRequest\x1a$.goodput.embedder.v1.ReindexResponse\x12L\n\tJobStatus\x12%.goodput.embedder.v1.JobStatusRequest\x1a\x18.goodput.embedder.v1.Jobb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DOCUMENT_METADATAENTRY']._loaded_options = None
   _globals['_DOCUMENT_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_JOBSTATE']._serialized_start=1044
-  _globals['_JOBSTATE']._serialized_end=1174
-  _globals['_EMBEDREQUEST']._serialized_start=59
-  _globals['_EMBEDREQUEST']._serialized_end=103
-  _globals['_VECTOR']._serialized_start=105
-  _globals['_VECTOR']._serialized_end=129
-  _globals['_EMBEDRESPONSE']._serialized_start=131
-  _globals['_EMBEDRESPONSE']._serialized_end=223
-  _globals['_DOCUMENT']._serialized_start=226
-  _globals['_DOCUMENT']._serialized_end=403
-  _globals['_DOCUMENT_METADATAENTRY']._serialized_start=356
-  _globals['_DOCUMENT_METADATAENTRY']._serialized_end=403
-  _globals['_INDEXDOCUMENTSREQUEST']._serialized_start=406
-  _globals['_INDEXDOCUMENTSREQUEST']._serialized_end=539
-  _globals['_INDEXDOCUMENTSRESPONSE']._serialized_start=542
-  _globals['_INDEXDOCUMENTSRESPONSE']._serialized_end=691
-  _globals['_REINDEXREQUEST']._serialized_start=693
-  _globals['_REINDEXREQUEST']._serialized_end=791
-  _globals['_REINDEXRESPONSE']._serialized_start=793
-  _globals['_REINDEXRESPONSE']._serialized_end=826
-  _globals['_JOBSTATUSREQUEST']._serialized_start=828
-  _globals['_JOBSTATUSREQUEST']._serialized_end=862
-  _globals['_JOB']._serialized_start=865
-  _globals['_JOB']._serialized_end=1041
-  _globals['_EMBEDDING']._serialized_start=1176
-  _globals['_EMBEDDING']._serialized_end=1267
-  _globals['_INDEXER']._serialized_start=1270
-  _globals['_INDEXER']._serialized_end=1550
+  _globals['_JOBSTATE']._serialized_start=1137
+  _globals['_JOBSTATE']._serialized_end=1267
+  _globals['_DESCRIBEMODELREQUEST']._serialized_start=59
+  _globals['_DESCRIBEMODELREQUEST']._serialized_end=81
+  _globals['_EMBEDDINGMODEL']._serialized_start=83
+  _globals['_EMBEDDINGMODEL']._serialized_end=150
+  _globals['_EMBEDREQUEST']._serialized_start=152
+  _globals['_EMBEDREQUEST']._serialized_end=196
+  _globals['_VECTOR']._serialized_start=198
+  _globals['_VECTOR']._serialized_end=222
+  _globals['_EMBEDRESPONSE']._serialized_start=224
+  _globals['_EMBEDRESPONSE']._serialized_end=316
+  _globals['_DOCUMENT']._serialized_start=319
+  _globals['_DOCUMENT']._serialized_end=496
+  _globals['_DOCUMENT_METADATAENTRY']._serialized_start=449
+  _globals['_DOCUMENT_METADATAENTRY']._serialized_end=496
+  _globals['_INDEXDOCUMENTSREQUEST']._serialized_start=499
+  _globals['_INDEXDOCUMENTSREQUEST']._serialized_end=632
+  _globals['_INDEXDOCUMENTSRESPONSE']._serialized_start=635
+  _globals['_INDEXDOCUMENTSRESPONSE']._serialized_end=784
+  _globals['_REINDEXREQUEST']._serialized_start=786
+  _globals['_REINDEXREQUEST']._serialized_end=884
+  _globals['_REINDEXRESPONSE']._serialized_start=886
+  _globals['_REINDEXRESPONSE']._serialized_end=919
+  _globals['_JOBSTATUSREQUEST']._serialized_start=921
+  _globals['_JOBSTATUSREQUEST']._serialized_end=955
+  _globals['_JOB']._serialized_start=958
+  _globals['_JOB']._serialized_end=1134
+  _globals['_EMBEDDING']._serialized_start=1270
+  _globals['_EMBEDDING']._serialized_end=1458
+  _globals['_INDEXER']._serialized_start=1461
+  _globals['_INDEXER']._serialized_end=1741
 # @@protoc_insertion_point(module_scope)

@@ -20,6 +20,20 @@ JOB_STATE_RUNNING: JobState
 JOB_STATE_SUCCEEDED: JobState
 JOB_STATE_FAILED: JobState
 
+class DescribeModelRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EmbeddingModel(_message.Message):
+    __slots__ = ("name", "aliases", "dimensions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ALIASES_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    aliases: _containers.RepeatedScalarFieldContainer[str]
+    dimensions: int
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., dimensions: _Optional[int] = ...) -> None: ...
+
 class EmbedRequest(_message.Message):
     __slots__ = ("texts", "model")
     TEXTS_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class EmbeddingStub:
                 request_serializer=goodput_dot_embedder_dot_v1_dot_embedder__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=goodput_dot_embedder_dot_v1_dot_embedder__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.DescribeModel = channel.unary_unary(
+                '/goodput.embedder.v1.Embedding/DescribeModel',
+                request_serializer=goodput_dot_embedder_dot_v1_dot_embedder__pb2.DescribeModelRequest.SerializeToString,
+                response_deserializer=goodput_dot_embedder_dot_v1_dot_embedder__pb2.EmbeddingModel.FromString,
+                _registered_method=True)
 
 
 class EmbeddingServicer:
@@ -52,6 +57,13 @@ class EmbeddingServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeModel(self, request, context):
+        """The model this embedder serves (what the gateway's GET /v1/models lists beside the generation models).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EmbeddingServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +71,11 @@ def add_EmbeddingServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=goodput_dot_embedder_dot_v1_dot_embedder__pb2.EmbedRequest.FromString,
                     response_serializer=goodput_dot_embedder_dot_v1_dot_embedder__pb2.EmbedResponse.SerializeToString,
+            ),
+            'DescribeModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeModel,
+                    request_deserializer=goodput_dot_embedder_dot_v1_dot_embedder__pb2.DescribeModelRequest.FromString,
+                    response_serializer=goodput_dot_embedder_dot_v1_dot_embedder__pb2.EmbeddingModel.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +105,33 @@ class Embedding:
             '/goodput.embedder.v1.Embedding/Embed',
             goodput_dot_embedder_dot_v1_dot_embedder__pb2.EmbedRequest.SerializeToString,
             goodput_dot_embedder_dot_v1_dot_embedder__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/goodput.embedder.v1.Embedding/DescribeModel',
+            goodput_dot_embedder_dot_v1_dot_embedder__pb2.DescribeModelRequest.SerializeToString,
+            goodput_dot_embedder_dot_v1_dot_embedder__pb2.EmbeddingModel.FromString,
             options,
             channel_credentials,
             insecure,

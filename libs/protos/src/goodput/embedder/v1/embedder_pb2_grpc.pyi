@@ -35,6 +35,8 @@ class EmbeddingStub:
     """Embeds texts. Concurrent calls are micro-batched into one model call (a short window and a max batch size,
     both settings). Errors: INVALID_ARGUMENT for an empty list, an empty text or too many texts.
     """
+    DescribeModel: _grpc.UnaryUnaryMultiCallable[_embedder_pb2.DescribeModelRequest, _embedder_pb2.EmbeddingModel]
+    """The model this embedder serves (what the gateway's GET /v1/models lists beside the generation models)."""
 
 @_typing.type_check_only
 class EmbeddingAsyncStub(EmbeddingStub):
@@ -43,6 +45,8 @@ class EmbeddingAsyncStub(EmbeddingStub):
     """Embeds texts. Concurrent calls are micro-batched into one model call (a short window and a max batch size,
     both settings). Errors: INVALID_ARGUMENT for an empty list, an empty text or too many texts.
     """
+    DescribeModel: _aio.UnaryUnaryMultiCallable[_embedder_pb2.DescribeModelRequest, _embedder_pb2.EmbeddingModel]  # type: ignore[assignment]
+    """The model this embedder serves (what the gateway's GET /v1/models lists beside the generation models)."""
 
 class EmbeddingServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -54,6 +58,14 @@ class EmbeddingServicer(metaclass=_abc_1.ABCMeta):
         """Embeds texts. Concurrent calls are micro-batched into one model call (a short window and a max batch size,
         both settings). Errors: INVALID_ARGUMENT for an empty list, an empty text or too many texts.
         """
+
+    @_abc_1.abstractmethod
+    def DescribeModel(
+        self,
+        request: _embedder_pb2.DescribeModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_embedder_pb2.EmbeddingModel, _abc.Awaitable[_embedder_pb2.EmbeddingModel]]:
+        """The model this embedder serves (what the gateway's GET /v1/models lists beside the generation models)."""
 
 def add_EmbeddingServicer_to_server(servicer: EmbeddingServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
