@@ -128,8 +128,6 @@ async def test_scheduler_down_with_a_known_model_is_503(client: httpx.AsyncClien
     ("functions", [{"name": "f"}]),
     ("function_call", "auto"),
     ("parallel_tool_calls", True),
-    ("logprobs", True),
-    ("top_logprobs", 3),
     ("logit_bias", {"50256": -100}),
     ("n", 2),
     ("audio", {"voice": "alloy", "format": "wav"}),
@@ -176,7 +174,7 @@ async def test_message_fields_are_checked_by_name(client: httpx.AsyncClient, mes
     ({"prompt": "a", "echo": True}, "echo", "unsupported_parameter"),
     ({"prompt": "a", "best_of": 3}, "best_of", "unsupported_parameter"),
     ({"prompt": "a", "suffix": "b"}, "suffix", "unsupported_parameter"),
-    ({"prompt": "a", "logprobs": 2}, "logprobs", "unsupported_parameter"),
+    ({"prompt": "a", "logprobs": 6}, "logprobs", "invalid_value"),  # the legacy API's at most 5
     ({"prompt": "a", "n": 3}, "n", "unsupported_parameter"),
     ({"prompt": [1, 2, 3]}, "prompt", "unsupported_value"),
     ({"prompt": 7}, "prompt", "invalid_type"),
@@ -316,3 +314,44 @@ async def test_completions_refuse_response_format_by_name(client: httpx.AsyncCli
     resp = await client.post("/v1/completions", headers=AUTH,
                              json={"model": "m", "prompt": "hi", "response_format": {"type": "json_object"}})
     assert_openai_error(resp, 400, "response_format")
+
+
+# ---- logprobs ------------------------------------------------------------------------------------------------
+
+
+def test_logprobs_become_the_number_of_top_tokens_per_position() -> None:
+    from goodput_gateway.schemas import ChatCompletionRequest, CompletionRequest, parse, to_body
+
+    chat_req = parse(ChatCompletionRequest, chat(logprobs=True, top_logprobs=3)).to_request()
+    assert chat_req.sampling.logprobs == 3
+    assert parse(ChatCompletionRequest, chat(logprobs=True)).to_request().sampling.logprobs == 0
+    assert parse(ChatCompletionRequest, chat(logprobs=False)).to_request().sampling.logprobs is None
+    legacy = parse(CompletionRequest, {"prompt": "a", "logprobs": 2}).to_request()
+    assert legacy.sampling.logprobs == 2
+    for req in (chat_req, legacy):  # a parked job's body parses back to the same request
+        route, body = to_body(req)
+        model = ChatCompletionRequest if route == "chat" else CompletionRequest
+        assert parse(model, body).to_request() == req
+
+
+@pytest.mark.parametrize("overrides,param", [
+    ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": 1}, "logprobs"),  # chat's logprobs is a boolean
+])
+async def test_bad_logprobs_are_refused_by_name(client: httpx.AsyncClient, overrides: dict[str, object],
+                                                param: str) -> None:
+    assert_openai_error(await post(client, chat(**overrides)), 400, param)
+
+
+def test_top_logprobs_are_bounded_by_a_setting() -> None:
+    from goodput_core.errors import InvalidArgument
+
+    from goodput_gateway.requests import validate
+    from goodput_gateway.schemas import ChatCompletionRequest, parse
+
+    req = parse(ChatCompletionRequest, chat(logprobs=True, top_logprobs=5)).to_request()
+    validate(req, GatewaySettings())
+    with pytest.raises(InvalidArgument) as err:
+        validate(req, GatewaySettings(max_top_logprobs=4))
+    assert err.value.param == "top_logprobs"

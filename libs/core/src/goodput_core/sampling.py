@@ -13,11 +13,13 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from goodput.common.v1 import types_pb2
 
-_OPTIONAL = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "json_schema")
+_OPTIONAL = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "json_schema",
+             "logprobs")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class Sampling:
     frequency_penalty: float | None = None
     json_schema: str | None = None  # structured output: a JSON Schema document (text) the answer must match
     json_object: bool = False  # structured output: the answer is a JSON object
+    logprobs: int | None = None  # None = none; 0 = the sampled token's; k = also the k most likely
 
     @property
     def structured(self) -> bool:
@@ -51,3 +54,29 @@ def sampling_to_proto(s: Sampling) -> types_pb2.SamplingParams:
         if value is not None:
             setattr(pb, name, value)
     return pb
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token, its log probability and the most likely tokens at its position.
+
+    >>> t = TokenLogprob("Paris", -0.01, (("Paris", -0.01), ("Lyon", -4.6)))
+    >>> logprobs_from_proto(logprobs_to_proto([t])) == (t,)
+    True
+    """
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+def logprobs_to_proto(tokens: Sequence[TokenLogprob]) -> list[types_pb2.TokenLogprob]:
+    return [types_pb2.TokenLogprob(token=t.token, logprob=t.logprob,
+                                   top=[types_pb2.TopLogprob(token=tok, logprob=lp) for tok, lp in t.top])
+            for t in tokens]
+
+
+def logprobs_from_proto(tokens: Iterable[types_pb2.TokenLogprob]) -> tuple[TokenLogprob, ...]:
+    # float32 on the wire: rounded to 6 digits so a value survives the trip unchanged
+    return tuple(TokenLogprob(t.token, round(t.logprob, 6), tuple((x.token, round(x.logprob, 6)) for x in t.top))
+                 for t in tokens)

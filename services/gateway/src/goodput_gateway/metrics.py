@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from goodput_core.metrics import LATENCY_BUCKETS
+from goodput_core.sampling import TokenLogprob
 
 __all__ = ["GatewayMetrics", "StreamEnd", "TextDelta", "timed"]
 
@@ -37,6 +38,7 @@ ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.logprobs: the tokens the text came from
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 
 from goodput_core.errors import GoodputError, InvalidArgument, Unavailable, from_rpc_error
-from goodput_core.sampling import sampling_to_proto
+from goodput_core.sampling import logprobs_from_proto, sampling_to_proto
 
 from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
@@ -105,7 +105,7 @@ class GenerationStream:
                         self._ttft_s = max(time.monotonic() - self._arrived, 1e-6)
                         self.pipeline.report_first_token(self._lease, self._ttft_s)
                     self._completion_tokens = chunk.delta.completion_tokens
-                    yield TextDelta(chunk.delta.text)
+                    yield TextDelta(chunk.delta.text, logprobs_from_proto(chunk.delta.logprobs))
                 elif kind == "finished":
                     f = chunk.finished
                     self._outcome = scheduler_pb2.OUTCOME_OK

@@ -124,6 +124,9 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
         if not isinstance(schema, dict):
             raise InvalidArgument("the response_format schema must be a JSON object (a JSON Schema document)",
                                   param="response_format", code="invalid_value")
+    if s.logprobs is not None and not 0 <= s.logprobs <= settings.max_top_logprobs:
+        raise InvalidArgument(f"logprobs asks for {s.logprobs} top tokens per position; the limit is "
+                              f"{settings.max_top_logprobs}", param="top_logprobs", code="invalid_value")
     if s.structured and req.kind != "chat":
         raise InvalidArgument("structured output (response_format) is for chat requests", param="response_format",
                               code="unsupported_parameter")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -28,6 +28,7 @@ from goodput_core.context import REQUEST_ID_HEADER, new_request_id, request_cont
 from goodput_core.errors import GoodputError, InvalidArgument, NotFound, PermissionDenied
 from goodput_core.metrics import metrics_response
 from goodput_core.priority import priority_name
+from goodput_core.sampling import TokenLogprob
 
 from goodput_gateway.caching import CACHE_HEADER
 from goodput_gateway.jobs import JOB_HEADER, JobQueue, Parked
@@ -193,7 +194,8 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
             return error_response(err, request_id)
         finally:
             span.end()
-        return JSONResponse(completion_body(opened, text, end, route=route), headers=headers)
+        return JSONResponse(completion_body(opened, text, end, route=route, logprobs=generation.logprobs),
+                            headers=headers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -221,15 +223,45 @@ def _usage(end: StreamEnd) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": end.cached_tokens}}
 
 
-def completion_body(opened: Opened, text: str, end: StreamEnd, *, route: str, response_id: str = "") -> dict[str, Any]:
+def _logprob(value: float) -> float:
+    """A log probability JSON can carry (-inf, for a token the engine could not score, as OpenAI's -9999)."""
+    return max(value, -9999.0)
+
+
+def logprobs_json(tokens: Sequence[TokenLogprob], *, route: str, offset: int = 0) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a choice: chat's ``content`` entries (token, logprob, bytes, top_logprobs), or the
+    legacy completions' parallel lists (``text_offset`` counted from ``offset`` characters into the answer).
+
+    >>> t = TokenLogprob("Hi", -0.25, (("Hi", -0.25), ("Hey", -1.5)))
+    >>> logprobs_json([t], route="chat")["content"][0]["top_logprobs"][1]
+    {'token': 'Hey', 'logprob': -1.5, 'bytes': [72, 101, 121]}
+    >>> logprobs_json([t, t], route="completions", offset=3)["text_offset"]
+    [3, 5]
+    """
+    if route == "chat":
+        return {"content": [{"token": t.token, "logprob": _logprob(t.logprob), "bytes": list(t.token.encode()),
+                             "top_logprobs": [{"token": tok, "logprob": _logprob(lp), "bytes": list(tok.encode())}
+                                              for tok, lp in t.top]} for t in tokens], "refusal": None}
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.token)
+    return {"tokens": [t.token for t in tokens], "token_logprobs": [_logprob(t.logprob) for t in tokens],
+            "top_logprobs": [{tok: _logprob(lp) for tok, lp in t.top} for t in tokens], "text_offset": offsets}
+
+
+def completion_body(opened: Opened, text: str, end: StreamEnd, *, route: str, response_id: str = "",
+                    logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
     """The OpenAI-shaped JSON answer (``chat.completion`` or ``text_completion``), with the Goodput extensions."""
     cid, obj, created = _ids(opened, route, response_id)
+    asked = opened.request.sampling.logprobs is not None
     choice: dict[str, Any]
     if route == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": end.finish_reason,
-                  "logprobs": None}
+                  "logprobs": logprobs_json(logprobs, route=route) if asked else None}
     else:
-        choice = {"index": 0, "text": text, "finish_reason": end.finish_reason, "logprobs": None}
+        choice = {"index": 0, "text": text, "finish_reason": end.finish_reason,
+                  "logprobs": logprobs_json(logprobs, route=route) if asked else None}
     body = {"id": cid, "object": obj, "created": created, "model": opened.model, "choices": [choice],
             "usage": _usage(end), "system_fingerprint": None}
     if opened.sources:  # RAG extension: the chunks the answer was grounded on, beside `choices`
@@ -245,16 +277,21 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
     obj = "chat.completion.chunk" if route == "chat" else "text_completion"
     model = opened.model
 
-    def chunk(delta_text: str | None, finish: str | None, *, role: bool = False) -> dict[str, Any]:
+    asked = opened.request.sampling.logprobs is not None
+    sent = 0  # characters of the answer so far (the legacy logprobs' text_offset)
+
+    def chunk(delta_text: str | None, finish: str | None, *, role: bool = False,
+              logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
+        lp = logprobs_json(logprobs, route=route, offset=sent) if asked and logprobs else None
         if route == "chat":
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
             if delta_text is not None:
                 delta["content"] = delta_text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}
         else:
-            choice = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": lp}
         return {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice]}
 
     try:
@@ -267,7 +304,8 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
             yield _sse(first)
         async for event in generation:
             if isinstance(event, TextDelta):
-                yield _sse(chunk(event.text, None))
+                yield _sse(chunk(event.text, None, logprobs=event.logprobs))
+                sent += len(event.text)
             else:
                 yield _sse(chunk(None if route == "chat" else "", event.finish_reason))
                 if opened.request.include_usage:

@@ -26,7 +26,7 @@ from abc import abstractmethod
 from typing import Any, ClassVar, Literal, TypeVar
 
 from goodput.common.v1 import types_pb2
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from goodput_core.errors import InvalidArgument
@@ -221,19 +221,30 @@ class ChatCompletionRequest(_Generation):
 
     UNSUPPORTED = {**_Generation.UNSUPPORTED, "tools": (None, []), "tool_choice": (None, "none"),
                    "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
-                   "logprobs": (None, False), "top_logprobs": (None, 0),
+
                    "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
                    "reasoning_effort": (None,), "verbosity": (None,), "web_search_options": (None,),
                    "prompt_cache_key": (None,), "safety_identifier": (None,)}
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(None, ge=1)
     response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise PydanticCustomError("invalid_value", "needs logprobs: true")
+        return value
 
     def to_request(self, *, header_priority: str | None = None, header_kb: str | None = None) -> GenerationRequest:
         messages = tuple(Message(role=ROLE_ALIASES.get(m.role, m.role), content=m.content or "", name=m.name or "")
                          for m in self.messages)
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        structured = self.response_format.sampling() if self.response_format is not None else None
+        structured = self.response_format.sampling() if self.response_format is not None else {}
+        if self.logprobs:
+            structured["logprobs"] = self.top_logprobs or 0
         return GenerationRequest(messages=messages, kind="chat", **self._common(
             header_priority=header_priority, header_kb=header_kb, max_tokens=max_tokens, structured=structured))
 
@@ -241,9 +252,9 @@ class ChatCompletionRequest(_Generation):
 class CompletionRequest(_Generation):
     """``POST /v1/completions``: one prompt (a string, or an array of one string)."""
 
-    UNSUPPORTED = {**_Generation.UNSUPPORTED, "best_of": (None, 1), "echo": (None, False), "logprobs": (None,),
-                   "suffix": (None, "")}
+    UNSUPPORTED = {**_Generation.UNSUPPORTED, "best_of": (None, 1), "echo": (None, False), "suffix": (None, "")}
     prompt: str
+    logprobs: int | None = Field(None, ge=0, le=5)  # the legacy API's: how many top tokens per position
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -257,7 +268,8 @@ class CompletionRequest(_Generation):
 
     def to_request(self, *, header_priority: str | None = None, header_kb: str | None = None) -> GenerationRequest:
         return GenerationRequest(prompt=self.prompt, kind="completion", **self._common(
-            header_priority=header_priority, header_kb=header_kb, max_tokens=self.max_tokens))
+            header_priority=header_priority, header_kb=header_kb, max_tokens=self.max_tokens,
+            structured={"logprobs": self.logprobs} if self.logprobs is not None else None))
 
 
 def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
@@ -283,6 +295,8 @@ def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
                                    "json_schema": {"name": "response", "schema": json.loads(s.json_schema)}}
     elif s.json_object:
         body["response_format"] = {"type": "json_object"}
+    if s.logprobs is not None:
+        body.update({"logprobs": True, "top_logprobs": s.logprobs} if req.kind == "chat" else {"logprobs": s.logprobs})
     if req.session_id:
         body["user"] = req.session_id
     if req.knowledge_base:

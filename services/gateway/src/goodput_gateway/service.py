@@ -28,6 +28,7 @@ from types import TracebackType
 from goodput_core.context import new_request_id, tenant_id_var
 from goodput_core.errors import GoodputError, ResourceExhausted, Unavailable, Unimplemented
 from goodput_core.priority import priority_name
+from goodput_core.sampling import TokenLogprob
 
 from goodput_gateway.auth import ApiKeyStore, Principal
 from goodput_gateway.caching import CacheStatus, GatewayCache, replay, sources_of
@@ -82,6 +83,7 @@ class Generation:
     def __init__(self, opened: Opened, events: AsyncGenerator[Opened | TextDelta | StreamEnd, None]) -> None:
         self.opened = opened
         self._events = events
+        self.logprobs: list[TokenLogprob] = []  # filled by collect()
 
     async def __aiter__(self) -> AsyncGenerator[TextDelta | StreamEnd, None]:
         async for event in self._events:
@@ -89,12 +91,14 @@ class Generation:
             yield event
 
     async def collect(self) -> tuple[str, StreamEnd]:
-        """The whole answer (for non-streaming callers): its text and its final event."""
+        """The whole answer (for non-streaming callers): its text and its final event; its tokens' log
+        probabilities (when asked for) in :attr:`logprobs`."""
         parts: list[str] = []
         end: StreamEnd | None = None
         async for event in self:
             if isinstance(event, TextDelta):
                 parts.append(event.text)
+                self.logprobs.extend(event.logprobs)
             else:
                 end = event
         if end is None:

@@ -18,7 +18,7 @@ from grpc import aio
 from goodput_core.context import REQUEST_ID_HEADER, new_request_id, request_context
 from goodput_core.errors import GoodputError
 from goodput_core.priority import priority_name
-from goodput_core.sampling import sampling_from_proto
+from goodput_core.sampling import logprobs_to_proto, sampling_from_proto
 
 from goodput_gateway.knowledge import grpc_embed, grpc_index, grpc_search
 from goodput_gateway.metrics import StreamEnd, TextDelta
@@ -115,7 +115,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                     request_id=request_id, model=opened.model, sources=_sources(opened), cache=_cache_info(opened)))
                 async for event in generation:
                     if isinstance(event, TextDelta):
-                        yield gateway_pb2.GenerateStreamResponse(delta=event.text)
+                        if event.text:
+                            yield gateway_pb2.GenerateStreamResponse(delta=event.text)
+                        if event.logprobs:  # right after the text they belong to
+                            yield gateway_pb2.GenerateStreamResponse(logprobs=gateway_pb2.TokenLogprobs(
+                                tokens=logprobs_to_proto(event.logprobs)))
                     else:
                         yield gateway_pb2.GenerateStreamResponse(end=gateway_pb2.StreamEnd(
                             finish_reason=_FINISH[event.finish_reason], usage=_usage(event)))
@@ -140,7 +144,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 text, end = await generation.collect()
             return gateway_pb2.GenerateResponse(request_id=request_id, model=opened.model, text=text,
                                                 finish_reason=_FINISH[end.finish_reason], usage=_usage(end),
-                                                cache=_cache_info(opened), sources=_sources(opened))
+                                                cache=_cache_info(opened), sources=_sources(opened),
+                                                logprobs=logprobs_to_proto(generation.logprobs))
 
     async def ListModels(self, request: gateway_pb2.ListModelsRequest,
                          context: aio.ServicerContext) -> gateway_pb2.ListModelsResponse:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from goodput_core.sampling import Sampling
+from goodput_core.sampling import Sampling, TokenLogprob
 
 __all__ = ["ChatTurn", "Delta", "Engine", "Finished", "GenEvent", "GenRequest", "Load", "ModelDescription",
            "Sampling", "Started"]
@@ -43,6 +43,7 @@ class Started:
 class Delta:
     text: str
     completion_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.logprobs: the tokens this text came from
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from goodput_core.context import request_context
 from goodput_core.errors import Unavailable
-from goodput_core.sampling import sampling_from_proto
+from goodput_core.sampling import logprobs_to_proto, sampling_from_proto
 
 from goodput_inference.engine import ChatTurn, Delta, Engine, Finished, GenRequest, Started
 
@@ -124,7 +124,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 async for event in self.engine.generate(gen):
                     if isinstance(event, Delta):
                         yield inference_pb2.GenerateChunk(delta=inference_pb2.Delta(
-                            text=event.text, completion_tokens=event.completion_tokens))
+                            text=event.text, completion_tokens=event.completion_tokens,
+                            logprobs=logprobs_to_proto(event.logprobs)))
                     elif isinstance(event, Started):
                         self.metrics.prompt_tokens.inc(event.prompt_tokens)
                         yield inference_pb2.GenerateChunk(started=inference_pb2.Started(

@@ -25,6 +25,7 @@ from typing import Any, cast
 
 from goodput_core.cpu import cpu_info
 from goodput_core.errors import InvalidArgument, Unavailable
+from goodput_core.sampling import TokenLogprob
 
 from goodput_inference.config import InferenceSettings
 from goodput_inference.engine import Delta, Finished, GenEvent, GenRequest, Load, ModelDescription, Started
@@ -253,6 +254,8 @@ class VllmEngine:
                 kwargs[name] = value
         if s.stop:
             kwargs["stop"] = list(s.stop)
+        if s.logprobs is not None:
+            kwargs["logprobs"] = s.logprobs
         if s.structured:  # constrained decoding by the engine's structured-output backend (xgrammar by default)
             from vllm.sampling_params import StructuredOutputsParams
 
@@ -288,8 +291,9 @@ class VllmEngine:
             async for out in self._engine.generate(prompt, params, request.request_id, priority=priority):
                 completion = out.outputs[0]
                 completion_tokens += len(completion.token_ids)
-                if completion.text:
-                    yield Delta(text=completion.text, completion_tokens=completion_tokens)
+                logprobs = _logprobs(completion, params.logprobs) if params.logprobs is not None else ()
+                if completion.text or logprobs:
+                    yield Delta(text=completion.text, completion_tokens=completion_tokens, logprobs=logprobs)
                 if out.finished:
                     finished = True
                     reason = "length" if completion.finish_reason == "length" else "stop"
@@ -301,6 +305,20 @@ class VllmEngine:
             if not finished:
                 # vLLM's generate() has aborted the engine request on cancellation / close (it frees the slot).
                 self._aborted += 1
+
+
+def _logprobs(completion: Any, k: int) -> tuple[TokenLogprob, ...]:
+    """The new tokens of a delta output with their log probabilities: vLLM gives, per token, a dict of token id ->
+    ``Logprob(logprob, rank, decoded_token)`` holding the k most likely (ranks 1..k) and the sampled token (whatever
+    its rank)."""
+    out = []
+    for token_id, candidates in zip(completion.token_ids, completion.logprobs or (), strict=False):
+        sampled = candidates.get(token_id)
+        top = sorted((c for c in candidates.values() if c.rank is not None and c.rank <= k), key=lambda c: c.rank)
+        out.append(TokenLogprob(token=(sampled.decoded_token or "") if sampled is not None else "",
+                                logprob=float(sampled.logprob) if sampled is not None else float("-inf"),
+                                top=tuple((c.decoded_token or "", float(c.logprob)) for c in top[:k])))
+    return tuple(out)
 
 
 def _cached_tokens(out: Any) -> int:

@@ -28,7 +28,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., knowledge_base: _Optional[str] = ..., no_cache: _Optional[bool] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "model", "text", "finish_reason", "usage", "cache", "sources")
+    __slots__ = ("request_id", "model", "text", "finish_reason", "usage", "cache", "sources", "logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class GenerateResponse(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     text: str
@@ -43,17 +44,26 @@ class GenerateResponse(_message.Message):
     usage: _types_pb2.Usage
     cache: CacheInfo
     sources: _containers.RepeatedCompositeFieldContainer[Source]
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[Source, _Mapping]]] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[_types_pb2.TokenLogprob]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[Source, _Mapping]]] = ..., logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
-    __slots__ = ("start", "delta", "end")
+    __slots__ = ("start", "delta", "end", "logprobs")
     START_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     start: StreamStart
     delta: str
     end: StreamEnd
-    def __init__(self, start: _Optional[_Union[StreamStart, _Mapping]] = ..., delta: _Optional[str] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ...) -> None: ...
+    logprobs: TokenLogprobs
+    def __init__(self, start: _Optional[_Union[StreamStart, _Mapping]] = ..., delta: _Optional[str] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ...) -> None: ...
+
+class TokenLogprobs(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[_types_pb2.TokenLogprob]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class StreamStart(_message.Message):
     __slots__ = ("request_id", "model", "cache", "sources")

@@ -44,12 +44,14 @@ class Started(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ...) -> None: ...
 
 class Delta(_message.Message):
-    __slots__ = ("text", "completion_tokens")
+    __slots__ = ("text", "completion_tokens", "logprobs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     completion_tokens: int
-    def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[_types_pb2.TokenLogprob]
+    def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class Finished(_message.Message):
     __slots__ = ("finish_reason", "usage")
