@@ -100,4 +100,8 @@ class GatewaySettings(ServiceSettings):
     job_deadline_s: float = Field(86_400.0, gt=0, description="A job not completed by then expires.")
     job_result_ttl_s: float = Field(7 * 86_400.0, gt=0, description="How long a finished job stays fetchable.")
     job_retry_base_s: float = Field(1.0, gt=0, description="First retry backoff of a parked job (doubles).")
+    max_file_bytes: int = Field(16 << 20, ge=1024, description="Largest file uploaded to /v1/files (a batch's "
+                                                                "input JSONL).")
+    max_batch_requests: int = Field(10_000, ge=1, description="Most requests (lines) in one batch.")
+    file_ttl_s: float = Field(30 * 86_400.0, gt=0, description="How long an uploaded or result file is kept.")
     job_retry_cap_s: float = Field(60.0, gt=0, description="Longest wait between a parked job's attempts.")

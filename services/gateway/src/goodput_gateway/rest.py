@@ -4,7 +4,8 @@ plus `/healthz` and `/metrics`. Errors use OpenAI's JSON shape (`{"error": {"mes
 Goodput extensions: the `priority` body field or `X-Goodput-Priority` header ("P0", "P1", "P2"); RAG with the
 `knowledge_base` body field or `X-Goodput-Knowledge-Base` header (the answer then carries `sources` beside
 `choices`, or on the first chunk of a stream); the knowledge routes of :mod:`goodput_gateway.knowledge`;
-`GET /v1/usage` (the tenant's metered usage, :mod:`goodput_gateway.metering`). Every generation response carries
+`GET /v1/usage` (the tenant's metered usage, :mod:`goodput_gateway.metering`); with deferred jobs configured, OpenAI's
+Files and Batch APIs (:mod:`goodput_gateway.jobs.batch_routes`). Every generation response carries
 OpenAI's `x-ratelimit-*` headers for the caller's limits (:mod:`goodput_gateway.quotas`).
 """
 
@@ -32,6 +33,8 @@ from goodput_core.sampling import TokenLogprob
 
 from goodput_gateway.caching import CACHE_HEADER
 from goodput_gateway.jobs import JOB_HEADER, JobQueue, Parked
+from goodput_gateway.jobs.batch_routes import install_routes as install_batch_routes
+from goodput_gateway.jobs.batches import BatchStore
 from goodput_gateway.jobs.routes import install_routes as install_job_routes
 from goodput_gateway.knowledge import install_routes as install_knowledge_routes
 from goodput_gateway.limits import HeaderLimit, read_limited
@@ -208,6 +211,7 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
     install_knowledge_routes(app, service, read_json)
     if jobs is not None:
         install_job_routes(app, service, read_json, jobs)
+        install_batch_routes(app, service, read_json, BatchStore(jobs))
     return app
 
 

@@ -358,6 +358,15 @@ class IndexRequest(Body):
     delete_ids: list[str] | None = None
 
 
+class BatchRequest(Body):
+    """``POST /v1/batches``."""
+
+    input_file_id: str = Field(min_length=1, max_length=128)
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+
+
 class JobRequest(Body):
     """``POST /v1/jobs``: batch work run later at P2 (``body`` is validated as the endpoint's body at once)."""
 

@@ -174,14 +174,16 @@ class JobQueue:
         return job
 
     def submit(self, *, tenant: str, route: str, body: dict[str, Any], delay_s: float = 0.0,
-               error: str = "") -> Job:
-        """Stores a new job and schedules its first attempt in ``delay_s`` seconds."""
+               error: str = "", deadline_at: float | None = None) -> Job:
+        """Stores a new job and schedules its first attempt in ``delay_s`` seconds; it expires at ``deadline_at``
+        (default: ``job_deadline_s`` from now)."""
         if route not in ENDPOINTS:
             raise InvalidArgument(f"unknown route {route!r}", param="endpoint")
         now = time.time()
         body = {**body, "stream": False, "priority": "P2"}
         job = Job(id=f"job-{uuid.uuid4().hex}", tenant=tenant, route=route, body=body,
-                  state="parked" if delay_s > 0 else "queued", deadline_at=now + self.settings.job_deadline_s,
+                  state="parked" if delay_s > 0 else "queued",
+                  deadline_at=deadline_at if deadline_at is not None else now + self.settings.job_deadline_s,
                   next_attempt_at=now + delay_s, error=error)
         self.save(job)
         self._send(job.id, delay_s)

@@ -1,0 +1,267 @@
+"""OpenAI's Files and Batch APIs on the deferred-job path: each line of a batch's input file becomes a job, run at
+P2 by the jobs workers (so a batch soaks spare capacity and never takes P0's), and the batch's output and error
+files are written once every line has ended. Files and batches live in Redis, scoped to their tenant, so every
+gateway replica serves them.
+
+* A **file** (``purpose: batch``, JSONL, at most ``max_file_bytes``) is kept for ``file_ttl_s``.
+* A **batch** checks every line when it is created (``custom_id`` unique, ``method: POST``, ``url`` equal to the
+  batch's endpoint, a ``body`` the endpoint accepts) and refuses the batch naming the first bad line. Its jobs'
+  deadline is the end of its completion window (``24h``): a line not done by then ends as ``batch_expired`` in the
+  error file, and the batch as ``expired``.
+* Its **status** is derived from its jobs when it is read: ``in_progress`` while any runs; then ``finalizing``
+  while one replica writes the output file (``{"id", "custom_id", "response": {"status_code", "request_id",
+  "body"}, "error"}`` per completed line) and the error file (failed and expired lines), then ``completed``,
+  ``expired`` or ``cancelled``. Cancelling fails the lines not started yet; lines already running finish.
+
+    >>> parse_window("24h")
+    86400
+    >>> Batch(id="batch_1", tenant="t", endpoint="/v1/chat/completions", input_file_id="file-1",
+    ...       created_at=0, expires_at=86400, jobs=["job-1"], custom_ids=["a"]).public()["request_counts"]
+    {'total': 1, 'completed': 0, 'failed': 0}
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from goodput_core.errors import InvalidArgument, NotFound
+
+from goodput_gateway.jobs.store import ROUTES, Job, JobQueue
+
+__all__ = ["Batch", "BatchStore", "FileObject", "parse_window"]
+
+WINDOWS = {"24h": 86_400}
+
+
+def parse_window(window: str) -> int:
+    """The completion window's seconds; OpenAI accepts only ``24h``."""
+    if window not in WINDOWS:
+        raise InvalidArgument(f"completion_window must be one of {', '.join(WINDOWS)}", param="completion_window",
+                              code="invalid_value")
+    return WINDOWS[window]
+
+
+@dataclass
+class FileObject:
+    id: str
+    tenant: str
+    filename: str
+    purpose: str
+    bytes: int
+    created_at: int
+    expires_at: int
+
+    def public(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "file", "bytes": self.bytes, "created_at": self.created_at,
+                "expires_at": self.expires_at, "filename": self.filename, "purpose": self.purpose,
+                "status": "processed", "status_details": None}
+
+
+@dataclass
+class Batch:
+    id: str
+    tenant: str
+    endpoint: str
+    input_file_id: str
+    created_at: int
+    expires_at: int
+    jobs: list[str]
+    custom_ids: list[str]
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = None
+    status: str = "in_progress"  # then finalizing, completed, expired, cancelling, cancelled
+    counts: dict[str, int] = field(default_factory=lambda: {"completed": 0, "failed": 0})
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    finished_at: int | None = None
+    cancelling_at: int | None = None
+
+    def public(self) -> dict[str, Any]:
+        """The OpenAI ``batch`` object."""
+        done = {"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}
+        out: dict[str, Any] = {
+            "id": self.id, "object": "batch", "endpoint": self.endpoint, "errors": None,
+            "input_file_id": self.input_file_id, "completion_window": self.completion_window, "status": self.status,
+            "output_file_id": self.output_file_id, "error_file_id": self.error_file_id,
+            "created_at": self.created_at, "in_progress_at": self.created_at, "expires_at": self.expires_at,
+            "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None,
+            "cancelling_at": self.cancelling_at, "cancelled_at": None,
+            "request_counts": {"total": len(self.jobs), **self.counts}, "metadata": self.metadata}
+        if self.status in done and self.finished_at is not None:
+            out[done[self.status]] = self.finished_at
+        return out
+
+
+class BatchStore:
+    """Files and batches in the jobs' Redis (``<jobs_prefix>:file:*``, ``<jobs_prefix>:batch:*``)."""
+
+    def __init__(self, queue: JobQueue) -> None:
+        self.queue = queue
+        self.redis = queue.redis
+        self.settings = queue.settings
+        self.prefix = f"{queue.prefix}"
+
+    # ---- files ----
+    def _file_key(self, file_id: str) -> str:
+        return f"{self.prefix}:file:{file_id}"
+
+    def put_file(self, *, tenant: str, filename: str, purpose: str, content: bytes) -> FileObject:
+        now = int(time.time())
+        ttl = int(self.settings.file_ttl_s)
+        f = FileObject(id=f"file-{uuid.uuid4().hex}", tenant=tenant, filename=filename[:256], purpose=purpose,
+                       bytes=len(content), created_at=now, expires_at=now + ttl)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(self._file_key(f.id), json.dumps(asdict(f)), ex=ttl)
+        pipe.set(self._file_key(f.id) + ":content", content, ex=ttl)
+        pipe.zadd(f"{self.prefix}:files:{tenant}", {f.id: now})
+        pipe.expire(f"{self.prefix}:files:{tenant}", ttl)
+        pipe.execute()
+        return f
+
+    def get_file(self, file_id: str, *, tenant: str) -> FileObject:
+        raw = self.redis.get(self._file_key(file_id))
+        f = FileObject(**json.loads(raw)) if raw is not None else None
+        if f is None or f.tenant != tenant:
+            raise NotFound(f"No such File object: {file_id[:80]}", param="file_id", code="file_not_found")
+        return f
+
+    def file_content(self, file_id: str, *, tenant: str) -> bytes:
+        self.get_file(file_id, tenant=tenant)
+        content = self.redis.get(self._file_key(file_id) + ":content")
+        if content is None:
+            raise NotFound(f"No such File object: {file_id[:80]}", param="file_id", code="file_not_found")
+        return bytes(content)
+
+    def delete_file(self, file_id: str, *, tenant: str) -> None:
+        self.get_file(file_id, tenant=tenant)
+        self.redis.delete(self._file_key(file_id), self._file_key(file_id) + ":content")
+        self.redis.zrem(f"{self.prefix}:files:{tenant}", file_id)
+
+    def list_files(self, *, tenant: str, limit: int) -> list[FileObject]:
+        ids = [i.decode() if isinstance(i, bytes) else i
+               for i in self.redis.zrevrange(f"{self.prefix}:files:{tenant}", 0, limit - 1)]
+        out = []
+        for file_id in ids:
+            try:
+                out.append(self.get_file(file_id, tenant=tenant))
+            except NotFound:  # expired: forget it
+                self.redis.zrem(f"{self.prefix}:files:{tenant}", file_id)
+        return out
+
+    # ---- batches ----
+    def _batch_key(self, batch_id: str) -> str:
+        return f"{self.prefix}:batch:{batch_id}"
+
+    def _save(self, batch: Batch) -> None:
+        ttl = int(max(batch.expires_at - time.time(), 0) + self.settings.job_result_ttl_s)
+        self.redis.set(self._batch_key(batch.id), json.dumps(asdict(batch)), ex=max(ttl, 60))
+
+    def create(self, *, tenant: str, endpoint: str, input_file_id: str, window: str,
+               metadata: dict[str, str] | None, bodies: list[tuple[str, dict[str, Any]]]) -> Batch:
+        """Submits one P2 job per (custom_id, body), due by the end of the window."""
+        now = int(time.time())
+        expires = now + parse_window(window)
+        route = ROUTES[endpoint]
+        jobs = [self.queue.submit(tenant=tenant, route=route, body=body, deadline_at=expires).id
+                for _, body in bodies]
+        batch = Batch(id=f"batch_{uuid.uuid4().hex}", tenant=tenant, endpoint=endpoint, input_file_id=input_file_id,
+                      created_at=now, expires_at=expires, jobs=jobs, custom_ids=[c for c, _ in bodies],
+                      completion_window=window, metadata=metadata)
+        self._save(batch)
+        self.redis.zadd(f"{self.prefix}:batches:{tenant}", {batch.id: now})
+        return batch
+
+    def _load(self, batch_id: str, *, tenant: str) -> Batch:
+        raw = self.redis.get(self._batch_key(batch_id))
+        batch = Batch(**json.loads(raw)) if raw is not None else None
+        if batch is None or batch.tenant != tenant:
+            raise NotFound(f"No such Batch object: {batch_id[:80]}", param="batch_id", code="batch_not_found")
+        return batch
+
+    def _jobs(self, batch: Batch) -> list[Job | None]:
+        keys = [self.queue._key(j) for j in batch.jobs]  # noqa: SLF001 - the queue's own key layout
+        out: list[Job | None] = []
+        for i in range(0, len(keys), 500):
+            out += [Job(**json.loads(r)) if r is not None else None for r in self.redis.mget(keys[i:i + 500])]
+        return out
+
+    def get(self, batch_id: str, *, tenant: str) -> Batch:
+        """The batch with its status brought up to date (and its files written once every line has ended)."""
+        batch = self._load(batch_id, tenant=tenant)
+        if batch.status in ("completed", "expired", "cancelled"):
+            return batch
+        jobs = self._jobs(batch)
+        batch.counts = {"completed": sum(1 for j in jobs if j is not None and j.state == "completed"),
+                        "failed": sum(1 for j in jobs if j is None or j.state in ("failed", "expired"))}
+        if any(j is not None and j.state not in ("completed", "failed", "expired") for j in jobs):
+            return batch
+        # every line has ended: one replica writes the files (the others answer "finalizing" meanwhile)
+        if not self.redis.set(self._batch_key(batch.id) + ":finalizing", "1", nx=True, ex=60):
+            batch.status = "finalizing"
+            return batch
+        self._finalize(batch, jobs)
+        return batch
+
+    def _finalize(self, batch: Batch, jobs: list[Job | None]) -> None:
+        out_lines, err_lines = [], []
+        for custom_id, job_id, job in zip(batch.custom_ids, batch.jobs, jobs, strict=True):
+            line_id = f"batch_req_{job_id.removeprefix('job-')}"
+            if job is not None and job.state == "completed":
+                out_lines.append({"id": line_id, "custom_id": custom_id, "error": None, "response": {
+                    "status_code": 200, "request_id": f"req-{job_id.removeprefix('job-')}", "body": job.result}})
+                continue
+            if job is None or job.state == "expired":
+                error = {"code": "batch_expired", "message": "This request could not be executed before the "
+                         "completion window expired."}
+            elif job.error.endswith("cancelled"):
+                error = {"code": "batch_cancelled", "message": "This request was cancelled with its batch."}
+            else:
+                error = {"code": "request_failed", "message": job.error}
+            err_lines.append({"id": line_id, "custom_id": custom_id, "response": None, "error": error})
+        if out_lines:
+            batch.output_file_id = self._result_file(batch, "output", out_lines).id
+        if err_lines:
+            batch.error_file_id = self._result_file(batch, "error", err_lines).id
+        if batch.status == "cancelling":
+            batch.status = "cancelled"
+        elif any(j is None or j.state == "expired" for j in jobs):
+            batch.status = "expired"
+        else:
+            batch.status = "completed"
+        batch.finished_at = int(time.time())
+        self._save(batch)
+
+    def _result_file(self, batch: Batch, kind: str, lines: list[dict[str, Any]]) -> FileObject:
+        content = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
+        return self.put_file(tenant=batch.tenant, filename=f"{batch.id}_{kind}.jsonl", purpose="batch_output",
+                             content=content)
+
+    def cancel(self, batch_id: str, *, tenant: str) -> Batch:
+        """Fails the lines not started yet; lines already running finish; the batch ends as ``cancelled``."""
+        batch = self._load(batch_id, tenant=tenant)
+        if batch.status in ("completed", "expired", "cancelled"):
+            return batch
+        batch.status, batch.cancelling_at = "cancelling", int(time.time())
+        self._save(batch)
+        for job in self._jobs(batch):
+            if job is not None and job.state in ("queued", "parked"):
+                previous, job.state, job.error = job.state, "failed", "cancelled"
+                self.queue.save(job, previous=previous)
+        return self.get(batch_id, tenant=tenant)
+
+    def list_batches(self, *, tenant: str, limit: int, after: str | None = None) -> list[Batch]:
+        ids = [i.decode() if isinstance(i, bytes) else i
+               for i in self.redis.zrevrange(f"{self.prefix}:batches:{tenant}", 0, -1)]
+        if after is not None and after in ids:
+            ids = ids[ids.index(after) + 1:]
+        out = []
+        for batch_id in ids[:limit]:
+            try:
+                out.append(self.get(batch_id, tenant=tenant))
+            except NotFound:
+                self.redis.zrem(f"{self.prefix}:batches:{tenant}", batch_id)
+        return out
