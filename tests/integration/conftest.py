@@ -40,7 +40,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         {"key_sha256": _sha(KEY_P0), "tenant": "interactive-team", "max_priority": "P0"},
         {"key_sha256": _sha(KEY_P2), "tenant": "batch-team", "max_priority": "P2"},
     ]
-    p = Platform(workdir=workdir, workers=2, port_offset=PORT_OFFSET, env=env, api_keys=keys)
+    # Two gateway replicas: state that must hold across replicas (stored responses, quotas) is tested through both.
+    p = Platform(workdir=workdir, workers=2, port_offset=PORT_OFFSET, env=env, api_keys=keys, gateways=2)
     p.start(timeout_s=900)
     try:
         yield p

@@ -30,6 +30,7 @@ from goodput_gateway.metering import Meter
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipeline import Pipeline
 from goodput_gateway.quotas import Quotas
+from goodput_gateway.responses import ResponseStore
 from goodput_gateway.rest import create_app
 from goodput_gateway.service import GatewayService
 from goodput_gateway.servicer import GatewayServicer
@@ -42,6 +43,8 @@ class Wiring:
 
     service: GatewayService
     _channels: list[aio.Channel]
+    responses: ResponseStore  # stored Responses API responses (the state Redis, shared by every replica)
+    _redis: aioredis.Redis | None = None
 
     async def settle(self) -> None:
         """Waits for the work sent off the response path (lease releases, cache stores, quota settlements) and
@@ -61,6 +64,8 @@ class Wiring:
             await self.service.knowledge.close()
         for channel in self._channels:
             await channel.close(grace=None)
+        if self._redis is not None:
+            await self._redis.aclose()
 
 
 def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: TracerProvider | None, *,
@@ -93,7 +98,7 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
     meter = Meter(settings, redis=usage_redis, registry=registry, labels=labels)
     service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics, knowledge=knowledge,
                              cache=cache, jobs=jobs, quotas=quotas, meter=meter)
-    return Wiring(service, channels)
+    return Wiring(service, channels, ResponseStore(settings, redis=usage_redis), usage_redis)
 
 
 def build(settings: GatewaySettings, registry: CollectorRegistry, provider: TracerProvider | None) -> ServiceRunner:
@@ -109,7 +114,7 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     holder: dict[str, ServiceRunner] = {}
     # With a metrics port of its own, /metrics is not on the public REST port.
     app = create_app(wiring.service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready,
-                     jobs=jobs, serve_metrics=not settings.metrics_port)
+                     jobs=jobs, responses=wiring.responses, serve_metrics=not settings.metrics_port)
     # Its gRPC port is the public API (API keys), not an internal one: the key is checked before a message is read,
     # the message's size before it is parsed (guard.py).
     guard = PublicApiGuard(wiring.service.keys, max_message_bytes=settings.max_grpc_message_bytes)

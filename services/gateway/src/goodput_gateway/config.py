@@ -100,6 +100,11 @@ class GatewaySettings(ServiceSettings):
     job_deadline_s: float = Field(86_400.0, gt=0, description="A job not completed by then expires.")
     job_result_ttl_s: float = Field(7 * 86_400.0, gt=0, description="How long a finished job stays fetchable.")
     job_retry_base_s: float = Field(1.0, gt=0, description="First retry backoff of a parked job (doubles).")
+    responses_prefix: str = Field("goodput:responses", description="Prefix of stored responses' Redis keys (the "
+                                                                   "quota Redis, shared by every replica).")
+    responses_ttl_s: float = Field(30 * 86_400.0, gt=0, description="How long a stored response (and so its "
+                                                                    "previous_response_id continuation) is kept.")
+    responses_local_max: int = Field(10_000, ge=1, description="Without Redis: most responses kept in this process.")
     max_file_bytes: int = Field(16 << 20, ge=1024, description="Largest file uploaded to /v1/files (a batch's "
                                                                 "input JSONL).")
     max_batch_requests: int = Field(10_000, ge=1, description="Most requests (lines) in one batch.")

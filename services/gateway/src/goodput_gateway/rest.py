@@ -42,6 +42,8 @@ from goodput_gateway.metering import parse_period
 from goodput_gateway.metrics import StreamEnd, TextDelta
 from goodput_gateway.rag import KB_HEADER
 from goodput_gateway.requests import GenerationRequest
+from goodput_gateway.responses import ResponseStore
+from goodput_gateway.responses import install_routes as install_responses_routes
 from goodput_gateway.schemas import ChatCompletionRequest, CompletionRequest, parse
 from goodput_gateway.service import Call, GatewayService, Generation, Opened
 
@@ -70,8 +72,10 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 
 def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: trace.Tracer,
-               ready: Callable[[], bool], jobs: JobQueue | None = None, serve_metrics: bool = True) -> FastAPI:
-    """The REST app; ``serve_metrics=False`` leaves `/metrics` off it (served on the metrics port instead)."""
+               ready: Callable[[], bool], jobs: JobQueue | None = None, responses: ResponseStore | None = None,
+               serve_metrics: bool = True) -> FastAPI:
+    """The REST app; ``serve_metrics=False`` leaves `/metrics` off it (served on the metrics port instead);
+    ``responses`` stores the Responses API's responses (default: in this process)."""
     app = FastAPI(title="Goodput gateway", version="v1", docs_url=None, redoc_url=None)
     app.add_middleware(HeaderLimit, max_bytes=service.settings.max_header_bytes)
     app.state.goodput_service = service  # for in-process tests and debugging
@@ -209,6 +213,7 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
         return await handle(request, "completions", CompletionRequest)
 
     install_knowledge_routes(app, service, read_json)
+    install_responses_routes(app, service, read_json, responses or ResponseStore(service.settings, redis=None))
     if jobs is not None:
         install_job_routes(app, service, read_json, jobs)
         install_batch_routes(app, service, read_json, BatchStore(jobs))

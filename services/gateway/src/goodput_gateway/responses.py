@@ -1,0 +1,260 @@
+"""OpenAI's Responses API: ``POST /v1/responses`` (text or message input, ``instructions``, streaming as the typed
+``response.*`` events, ``store``), ``GET /v1/responses/{id}``, ``DELETE /v1/responses/{id}``, and a conversation
+continued with ``previous_response_id`` on **any** gateway replica: a stored response keeps its conversation (input
+and output items, not its instructions, as OpenAI does) in Redis under its tenant for ``responses_ttl_s``.
+
+A response runs through the same path as a chat completion (quotas, cache, RAG, admission, the worker's stream):
+only its wire shape differs. Fields the gateway does not implement (tools, reasoning, ``text.format`` other than
+text, ...) are refused by name.
+
+    >>> body = parse(ResponsesRequest, {"input": "Hi", "instructions": "Be brief."})
+    >>> [(m.role, m.content) for m in conversation(body, history=[])]
+    [('system', 'Be brief.'), ('user', 'Hi')]
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+from cachetools import TTLCache
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import Field
+
+from goodput_core.context import new_request_id, request_context
+from goodput_core.errors import GoodputError, NotFound
+from goodput_core.priority import parse_priority
+
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.metrics import StreamEnd, TextDelta
+from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message, Sampling
+from goodput_gateway.schemas import Body, parse
+from goodput_gateway.service import Call
+
+__all__ = ["ResponseStore", "ResponsesRequest", "conversation", "install_routes", "turns"]
+
+
+class ContentPart(Body):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None  # on output_text parts a client passes back
+
+
+class InputMessage(Body):
+    """A message item (what a client sends, or an output item it passes back)."""
+
+    type: Literal["message"] | None = None
+    id: str | None = None
+    status: str | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ResponsesRequest(Body):
+    """``POST /v1/responses``."""
+
+    UNSUPPORTED = {"tools": (None, []), "tool_choice": (None, "auto", "none"), "parallel_tool_calls": (None, True),
+                   "reasoning": (None,), "include": (None, []), "truncation": (None, "disabled"),
+                   "background": (None, False), "prompt": (None,), "text": (None, {"format": {"type": "text"}}),
+                   "top_logprobs": (None, 0), "service_tier": (None, "auto", "default"), "conversation": (None,),
+                   "max_tool_calls": (None,), "prompt_cache_key": (None,), "safety_identifier": (None,),
+                   "stream_options": (None,)}
+    model: str | None = None
+    input: str | list[InputMessage]
+    instructions: str | None = None
+    previous_response_id: str | None = Field(None, max_length=128)
+    stream: bool | None = False
+    store: bool | None = True
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    user: str | None = None
+    # Goodput extensions (with the openai SDK: extra_body={...})
+    priority: str | None = None
+    knowledge_base: str | None = None
+
+
+def turns(body: ResponsesRequest, *, history: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The conversation a response continues (stored) followed by its input items; its instructions are not part
+    of it (a continuation gives its own, as OpenAI's do not carry over)."""
+    items = [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) else body.input
+    return [*history, *({"role": ROLE_ALIASES.get(i.role, i.role), "content": i.text()} for i in items)]
+
+
+def conversation(body: ResponsesRequest, *, history: list[dict[str, str]]) -> tuple[Message, ...]:
+    """The chat messages of a response: its instructions, the stored conversation it continues, then its input."""
+    system = [Message(role="system", content=body.instructions)] if body.instructions else []
+    return (*system, *(Message(role=t["role"], content=t["content"]) for t in turns(body, history=history)))
+
+
+class ResponseStore:
+    """Stored responses and their conversations: Redis (every replica) or, without one, this process (bounded)."""
+
+    def __init__(self, settings: GatewaySettings, *, redis: aioredis.Redis | None) -> None:
+        self.settings = settings
+        self.redis = redis
+        self._local: TTLCache[str, str] = TTLCache(maxsize=settings.responses_local_max,
+                                                   ttl=settings.responses_ttl_s)
+
+    def _key(self, tenant: str, response_id: str) -> str:
+        return f"{self.settings.responses_prefix}:{tenant}:{response_id}"
+
+    async def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, str]]) -> None:
+        raw = json.dumps({"response": response, "conversation": conversation}, separators=(",", ":"))
+        if self.redis is None:
+            self._local[self._key(tenant, response["id"])] = raw
+        else:
+            await self.redis.set(self._key(tenant, response["id"]), raw, ex=int(self.settings.responses_ttl_s))
+
+    async def get(self, tenant: str, response_id: str, *, param: str = "response_id") -> dict[str, Any]:
+        key = self._key(tenant, response_id)
+        raw = self._local.get(key) if self.redis is None else await self.redis.get(key)
+        if raw is None:
+            raise NotFound(f"Response with id '{response_id[:128]}' not found.", param=param,
+                           code="response_not_found")
+        stored: dict[str, Any] = json.loads(raw)
+        return stored
+
+    async def delete(self, tenant: str, response_id: str) -> None:
+        await self.get(tenant, response_id)
+        if self.redis is None:
+            self._local.pop(self._key(tenant, response_id), None)
+        else:
+            await self.redis.delete(self._key(tenant, response_id))
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" or text else []
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def _response(rid: str, body: ResponsesRequest, model: str, created: int, *, status: str,
+              output: list[dict[str, Any]], end: StreamEnd | None) -> dict[str, Any]:
+    usage = None
+    if end is not None:
+        usage = {"input_tokens": end.prompt_tokens, "output_tokens": end.completion_tokens,
+                 "total_tokens": end.prompt_tokens + end.completion_tokens,
+                 "input_tokens_details": {"cached_tokens": end.cached_tokens},
+                 "output_tokens_details": {"reasoning_tokens": 0}}
+    incomplete = {"reason": "max_output_tokens"} if end is not None and end.finish_reason == "length" else None
+    return {"id": rid, "object": "response", "created_at": created, "status": "incomplete" if incomplete else status,
+            "model": model, "output": output, "instructions": body.instructions, "metadata": body.metadata or {},
+            "previous_response_id": body.previous_response_id, "temperature": body.temperature, "top_p": body.top_p,
+            "max_output_tokens": body.max_output_tokens, "parallel_tool_calls": False, "tool_choice": "none",
+            "tools": [], "store": body.store is not False, "text": {"format": {"type": "text"}},
+            "error": None, "incomplete_details": incomplete, "usage": usage, "user": body.user}
+
+
+def _event(kind: str, seq: int, **fields: Any) -> bytes:
+    data = json.dumps({"type": kind, "sequence_number": seq, **fields}, separators=(",", ":"), ensure_ascii=False)
+    return f"event: {kind}\ndata: {data}\n\n".encode()
+
+
+def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Awaitable[Any]],
+                   store: ResponseStore) -> None:
+    """Adds ``/v1/responses`` to the gateway's REST app."""
+
+    @app.post("/v1/responses")
+    async def create(request: Request) -> Response:
+        arrived = time.monotonic()
+        request_id = new_request_id()
+        principal = service.authenticate(request.headers.get("authorization"))
+        body = parse(ResponsesRequest, await read_json(request))
+        history: list[dict[str, str]] = []
+        if body.previous_response_id:
+            history = (await store.get(principal.tenant, body.previous_response_id,
+                                       param="previous_response_id"))["conversation"]
+        messages = conversation(body, history=history)
+        priority = body.priority or request.headers.get("x-goodput-priority")
+        req = GenerationRequest(
+            model=body.model or "", messages=messages, kind="chat", stream=bool(body.stream),
+            sampling=Sampling(max_tokens=body.max_output_tokens or 0, temperature=body.temperature, top_p=body.top_p),
+            priority=parse_priority(priority) if priority else 0, session_id=body.user or "",
+            knowledge_base=(body.knowledge_base or request.headers.get("x-goodput-knowledge-base", "")).strip())
+
+        async def parse_request() -> GenerationRequest:
+            return req
+
+        with request_context(request_id=request_id):
+            generation = await service.open(Call(parse=parse_request, principal=principal, request_id=request_id,
+                                                 arrived=arrived,
+                                                 cache_control=request.headers.get("cache-control", "")))
+        opened = generation.opened
+        rid, item_id, created = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}", int(time.time())
+        headers = {"x-request-id": request_id, **opened.rate_limits}
+        so_far = turns(body, history=history)  # what a continuation gets, with this response's answer
+
+        async def finished(text: str, end: StreamEnd) -> dict[str, Any]:
+            response = _response(rid, body, opened.model, created, status="completed",
+                                 output=[_message_item(item_id, text, "completed")], end=end)
+            if body.store is not False:
+                await store.put(principal.tenant, response, [*so_far, {"role": "assistant", "content": text}])
+            return response
+
+        if not body.stream:
+            async with generation:
+                text, end = await generation.collect()
+            return JSONResponse(await finished(text, end), headers=headers)
+
+        async def events() -> AsyncIterator[bytes]:
+            seq = 0
+
+            def ev(kind: str, **fields: Any) -> bytes:
+                nonlocal seq
+                seq += 1
+                return _event(kind, seq - 1, **fields)
+
+            start = _response(rid, body, opened.model, created, status="in_progress", output=[], end=None)
+            parts: list[str] = []
+            try:
+                yield ev("response.created", response=start)
+                yield ev("response.in_progress", response=start)
+                yield ev("response.output_item.added", output_index=0, item=_message_item(item_id, "", "in_progress"))
+                yield ev("response.content_part.added", item_id=item_id, output_index=0, content_index=0,
+                         part={"type": "output_text", "text": "", "annotations": []})
+                async for event in generation:
+                    if isinstance(event, TextDelta):
+                        if event.text:
+                            parts.append(event.text)
+                            yield ev("response.output_text.delta", item_id=item_id, output_index=0,
+                                     content_index=0, delta=event.text, logprobs=[])
+                        continue
+                    text = "".join(parts)
+                    yield ev("response.output_text.done", item_id=item_id, output_index=0, content_index=0,
+                             text=text, logprobs=[])
+                    yield ev("response.content_part.done", item_id=item_id, output_index=0, content_index=0,
+                             part={"type": "output_text", "text": text, "annotations": []})
+                    yield ev("response.output_item.done", output_index=0,
+                             item=_message_item(item_id, text, "completed"))
+                    response = await finished(text, event)
+                    yield ev("response.incomplete" if response["status"] == "incomplete" else "response.completed",
+                             response=response)
+            except GoodputError as err:  # headers are sent: the failure travels as events
+                error = {"code": err.code or err.grpc_code.name.lower(), "message": err.message}
+                yield ev("error", code=error["code"], message=err.message, param=err.param)
+                yield ev("response.failed", response={**start, "status": "failed", "error": error})
+            finally:
+                await generation.aclose()
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str, request: Request) -> JSONResponse:
+        principal = service.authenticate(request.headers.get("authorization"))
+        return JSONResponse((await store.get(principal.tenant, response_id))["response"])
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str, request: Request) -> JSONResponse:
+        principal = service.authenticate(request.headers.get("authorization"))
+        await store.delete(principal.tenant, response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
