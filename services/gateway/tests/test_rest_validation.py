@@ -123,11 +123,8 @@ async def test_scheduler_down_with_a_known_model_is_503(client: httpx.AsyncClien
 
 
 @pytest.mark.parametrize("field,value", [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "auto"),
     ("functions", [{"name": "f"}]),
     ("function_call", "auto"),
-    ("parallel_tool_calls", True),
     ("logit_bias", {"50256": -100}),
     ("n", 2),
     ("audio", {"voice": "alloy", "format": "wav"}),
@@ -157,8 +154,8 @@ async def test_values_that_ask_for_nothing_more_are_served(client: httpx.AsyncCl
 
 @pytest.mark.parametrize("message,param,code", [
     ({"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]},
-     "messages[0].tool_calls", "unsupported_parameter"),
-    ({"role": "tool", "content": "42", "tool_call_id": "1"}, "messages[0].tool_call_id", "unsupported_parameter"),
+     "messages[0].tool_calls[0].function", "missing_required_parameter"),
+    ({"role": "tool", "content": "42", "tool_call_id": 1}, "messages[0].tool_call_id", "invalid_type"),
     ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]},
      "messages[0].content", "unsupported_value"),
     ({"role": "user", "content": "hi", "mood": "happy"}, "messages[0].mood", "unsupported_parameter"),
@@ -355,3 +352,48 @@ def test_top_logprobs_are_bounded_by_a_setting() -> None:
     with pytest.raises(InvalidArgument) as err:
         validate(req, GatewaySettings(max_top_logprobs=4))
     assert err.value.param == "top_logprobs"
+
+
+# ---- tools ----------------------------------------------------------------------------------------------------
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("overrides,param,code", [
+    ({"tools": [WEATHER_TOOL]}, "tool_choice", "unsupported_value"),  # auto by default: no tool parser here
+    ({"tools": [WEATHER_TOOL], "tool_choice": "auto"}, "tool_choice", "unsupported_value"),
+    ({"tool_choice": "required"}, "tool_choice", "invalid_value"),  # no tools
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "invalid_value"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "response_format", "invalid_value"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}], "tool_choice": "required"},
+     "tools[0].function.name", "invalid_value"),
+])
+async def test_bad_tools_are_refused_by_name(client: httpx.AsyncClient, overrides: dict[str, object], param: str,
+                                             code: str) -> None:
+    assert assert_openai_error(await post(client, chat(**overrides)), 400, param)["code"] == code
+
+
+def test_tools_survive_a_parked_jobs_round_trip_and_shape_the_engines_request() -> None:
+    from goodput_gateway.schemas import ChatCompletionRequest, parse, to_body
+    from goodput_gateway.tools import apply_tools, tool_calls
+
+    body = chat(tools=[WEATHER_TOOL], tool_choice="required", parallel_tool_calls=False, messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])
+    req = parse(ChatCompletionRequest, body).to_request()
+    route, again = to_body(req)
+    assert parse(ChatCompletionRequest, again).to_request() == req
+    engine = apply_tools(req)
+    assert engine.messages[0].role == "system" and "get_weather" in engine.messages[0].content
+    assert "Called:" in engine.messages[2].content and "Result of call call_1" in engine.messages[3].content
+    schema = json.loads(engine.sampling.json_schema or "")
+    assert [o["properties"]["name"]["const"] for o in schema["anyOf"]] == ["get_weather"]  # one call: no array
+    calls = tool_calls(req, '{"name": "get_weather", "arguments": {"city": "Paris"}}') or []
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"})]
+    assert tool_calls(req, '{"name": "get_weath') is None  # cut short: stays text

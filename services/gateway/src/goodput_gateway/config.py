@@ -45,6 +45,8 @@ class GatewaySettings(ServiceSettings):
     max_prompt_chars: int = Field(32_768, ge=1, description="Largest prompt (sum of message contents), in "
                                                              "characters; token limits are the worker's.")
     max_messages: int = Field(256, ge=1, description="Most messages in one chat request.")
+    max_tools_chars: int = Field(32_768, ge=2, description="Largest tools list of one request (its functions' names, "
+                                                           "descriptions and parameter schemas), in characters.")
     max_top_logprobs: int = Field(20, ge=0, le=20, description="Most top tokens per position a request may ask for "
                                                                "(top_logprobs; gRPC SamplingParams.logprobs).")
     max_response_schema_chars: int = Field(16_384, ge=2, description="Largest response_format JSON Schema (and gRPC "

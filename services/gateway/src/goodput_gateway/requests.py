@@ -46,6 +46,8 @@ class Message:
     role: str
     content: str
     name: str = ""
+    tool_calls: str = ""  # an assistant's calls, as OpenAI's tool_calls JSON (goodput_gateway.tools)
+    tool_call_id: str = ""  # a tool message: the call it answers
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class GenerationRequest:
     session_id: str = ""
     knowledge_base: str = ""  # RAG: the tenant's knowledge base to ground the answer on; empty = none
     kind: str = "chat"  # "chat" or "completion"
+    tools: str = ""  # the functions the caller offers and its tool_choice (goodput_gateway.tools.tool_spec)
 
     def prompt_chars(self) -> int:
         return sum(len(m.content) for m in self.messages) + len(self.prompt)
@@ -124,6 +127,9 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
         if not isinstance(schema, dict):
             raise InvalidArgument("the response_format schema must be a JSON object (a JSON Schema document)",
                                   param="response_format", code="invalid_value")
+    if len(req.tools) > settings.max_tools_chars:
+        raise InvalidArgument(f"the tools take {len(req.tools)} characters; the limit is {settings.max_tools_chars}",
+                              param="tools", code="invalid_value")
     if s.logprobs is not None and not 0 <= s.logprobs <= settings.max_top_logprobs:
         raise InvalidArgument(f"logprobs asks for {s.logprobs} top tokens per position; the limit is "
                               f"{settings.max_top_logprobs}", param="top_logprobs", code="invalid_value")

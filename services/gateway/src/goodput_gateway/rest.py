@@ -46,6 +46,7 @@ from goodput_gateway.responses import ResponseStore
 from goodput_gateway.responses import install_routes as install_responses_routes
 from goodput_gateway.schemas import ChatCompletionRequest, CompletionRequest, parse
 from goodput_gateway.service import Call, GatewayService, Generation, Opened
+from goodput_gateway.tools import calling, named, new_call_id, tool_calls
 
 __all__ = ["completion_body", "create_app", "error_response"]
 
@@ -266,7 +267,11 @@ def completion_body(opened: Opened, text: str, end: StreamEnd, *, route: str, re
     asked = opened.request.sampling.logprobs is not None
     choice: dict[str, Any]
     if route == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": end.finish_reason,
+        calls = tool_calls(opened.request, text)
+        message: dict[str, Any] = ({"role": "assistant", "content": None, "tool_calls": calls} if calls
+                                   else {"role": "assistant", "content": text})
+        finish = "tool_calls" if calls and end.finish_reason == "stop" else end.finish_reason
+        choice = {"index": 0, "message": message, "finish_reason": finish,
                   "logprobs": logprobs_json(logprobs, route=route) if asked else None}
     else:
         choice = {"index": 0, "text": text, "finish_reason": end.finish_reason,
@@ -289,14 +294,22 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
     asked = opened.request.sampling.logprobs is not None
     sent = 0  # characters of the answer so far (the legacy logprobs' text_offset)
 
+    # Tool calls stream as OpenAI's incremental tool_calls deltas: a named function's arguments as they are
+    # generated; a `required` answer (one or more calls) once it is whole.
+    calling_now = route == "chat" and calling(opened.request)
+    function = named(opened.request) if calling_now else None
+    held: list[str] = []
+
     def chunk(delta_text: str | None, finish: str | None, *, role: bool = False,
-              logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
+              logprobs: Sequence[TokenLogprob] = (), calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         lp = logprobs_json(logprobs, route=route, offset=sent) if asked and logprobs else None
         if route == "chat":
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
-            if delta_text is not None:
+            if calls is not None:
+                delta["tool_calls"] = calls
+            elif delta_text is not None:
                 delta["content"] = delta_text
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}
         else:
@@ -311,12 +324,32 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
             if opened.cache is not None:
                 first["goodput_cache"] = opened.cache.as_dict()
             yield _sse(first)
+        if function is not None:  # the call's id and name first, then its arguments as they come
+            yield _sse(chunk(None, None, calls=[{"index": 0, "id": new_call_id(), "type": "function",
+                                                 "function": {"name": function, "arguments": ""}}]))
         async for event in generation:
             if isinstance(event, TextDelta):
-                yield _sse(chunk(event.text, None, logprobs=event.logprobs))
+                if function is not None:
+                    yield _sse(chunk(None, None, logprobs=event.logprobs, calls=[
+                        {"index": 0, "function": {"arguments": event.text}}]))
+                elif calling_now:
+                    held.append(event.text)
+                else:
+                    yield _sse(chunk(event.text, None, logprobs=event.logprobs))
                 sent += len(event.text)
             else:
-                yield _sse(chunk(None if route == "chat" else "", event.finish_reason))
+                finish = event.finish_reason
+                if calling_now:
+                    calls = [{"index": 0}] if function is not None else tool_calls(opened.request, "".join(held))
+                    if function is None:
+                        if calls:
+                            for i, call in enumerate(calls):
+                                yield _sse(chunk(None, None, calls=[{"index": i, **call}]))
+                        else:  # not a whole call (cut by max_tokens): the text as it came
+                            yield _sse(chunk("".join(held), None))
+                    if calls and finish == "stop":
+                        finish = "tool_calls"
+                yield _sse(chunk(None if route == "chat" else "", finish))
                 if opened.request.include_usage:
                     yield _sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [],
                                 "usage": _usage(event)})

@@ -3,9 +3,9 @@ gateway's own (knowledge bases, jobs), with OpenAI's error shape: ``{"error": {"
 "code"}}``, ``param`` named as OpenAI names it (``messages[0].content``).
 
 Every field of OpenAI's schema is either carried through or refused by name: a field the gateway does not
-implement (``tools``, ``response_format``, ``logprobs``, ``logit_bias``, ``n`` > 1, ...) is a 400 with
-``code: unsupported_parameter`` unless its value asks for nothing (``null``, ``n: 1``, ``logprobs: false``,
-``tools: []``); a field OpenAI does not have either is a 400 with the same code. Nothing is silently dropped.
+implement (``logit_bias``, ``n`` > 1, ``functions``, ``audio``, ...) is a 400 with ``code: unsupported_parameter``
+unless its value asks for nothing (``null``, ``n: 1``); a field OpenAI does not have either is a 400 with the same
+code. Nothing is silently dropped.
 
 Types are strict (``"10"`` is not an integer, ``1`` is not ``true``); ranges and sizes are the domain's checks
 (:func:`goodput_gateway.requests.validate`), which gRPC requests pass as well.
@@ -14,9 +14,9 @@ Example:
     >>> body = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8})
     >>> body.to_request().sampling.max_tokens
     8
-    >>> parse(ChatCompletionRequest, {"messages": [], "tools": [{"type": "function"}]})
+    >>> parse(ChatCompletionRequest, {"messages": [], "n": 2})
     Traceback (most recent call last):
-    goodput_core.errors.InvalidArgument: 'tools' is not supported by this gateway (accepted: null, [])
+    goodput_core.errors.InvalidArgument: 'n' is not supported by this gateway (accepted: null, 1)
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from goodput_core.priority import parse_priority
 from goodput_core.sampling import Sampling
 
 from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message
+from goodput_gateway.tools import resolve
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "EmbeddingsRequest", "IndexRequest", "JobRequest",
            "SearchRequest", "parse", "to_body"]
@@ -111,12 +112,48 @@ class StreamOptions(Body):
     include_usage: bool | None = None
 
 
+class FunctionCall(Body):
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str
+
+
+class ToolCall(Body):
+    id: str = Field(min_length=1, max_length=128)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedTool(Body):
+    type: Literal["function"]
+    function: dict[str, str]
+
+    @field_validator("function")
+    @classmethod
+    def _named(cls, value: dict[str, str]) -> dict[str, str]:
+        if set(value) != {"name"}:
+            raise PydanticCustomError("invalid_value", "must be {\"name\": <a function in tools>}")
+        return value
+
+
 class ChatMessage(Body):
-    UNSUPPORTED = {"tool_calls": (None, []), "tool_call_id": (None,), "function_call": (None,), "audio": (None,),
-                   "refusal": (None,)}
+    UNSUPPORTED = {"function_call": (None,), "audio": (None,), "refusal": (None,)}
     role: str
     content: str | None = None  # text, or a list of text parts (joined), see below
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = Field(None, max_length=128)  # a tool message: the call it answers
 
     @field_validator("content", mode="before")
     @classmethod
@@ -219,8 +256,7 @@ class _Generation(Body):
 class ChatCompletionRequest(_Generation):
     """``POST /v1/chat/completions``."""
 
-    UNSUPPORTED = {**_Generation.UNSUPPORTED, "tools": (None, []), "tool_choice": (None, "none"),
-                   "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None,),
+    UNSUPPORTED = {**_Generation.UNSUPPORTED, "functions": (None, []), "function_call": (None, "none"),
 
                    "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
                    "reasoning_effort": (None,), "verbosity": (None,), "web_search_options": (None,),
@@ -230,6 +266,9 @@ class ChatCompletionRequest(_Generation):
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
+    parallel_tool_calls: bool | None = None
 
     @field_validator("top_logprobs")
     @classmethod
@@ -239,14 +278,27 @@ class ChatCompletionRequest(_Generation):
         return value
 
     def to_request(self, *, header_priority: str | None = None, header_kb: str | None = None) -> GenerationRequest:
-        messages = tuple(Message(role=ROLE_ALIASES.get(m.role, m.role), content=m.content or "", name=m.name or "")
+        messages = tuple(Message(role=ROLE_ALIASES.get(m.role, m.role), content=m.content or "", name=m.name or "",
+                                 tool_calls=json.dumps([c.model_dump() for c in m.tool_calls], sort_keys=True)
+                                 if m.tool_calls else "", tool_call_id=m.tool_call_id or "")
                          for m in self.messages)
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         structured = self.response_format.sampling() if self.response_format is not None else {}
         if self.logprobs:
             structured["logprobs"] = self.top_logprobs or 0
-        return GenerationRequest(messages=messages, kind="chat", **self._common(
+        tools = self._tools()
+        if tools and structured.get("json_schema") or tools and structured.get("json_object"):
+            raise InvalidArgument("tools and a JSON response_format cannot be combined", param="response_format",
+                                  code="invalid_value")
+        return GenerationRequest(messages=messages, kind="chat", tools=tools, **self._common(
             header_priority=header_priority, header_kb=header_kb, max_tokens=max_tokens, structured=structured))
+
+    def _tools(self) -> str:
+        """The tools as :func:`goodput_gateway.tools.tool_spec` (empty without tools, or with an empty list)."""
+        choice = self.tool_choice
+        return resolve([t.function.model_dump(exclude_none=True) for t in self.tools or []],
+                       choice if isinstance(choice, str) or choice is None else choice.function["name"],
+                       parallel=self.parallel_tool_calls)
 
 
 class CompletionRequest(_Generation):
@@ -277,8 +329,16 @@ def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
     the same request: how a shed request is stored when it is parked as a job, whichever API sent it."""
     body: dict[str, Any] = {"model": req.model}
     if req.kind == "chat":
-        body["messages"] = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})}
+        body["messages"] = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {}),
+                             **({"tool_calls": json.loads(m.tool_calls)} if m.tool_calls else {}),
+                             **({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})}
                             for m in req.messages]
+        if req.tools:
+            spec = json.loads(req.tools)
+            body["tools"] = [{"type": "function", "function": f} for f in spec["functions"]]
+            body["tool_choice"] = (spec["choice"] if spec["choice"] in ("none", "required")
+                                   else {"type": "function", "function": {"name": spec["choice"]}})
+            body["parallel_tool_calls"] = spec["parallel"]
     else:
         body["prompt"] = req.prompt
     s = req.sampling

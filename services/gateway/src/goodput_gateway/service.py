@@ -42,6 +42,7 @@ from goodput_gateway.pipeline import ModelEntry, Pipeline
 from goodput_gateway.quotas import Admission, Quotas, RateLimited
 from goodput_gateway.rag import Source, augment
 from goodput_gateway.requests import GenerationRequest, resolve_cost, validate
+from goodput_gateway.tools import apply_tools
 
 __all__ = ["Call", "Generation", "GatewayService", "Opened"]
 
@@ -240,11 +241,14 @@ class GatewayService:
                         admission: Admission, tokens: _Tokens, *, request_id: str, arrived: float, deadline: float,
                         prio: str) -> AsyncGenerator[Opened | TextDelta | StreamEnd, None]:
         """The request once its quotas admitted it; ``tokens`` records what it used, for the accounting."""
+        # what the engine sees: tools described and a call's schema enforced (the caller's request is what an
+        # answer is shaped from and what a parked job stores)
+        engine = apply_tools(request)
         # cache lookup: a hit needs no retrieval and no worker
         status: CacheStatus | None = None
         if self.cache is not None:
             started = time.monotonic()
-            status, hit = await self.cache.lookup(principal, request, model, cache_control=call.cache_control)
+            status, hit = await self.cache.lookup(principal, engine, model, cache_control=call.cache_control)
             self.metrics.stage.labels("cache").observe(time.monotonic() - started)
             if hit is not None:
                 tokens.cache_hit = True
@@ -257,7 +261,7 @@ class GatewayService:
                 return
 
         # RAG: the knowledge base's best chunks in front of the conversation
-        grounded, sources = await self._retrieve(principal, request, max_model_len=model.max_model_len)
+        grounded, sources = await self._retrieve(principal, engine, max_model_len=model.max_model_len)
 
         # cost, once, on the final prompt; then admission: the scheduler leases a worker (or sheds)
         final, cost = resolve_cost(grounded, self.settings, max_model_len=model.max_model_len)

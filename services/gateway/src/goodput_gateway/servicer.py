@@ -8,15 +8,18 @@ passes the same domain checks as a REST body. Every field is carried: ``no_cache
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from goodput.common.v1 import types_pb2
 from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from grpc import aio
 
 from goodput_core.context import REQUEST_ID_HEADER, new_request_id, request_context
-from goodput_core.errors import GoodputError
+from goodput_core.errors import GoodputError, InvalidArgument
 from goodput_core.priority import priority_name
 from goodput_core.sampling import logprobs_to_proto, sampling_from_proto
 
@@ -24,21 +27,52 @@ from goodput_gateway.knowledge import grpc_embed, grpc_index, grpc_search
 from goodput_gateway.metrics import StreamEnd, TextDelta
 from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message
 from goodput_gateway.service import Call, GatewayService, Opened
+from goodput_gateway.tools import resolve, tool_calls
 
 __all__ = ["GatewayServicer", "from_proto"]
 
+_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FINISH = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REASON_LENGTH,
            "abort": types_pb2.FINISH_REASON_ABORT}
 
 
 def from_proto(req: gateway_pb2.GenerateRequest, *, stream: bool) -> GenerationRequest:
     """The request as the domain sees it; its checks (:func:`~goodput_gateway.requests.validate`) come after."""
-    messages = tuple(Message(role=ROLE_ALIASES.get(m.role, m.role), content=m.content, name=m.name)
+    messages = tuple(Message(role=ROLE_ALIASES.get(m.role, m.role), content=m.content, name=m.name,
+                             tool_call_id=m.tool_call_id, tool_calls=_calls_json(m.tool_calls))
                      for m in req.messages)
+    functions = []
+    for i, f in enumerate(req.tools):
+        try:
+            parameters = json.loads(f.parameters_json) if f.parameters_json else None
+        except ValueError:
+            parameters = None
+        if f.parameters_json and not isinstance(parameters, dict):
+            raise InvalidArgument("parameters_json must be a JSON object (a JSON Schema)",
+                                  param=f"tools[{i}].parameters_json", code="invalid_value")
+        if not _FUNCTION_NAME.match(f.name):
+            raise InvalidArgument("a function's name is 1-64 of A-Z a-z 0-9 _ -", param=f"tools[{i}].name",
+                                  code="invalid_value")
+        functions.append({"name": f.name, **({"description": f.description} if f.description else {}),
+                          **({"parameters": parameters} if parameters is not None else {})})
+    tools = resolve(functions, req.tool_choice,
+                    parallel=req.parallel_tool_calls if req.HasField("parallel_tool_calls") else None)
     return GenerationRequest(model=req.model, messages=messages, prompt=req.prompt,
                              sampling=sampling_from_proto(req.sampling), priority=int(req.priority), stream=stream,
                              session_id=req.session_id, knowledge_base=req.knowledge_base.strip(),
-                             kind="completion" if req.prompt and not req.messages else "chat")
+                             kind="completion" if req.prompt and not req.messages else "chat", tools=tools)
+
+
+def _calls_json(calls: Any) -> str:
+    """An assistant message's calls as OpenAI's tool_calls JSON (what REST carries), or ""."""
+    return json.dumps([{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                       for c in calls], sort_keys=True) if calls else ""
+
+
+def _tool_calls(opened: Opened, text: str) -> list[types_pb2.ToolCall]:
+    calls = tool_calls(opened.request, text) or []
+    return [types_pb2.ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+            for c in calls]
 
 
 def _metadata(context: aio.ServicerContext, name: str) -> str:
@@ -113,16 +147,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 self._count("grpc_stream", "OK", opened.priority)
                 yield gateway_pb2.GenerateStreamResponse(start=gateway_pb2.StreamStart(
                     request_id=request_id, model=opened.model, sources=_sources(opened), cache=_cache_info(opened)))
+                parts: list[str] = []  # the text a tool call is read from at the end
                 async for event in generation:
                     if isinstance(event, TextDelta):
                         if event.text:
+                            parts.append(event.text)
                             yield gateway_pb2.GenerateStreamResponse(delta=event.text)
                         if event.logprobs:  # right after the text they belong to
                             yield gateway_pb2.GenerateStreamResponse(logprobs=gateway_pb2.TokenLogprobs(
                                 tokens=logprobs_to_proto(event.logprobs)))
                     else:
                         yield gateway_pb2.GenerateStreamResponse(end=gateway_pb2.StreamEnd(
-                            finish_reason=_FINISH[event.finish_reason], usage=_usage(event)))
+                            finish_reason=_FINISH[event.finish_reason], usage=_usage(event),
+                            tool_calls=_tool_calls(opened, "".join(parts))))
 
     async def Generate(self, request: gateway_pb2.GenerateRequest,
                        context: aio.ServicerContext) -> gateway_pb2.GenerateResponse:
@@ -145,7 +182,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             return gateway_pb2.GenerateResponse(request_id=request_id, model=opened.model, text=text,
                                                 finish_reason=_FINISH[end.finish_reason], usage=_usage(end),
                                                 cache=_cache_info(opened), sources=_sources(opened),
-                                                logprobs=logprobs_to_proto(generation.logprobs))
+                                                logprobs=logprobs_to_proto(generation.logprobs),
+                                                tool_calls=_tool_calls(opened, text))
 
     async def ListModels(self, request: gateway_pb2.ListModelsRequest,
                          context: aio.ServicerContext) -> gateway_pb2.ListModelsResponse:
