@@ -125,7 +125,6 @@ async def test_scheduler_down_with_a_known_model_is_503(client: httpx.AsyncClien
 @pytest.mark.parametrize("field,value", [
     ("functions", [{"name": "f"}]),
     ("function_call", "auto"),
-    ("logit_bias", {"50256": -100}),
     ("n", 2),
     ("audio", {"voice": "alloy", "format": "wav"}),
     ("modalities", ["text", "audio"]),
@@ -397,3 +396,31 @@ def test_tools_survive_a_parked_jobs_round_trip_and_shape_the_engines_request() 
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("get_weather", {"city": "Paris"})]
     assert tool_calls(req, '{"name": "get_weath') is None  # cut short: stays text
+
+
+# ---- logit_bias and seed ----------------------------------------------------------------------------------------
+
+def test_logit_bias_is_carried_sorted_and_survives_a_parked_jobs_round_trip() -> None:
+    from goodput_gateway.schemas import ChatCompletionRequest, parse, to_body
+
+    req = parse(ChatCompletionRequest, chat(logit_bias={"50256": -100, "7": 2.5}, seed=42)).to_request()
+    assert req.sampling.logit_bias == ((7, 2.5), (50256, -100.0)) and req.sampling.seed == 42
+    _, body = to_body(req)
+    assert parse(ChatCompletionRequest, body).to_request() == req
+
+
+@pytest.mark.parametrize("bias", [{"x": 1}, {"5": 101}, {"5": -100.5}])
+async def test_bad_logit_bias_is_refused_by_name(client: httpx.AsyncClient, bias: dict[str, float]) -> None:
+    assert_openai_error(await post(client, chat(logit_bias=bias)), 400, "logit_bias")
+
+
+def test_logit_bias_entries_are_bounded_by_a_setting() -> None:
+    from goodput_core.errors import InvalidArgument
+
+    from goodput_gateway.requests import validate
+    from goodput_gateway.schemas import ChatCompletionRequest, parse
+
+    req = parse(ChatCompletionRequest, chat(logit_bias={str(i): 1 for i in range(5)})).to_request()
+    with pytest.raises(InvalidArgument) as err:
+        validate(req, GatewaySettings(max_logit_bias=4))
+    assert err.value.param == "logit_bias"

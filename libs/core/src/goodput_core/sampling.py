@@ -6,6 +6,9 @@ Example:
     >>> s = Sampling(max_tokens=16, temperature=0.0)
     >>> sampling_from_proto(sampling_to_proto(s)) == s
     True
+    >>> b = Sampling(logit_bias=((13, -100.0), (42, 2.5)))
+    >>> sampling_from_proto(sampling_to_proto(b)) == b
+    True
     >>> j = Sampling(json_schema='{"type": "object"}')
     >>> sampling_from_proto(sampling_to_proto(j)) == j, j.structured
     (True, True)
@@ -35,6 +38,7 @@ class Sampling:
     json_schema: str | None = None  # structured output: a JSON Schema document (text) the answer must match
     json_object: bool = False  # structured output: the answer is a JSON object
     logprobs: int | None = None  # None = none; 0 = the sampled token's; k = also the k most likely
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by id
 
     @property
     def structured(self) -> bool:
@@ -44,11 +48,13 @@ class Sampling:
 
 def sampling_from_proto(pb: types_pb2.SamplingParams) -> Sampling:
     optional = {name: getattr(pb, name) if pb.HasField(name) else None for name in _OPTIONAL}
-    return Sampling(max_tokens=pb.max_tokens, stop=tuple(pb.stop), json_object=pb.json_object, **optional)
+    return Sampling(max_tokens=pb.max_tokens, stop=tuple(pb.stop), json_object=pb.json_object,
+                    logit_bias=tuple(sorted((int(k), round(v, 4)) for k, v in pb.logit_bias.items())), **optional)
 
 
 def sampling_to_proto(s: Sampling) -> types_pb2.SamplingParams:
-    pb = types_pb2.SamplingParams(max_tokens=s.max_tokens, stop=list(s.stop), json_object=s.json_object)
+    pb = types_pb2.SamplingParams(max_tokens=s.max_tokens, stop=list(s.stop), json_object=s.json_object,
+                                  logit_bias=dict(s.logit_bias))
     for name in _OPTIONAL:
         value = getattr(s, name)
         if value is not None:

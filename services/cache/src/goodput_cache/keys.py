@@ -111,6 +111,8 @@ def _sampling(s: Sampling) -> dict[str, object]:
     out: dict[str, object] = {"max_tokens": s.max_tokens, "temperature": s.temperature,
                               "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
                               "stop": sorted(set(s.stop))}
+    if s.logit_bias:
+        out["logit_bias"] = [list(b) for b in s.logit_bias]
     if s.structured:  # the same question answered as JSON is another answer
         out.update(json_schema=s.json_schema, json_object=s.json_object)
     if not greedy(s):

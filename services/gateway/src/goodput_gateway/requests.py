@@ -127,6 +127,11 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
         if not isinstance(schema, dict):
             raise InvalidArgument("the response_format schema must be a JSON object (a JSON Schema document)",
                                   param="response_format", code="invalid_value")
+    if len(s.logit_bias) > settings.max_logit_bias:
+        raise InvalidArgument(f"logit_bias has {len(s.logit_bias)} entries; the limit is {settings.max_logit_bias}",
+                              param="logit_bias", code="invalid_value")
+    if any(not -100 <= b <= 100 for _, b in s.logit_bias):
+        raise InvalidArgument("a logit_bias value is outside -100 to 100", param="logit_bias", code="invalid_value")
     if len(req.tools) > settings.max_tools_chars:
         raise InvalidArgument(f"the tools take {len(req.tools)} characters; the limit is {settings.max_tools_chars}",
                               param="tools", code="invalid_value")

@@ -206,7 +206,7 @@ class ResponseFormat(Body):
 class _Generation(Body):
     """What chat and completions share: model, sampling, streaming and the Goodput extensions."""
 
-    UNSUPPORTED = {"n": (None, 1), "logit_bias": (None, {}), "service_tier": (None, "auto", "default"),
+    UNSUPPORTED = {"n": (None, 1), "service_tier": (None, "auto", "default"),
                    "store": (None, False), "metadata": (None, {})}
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -215,6 +215,7 @@ class _Generation(Body):
     top_k: int | None = None  # vLLM's extension
     stop: list[str] = []
     seed: int | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias, -100 to 100
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     stream: bool | None = False
@@ -244,7 +245,14 @@ class _Generation(Body):
         priority_value = self.priority if self.priority is not None else header_priority
         priority = parse_priority(priority_value) if priority_value is not None else types_pb2.PRIORITY_UNSPECIFIED
         kb = self.knowledge_base if self.knowledge_base is not None else (header_kb or "")
+        bias: list[tuple[int, float]] = []
+        for token, value in (self.logit_bias or {}).items():
+            if not token.isdigit() or not -100 <= value <= 100:
+                raise InvalidArgument(f"logit_bias maps token ids (integers as strings) to biases from -100 to 100; "
+                                      f"not {token[:16]!r}: {value}", param="logit_bias", code="invalid_value")
+            bias.append((int(token), float(value)))
         sampling = Sampling(max_tokens=max_tokens or 0, temperature=self.temperature, top_p=self.top_p,
+                            logit_bias=tuple(sorted(bias)),
                             top_k=self.top_k, stop=tuple(self.stop), seed=self.seed,
                             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                             **(structured or {}))
@@ -350,6 +358,8 @@ def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
         value = getattr(s, name)
         if value is not None:
             body[name] = value
+    if s.logit_bias:
+        body["logit_bias"] = {str(t): b for t, b in s.logit_bias}
     if s.json_schema is not None:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "response", "schema": json.loads(s.json_schema)}}

@@ -256,6 +256,13 @@ class VllmEngine:
             kwargs["stop"] = list(s.stop)
         if s.logprobs is not None:
             kwargs["logprobs"] = s.logprobs
+        if s.logit_bias:
+            vocab = len(self._tokenizer)
+            outside = [t for t, _ in s.logit_bias if not 0 <= t < vocab]
+            if outside:
+                raise InvalidArgument(f"logit_bias names token {outside[0]}, outside the model's vocabulary of "
+                                      f"{vocab}", param="logit_bias", code="invalid_value")
+            kwargs["logit_bias"] = dict(s.logit_bias)
         if s.structured:  # constrained decoding by the engine's structured-output backend (xgrammar by default)
             from vllm.sampling_params import StructuredOutputsParams
 
