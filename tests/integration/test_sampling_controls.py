@@ -59,3 +59,21 @@ def test_a_token_outside_the_vocabulary_is_refused_by_name(client: openai.OpenAI
     with pytest.raises(openai.BadRequestError) as err:
         sample(client, temperature=0, logit_bias={"999999999": -100})
     assert "logit_bias" in str(err.value)
+
+
+def test_n_gives_that_many_choices_streaming_and_not(client: openai.OpenAI) -> None:
+    resp = sample(client, temperature=1.0, seed=7, n=2, logprobs=True)
+    assert [c.index for c in resp.choices] == [0, 1]
+    assert all(c.message.content and c.finish_reason in ("stop", "length") for c in resp.choices)
+    assert resp.usage.completion_tokens == sum(len(c.logprobs.content) for c in resp.choices)
+    stream = sample(client, temperature=1.0, seed=7, n=2, stream=True)
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert sorted(texts) == [0, 1] and sorted(finishes) == [0, 1] and all(texts.values())
+    # the same seed: the streamed answers are the non-streamed ones
+    assert [texts[0], texts[1]] == [c.message.content for c in resp.choices]

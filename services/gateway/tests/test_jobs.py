@@ -357,7 +357,7 @@ async def test_job_bodies_are_checked_when_submitted(redis_url: str, redis_prefi
     async with httpx.AsyncClient(transport=transport, base_url="http://gw",
                                  headers={"Authorization": f"Bearer {API_KEY}"}) as http:
         for body, param, code in (
-                ({"body": {**chat_body(), "n": 2}}, "body.n", "unsupported_parameter"),
+                ({"body": {**chat_body(), "audio": {"voice": "alloy"}}}, "body.audio", "unsupported_parameter"),
                 ({"body": {"messages": []}}, "body.messages", "invalid_value"),
                 ({"endpoint": "/v1/completions", "body": {"prompt": 5}}, "body.prompt", "invalid_type"),
                 ({"endpoint": "/v1/embeddings", "body": {"input": "a"}}, "endpoint", "invalid_value"),

@@ -73,7 +73,7 @@ class _Engine:
 
         self.prompts.append(dict(prompt))
         yield SimpleNamespace(finished=True, num_cached_tokens=0,
-                              outputs=[SimpleNamespace(token_ids=[1], text="x", finish_reason="stop")])
+                              outputs=[SimpleNamespace(token_ids=[1], text="x", finish_reason="stop", index=0)])
 
 
 async def test_the_vllm_engine_sends_each_prompt_with_its_tenants_salt() -> None:

@@ -121,7 +121,8 @@ class _PrefixHitEngine:
     async def generate(self, prompt: Any, params: Any, request_id: str, priority: int = 0) -> Any:
         for finished, text in ((False, "Hel"), (True, "lo")):
             yield SimpleNamespace(finished=finished, num_cached_tokens=self.num_cached_tokens,
-                                  outputs=[SimpleNamespace(token_ids=[1], text=text, finish_reason="stop")])
+                                  outputs=[SimpleNamespace(token_ids=[1], text=text, finish_reason="stop",
+                                                           index=0)])
 
 
 class _Tokenizer:

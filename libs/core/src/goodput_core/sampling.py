@@ -39,6 +39,7 @@ class Sampling:
     json_object: bool = False  # structured output: the answer is a JSON object
     logprobs: int | None = None  # None = none; 0 = the sampled token's; k = also the k most likely
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by id
+    n: int = 1  # answers to generate
 
     @property
     def structured(self) -> bool:
@@ -48,12 +49,12 @@ class Sampling:
 
 def sampling_from_proto(pb: types_pb2.SamplingParams) -> Sampling:
     optional = {name: getattr(pb, name) if pb.HasField(name) else None for name in _OPTIONAL}
-    return Sampling(max_tokens=pb.max_tokens, stop=tuple(pb.stop), json_object=pb.json_object,
+    return Sampling(max_tokens=pb.max_tokens, stop=tuple(pb.stop), json_object=pb.json_object, n=max(pb.n, 1),
                     logit_bias=tuple(sorted((int(k), round(v, 4)) for k, v in pb.logit_bias.items())), **optional)
 
 
 def sampling_to_proto(s: Sampling) -> types_pb2.SamplingParams:
-    pb = types_pb2.SamplingParams(max_tokens=s.max_tokens, stop=list(s.stop), json_object=s.json_object,
+    pb = types_pb2.SamplingParams(max_tokens=s.max_tokens, stop=list(s.stop), json_object=s.json_object, n=s.n,
                                   logit_bias=dict(s.logit_bias))
     for name in _OPTIONAL:
         value = getattr(s, name)

@@ -29,11 +29,11 @@ A hit replays as word pieces, then the original usage; its status is what the ``
     ...     return [event async for event in replay(hit)]
     >>> for event in asyncio.run(events()):
     ...     print(event)
-    TextDelta(text='Goodput', logprobs=())
-    TextDelta(text=' is', logprobs=())
-    TextDelta(text=' useful', logprobs=())
-    TextDelta(text=' throughput.', logprobs=())
-    StreamEnd(finish_reason='stop', prompt_tokens=5, completion_tokens=4, cached_tokens=0)
+    TextDelta(text='Goodput', logprobs=(), index=0)
+    TextDelta(text=' is', logprobs=(), index=0)
+    TextDelta(text=' useful', logprobs=(), index=0)
+    TextDelta(text=' throughput.', logprobs=(), index=0)
+    StreamEnd(finish_reason='stop', prompt_tokens=5, completion_tokens=4, cached_tokens=0, finish_reasons=())
     >>> CacheStatus("hit", layer="l2", similarity=0.9731).header()
     'hit; layer=l2; similarity=0.973'
     >>> CacheStatus("bypass", reason="no-store").header()
@@ -150,7 +150,7 @@ class GatewayCache:
         if "no-cache" in directives:
             self.results.labels("bypass").inc()
             return CacheStatus("bypass", reason="no-cache", key=key), None
-        if request.sampling.temperature != 0 or request.sampling.logprobs is not None:
+        if request.sampling.temperature != 0 or request.sampling.logprobs is not None or request.sampling.n > 1:
             # Only greedy answers are stored, so nothing could be found: no lookup, no store. Nor are answers with
             # log probabilities (a stored answer keeps its text, not its tokens' probabilities).
             self.results.labels("bypass").inc()

@@ -47,6 +47,7 @@ class GatewaySettings(ServiceSettings):
     max_messages: int = Field(256, ge=1, description="Most messages in one chat request.")
     max_tools_chars: int = Field(32_768, ge=2, description="Largest tools list of one request (its functions' names, "
                                                            "descriptions and parameter schemas), in characters.")
+    max_choices: int = Field(8, ge=1, le=128, description="Most answers one request may ask for (n).")
     max_logit_bias: int = Field(300, ge=0, description="Most logit_bias entries in one request.")
     max_top_logprobs: int = Field(20, ge=0, le=20, description="Most top tokens per position a request may ask for "
                                                                "(top_logprobs; gRPC SamplingParams.logprobs).")

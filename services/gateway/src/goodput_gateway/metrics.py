@@ -39,6 +39,7 @@ ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1
 class TextDelta:
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.logprobs: the tokens the text came from
+    index: int = 0  # with Sampling.n > 1: the answer it belongs to
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class StreamEnd:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # of prompt_tokens, from the engine's prefix cache
+    finish_reasons: tuple[str, ...] = ()  # with Sampling.n > 1: each answer's, by index
 
 
 class GatewayMetrics:

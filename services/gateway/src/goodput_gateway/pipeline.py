@@ -105,7 +105,7 @@ class GenerationStream:
                         self._ttft_s = max(time.monotonic() - self._arrived, 1e-6)
                         self.pipeline.report_first_token(self._lease, self._ttft_s)
                     self._completion_tokens = chunk.delta.completion_tokens
-                    yield TextDelta(chunk.delta.text, logprobs_from_proto(chunk.delta.logprobs))
+                    yield TextDelta(chunk.delta.text, logprobs_from_proto(chunk.delta.logprobs), chunk.delta.index)
                 elif kind == "finished":
                     f = chunk.finished
                     self._outcome = scheduler_pb2.OUTCOME_OK
@@ -114,7 +114,8 @@ class GenerationStream:
                     self._cached_tokens = f.usage.cached_tokens
                     yield StreamEnd(finish_reason=_FINISH.get(f.finish_reason, "stop"),
                                     prompt_tokens=f.usage.prompt_tokens, completion_tokens=f.usage.completion_tokens,
-                                    cached_tokens=f.usage.cached_tokens)
+                                    cached_tokens=f.usage.cached_tokens,
+                                    finish_reasons=tuple(_FINISH.get(r, "stop") for r in f.choice_finish_reasons))
                     return
         finally:
             await self.aclose()

@@ -127,6 +127,11 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
         if not isinstance(schema, dict):
             raise InvalidArgument("the response_format schema must be a JSON object (a JSON Schema document)",
                                   param="response_format", code="invalid_value")
+    if not 1 <= s.n <= settings.max_choices:
+        raise InvalidArgument(f"n asks for {s.n} answers; the limit is {settings.max_choices}", param="n",
+                              code="invalid_value")
+    if s.n > 1 and req.tools:
+        raise InvalidArgument("n > 1 with tools is not supported", param="n", code="unsupported_value")
     if len(s.logit_bias) > settings.max_logit_bias:
         raise InvalidArgument(f"logit_bias has {len(s.logit_bias)} entries; the limit is {settings.max_logit_bias}",
                               param="logit_bias", code="invalid_value")

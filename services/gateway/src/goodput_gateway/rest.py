@@ -202,8 +202,8 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
             return error_response(err, request_id)
         finally:
             span.end()
-        return JSONResponse(completion_body(opened, text, end, route=route, logprobs=generation.logprobs),
-                            headers=headers)
+        return JSONResponse(completion_body(opened, text, end, route=route, logprobs=generation.logprobs,
+                                            answers=generation.answers), headers=headers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -260,23 +260,32 @@ def logprobs_json(tokens: Sequence[TokenLogprob], *, route: str, offset: int = 0
             "top_logprobs": [{tok: _logprob(lp) for tok, lp in t.top} for t in tokens], "text_offset": offsets}
 
 
+def _choice(opened: Opened, index: int, text: str, finish: str, logprobs: Sequence[TokenLogprob], *,
+            route: str) -> dict[str, Any]:
+    lp = logprobs_json(logprobs, route=route) if opened.request.sampling.logprobs is not None else None
+    if route != "chat":
+        return {"index": index, "text": text, "finish_reason": finish, "logprobs": lp}
+    calls = tool_calls(opened.request, text)
+    message: dict[str, Any] = ({"role": "assistant", "content": None, "tool_calls": calls} if calls
+                               else {"role": "assistant", "content": text})
+    return {"index": index, "message": message, "finish_reason": "tool_calls" if calls and finish == "stop" else finish,
+            "logprobs": lp}
+
+
 def completion_body(opened: Opened, text: str, end: StreamEnd, *, route: str, response_id: str = "",
-                    logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
-    """The OpenAI-shaped JSON answer (``chat.completion`` or ``text_completion``), with the Goodput extensions."""
+                    logprobs: Sequence[TokenLogprob] = (),
+                    answers: dict[int, tuple[list[str], list[TokenLogprob]]] | None = None) -> dict[str, Any]:
+    """The OpenAI-shaped JSON answer (``chat.completion`` or ``text_completion``), with the Goodput extensions;
+    ``answers`` (:attr:`Generation.answers`) gives every answer of a request for several (n)."""
     cid, obj, created = _ids(opened, route, response_id)
-    asked = opened.request.sampling.logprobs is not None
-    choice: dict[str, Any]
-    if route == "chat":
-        calls = tool_calls(opened.request, text)
-        message: dict[str, Any] = ({"role": "assistant", "content": None, "tool_calls": calls} if calls
-                                   else {"role": "assistant", "content": text})
-        finish = "tool_calls" if calls and end.finish_reason == "stop" else end.finish_reason
-        choice = {"index": 0, "message": message, "finish_reason": finish,
-                  "logprobs": logprobs_json(logprobs, route=route) if asked else None}
+    n = opened.request.sampling.n
+    if n > 1 and answers is not None:
+        reasons = end.finish_reasons or (end.finish_reason,) * n
+        choices = [_choice(opened, i, "".join(answers.get(i, ([], []))[0]), reasons[i] if i < len(reasons) else "stop",
+                           answers.get(i, ([], []))[1], route=route) for i in range(n)]
     else:
-        choice = {"index": 0, "text": text, "finish_reason": end.finish_reason,
-                  "logprobs": logprobs_json(logprobs, route=route) if asked else None}
-    body = {"id": cid, "object": obj, "created": created, "model": opened.model, "choices": [choice],
+        choices = [_choice(opened, 0, text, end.finish_reason, logprobs, route=route)]
+    body = {"id": cid, "object": obj, "created": created, "model": opened.model, "choices": choices,
             "usage": _usage(end), "system_fingerprint": None}
     if opened.sources:  # RAG extension: the chunks the answer was grounded on, beside `choices`
         body["sources"] = [asdict(s) for s in opened.sources]
@@ -292,7 +301,8 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
     model = opened.model
 
     asked = opened.request.sampling.logprobs is not None
-    sent = 0  # characters of the answer so far (the legacy logprobs' text_offset)
+    n = opened.request.sampling.n
+    sent = [0] * n  # characters of each answer so far (the legacy logprobs' text_offset)
 
     # Tool calls stream as OpenAI's incremental tool_calls deltas: a named function's arguments as they are
     # generated; a `required` answer (one or more calls) once it is whole.
@@ -300,9 +310,9 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
     function = named(opened.request) if calling_now else None
     held: list[str] = []
 
-    def chunk(delta_text: str | None, finish: str | None, *, role: bool = False,
+    def chunk(delta_text: str | None, finish: str | None, *, role: bool = False, index: int = 0,
               logprobs: Sequence[TokenLogprob] = (), calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        lp = logprobs_json(logprobs, route=route, offset=sent) if asked and logprobs else None
+        lp = logprobs_json(logprobs, route=route, offset=sent[index]) if asked and logprobs else None
         if route == "chat":
             delta: dict[str, Any] = {}
             if role:
@@ -311,9 +321,9 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
                 delta["tool_calls"] = calls
             elif delta_text is not None:
                 delta["content"] = delta_text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
         else:
-            choice = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": lp}
+            choice = {"index": index, "text": delta_text or "", "finish_reason": finish, "logprobs": lp}
         return {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice]}
 
     try:
@@ -324,6 +334,8 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
             if opened.cache is not None:
                 first["goodput_cache"] = opened.cache.as_dict()
             yield _sse(first)
+            for i in range(1, n):  # every answer opens with its role
+                yield _sse(chunk("", None, role=True, index=i))
         if function is not None:  # the call's id and name first, then its arguments as they come
             yield _sse(chunk(None, None, calls=[{"index": 0, "id": new_call_id(), "type": "function",
                                                  "function": {"name": function, "arguments": ""}}]))
@@ -335,8 +347,8 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
                 elif calling_now:
                     held.append(event.text)
                 else:
-                    yield _sse(chunk(event.text, None, logprobs=event.logprobs))
-                sent += len(event.text)
+                    yield _sse(chunk(event.text, None, logprobs=event.logprobs, index=event.index))
+                sent[event.index] += len(event.text)
             else:
                 finish = event.finish_reason
                 if calling_now:
@@ -350,6 +362,8 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
                     if calls and finish == "stop":
                         finish = "tool_calls"
                 yield _sse(chunk(None if route == "chat" else "", finish))
+                for i, reason in enumerate(event.finish_reasons[1:n], start=1):
+                    yield _sse(chunk(None if route == "chat" else "", reason, index=i))
                 if opened.request.include_usage:
                     yield _sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [],
                                 "usage": _usage(event)})

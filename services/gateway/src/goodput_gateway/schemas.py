@@ -3,7 +3,7 @@ gateway's own (knowledge bases, jobs), with OpenAI's error shape: ``{"error": {"
 "code"}}``, ``param`` named as OpenAI names it (``messages[0].content``).
 
 Every field of OpenAI's schema is either carried through or refused by name: a field the gateway does not
-implement (``logit_bias``, ``n`` > 1, ``functions``, ``audio``, ...) is a 400 with ``code: unsupported_parameter``
+implement (``functions``, ``audio``, ``modalities``, ...) is a 400 with ``code: unsupported_parameter``
 unless its value asks for nothing (``null``, ``n: 1``); a field OpenAI does not have either is a 400 with the same
 code. Nothing is silently dropped.
 
@@ -14,9 +14,9 @@ Example:
     >>> body = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8})
     >>> body.to_request().sampling.max_tokens
     8
-    >>> parse(ChatCompletionRequest, {"messages": [], "n": 2})
+    >>> parse(ChatCompletionRequest, {"messages": [], "audio": {"voice": "alloy"}})
     Traceback (most recent call last):
-    goodput_core.errors.InvalidArgument: 'n' is not supported by this gateway (accepted: null, 1)
+    goodput_core.errors.InvalidArgument: 'audio' is not supported by this gateway (accepted: null)
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class ResponseFormat(Body):
 class _Generation(Body):
     """What chat and completions share: model, sampling, streaming and the Goodput extensions."""
 
-    UNSUPPORTED = {"n": (None, 1), "service_tier": (None, "auto", "default"),
+    UNSUPPORTED = {"service_tier": (None, "auto", "default"),
                    "store": (None, False), "metadata": (None, {})}
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -215,6 +215,7 @@ class _Generation(Body):
     top_k: int | None = None  # vLLM's extension
     stop: list[str] = []
     seed: int | None = None
+    n: int | None = Field(None, ge=1, le=128)  # answers to generate (the gateway's MAX_CHOICES bounds it)
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias, -100 to 100
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -252,7 +253,7 @@ class _Generation(Body):
                                       f"not {token[:16]!r}: {value}", param="logit_bias", code="invalid_value")
             bias.append((int(token), float(value)))
         sampling = Sampling(max_tokens=max_tokens or 0, temperature=self.temperature, top_p=self.top_p,
-                            logit_bias=tuple(sorted(bias)),
+                            logit_bias=tuple(sorted(bias)), n=self.n or 1,
                             top_k=self.top_k, stop=tuple(self.stop), seed=self.seed,
                             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                             **(structured or {}))
@@ -360,6 +361,8 @@ def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
             body[name] = value
     if s.logit_bias:
         body["logit_bias"] = {str(t): b for t, b in s.logit_bias}
+    if s.n > 1:
+        body["n"] = s.n
     if s.json_schema is not None:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "response", "schema": json.loads(s.json_schema)}}

@@ -84,7 +84,8 @@ class Generation:
     def __init__(self, opened: Opened, events: AsyncGenerator[Opened | TextDelta | StreamEnd, None]) -> None:
         self.opened = opened
         self._events = events
-        self.logprobs: list[TokenLogprob] = []  # filled by collect()
+        self.logprobs: list[TokenLogprob] = []  # filled by collect(): the first answer's tokens
+        self.answers: dict[int, tuple[list[str], list[TokenLogprob]]] = {}  # collect(): every answer's, by index
 
     async def __aiter__(self) -> AsyncGenerator[TextDelta | StreamEnd, None]:
         async for event in self._events:
@@ -98,8 +99,12 @@ class Generation:
         end: StreamEnd | None = None
         async for event in self:
             if isinstance(event, TextDelta):
-                parts.append(event.text)
-                self.logprobs.extend(event.logprobs)
+                texts, logprobs = self.answers.setdefault(event.index, ([], []))
+                texts.append(event.text)
+                logprobs.extend(event.logprobs)
+                if event.index == 0:
+                    parts.append(event.text)
+                    self.logprobs.extend(event.logprobs)
             else:
                 end = event
         if end is None:

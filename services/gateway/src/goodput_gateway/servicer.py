@@ -55,6 +55,9 @@ def from_proto(req: gateway_pb2.GenerateRequest, *, stream: bool) -> GenerationR
                                   code="invalid_value")
         functions.append({"name": f.name, **({"description": f.description} if f.description else {}),
                           **({"parameters": parameters} if parameters is not None else {})})
+    if req.sampling.n > 1:
+        raise InvalidArgument("n > 1 is served on REST only (a GenerateResponse carries one answer)",
+                              param="sampling.n", code="unsupported_parameter")
     tools = resolve(functions, req.tool_choice,
                     parallel=req.parallel_tool_calls if req.HasField("parallel_tool_calls") else None)
     return GenerationRequest(model=req.model, messages=messages, prompt=req.prompt,

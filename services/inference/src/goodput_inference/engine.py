@@ -44,6 +44,7 @@ class Delta:
     text: str
     completion_tokens: int
     logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.logprobs: the tokens this text came from
+    index: int = 0  # with Sampling.n > 1: the answer this text belongs to
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Finished:
     completion_tokens: int
     # Of prompt_tokens, those whose KV came from the prefix cache (their prefill was skipped); 0 without a hit.
     cached_tokens: int = 0
+    reasons: tuple[str, ...] = ()  # with Sampling.n > 1: each answer's, by index
 
 
 GenEvent = Started | Delta | Finished

@@ -125,7 +125,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     if isinstance(event, Delta):
                         yield inference_pb2.GenerateChunk(delta=inference_pb2.Delta(
                             text=event.text, completion_tokens=event.completion_tokens,
-                            logprobs=logprobs_to_proto(event.logprobs)))
+                            logprobs=logprobs_to_proto(event.logprobs), index=event.index))
                     elif isinstance(event, Started):
                         self.metrics.prompt_tokens.inc(event.prompt_tokens)
                         yield inference_pb2.GenerateChunk(started=inference_pb2.Started(
@@ -139,7 +139,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                                 total_tokens=event.prompt_tokens + event.completion_tokens,
                                                 cached_tokens=event.cached_tokens)
                         yield inference_pb2.GenerateChunk(finished=inference_pb2.Finished(
-                            finish_reason=_FINISH[event.reason], usage=usage))
+                            finish_reason=_FINISH[event.reason], usage=usage,
+                            choice_finish_reasons=[_FINISH[r] for r in event.reasons]))
             except Exception:
                 outcome = "error"
                 raise

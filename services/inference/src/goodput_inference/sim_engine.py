@@ -199,6 +199,9 @@ class SimEngine:
         if request.sampling.structured:  # refused by name: a simulated answer cannot honour a schema
             raise InvalidArgument("the simulated engine does not implement structured output (response_format)",
                                   param="response_format", code="unsupported_parameter")
+        if request.sampling.n > 1:  # one simulated answer per request
+            raise InvalidArgument("the simulated engine does not implement n > 1", param="n",
+                                  code="unsupported_parameter")
         if request.sampling.logit_bias:  # nor logits to bias
             raise InvalidArgument("the simulated engine does not implement logit_bias", param="logit_bias",
                                   code="unsupported_parameter")

@@ -254,6 +254,8 @@ class VllmEngine:
                 kwargs[name] = value
         if s.stop:
             kwargs["stop"] = list(s.stop)
+        if s.n > 1:
+            kwargs["n"] = s.n
         if s.logprobs is not None:
             kwargs["logprobs"] = s.logprobs
         if s.logit_bias:
@@ -295,18 +297,22 @@ class VllmEngine:
             yield Started(prompt_tokens=prompt_tokens)
             # The tenant's salt: its prompt reuses only its own (or its sharing group's) cached prefixes.
             prompt = TokensPrompt(prompt_token_ids=ids, cache_salt=self.salts.salt(request.tenant))
+            reasons = ["stop"] * max(params.n, 1)  # each answer's, as its last output says
             async for out in self._engine.generate(prompt, params, request.request_id, priority=priority):
-                completion = out.outputs[0]
-                completion_tokens += len(completion.token_ids)
-                logprobs = _logprobs(completion, params.logprobs) if params.logprobs is not None else ()
-                if completion.text or logprobs:
-                    yield Delta(text=completion.text, completion_tokens=completion_tokens, logprobs=logprobs)
+                for completion in out.outputs:  # one per answer with news (n > 1: several answers, by index)
+                    completion_tokens += len(completion.token_ids)
+                    logprobs = _logprobs(completion, params.logprobs) if params.logprobs is not None else ()
+                    if completion.text or logprobs:
+                        yield Delta(text=completion.text, completion_tokens=completion_tokens, logprobs=logprobs,
+                                    index=completion.index)
+                    if completion.finish_reason is not None:
+                        reasons[completion.index] = "length" if completion.finish_reason == "length" else "stop"
                 if out.finished:
                     finished = True
-                    reason = "length" if completion.finish_reason == "length" else "stop"
                     self._finished += 1
-                    yield Finished(reason=reason, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                   cached_tokens=_cached_tokens(out))
+                    yield Finished(reason=reasons[0], prompt_tokens=prompt_tokens,
+                                   completion_tokens=completion_tokens, cached_tokens=_cached_tokens(out),
+                                   reasons=tuple(reasons) if len(reasons) > 1 else ())
         finally:
             self._inflight -= 1
             if not finished:

@@ -71,7 +71,8 @@ class JobRunner:
         finally:
             await self._wiring.settle()  # the lease's release is sent before this job's attempt ends
         return completion_body(generation.opened, text, end, route=job.route,
-                               response_id=job.id.removeprefix("job-"), logprobs=generation.logprobs)
+                               response_id=job.id.removeprefix("job-"), logprobs=generation.logprobs,
+                               answers=generation.answers)
 
     def close(self) -> None:
         if self._wiring is not None:
