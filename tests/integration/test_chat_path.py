@@ -163,3 +163,17 @@ def test_every_served_model_is_listed_and_can_be_retrieved(client: openai.OpenAI
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("no-such-model")
     assert err.value.code == "model_not_found"
+
+
+def test_a_repeated_long_prompt_reports_its_prefix_cache_hit(client: openai.OpenAI) -> None:
+    long_prompt = [{"role": "system", "content": "You answer questions about this handbook. " + COUNTING * 60},
+                   {"role": "user", "content": "What comes after 3?"}]
+    no_store = {"Cache-Control": "no-store"}  # past the response cache: both go to the engine
+    kw: dict[str, object] = {"model": model_id(client), "messages": long_prompt, "max_tokens": 4, "temperature": 0,
+                             "extra_headers": no_store, "user": "same-session"}  # session affinity: one worker
+    first = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    repeat = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    assert first.usage is not None and repeat.usage is not None
+    assert repeat.usage.prompt_tokens > 500
+    details = repeat.usage.prompt_tokens_details
+    assert details is not None and (details.cached_tokens or 0) >= repeat.usage.prompt_tokens // 2
