@@ -91,3 +91,22 @@ def test_grpc_logprobs(platform: Platform) -> None:
         streamed = [t for event in stub.GenerateStream(request, metadata=md, timeout=120)
                     if event.WhichOneof("kind") == "logprobs" for t in event.logprobs.tokens]
     assert [t.token for t in streamed] == [t.token for t in reply.logprobs]
+
+
+def test_completions_echo_the_prompt_with_its_tokens_logprobs(client: openai.OpenAI) -> None:
+    prompt = "The colours of the rainbow are"
+    resp = client.completions.create(model=model_id(client), prompt=prompt, max_tokens=6, temperature=0, echo=True,
+                                     logprobs=1)
+    choice, usage = resp.choices[0], resp.usage
+    assert usage is not None and choice.text.startswith(prompt) and len(choice.text) > len(prompt)
+    lp = choice.logprobs
+    assert lp is not None and len(lp.tokens or []) == usage.prompt_tokens + usage.completion_tokens
+    assert (lp.token_logprobs or [])[0] is None  # nothing precedes the first prompt token
+    assert all(v is not None and v <= 0 for v in (lp.token_logprobs or [])[1:])
+    assert "".join(lp.tokens or []).endswith(choice.text[len(prompt):])
+    plain = client.completions.create(model=model_id(client), prompt=prompt, max_tokens=6, temperature=0, echo=True)
+    assert plain.choices[0].text == choice.text
+    streamed = client.completions.create(model=model_id(client), prompt=prompt, max_tokens=6, temperature=0,
+                                         echo=True, stream=True)
+    pieces = [c.choices[0].text for c in streamed if c.choices]
+    assert pieces[0] == prompt and "".join(pieces) == choice.text

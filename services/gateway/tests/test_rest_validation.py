@@ -166,7 +166,6 @@ async def test_message_fields_are_checked_by_name(client: httpx.AsyncClient, mes
 
 
 @pytest.mark.parametrize("body,param,code", [
-    ({"prompt": "a", "echo": True}, "echo", "unsupported_parameter"),
     ({"prompt": "a", "best_of": 3}, "best_of", "unsupported_parameter"),
     ({"prompt": "a", "suffix": "b"}, "suffix", "unsupported_parameter"),
     ({"prompt": "a", "logprobs": 6}, "logprobs", "invalid_value"),  # the legacy API's at most 5

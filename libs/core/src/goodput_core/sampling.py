@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ class Sampling:
     logprobs: int | None = None  # None = none; 0 = the sampled token's; k = also the k most likely
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by id
     n: int = 1  # answers to generate
+    echo: bool = False  # completions: the prompt first (with logprobs: its tokens' too)
 
     @property
     def structured(self) -> bool:
@@ -50,11 +52,13 @@ class Sampling:
 def sampling_from_proto(pb: types_pb2.SamplingParams) -> Sampling:
     optional = {name: getattr(pb, name) if pb.HasField(name) else None for name in _OPTIONAL}
     return Sampling(max_tokens=pb.max_tokens, stop=tuple(pb.stop), json_object=pb.json_object, n=max(pb.n, 1),
+                    echo=pb.echo,
                     logit_bias=tuple(sorted((int(k), round(v, 4)) for k, v in pb.logit_bias.items())), **optional)
 
 
 def sampling_to_proto(s: Sampling) -> types_pb2.SamplingParams:
     pb = types_pb2.SamplingParams(max_tokens=s.max_tokens, stop=list(s.stop), json_object=s.json_object, n=s.n,
+                                  echo=s.echo,
                                   logit_bias=dict(s.logit_bias))
     for name in _OPTIONAL:
         value = getattr(s, name)
@@ -84,6 +88,6 @@ def logprobs_to_proto(tokens: Sequence[TokenLogprob]) -> list[types_pb2.TokenLog
 
 
 def logprobs_from_proto(tokens: Iterable[types_pb2.TokenLogprob]) -> tuple[TokenLogprob, ...]:
-    # float32 on the wire: rounded to 6 digits so a value survives the trip unchanged
-    return tuple(TokenLogprob(t.token, round(t.logprob, 6), tuple((x.token, round(x.logprob, 6)) for x in t.top))
-                 for t in tokens)
+    # float32 on the wire: rounded to 6 digits so a value survives the trip unchanged (NaN stays NaN)
+    return tuple(TokenLogprob(t.token, t.logprob if math.isnan(t.logprob) else round(t.logprob, 6),
+                              tuple((x.token, round(x.logprob, 6)) for x in t.top)) for t in tokens)

@@ -29,10 +29,10 @@ A hit replays as word pieces, then the original usage; its status is what the ``
     ...     return [event async for event in replay(hit)]
     >>> for event in asyncio.run(events()):
     ...     print(event)
-    TextDelta(text='Goodput', logprobs=(), index=0)
-    TextDelta(text=' is', logprobs=(), index=0)
-    TextDelta(text=' useful', logprobs=(), index=0)
-    TextDelta(text=' throughput.', logprobs=(), index=0)
+    TextDelta(text='Goodput', logprobs=(), index=0, prompt_logprobs=())
+    TextDelta(text=' is', logprobs=(), index=0, prompt_logprobs=())
+    TextDelta(text=' useful', logprobs=(), index=0, prompt_logprobs=())
+    TextDelta(text=' throughput.', logprobs=(), index=0, prompt_logprobs=())
     StreamEnd(finish_reason='stop', prompt_tokens=5, completion_tokens=4, cached_tokens=0, finish_reasons=())
     >>> CacheStatus("hit", layer="l2", similarity=0.9731).header()
     'hit; layer=l2; similarity=0.973'

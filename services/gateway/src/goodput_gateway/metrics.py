@@ -40,6 +40,7 @@ class TextDelta:
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.logprobs: the tokens the text came from
     index: int = 0  # with Sampling.n > 1: the answer it belongs to
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.echo and logprobs: the prompt's, first delta only
 
 
 @dataclass(frozen=True)

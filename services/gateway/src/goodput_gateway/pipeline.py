@@ -105,7 +105,8 @@ class GenerationStream:
                         self._ttft_s = max(time.monotonic() - self._arrived, 1e-6)
                         self.pipeline.report_first_token(self._lease, self._ttft_s)
                     self._completion_tokens = chunk.delta.completion_tokens
-                    yield TextDelta(chunk.delta.text, logprobs_from_proto(chunk.delta.logprobs), chunk.delta.index)
+                    yield TextDelta(chunk.delta.text, logprobs_from_proto(chunk.delta.logprobs), chunk.delta.index,
+                                    logprobs_from_proto(chunk.delta.prompt_logprobs))
                 elif kind == "finished":
                     f = chunk.finished
                     self._outcome = scheduler_pb2.OUTCOME_OK

@@ -12,6 +12,7 @@ OpenAI's `x-ratelimit-*` headers for the caller's limits (:mod:`goodput_gateway.
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -203,7 +204,8 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
         finally:
             span.end()
         return JSONResponse(completion_body(opened, text, end, route=route, logprobs=generation.logprobs,
-                                            answers=generation.answers), headers=headers)
+                                            answers=generation.answers, prompt_logprobs=generation.prompt_logprobs),
+                            headers=headers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -256,7 +258,8 @@ def logprobs_json(tokens: Sequence[TokenLogprob], *, route: str, offset: int = 0
     for t in tokens:
         offsets.append(offset)
         offset += len(t.token)
-    return {"tokens": [t.token for t in tokens], "token_logprobs": [_logprob(t.logprob) for t in tokens],
+    return {"tokens": [t.token for t in tokens],
+            "token_logprobs": [None if math.isnan(t.logprob) else _logprob(t.logprob) for t in tokens],
             "top_logprobs": [{tok: _logprob(lp) for tok, lp in t.top} for t in tokens], "text_offset": offsets}
 
 
@@ -274,17 +277,21 @@ def _choice(opened: Opened, index: int, text: str, finish: str, logprobs: Sequen
 
 def completion_body(opened: Opened, text: str, end: StreamEnd, *, route: str, response_id: str = "",
                     logprobs: Sequence[TokenLogprob] = (),
-                    answers: dict[int, tuple[list[str], list[TokenLogprob]]] | None = None) -> dict[str, Any]:
+                    answers: dict[int, tuple[list[str], list[TokenLogprob]]] | None = None,
+                    prompt_logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
     """The OpenAI-shaped JSON answer (``chat.completion`` or ``text_completion``), with the Goodput extensions;
-    ``answers`` (:attr:`Generation.answers`) gives every answer of a request for several (n)."""
+    ``answers`` (:attr:`Generation.answers`) gives every answer of a request for several (n), ``prompt_logprobs``
+    the prompt's tokens of an echo."""
     cid, obj, created = _ids(opened, route, response_id)
     n = opened.request.sampling.n
+    parts = [(text, list(logprobs), end.finish_reason)]
     if n > 1 and answers is not None:
         reasons = end.finish_reasons or (end.finish_reason,) * n
-        choices = [_choice(opened, i, "".join(answers.get(i, ([], []))[0]), reasons[i] if i < len(reasons) else "stop",
-                           answers.get(i, ([], []))[1], route=route) for i in range(n)]
-    else:
-        choices = [_choice(opened, 0, text, end.finish_reason, logprobs, route=route)]
+        parts = [("".join(answers.get(i, ([], []))[0]), answers.get(i, ([], []))[1],
+                  reasons[i] if i < len(reasons) else "stop") for i in range(n)]
+    if opened.request.sampling.echo:  # completions: the prompt first
+        parts = [(opened.request.prompt + t, [*prompt_logprobs, *lp], f) for t, lp, f in parts]
+    choices = [_choice(opened, i, t, f, lp, route=route) for i, (t, lp, f) in enumerate(parts)]
     body = {"id": cid, "object": obj, "created": created, "model": opened.model, "choices": choices,
             "usage": _usage(end), "system_fingerprint": None}
     if opened.sources:  # RAG extension: the chunks the answer was grounded on, beside `choices`
@@ -339,8 +346,17 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
         if function is not None:  # the call's id and name first, then its arguments as they come
             yield _sse(chunk(None, None, calls=[{"index": 0, "id": new_call_id(), "type": "function",
                                                  "function": {"name": function, "arguments": ""}}]))
+        echo = opened.request.sampling.echo  # completions: the prompt first, in every answer
         async for event in generation:
+            if echo and route != "chat":
+                echo = False
+                for i in range(n):
+                    yield _sse(chunk(opened.request.prompt, None, index=i, logprobs=event.prompt_logprobs
+                                     if isinstance(event, TextDelta) else ()))
+                    sent[i] += len(opened.request.prompt)
             if isinstance(event, TextDelta):
+                if not event.text and not event.logprobs:  # the prompt's logprobs alone: sent with the echo
+                    continue
                 if function is not None:
                     yield _sse(chunk(None, None, logprobs=event.logprobs, calls=[
                         {"index": 0, "function": {"arguments": event.text}}]))

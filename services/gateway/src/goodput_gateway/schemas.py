@@ -313,9 +313,10 @@ class ChatCompletionRequest(_Generation):
 class CompletionRequest(_Generation):
     """``POST /v1/completions``: one prompt (a string, or an array of one string)."""
 
-    UNSUPPORTED = {**_Generation.UNSUPPORTED, "best_of": (None, 1), "echo": (None, False), "suffix": (None, "")}
+    UNSUPPORTED = {**_Generation.UNSUPPORTED, "best_of": (None, 1), "suffix": (None, "")}
     prompt: str
     logprobs: int | None = Field(None, ge=0, le=5)  # the legacy API's: how many top tokens per position
+    echo: bool | None = None  # the prompt first, in the text (and, with logprobs, its tokens' logprobs)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -330,7 +331,8 @@ class CompletionRequest(_Generation):
     def to_request(self, *, header_priority: str | None = None, header_kb: str | None = None) -> GenerationRequest:
         return GenerationRequest(prompt=self.prompt, kind="completion", **self._common(
             header_priority=header_priority, header_kb=header_kb, max_tokens=self.max_tokens,
-            structured={"logprobs": self.logprobs} if self.logprobs is not None else None))
+            structured={**({"logprobs": self.logprobs} if self.logprobs is not None else {}),
+                        **({"echo": True} if self.echo else {})}))
 
 
 def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
@@ -363,6 +365,8 @@ def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body["logit_bias"] = {str(t): b for t, b in s.logit_bias}
     if s.n > 1:
         body["n"] = s.n
+    if s.echo:
+        body["echo"] = True
     if s.json_schema is not None:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "response", "schema": json.loads(s.json_schema)}}

@@ -86,6 +86,7 @@ class Generation:
         self._events = events
         self.logprobs: list[TokenLogprob] = []  # filled by collect(): the first answer's tokens
         self.answers: dict[int, tuple[list[str], list[TokenLogprob]]] = {}  # collect(): every answer's, by index
+        self.prompt_logprobs: list[TokenLogprob] = []  # collect(), with echo and logprobs: the prompt's tokens
 
     async def __aiter__(self) -> AsyncGenerator[TextDelta | StreamEnd, None]:
         async for event in self._events:
@@ -99,6 +100,7 @@ class Generation:
         end: StreamEnd | None = None
         async for event in self:
             if isinstance(event, TextDelta):
+                self.prompt_logprobs.extend(event.prompt_logprobs)
                 texts, logprobs = self.answers.setdefault(event.index, ([], []))
                 texts.append(event.text)
                 logprobs.extend(event.logprobs)

@@ -45,6 +45,7 @@ class Delta:
     completion_tokens: int
     logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.logprobs: the tokens this text came from
     index: int = 0  # with Sampling.n > 1: the answer this text belongs to
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.echo and logprobs, on the first delta only
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     if isinstance(event, Delta):
                         yield inference_pb2.GenerateChunk(delta=inference_pb2.Delta(
                             text=event.text, completion_tokens=event.completion_tokens,
-                            logprobs=logprobs_to_proto(event.logprobs), index=event.index))
+                            logprobs=logprobs_to_proto(event.logprobs), index=event.index,
+                            prompt_logprobs=logprobs_to_proto(event.prompt_logprobs)))
                     elif isinstance(event, Started):
                         self.metrics.prompt_tokens.inc(event.prompt_tokens)
                         yield inference_pb2.GenerateChunk(started=inference_pb2.Started(

@@ -234,6 +234,11 @@ class VllmEngine:
             return list(self._tokenizer.encode(request.prompt, add_special_tokens=True))
         raise InvalidArgument("either messages or prompt is required", param="messages")
 
+    def _prompt_logprobs(self, ids: list[int], entries: Any, k: int) -> tuple[TokenLogprob, ...]:
+        """The prompt's tokens (their text as the tokenizer decodes each) with vLLM's prompt logprobs."""
+        return tuple(_prompt_entry(candidates, token_id, k, self._tokenizer.decode([token_id]))
+                     for token_id, candidates in zip(ids, entries, strict=False))
+
     def _sampling_params(self, request: GenRequest, prompt_len: int) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -258,6 +263,8 @@ class VllmEngine:
             kwargs["n"] = s.n
         if s.logprobs is not None:
             kwargs["logprobs"] = s.logprobs
+            if s.echo:
+                kwargs["prompt_logprobs"] = s.logprobs
         if s.logit_bias:
             vocab = len(self._tokenizer)
             outside = [t for t, _ in s.logit_bias if not 0 <= t < vocab]
@@ -298,7 +305,11 @@ class VllmEngine:
             # The tenant's salt: its prompt reuses only its own (or its sharing group's) cached prefixes.
             prompt = TokensPrompt(prompt_token_ids=ids, cache_salt=self.salts.salt(request.tenant))
             reasons = ["stop"] * max(params.n, 1)  # each answer's, as its last output says
+            prompt_logprobs: tuple[TokenLogprob, ...] = ()
             async for out in self._engine.generate(prompt, params, request.request_id, priority=priority):
+                if params.prompt_logprobs is not None and not prompt_logprobs and out.prompt_logprobs:
+                    prompt_logprobs = self._prompt_logprobs(ids, out.prompt_logprobs, params.prompt_logprobs)
+                    yield Delta(text="", completion_tokens=completion_tokens, prompt_logprobs=prompt_logprobs)
                 for completion in out.outputs:  # one per answer with news (n > 1: several answers, by index)
                     completion_tokens += len(completion.token_ids)
                     logprobs = _logprobs(completion, params.logprobs) if params.logprobs is not None else ()
@@ -318,6 +329,16 @@ class VllmEngine:
             if not finished:
                 # vLLM's generate() has aborted the engine request on cancellation / close (it frees the slot).
                 self._aborted += 1
+
+
+def _prompt_entry(candidates: Any, token_id: int, k: int, token: str) -> TokenLogprob:
+    """A prompt token's entry: vLLM gives none for the first (nothing precedes it): its logprob is NaN then."""
+    if candidates is None:
+        return TokenLogprob(token=token, logprob=float("nan"))
+    own = candidates.get(token_id)
+    top = sorted((c for c in candidates.values() if c.rank is not None and c.rank <= k), key=lambda c: c.rank)
+    return TokenLogprob(token=token, logprob=float(own.logprob) if own is not None else float("-inf"),
+                        top=tuple((c.decoded_token or "", float(c.logprob)) for c in top[:k]))
 
 
 def _logprobs(completion: Any, k: int) -> tuple[TokenLogprob, ...]:

@@ -72,7 +72,7 @@ class JobRunner:
             await self._wiring.settle()  # the lease's release is sent before this job's attempt ends
         return completion_body(generation.opened, text, end, route=job.route,
                                response_id=job.id.removeprefix("job-"), logprobs=generation.logprobs,
-                               answers=generation.answers)
+                               answers=generation.answers, prompt_logprobs=generation.prompt_logprobs)
 
     def close(self) -> None:
         if self._wiring is not None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgoodput/common/v1/types.proto\x12\x11goodput.common.v1\"\x81\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12/\n\ntool_calls\x18\x05 \x03(\x0b\x32\x1b.goodput.common.v1.ToolCall\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\x84\x04\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x03\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x02H\x04\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x02H\x05\x88\x01\x01\x12\x18\n\x0bjson_schema\x18\t \x01(\tH\x06\x88\x01\x01\x12\x13\n\x0bjson_object\x18\n \x01(\x08\x12\x15\n\x08logprobs\x18\x0b \x01(\x05H\x07\x88\x01\x01\x12\x44\n\nlogit_bias\x18\x0c \x03(\x0b\x32\x30.goodput.common.v1.SamplingParams.LogitBiasEntry\x12\t\n\x01n\x18\r \x01(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0e\n\x0c_json_schemaB\x0b\n\t_logprobs\"Z\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12*\n\x03top\x18\x03 \x03(\x0b\x32\x1d.goodput.common.v1.TopLogprob\",\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\x12\x15\n\rcached_tokens\x18\x04 \x01(\x05*W\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x0f\n\x0bPRIORITY_P0\x10\x01\x12\x0f\n\x0bPRIORITY_P1\x10\x02\x12\x0f\n\x0bPRIORITY_P2\x10\x03*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgoodput/common/v1/types.proto\x12\x11goodput.common.v1\"\x81\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12/\n\ntool_calls\x18\x05 \x03(\x0b\x32\x1b.goodput.common.v1.ToolCall\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\x92\x04\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x03\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x02H\x04\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x02H\x05\x88\x01\x01\x12\x18\n\x0bjson_schema\x18\t \x01(\tH\x06\x88\x01\x01\x12\x13\n\x0bjson_object\x18\n \x01(\x08\x12\x15\n\x08logprobs\x18\x0b \x01(\x05H\x07\x88\x01\x01\x12\x44\n\nlogit_bias\x18\x0c \x03(\x0b\x32\x30.goodput.common.v1.SamplingParams.LogitBiasEntry\x12\t\n\x01n\x18\r \x01(\x05\x12\x0c\n\x04\x65\x63ho\x18\x0e \x01(\x08\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0e\n\x0c_json_schemaB\x0b\n\t_logprobs\"Z\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12*\n\x03top\x18\x03 \x03(\x0b\x32\x1d.goodput.common.v1.TopLogprob\",\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\x12\x15\n\rcached_tokens\x18\x04 \x01(\x05*W\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x0f\n\x0bPRIORITY_P0\x10\x01\x12\x0f\n\x0bPRIORITY_P1\x10\x02\x12\x0f\n\x0bPRIORITY_P2\x10\x03*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,22 +33,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_PRIORITY']._serialized_start=1002
-  _globals['_PRIORITY']._serialized_end=1089
-  _globals['_FINISHREASON']._serialized_start=1091
-  _globals['_FINISHREASON']._serialized_end=1211
+  _globals['_PRIORITY']._serialized_start=1016
+  _globals['_PRIORITY']._serialized_end=1103
+  _globals['_FINISHREASON']._serialized_start=1105
+  _globals['_FINISHREASON']._serialized_end=1225
   _globals['_CHATMESSAGE']._serialized_start=53
   _globals['_CHATMESSAGE']._serialized_end=182
   _globals['_TOOLCALL']._serialized_start=184
   _globals['_TOOLCALL']._serialized_end=239
   _globals['_SAMPLINGPARAMS']._serialized_start=242
-  _globals['_SAMPLINGPARAMS']._serialized_end=758
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=593
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=641
-  _globals['_TOKENLOGPROB']._serialized_start=760
-  _globals['_TOKENLOGPROB']._serialized_end=850
-  _globals['_TOPLOGPROB']._serialized_start=852
-  _globals['_TOPLOGPROB']._serialized_end=896
-  _globals['_USAGE']._serialized_start=898
-  _globals['_USAGE']._serialized_end=1000
+  _globals['_SAMPLINGPARAMS']._serialized_end=772
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=607
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=655
+  _globals['_TOKENLOGPROB']._serialized_start=774
+  _globals['_TOKENLOGPROB']._serialized_end=864
+  _globals['_TOPLOGPROB']._serialized_start=866
+  _globals['_TOPLOGPROB']._serialized_end=910
+  _globals['_USAGE']._serialized_start=912
+  _globals['_USAGE']._serialized_end=1014
 # @@protoc_insertion_point(module_scope)

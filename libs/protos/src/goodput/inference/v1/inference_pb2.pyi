@@ -44,16 +44,18 @@ class Started(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ...) -> None: ...
 
 class Delta(_message.Message):
-    __slots__ = ("text", "completion_tokens", "logprobs", "index")
+    __slots__ = ("text", "completion_tokens", "logprobs", "index", "prompt_logprobs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     completion_tokens: int
     logprobs: _containers.RepeatedCompositeFieldContainer[_types_pb2.TokenLogprob]
     index: int
-    def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_types_pb2.TokenLogprob]
+    def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class Finished(_message.Message):
     __slots__ = ("finish_reason", "usage", "choice_finish_reasons")
