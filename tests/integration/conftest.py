@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -75,3 +76,16 @@ def worker_load(platform: Platform, i: int) -> inference_pb2.WorkerLoad:
     with platform.internal_channel(platform.worker_grpc(i)) as ch:
         return inference_pb2_grpc.InferenceStub(ch).GetLoad(inference_pb2.GetLoadRequest(), timeout=5)
 
+
+
+@pytest.fixture
+def client(platform: Platform) -> openai.OpenAI:
+    """The official openai SDK, unchanged, at the first gateway replica, with the P0 key."""
+    return openai.OpenAI(base_url=platform.gateway_http + "/v1", api_key=KEY_P0, max_retries=0, timeout=120)
+
+
+def model_id(client: openai.OpenAI) -> str:
+    """The served generation model (the first listed)."""
+    models = client.models.list().data
+    assert models, "the gateway lists the served model"
+    return models[0].id

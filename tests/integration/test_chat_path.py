@@ -16,7 +16,7 @@ from goodput_testing import wait_until
 
 from goodput_cli.supervisor import Platform
 
-from .conftest import KEY_P0, list_workers, read_spans, worker_load
+from .conftest import KEY_P0, list_workers, model_id, read_spans, worker_load
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -25,16 +25,6 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 # reference, so a kernel that changes the model's answers fails there, on any CPU, with the reason.
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
 
-
-@pytest.fixture
-def client(platform: Platform) -> openai.OpenAI:
-    return openai.OpenAI(base_url=platform.gateway_http + "/v1", api_key=KEY_P0, max_retries=0, timeout=120)
-
-
-def model_id(client: openai.OpenAI) -> str:
-    models = client.models.list().data
-    assert models, "the gateway lists the served model"
-    return models[0].id
 
 
 def test_non_streaming_chat_with_the_openai_sdk(client: openai.OpenAI) -> None:

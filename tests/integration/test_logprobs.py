@@ -14,20 +14,12 @@ from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 from goodput_cli.supervisor import Platform
 
-from .conftest import KEY_P0
+from .conftest import KEY_P0, model_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 QUESTION = [{"role": "user", "content": "Name three colours."}]
 
-
-@pytest.fixture
-def client(platform: Platform) -> openai.OpenAI:
-    return openai.OpenAI(base_url=platform.gateway_http + "/v1", api_key=KEY_P0, max_retries=0, timeout=120)
-
-
-def model_id(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 def test_chat_logprobs_one_entry_per_token_with_the_top_k(client: openai.OpenAI) -> None:

@@ -14,16 +14,11 @@ from transformers import AutoTokenizer
 
 from goodput_cli.supervisor import Platform
 
-from .conftest import KEY_P0
+from .conftest import model_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 QUESTION: Any = [{"role": "user", "content": "Write one sentence about the sea."}]
-
-
-@pytest.fixture
-def client(platform: Platform) -> openai.OpenAI:
-    return openai.OpenAI(base_url=platform.gateway_http + "/v1", api_key=KEY_P0, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +29,7 @@ def tokenizer(platform: Platform) -> Any:
 
 
 def sample(client: openai.OpenAI, **kw: Any) -> Any:
-    model = client.models.list().data[0].id
-    return client.chat.completions.create(model=model, messages=QUESTION, **{"max_tokens": 12, **kw})
+    return client.chat.completions.create(model=model_id(client), messages=QUESTION, **{"max_tokens": 12, **kw})
 
 
 def test_the_same_seed_gives_the_same_sampled_text(client: openai.OpenAI) -> None:

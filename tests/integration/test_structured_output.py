@@ -17,7 +17,7 @@ from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 from goodput_cli.supervisor import Platform
 
-from .conftest import KEY_P0
+from .conftest import KEY_P0, model_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -28,14 +28,6 @@ CITY = {"type": "object", "additionalProperties": False, "required": ["city", "c
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
 FORMAT: Any = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CITY, "strict": True}}
 
-
-@pytest.fixture
-def client(platform: Platform) -> openai.OpenAI:
-    return openai.OpenAI(base_url=platform.gateway_http + "/v1", api_key=KEY_P0, max_retries=0, timeout=120)
-
-
-def model_id(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 def test_json_schema_answers_validate_against_the_schema(client: openai.OpenAI) -> None:

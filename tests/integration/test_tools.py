@@ -14,7 +14,7 @@ import pytest
 
 from goodput_cli.supervisor import Platform
 
-from .conftest import KEY_P0
+from .conftest import KEY_P0, model_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -30,14 +30,6 @@ TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "descript
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 QUESTION: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 
-
-@pytest.fixture
-def client(platform: Platform) -> openai.OpenAI:
-    return openai.OpenAI(base_url=platform.gateway_http + "/v1", api_key=KEY_P0, max_retries=0, timeout=120)
-
-
-def model_id(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 def test_a_named_function_is_called_with_valid_arguments(client: openai.OpenAI) -> None:
