@@ -25,9 +25,10 @@ from cachetools import TTLCache
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field
+from redis.exceptions import RedisError
 
 from goodput_core.context import new_request_id, request_context
-from goodput_core.errors import GoodputError, NotFound
+from goodput_core.errors import GoodputError, NotFound, Unavailable
 from goodput_core.priority import parse_priority
 
 from goodput_gateway.config import GatewaySettings
@@ -112,12 +113,20 @@ class ResponseStore:
         raw = json.dumps({"response": response, "conversation": conversation}, separators=(",", ":"))
         if self.redis is None:
             self._local[self._key(tenant, response["id"])] = raw
-        else:
+            return
+        try:
             await self.redis.set(self._key(tenant, response["id"]), raw, ex=int(self.settings.responses_ttl_s))
+        except (RedisError, OSError) as err:
+            raise Unavailable(f"the response store is unavailable ({type(err).__name__}); the answer was not "
+                              "stored", code="store_unavailable") from None
 
     async def get(self, tenant: str, response_id: str, *, param: str = "response_id") -> dict[str, Any]:
         key = self._key(tenant, response_id)
-        raw = self._local.get(key) if self.redis is None else await self.redis.get(key)
+        try:
+            raw = self._local.get(key) if self.redis is None else await self.redis.get(key)
+        except (RedisError, OSError) as err:
+            raise Unavailable(f"the response store is unavailable ({type(err).__name__})",
+                              code="store_unavailable") from None
         if raw is None:
             raise NotFound(f"Response with id '{response_id[:128]}' not found.", param=param,
                            code="response_not_found")
