@@ -209,3 +209,21 @@ async def test_knowledge_calls_share_the_tenants_request_limit() -> None:
     assert third.status_code == 429, third.text
     assert third.json()["error"]["code"] == "rate_limit_exceeded"
     assert third.headers["x-ratelimit-limit-requests"] == "2"
+
+
+async def test_usage_with_its_store_down_is_a_503_not_a_500() -> None:
+    import json
+
+    import httpx
+
+    from goodput_gateway.__main__ import build
+
+    keys = json.dumps({"keys": [{"key": "k", "tenant": "acme"}]})
+    settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=keys, scheduler_addr="127.0.0.1:1",
+                               quota_redis_url=f"redis://127.0.0.1:{dead_port()}/0")
+    runner = build(settings, CollectorRegistry(), None)
+    transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw",
+                                 headers={"Authorization": "Bearer k"}) as client:
+        resp = await client.get("/v1/usage")
+    assert resp.status_code == 503 and resp.json()["error"]["code"] == "store_unavailable"

@@ -12,6 +12,7 @@ OpenAI's `x-ratelimit-*` headers for the caller's limits (:mod:`goodput_gateway.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 import uuid
@@ -24,10 +25,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CollectorRegistry
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from goodput_core.context import REQUEST_ID_HEADER, new_request_id, request_context
-from goodput_core.errors import GoodputError, InvalidArgument, NotFound, PermissionDenied
+from goodput_core.errors import GoodputError, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from goodput_core.metrics import metrics_response
 from goodput_core.priority import priority_name
 from goodput_core.sampling import TokenLogprob
@@ -51,6 +53,7 @@ from goodput_gateway.tools import calling, named, new_call_id, tool_calls
 
 __all__ = ["completion_body", "create_app", "error_response"]
 
+log = logging.getLogger("goodput.gateway.rest")
 PRIORITY_HEADER = "x-goodput-priority"
 SSE_HEADERS = {
     "Cache-Control": "no-cache, no-transform",
@@ -85,6 +88,13 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
     @app.exception_handler(GoodputError)
     async def _goodput_error(request: Request, err: GoodputError) -> JSONResponse:
         return error_response(err, request.headers.get(REQUEST_ID_HEADER))
+
+    @app.exception_handler(RedisError)
+    async def _store_error(request: Request, err: RedisError) -> JSONResponse:
+        # Usage, files, batches and jobs live in Redis: a Redis that is down is a 503 the client can retry.
+        log.warning("a store the gateway needs failed", extra={"error": repr(err), "path": request.url.path})
+        return error_response(Unavailable(f"a store this route needs is unavailable ({type(err).__name__})",
+                                          code="store_unavailable"), request.headers.get(REQUEST_ID_HEADER))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
