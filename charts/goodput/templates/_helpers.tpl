@@ -362,6 +362,8 @@ its settings (empty = the app's default queue). ctx: root, svc */}}
 {{ $p }}ENABLE_PREFIX_CACHING: {{ ternary "true" "false" $l.enablePrefixCaching | quote }}
 {{ $p }}QUANTIZATION: {{ $l.quantization | quote }}
 {{ $p }}SPECULATIVE_CONFIG: {{ ternary "" (toJson $l.speculativeConfig) (empty $l.speculativeConfig) | quote }}
+{{ $p }}TOOL_CALL_PARSER: {{ $l.toolCallParser | quote }}
+{{ $p }}TOOL_CHAT_TEMPLATE: {{ $l.toolChatTemplate | quote }}
 {{ $p }}SCHEDULING_POLICY: {{ $l.schedulingPolicy | quote }}
 {{ $p }}DTYPE: {{ $l.dtype | quote }}
 {{ $p }}KV_CACHE_DTYPE: {{ $l.kvCacheDtype | quote }}

@@ -357,8 +357,7 @@ WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "paramet
 
 
 @pytest.mark.parametrize("overrides,param,code", [
-    ({"tools": [WEATHER_TOOL]}, "tool_choice", "unsupported_value"),  # auto by default: no tool parser here
-    ({"tools": [WEATHER_TOOL], "tool_choice": "auto"}, "tool_choice", "unsupported_value"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": "auto", "logprobs": True}, "logprobs", "unsupported_value"),
     ({"tool_choice": "required"}, "tool_choice", "invalid_value"),  # no tools
     ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "invalid_value"),
@@ -370,6 +369,21 @@ WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "paramet
 async def test_bad_tools_are_refused_by_name(client: httpx.AsyncClient, overrides: dict[str, object], param: str,
                                              code: str) -> None:
     assert assert_openai_error(await post(client, chat(**overrides)), 400, param)["code"] == code
+
+
+@pytest.mark.parametrize("overrides", [{"tools": [WEATHER_TOOL]}, {"tools": [WEATHER_TOOL], "tool_choice": "auto"}])
+async def test_auto_tools_need_the_models_tool_parser(client: httpx.AsyncClient, overrides: dict[str, object]) -> None:
+    """tool_choice auto (the default with tools) is refused by name, before any quota or worker is spent, for a
+    model whose workers run no tool-call parser; it reaches the scheduler for one that does."""
+    from goodput_gateway.pipeline import ModelEntry
+
+    service = client._transport.app.state.goodput_service  # type: ignore[attr-defined]  # noqa: SLF001
+    service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
+    error = assert_openai_error(await post(client, chat(**overrides)), 400, "tool_choice")
+    assert error["code"] == "unsupported_value" and "parser" in str(error["message"])
+    service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1,  # noqa: SLF001
+                                                  tool_call_parser="pythonic")])
+    assert_openai_error(await post(client, chat(**overrides)), 503)  # admitted: the (absent) scheduler is next
 
 
 def test_tools_survive_a_parked_jobs_round_trip_and_shape_the_engines_request() -> None:

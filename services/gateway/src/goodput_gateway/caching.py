@@ -33,7 +33,7 @@ A hit replays as word pieces, then the original usage; its status is what the ``
     TextDelta(text=' is', logprobs=(), index=0, prompt_logprobs=())
     TextDelta(text=' useful', logprobs=(), index=0, prompt_logprobs=())
     TextDelta(text=' throughput.', logprobs=(), index=0, prompt_logprobs=())
-    StreamEnd(finish_reason='stop', prompt_tokens=5, completion_tokens=4, cached_tokens=0, finish_reasons=())
+    StreamEnd(finish_reason='stop', prompt_tokens=5, completion_tokens=4, cached_tokens=0, finish_reasons=(), tool_calls=())
     >>> CacheStatus("hit", layer="l2", similarity=0.9731).header()
     'hit; layer=l2; similarity=0.973'
     >>> CacheStatus("bypass", reason="no-store").header()
@@ -62,6 +62,7 @@ from goodput_gateway.metrics import StreamEnd, TextDelta
 from goodput_gateway.pipeline import ModelEntry
 from goodput_gateway.rag import Source
 from goodput_gateway.requests import GenerationRequest
+from goodput_gateway.tools import auto
 
 __all__ = ["CACHE_HEADER", "CacheStatus", "GatewayCache", "replay", "sources_of"]
 
@@ -150,9 +151,11 @@ class GatewayCache:
         if "no-cache" in directives:
             self.results.labels("bypass").inc()
             return CacheStatus("bypass", reason="no-cache", key=key), None
-        if request.sampling.temperature != 0 or request.sampling.logprobs is not None or request.sampling.n > 1:
+        if request.sampling.temperature != 0 or request.sampling.logprobs is not None or request.sampling.n > 1 \
+                or auto(request):
             # Only greedy answers are stored, so nothing could be found: no lookup, no store. Nor are answers with
-            # log probabilities (a stored answer keeps its text, not its tokens' probabilities).
+            # log probabilities (a stored answer keeps its text, not its tokens' probabilities), nor answers whose
+            # tools the model chose to call (a stored answer keeps its text, not the calls its parser read).
             self.results.labels("bypass").inc()
             return CacheStatus("bypass", reason="not reusable", store=False), None
         try:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -50,6 +51,7 @@ class StreamEnd:
     completion_tokens: int
     cached_tokens: int = 0  # of prompt_tokens, from the engine's prefix cache
     finish_reasons: tuple[str, ...] = ()  # with Sampling.n > 1: each answer's, by index
+    tool_calls: tuple[dict[str, Any], ...] = ()  # tool_choice auto: the calls the worker's parser read (OpenAI's)
 
 
 class GatewayMetrics:

@@ -17,6 +17,7 @@ Example (with a scheduler and its workers up, inside a coroutine)::
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -36,6 +37,7 @@ from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta
 from goodput_gateway.requests import Cost, GenerationRequest
+from goodput_gateway.tools import worker_tools
 
 __all__ = ["GenerationStream", "ModelEntry", "Pipeline", "StreamEnd", "StreamStart", "TextDelta"]
 
@@ -53,6 +55,7 @@ class ModelEntry:
     max_model_len: int
     model_version: str
     workers: int
+    tool_call_parser: str = ""  # what gives the model tool_choice "auto" (on every worker); empty = none
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,10 @@ class GenerationStream:
                     yield StreamEnd(finish_reason=_FINISH.get(f.finish_reason, "stop"),
                                     prompt_tokens=f.usage.prompt_tokens, completion_tokens=f.usage.completion_tokens,
                                     cached_tokens=f.usage.cached_tokens,
-                                    finish_reasons=tuple(_FINISH.get(r, "stop") for r in f.choice_finish_reasons))
+                                    finish_reasons=tuple(_FINISH.get(r, "stop") for r in f.choice_finish_reasons),
+                                    tool_calls=tuple({"id": c.id, "type": "function",
+                                                      "function": {"name": c.name, "arguments": c.arguments}}
+                                                     for c in f.tool_calls))
                     return
         finally:
             await self.aclose()
@@ -211,9 +217,12 @@ class Pipeline:
                 continue
             name = w.model.served_model_name
             prev = by_name.get(name)
+            # "auto" tools only where every worker of the model has a parser (a request may land on any of them)
+            parser = w.model.tool_call_parser if prev is None or prev.tool_call_parser == w.model.tool_call_parser \
+                else ""
             by_name[name] = ModelEntry(id=name, max_model_len=w.model.max_model_len,
                                        model_version=w.model.model_version,
-                                       workers=(prev.workers if prev else 0) + 1)
+                                       workers=(prev.workers if prev else 0) + 1, tool_call_parser=parser)
         models = sorted(by_name.values(), key=lambda m: m.id)
         self._models = (time.monotonic(), models)
         return models
@@ -290,10 +299,12 @@ class Pipeline:
 
     async def _start_worker(self, principal: Principal, req: GenerationRequest, lease: _Lease, *, request_id: str,
                             model: str, deadline: float) -> tuple[aio.UnaryStreamCall, StreamStart]:
+        tools, parallel = worker_tools(req)  # tool_choice auto: the worker's template and tool parser take them
         gen = inference_pb2.GenerateRequest(
             request_id=request_id, model=model, prompt=req.prompt, sampling=sampling_to_proto(req.sampling),
-            priority=cast(Any, req.priority), tenant=principal.tenant,
-            messages=[types_pb2.ChatMessage(role=m.role, content=m.content, name=m.name) for m in req.messages])
+            priority=cast(Any, req.priority), tenant=principal.tenant, tools=tools, parallel_tool_calls=parallel,
+            messages=[types_pb2.ChatMessage(role=m.role, content=m.content, name=m.name, tool_call_id=m.tool_call_id,
+                                            tool_calls=_calls_proto(m.tool_calls)) for m in req.messages])
         call = self._worker(lease.address).Generate(gen, timeout=max(deadline - time.monotonic(), 0.001))
         try:
             first = await call.read()
@@ -355,6 +366,12 @@ async def _release_call(call: aio.StreamStreamCall, release: scheduler_pb2.Relea
     await call.done_writing()
     while await call.read() is not aio.EOF:
         pass
+
+
+def _calls_proto(calls: str) -> list[types_pb2.ToolCall]:
+    """An assistant message's earlier calls (OpenAI's tool_calls JSON) for the worker's tool template."""
+    return [types_pb2.ToolCall(id=c.get("id", ""), name=c["function"]["name"], arguments=c["function"]["arguments"])
+            for c in json.loads(calls)] if calls else []
 
 
 class _WorkerLost(Exception):

@@ -132,6 +132,10 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
                               code="invalid_value")
     if s.n > 1 and req.tools:
         raise InvalidArgument("n > 1 with tools is not supported", param="n", code="unsupported_value")
+    if s.logprobs is not None and req.tools and json.loads(req.tools)["choice"] == "auto":
+        # the tool parser holds back text that may be a call; its tokens' logprobs would not match what streams
+        raise InvalidArgument("logprobs with tool_choice 'auto' is not supported", param="logprobs",
+                              code="unsupported_value")
     if len(s.logit_bias) > settings.max_logit_bias:
         raise InvalidArgument(f"logit_bias has {len(s.logit_bias)} entries; the limit is {settings.max_logit_bias}",
                               param="logit_bias", code="invalid_value")

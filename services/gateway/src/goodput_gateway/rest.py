@@ -274,12 +274,15 @@ def logprobs_json(tokens: Sequence[TokenLogprob], *, route: str, offset: int = 0
 
 
 def _choice(opened: Opened, index: int, text: str, finish: str, logprobs: Sequence[TokenLogprob], *,
-            route: str) -> dict[str, Any]:
+            route: str, chosen: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """One choice; ``chosen``: the calls a tool_choice auto answer made (the worker's parser read them)."""
     lp = logprobs_json(logprobs, route=route) if opened.request.sampling.logprobs is not None else None
     if route != "chat":
         return {"index": index, "text": text, "finish_reason": finish, "logprobs": lp}
-    calls = tool_calls(opened.request, text)
-    message: dict[str, Any] = ({"role": "assistant", "content": None, "tool_calls": calls} if calls
+    calls = list(chosen) or tool_calls(opened.request, text)
+    # a required/named answer's text is the call itself; an auto answer's is what the model said beside its calls
+    message: dict[str, Any] = ({"role": "assistant", "content": (text or None) if chosen else None,
+                                "tool_calls": calls} if calls
                                else {"role": "assistant", "content": text})
     return {"index": index, "message": message, "finish_reason": "tool_calls" if calls and finish == "stop" else finish,
             "logprobs": lp}
@@ -301,7 +304,8 @@ def completion_body(opened: Opened, text: str, end: StreamEnd, *, route: str, re
                   reasons[i] if i < len(reasons) else "stop") for i in range(n)]
     if opened.request.sampling.echo:  # completions: the prompt first
         parts = [(opened.request.prompt + t, [*prompt_logprobs, *lp], f) for t, lp, f in parts]
-    choices = [_choice(opened, i, t, f, lp, route=route) for i, (t, lp, f) in enumerate(parts)]
+    choices = [_choice(opened, i, t, f, lp, route=route, chosen=end.tool_calls if i == 0 else ())
+               for i, (t, lp, f) in enumerate(parts)]
     body = {"id": cid, "object": obj, "created": created, "model": opened.model, "choices": choices,
             "usage": _usage(end), "system_fingerprint": None}
     if opened.sources:  # RAG extension: the chunks the answer was grounded on, beside `choices`
@@ -386,6 +390,11 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
                         else:  # not a whole call (cut by max_tokens): the text as it came
                             yield _sse(chunk("".join(held), None))
                     if calls and finish == "stop":
+                        finish = "tool_calls"
+                elif event.tool_calls:  # tool_choice auto: the calls the model chose, each whole, after any text
+                    for i, call in enumerate(event.tool_calls):
+                        yield _sse(chunk(None, None, calls=[{"index": i, **call}]))
+                    if finish == "stop":
                         finish = "tool_calls"
                 yield _sse(chunk(None if route == "chat" else "", finish))
                 for i, reason in enumerate(event.finish_reasons[1:n], start=1):

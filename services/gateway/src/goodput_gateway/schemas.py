@@ -347,7 +347,7 @@ def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
         if req.tools:
             spec = json.loads(req.tools)
             body["tools"] = [{"type": "function", "function": f} for f in spec["functions"]]
-            body["tool_choice"] = (spec["choice"] if spec["choice"] in ("none", "required")
+            body["tool_choice"] = (spec["choice"] if spec["choice"] in ("none", "auto", "required")
                                    else {"type": "function", "function": {"name": spec["choice"]}})
             body["parallel_tool_calls"] = spec["parallel"]
     else:

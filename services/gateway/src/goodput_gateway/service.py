@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 
 from goodput_core.context import new_request_id, tenant_id_var
-from goodput_core.errors import GoodputError, ResourceExhausted, Unavailable, Unimplemented
+from goodput_core.errors import GoodputError, InvalidArgument, ResourceExhausted, Unavailable, Unimplemented
 from goodput_core.priority import priority_name
 from goodput_core.sampling import TokenLogprob
 
@@ -42,7 +42,7 @@ from goodput_gateway.pipeline import ModelEntry, Pipeline
 from goodput_gateway.quotas import Admission, Quotas, RateLimited
 from goodput_gateway.rag import Source, augment
 from goodput_gateway.requests import GenerationRequest, resolve_cost, validate
-from goodput_gateway.tools import apply_tools
+from goodput_gateway.tools import apply_tools, auto
 
 __all__ = ["Call", "Generation", "GatewayService", "Opened"]
 
@@ -216,6 +216,10 @@ class GatewayService:
         request = replace(asked, priority=principal.resolve_priority(asked.priority))
         validate(request, self.settings)
         model = await self.pipeline.resolve_model(request.model)
+        if auto(request) and not model.tool_call_parser:
+            raise InvalidArgument(f"tool_choice 'auto' (the default with tools) needs the model's tool-call parser, "
+                                  f"and {model.id!r} is served without one; use 'required' or a named function "
+                                  "(enforced for any model) or 'none'", param="tool_choice", code="unsupported_value")
         self.metrics.stage.labels("validate").observe(time.monotonic() - started)
         prio = priority_name(request.priority)
 

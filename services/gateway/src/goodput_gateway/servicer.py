@@ -72,8 +72,9 @@ def _calls_json(calls: Any) -> str:
                        for c in calls], sort_keys=True) if calls else ""
 
 
-def _tool_calls(opened: Opened, text: str) -> list[types_pb2.ToolCall]:
-    calls = tool_calls(opened.request, text) or []
+def _tool_calls(opened: Opened, text: str, end: StreamEnd) -> list[types_pb2.ToolCall]:
+    """The answer's calls: read from a ``required``/named answer, or those a tool_choice auto answer made."""
+    calls = list(end.tool_calls) or tool_calls(opened.request, text) or []
     return [types_pb2.ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
             for c in calls]
 
@@ -162,7 +163,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                     else:
                         yield gateway_pb2.GenerateStreamResponse(end=gateway_pb2.StreamEnd(
                             finish_reason=_FINISH[event.finish_reason], usage=_usage(event),
-                            tool_calls=_tool_calls(opened, "".join(parts))))
+                            tool_calls=_tool_calls(opened, "".join(parts), event)))
 
     async def Generate(self, request: gateway_pb2.GenerateRequest,
                        context: aio.ServicerContext) -> gateway_pb2.GenerateResponse:
@@ -186,7 +187,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                                 finish_reason=_FINISH[end.finish_reason], usage=_usage(end),
                                                 cache=_cache_info(opened), sources=_sources(opened),
                                                 logprobs=logprobs_to_proto(generation.logprobs),
-                                                tool_calls=_tool_calls(opened, text))
+                                                tool_calls=_tool_calls(opened, text, end))
 
     async def ListModels(self, request: gateway_pb2.ListModelsRequest,
                          context: aio.ServicerContext) -> gateway_pb2.ListModelsResponse:

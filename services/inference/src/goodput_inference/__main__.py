@@ -20,6 +20,7 @@ from goodput_inference.devmodel import SERVED_NAME, ensure_dev_model
 from goodput_inference.engine import Engine
 from goodput_inference.servicer import InferenceServicer, WorkerMetrics
 from goodput_inference.tenancy import CacheSalts
+from goodput_inference.tool_parsing import DEV_TEMPLATE, DEV_TOOL_PARSER
 
 
 async def serve() -> None:
@@ -34,13 +35,16 @@ async def serve() -> None:
     else:
         from goodput_inference.vllm_engine import VllmEngine
 
+        tool_parser, tool_template = None, None  # the settings'
         if s.model:
             model_dir, default_name = Path(s.model), Path(s.model).name
         else:
             data_dir = Path(s.data_dir) if s.data_dir else None
             model_dir, default_name = await asyncio.to_thread(ensure_dev_model, data_dir), SERVED_NAME
+            if not s.tool_call_parser and not s.tool_chat_template:  # the dev model's tool format (tool_parsing)
+                tool_parser, tool_template = DEV_TOOL_PARSER, DEV_TEMPLATE
         engine = VllmEngine(s, model_dir=model_dir, served_model_name=s.served_model_name or default_name,
-                            salts=salts)
+                            salts=salts, tool_call_parser=tool_parser, tool_chat_template=tool_template)
     worker_id = s.worker_id or f"{socket.gethostname()}:{s.grpc_port}"
     servicer = InferenceServicer(engine, worker_id=worker_id, metrics=WorkerMetrics(rt.registry, engine))
     runner = ServiceRunner(name="inference", settings=s, registry=rt.registry, provider=rt.provider)

@@ -48,6 +48,14 @@ class InferenceSettings(ServiceSettings):
         "auto", description="KV-cache dtype (vLLM's kv_cache_dtype); `auto` = the model's dtype.")
     kv_cache_space_gb: float = Field(1.0, gt=0, description="KV cache size on the CPU build (VLLM_CPU_KVCACHE_SPACE).")
     enforce_eager: bool = False
+    tool_call_parser: str = Field(
+        "", description="vLLM tool-call parser (hermes, llama3_json, pythonic, mistral...) that gives the model "
+                        "tool_choice `auto`, as vLLM's --tool-call-parser; empty = none (`auto` is refused by name). "
+                        "The dev model uses `pythonic` with a bundled template when this and tool_chat_template are "
+                        "both empty.")
+    tool_chat_template: str = Field(
+        "", description="Jinja chat template used for requests with tools (a file path), as vLLM's --chat-template "
+                        "for tool use; empty = the model's own template, which must then render `tools`.")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request leaves it at 0.")
     # --- prefix-cache isolation (goodput_inference.tenancy) ---
     cache_salt_key: SecretStr = Field(SecretStr(""), description="Key of the per-tenant prefix-cache salt (HMAC); "

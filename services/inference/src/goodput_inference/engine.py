@@ -13,7 +13,14 @@ from typing import Protocol
 from goodput_core.sampling import Sampling, TokenLogprob
 
 __all__ = ["ChatTurn", "Delta", "Engine", "Finished", "GenEvent", "GenRequest", "Load", "ModelDescription",
-           "Sampling", "Started"]
+           "Sampling", "Started", "ToolCall"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,8 @@ class ChatTurn:
     role: str
     content: str
     name: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's earlier calls (rendered by the tool chat template)
+    tool_call_id: str = ""  # a tool message: the call it answers
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,10 @@ class GenRequest:
     priority: int = 0  # 0 = unspecified, 1 = P0 (most urgent) ... 3 = P2
     model: str = ""
     tenant: str = ""  # whose prefix cache the prompt may reuse (goodput_inference.tenancy)
+    # tool_choice "auto": OpenAI's tools JSON array; the engine renders them with its tool chat template and reads
+    # the answer with its tool-call parser (refused without one)
+    tools: str = ""
+    parallel_tool_calls: bool = True
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,7 @@ class Finished:
     # Of prompt_tokens, those whose KV came from the prefix cache (their prefill was skipped); 0 without a hit.
     cached_tokens: int = 0
     reasons: tuple[str, ...] = ()  # with Sampling.n > 1: each answer's, by index
+    tool_calls: tuple[ToolCall, ...] = ()  # with GenRequest.tools: the calls read from the answer
 
 
 GenEvent = Started | Delta | Finished
@@ -70,6 +84,7 @@ class ModelDescription:
     engine: str
     model_version: str
     max_num_batched_tokens: int = 0  # the engine's per-step token budget (chunked prefill); 0 = unknown
+    tool_call_parser: str = ""  # what gives tool_choice "auto"; empty = none
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from goodput_core.context import request_context
 from goodput_core.errors import Unavailable
 from goodput_core.sampling import logprobs_to_proto, sampling_from_proto
 
-from goodput_inference.engine import ChatTurn, Delta, Engine, Finished, GenRequest, Started
+from goodput_inference.engine import ChatTurn, Delta, Engine, Finished, GenRequest, Started, ToolCall
 
 log = logging.getLogger("goodput.inference")
 
@@ -29,12 +29,16 @@ def to_gen_request(req: inference_pb2.GenerateRequest) -> GenRequest:
     sampling = sampling_from_proto(req.sampling)
     return GenRequest(
         request_id=req.request_id,
-        messages=tuple(ChatTurn(m.role, m.content, m.name) for m in req.messages),
+        messages=tuple(ChatTurn(m.role, m.content, m.name, tool_call_id=m.tool_call_id,
+                                tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls))
+                       for m in req.messages),
         prompt=req.prompt,
         sampling=sampling,
         priority=int(req.priority),
         model=req.model,
         tenant=req.tenant,
+        tools=req.tools,
+        parallel_tool_calls=req.parallel_tool_calls,
     )
 
 
@@ -141,7 +145,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                                 cached_tokens=event.cached_tokens)
                         yield inference_pb2.GenerateChunk(finished=inference_pb2.Finished(
                             finish_reason=_FINISH[event.reason], usage=usage,
-                            choice_finish_reasons=[_FINISH[r] for r in event.reasons]))
+                            choice_finish_reasons=[_FINISH[r] for r in event.reasons],
+                            tool_calls=[types_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments)
+                                        for c in event.tool_calls]))
             except Exception:
                 outcome = "error"
                 raise
@@ -165,4 +171,5 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.ModelInfo(served_model_name=d.served_model_name, model=d.model,
                                        max_model_len=d.max_model_len, max_prompt_tokens=d.max_prompt_tokens,
                                        engine=d.engine, model_version=d.model_version,
-                                       max_num_batched_tokens=d.max_num_batched_tokens)
+                                       max_num_batched_tokens=d.max_num_batched_tokens,
+                                       tool_call_parser=d.tool_call_parser)

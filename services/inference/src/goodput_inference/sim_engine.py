@@ -208,6 +208,9 @@ class SimEngine:
         if request.sampling.logprobs is not None:  # nor has it any probabilities to report
             raise InvalidArgument("the simulated engine does not implement logprobs", param="logprobs",
                                   code="unsupported_parameter")
+        if request.tools:  # nor a model that could choose to call a function
+            raise InvalidArgument("the simulated engine has no tool-call parser: tool_choice 'auto' is not "
+                                  "implemented", param="tool_choice", code="unsupported_value")
         text = self._text(request)
         prompt_tokens = max(1, math.ceil(len(text) / self.params.chars_per_token))
         if prompt_tokens > self._max_prompt_tokens():

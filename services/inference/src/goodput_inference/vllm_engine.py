@@ -31,6 +31,7 @@ from goodput_inference.config import InferenceSettings
 from goodput_inference.engine import Delta, Finished, GenEvent, GenRequest, Load, ModelDescription, Started
 from goodput_inference.gpu import GpuMonitor
 from goodput_inference.tenancy import CacheSalts
+from goodput_inference.tool_parsing import ToolReader, conversation, parse_tools
 
 log = logging.getLogger("goodput.inference.vllm")
 
@@ -80,8 +81,15 @@ class _SchedulerStatsSink:
 
 class VllmEngine:
     def __init__(self, settings: InferenceSettings, *, model_dir: Path, served_model_name: str,
-                 salts: CacheSalts | None = None) -> None:
+                 salts: CacheSalts | None = None, tool_call_parser: str | None = None,
+                 tool_chat_template: Path | None = None) -> None:
+        """``tool_call_parser`` / ``tool_chat_template`` default to the settings of the same name (the dev model
+        passes its own)."""
         self.settings = settings
+        self.tool_call_parser = settings.tool_call_parser if tool_call_parser is None else tool_call_parser
+        template = tool_chat_template or (Path(settings.tool_chat_template) if settings.tool_chat_template else None)
+        self._tool_template = template.read_text() if template is not None else None
+        self._tool_parser: Any = ToolReader.parser_class(self.tool_call_parser) if self.tool_call_parser else None
         self.model_dir = model_dir
         self.served_model_name = served_model_name
         self.salts = salts or CacheSalts.from_settings(settings)
@@ -170,6 +178,7 @@ class VllmEngine:
             engine=f"vllm {VLLM_VERSION}",
             model_version=self._model_version,
             max_num_batched_tokens=self._max_batched_tokens,
+            tool_call_parser=self.tool_call_parser,
         )
 
     def load(self) -> Load:
@@ -225,8 +234,13 @@ class VllmEngine:
             for turn in request.messages:
                 if turn.role not in _ROLES:
                     raise InvalidArgument(f"unknown role {turn.role!r}", param="messages")
-            conversation = [{"role": t.role, "content": t.content} for t in request.messages]
-            ids = self._tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+            if request.tools:  # tool_choice auto: the tool template renders the functions, calls and results
+                ids = self._tokenizer.apply_chat_template(
+                    conversation(request.messages), tools=parse_tools(request.tools),
+                    chat_template=self._tool_template, add_generation_prompt=True, tokenize=True)
+            else:
+                turns = [{"role": t.role, "content": t.content} for t in request.messages]
+                ids = self._tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
             if not isinstance(ids, list):  # transformers >= 5 returns a BatchEncoding
                 ids = list(ids["input_ids"])
             return [int(i) for i in ids]
@@ -282,6 +296,24 @@ class VllmEngine:
         except (ValueError, TypeError) as err:
             raise InvalidArgument(f"invalid sampling parameters: {err}", param="sampling") from None
 
+    def _tool_reader(self, request: GenRequest) -> ToolReader | None:
+        """tool_choice auto: a reader of the answer with the model's tool-call parser; refused without one."""
+        if not request.tools:
+            return None
+        if self._tool_parser is None:
+            raise InvalidArgument(f"tool_choice 'auto' needs a tool-call parser, and model {self.served_model_name!r} "
+                                  "has none configured (TOOL_CALL_PARSER); use 'required' or a named function",
+                                  param="tool_choice", code="unsupported_value")
+        if not request.messages:
+            raise InvalidArgument("tools need chat messages", param="tools", code="invalid_value")
+        s = request.sampling
+        for refused, param in ((s.n > 1, "n"), (s.logprobs is not None, "logprobs"), (s.structured, "response_format")):
+            if refused:
+                raise InvalidArgument(f"{param} cannot be combined with tool_choice 'auto'", param=param,
+                                      code="unsupported_value")
+        return ToolReader(self._tool_parser, self._tokenizer, parse_tools(request.tools),
+                          parallel=request.parallel_tool_calls)
+
     async def generate(self, request: GenRequest) -> AsyncIterator[GenEvent]:
         if not self._ready or self._engine is None:
             raise Unavailable("the engine is not ready (loading or draining)")
@@ -290,6 +322,7 @@ class VllmEngine:
                                   param="model", code="model_not_found")
         from vllm.inputs import TokensPrompt
 
+        reader = self._tool_reader(request)
         ids = self._prompt_ids(request)
         if len(ids) > self._max_prompt_tokens():
             raise InvalidArgument(
@@ -313,17 +346,24 @@ class VllmEngine:
                 for completion in out.outputs:  # one per answer with news (n > 1: several answers, by index)
                     completion_tokens += len(completion.token_ids)
                     logprobs = _logprobs(completion, params.logprobs) if params.logprobs is not None else ()
-                    if completion.text or logprobs:
-                        yield Delta(text=completion.text, completion_tokens=completion_tokens, logprobs=logprobs,
+                    text = completion.text if reader is None else reader.feed(completion.text,
+                                                                              completion.token_ids)
+                    if text or logprobs:
+                        yield Delta(text=text, completion_tokens=completion_tokens, logprobs=logprobs,
                                     index=completion.index)
                     if completion.finish_reason is not None:
                         reasons[completion.index] = "length" if completion.finish_reason == "length" else "stop"
                 if out.finished:
+                    calls: tuple[Any, ...] = ()
+                    if reader is not None:  # the answer read by the tool parser: held text, or its calls
+                        rest, calls = reader.finish()
+                        if rest:
+                            yield Delta(text=rest, completion_tokens=completion_tokens)
                     finished = True
                     self._finished += 1
                     yield Finished(reason=reasons[0], prompt_tokens=prompt_tokens,
                                    completion_tokens=completion_tokens, cached_tokens=_cached_tokens(out),
-                                   reasons=tuple(reasons) if len(reasons) > 1 else ())
+                                   reasons=tuple(reasons) if len(reasons) > 1 else (), tool_calls=calls)
         finally:
             self._inflight -= 1
             if not finished:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from goodput.common.v1 import types_pb2 as goodput_dot_common_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$goodput/inference/v1/inference.proto\x12\x14goodput.inference.v1\x1a\x1dgoodput/common/v1/types.proto\"\xea\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x30\n\x08messages\x18\x03 \x03(\x0b\x32\x1e.goodput.common.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x33\n\x08sampling\x18\x05 \x01(\x0b\x32!.goodput.common.v1.SamplingParams\x12-\n\x08priority\x18\x06 \x01(\x0e\x32\x1b.goodput.common.v1.Priority\x12\x0e\n\x06tenant\x18\x07 \x01(\t\"\xab\x01\n\rGenerateChunk\x12\x30\n\x07started\x18\x01 \x01(\x0b\x32\x1d.goodput.inference.v1.StartedH\x00\x12,\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x1b.goodput.inference.v1.DeltaH\x00\x12\x32\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x1e.goodput.inference.v1.FinishedH\x00\x42\x06\n\x04kind\"3\n\x07Started\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x11\n\tworker_id\x18\x02 \x01(\t\"\xac\x01\n\x05\x44\x65lta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x31\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1f.goodput.common.v1.TokenLogprob\x12\r\n\x05index\x18\x04 \x01(\x05\x12\x38\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x1f.goodput.common.v1.TokenLogprob\"\xab\x01\n\x08\x46inished\x12\x36\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12\'\n\x05usage\x18\x02 \x01(\x0b\x32\x18.goodput.common.v1.Usage\x12>\n\x15\x63hoice_finish_reasons\x18\x03 \x03(\x0e\x32\x1f.goodput.common.v1.FinishReason\"\x10\n\x0eGetLoadRequest\"\xb3\x01\n\nWorkerLoad\x12\x0f\n\x07running\x18\x01 \x01(\x05\x12\x0f\n\x07waiting\x18\x02 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x02\x12\x17\n\x0fgpu_utilization\x18\x04 \x01(\x02\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\x05\x12\x15\n\raborted_total\x18\x06 \x01(\x03\x12\x16\n\x0e\x66inished_total\x18\x07 \x01(\x03\x12\r\n\x05ready\x18\x08 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"\xae\x01\n\tModelInfo\x12\x19\n\x11served_model_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x19\n\x11max_prompt_tokens\x18\x04 \x01(\x05\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x15\n\rmodel_version\x18\x06 \x01(\t\x12\x1e\n\x16max_num_batched_tokens\x18\x07 \x01(\x05\x32\x94\x02\n\tInference\x12X\n\x08Generate\x12%.goodput.inference.v1.GenerateRequest\x1a#.goodput.inference.v1.GenerateChunk0\x01\x12Q\n\x07GetLoad\x12$.goodput.inference.v1.GetLoadRequest\x1a .goodput.inference.v1.WorkerLoad\x12Z\n\x0cGetModelInfo\x12).goodput.inference.v1.GetModelInfoRequest\x1a\x1f.goodput.inference.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$goodput/inference/v1/inference.proto\x12\x14goodput.inference.v1\x1a\x1dgoodput/common/v1/types.proto\"\x96\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x30\n\x08messages\x18\x03 \x03(\x0b\x32\x1e.goodput.common.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x33\n\x08sampling\x18\x05 \x01(\x0b\x32!.goodput.common.v1.SamplingParams\x12-\n\x08priority\x18\x06 \x01(\x0e\x32\x1b.goodput.common.v1.Priority\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\r\n\x05tools\x18\x08 \x01(\t\x12\x1b\n\x13parallel_tool_calls\x18\t \x01(\x08\"\xab\x01\n\rGenerateChunk\x12\x30\n\x07started\x18\x01 \x01(\x0b\x32\x1d.goodput.inference.v1.StartedH\x00\x12,\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x1b.goodput.inference.v1.DeltaH\x00\x12\x32\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x1e.goodput.inference.v1.FinishedH\x00\x42\x06\n\x04kind\"3\n\x07Started\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x11\n\tworker_id\x18\x02 \x01(\t\"\xac\x01\n\x05\x44\x65lta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x31\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1f.goodput.common.v1.TokenLogprob\x12\r\n\x05index\x18\x04 \x01(\x05\x12\x38\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x1f.goodput.common.v1.TokenLogprob\"\xdc\x01\n\x08\x46inished\x12\x36\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12\'\n\x05usage\x18\x02 \x01(\x0b\x32\x18.goodput.common.v1.Usage\x12>\n\x15\x63hoice_finish_reasons\x18\x03 \x03(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12/\n\ntool_calls\x18\x04 \x03(\x0b\x32\x1b.goodput.common.v1.ToolCall\"\x10\n\x0eGetLoadRequest\"\xb3\x01\n\nWorkerLoad\x12\x0f\n\x07running\x18\x01 \x01(\x05\x12\x0f\n\x07waiting\x18\x02 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x02\x12\x17\n\x0fgpu_utilization\x18\x04 \x01(\x02\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\x05\x12\x15\n\raborted_total\x18\x06 \x01(\x03\x12\x16\n\x0e\x66inished_total\x18\x07 \x01(\x03\x12\r\n\x05ready\x18\x08 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"\xc8\x01\n\tModelInfo\x12\x19\n\x11served_model_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x19\n\x11max_prompt_tokens\x18\x04 \x01(\x05\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x15\n\rmodel_version\x18\x06 \x01(\t\x12\x1e\n\x16max_num_batched_tokens\x18\x07 \x01(\x05\x12\x18\n\x10tool_call_parser\x18\x08 \x01(\t2\x94\x02\n\tInference\x12X\n\x08Generate\x12%.goodput.inference.v1.GenerateRequest\x1a#.goodput.inference.v1.GenerateChunk0\x01\x12Q\n\x07GetLoad\x12$.goodput.inference.v1.GetLoadRequest\x1a .goodput.inference.v1.WorkerLoad\x12Z\n\x0cGetModelInfo\x12).goodput.inference.v1.GetModelInfoRequest\x1a\x1f.goodput.inference.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,23 +33,23 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'goodput.inference.v1.infere
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=94
-  _globals['_GENERATEREQUEST']._serialized_end=328
-  _globals['_GENERATECHUNK']._serialized_start=331
-  _globals['_GENERATECHUNK']._serialized_end=502
-  _globals['_STARTED']._serialized_start=504
-  _globals['_STARTED']._serialized_end=555
-  _globals['_DELTA']._serialized_start=558
-  _globals['_DELTA']._serialized_end=730
-  _globals['_FINISHED']._serialized_start=733
-  _globals['_FINISHED']._serialized_end=904
-  _globals['_GETLOADREQUEST']._serialized_start=906
-  _globals['_GETLOADREQUEST']._serialized_end=922
-  _globals['_WORKERLOAD']._serialized_start=925
-  _globals['_WORKERLOAD']._serialized_end=1104
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1106
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1127
-  _globals['_MODELINFO']._serialized_start=1130
-  _globals['_MODELINFO']._serialized_end=1304
-  _globals['_INFERENCE']._serialized_start=1307
-  _globals['_INFERENCE']._serialized_end=1583
+  _globals['_GENERATEREQUEST']._serialized_end=372
+  _globals['_GENERATECHUNK']._serialized_start=375
+  _globals['_GENERATECHUNK']._serialized_end=546
+  _globals['_STARTED']._serialized_start=548
+  _globals['_STARTED']._serialized_end=599
+  _globals['_DELTA']._serialized_start=602
+  _globals['_DELTA']._serialized_end=774
+  _globals['_FINISHED']._serialized_start=777
+  _globals['_FINISHED']._serialized_end=997
+  _globals['_GETLOADREQUEST']._serialized_start=999
+  _globals['_GETLOADREQUEST']._serialized_end=1015
+  _globals['_WORKERLOAD']._serialized_start=1018
+  _globals['_WORKERLOAD']._serialized_end=1197
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1199
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1220
+  _globals['_MODELINFO']._serialized_start=1223
+  _globals['_MODELINFO']._serialized_end=1423
+  _globals['_INFERENCE']._serialized_start=1426
+  _globals['_INFERENCE']._serialized_end=1702
 # @@protoc_insertion_point(module_scope)
