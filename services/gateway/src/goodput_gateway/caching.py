@@ -28,12 +28,12 @@ A hit replays as word pieces, then the original usage; its status is what the ``
     >>> async def events() -> list[TextDelta | StreamEnd]:
     ...     return [event async for event in replay(hit)]
     >>> for event in asyncio.run(events()):
-    ...     print(event)
-    TextDelta(text='Goodput', logprobs=(), index=0, prompt_logprobs=())
-    TextDelta(text=' is', logprobs=(), index=0, prompt_logprobs=())
-    TextDelta(text=' useful', logprobs=(), index=0, prompt_logprobs=())
-    TextDelta(text=' throughput.', logprobs=(), index=0, prompt_logprobs=())
-    StreamEnd(finish_reason='stop', prompt_tokens=5, completion_tokens=4, cached_tokens=0, finish_reasons=(), tool_calls=())
+    ...     print(event.text if isinstance(event, TextDelta) else (event.finish_reason, event.completion_tokens))
+    Goodput
+     is
+     useful
+     throughput.
+    ('stop', 4)
     >>> CacheStatus("hit", layer="l2", similarity=0.9731).header()
     'hit; layer=l2; similarity=0.973'
     >>> CacheStatus("bypass", reason="no-store").header()
