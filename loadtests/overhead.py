@@ -286,7 +286,7 @@ async def run_level(clients: Clients, concurrency: int, jobs: list[tuple[str, in
 # ---- gateway-side stage timings ----------------------------------------------------------------------------------
 
 async def scrape_stages(http: httpx.AsyncClient) -> dict[str, tuple[float, float]] | None:
-    """(sum, count) of ``goodput_gateway_stage_seconds`` per stage from the gateway's /metrics; None if absent."""
+    """(sum, count) of ``goodput_gateway_hop_seconds`` per stage from the gateway's /metrics; None if absent."""
     try:
         from prometheus_client.parser import text_string_to_metric_families
 
@@ -296,7 +296,7 @@ async def scrape_stages(http: httpx.AsyncClient) -> dict[str, tuple[float, float
         return None
     out: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(resp.text):
-        if family.name != "goodput_gateway_stage_seconds":
+        if family.name != "goodput_gateway_hop_seconds":
             continue
         for s in family.samples:
             stage = s.labels.get("stage", "?")
@@ -511,7 +511,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                   f"{(lv['loadavg_before'] or ['?'])[0]} on {m.get('cores_usable')} cores.", ""]
         if lv["gateway_stage_mean_ms"]:
             stages = ", ".join(f"{k} {v:.2f} ms" for k, v in lv["gateway_stage_mean_ms"].items())
-            lines += [f"Gateway-side stage means (its own `goodput_gateway_stage_seconds`): {stages}.", ""]
+            lines += [f"Gateway-side stage means (its own `goodput_gateway_hop_seconds`): {stages}.", ""]
         errs = [e for path in PATHS for e in lv["paths"][path]["error_examples"]]
         if errs:
             lines += ["Errors seen: " + "; ".join(f"`{e}`" for e in errs), ""]

@@ -16,6 +16,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -61,6 +62,8 @@ def default_text(field: FieldInfo) -> str:
         return "empty"
     if isinstance(value, bool):
         return "`true`" if value else "`false`"
+    if isinstance(value, BaseModel):  # a structured setting: its defaults are documented where it is defined
+        return f"see `{type(value).__module__}`"
     if isinstance(value, list | tuple):
         return "`" + ",".join(str(v) for v in value) + "`"
     return f"`{value}`"

@@ -250,6 +250,7 @@ the kubelet probes the pod IP. */}}
 {{ $p }}MAX_MESSAGES: {{ include "goodput.num" $v.config.maxMessages | quote }}
 {{ $p }}MAX_BODY_BYTES: {{ include "goodput.num" $v.config.maxBodyBytes | quote }}
 {{ $p }}REQUEST_TIMEOUT_S: {{ include "goodput.num" $v.config.requestTimeoutSeconds | quote }}
+{{ $p }}LATENCY_PROFILE: {{ toJson ($v.config.latencyProfile | default dict) | quote }}
 {{- range $svc, $flag := dict "cache" "useCache" "retriever" "useRetriever" "embedder" "useEmbedder" }}
 {{- $on := and (index $v.config $flag) (index $.root.Values $svc).enabled }}
 {{ $p }}{{ upper $svc }}_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" $.root "svc" $svc)) "" $on | quote }}

@@ -35,6 +35,7 @@ from goodput_gateway.rest import create_app
 from goodput_gateway.service import GatewayService
 from goodput_gateway.servicer import GatewayServicer
 from goodput_gateway.tenants import TenantLabels
+from goodput_gateway.timing import TimingMetrics
 
 
 @dataclass
@@ -97,7 +98,8 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
                    if quota_url else None)
     meter = Meter(settings, redis=usage_redis, registry=registry, labels=labels)
     service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics, knowledge=knowledge,
-                             cache=cache, jobs=jobs, quotas=quotas, meter=meter)
+                             cache=cache, jobs=jobs, quotas=quotas, meter=meter,
+                             timing_metrics=TimingMetrics(registry, settings.latency_profile))
     return Wiring(service, channels, ResponseStore(settings, redis=usage_redis), usage_redis)
 
 

@@ -141,7 +141,8 @@ class GatewayCache:
             knowledge_base=request.knowledge_base)
 
     async def lookup(self, principal: Principal, request: GenerationRequest, model: ModelEntry, *,
-                     cache_control: str) -> tuple[CacheStatus, cache_pb2.LookupResponse | None]:
+                     cache_control: str,
+                     timeout_s: float | None = None) -> tuple[CacheStatus, cache_pb2.LookupResponse | None]:
         """What the cache did, and the cached answer on a hit. Never raises for the cache's own failures."""
         directives = _directives(cache_control)
         key = self.key_parts(principal, request, model)
@@ -160,7 +161,7 @@ class GatewayCache:
             return CacheStatus("bypass", reason="not reusable", store=False), None
         try:
             resp = await self.stub.Lookup(cache_pb2.LookupRequest(key=key, allow_semantic=self.settings.cache_semantic),
-                                          timeout=self.settings.cache_timeout_s)
+                                          timeout=timeout_s or self.settings.cache_timeout_s)
         except (grpc.RpcError, asyncio.TimeoutError) as err:
             self.results.labels("error").inc()
             code = err.code().name if isinstance(err, grpc.aio.AioRpcError) else type(err).__name__

@@ -6,6 +6,8 @@ from pydantic import Field
 
 from goodput_core.settings import ServiceSettings, service_config
 
+from goodput_gateway.profile import LatencyProfile
+
 
 class GatewaySettings(ServiceSettings):
     model_config = service_config("GOODPUT_GATEWAY_")
@@ -73,8 +75,15 @@ class GatewaySettings(ServiceSettings):
     max_embed_input_chars: int = Field(32_768, ge=1, description="Longest embeddings input, in characters.")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request does not set it "
                                                            "(capped by the context window).")
-    request_timeout_s: float = Field(300.0, gt=0, description="Deadline of a request end to end, unless the "
-                                                              "gRPC caller sets a shorter one.")
+    request_timeout_s: float = Field(300.0, gt=0, description="Longest deadline of any request end to end: a "
+                                                              "caller's (gRPC deadline, X-Goodput-Deadline-Ms or "
+                                                              "Request-Timeout-Ms header) or its class's is capped "
+                                                              "by it.")
+    latency_profile: LatencyProfile = Field(
+        default_factory=LatencyProfile,
+        description='Per class (P0, P1, P2): default deadline, stage budgets, SLO and degradation ladder, JSON '
+                    'overriding the defaults field by field, e.g. {"P0": {"deadline_s": 30, "budgets": '
+                    '{"cache_lookup": 0.05}, "slo": {"ttft_s": 1}}} (goodput_gateway.profile).')
     models_cache_s: float = Field(2.0, ge=0, description="How long the list of served models is reused.")
     worker_retry: bool = Field(True, description="Retry once on another worker when a worker fails before "
                                                  "the first token.")

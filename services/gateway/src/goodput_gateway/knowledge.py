@@ -84,9 +84,10 @@ class Knowledge:
         for ch in self._channels:
             await ch.close(grace=None)
 
-    async def _call(self, fn: Callable[..., Awaitable[Any]], request: Any) -> Any:
+    async def _call(self, fn: Callable[..., Awaitable[Any]], request: Any, *, timeout_s: float | None = None) -> Any:
         try:
-            return await fn(request, timeout=self.settings.knowledge_timeout_s)
+            return await fn(request, timeout=min(timeout_s or self.settings.knowledge_timeout_s,
+                                                 self.settings.knowledge_timeout_s))
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
@@ -107,7 +108,9 @@ class Knowledge:
         return await self._embedding.embed(texts, model=model)
 
     async def search(self, tenant: str, kb: str, query: str, *, top_k: int = 0, fusion: str = "",
-                     dense_weight: float | None = None, rerank: bool = False) -> retriever_pb2.SearchResponse:
+                     dense_weight: float | None = None, rerank: bool = False,
+                     timeout_s: float | None = None) -> retriever_pb2.SearchResponse:
+        """``timeout_s``: the caller's stage budget (capped by knowledge_timeout_s)."""
         check_length(kb, self.settings.max_name_chars, param="knowledge_base")
         check_length(query, self.settings.max_query_chars, param="query")
         if self._retrieval is None:
@@ -118,7 +121,7 @@ class Knowledge:
                                           fusion=_FUSION[fusion], rerank=rerank)
         if dense_weight is not None:
             req.dense_weight = dense_weight
-        return await self._call(self._retrieval.Search, req)
+        return await self._call(self._retrieval.Search, req, timeout_s=timeout_s)
 
     async def index(self, tenant: str, kb: str, documents: list[embedder_pb2.Document],
                     delete_ids: list[str]) -> embedder_pb2.IndexDocumentsResponse:

@@ -64,8 +64,9 @@ class GatewayMetrics:
                              buckets=ITL_BUCKETS, registry=registry)
         self.e2e = Histogram("goodput_gateway_e2e_seconds", "Request duration, arrival to last token.",
                              ["priority"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.stage = Histogram("goodput_gateway_stage_seconds", "Latency by pipeline stage.", ["stage"],
-                               buckets=LATENCY_BUCKETS, registry=registry)
+        self.stage = Histogram("goodput_gateway_hop_seconds", "Latency of the gateway's own steps (auth, validate, "
+                               "cache, retrieve, schedule); the per-class breakdown is goodput_gateway_stage_seconds.",
+                               ["stage"], buckets=LATENCY_BUCKETS, registry=registry)
         self.worker_failures = Counter("goodput_gateway_worker_failures_total",
                                        "Worker calls lost (before or after the first token).", ["phase"],
                                        registry=registry)

@@ -30,13 +30,14 @@ from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 
-from goodput_core.errors import GoodputError, InvalidArgument, Unavailable, from_rpc_error
+from goodput_core.errors import DeadlineExceeded, GoodputError, InvalidArgument, Unavailable, from_rpc_error
 from goodput_core.sampling import logprobs_from_proto, sampling_to_proto
 
 from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta
 from goodput_gateway.requests import Cost, GenerationRequest
+from goodput_gateway.timing import EngineTimes, Timeline
 from goodput_gateway.tools import worker_tools
 
 __all__ = ["GenerationStream", "ModelEntry", "Pipeline", "StreamEnd", "StreamStart", "TextDelta"]
@@ -80,8 +81,9 @@ class GenerationStream:
     :meth:`aclose` (always called, also after the last event) stops the worker call and releases the lease."""
 
     def __init__(self, pipeline: Pipeline, *, lease: _Lease, call: aio.UnaryStreamCall, start: StreamStart,
-                 arrived: float) -> None:
+                 arrived: float, timeline: Timeline | None = None) -> None:
         self.pipeline = pipeline
+        self._timeline = timeline
         self.start = start
         self._lease = lease
         self._call = call
@@ -104,6 +106,8 @@ class GenerationStream:
                     raise self._fail(Unavailable("the worker ended the stream without finishing"))
                 kind = chunk.WhichOneof("kind")
                 if kind == "delta":
+                    if self._timeline is not None:
+                        self._timeline.first_token()
                     if not self._ttft_s:
                         self._ttft_s = max(time.monotonic() - self._arrived, 1e-6)
                         self.pipeline.report_first_token(self._lease, self._ttft_s)
@@ -112,6 +116,14 @@ class GenerationStream:
                                     logprobs_from_proto(chunk.delta.prompt_logprobs))
                 elif kind == "finished":
                     f = chunk.finished
+                    if self._timeline is not None:
+                        self._timeline.first_token()  # an empty answer: its end is its first token
+                        self._timeline.last_token()
+                        self._timeline.completion_tokens = f.usage.completion_tokens
+                        if f.HasField("timing"):
+                            self._timeline.engine = EngineTimes(queued_s=f.timing.queued_s,
+                                                                prefill_s=f.timing.prefill_s,
+                                                                decode_s=f.timing.decode_s)
                     self._outcome = scheduler_pb2.OUTCOME_OK
                     self._prompt_tokens = f.usage.prompt_tokens or self._prompt_tokens
                     self._completion_tokens = f.usage.completion_tokens
@@ -242,18 +254,23 @@ class Pipeline:
     # ---- generation ------------------------------------------------------------------------------------------
 
     async def open(self, principal: Principal, request: GenerationRequest, cost: Cost, *, request_id: str,
-                   model: str, arrived: float, deadline: float) -> GenerationStream:
+                   model: str, arrived: float, deadline: float, max_queue_wait_s: float = 0.0,
+                   timeline: Timeline | None = None) -> GenerationStream:
         """Leases a worker for ``request`` (its priority resolved, its cost estimated) and starts generation;
         returns once the worker accepted the request, so errors surface before any response bytes are sent. A
         worker that fails before accepting is retried once on another (``worker_retry``)."""
         attempts = 2 if self.settings.worker_retry else 1
         for attempt in range(attempts):
             lease = await self._lease(principal, request, cost, request_id=request_id, model=model,
-                                      deadline=deadline)
+                                      deadline=deadline, max_queue_wait_s=max_queue_wait_s)
+            if timeline is not None:
+                timeline.mark("queue_wait")
             try:
+                if time.monotonic() >= deadline:  # granted too late: the worker is never called
+                    raise DeadlineExceeded("the request's deadline passed while it waited for a worker")
                 call, start = await self._start_worker(principal, request, lease, request_id=request_id,
                                                        model=model, deadline=deadline)
-                return GenerationStream(self, lease=lease, call=call, start=start, arrived=arrived)
+                return GenerationStream(self, lease=lease, call=call, start=start, arrived=arrived, timeline=timeline)
             except _WorkerLost as lost:
                 self.metrics.worker_failures.labels("before_first_token").inc()
                 self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
@@ -267,13 +284,14 @@ class Pipeline:
         raise Unavailable("no worker could take the request")
 
     async def _lease(self, principal: Principal, req: GenerationRequest, cost: Cost, *, request_id: str,
-                     model: str, deadline: float) -> _Lease:
+                     model: str, deadline: float, max_queue_wait_s: float = 0.0) -> _Lease:
         started = time.monotonic()
         call = self.scheduler.Lease(timeout=deadline - time.monotonic())
         admit = scheduler_pb2.Admit(request_id=request_id, tenant=principal.tenant, priority=cast(Any, req.priority),
                                     model=model, prompt_tokens_estimate=cost.prompt_tokens,
                                     max_tokens=cost.max_tokens, prefix_hint=req.prefix_hint(),
-                                    session_id=req.session_id, tenant_weight=principal.weight)
+                                    session_id=req.session_id, tenant_weight=principal.weight,
+                                    max_queue_wait_s=max_queue_wait_s)
         try:
             await call.write(scheduler_pb2.LeaseRequest(admit=admit))
             while True:

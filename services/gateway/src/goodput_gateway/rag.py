@@ -71,14 +71,14 @@ def context_budget(request: GenerationRequest, settings: GatewaySettings, max_mo
 
 
 async def augment(knowledge: Any, settings: GatewaySettings, *, tenant: str, request: GenerationRequest,
-                  max_model_len: int) -> tuple[GenerationRequest, list[Source]]:
+                  max_model_len: int, timeout_s: float | None = None) -> tuple[GenerationRequest, list[Source]]:
     """The request with the best chunks of ``request.knowledge_base`` in front, and the chunks used."""
     query = _query(request)
     if not query.strip():
         raise InvalidArgument("a RAG request needs a user message to search with", param="messages",
                               code="invalid_value")
     result = await knowledge.search(tenant, request.knowledge_base, query[:settings.rag_max_query_chars],
-                                    top_k=settings.rag_top_k)
+                                    top_k=settings.rag_top_k, **({"timeout_s": timeout_s} if timeout_s else {}))
     budget = context_budget(request, settings, max_model_len)
     sources: list[Source] = []
     parts: list[str] = []

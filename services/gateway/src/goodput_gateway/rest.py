@@ -181,10 +181,11 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
             return body.to_request(header_priority=request.headers.get(PRIORITY_HEADER),
                                    header_kb=request.headers.get(KB_HEADER))
 
-        call = Call(parse=parse_body, authorization=request.headers.get("authorization"), request_id=request_id,
-                    arrived=arrived, cache_control=request.headers.get("cache-control", ""))
         with request_context(request_id=request_id), trace.use_span(span, end_on_exit=False):
             try:
+                call = Call(parse=parse_body, authorization=request.headers.get("authorization"),
+                            request_id=request_id, arrived=arrived, timeout_s=deadline_header(request.headers),
+                            cache_control=request.headers.get("cache-control", ""))
                 generation = await service.open(call)
             except GoodputError as err:
                 service.metrics.requests.labels(route, str(err.http_status), "unspecified").inc()
@@ -208,14 +209,17 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
             with trace.use_span(span, end_on_exit=False):
                 async with generation:
                     text, end = await generation.collect()
+                body = completion_body(opened, text, end, route=route, logprobs=generation.logprobs,
+                                       answers=generation.answers, prompt_logprobs=generation.prompt_logprobs)
+                timeline = generation.timing()  # post-processing ends here: the body is built
         except GoodputError as err:
             span.set_status(Status(StatusCode.ERROR, err.message))
             return error_response(err, request_id)
         finally:
             span.end()
-        return JSONResponse(completion_body(opened, text, end, route=route, logprobs=generation.logprobs,
-                                            answers=generation.answers, prompt_logprobs=generation.prompt_logprobs),
-                            headers=headers)
+        if timeline is not None:  # where the time went, per stage (milliseconds)
+            headers[SERVER_TIMING_HEADER] = timeline.server_timing()
+        return JSONResponse(body, headers=headers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -286,6 +290,34 @@ def _choice(opened: Opened, index: int, text: str, finish: str, logprobs: Sequen
                                else {"role": "assistant", "content": text})
     return {"index": index, "message": message, "finish_reason": "tool_calls" if calls and finish == "stop" else finish,
             "logprobs": lp}
+
+
+SERVER_TIMING_HEADER = "Server-Timing"
+DEADLINE_HEADERS = ("x-goodput-deadline-ms", "request-timeout-ms")
+MAX_DEADLINE_MS = 86_400_000
+
+
+def deadline_header(headers: Any) -> float | None:
+    """The caller's deadline in seconds from ``X-Goodput-Deadline-Ms`` or ``Request-Timeout-Ms`` (the header
+    proposed for the openai SDK): milliseconds from arrival; the shorter when both are given; None when neither.
+
+    >>> deadline_header({"request-timeout-ms": "1500"}), deadline_header({})
+    (1.5, None)
+    """
+    found = []
+    for name in DEADLINE_HEADERS:
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            ms = float(raw)
+        except ValueError:
+            ms = float("nan")
+        if not 0 < ms <= MAX_DEADLINE_MS:  # NaN fails this too
+            raise InvalidArgument(f"{name} must be milliseconds, above 0 and at most {MAX_DEADLINE_MS}",
+                                  param=name, code="invalid_value")
+        found.append(ms / 1000)
+    return min(found) if found else None
 
 
 def completion_body(opened: Opened, text: str, end: StreamEnd, *, route: str, response_id: str = "",
@@ -396,12 +428,17 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
                         yield _sse(chunk(None, None, calls=[{"index": i, **call}]))
                     if finish == "stop":
                         finish = "tool_calls"
-                yield _sse(chunk(None if route == "chat" else "", finish))
-                for i, reason in enumerate(event.finish_reasons[1:n], start=1):
-                    yield _sse(chunk(None if route == "chat" else "", reason, index=i))
+                closing = [chunk(None if route == "chat" else "", finish)]
+                closing += [chunk(None if route == "chat" else "", reason, index=i)
+                            for i, reason in enumerate(event.finish_reasons[1:n], start=1)]
                 if opened.request.include_usage:
-                    yield _sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [],
-                                "usage": _usage(event)})
+                    closing.append({"id": cid, "object": obj, "created": created, "model": model, "choices": [],
+                                    "usage": _usage(event)})
+                timeline = generation.timing()
+                if timeline is not None:  # Goodput extension, on the last chunk: where the time went
+                    closing[-1]["goodput_timing"] = timeline.as_json(opened.profile)
+                for message in closing:
+                    yield _sse(message)
                 yield b"data: [DONE]\n\n"
     except GoodputError as err:
         # Headers are sent: the error travels as an SSE event (the openai SDK raises it as an APIError).

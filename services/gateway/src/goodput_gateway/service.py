@@ -25,8 +25,17 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 
+from opentelemetry import trace
+
 from goodput_core.context import new_request_id, tenant_id_var
-from goodput_core.errors import GoodputError, InvalidArgument, ResourceExhausted, Unavailable, Unimplemented
+from goodput_core.errors import (
+    DeadlineExceeded,
+    GoodputError,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    Unimplemented,
+)
 from goodput_core.priority import priority_name
 from goodput_core.sampling import TokenLogprob
 
@@ -39,13 +48,16 @@ from goodput_gateway.knowledge import Knowledge
 from goodput_gateway.metering import Meter, Usage
 from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta, timed
 from goodput_gateway.pipeline import ModelEntry, Pipeline
+from goodput_gateway.profile import ClassProfile, Deadline
 from goodput_gateway.quotas import Admission, Quotas, RateLimited
 from goodput_gateway.rag import Source, augment
 from goodput_gateway.requests import GenerationRequest, resolve_cost, validate
+from goodput_gateway.timing import Timeline, TimingMetrics
 from goodput_gateway.tools import apply_tools, auto
 
 __all__ = ["Call", "Generation", "GatewayService", "Opened"]
 
+_tracer = trace.get_tracer("goodput.gateway")
 log = logging.getLogger("goodput.gateway")
 
 
@@ -75,15 +87,19 @@ class Opened:
     sources: list[Source]  # RAG: the chunks put in the prompt
     cache: CacheStatus | None  # what the response cache did; None without a cache
     rate_limits: dict[str, str] = field(default_factory=dict)  # OpenAI's x-ratelimit-* values at admission
+    timeline: Timeline | None = None  # where the time went (goodput_gateway.timing); finished by the API layer
+    profile: ClassProfile | None = None  # the class's budgets and SLO (goodput_gateway.profile)
 
 
 class Generation:
     """An opened generation: ``opened``, then its events. Always closed (``async with`` or :meth:`aclose`):
     closing stops the worker call and releases the lease."""
 
-    def __init__(self, opened: Opened, events: AsyncGenerator[Opened | TextDelta | StreamEnd, None]) -> None:
+    def __init__(self, opened: Opened, events: AsyncGenerator[Opened | TextDelta | StreamEnd, None], *,
+                 timing_metrics: TimingMetrics | None = None) -> None:
         self.opened = opened
         self._events = events
+        self._timing_metrics = timing_metrics
         self.logprobs: list[TokenLogprob] = []  # filled by collect(): the first answer's tokens
         self.answers: dict[int, tuple[list[str], list[TokenLogprob]]] = {}  # collect(): every answer's, by index
         self.prompt_logprobs: list[TokenLogprob] = []  # collect(), with echo and logprobs: the prompt's tokens
@@ -116,6 +132,16 @@ class Generation:
     async def aclose(self) -> None:
         await self._events.aclose()
 
+    def timing(self) -> Timeline | None:
+        """The request's breakdown, its post-processing ended now; recorded (metrics, spans) on the first call."""
+        t, cls = self.opened.timeline, self.opened.profile
+        if t is None or cls is None or self._timing_metrics is None:
+            return t
+        if not any(stage == "post_processing" for stage, _ in t.marks):
+            t.mark("post_processing")
+        t.finish(self._timing_metrics, cls, self.opened.priority, tracer=_tracer)
+        return t
+
     async def __aenter__(self) -> Generation:
         return self
 
@@ -141,8 +167,9 @@ class GatewayService:
     def __init__(self, settings: GatewaySettings, *, keys: ApiKeyStore, pipeline: Pipeline,
                  metrics: GatewayMetrics, knowledge: Knowledge | None = None,
                  cache: GatewayCache | None = None, jobs: JobQueue | None = None, quotas: Quotas | None = None,
-                 meter: Meter | None = None) -> None:
+                 meter: Meter | None = None, timing_metrics: TimingMetrics | None = None) -> None:
         self.settings = settings
+        self.timing_metrics = timing_metrics or TimingMetrics(None, settings.latency_profile)
         self.keys = keys
         self.quotas = quotas or Quotas(settings, redis_url="")
         self.meter = meter or Meter(settings, redis=None)
@@ -198,14 +225,13 @@ class GatewayService:
             await events.aclose()
             raise
         assert isinstance(opened, Opened)
-        return Generation(opened, events)
+        return Generation(opened, events, timing_metrics=self.timing_metrics)
 
     async def generate(self, call: Call) -> AsyncGenerator[Opened | TextDelta | StreamEnd, None]:
         """One request, top to bottom: an :class:`Opened` event, then TextDelta events, then a StreamEnd."""
         arrived = call.arrived or time.monotonic()
         request_id = call.request_id or new_request_id()
-        timeout = min(call.timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
-        deadline = arrived + timeout
+        timeline = Timeline(arrived=arrived)
 
         # authenticate, before anything is parsed
         principal = call.principal or self.authenticate(call.authorization)
@@ -214,6 +240,10 @@ class GatewayService:
         started = time.monotonic()
         asked = await call.parse()
         request = replace(asked, priority=principal.resolve_priority(asked.priority))
+        # the deadline: the caller's (gRPC deadline, or a REST header), else its class's; never past the longest
+        cls = self.settings.latency_profile.of(request.priority)
+        timeout = min(call.timeout_s or cls.deadline_s, self.settings.request_timeout_s)
+        deadline = arrived + timeout
         validate(request, self.settings)
         model = await self.pipeline.resolve_model(request.model)
         if auto(request) and not model.tool_call_parser:
@@ -222,6 +252,7 @@ class GatewayService:
                                   "(enforced for any model) or 'none'", param="tool_choice", code="unsupported_value")
         self.metrics.stage.labels("validate").observe(time.monotonic() - started)
         prio = priority_name(request.priority)
+        timeline.mark("auth_parse")
 
         # quotas: the tenant's and the key's limits, before anything is spent (a refusal is a 429 with the limits)
         started = time.monotonic()
@@ -232,15 +263,22 @@ class GatewayService:
             self.meter.record(principal.tenant, model.id, Usage(refused=1))
             raise
         self.metrics.stage.labels("quota").observe(time.monotonic() - started)
+        timeline.mark("quota")
         tokens = _Tokens()
         admitted = self._admitted(call, principal, request, model, admission, tokens, request_id=request_id,
-                                  arrived=arrived, deadline=deadline, prio=prio)
+                                  arrived=arrived, deadline=Deadline(arrived, deadline), prio=prio,
+                                  timeline=timeline, cls=cls)
         try:
             async for event in admitted:
                 yield event
         except GoodputError as err:
             for name, value in admission.headers.items():  # a later refusal (shed, no worker) shows the limits too
                 err.headers.setdefault(name, value)
+            if isinstance(err, DeadlineExceeded):
+                self.timing_metrics.deadline_refusals.labels(
+                    prio, "predicted_late" if err.code == "deadline_unreachable" else "expired").inc()
+            elif err.code == "deadline_unreachable_now":
+                self.timing_metrics.deadline_refusals.labels(prio, "predicted_late").inc()
             raise
         finally:
             try:
@@ -249,8 +287,9 @@ class GatewayService:
                 self._account(principal, model.id, admission, tokens)  # whatever happened: the place goes back
 
     async def _admitted(self, call: Call, principal: Principal, request: GenerationRequest, model: ModelEntry,
-                        admission: Admission, tokens: _Tokens, *, request_id: str, arrived: float, deadline: float,
-                        prio: str) -> AsyncGenerator[Opened | TextDelta | StreamEnd, None]:
+                        admission: Admission, tokens: _Tokens, *, request_id: str, arrived: float,
+                        deadline: Deadline, prio: str, timeline: Timeline,
+                        cls: ClassProfile) -> AsyncGenerator[Opened | TextDelta | StreamEnd, None]:
         """The request once its quotas admitted it; ``tokens`` records what it used, for the accounting."""
         # what the engine sees: tools described and a call's schema enforced (the caller's request is what an
         # answer is shaped from and what a parked job stores)
@@ -258,27 +297,40 @@ class GatewayService:
         # cache lookup: a hit needs no retrieval and no worker
         status: CacheStatus | None = None
         if self.cache is not None:
+            deadline.check("cache_lookup")
             started = time.monotonic()
-            status, hit = await self.cache.lookup(principal, engine, model, cache_control=call.cache_control)
+            status, hit = await self.cache.lookup(principal, engine, model, cache_control=call.cache_control,
+                                                  timeout_s=deadline.cap(min(cls.budgets.cache_lookup,
+                                                                             self.settings.cache_timeout_s)))
             self.metrics.stage.labels("cache").observe(time.monotonic() - started)
+            timeline.mark("cache_lookup")
             if hit is not None:
                 tokens.cache_hit = True
                 tokens.saved = hit.usage.prompt_tokens + hit.usage.completion_tokens
                 yield Opened(request_id=request_id, tenant=principal.tenant, priority=request.priority, model=model.id,
                              worker_id="cache", request=request, sources=sources_of(hit), cache=status,
-                             rate_limits=admission.headers)
+                             rate_limits=admission.headers, timeline=timeline, profile=cls)
                 async for event in timed(replay(hit), self.metrics, priority=prio, arrived=arrived):
                     yield event
                 return
 
         # RAG: the knowledge base's best chunks in front of the conversation
-        grounded, sources = await self._retrieve(principal, engine, max_model_len=model.max_model_len)
+        if engine.knowledge_base:
+            deadline.check("retrieval")
+        grounded, sources = await self._retrieve(principal, engine, max_model_len=model.max_model_len,
+                                                 timeout_s=deadline.cap(cls.budgets.retrieval))
+        if engine.knowledge_base:
+            timeline.mark("retrieval")
 
         # cost, once, on the final prompt; then admission: the scheduler leases a worker (or sheds)
         final, cost = resolve_cost(grounded, self.settings, max_model_len=model.max_model_len)
+        timeline.mark("prompt_assembly")
+        deadline.check("admission")
         try:
             stream = await self.pipeline.open(principal, final, cost, request_id=request_id, model=model.id,
-                                              arrived=arrived, deadline=deadline)
+                                              arrived=arrived, deadline=deadline.deadline,
+                                              max_queue_wait_s=deadline.cap(cls.budgets.queue_wait),
+                                              timeline=timeline)
         except ResourceExhausted as err:
             await self._park(err, principal, request)  # batch work is parked, not lost (raises Parked)
             raise
@@ -288,7 +340,7 @@ class GatewayService:
             tokens.inference = True
             yield Opened(request_id=request_id, tenant=principal.tenant, priority=request.priority, model=model.id,
                          worker_id=stream.start.worker_id, request=request, sources=sources, cache=status,
-                         rate_limits=admission.headers)
+                         rate_limits=admission.headers, timeline=timeline, profile=cls)
             events = timed(stream.events(), self.metrics, priority=prio, arrived=arrived)
             if self.cache is not None and status is not None:
                 events = self.cache.storing(events, status, sources)
@@ -314,8 +366,8 @@ class GatewayService:
         outcome = "ok" if tokens.finished or tokens.cache_hit else "error" if not tokens.inference else "cancelled"
         self.meter.record(principal.tenant, model, usage, outcome=outcome)
 
-    async def _retrieve(self, principal: Principal, request: GenerationRequest, *,
-                        max_model_len: int) -> tuple[GenerationRequest, list[Source]]:
+    async def _retrieve(self, principal: Principal, request: GenerationRequest, *, max_model_len: int,
+                        timeout_s: float | None = None) -> tuple[GenerationRequest, list[Source]]:
         if not request.knowledge_base:
             return request, []
         if self.knowledge is None or not self.knowledge.retrieval_enabled:
@@ -323,7 +375,7 @@ class GatewayService:
                                 "with")
         started = time.monotonic()
         grounded = await augment(self.knowledge, self.settings, tenant=principal.tenant, request=request,
-                                 max_model_len=max_model_len)
+                                 max_model_len=max_model_len, timeout_s=timeout_s)
         self.metrics.stage.labels("retrieve").observe(time.monotonic() - started)
         return grounded
 

@@ -31,6 +31,7 @@ from goodput_gateway.tools import resolve, tool_calls
 
 __all__ = ["GatewayServicer", "from_proto"]
 
+TIMING_KEY = "goodput-timing"
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FINISH = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REASON_LENGTH,
            "abort": types_pb2.FINISH_REASON_ABORT}
@@ -161,6 +162,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                             yield gateway_pb2.GenerateStreamResponse(logprobs=gateway_pb2.TokenLogprobs(
                                 tokens=logprobs_to_proto(event.logprobs)))
                     else:
+                        timeline = generation.timing()
+                        if timeline is not None:  # where the time went: trailing metadata, with the others
+                            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *metadata,
+                                                           (TIMING_KEY, timeline.server_timing())))
                         yield gateway_pb2.GenerateStreamResponse(end=gateway_pb2.StreamEnd(
                             finish_reason=_FINISH[event.finish_reason], usage=_usage(event),
                             tool_calls=_tool_calls(opened, "".join(parts), event)))
@@ -183,6 +188,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             self._count("grpc", "OK", opened.priority)
             async with generation:
                 text, end = await generation.collect()
+            timeline = generation.timing()
+            if timeline is not None:  # where the time went, per stage (Server-Timing's format)
+                context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *metadata,
+                                               (TIMING_KEY, timeline.server_timing())))
             return gateway_pb2.GenerateResponse(request_id=request_id, model=opened.model, text=text,
                                                 finish_reason=_FINISH[end.finish_reason], usage=_usage(end),
                                                 cache=_cache_info(opened), sources=_sources(opened),

@@ -12,8 +12,8 @@ from typing import Protocol
 
 from goodput_core.sampling import Sampling, TokenLogprob
 
-__all__ = ["ChatTurn", "Delta", "Engine", "Finished", "GenEvent", "GenRequest", "Load", "ModelDescription",
-           "Sampling", "Started", "ToolCall"]
+__all__ = ["ChatTurn", "Delta", "Engine", "EngineTiming", "Finished", "GenEvent", "GenRequest", "Load",
+           "ModelDescription", "Sampling", "Started", "ToolCall"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,16 @@ class Delta:
 
 
 @dataclass(frozen=True)
+class EngineTiming:
+    """Where a request's time went inside the worker, in seconds (the engine's own timestamps)."""
+
+    preprocess_s: float = 0.0  # chat template, tokenization, validation: before the engine had it
+    queued_s: float = 0.0  # in the engine's queue, before its first scheduling
+    prefill_s: float = 0.0  # scheduled to first token
+    decode_s: float = 0.0  # first token to last token
+
+
+@dataclass(frozen=True)
 class Finished:
     reason: str  # "stop", "length" or "abort"
     prompt_tokens: int
@@ -70,6 +80,7 @@ class Finished:
     cached_tokens: int = 0
     reasons: tuple[str, ...] = ()  # with Sampling.n > 1: each answer's, by index
     tool_calls: tuple[ToolCall, ...] = ()  # with GenRequest.tools: the calls read from the answer
+    timing: EngineTiming | None = None  # None when the engine keeps no per-request timestamps
 
 
 GenEvent = Started | Delta | Finished

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import asdict
 
 from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
@@ -66,6 +68,8 @@ class WorkerMetrics:
             Gauge(name, doc, registry=registry).set_function(_load_reader(engine, attr))
         registry.register(_EngineInfo(engine))
         registry.register(_PrefixCache(engine))
+        self.busy = BusyClock()
+        registry.register(_Busy(self.busy))
 
 
 class _EngineInfo(Collector):
@@ -106,6 +110,49 @@ class _PrefixCache(Collector):
                                   "(their prefill was skipped).", value=load.prefix_cache_hits)
 
 
+class BusyClock:
+    """Engine-seconds with at least one request in the engine: the denominator of goodput per engine-second (and,
+    against the scheduler's queue, of the time the engine idled while work waited).
+
+    >>> now = iter([1.0, 3.0, 5.0, 6.0]).__next__
+    >>> busy = BusyClock(now=now)
+    >>> busy.enter(); busy.enter(); busy.leave(); busy.leave()  # two requests overlapping: busy from 1.0 to 3.0
+    >>> busy.seconds(), busy.enter(), busy.seconds()  # a third from 5.0, still running at 6.0
+    (2.0, None, 3.0)
+    """
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
+        self._active = 0
+        self._since = 0.0
+        self._total = 0.0
+
+    def enter(self) -> None:
+        if self._active == 0:
+            self._since = self._now()
+        self._active += 1
+
+    def leave(self) -> None:
+        self._active -= 1
+        if self._active == 0:
+            self._total += self._now() - self._since
+
+    def seconds(self) -> float:
+        return self._total + (self._now() - self._since if self._active else 0.0)
+
+
+class _Busy(Collector):
+    def __init__(self, busy: BusyClock) -> None:
+        self.busy = busy
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("goodput_worker_engine_busy_seconds", "Seconds the engine had at least one "
+                                  "request (goodput per engine-second divides by this).", value=self.busy.seconds())
+
+
 def _load_reader(engine: Engine, attr: str) -> Callable[[], float]:
     return lambda: float(getattr(engine.load(), attr))
 
@@ -124,6 +171,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         gen = to_gen_request(request)
         outcome = "aborted"
         with request_context(request_id=gen.request_id, tenant=gen.tenant or None):
+            self.metrics.busy.enter()
             try:
                 async for event in self.engine.generate(gen):
                     if isinstance(event, Delta):
@@ -147,11 +195,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                             finish_reason=_FINISH[event.reason], usage=usage,
                             choice_finish_reasons=[_FINISH[r] for r in event.reasons],
                             tool_calls=[types_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments)
-                                        for c in event.tool_calls]))
+                                        for c in event.tool_calls],
+                            timing=inference_pb2.EngineTiming(**asdict(event.timing)) if event.timing else None))
             except Exception:
                 outcome = "error"
                 raise
             finally:
+                self.metrics.busy.leave()
                 self.metrics.requests.labels(outcome).inc()
                 if outcome == "aborted":
                     log.info("generation aborted: the caller went away")

@@ -57,7 +57,16 @@ from typing import Any
 from goodput_core.errors import InvalidArgument, Unavailable
 
 from goodput_inference.config import InferenceSettings
-from goodput_inference.engine import Delta, Finished, GenEvent, GenRequest, Load, ModelDescription, Started
+from goodput_inference.engine import (
+    Delta,
+    EngineTiming,
+    Finished,
+    GenEvent,
+    GenRequest,
+    Load,
+    ModelDescription,
+    Started,
+)
 from goodput_inference.tenancy import CacheSalts
 
 log = logging.getLogger("goodput.inference.sim")
@@ -113,6 +122,9 @@ class _Seq:
     pinned: list[bytes] = field(default_factory=list)
     aborted: bool = False
     streamed: int = 0
+    queued_at: float = field(default_factory=time.monotonic)  # the engine's timestamps (EngineTiming)
+    scheduled_at: float = 0.0
+    first_at: float = 0.0
 
 
 class SimEngine:
@@ -307,6 +319,7 @@ class SimEngine:
             self._private_blocks += need
             self.prefix_hit_tokens += s.cached_tokens
             self.prompt_tokens_total += s.prompt_tokens
+            s.scheduled_at = time.monotonic()
             self._running.append(s)
 
     def _make_room(self, need: int) -> bool:
@@ -328,14 +341,20 @@ class SimEngine:
                 continue  # still prefilling (chunked)
             s.prefill_left = 0
             s.generated += 1
+            now = time.monotonic()
+            if s.generated == 1:
+                s.first_at = now
             done = s.generated >= s.max_tokens
             if s.generated == 1 or done or s.generated - s.streamed >= every:
                 n = s.generated - s.streamed
                 s.streamed = s.generated
                 s.events.put_nowait(Delta(text=" tok" * n, completion_tokens=s.generated))
             if done:
+                timing = EngineTiming(queued_s=max(s.scheduled_at - s.queued_at, 0.0),
+                                      prefill_s=max(s.first_at - s.scheduled_at, 0.0), decode_s=now - s.first_at)
                 s.events.put_nowait(Finished(reason="length", prompt_tokens=s.prompt_tokens,
-                                             completion_tokens=s.generated, cached_tokens=s.cached_tokens))
+                                             completion_tokens=s.generated, cached_tokens=s.cached_tokens,
+                                             timing=timing))
                 self._finished += 1
                 self._finish(s)
 

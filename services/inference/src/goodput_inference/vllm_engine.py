@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -28,7 +29,16 @@ from goodput_core.errors import InvalidArgument, Unavailable
 from goodput_core.sampling import TokenLogprob
 
 from goodput_inference.config import InferenceSettings
-from goodput_inference.engine import Delta, Finished, GenEvent, GenRequest, Load, ModelDescription, Started
+from goodput_inference.engine import (
+    Delta,
+    EngineTiming,
+    Finished,
+    GenEvent,
+    GenRequest,
+    Load,
+    ModelDescription,
+    Started,
+)
 from goodput_inference.gpu import GpuMonitor
 from goodput_inference.tenancy import CacheSalts
 from goodput_inference.tool_parsing import ToolReader, conversation, parse_tools
@@ -322,6 +332,7 @@ class VllmEngine:
                                   param="model", code="model_not_found")
         from vllm.inputs import TokensPrompt
 
+        entered = time.monotonic()
         reader = self._tool_reader(request)
         ids = self._prompt_ids(request)
         if len(ids) > self._max_prompt_tokens():
@@ -339,6 +350,7 @@ class VllmEngine:
             prompt = TokensPrompt(prompt_token_ids=ids, cache_salt=self.salts.salt(request.tenant))
             reasons = ["stop"] * max(params.n, 1)  # each answer's, as its last output says
             prompt_logprobs: tuple[TokenLogprob, ...] = ()
+            preprocess_s = time.monotonic() - entered
             async for out in self._engine.generate(prompt, params, request.request_id, priority=priority):
                 if params.prompt_logprobs is not None and not prompt_logprobs and out.prompt_logprobs:
                     prompt_logprobs = self._prompt_logprobs(ids, out.prompt_logprobs, params.prompt_logprobs)
@@ -363,7 +375,8 @@ class VllmEngine:
                     self._finished += 1
                     yield Finished(reason=reasons[0], prompt_tokens=prompt_tokens,
                                    completion_tokens=completion_tokens, cached_tokens=_cached_tokens(out),
-                                   reasons=tuple(reasons) if len(reasons) > 1 else (), tool_calls=calls)
+                                   reasons=tuple(reasons) if len(reasons) > 1 else (), tool_calls=calls,
+                                   timing=_timing(out, preprocess_s))
         finally:
             self._inflight -= 1
             if not finished:
@@ -393,6 +406,18 @@ def _logprobs(completion: Any, k: int) -> tuple[TokenLogprob, ...]:
                                 logprob=float(sampled.logprob) if sampled is not None else float("-inf"),
                                 top=tuple((c.decoded_token or "", float(c.logprob)) for c in top[:k])))
     return tuple(out)
+
+
+def _timing(out: Any, preprocess_s: float) -> EngineTiming:
+    """The request's time in the engine from vLLM's per-request timestamps (``RequestStateStats``: engine-core
+    monotonic times of queueing, first scheduling, first and last token); zeros where vLLM kept none."""
+    stats = getattr(out, "metrics", None)
+    queued, scheduled, first, last = (float(getattr(stats, name, 0.0) or 0.0) for name in
+                                      ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts"))
+    if not (queued and scheduled and first):
+        return EngineTiming(preprocess_s=preprocess_s)
+    return EngineTiming(preprocess_s=preprocess_s, queued_s=max(scheduled - queued, 0.0),
+                        prefill_s=max(first - scheduled, 0.0), decode_s=max(last - first, 0.0) if last else 0.0)
 
 
 def _cached_tokens(out: Any) -> int:

@@ -89,6 +89,15 @@ class SchedulerSettings(ServiceSettings):
                                                           "before that class is admitted again.")
     queue_saturation_s: float = Field(5.0, gt=0, description="Queued work worth this many seconds of the observed "
                                                              "drain rate counts as saturation 1.0.")
+    predict_deadlines: bool = Field(True, description="Refuse at once a request predicted not to finish before its "
+                                                      "deadline (queue wait plus its predicted service time): 504, "
+                                                      "or 429 + Retry-After when it would fit once the queue ahead "
+                                                      "has drained.")
+    predict_prefill_s_per_token: float = Field(0.0001, ge=0, description="Prior of the prefill time per prompt "
+                                                                         "token, until requests have finished.")
+    predict_tpot_s: float = Field(0.001, ge=0, description="Prior of the decode time per output token, until "
+                                                           "requests have finished (optimistic: nothing is refused "
+                                                           "for want of data).")
     kv_saturation: float = Field(0.9, gt=0, le=1, description="Mean KV-cache usage that counts as saturation 1.0.")
     gpu_saturation: float = Field(0.98, gt=0, le=1, description="Mean GPU utilisation that counts as saturation "
                                                                 "1.0 (ignored without GPUs).")

@@ -46,6 +46,7 @@ from goodput_scheduler.leasebook import Grant, Lease, LeaseBook
 from goodput_scheduler.metrics import SchedulerMetrics
 from goodput_scheduler.overload import DrainRate, OverloadDetector, retry_after_s
 from goodput_scheduler.placement import Decision, PlacementPipeline, PlacementRequest
+from goodput_scheduler.predict import ServiceTimePredictor
 from goodput_scheduler.queues import CLASSES, P0, P1, P2, ClassQueue, ClassQueues, Ticket
 from goodput_scheduler.registry import Worker, WorkerRegistry
 
@@ -70,6 +71,8 @@ class LeaseManager:
         self.queues = ClassQueues(settings)
         self.overload = OverloadDetector(settings)
         self.drain = DrainRate(clock=self.clock)
+        self.predictor = ServiceTimePredictor(prefill_s_per_token=settings.predict_prefill_s_per_token,
+                                              tpot_s=settings.predict_tpot_s)
         self.book = LeaseBook(on_change=self._inflight_changed)
         self.on_change: list[Callable[[], None]] = []  # after every change of the queues or the leases
         self._seq = itertools.count()
@@ -148,6 +151,8 @@ class LeaseManager:
         if deadline is not None and deadline <= now:
             self.metrics.shed.labels(label, "deadline").inc()
             raise DeadlineExceeded("the request's deadline passed before it was admitted")
+        if deadline is not None and self.settings.predict_deadlines:
+            self._refuse_if_late(req, prio, deadline, now)
         max_queue, timeout_s = self.queues.limits(prio)
         if prio == P0:
             self.guard.note_p0(now)
@@ -170,6 +175,31 @@ class LeaseManager:
         if not ticket.done:
             self._ensure_ticker()
         return ticket
+
+    def _refuse_if_late(self, req: PlacementRequest, prio: int, deadline: float, now: float) -> None:
+        """Seed 002's backpressure: a request predicted not to finish before its deadline is refused now, not
+        started and cut. DeadlineExceeded when it cannot finish in time even alone; ResourceExhausted with a
+        retry-after when only the queue ahead of it is in the way."""
+        label = priority_name(prio)
+        service = self.predictor.service_s(prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens)
+        tokens = self.predictor.expected_tokens(req.max_tokens)
+        left = deadline - now
+        if service > left:
+            self.metrics.shed.labels(label, "predicted_late").inc()
+            raise DeadlineExceeded(
+                f"the request is predicted to take {service:.2f} s ({tokens} tokens at "
+                f"{self.predictor.tpot_s * 1000:.1f} ms each, plus prefill) and its deadline is in {left:.2f} s",
+                code="deadline_unreachable")
+        ahead = self.queues.ahead(prio)
+        if ahead == 0:
+            return
+        wait = self.retry_after_s(prio)
+        if wait + service > left:
+            self.metrics.shed.labels(label, "predicted_late").inc()
+            raise ResourceExhausted(
+                f"the request would wait about {wait:.2f} s behind {ahead} queued and then take {service:.2f} s; its "
+                f"deadline is in {left:.2f} s: retry when the queue has drained", code="deadline_unreachable_now",
+                retry_after_s=wait)
 
     def _make_room(self, queue: ClassQueue, req: PlacementRequest, prio: int, max_queue: int) -> None:
         """The class queue is full: refuse the request, or (its tenant under its share) push out the newest request
@@ -331,12 +361,17 @@ class LeaseManager:
             self.guard.observe(ttft_s)
         self._dispatch()
 
-    def release(self, lease: Lease, outcome: int, *, ttft_s: float = 0.0) -> None:
+    def release(self, lease: Lease, outcome: int, *, ttft_s: float = 0.0, prompt_tokens: int = 0,
+                completion_tokens: int = 0) -> None:
         """Frees the lease's slot. ``ttft_s`` (the gateway's measured time to first token) feeds the latency
-        guard when the lease was P0 (unless :meth:`first_token` already did)."""
+        guard when the lease was P0 (unless :meth:`first_token` already did); with the tokens, a finished request
+        teaches the service-time predictor."""
         ttft_reported = not lease.prefilling  # first_token() already gave the guard this P0's TTFT
         if not self.book.close(lease):
             return
+        if outcome == scheduler_pb2.OUTCOME_OK and completion_tokens:
+            self.predictor.observe(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, ttft_s=ttft_s,
+                                   duration_s=self.clock.now() - lease.granted_at)
         if lease.priority == P0 and outcome == scheduler_pb2.OUTCOME_OK and not ttft_reported:
             self.guard.observe(ttft_s)
         now = self.clock.now()

@@ -61,7 +61,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise InvalidArgument("a lease starts with an `admit` message")
         a = first.admit
         remaining = context.time_remaining()
-        deadline = self.leases.clock.now() + remaining if remaining is not None else None
+        now = self.leases.clock.now()
+        deadline = now + remaining if remaining is not None else None
+        if a.max_queue_wait_s > 0:  # the class's queue-wait budget: waiting longer than it is a failure too
+            deadline = min(deadline, now + a.max_queue_wait_s) if deadline is not None else now + a.max_queue_wait_s
         req = PlacementRequest(request_id=a.request_id, tenant=a.tenant, priority=int(a.priority), model=a.model,
                                prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
                                prefix_hint=a.prefix_hint, session_id=a.session_id,
@@ -78,7 +81,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self.leases.abandon(ticket)
                 raise
             outcome = scheduler_pb2.OUTCOME_ABANDONED
-            ttft_s = 0.0
+            ttft_s, prompt_tokens, completion_tokens = 0.0, 0, 0
             try:
                 yield scheduler_pb2.LeaseEvent(granted=scheduler_pb2.Granted(
                     worker_id=lease.worker.worker_id, address=lease.worker.address, reason=lease.reason,
@@ -89,10 +92,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     elif msg.HasField("release"):
                         outcome = msg.release.outcome or scheduler_pb2.OUTCOME_OK
                         ttft_s = msg.release.ttft_s
+                        prompt_tokens, completion_tokens = msg.release.prompt_tokens, msg.release.completion_tokens
                         break
             finally:
                 # Runs on release, on a broken stream and on cancellation alike: capacity is never leaked.
-                self.leases.release(lease, outcome, ttft_s=ttft_s)
+                self.leases.release(lease, outcome, ttft_s=ttft_s, prompt_tokens=prompt_tokens,
+                                    completion_tokens=completion_tokens)
                 if outcome == scheduler_pb2.OUTCOME_ABANDONED:
                     log.info("lease abandoned: the gateway went away", extra={"worker": lease.worker.worker_id})
             yield scheduler_pb2.LeaseEvent(released=scheduler_pb2.Released())

@@ -62,16 +62,30 @@ class Delta(_message.Message):
     def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("finish_reason", "usage", "choice_finish_reasons", "tool_calls")
+    __slots__ = ("finish_reason", "usage", "choice_finish_reasons", "tool_calls", "timing")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FINISH_REASONS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
     finish_reason: _types_pb2.FinishReason
     usage: _types_pb2.Usage
     choice_finish_reasons: _containers.RepeatedScalarFieldContainer[_types_pb2.FinishReason]
     tool_calls: _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]
-    def __init__(self, finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., choice_finish_reasons: _Optional[_Iterable[_Union[_types_pb2.FinishReason, str]]] = ..., tool_calls: _Optional[_Iterable[_Union[_types_pb2.ToolCall, _Mapping]]] = ...) -> None: ...
+    timing: EngineTiming
+    def __init__(self, finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., choice_finish_reasons: _Optional[_Iterable[_Union[_types_pb2.FinishReason, str]]] = ..., tool_calls: _Optional[_Iterable[_Union[_types_pb2.ToolCall, _Mapping]]] = ..., timing: _Optional[_Union[EngineTiming, _Mapping]] = ...) -> None: ...
+
+class EngineTiming(_message.Message):
+    __slots__ = ("preprocess_s", "queued_s", "prefill_s", "decode_s")
+    PREPROCESS_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_S_FIELD_NUMBER: _ClassVar[int]
+    preprocess_s: float
+    queued_s: float
+    prefill_s: float
+    decode_s: float
+    def __init__(self, preprocess_s: _Optional[float] = ..., queued_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., decode_s: _Optional[float] = ...) -> None: ...
 
 class GetLoadRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,78 @@
+"""Seed 002's backpressure: a request predicted not to finish before its deadline is refused at once (504), or told
+when to come back (429 + retry-after) when only the queue ahead of it is in the way; it never reaches a worker.
+Its class's queue-wait budget (Admit.max_queue_wait_s) bounds how long it may wait."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from goodput.common.v1 import types_pb2
+
+from goodput_scheduler.predict import ServiceTimePredictor
+
+from .conftest import SchedulerHarness, scheduler_settings
+from .test_scheduler import open_lease
+
+P0 = types_pb2.PRIORITY_P0
+
+
+async def test_a_request_that_cannot_finish_in_time_is_refused_at_once(workers) -> None:  # type: ignore[no-untyped-def]
+    (a,) = await workers(1)
+    async with SchedulerHarness(scheduler_settings([a.address])) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # 400 tokens at >= 1 ms each, 100 ms to go
+            call, _ = await open_lease(h, "late", timeout=0.1, max_tokens=400, prompt_tokens_estimate=20)
+            await call.read()
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert dict(err.value.trailing_metadata() or ())["goodput-error-code"] == "deadline_unreachable"
+        assert h.metric("goodput_scheduler_shed_total", {"priority": "P0", "reason": "predicted_late"}) == 1
+        assert h.metric("goodput_scheduler_admissions_total", {"priority": "P0"}) == 0
+        ok, event = await open_lease(h, "fits", timeout=10, max_tokens=400)  # the same, with time: granted
+        assert event.HasField("granted")
+        ok.cancel()
+
+
+async def test_a_request_that_would_fit_later_is_told_when(workers) -> None:  # type: ignore[no-untyped-def]
+    (a,) = await workers(1)
+    settings = scheduler_settings([a.address], max_inflight_per_worker=1, shed_p2_at=100, shed_p1_at=100)
+    async with SchedulerHarness(settings) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        holder, _ = await open_lease(h, "hold", timeout=60, max_tokens=10)
+        queued, event = await open_lease(h, "queued", timeout=60, max_tokens=10, skip_queued=False)
+        assert event.HasField("queued")
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # it alone takes ~10 ms; behind the queue, ~2 s
+            call, _ = await open_lease(h, "later", timeout=1.5, max_tokens=10)
+            await call.read()
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        trailing = dict(err.value.trailing_metadata() or ())
+        assert trailing["goodput-error-code"] == "deadline_unreachable_now" and float(trailing["retry-after"]) >= 1
+        for c in (holder, queued):
+            c.cancel()
+
+
+async def test_the_queue_wait_budget_bounds_the_wait(workers) -> None:  # type: ignore[no-untyped-def]
+    (a,) = await workers(1)
+    settings = scheduler_settings([a.address], max_inflight_per_worker=1, shed_p2_at=100, shed_p1_at=100)
+    async with SchedulerHarness(settings) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        holder, _ = await open_lease(h, "hold", timeout=60, max_tokens=10)
+        waiting, event = await open_lease(h, "budgeted", timeout=60, max_tokens=10, max_queue_wait_s=2.0,
+                                          skip_queued=False)
+        assert event.HasField("queued")
+        await h.clock.advance(2.5)  # its budget (not its 60 s deadline) passes while it waits
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await waiting.read()
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert h.metric("goodput_scheduler_admissions_total", {"priority": "P0"}) == 1  # only the holder
+        holder.cancel()
+
+
+def test_the_predictor_learns_from_finished_requests() -> None:
+    p = ServiceTimePredictor(prefill_s_per_token=0.0001, tpot_s=0.001)
+    assert p.expected_tokens(400) == 400  # nothing seen yet: the caller's bound
+    for _ in range(30):  # 20-token answers at 50 ms a token
+        p.observe(prompt_tokens=50, completion_tokens=20, ttft_s=0.1, duration_s=0.1 + 19 * 0.05)
+    assert p.tpot_s == pytest.approx(0.05, rel=0.01) and p.expected_tokens(400) == 40
+    assert p.service_s(prompt_tokens=50, max_tokens=400) == pytest.approx(0.1 + 40 * 0.05, rel=0.02)
+    p.observe(prompt_tokens=50, completion_tokens=20, ttft_s=0, duration_s=1)  # no first token: ignored
+    assert p.observed == 30
