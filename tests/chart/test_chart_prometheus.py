@@ -270,10 +270,11 @@ def test_dashboard_queries_are_valid_promql(chart: Any, promtool: str, tmp_path:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-# The per-stage latency, budget, degradation, breaker and goodput metrics that the latency breakdown dashboard and the
-# goodput-latency-budgets alerts read, with their labels (besides namespace and pod, which the scrape adds). They are
-# defined in services/gateway and, for the engine's busy time, services/inference, not derived from them here (the
-# chart tests do not import the services): keep this list in step with those metrics.
+# The per-stage latency, budget, degradation, breaker, goodput and efficiency metrics that the latency breakdown
+# dashboard and the goodput-latency-budgets alerts read, with their labels (besides namespace and pod, which the scrape
+# adds). They are defined in services/gateway, services/inference (the engine's busy time, generated tokens and peak
+# token rate) and services/scheduler (idle while work waited), not derived from them here (the chart tests do not
+# import the services): keep this list in step with those metrics.
 LATENCY_METRICS = {
     "goodput_gateway_stage_seconds": ("stage", "priority"),
     "goodput_gateway_e2e_seconds": ("priority",),
@@ -287,6 +288,10 @@ LATENCY_METRICS = {
     "goodput_gateway_slo_requests_total": ("priority", "tenant", "model", "result"),
     "goodput_gateway_goodput_tokens_total": ("priority", "tenant", "model"),
     "goodput_worker_engine_busy_seconds_total": (),
+    "goodput_worker_generated_tokens_total": (),
+    "goodput_worker_peak_tokens_per_second": (),
+    "goodput_scheduler_idle_while_queued_seconds_total": ("priority",),
+    "goodput_scheduler_queued_with_idle_workers": (),
 }
 LATENCY_ALERTS = {
     "GoodputStageOverBudget",
@@ -300,9 +305,10 @@ _BY = re.compile(r"\b(?:by|on) \(([^)]*)\)")
 
 
 def _check_names_and_labels(promql: str) -> None:
-    """Every goodput_gateway_* / goodput_worker_* name the PromQL reads is a LATENCY_METRICS one, and every label it
-    matches or groups on is one of theirs (or le, namespace, pod)."""
-    names = {re.sub(r"_(?:bucket|sum|count)$", "", m) for m in re.findall(r"\bgoodput_(?:gateway|worker)_\w+", promql)}
+    """Every goodput_gateway_* / goodput_worker_* / goodput_scheduler_* name the PromQL reads is a LATENCY_METRICS one,
+    and every label it matches or groups on is one of theirs (or le, namespace, pod)."""
+    names = {re.sub(r"_(?:bucket|sum|count)$", "", m)
+             for m in re.findall(r"\bgoodput_(?:gateway|worker|scheduler)_\w+", promql)}
     assert names <= set(LATENCY_METRICS), names - set(LATENCY_METRICS)
     known = {"le", "namespace", "pod"} | {label for labels in LATENCY_METRICS.values() for label in labels}
     for name, matchers in _SELECTOR.findall(promql):
@@ -383,14 +389,17 @@ def _panel_expr(title: str) -> str:
 
 def test_latency_dashboard_queries_read_the_right_numbers(chart: Any, promtool: str, tmp_path: Path) -> None:
     # The queries whose vector matching only shows at evaluation: share of end-to-end time, p95 over a budget that
-    # two gateway replicas export, SLO attainment, goodput per engine-second over two workers, breakers. (Rounded:
-    # rate() extrapolation leaves float noise, and promtool compares exactly.)
+    # two gateway replicas export, SLO attainment, goodput per engine-second over two workers, breakers, engines idle
+    # while work waited, runtime efficiency per worker. (Rounded: rate() extrapolation leaves float noise, and
+    # promtool compares exactly.)
     queries = {
         "share": "Share of end-to-end time by stage ($priority)",
         "over_budget": "Stage p95 over its budget ($priority)",
         "attainment": "SLO attainment by class",
         "goodput_per_engine_second": "Goodput tokens per engine-second by tenant and model",
         "breakers": "Circuit breakers by dependency",
+        "idle_while_queued": "Engine idle while work waited",
+        "runtime_efficiency": "Runtime efficiency",
     }
     path = tmp_path / "latency-dashboard-rules.yaml"
     rules = [{"record": f"dashboard:{name}", "expr": _panel_expr(title)} for name, title in queries.items()]
@@ -433,6 +442,15 @@ def test_latency_dashboard_queries_read_the_right_numbers(chart: Any, promtool: 
                 series("goodput_gateway_breaker_state", 'dependency="retriever",pod="gw-a"', "2x20"),
                 series("goodput_gateway_breaker_state", 'dependency="retriever",pod="gw-b"', "0x20"),
                 series("goodput_gateway_breaker_state", 'dependency="cache",pod="gw-a"', "0x20"),
+                # Idle while work waited: 1.5 workers on average while P2 waited, none while P0 did.
+                series("goodput_scheduler_idle_while_queued_seconds_total", 'priority="P2",pod="sched-a"',
+                       "0+90x20"),
+                series("goodput_scheduler_idle_while_queued_seconds_total", 'priority="P0",pod="sched-a"', "0x20"),
+                # Runtime efficiency: inference-a makes 30 tokens/s against a peak of 60; inference-b has no peak yet.
+                series("goodput_worker_generated_tokens_total", 'pod="inference-a"', "0+1800x20"),
+                series("goodput_worker_peak_tokens_per_second", 'pod="inference-a"', "60x20"),
+                series("goodput_worker_generated_tokens_total", 'pod="inference-b"', "0+600x20"),
+                series("goodput_worker_peak_tokens_per_second", 'pod="inference-b"', "0x20"),
             ],
             "promql_expr_test": [
                 {"expr": "round(dashboard:share, 0.001)", "eval_time": "10m", "exp_samples": [
@@ -453,6 +471,13 @@ def test_latency_dashboard_queries_read_the_right_numbers(chart: Any, promtool: 
                 {"expr": "round(dashboard:breakers, 0.001)", "eval_time": "10m", "exp_samples": [
                     {"labels": '{dependency="retriever"}', "value": 2},
                     {"labels": '{dependency="cache"}', "value": 0},
+                ]},
+                {"expr": "round(dashboard:idle_while_queued, 0.001)", "eval_time": "10m", "exp_samples": [
+                    {"labels": '{priority="P2"}', "value": 1.5},
+                    {"labels": '{priority="P0"}', "value": 0},
+                ]},
+                {"expr": "round(dashboard:runtime_efficiency, 0.001)", "eval_time": "10m", "exp_samples": [
+                    {"labels": '{pod="inference-a"}', "value": 0.5},
                 ]},
             ],
         }],

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict
@@ -44,8 +46,15 @@ def to_gen_request(req: inference_pb2.GenerateRequest) -> GenRequest:
     )
 
 
+PEAK_WINDOW_S = 10.0  # goodput_worker_peak_tokens_per_second: the best rate sustained over this long
+
+
 class WorkerMetrics:
-    def __init__(self, registry: CollectorRegistry, engine: Engine) -> None:
+    """The worker's metrics. ``clock`` (monotonic seconds) times the engine's busy time and the token rate; tests
+    pass their own."""
+
+    def __init__(self, registry: CollectorRegistry, engine: Engine, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.requests = Counter("goodput_worker_requests_total", "Generate calls by outcome.", ["outcome"],
                                 registry=registry)
         self.prompt_tokens = Counter("goodput_worker_prompt_tokens_total", "Prompt tokens processed.",
@@ -68,8 +77,24 @@ class WorkerMetrics:
             Gauge(name, doc, registry=registry).set_function(_load_reader(engine, attr))
         registry.register(_EngineInfo(engine))
         registry.register(_PrefixCache(engine))
-        self.busy = BusyClock()
+        self.busy = BusyClock(now=clock)
         registry.register(_Busy(self.busy))
+        # Runtime efficiency: rate(goodput_worker_generated_tokens_total) over the best rate this worker has shown.
+        self.peak = PeakRate(window_s=PEAK_WINDOW_S, now=clock)
+        Gauge("goodput_worker_peak_tokens_per_second",
+              f"Highest output tokens per second the worker sustained over any {PEAK_WINDOW_S:g}-second window since "
+              "it started (tokens counted as they are generated, by each request's stream, aborted requests' too; "
+              "windows on whole seconds since start; 0 until the first window has passed). "
+              "rate(goodput_worker_generated_tokens_total) / this is the runtime efficiency.",
+              registry=registry).set_function(self.peak.rate)
+
+    def generated(self, tokens_so_far: int, counted: int) -> int:
+        """A request's stream reports ``tokens_so_far`` output tokens, ``counted`` of which the token rate has seen:
+        the rest count now. Returns what is counted for the request from now on."""
+        if tokens_so_far > counted:
+            self.peak.add(tokens_so_far - counted)
+            return tokens_so_far
+        return counted
 
 
 class _EngineInfo(Collector):
@@ -153,6 +178,69 @@ class _Busy(Collector):
                                   "request (goodput per engine-second divides by this).", value=self.busy.seconds())
 
 
+class PeakRate:
+    """The highest rate a growing count sustained over any ``window_s`` since start. The count is tallied in
+    ``step_s`` buckets as it grows; each time a bucket closes, the last ``window_s / step_s`` closed buckets are
+    summed, so every window of whole steps since start is looked at once, and only whole windows: the rate reads 0
+    until ``window_s`` has passed. No task samples anything: buckets close when the count grows or the rate is read,
+    on the clock ``now``. (A counter sampled at scrape time could not see a 10-second window, and one that grows when
+    requests finish would read a burst of completions as speed.)
+
+    >>> t = [0.0]
+    >>> peak = PeakRate(window_s=10, now=lambda: t[0])
+    >>> for second in range(30):   # 100 tokens a second for 10 s, 300 a second for 5 s, then nothing
+    ...     t[0] = second + 0.5
+    ...     peak.add(100 if second < 10 else 300 if second < 15 else 0)
+    >>> peak.rate()                # up to 29 s: the best 10 s were five at 100 and five at 300
+    200.0
+    >>> t[0] = 1000.0
+    >>> peak.add(50); peak.rate()  # an idle stretch and a little work change nothing
+    200.0
+    """
+
+    def __init__(self, *, window_s: float = 10.0, step_s: float = 1.0,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
+        self._step = step_s
+        self._slots = max(round(window_s / step_s), 1)
+        self.window_s = self._slots * step_s
+        self._start = now()
+        self._bucket = 0  # the open bucket: [start + bucket * step, start + (bucket + 1) * step)
+        self._open = 0
+        self._closed: collections.deque[int] = collections.deque()  # the last ``slots`` closed buckets
+        self._sum = 0  # of _closed
+        self._peak = 0  # the best sum of ``slots`` consecutive closed buckets
+        self._lock = threading.Lock()  # a scrape may read from another thread
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self._roll()
+            self._open += count
+
+    def rate(self) -> float:
+        """The best count per second over a whole window so far."""
+        with self._lock:
+            self._roll()
+            return self._peak / self.window_s
+
+    def _roll(self) -> None:
+        bucket = int((self._now() - self._start) // self._step)
+        if bucket <= self._bucket:
+            return
+        self._close(self._open)
+        for _ in range(min(bucket - self._bucket - 1, self._slots)):  # buckets in which nothing came
+            self._close(0)
+        self._bucket, self._open = bucket, 0
+
+    def _close(self, count: int) -> None:
+        self._closed.append(count)
+        self._sum += count
+        if len(self._closed) > self._slots:
+            self._sum -= self._closed.popleft()
+        if len(self._closed) == self._slots:
+            self._peak = max(self._peak, self._sum)
+
+
 def _load_reader(engine: Engine, attr: str) -> Callable[[], float]:
     return lambda: float(getattr(engine.load(), attr))
 
@@ -170,11 +258,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             raise Unavailable("worker is draining")
         gen = to_gen_request(request)
         outcome = "aborted"
+        counted = 0  # of this request's output tokens, those the peak token rate has seen
         with request_context(request_id=gen.request_id, tenant=gen.tenant or None):
             self.metrics.busy.enter()
             try:
                 async for event in self.engine.generate(gen):
                     if isinstance(event, Delta):
+                        counted = self.metrics.generated(event.completion_tokens, counted)
                         yield inference_pb2.GenerateChunk(delta=inference_pb2.Delta(
                             text=event.text, completion_tokens=event.completion_tokens,
                             logprobs=logprobs_to_proto(event.logprobs), index=event.index,
@@ -185,6 +275,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                             prompt_tokens=event.prompt_tokens, worker_id=self.worker_id))
                     elif isinstance(event, Finished):
                         outcome = "finished"
+                        counted = self.metrics.generated(event.completion_tokens, counted)
                         self.metrics.generated_tokens.inc(event.completion_tokens)
                         self.metrics.cached_prompt_tokens.inc(event.cached_tokens)
                         usage = types_pb2.Usage(prompt_tokens=event.prompt_tokens,

@@ -15,6 +15,8 @@
 * What each grant holds on its worker is booked in :mod:`~goodput_scheduler.leasebook`, the one owner of a
   worker's counters.
 * ``queue_policy=fifo`` replaces the classes with one arrival-order queue (a baseline for benchmarks).
+* Worker-seconds in which a healthy worker had room while a request it could serve waited are counted in
+  :mod:`~goodput_scheduler.efficiency`, updated at each change below (what counts, held back on purpose included).
 
 Time comes from an injected :class:`~goodput_scheduler.clock.Clock`.
 
@@ -41,11 +43,12 @@ from goodput_core.priority import priority_name
 
 from goodput_scheduler.clock import Clock, SystemClock
 from goodput_scheduler.config import SchedulerSettings
+from goodput_scheduler.efficiency import IdleWhileQueued
 from goodput_scheduler.guard import LatencyGuard
 from goodput_scheduler.leasebook import Grant, Lease, LeaseBook
 from goodput_scheduler.metrics import SchedulerMetrics
 from goodput_scheduler.overload import DrainRate, OverloadDetector, retry_after_s
-from goodput_scheduler.placement import Decision, PlacementPipeline, PlacementRequest
+from goodput_scheduler.placement import Decision, HasCapacity, PlacementPipeline, PlacementRequest
 from goodput_scheduler.predict import ServiceTimePredictor
 from goodput_scheduler.queues import CLASSES, P0, P1, P2, ClassQueue, ClassQueues, Ticket
 from goodput_scheduler.registry import Worker, WorkerRegistry
@@ -74,6 +77,12 @@ class LeaseManager:
         self.predictor = ServiceTimePredictor(prefill_s_per_token=settings.predict_prefill_s_per_token,
                                               tpot_s=settings.predict_tpot_s)
         self.book = LeaseBook(on_change=self._inflight_changed)
+        # the room placement gives P0 (the has_capacity filter's cap and KV limit; the settings' without one)
+        cap = next((f for f in pipeline.filters if isinstance(f, HasCapacity)), None)
+        self.efficiency = IdleWhileQueued(
+            now=self.clock.now, workers=registry.all,
+            max_inflight=cap.max_inflight if cap is not None else settings.max_inflight_per_worker,
+            kv_full=cap.kv_full if cap is not None else settings.kv_full)
         self.on_change: list[Callable[[], None]] = []  # after every change of the queues or the leases
         self._seq = itertools.count()
         self._ticker: asyncio.Task[None] | None = None
@@ -91,6 +100,8 @@ class LeaseManager:
         m.guard_limit.set_function(lambda: min(self.guard.current(), 1e9))
         m.p0_ttft_target.set_function(lambda: self.guard.target() or 0.0)
         m.p0_ready_workers.set_function(lambda: float(self.guard.p0_reserve()))
+        m.idle_while_queued.set_function(self.efficiency.seconds)
+        m.queued_with_idle_workers.set_function(lambda: float(self.efficiency.active))
 
     def _depth_reader(self, prio: int) -> Callable[[], float]:
         return lambda: float(self.queued(prio))
@@ -105,6 +116,7 @@ class LeaseManager:
         self.metrics.inflight.labels(worker.worker_id).set(worker.inflight)
 
     def _notify(self) -> None:
+        self.efficiency.update()  # first: the time since the last change is added with the state before this one
         for cb in self.on_change:
             cb()
 
@@ -171,6 +183,7 @@ class LeaseManager:
         ticket = Ticket(request=req, priority=prio, deadline=effective, call_deadline=deadline, enqueued_at=now,
                         seq=next(self._seq), future=asyncio.get_running_loop().create_future())
         queue.push(ticket)
+        self.efficiency.queued(prio, model=req.model)
         self._dispatch()
         if not ticket.done:
             self._ensure_ticker()
@@ -215,7 +228,7 @@ class LeaseManager:
             self.metrics.shed.labels(label, "tenant_share").inc()
             raise ResourceExhausted(f"tenant {full.tenant}'s share of the {label} queue is full ({full.held} of "
                                     f"{max_queue} places)", code="queue_full", retry_after_s=self.retry_after_s(prio))
-        queue.remove(full.gives_way)
+        self._unqueue(full.gives_way)
         self._fail(full.gives_way, "tenant_share", ResourceExhausted(
             f"tenant {full.tenant} holds more than its share of the {label} queue ({full.held} of {max_queue} "
             f"places; its share is {full.share:.3g}): its newest waiting request gave its place to another "
@@ -237,8 +250,7 @@ class LeaseManager:
     def abandon(self, ticket: Ticket) -> None:
         """The caller went away before taking its grant: leave the queue, or give back a grant made meanwhile.
         Idempotent; a no-op once the grant became a lease (release that instead)."""
-        if ticket.queue is not None:
-            ticket.queue.remove(ticket)
+        self._unqueue(ticket)
         if not ticket.future.done():
             ticket.future.cancel()
             self._notify()
@@ -269,17 +281,28 @@ class LeaseManager:
                 ticket = queue.peek()
                 assert ticket is not None
                 if ticket.done:  # cancelled while queued
-                    queue.pop_head()
+                    self._pop_head(queue)
                     continue
                 if ticket.deadline is not None and now >= ticket.deadline:
-                    queue.pop_head()
+                    self._pop_head(queue)
                     self._drop_expired(ticket)
                     continue
                 decision = self.pipeline.place(ticket.request, workers)
                 if decision is None:
                     return
-                queue.pop_head()
+                self._pop_head(queue)
                 self._grant(ticket, decision, now)
+
+    def _pop_head(self, queue: ClassQueue) -> Ticket:
+        """Takes the head out of its queue (its tenant goes to the back of the turn)."""
+        ticket = queue.pop_head()
+        self.efficiency.left(ticket.priority, model=ticket.request.model)
+        return ticket
+
+    def _unqueue(self, ticket: Ticket) -> None:
+        """Takes the ticket out of its queue, wherever it is; a no-op once it left."""
+        if ticket.queue is not None and ticket.queue.remove(ticket):
+            self.efficiency.left(ticket.priority, model=ticket.request.model)
 
     def _grant(self, ticket: Ticket, decision: Decision, now: float) -> None:
         grant: Grant = self.book.hold(decision, ticket.request, ticket.priority)
@@ -314,12 +337,12 @@ class LeaseManager:
         for queue in self.queues:
             for ticket in list(queue):
                 if ticket.done:
-                    queue.remove(ticket)
+                    self._unqueue(ticket)
                 elif ticket.deadline is not None and now >= ticket.deadline:
-                    queue.remove(ticket)
+                    self._unqueue(ticket)
                     self._drop_expired(ticket)
                 elif no_worker and now - ticket.enqueued_at >= self.settings.no_worker_wait_s:
-                    queue.remove(ticket)
+                    self._unqueue(ticket)
                     self._fail(ticket, "no_worker", Unavailable(
                         "no healthy inference worker is available",
                         retry_after_s=self.settings.health_interval_s * 2))
@@ -345,7 +368,7 @@ class LeaseManager:
             self._ticker.cancel()
         for queue in self.queues:
             for ticket in list(queue):
-                queue.remove(ticket)
+                self._unqueue(ticket)
                 if not ticket.done:
                     ticket.future.set_exception(Unavailable("the scheduler is shutting down", retry_after_s=1.0))
         self._notify()

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from goodput_core.metrics import LATENCY_BUCKETS
 
@@ -13,7 +18,7 @@ __all__ = ["SchedulerMetrics"]
 
 class SchedulerMetrics:
     """Every metric the scheduler exports (names are part of its contract: dashboards, alerts and the HPA read
-    them). Gauges that read live state are bound by the lease manager."""
+    them). Gauges that read live state, and the idle-while-queued counter, are bound by the lease manager."""
 
     def __init__(self, registry: CollectorRegistry, workers: WorkerRegistry) -> None:
         self.registry = registry
@@ -48,6 +53,42 @@ class SchedulerMetrics:
                                       "workers).", registry=registry)
         self.drain_rate = Gauge("goodput_scheduler_drain_rate", "Leases released per second (recent window).",
                                 registry=registry)
+        # Scheduling-level waste (goodput_scheduler.efficiency): engine room left unused while work waited.
+        self.idle_while_queued = _BoundCounter(
+            "goodput_scheduler_idle_while_queued_seconds",
+            "Worker-seconds in which a healthy worker had room (fewer leases than max_inflight_per_worker and, once "
+            "it holds one, a KV cache below kv_full) while a request it could serve (its model, or none named) "
+            "waited in a queue; by the most urgent class waiting, each worker-second counted once. Requests held "
+            "back on purpose count too: P1/P2 by the class shares of the cap kept for P0, the latency guard and the "
+            "prefill gate, and any class behind a more urgent one (strict priority). Nothing holds P0 back from a "
+            "worker with room, so P0 worker-seconds are waste (head-of-line blocking, or the fifo policy).",
+            "priority")
+        registry.register(self.idle_while_queued)
+        self.queued_with_idle_workers = Gauge(
+            "goodput_scheduler_queued_with_idle_workers", "1 while a healthy worker has room and a request it could "
+            "serve waits (what goodput_scheduler_idle_while_queued_seconds_total counts), else 0.",
+            registry=registry)
         workers_gauge = Gauge("goodput_scheduler_workers", "Workers by state.", ["state"], registry=registry)
         workers_gauge.labels("healthy").set_function(lambda: len(workers.healthy()))
         workers_gauge.labels("unhealthy").set_function(lambda: len(workers.all()) - len(workers.healthy()))
+
+
+class _BoundCounter(Collector):
+    """A counter with one label whose values live state computes at scrape time (bound like a gauge's
+    ``set_function``): an integral over time that is exact whenever it is read, not only after the last change."""
+
+    def __init__(self, name: str, documentation: str, label: str) -> None:
+        self.name, self.documentation, self.label = name, documentation, label
+        self._read: Callable[[], Mapping[str, float]] = dict
+
+    def set_function(self, read: Callable[[], Mapping[str, float]]) -> None:
+        self._read = read
+
+    def describe(self) -> list[Metric]:
+        return [CounterMetricFamily(self.name, self.documentation, labels=[self.label])]
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, total in self._read().items():
+            family.add_metric([value], total)
+        yield family
