@@ -4,6 +4,7 @@ sources it was grounded on (REST streaming and not, and gRPC)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import grpc
@@ -147,3 +148,32 @@ def test_goodput_index_and_search_commands(platform: Platform, tmp_path) -> None
     r = CliRunner().invoke(app, ["search", "when does the ferry leave", "--json", *common])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["data"][0]["document_id"] == "guide.md"
+
+
+def test_a_rag_request_short_of_time_takes_the_ladders_rag_step_and_says_so(platform: Platform, kb: str) -> None:
+    """Its deadline (6 s) cannot cover P0's retrieval and prefill budgets (2 s + 5 s): it retrieves half the chunks
+    into half the context, and the answer names the step (body, header, the breakdown's ``degraded``)."""
+    body = {"model": "", "messages": [{"role": "user", "content": "When is the Zorblat festival?"}],
+            "max_tokens": 8, "temperature": 0, "knowledge_base": kb}
+    headers = {"Authorization": f"Bearer {KEY_P0}", "Request-Timeout-Ms": "6000", "Cache-Control": "no-store"}
+    resp = httpx.post(platform.gateway_http + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()
+    assert answer["goodput_degraded"] == ["fewer_chunks"] and resp.headers["x-goodput-degraded"] == "fewer_chunks"
+    assert 1 <= len(answer["sources"]) <= 2  # rag_top_k 5, halved
+    # and what became of it is taken as feedback: used (its goodput stays)
+    feedback = _post(platform, "/v1/feedback", {"request_id": resp.headers["x-request-id"], "verdict": "used"})
+    assert feedback.status_code == 200 and feedback.json()["verdict"] == "used"
+    # another answer, judged through the other replica (the store is Redis): discarded, its goodput withdrawn
+    again = httpx.post(platform.gateway_http + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+    for _ in range(20):  # the answer is kept off its response's path
+        judged = httpx.post(platform.gateway_http_at(1) + "/v1/feedback", timeout=10,
+                            headers={"Authorization": f"Bearer {KEY_P0}"},
+                            json={"request_id": again.headers["x-request-id"], "verdict": "discarded"})
+        if judged.status_code != 404:
+            break
+        time.sleep(0.1)
+    assert judged.status_code == 200 and judged.json()["verdict"] == "discarded", judged.text
+    metrics = httpx.get(platform.gateway_http + "/metrics", timeout=10).text
+    assert 'goodput_gateway_degradations_total{priority="P0",step="fewer_chunks"}' in metrics
+    assert "goodput_gateway_slo_requests_total{" in metrics and "goodput_gateway_feedback_total{" in metrics

@@ -4,6 +4,7 @@ hit is answered without the scheduler, replayed in the shape of a live answer (J
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -136,3 +137,44 @@ async def test_a_cache_that_is_down_never_fails_a_request(monkeypatch: pytest.Mo
         r = await client.post("/v1/chat/completions", json=chat("What is goodput?"))
     # the request went on to generation: its error, not the cache's
     assert r.status_code == 503 and "no inference backend" in r.text
+
+
+async def test_the_cache_breaker_opens_on_a_dead_cache_and_closes_after_it_returns(redis_url: str,
+                                                                                   redis_prefix: str) -> None:
+    """A dead cache is skipped at once once its breaker opens (no call waits out its timeout); when the cache is
+    back, the first probe after the reset timeout closes the breaker and lookups reach it again."""
+    import socket
+
+    cache_mod = pytest.importorskip("goodput_cache.__main__")
+    from goodput_core.breaker import BreakerMetrics, CircuitBreaker
+
+    from goodput_cache.config import CacheSettings
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    now = [0.0]
+    registry = CollectorRegistry()
+    breaker = CircuitBreaker("cache", failure_threshold=2, reset_timeout_s=5.0, clock=lambda: now[0],
+                             metrics=BreakerMetrics(registry, service="gateway"))
+    principal = Principal(tenant="a", max_priority=1, default_priority=1)
+    request = parse(ChatCompletionRequest, chat("Is the cache there?")).to_request()
+    state = lambda: registry.get_sample_value("goodput_gateway_breaker_state", {"dependency": "cache"})  # noqa: E731
+    async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        cache = GatewayCache(GatewaySettings(cache_timeout_s=2.0), stub=cache_pb2_grpc.CacheStub(channel),
+                             registry=None, breaker=breaker)
+        reasons = [(await cache.lookup(principal, request, MODEL, cache_control=""))[0].reason for _ in range(3)]
+        assert reasons == ["cache unavailable", "cache unavailable", "cache breaker open"] and state() == 2
+        settings = CacheSettings(grpc_port=port, http_port=0, redis_url=redis_url, key_prefix=redis_prefix,
+                                 kb_key_prefix=redis_prefix, version_channel=f"{redis_prefix}:kb")
+        runner, service = cache_mod.build(settings, CollectorRegistry(), None)
+        await runner.start()
+        await service.start()
+        try:
+            await asyncio.wait_for(channel.channel_ready(), timeout=30)  # the cache is reachable again
+            assert (await cache.lookup(principal, request, MODEL, cache_control=""))[0].reason == "cache breaker open"
+            now[0] += 5.0  # the reset timeout passes: the next lookup is the probe
+            status, _ = await cache.lookup(principal, request, MODEL, cache_control="")
+            assert status.status == "miss" and state() == 0
+        finally:
+            await runner.stop()

@@ -23,9 +23,12 @@ from goodput_core.tls import channel_credentials
 from goodput_gateway.auth import ApiKeyStore, KeysFileWatcher
 from goodput_gateway.caching import GatewayCache
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.dependencies import gateway_breakers
+from goodput_gateway.feedback import FeedbackStore
 from goodput_gateway.guard import PublicApiGuard
 from goodput_gateway.jobs import JobQueue
 from goodput_gateway.knowledge import Knowledge
+from goodput_gateway.ladder import Ladder, LadderMetrics
 from goodput_gateway.metering import Meter
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipeline import Pipeline
@@ -82,14 +85,16 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
     scheduler_channel = dial(settings.scheduler_addr)
     channels = [scheduler_channel]
     metrics = GatewayMetrics(registry)
+    breakers = gateway_breakers(settings.breakers, registry)  # one per dependency (goodput_gateway.dependencies)
     pipeline = Pipeline(settings, scheduler=scheduler_pb2_grpc.SchedulerStub(scheduler_channel),
-                        channel_factory=dial, metrics=metrics)
-    knowledge = Knowledge(settings, channel_factory=dial)
+                        channel_factory=dial, metrics=metrics, breaker=breakers["scheduler"])
+    knowledge = Knowledge(settings, channel_factory=dial, breakers=breakers)
     cache = None
     if settings.cache_addr:
         cache_channel = dial(settings.cache_addr)
         channels.append(cache_channel)
-        cache = GatewayCache(settings, stub=cache_pb2_grpc.CacheStub(cache_channel), registry=registry)
+        cache = GatewayCache(settings, stub=cache_pb2_grpc.CacheStub(cache_channel), registry=registry,
+                             breaker=breakers["cache"])
     # Quotas and usage live in Redis, shared by every replica (and the jobs workers); without one, in this process.
     quota_url = settings.quota_redis_url or settings.redis_url
     labels = TenantLabels(settings.metrics_tenants)
@@ -97,9 +102,13 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
     usage_redis = (aioredis.Redis.from_url(quota_url, socket_timeout=2, socket_connect_timeout=2)
                    if quota_url else None)
     meter = Meter(settings, redis=usage_redis, registry=registry, labels=labels)
+    timing = TimingMetrics(registry, settings.latency_profile, labels=labels)
     service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics, knowledge=knowledge,
                              cache=cache, jobs=jobs, quotas=quotas, meter=meter,
-                             timing_metrics=TimingMetrics(registry, settings.latency_profile))
+                             timing_metrics=timing, feedback=FeedbackStore(settings, redis=usage_redis, metrics=timing),
+                             ladder=Ladder(settings.latency_profile, metrics=LadderMetrics(registry),
+                                           enabled=settings.ladder_enabled, interval_s=settings.ladder_interval_s,
+                                           raise_at=settings.ladder_raise_at, lower_at=settings.ladder_lower_at))
     return Wiring(service, channels, ResponseStore(settings, redis=usage_redis), usage_redis)
 
 

@@ -54,6 +54,8 @@ from goodput.cache.v1 import cache_pb2, cache_pb2_grpc
 from goodput.common.v1 import types_pb2
 from prometheus_client import CollectorRegistry, Counter
 
+from goodput_core.breaker import CircuitBreaker
+from goodput_core.errors import Unavailable
 from goodput_core.sampling import sampling_to_proto
 
 from goodput_gateway.auth import Principal
@@ -123,9 +125,10 @@ def sources_of(answer: cache_pb2.LookupResponse) -> list[Source]:
 
 class GatewayCache:
     def __init__(self, settings: GatewaySettings, *, stub: cache_pb2_grpc.CacheStub,
-                 registry: CollectorRegistry | None) -> None:
+                 registry: CollectorRegistry | None, breaker: CircuitBreaker | None = None) -> None:
         self.settings = settings
         self.stub = stub
+        self.breaker = breaker or CircuitBreaker("cache")  # open: the cache is skipped at once (fail-open)
         self.results = Counter("goodput_gateway_cache_total", "Cache outcome per request (hit_l1, hit_l2, miss, "
                                "bypass, error = served uncached because the cache failed).", ["result"],
                                registry=registry)
@@ -141,8 +144,9 @@ class GatewayCache:
             knowledge_base=request.knowledge_base)
 
     async def lookup(self, principal: Principal, request: GenerationRequest, model: ModelEntry, *,
-                     cache_control: str,
-                     timeout_s: float | None = None) -> tuple[CacheStatus, cache_pb2.LookupResponse | None]:
+                     cache_control: str, timeout_s: float | None = None,
+                     semantic: bool = True) -> tuple[CacheStatus, cache_pb2.LookupResponse | None]:
+        """``semantic=False``: exact repeats only (the ladder's exact_cache_only step)."""
         """What the cache did, and the cached answer on a hit. Never raises for the cache's own failures."""
         directives = _directives(cache_control)
         key = self.key_parts(principal, request, model)
@@ -160,8 +164,13 @@ class GatewayCache:
             self.results.labels("bypass").inc()
             return CacheStatus("bypass", reason="not reusable", store=False), None
         try:
-            resp = await self.stub.Lookup(cache_pb2.LookupRequest(key=key, allow_semantic=self.settings.cache_semantic),
-                                          timeout=timeout_s or self.settings.cache_timeout_s)
+            async with self.breaker.guard():
+                resp = await self.stub.Lookup(
+                    cache_pb2.LookupRequest(key=key, allow_semantic=self.settings.cache_semantic and semantic),
+                    timeout=timeout_s or self.settings.cache_timeout_s)
+        except Unavailable:  # its breaker is open: not even tried
+            self.results.labels("error").inc()
+            return CacheStatus("error", reason="cache breaker open", key=key), None
         except (grpc.RpcError, asyncio.TimeoutError) as err:
             self.results.labels("error").inc()
             code = err.code().name if isinstance(err, grpc.aio.AioRpcError) else type(err).__name__
@@ -202,8 +211,9 @@ class GatewayCache:
 
     async def _store(self, store: cache_pb2.StoreRequest) -> None:
         try:
-            resp = await self.stub.Store(store, timeout=5.0)
-        except (grpc.RpcError, asyncio.TimeoutError):
+            async with self.breaker.guard():
+                resp = await self.stub.Store(store, timeout=5.0)
+        except (grpc.RpcError, asyncio.TimeoutError, Unavailable):
             self.stores.labels("error").inc()
             return
         self.stores.labels("stored" if resp.stored else (resp.reason or "not stored")).inc()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from goodput_core.breaker import BreakerSettings
 from goodput_core.settings import ServiceSettings, service_config
 
 from goodput_gateway.profile import LatencyProfile
@@ -79,6 +80,22 @@ class GatewaySettings(ServiceSettings):
                                                               "caller's (gRPC deadline, X-Goodput-Deadline-Ms or "
                                                               "Request-Timeout-Ms header) or its class's is capped "
                                                               "by it.")
+    ladder_enabled: bool = Field(True, description="Take the latency profile's degradation ladder when a class "
+                                                   "misses its SLO or runs stages over budget (goodput_gateway."
+                                                   "ladder); false = never degrade.")
+    ladder_interval_s: float = Field(2.0, gt=0, description="How often the ladder may move a class one step.")
+    ladder_raise_at: float = Field(0.1, gt=0, le=1, description="Share of a class's recent requests missing "
+                                                                "their SLO (or a budget) that takes the next step.")
+    ladder_lower_at: float = Field(0.02, ge=0, le=1, description="Share below which the ladder steps back.")
+    feedback_ttl_s: float = Field(86_400.0, gt=0, description="How long an answer takes feedback (POST "
+                                                              "/v1/feedback) after it was given.")
+    feedback_max_local: int = Field(100_000, ge=1, description="Answers remembered for feedback in this process "
+                                                               "when there is no Redis (QUOTA_REDIS_URL/REDIS_URL).")
+    feedback_prefix: str = Field("goodput:feedback", description="Prefix of the feedback store's Redis keys.")
+    breakers: BreakerSettings = Field(default_factory=BreakerSettings,
+                                      description="Circuit breakers in front of the cache, retriever, embedder and "
+                                                  "scheduler (goodput_core.breaker), JSON, e.g. "
+                                                  '{"failure_threshold": 5, "reset_timeout_s": 5}.')
     latency_profile: LatencyProfile = Field(
         default_factory=LatencyProfile,
         description='Per class (P0, P1, P2): default deadline, stage budgets, SLO and degradation ladder, JSON '
@@ -92,6 +109,8 @@ class GatewaySettings(ServiceSettings):
     knowledge_timeout_s: float = Field(30.0, gt=0, description="Timeout of an embed, search or index call.")
     max_embed_batch: int = Field(256, ge=1, description="Most inputs in one embeddings request.")
     rag_top_k: int = Field(5, ge=1, le=50, description="RAG: chunks retrieved for a request.")
+    rag_rerank: bool = Field(False, description="RAG: ask the retriever to rerank its candidates (skipped by the "
+                                                "ladder's skip_rerank step).")
     rag_max_context_chars: int = Field(6000, ge=0, description="RAG: most characters of retrieved context "
                                                                "(also bounded by the model's context window).")
     rag_max_query_chars: int = Field(2000, ge=1, description="RAG: the search query is the last user message, "

@@ -27,6 +27,7 @@ from goodput.gateway.v1 import gateway_pb2
 from goodput.retriever.v1 import retriever_pb2, retriever_pb2_grpc
 from grpc import aio
 
+from goodput_core.breaker import CircuitBreaker
 from goodput_core.clients import EmbeddingClient, Embeddings
 from goodput_core.errors import GoodputError, InvalidArgument, Unimplemented, from_rpc_error
 
@@ -46,8 +47,13 @@ NO_INDEXER = "indexing needs the embedder service, which this gateway is not con
 
 
 class Knowledge:
-    def __init__(self, settings: GatewaySettings, *, channel_factory: Callable[[str], aio.Channel]) -> None:
+    def __init__(self, settings: GatewaySettings, *, channel_factory: Callable[[str], aio.Channel],
+                 breakers: dict[str, CircuitBreaker] | None = None) -> None:
         self.settings = settings
+        breakers = breakers or {}
+        # open: the hop is refused at once (503 with the breaker's retry-after), not waited out
+        self.retriever_breaker = breakers.get("retriever") or CircuitBreaker("retriever")
+        self.embedder_breaker = breakers.get("embedder") or CircuitBreaker("embedder")
         self._channels: list[aio.Channel] = []
         self._embedding: EmbeddingClient | None = None
         self._indexer: embedder_pb2_grpc.IndexerStub | None = None
@@ -84,10 +90,12 @@ class Knowledge:
         for ch in self._channels:
             await ch.close(grace=None)
 
-    async def _call(self, fn: Callable[..., Awaitable[Any]], request: Any, *, timeout_s: float | None = None) -> Any:
+    async def _call(self, fn: Callable[..., Awaitable[Any]], request: Any, *, breaker: CircuitBreaker,
+                    timeout_s: float | None = None) -> Any:
         try:
-            return await fn(request, timeout=min(timeout_s or self.settings.knowledge_timeout_s,
-                                                 self.settings.knowledge_timeout_s))
+            async with breaker.guard():
+                return await fn(request, timeout=min(timeout_s or self.settings.knowledge_timeout_s,
+                                                     self.settings.knowledge_timeout_s))
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
@@ -105,7 +113,8 @@ class Knowledge:
         check_length(model, self.settings.max_name_chars, param="model")
         if self._embedding is None:
             raise Unimplemented(NO_EMBEDDER)
-        return await self._embedding.embed(texts, model=model)
+        async with self.embedder_breaker.guard():
+            return await self._embedding.embed(texts, model=model)
 
     async def search(self, tenant: str, kb: str, query: str, *, top_k: int = 0, fusion: str = "",
                      dense_weight: float | None = None, rerank: bool = False,
@@ -121,15 +130,16 @@ class Knowledge:
                                           fusion=_FUSION[fusion], rerank=rerank)
         if dense_weight is not None:
             req.dense_weight = dense_weight
-        return await self._call(self._retrieval.Search, req, timeout_s=timeout_s)
+        return await self._call(self._retrieval.Search, req, breaker=self.retriever_breaker, timeout_s=timeout_s)
 
     async def index(self, tenant: str, kb: str, documents: list[embedder_pb2.Document],
                     delete_ids: list[str]) -> embedder_pb2.IndexDocumentsResponse:
         check_length(kb, self.settings.max_name_chars, param="knowledge_base")
         if self._indexer is None:
             raise Unimplemented(NO_INDEXER)
-        return await self._call(self._indexer.IndexDocuments, embedder_pb2.IndexDocumentsRequest(
-            tenant=tenant, knowledge_base=kb, documents=documents, delete_ids=delete_ids))
+        request = embedder_pb2.IndexDocumentsRequest(tenant=tenant, knowledge_base=kb, documents=documents,
+                                                     delete_ids=delete_ids)
+        return await self._call(self._indexer.IndexDocuments, request, breaker=self.embedder_breaker)
 
 
 def _knowledge(service: Any) -> Knowledge:

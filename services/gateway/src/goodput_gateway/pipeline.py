@@ -30,6 +30,7 @@ from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 
+from goodput_core.breaker import CircuitBreaker
 from goodput_core.errors import DeadlineExceeded, GoodputError, InvalidArgument, Unavailable, from_rpc_error
 from goodput_core.sampling import logprobs_from_proto, sampling_to_proto
 
@@ -174,9 +175,12 @@ class GenerationStream:
 
 class Pipeline:
     def __init__(self, settings: GatewaySettings, *, scheduler: scheduler_pb2_grpc.SchedulerStub,
-                 channel_factory: Callable[[str], aio.Channel], metrics: GatewayMetrics) -> None:
+                 channel_factory: Callable[[str], aio.Channel], metrics: GatewayMetrics,
+                 breaker: CircuitBreaker | None = None) -> None:
         self.settings = settings
         self.scheduler = scheduler
+        # open: leases and model lists are refused at once (503 + retry-after) instead of each timing out
+        self.breaker = breaker or CircuitBreaker("scheduler")
         self._channel_factory = channel_factory
         self._channels: dict[str, aio.Channel] = {}
         self.metrics = metrics
@@ -219,7 +223,8 @@ class Pipeline:
 
     async def _fetch_models(self) -> list[ModelEntry]:
         try:
-            resp = await self.scheduler.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)
+            async with self.breaker.guard():
+                resp = await self.scheduler.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)
         except grpc.RpcError as err:
             raise Unavailable(f"scheduler unavailable: {err.details() if hasattr(err, 'details') else err}") \
                 from None
@@ -293,13 +298,14 @@ class Pipeline:
                                     session_id=req.session_id, tenant_weight=principal.weight,
                                     max_queue_wait_s=max_queue_wait_s)
         try:
-            await call.write(scheduler_pb2.LeaseRequest(admit=admit))
-            while True:
-                event = await call.read()
-                if event is aio.EOF:
-                    raise Unavailable("the scheduler closed the lease without a grant")
-                if event.WhichOneof("kind") == "granted":
-                    break
+            async with self.breaker.guard():
+                await call.write(scheduler_pb2.LeaseRequest(admit=admit))
+                while True:
+                    event = await call.read()
+                    if event is aio.EOF:
+                        raise Unavailable("the scheduler closed the lease without a grant")
+                    if event.WhichOneof("kind") == "granted":
+                        break
         except grpc.RpcError as err:
             call.cancel()
             raise from_rpc_error(err) from None

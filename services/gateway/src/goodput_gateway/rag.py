@@ -56,6 +56,16 @@ class Source:
     text: str
 
 
+@dataclass(frozen=True)
+class Retrieval:
+    """How one request retrieves: chunks asked for (0 = rag_top_k), rerank, and the share of the context budget
+    it may fill (the degradation ladder's fewer_chunks step halves both)."""
+
+    top_k: int = 0
+    rerank: bool = False
+    context_share: float = 1.0
+
+
 def _query(request: GenerationRequest) -> str:
     for m in reversed(request.messages):
         if m.role == "user" and m.content.strip():
@@ -71,15 +81,19 @@ def context_budget(request: GenerationRequest, settings: GatewaySettings, max_mo
 
 
 async def augment(knowledge: Any, settings: GatewaySettings, *, tenant: str, request: GenerationRequest,
-                  max_model_len: int, timeout_s: float | None = None) -> tuple[GenerationRequest, list[Source]]:
+                  max_model_len: int, timeout_s: float | None = None,
+                  how: Retrieval = Retrieval()) -> tuple[GenerationRequest, list[Source]]:
     """The request with the best chunks of ``request.knowledge_base`` in front, and the chunks used."""
     query = _query(request)
     if not query.strip():
         raise InvalidArgument("a RAG request needs a user message to search with", param="messages",
                               code="invalid_value")
+    extra: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s else {}
+    if how.rerank:
+        extra["rerank"] = True
     result = await knowledge.search(tenant, request.knowledge_base, query[:settings.rag_max_query_chars],
-                                    top_k=settings.rag_top_k, **({"timeout_s": timeout_s} if timeout_s else {}))
-    budget = context_budget(request, settings, max_model_len)
+                                    top_k=how.top_k or settings.rag_top_k, **extra)
+    budget = int(context_budget(request, settings, max_model_len) * how.context_share)
     sources: list[Source] = []
     parts: list[str] = []
     used = 0

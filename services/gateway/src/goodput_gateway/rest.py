@@ -35,6 +35,7 @@ from goodput_core.priority import priority_name
 from goodput_core.sampling import TokenLogprob
 
 from goodput_gateway.caching import CACHE_HEADER
+from goodput_gateway.feedback import FeedbackRequest
 from goodput_gateway.jobs import JOB_HEADER, JobQueue, Parked
 from goodput_gateway.jobs.batch_routes import install_routes as install_batch_routes
 from goodput_gateway.jobs.batches import BatchStore
@@ -136,6 +137,15 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
                 return JSONResponse(model)
         raise NotFound(f"The model '{model_id[:128]}' does not exist", param="model", code="model_not_found")
 
+    @app.post("/v1/feedback")
+    async def feedback(request: Request) -> JSONResponse:
+        """What became of an answer (used, discarded, regenerated): a discarded one is no goodput after all."""
+        principal = service.authenticate(request.headers.get("authorization"))
+        body = parse(FeedbackRequest, await read_json(request))
+        if service.feedback is None:
+            raise Unavailable("feedback is not taken by this gateway", code="feedback_disabled")
+        return JSONResponse(await service.feedback.record(principal.tenant, body.request_id, body.verdict))
+
     @app.get("/v1/usage")
     async def usage(request: Request, period: str | None = None, tenant: str | None = None) -> JSONResponse:
         """The caller's tenant's usage in a month (default: this one) or a day, by model; an operator key may name
@@ -202,6 +212,9 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
         headers = {REQUEST_ID_HEADER: request_id, **opened.rate_limits}
         if opened.cache is not None:  # X-Goodput-Cache: hit; layer=l2; similarity=0.973
             headers[CACHE_HEADER] = opened.cache.header()
+        degraded = opened.timeline.degraded if opened.timeline is not None else []
+        if degraded:  # X-Goodput-Degraded: skip_rerank, fewer_chunks (the ladder's steps, in order)
+            headers[DEGRADED_HEADER] = ", ".join(degraded)
         if opened.request.stream:
             return StreamingResponse(_stream_events(generation, route, span), media_type="text/event-stream",
                                      headers={**SSE_HEADERS, **headers})
@@ -219,6 +232,8 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
             span.end()
         if timeline is not None:  # where the time went, per stage (milliseconds)
             headers[SERVER_TIMING_HEADER] = timeline.server_timing()
+        if degraded:
+            body["goodput_degraded"] = list(degraded)
         return JSONResponse(body, headers=headers)
 
     @app.post("/v1/chat/completions")
@@ -293,6 +308,7 @@ def _choice(opened: Opened, index: int, text: str, finish: str, logprobs: Sequen
 
 
 SERVER_TIMING_HEADER = "Server-Timing"
+DEGRADED_HEADER = "X-Goodput-Degraded"
 DEADLINE_HEADERS = ("x-goodput-deadline-ms", "request-timeout-ms")
 MAX_DEADLINE_MS = 86_400_000
 
@@ -386,6 +402,8 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
                 first["sources"] = [asdict(s) for s in opened.sources]
             if opened.cache is not None:
                 first["goodput_cache"] = opened.cache.as_dict()
+            if opened.timeline is not None and opened.timeline.degraded:
+                first["goodput_degraded"] = list(opened.timeline.degraded)
             yield _sse(first)
             for i in range(1, n):  # every answer opens with its role
                 yield _sse(chunk("", None, role=True, index=i))

@@ -42,15 +42,17 @@ from goodput_core.sampling import TokenLogprob
 from goodput_gateway.auth import ApiKeyStore, Principal
 from goodput_gateway.caching import CacheStatus, GatewayCache, replay, sources_of
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.feedback import FeedbackStore
 from goodput_gateway.jobs.parking import park
 from goodput_gateway.jobs.store import JobQueue
 from goodput_gateway.knowledge import Knowledge
+from goodput_gateway.ladder import Ladder
 from goodput_gateway.metering import Meter, Usage
 from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta, timed
 from goodput_gateway.pipeline import ModelEntry, Pipeline
 from goodput_gateway.profile import ClassProfile, Deadline
 from goodput_gateway.quotas import Admission, Quotas, RateLimited
-from goodput_gateway.rag import Source, augment
+from goodput_gateway.rag import Retrieval, Source, augment
 from goodput_gateway.requests import GenerationRequest, resolve_cost, validate
 from goodput_gateway.timing import Timeline, TimingMetrics
 from goodput_gateway.tools import apply_tools, auto
@@ -59,6 +61,8 @@ __all__ = ["Call", "Generation", "GatewayService", "Opened"]
 
 _tracer = trace.get_tracer("goodput.gateway")
 log = logging.getLogger("goodput.gateway")
+# Stages the ladder's steps relieve: one over budget counts as a miss for the ladder, like a missed SLO.
+_LADDER_STAGES = {"cache_lookup", "retrieval", "queue_wait", "prefill"}
 
 
 @dataclass(frozen=True)
@@ -96,10 +100,10 @@ class Generation:
     closing stops the worker call and releases the lease."""
 
     def __init__(self, opened: Opened, events: AsyncGenerator[Opened | TextDelta | StreamEnd, None], *,
-                 timing_metrics: TimingMetrics | None = None) -> None:
+                 on_timing: Callable[[Opened, Timeline], None] | None = None) -> None:
         self.opened = opened
         self._events = events
-        self._timing_metrics = timing_metrics
+        self._on_timing = on_timing
         self.logprobs: list[TokenLogprob] = []  # filled by collect(): the first answer's tokens
         self.answers: dict[int, tuple[list[str], list[TokenLogprob]]] = {}  # collect(): every answer's, by index
         self.prompt_logprobs: list[TokenLogprob] = []  # collect(), with echo and logprobs: the prompt's tokens
@@ -134,12 +138,12 @@ class Generation:
 
     def timing(self) -> Timeline | None:
         """The request's breakdown, its post-processing ended now; recorded (metrics, spans) on the first call."""
-        t, cls = self.opened.timeline, self.opened.profile
-        if t is None or cls is None or self._timing_metrics is None:
+        t = self.opened.timeline
+        if t is None or self._on_timing is None:
             return t
         if not any(stage == "post_processing" for stage, _ in t.marks):
             t.mark("post_processing")
-        t.finish(self._timing_metrics, cls, self.opened.priority, tracer=_tracer)
+            self._on_timing(self.opened, t)
         return t
 
     async def __aenter__(self) -> Generation:
@@ -167,9 +171,14 @@ class GatewayService:
     def __init__(self, settings: GatewaySettings, *, keys: ApiKeyStore, pipeline: Pipeline,
                  metrics: GatewayMetrics, knowledge: Knowledge | None = None,
                  cache: GatewayCache | None = None, jobs: JobQueue | None = None, quotas: Quotas | None = None,
-                 meter: Meter | None = None, timing_metrics: TimingMetrics | None = None) -> None:
+                 meter: Meter | None = None, timing_metrics: TimingMetrics | None = None,
+                 ladder: Ladder | None = None, feedback: FeedbackStore | None = None) -> None:
         self.settings = settings
+        self.feedback = feedback  # what became of each answer (POST /v1/feedback); None = not taken
         self.timing_metrics = timing_metrics or TimingMetrics(None, settings.latency_profile)
+        self.ladder = ladder or Ladder(settings.latency_profile, enabled=settings.ladder_enabled,
+                                       interval_s=settings.ladder_interval_s, raise_at=settings.ladder_raise_at,
+                                       lower_at=settings.ladder_lower_at)
         self.keys = keys
         self.quotas = quotas or Quotas(settings, redis_url="")
         self.meter = meter or Meter(settings, redis=None)
@@ -178,6 +187,24 @@ class GatewayService:
         self.knowledge = knowledge
         self.cache = cache
         self.jobs = jobs  # where shed P2 work is parked; None = not parked
+
+    def _timed(self, opened: Opened, timeline: Timeline) -> None:
+        """A finished answer's breakdown: recorded (histograms, budget breaches, spans), judged against its class's
+        SLO (goodput), and fed to the degradation ladder."""
+        cls = opened.profile
+        if cls is None:
+            return
+        m = self.timing_metrics
+        stages = timeline.finish(m, cls, opened.priority, tracer=_tracer)
+        met = timeline.met(cls)
+        prio, tenant = priority_name(opened.priority), m.tenant_label(opened.tenant)
+        m.slo.labels(prio, tenant, opened.model, "met" if met else "missed").inc()
+        if met:
+            m.goodput_tokens.labels(prio, tenant, opened.model).inc(timeline.completion_tokens)
+        over = set(timeline.over_budget(cls, stages)) & _LADDER_STAGES
+        self.ladder.observe(opened.priority, missed=not met or bool(over))
+        if self.feedback is not None:
+            self.feedback.remember(opened, tokens=timeline.completion_tokens if met else 0)
 
     def authenticate(self, authorization: str | None) -> Principal:
         started = time.monotonic()
@@ -225,7 +252,7 @@ class GatewayService:
             await events.aclose()
             raise
         assert isinstance(opened, Opened)
-        return Generation(opened, events, timing_metrics=self.timing_metrics)
+        return Generation(opened, events, on_timing=self._timed)
 
     async def generate(self, call: Call) -> AsyncGenerator[Opened | TextDelta | StreamEnd, None]:
         """One request, top to bottom: an :class:`Opened` event, then TextDelta events, then a StreamEnd."""
@@ -246,6 +273,17 @@ class GatewayService:
         deadline = arrived + timeout
         validate(request, self.settings)
         model = await self.pipeline.resolve_model(request.model)
+        steps = self.ladder.active(request.priority)  # the degradation ladder's steps in force for the class
+        if "shed" in steps and self.ladder.sheds(request.priority):
+            self.ladder.taken("shed", request.priority)
+            raise ResourceExhausted(f"{priority_name(request.priority)} is degraded to its last step: a share of its "
+                                    "requests is shed so the rest meet their SLO; retry shortly",
+                                    code="degraded_shed", retry_after_s=self.ladder.retry_after_s())
+        if "fallback_model" in steps and cls.fallback_model and cls.fallback_model != model.id:
+            model = await self.pipeline.resolve_model(cls.fallback_model)
+            request = replace(request, model=model.id)
+            timeline.degraded.append("fallback_model")
+            self.ladder.taken("fallback_model", request.priority)
         if auto(request) and not model.tool_call_parser:
             raise InvalidArgument(f"tool_choice 'auto' (the default with tools) needs the model's tool-call parser, "
                                   f"and {model.id!r} is served without one; use 'required' or a named function "
@@ -267,7 +305,7 @@ class GatewayService:
         tokens = _Tokens()
         admitted = self._admitted(call, principal, request, model, admission, tokens, request_id=request_id,
                                   arrived=arrived, deadline=Deadline(arrived, deadline), prio=prio,
-                                  timeline=timeline, cls=cls)
+                                  timeline=timeline, cls=cls, steps=steps)
         try:
             async for event in admitted:
                 yield event
@@ -288,8 +326,8 @@ class GatewayService:
 
     async def _admitted(self, call: Call, principal: Principal, request: GenerationRequest, model: ModelEntry,
                         admission: Admission, tokens: _Tokens, *, request_id: str, arrived: float,
-                        deadline: Deadline, prio: str, timeline: Timeline,
-                        cls: ClassProfile) -> AsyncGenerator[Opened | TextDelta | StreamEnd, None]:
+                        deadline: Deadline, prio: str, timeline: Timeline, cls: ClassProfile,
+                        steps: tuple[str, ...] = ()) -> AsyncGenerator[Opened | TextDelta | StreamEnd, None]:
         """The request once its quotas admitted it; ``tokens`` records what it used, for the accounting."""
         # what the engine sees: tools described and a call's schema enforced (the caller's request is what an
         # answer is shaped from and what a parked job stores)
@@ -299,9 +337,13 @@ class GatewayService:
         if self.cache is not None:
             deadline.check("cache_lookup")
             started = time.monotonic()
+            semantic = "exact_cache_only" not in steps
+            if not semantic and self.settings.cache_semantic:
+                self._degrade(timeline, "exact_cache_only", request.priority)
             status, hit = await self.cache.lookup(principal, engine, model, cache_control=call.cache_control,
                                                   timeout_s=deadline.cap(min(cls.budgets.cache_lookup,
-                                                                             self.settings.cache_timeout_s)))
+                                                                             self.settings.cache_timeout_s)),
+                                                  semantic=semantic)
             self.metrics.stage.labels("cache").observe(time.monotonic() - started)
             timeline.mark("cache_lookup")
             if hit is not None:
@@ -315,10 +357,12 @@ class GatewayService:
                 return
 
         # RAG: the knowledge base's best chunks in front of the conversation
+        rag = Retrieval()
         if engine.knowledge_base:
             deadline.check("retrieval")
+            rag = self._rag_steps(steps, deadline, cls, timeline, request.priority)
         grounded, sources = await self._retrieve(principal, engine, max_model_len=model.max_model_len,
-                                                 timeout_s=deadline.cap(cls.budgets.retrieval))
+                                                 timeout_s=deadline.cap(cls.budgets.retrieval), rag=rag)
         if engine.knowledge_base:
             timeline.mark("retrieval")
 
@@ -366,8 +410,28 @@ class GatewayService:
         outcome = "ok" if tokens.finished or tokens.cache_hit else "error" if not tokens.inference else "cancelled"
         self.meter.record(principal.tenant, model, usage, outcome=outcome)
 
+    def _degrade(self, timeline: Timeline, step: str, priority: int) -> None:
+        timeline.degraded.append(step)
+        self.ladder.taken(step, priority)
+
+    def _rag_steps(self, steps: tuple[str, ...], deadline: Deadline, cls: ClassProfile, timeline: Timeline,
+                   priority: int) -> Retrieval:
+        """How this request retrieves: the ladder's RAG steps in force, or taken for this request alone when the
+        time it has left cannot cover its retrieval and prefill budgets."""
+        at_risk = deadline.remaining() < cls.budgets.retrieval + cls.budgets.ttft
+        take = {s for s in ("skip_rerank", "fewer_chunks") if s in cls.ladder and (s in steps or at_risk)}
+        rerank = self.settings.rag_rerank
+        if rerank and "skip_rerank" in take:
+            rerank = False
+            self._degrade(timeline, "skip_rerank", priority)
+        if "fewer_chunks" in take:
+            self._degrade(timeline, "fewer_chunks", priority)
+            return Retrieval(top_k=max(self.settings.rag_top_k // 2, 1), rerank=rerank, context_share=0.5)
+        return Retrieval(rerank=rerank)
+
     async def _retrieve(self, principal: Principal, request: GenerationRequest, *, max_model_len: int,
-                        timeout_s: float | None = None) -> tuple[GenerationRequest, list[Source]]:
+                        timeout_s: float | None = None,
+                        rag: Retrieval | None = None) -> tuple[GenerationRequest, list[Source]]:
         if not request.knowledge_base:
             return request, []
         if self.knowledge is None or not self.knowledge.retrieval_enabled:
@@ -375,7 +439,7 @@ class GatewayService:
                                 "with")
         started = time.monotonic()
         grounded = await augment(self.knowledge, self.settings, tenant=principal.tenant, request=request,
-                                 max_model_len=max_model_len, timeout_s=timeout_s)
+                                 max_model_len=max_model_len, timeout_s=timeout_s, how=rag or Retrieval())
         self.metrics.stage.labels("retrieve").observe(time.monotonic() - started)
         return grounded
 

@@ -80,6 +80,10 @@ def _tool_calls(opened: Opened, text: str, end: StreamEnd) -> list[types_pb2.Too
             for c in calls]
 
 
+def _degraded(opened: Opened) -> list[str]:
+    return list(opened.timeline.degraded) if opened.timeline is not None else []
+
+
 def _metadata(context: aio.ServicerContext, name: str) -> str:
     for key, value in context.invocation_metadata() or ():
         if key == name:
@@ -151,7 +155,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                     context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *metadata))
                 self._count("grpc_stream", "OK", opened.priority)
                 yield gateway_pb2.GenerateStreamResponse(start=gateway_pb2.StreamStart(
-                    request_id=request_id, model=opened.model, sources=_sources(opened), cache=_cache_info(opened)))
+                    request_id=request_id, model=opened.model, sources=_sources(opened), cache=_cache_info(opened),
+                    degraded=_degraded(opened)))
                 parts: list[str] = []  # the text a tool call is read from at the end
                 async for event in generation:
                     if isinstance(event, TextDelta):
@@ -196,7 +201,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                                 finish_reason=_FINISH[end.finish_reason], usage=_usage(end),
                                                 cache=_cache_info(opened), sources=_sources(opened),
                                                 logprobs=logprobs_to_proto(generation.logprobs),
-                                                tool_calls=_tool_calls(opened, text, end))
+                                                tool_calls=_tool_calls(opened, text, end),
+                                                degraded=_degraded(opened))
 
     async def ListModels(self, request: gateway_pb2.ListModelsRequest,
                          context: aio.ServicerContext) -> gateway_pb2.ListModelsResponse:

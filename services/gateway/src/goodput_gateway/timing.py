@@ -56,7 +56,22 @@ class EngineTimes:
 
 
 class TimingMetrics:
-    def __init__(self, registry: CollectorRegistry | None, profile: LatencyProfile) -> None:
+    def __init__(self, registry: CollectorRegistry | None, profile: LatencyProfile, *,
+                 labels: Callable[[str], str] | None = None) -> None:
+        self.tenant_label = labels or (lambda tenant: tenant)  # bounded (goodput_gateway.tenants)
+        self.slo = Counter("goodput_gateway_slo_requests_total", "Answered requests by whether they met their "
+                           "class's SLO (TTFT and TPOT thresholds of the latency profile).",
+                           ["priority", "tenant", "model", "result"], registry=registry)
+        self.goodput_tokens = Counter("goodput_gateway_goodput_tokens_total", "Output tokens of requests that met "
+                                      "their SLO (less those later discarded: "
+                                      "goodput_gateway_goodput_discarded_tokens_total).",
+                                      ["priority", "tenant", "model"], registry=registry)
+        self.discarded_tokens = Counter("goodput_gateway_goodput_discarded_tokens_total", "Output tokens of "
+                                        "SLO-meeting answers the caller reported discarded or regenerated "
+                                        "(POST /v1/feedback): not goodput after all.",
+                                        ["priority", "tenant", "model"], registry=registry)
+        self.feedback = Counter("goodput_gateway_feedback_total", "Feedback on answers, by verdict.", ["verdict"],
+                                registry=registry)
         self.stage = Histogram("goodput_gateway_stage_seconds", "Time per request stage, by class (the stages add "
                                "up to the end-to-end latency).", ["stage", "priority"], buckets=LATENCY_BUCKETS,
                                registry=registry)
@@ -136,6 +151,21 @@ class Timeline:
             out["engine_queue"] = queued
         out["prefill"] = prefill if self.engine is not None else 0.0
         out["decode"] = decode
+
+    def ttft(self) -> float | None:
+        """Arrival to first token (None for an answer without one: a cache hit's is its whole time)."""
+        return None if self._first is None else self._first - self.arrived
+
+    def tpot(self) -> float:
+        """Mean time per output token after the first."""
+        if self._first is None or self._last is None or self.completion_tokens < 2:
+            return 0.0
+        return (self._last - self._first) / (self.completion_tokens - 1)
+
+    def met(self, cls: ClassProfile) -> bool:
+        """Whether the request met its class's SLO: TTFT (a cache hit: its whole time) and TPOT within bounds."""
+        ttft = self.ttft()
+        return (self.total() if ttft is None else ttft) <= cls.slo.ttft_s and self.tpot() <= cls.slo.tpot_s
 
     def server_timing(self) -> str:
         """The breakdown as an HTTP ``Server-Timing`` value (milliseconds), with ``total``."""

@@ -44,7 +44,7 @@ class Function(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "model", "text", "finish_reason", "usage", "cache", "sources", "logprobs", "tool_calls")
+    __slots__ = ("request_id", "model", "text", "finish_reason", "usage", "cache", "sources", "logprobs", "tool_calls", "degraded")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class GenerateResponse(_message.Message):
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     text: str
@@ -63,7 +64,8 @@ class GenerateResponse(_message.Message):
     sources: _containers.RepeatedCompositeFieldContainer[Source]
     logprobs: _containers.RepeatedCompositeFieldContainer[_types_pb2.TokenLogprob]
     tool_calls: _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[Source, _Mapping]]] = ..., logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[_types_pb2.ToolCall, _Mapping]]] = ...) -> None: ...
+    degraded: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[Source, _Mapping]]] = ..., logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[_types_pb2.ToolCall, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
     __slots__ = ("start", "delta", "end", "logprobs")
@@ -84,16 +86,18 @@ class TokenLogprobs(_message.Message):
     def __init__(self, tokens: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class StreamStart(_message.Message):
-    __slots__ = ("request_id", "model", "cache", "sources")
+    __slots__ = ("request_id", "model", "cache", "sources", "degraded")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     cache: CacheInfo
     sources: _containers.RepeatedCompositeFieldContainer[Source]
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[Source, _Mapping]]] = ...) -> None: ...
+    degraded: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[Source, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StreamEnd(_message.Message):
     __slots__ = ("finish_reason", "usage", "tool_calls")

@@ -1,0 +1,132 @@
+"""Program-level goodput: ``POST /v1/feedback`` tells the platform what became of an answer (``used``,
+``discarded``, ``regenerated``); an answer thrown away was no goodput after all, whatever its latency.
+
+Each answered request is remembered for ``feedback_ttl_s`` (tenant, model, class, and its goodput tokens: its
+output tokens when it met its SLO, else 0) in Redis when one is configured, so feedback may reach any replica; in
+this process otherwise (bounded). Feedback is tenant-scoped (another tenant's request id is unknown, 404) and
+counted once per request: a discarded answer's tokens go to ``goodput_gateway_goodput_discarded_tokens_total``.
+
+    >>> import asyncio
+    >>> from goodput_gateway.config import GatewaySettings
+    >>> from goodput_gateway.profile import LatencyProfile
+    >>> from goodput_gateway.timing import TimingMetrics
+    >>> store = FeedbackStore(GatewaySettings(), redis=None, metrics=TimingMetrics(None, LatencyProfile()))
+    >>> store.keep(_Answer(request_id="r1", tenant="acme", model="m", priority=1, tokens=42))
+    >>> asyncio.run(store.record("acme", "r1", "discarded"))
+    {'object': 'feedback', 'request_id': 'r1', 'verdict': 'discarded', 'goodput_tokens_withdrawn': 42}
+    >>> asyncio.run(store.record("acme", "r1", "discarded"))["goodput_tokens_withdrawn"]  # once per answer
+    0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from cachetools import TTLCache
+from pydantic import Field
+from redis.exceptions import RedisError
+
+from goodput_core.errors import NotFound, Unavailable
+from goodput_core.priority import priority_name
+
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.schemas import Body
+from goodput_gateway.timing import TimingMetrics
+
+__all__ = ["FeedbackRequest", "FeedbackStore"]
+
+log = logging.getLogger("goodput.gateway.feedback")
+
+Verdict = Literal["used", "discarded", "regenerated"]
+
+
+class FeedbackRequest(Body):
+    """``POST /v1/feedback``."""
+
+    request_id: str = Field(min_length=1, max_length=128)
+    verdict: Verdict
+
+
+@dataclass(frozen=True)
+class _Answer:
+    request_id: str
+    tenant: str
+    model: str
+    priority: int
+    tokens: int  # goodput tokens: its output when it met its SLO, else 0
+
+
+class FeedbackStore:
+    def __init__(self, settings: GatewaySettings, *, redis: Any, metrics: TimingMetrics) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.metrics = metrics
+        self._local: TTLCache[str, _Answer] = TTLCache(maxsize=settings.feedback_max_local,
+                                                       ttl=settings.feedback_ttl_s)
+        self._background: set[asyncio.Task[None]] = set()
+
+    def _key(self, tenant: str, request_id: str) -> str:
+        return f"{self.settings.feedback_prefix}:{tenant}:{request_id}"
+
+    def remember(self, opened: Any, *, tokens: int) -> None:
+        """An answered request (the service's Opened), kept for its feedback (off the response path)."""
+        self.keep(_Answer(request_id=opened.request_id, tenant=opened.tenant, model=opened.model,
+                          priority=opened.priority, tokens=tokens))
+
+    def keep(self, answer: _Answer) -> None:
+        """Kept here (this replica answers its own callers at once) and in Redis (for every other replica)."""
+        self._local[self._key(answer.tenant, answer.request_id)] = answer
+        if self.redis is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._keep(answer))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _keep(self, answer: _Answer) -> None:
+        try:
+            await self.redis.set(self._key(answer.tenant, answer.request_id), json.dumps(asdict(answer)),
+                                 ex=int(self.settings.feedback_ttl_s))
+        except RedisError as err:
+            log.warning("could not keep an answer for feedback", extra={"error": repr(err)})
+
+    async def _take(self, tenant: str, request_id: str) -> tuple[bool, _Answer | None]:
+        """(known, the answer if its goodput is still to be judged); a second verdict finds it taken."""
+        key = self._key(tenant, request_id)
+        local = self._local.get(key)
+        if local is not None:
+            if local.tokens:
+                self._local[key] = _Answer(**{**asdict(local), "tokens": 0})
+            if self.redis is not None:  # taken for the other replicas too
+                await self._redis_take(key)
+            return True, local if local.tokens else None
+        if self.redis is None:
+            return False, None
+        raw = await self._redis_take(key)
+        if raw is None:
+            return False, None
+        data = json.loads(raw)
+        return True, (None if data.get("taken") else _Answer(**data))
+
+    async def _redis_take(self, key: str) -> Any:
+        try:
+            return await self.redis.set(key, json.dumps({"taken": True}), xx=True, get=True, keepttl=True)
+        except RedisError as err:
+            raise Unavailable(f"the feedback store is unavailable: {err}", code="store_unavailable") from None
+
+    async def record(self, tenant: str, request_id: str, verdict: Verdict) -> dict[str, Any]:
+        known, answer = await self._take(tenant, request_id)
+        if not known:
+            raise NotFound(f"no answer {request_id!r} of this tenant in the last {self.settings.feedback_ttl_s:g} s",
+                           param="request_id")
+        self.metrics.feedback.labels(verdict).inc()
+        withdrawn = 0
+        if answer is not None and verdict != "used" and answer.tokens:
+            withdrawn = answer.tokens
+            self.metrics.discarded_tokens.labels(priority_name(answer.priority), self.metrics.tenant_label(tenant),
+                                                 answer.model).inc(withdrawn)
+        return {"object": "feedback", "request_id": request_id, "verdict": verdict,
+                "goodput_tokens_withdrawn": withdrawn}

@@ -1,0 +1,113 @@
+"""The degradation ladder, deadlines and program-level feedback at the gateway (no backend: the scheduler address
+is a closed port, so a request that got past the gateway's own decisions fails with 503)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from goodput_gateway.__main__ import build
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.feedback import _Answer
+from goodput_gateway.ladder import Ladder, LadderMetrics
+from goodput_gateway.pipeline import ModelEntry
+from goodput_gateway.profile import LatencyProfile
+
+from .test_rest_validation import AUTH, KEYS, assert_openai_error, chat, post
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[tuple[httpx.AsyncClient, object, CollectorRegistry]]:
+    registry = CollectorRegistry()
+    settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1")
+    runner = build(settings, registry, None)
+    service = runner._http_app.state.goodput_service  # noqa: SLF001
+    service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
+    transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+        yield c, service, registry
+
+
+def _ladder(**kw: object) -> tuple[Ladder, list[float]]:
+    now = [0.0]
+    ladder = Ladder(LatencyProfile(), clock=lambda: now[0], interval_s=1.0, min_samples=5, rand=lambda: 0.05,
+                    metrics=LadderMetrics(None), **kw)  # type: ignore[arg-type]
+    ladder.level(1)  # the class's first interval starts now
+    return ladder, now
+
+
+def _interval(ladder: Ladder, now: list[float], *, missed: bool, n: int = 5) -> None:
+    now[0] += 1.0
+    for _ in range(n):
+        ladder.observe(1, missed=missed)
+
+
+def test_the_ladder_climbs_in_the_profiles_order_then_sheds_then_comes_back() -> None:
+    ladder, now = _ladder()
+    seen = []
+    for _ in range(5):
+        _interval(ladder, now, missed=True)
+        seen.append(ladder.active(1))
+    assert seen[-1] == ("skip_rerank", "fewer_chunks", "exact_cache_only", "fallback_model", "shed")
+    assert [len(s) for s in seen] == [1, 2, 3, 4, 5] and ladder.shed_share(1) == pytest.approx(0.1)
+    assert ladder.sheds(1)  # rand() = 0.05 < 0.1
+    _interval(ladder, now, missed=True)
+    assert ladder.shed_share(1) == pytest.approx(0.2)
+    for _ in range(2):
+        _interval(ladder, now, missed=False)
+    assert ladder.shed_share(1) == 0.0 and ladder.level(1) == 5 and not ladder.sheds(1)
+    for _ in range(5):
+        _interval(ladder, now, missed=False)
+    assert ladder.active(1) == ()
+    assert ladder.active(2) == () and ladder.level(2) == 0  # one class's trouble moves no other class
+
+
+def test_a_few_requests_do_not_move_it_and_a_disabled_ladder_never_does() -> None:
+    ladder, now = _ladder()
+    _interval(ladder, now, missed=True, n=4)  # under min_samples
+    assert ladder.level(1) == 0
+    off, now = _ladder(enabled=False)
+    for _ in range(6):
+        _interval(off, now, missed=True)
+    assert off.active(1) == () and not off.sheds(1)
+
+
+async def test_a_shedding_class_is_refused_before_anything_is_spent(gateway) -> None:  # type: ignore[no-untyped-def]
+    client, service, registry = gateway
+    service.ladder._of(1).level, service.ladder._of(1).shed = 5, 0.9  # noqa: SLF001 - P0 at its last step
+    service.ladder.rand = lambda: 0.0
+    resp = await post(client, chat(priority="P0"))
+    error = assert_openai_error(resp, 429)
+    assert error["code"] == "degraded_shed" and float(resp.headers["retry-after"]) >= 1
+    assert registry.get_sample_value("goodput_gateway_degradations_total", {"step": "shed", "priority": "P0"}) == 1
+    service.ladder.rand = lambda: 0.99  # the share not shed goes on (to the absent scheduler)
+    assert_openai_error(await post(client, chat(priority="P0")), 503)
+
+
+async def test_deadline_headers_are_honoured_and_checked(gateway) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = gateway
+    for bad in ("0", "-5", "soon", "1e12"):
+        assert_openai_error(await post(client, chat(), headers={**AUTH, "X-Goodput-Deadline-Ms": bad}), 400,
+                            "x-goodput-deadline-ms")
+    assert_openai_error(await post(client, chat(), headers={**AUTH, "Request-Timeout-Ms": "5000"}), 503)
+
+
+async def test_feedback_withdraws_a_discarded_answers_goodput_once(gateway) -> None:  # type: ignore[no-untyped-def]
+    client, service, registry = gateway
+    service.feedback.keep(_Answer(request_id="req-1", tenant="a", model="m", priority=1, tokens=30))
+    other = {"Authorization": "Bearer k-p2"}  # tenant b: tenant a's answer is not its to judge
+    assert (await client.post("/v1/feedback", json={"request_id": "req-1", "verdict": "discarded"},
+                              headers=other)).status_code == 404
+    resp = await client.post("/v1/feedback", json={"request_id": "req-1", "verdict": "regenerated"}, headers=AUTH)
+    assert resp.status_code == 200 and resp.json()["goodput_tokens_withdrawn"] == 30
+    again = await client.post("/v1/feedback", json={"request_id": "req-1", "verdict": "discarded"}, headers=AUTH)
+    assert again.json()["goodput_tokens_withdrawn"] == 0
+    labels = {"priority": "P0", "tenant": service.timing_metrics.tenant_label("a"), "model": "m"}
+    assert registry.get_sample_value("goodput_gateway_goodput_discarded_tokens_total", labels) == 30
+    bad = await client.post("/v1/feedback", json={"request_id": "req-1", "verdict": "meh"}, headers=AUTH)
+    assert_openai_error(bad, 400, "verdict")
+    assert_openai_error(await client.post("/v1/feedback", json={"request_id": "nope", "verdict": "used"},
+                                          headers=AUTH), 404, "request_id")
