@@ -287,6 +287,7 @@ LATENCY_METRICS = {
     "goodput_gateway_breaker_state": ("dependency",),
     "goodput_gateway_slo_requests_total": ("priority", "tenant", "model", "result"),
     "goodput_gateway_goodput_tokens_total": ("priority", "tenant", "model"),
+    "goodput_gateway_goodput_discarded_tokens_total": ("priority", "tenant", "model"),
     "goodput_worker_engine_busy_seconds_total": (),
     "goodput_worker_generated_tokens_total": (),
     "goodput_worker_peak_tokens_per_second": (),
