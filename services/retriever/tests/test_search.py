@@ -213,3 +213,31 @@ async def test_a_foreign_chunk_planted_in_a_collection_is_never_returned(retriev
                                                       "document_id": "planted", "text": "tenant B data"})])
     r = await retriever.search(SearchQuery(tenant="tenant-a", kb="kb", query="green tea heart", fusion="dense"))
     assert r.hits and "planted" not in {h.document_id for h in r.hits}
+
+
+async def test_each_leg_and_the_rerank_run_under_the_callers_budget(retriever: Retriever, model, embedder) -> None:  # type: ignore[no-untyped-def]
+    """The gateway's budgets per leg and for rerank (and the call's deadline) bound each part of the search: a leg
+    over its budget is dropped (degraded, noted), a rerank over its budget leaves the fused order (noted)."""
+    import time
+
+    await load(retriever, model, "acme", "kb", DOCS)
+    embedder.delay_s = 0.3  # under the retriever's own 0.5 s, over the caller's 0.1 s
+    r = await retriever.search(SearchQuery(tenant="acme", kb="kb", query="bicycle chain", leg_budget_s=0.1))
+    assert r.degraded and any("dense leg timed out after 0.1 s" in n for n in r.notes) and r.hits
+    r = await retriever.search(SearchQuery(tenant="acme", kb="kb", query="bicycle chain",
+                                           deadline=time.monotonic() + 0.1))  # the call's time left, likewise
+    assert r.degraded and any("dense leg timed out" in n for n in r.notes)
+    embedder.delay_s = 0.0
+
+    class SlowReranker:
+        def rerank(self, query, hits, top_n):  # type: ignore[no-untyped-def]
+            time.sleep(0.3)
+            return list(reversed(hits))[:top_n]
+
+    retriever.reranker = SlowReranker()  # type: ignore[assignment]
+    fused = await retriever.search(SearchQuery(tenant="acme", kb="kb", query="bicycle chain"))
+    r = await retriever.search(SearchQuery(tenant="acme", kb="kb", query="bicycle chain", rerank=True,
+                                           rerank_budget_s=0.05))
+    assert [h.chunk_id for h in r.hits] == [h.chunk_id for h in fused.hits]
+    assert any("rerank skipped: over its budget" in n for n in r.notes)
+    assert [t.ok for t in r.timings if t.leg == "rerank"] == [False]

@@ -117,9 +117,10 @@ class Knowledge:
             return await self._embedding.embed(texts, model=model)
 
     async def search(self, tenant: str, kb: str, query: str, *, top_k: int = 0, fusion: str = "",
-                     dense_weight: float | None = None, rerank: bool = False,
-                     timeout_s: float | None = None) -> retriever_pb2.SearchResponse:
-        """``timeout_s``: the caller's stage budget (capped by knowledge_timeout_s)."""
+                     dense_weight: float | None = None, rerank: bool = False, timeout_s: float | None = None,
+                     leg_budget_s: float = 0.0, rerank_budget_s: float = 0.0) -> retriever_pb2.SearchResponse:
+        """``timeout_s``: the caller's stage budget (capped by knowledge_timeout_s); the leg and rerank budgets go to
+        the retriever, which runs each leg under min(its budget, the time left)."""
         check_length(kb, self.settings.max_name_chars, param="knowledge_base")
         check_length(query, self.settings.max_query_chars, param="query")
         if self._retrieval is None:
@@ -127,7 +128,8 @@ class Knowledge:
         if fusion not in _FUSION:
             raise InvalidArgument("'fusion' must be 'rrf' or 'weighted'", param="fusion", code="invalid_value")
         req = retriever_pb2.SearchRequest(tenant=tenant, knowledge_base=kb, query=query, top_k=top_k,
-                                          fusion=_FUSION[fusion], rerank=rerank)
+                                          fusion=_FUSION[fusion], rerank=rerank, leg_budget_s=leg_budget_s,
+                                          rerank_budget_s=rerank_budget_s)
         if dense_weight is not None:
             req.dense_weight = dense_weight
         return await self._call(self._retrieval.Search, req, breaker=self.retriever_breaker, timeout_s=timeout_s)

@@ -49,7 +49,10 @@ class StageBudgets(_Strict):
     cache_lookup: float = Field(0.25, gt=0, description="Response-cache lookup; slower is served uncached.")
     retrieval: float = Field(2.0, gt=0, description="The retrieval hop (embed, dense and lexical legs, fusion, "
                                                     "rerank) of a RAG request.")
-    rerank: float = Field(0.5, gt=0, description="Rerank, inside retrieval (its share of the retrieval budget).")
+    retrieval_leg: float = Field(1.5, gt=0, description="Each retrieval leg, inside retrieval (dense: embed + vector "
+                                                        "search; lexical: BM25), run in parallel; a leg over it is "
+                                                        "dropped and the search is degraded.")
+    rerank: float = Field(0.5, gt=0, description="Rerank, inside retrieval; over it, the fused order stands.")
     prompt_assembly: float = Field(0.05, gt=0, description="Grounding the prompt and estimating its cost.")
     queue_wait: float = Field(30.0, gt=0, description="Waiting in the scheduler's queue for a worker.")
     ttft: float = Field(10.0, gt=0, description="Prefill: worker start to first token.")

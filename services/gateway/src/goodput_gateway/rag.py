@@ -33,7 +33,7 @@ answers the search with two chunks, and both fit the budget:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from goodput_core.errors import InvalidArgument
@@ -64,6 +64,9 @@ class Retrieval:
     top_k: int = 0
     rerank: bool = False
     context_share: float = 1.0
+    leg_budget_s: float = 0.0  # each leg's budget (the class's retrieval_leg), 0 = the retriever's own
+    rerank_budget_s: float = 0.0
+    legs: dict[str, float] = field(default_factory=dict, compare=False)  # filled: each leg's seconds
 
 
 def _query(request: GenerationRequest) -> str:
@@ -91,8 +94,11 @@ async def augment(knowledge: Any, settings: GatewaySettings, *, tenant: str, req
     extra: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s else {}
     if how.rerank:
         extra["rerank"] = True
+    if how.leg_budget_s or how.rerank_budget_s:
+        extra.update(leg_budget_s=how.leg_budget_s, rerank_budget_s=how.rerank_budget_s)
     result = await knowledge.search(tenant, request.knowledge_base, query[:settings.rag_max_query_chars],
                                     top_k=how.top_k or settings.rag_top_k, **extra)
+    how.legs.update({t.leg: t.seconds for t in getattr(result, "timings", ())})
     budget = int(context_budget(request, settings, max_model_len) * how.context_share)
     sources: list[Source] = []
     parts: list[str] = []

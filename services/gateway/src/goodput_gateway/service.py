@@ -365,6 +365,7 @@ class GatewayService:
                                                  timeout_s=deadline.cap(cls.budgets.retrieval), rag=rag)
         if engine.knowledge_base:
             timeline.mark("retrieval")
+            timeline.retrieval_legs.update(rag.legs)  # inside retrieval, in parallel: reported, not summed
 
         # cost, once, on the final prompt; then admission: the scheduler leases a worker (or sheds)
         final, cost = resolve_cost(grounded, self.settings, max_model_len=model.max_model_len)
@@ -424,10 +425,12 @@ class GatewayService:
         if rerank and "skip_rerank" in take:
             rerank = False
             self._degrade(timeline, "skip_rerank", priority)
+        legs, rerank_s = cls.budgets.retrieval_leg, cls.budgets.rerank
         if "fewer_chunks" in take:
             self._degrade(timeline, "fewer_chunks", priority)
-            return Retrieval(top_k=max(self.settings.rag_top_k // 2, 1), rerank=rerank, context_share=0.5)
-        return Retrieval(rerank=rerank)
+            return Retrieval(top_k=max(self.settings.rag_top_k // 2, 1), rerank=rerank, context_share=0.5,
+                             leg_budget_s=legs, rerank_budget_s=rerank_s)
+        return Retrieval(rerank=rerank, leg_budget_s=legs, rerank_budget_s=rerank_s)
 
     async def _retrieve(self, principal: Principal, request: GenerationRequest, *, max_model_len: int,
                         timeout_s: float | None = None,

@@ -103,6 +103,7 @@ class Timeline:
     engine: EngineTimes | None = None
     completion_tokens: int = 0
     degraded: list[str] = field(default_factory=list)
+    retrieval_legs: dict[str, float] = field(default_factory=dict)  # the retriever's legs (parallel), seconds
     _first: float | None = None
     _last: float | None = None
     _finished: bool = False
@@ -181,6 +182,8 @@ class Timeline:
             body["over_budget"] = self.over_budget(cls, stages)
         if self.degraded:
             body["degraded"] = list(self.degraded)
+        if self.retrieval_legs:  # inside the retrieval stage (dense and lexical run in parallel)
+            body["retrieval_legs_ms"] = {k: round(v * 1000, 3) for k, v in self.retrieval_legs.items()}
         return body
 
     def over_budget(self, cls: ClassProfile, stages: dict[str, float] | None = None) -> list[str]:

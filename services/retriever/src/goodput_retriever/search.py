@@ -62,6 +62,9 @@ class SearchQuery:
     dense_weight: float | None = None
     recall_k: int = 0
     rerank: bool = False
+    leg_budget_s: float = 0.0  # the caller's budget per leg; 0 = leg_timeout_s alone
+    rerank_budget_s: float = 0.0  # the caller's budget for rerank; 0 = none but the deadline
+    deadline: float | None = None  # time.monotonic() by which the caller needs the answer
 
 
 @dataclass(frozen=True)
@@ -158,15 +161,24 @@ class Retriever:
                                      asyncio.to_thread(self.lexical.exists, tenant, kb), return_exceptions=True)
         return v is True or lx is True
 
-    async def _leg(self, name: str, run: Callable[[], Awaitable[list[Hit]]]) -> tuple[list[Hit] | None, LegTiming,
-                                                                                      str | None]:
+    def _leg_timeout(self, q: SearchQuery) -> float:
+        """A leg's time: min(leg_timeout_s, the caller's leg budget, the time the call has left)."""
+        limit = self.settings.leg_timeout_s
+        if q.leg_budget_s > 0:
+            limit = min(limit, q.leg_budget_s)
+        if q.deadline is not None:
+            limit = min(limit, max(q.deadline - time.monotonic(), 0.001))
+        return limit
+
+    async def _leg(self, name: str, run: Callable[[], Awaitable[list[Hit]]],
+                   timeout_s: float) -> tuple[list[Hit] | None, LegTiming, str | None]:
         started = time.perf_counter()
         note = None
         hits: list[Hit] | None = None
         try:
-            hits = await asyncio.wait_for(run(), self.settings.leg_timeout_s)
+            hits = await asyncio.wait_for(run(), timeout_s)
         except asyncio.TimeoutError:
-            note = f"{name} leg timed out after {self.settings.leg_timeout_s:g} s"
+            note = f"{name} leg timed out after {timeout_s:g} s"
             self.metrics.leg_failures.labels(name, "timeout").inc()
         except Exception as err:  # noqa: BLE001 - a failed leg degrades the search, it does not fail it
             note = f"{name} leg failed: {type(err).__name__}: {str(err)[:200]}"
@@ -194,7 +206,8 @@ class Retriever:
             legs.append(("dense", dense))
         if fusion != "dense":
             legs.append(("lexical", lexical))
-        outcomes = await asyncio.gather(*(self._leg(name, run) for name, run in legs))
+        leg_timeout = self._leg_timeout(q)
+        outcomes = await asyncio.gather(*(self._leg(name, run, leg_timeout) for name, run in legs))
         result = SearchResult(hits=[], kb_version=self.version(q.tenant, q.kb))
         lists: dict[str, list[Hit]] = {}
         for (name, _), (hits, timing, note) in zip(legs, outcomes, strict=True):
@@ -222,12 +235,30 @@ class Retriever:
             if self.reranker is None:
                 result.notes.append("rerank skipped: no reranker configured")
             else:
-                started = time.perf_counter()
-                fused = await asyncio.to_thread(self.reranker.rerank, q.query, fused[:recall_k],
-                                                min(top_k, self.settings.rerank_top_n))
-                result.timings.append(LegTiming("rerank", time.perf_counter() - started, True))
+                fused = await self._rerank(q, fused, recall_k, top_k, result)
         result.hits = fused[:top_k]
         return result
+
+    async def _rerank(self, q: SearchQuery, fused: list[Hit], recall_k: int, top_k: int,
+                      result: SearchResult) -> list[Hit]:
+        """The rerank pass under min(the caller's rerank budget, the time left); over it, the fused order stands
+        (with a note), rather than the whole search failing."""
+        assert self.reranker is not None
+        limit = q.rerank_budget_s if q.rerank_budget_s > 0 else None
+        if q.deadline is not None:
+            left = max(q.deadline - time.monotonic(), 0.001)
+            limit = left if limit is None else min(limit, left)
+        started = time.perf_counter()
+        try:
+            reranked = await asyncio.wait_for(asyncio.to_thread(
+                self.reranker.rerank, q.query, fused[:recall_k], min(top_k, self.settings.rerank_top_n)), limit)
+        except asyncio.TimeoutError:
+            result.notes.append(f"rerank skipped: over its budget of {limit:g} s")
+            result.timings.append(LegTiming("rerank", time.perf_counter() - started, False))
+            self.metrics.leg_failures.labels("rerank", "timeout").inc()
+            return fused
+        result.timings.append(LegTiming("rerank", time.perf_counter() - started, True))
+        return list(reranked)
 
     # ---- write side (IndexStore) -----------------------------------------------------------------------------
     async def open(self, tenant: str, kb: str) -> tuple[bool, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from goodput.retriever.v1 import retriever_pb2, retriever_pb2_grpc
@@ -26,6 +27,12 @@ class GrpcQueryEmbedder:
         return await self._client.embed_one(text)
 
 
+def _deadline(context: aio.ServicerContext) -> float | None:
+    """The call's deadline on the monotonic clock (each leg gets the time left), less a margin for the reply."""
+    left = context.time_remaining()
+    return time.monotonic() + max(left - 0.005, 0.0) if left is not None else None
+
+
 class RetrievalServicer(retriever_pb2_grpc.RetrievalServicer):
     def __init__(self, retriever: Retriever) -> None:
         self.retriever = retriever
@@ -35,7 +42,9 @@ class RetrievalServicer(retriever_pb2_grpc.RetrievalServicer):
         r = await self.retriever.search(SearchQuery(
             tenant=request.tenant, kb=request.knowledge_base, query=request.query, top_k=request.top_k,
             fusion=_FUSION.get(request.fusion, "?"), recall_k=request.recall_k, rerank=request.rerank,
-            dense_weight=request.dense_weight if request.HasField("dense_weight") else None))
+            dense_weight=request.dense_weight if request.HasField("dense_weight") else None,
+            leg_budget_s=max(request.leg_budget_s, 0.0), rerank_budget_s=max(request.rerank_budget_s, 0.0),
+            deadline=_deadline(context)))
         return retriever_pb2.SearchResponse(
             hits=[retriever_pb2.Hit(chunk_id=h.chunk_id, document_id=h.document_id, score=h.score, text=h.text,
                                     metadata=h.metadata) for h in r.hits],

@@ -21,7 +21,7 @@ FUSION_DENSE_ONLY: Fusion
 FUSION_LEXICAL_ONLY: Fusion
 
 class SearchRequest(_message.Message):
-    __slots__ = ("tenant", "knowledge_base", "query", "top_k", "fusion", "dense_weight", "recall_k", "rerank")
+    __slots__ = ("tenant", "knowledge_base", "query", "top_k", "fusion", "dense_weight", "recall_k", "rerank", "leg_budget_s", "rerank_budget_s")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,8 @@ class SearchRequest(_message.Message):
     DENSE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     RECALL_K_FIELD_NUMBER: _ClassVar[int]
     RERANK_FIELD_NUMBER: _ClassVar[int]
+    LEG_BUDGET_S_FIELD_NUMBER: _ClassVar[int]
+    RERANK_BUDGET_S_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     knowledge_base: str
     query: str
@@ -38,7 +40,9 @@ class SearchRequest(_message.Message):
     dense_weight: float
     recall_k: int
     rerank: bool
-    def __init__(self, tenant: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., fusion: _Optional[_Union[Fusion, str]] = ..., dense_weight: _Optional[float] = ..., recall_k: _Optional[int] = ..., rerank: _Optional[bool] = ...) -> None: ...
+    leg_budget_s: float
+    rerank_budget_s: float
+    def __init__(self, tenant: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., fusion: _Optional[_Union[Fusion, str]] = ..., dense_weight: _Optional[float] = ..., recall_k: _Optional[int] = ..., rerank: _Optional[bool] = ..., leg_budget_s: _Optional[float] = ..., rerank_budget_s: _Optional[float] = ...) -> None: ...
 
 class Hit(_message.Message):
     __slots__ = ("chunk_id", "document_id", "score", "text", "metadata")
