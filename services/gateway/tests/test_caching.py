@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ from goodput_gateway.__main__ import build
 from goodput_gateway.auth import Principal
 from goodput_gateway.caching import GatewayCache
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.metrics import StreamEnd, TextDelta
 from goodput_gateway.pipeline import ModelEntry, Pipeline
 from goodput_gateway.schemas import ChatCompletionRequest, parse
 
@@ -48,7 +50,7 @@ async def cache_service(redis_url: str, redis_prefix: str) -> AsyncIterator[tupl
         await runner.stop()
 
 
-def _client(cache_addr: str, monkeypatch: pytest.MonkeyPatch) -> httpx.AsyncClient:
+def _client(cache_addr: str, monkeypatch: pytest.MonkeyPatch, **overrides: Any) -> httpx.AsyncClient:
     async def models(self: Pipeline) -> list[ModelEntry]:
         return [MODEL]
 
@@ -58,7 +60,7 @@ def _client(cache_addr: str, monkeypatch: pytest.MonkeyPatch) -> httpx.AsyncClie
     monkeypatch.setattr(Pipeline, "models", models)
     monkeypatch.setattr(Pipeline, "open", open_)
     settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1",
-                               cache_addr=cache_addr, cache_timeout_s=5.0)
+                               cache_addr=cache_addr, cache_timeout_s=5.0, **overrides)
     runner = build(settings, CollectorRegistry(), None)
     transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
     return httpx.AsyncClient(transport=transport, base_url="http://gw", headers={"Authorization": "Bearer k-a"})
@@ -178,3 +180,53 @@ async def test_the_cache_breaker_opens_on_a_dead_cache_and_closes_after_it_retur
             assert status.status == "miss" and state() == 0
         finally:
             await runner.stop()
+
+
+class _Answering:
+    """A stand-in for a worker's stream (no engine runs in these tests): one short answer."""
+
+    start = SimpleNamespace(worker_id="stand-in", prompt_tokens=3)
+
+    async def events(self) -> AsyncIterator[Any]:
+        yield TextDelta("Goodput.")
+        yield StreamEnd(finish_reason="stop", prompt_tokens=3, completion_tokens=2)
+
+    async def aclose(self) -> None:
+        return None
+
+    def usage(self) -> tuple[int, int, int]:
+        return 3, 2, 0
+
+
+async def test_a_stage_over_its_budget_takes_the_ladders_next_step_and_says_so(
+        cache_service: tuple[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """P0's cache lookup gets a budget no lookup can meet: each lookup is cut at it (the answer is served uncached)
+    and runs the stage over budget; after enough such answers the ladder takes P0's next step (exact-only cache),
+    and the answers say so. P1 is not touched."""
+    import asyncio
+
+    addr, _ = cache_service
+    async with _client(addr, monkeypatch, latency_profile={"P0": {"budgets": {"cache_lookup": 1e-9},
+                                                                  "ladder": ["exact_cache_only", "shed"]}},
+                       ladder_interval_s=0.01) as client:
+        async def answering(self: Pipeline, *args: Any, **kwargs: Any) -> _Answering:
+            return _Answering()
+
+        monkeypatch.setattr(Pipeline, "open", answering)
+
+        async def ask(priority: str) -> httpx.Response:
+            r = await client.post("/v1/chat/completions", json=chat("What is goodput?", priority=priority),
+                                  headers={"Cache-Control": "no-store"} if priority == "P1" else {})
+            assert r.status_code == 200, r.text
+            return r
+
+        first = await ask("P0")
+        assert "goodput_degraded" not in first.json() and "cache_lookup" in first.headers["server-timing"]
+        for _ in range(12):  # enough answers over budget for the ladder to judge
+            await ask("P0")
+        await asyncio.sleep(0.02)  # its interval passes
+        await ask("P0")
+        r = await ask("P0")
+        assert r.json()["goodput_degraded"] == ["exact_cache_only"] and r.headers["x-goodput-degraded"] == \
+            "exact_cache_only"
+        assert "goodput_degraded" not in (await ask("P1")).json()
