@@ -43,6 +43,9 @@ _CELERY_FLAGS = ["--pool", "solo", "--loglevel", "INFO", "--without-gossip", "--
 # A gateway replica's ports are the first's plus this many per replica (the workers' ports follow theirs one by one,
 # so a stride of 1 would land a second gateway on the scheduler's port).
 GATEWAY_PORT_STRIDE = 20
+# The latency profile of a local platform (goodput_gateway.profile): SLOs for the dev model on CPU cores.
+LOCAL_LATENCY_PROFILE = ('{"P0": {"slo": {"ttft_s": 30, "tpot_s": 1.0}}, "P1": {"slo": {"ttft_s": 60, "tpot_s": 2.0}}, '
+                         '"P2": {"slo": {"ttft_s": 240, "tpot_s": 4.0}}}')
 
 
 def _shift(key: str, instance: int) -> int:
@@ -191,6 +194,10 @@ def plan(w: Wiring) -> list[ServiceSpec]:
         if key == "gateway":
             for i in range(w.gateways):
                 env = {**_service_env(key, w, running, i), svc.env("API_KEYS_FILE"): str(w.workdir / "api-keys.json")}
+                if svc.env("LATENCY_PROFILE") not in w.inherited:
+                    # The built-in SLOs are a GPU fleet's; a 135M model on a few CPU cores gets its own, so a local
+                    # platform's degradation ladder moves on real trouble, not on the CPU's ordinary pace.
+                    env[svc.env("LATENCY_PROFILE")] = LOCAL_LATENCY_PROFILE
                 specs.append(_spec("gateway" if i == 0 else f"gateway-{i}", [w.python, "-m", svc.package], env,
                                    grpc_addr(key, w.port_offset, i), w, public=True))
             continue
