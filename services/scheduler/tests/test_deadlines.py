@@ -62,9 +62,15 @@ async def test_the_queue_wait_budget_bounds_the_wait(workers) -> None:  # type: 
         await h.clock.advance(2.5)  # its budget (not its 60 s deadline) passes while it waits
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await waiting.read()
-        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "queue-wait budget" in err.value.details()
         assert h.metric("goodput_scheduler_admissions_total", {"priority": "P0"}) == 1  # only the holder
+        assert h.metric("goodput_scheduler_shed_total", {"priority": "P0", "reason": "queue_budget"}) == 1
         holder.cancel()
+        await h.until(lambda: h.workers.all()[0].inflight == 0)
+        # the budget bounds the wait only: a request whose service outlasts it (not its deadline) is granted
+        ok, event = await open_lease(h, "long", timeout=10, max_tokens=400, max_queue_wait_s=0.05)
+        assert event.HasField("granted")
+        ok.cancel()
 
 
 def test_the_predictor_learns_from_finished_requests() -> None:

@@ -161,6 +161,7 @@ class Lease:
     granted_at: float
     hold: Hold
     priority: int = P1
+    first_token_at: float | None = None  # when the gateway reported the first token (the scheduler's clock)
 
     @property
     def released(self) -> bool:

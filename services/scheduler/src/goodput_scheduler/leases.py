@@ -153,10 +153,12 @@ class LeaseManager:
         self.overload.update(queued=self.queued(), drain_rate=self.drain.rate(self.clock.now()),
                              workers=self.registry.healthy())
 
-    def enqueue(self, req: PlacementRequest, *, deadline: float | None) -> Ticket:
+    def enqueue(self, req: PlacementRequest, *, deadline: float | None,
+                queue_deadline: float | None = None) -> Ticket:
         """Admits the request into its class queue (and dispatches at once), or refuses it: ResourceExhausted
-        (queue full, or the class is shed under overload) or DeadlineExceeded (already expired). ``deadline`` is
-        on this manager's clock."""
+        (queue full, or the class is shed under overload) or DeadlineExceeded (already expired). ``deadline`` (the
+        request's) and ``queue_deadline`` (its queue-wait budget's end: it may not wait past it) are on this
+        manager's clock."""
         now = self.clock.now()
         prio = req.priority if req.priority in CLASSES else P1
         label = priority_name(prio)
@@ -180,7 +182,10 @@ class LeaseManager:
         effective = deadline
         if timeout_s > 0:
             effective = min(deadline, now + timeout_s) if deadline is not None else now + timeout_s
+        if queue_deadline is not None:
+            effective = min(effective, queue_deadline) if effective is not None else queue_deadline
         ticket = Ticket(request=req, priority=prio, deadline=effective, call_deadline=deadline, enqueued_at=now,
+                        queue_deadline=queue_deadline,
                         seq=next(self._seq), future=asyncio.get_running_loop().create_future())
         queue.push(ticket)
         self.efficiency.queued(prio, model=req.model)
@@ -324,6 +329,11 @@ class LeaseManager:
                 and ticket.call_deadline <= ticket.deadline:
             self._fail(ticket, "deadline",
                        DeadlineExceeded("the request's deadline passed while it waited for a worker"))
+        elif ticket.queue_deadline is not None and ticket.deadline is not None \
+                and ticket.queue_deadline <= ticket.deadline:
+            self._fail(ticket, "queue_budget", DeadlineExceeded(
+                f"the request waited {ticket.queue_deadline - ticket.enqueued_at:g} s for a worker, its class's "
+                "queue-wait budget"))
         else:
             limit = self.queues.limits(ticket.priority)[1]
             self._fail(ticket, "timeout", DeadlineExceeded(
@@ -380,6 +390,7 @@ class LeaseManager:
         (the prefill gate may now admit more there), and a P0 TTFT reaches the latency guard at once."""
         if not self.book.first_token(lease):
             return
+        lease.first_token_at = self.clock.now()
         if lease.priority == P0:
             self.guard.observe(ttft_s)
         self._dispatch()
@@ -393,8 +404,12 @@ class LeaseManager:
         if not self.book.close(lease):
             return
         if outcome == scheduler_pb2.OUTCOME_OK and completion_tokens:
-            self.predictor.observe(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, ttft_s=ttft_s,
-                                   duration_s=self.clock.now() - lease.granted_at)
+            # Service time from the grant: the gateway's TTFT counts from arrival (queue, retrieval...), the first
+            # token's report on this lease from the grant.
+            prefill_s = (lease.first_token_at - lease.granted_at if lease.first_token_at is not None
+                         else min(ttft_s, max(ttft_s - lease.queue_wait_s, 0.0)))
+            self.predictor.observe(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                   ttft_s=prefill_s, duration_s=self.clock.now() - lease.granted_at)
         if lease.priority == P0 and outcome == scheduler_pb2.OUTCOME_OK and not ttft_reported:
             self.guard.observe(ttft_s)
         now = self.clock.now()

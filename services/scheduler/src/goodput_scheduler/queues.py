@@ -88,6 +88,7 @@ class Ticket:
     future: asyncio.Future[Grant]
     queue: ClassQueue | None = None
     claimed: bool = False  # the grant became a Lease (or was undone)
+    queue_deadline: float | None = None  # the end of its queue-wait budget (Admit.max_queue_wait_s)
 
     def sort_key(self, fifo: bool) -> tuple[float, int]:
         if fifo:

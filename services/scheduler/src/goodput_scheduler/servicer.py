@@ -63,14 +63,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         remaining = context.time_remaining()
         now = self.leases.clock.now()
         deadline = now + remaining if remaining is not None else None
-        if a.max_queue_wait_s > 0:  # the class's queue-wait budget: waiting longer than it is a failure too
-            deadline = min(deadline, now + a.max_queue_wait_s) if deadline is not None else now + a.max_queue_wait_s
+        # the class's queue-wait budget: waiting longer than it fails the request too (its service is judged
+        # against the request's own deadline)
+        queue_deadline = now + a.max_queue_wait_s if a.max_queue_wait_s > 0 else None
         req = PlacementRequest(request_id=a.request_id, tenant=a.tenant, priority=int(a.priority), model=a.model,
                                prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
                                prefix_hint=a.prefix_hint, session_id=a.session_id,
                                tenant_weight=tenant_weight(a.tenant_weight))
         with request_context(request_id=a.request_id, tenant=a.tenant or None):
-            ticket = self.leases.enqueue(req, deadline=deadline)
+            ticket = self.leases.enqueue(req, deadline=deadline, queue_deadline=queue_deadline)
             try:
                 if not ticket.done:
                     yield scheduler_pb2.LeaseEvent(queued=scheduler_pb2.Queued(
