@@ -111,3 +111,13 @@ async def test_feedback_withdraws_a_discarded_answers_goodput_once(gateway) -> N
     assert_openai_error(bad, 400, "verdict")
     assert_openai_error(await client.post("/v1/feedback", json={"request_id": "nope", "verdict": "used"},
                                           headers=AUTH), 404, "request_id")
+
+
+def test_steps_that_change_nothing_here_are_passed_over() -> None:
+    """No rerank asked for, no semantic cache, no fallback model: the ladder goes from fewer chunks to shedding
+    in two moves instead of spending intervals on steps that would relieve nothing."""
+    ladder, now = _ladder(applies=lambda priority, step: step in ("fewer_chunks", "shed"))
+    _interval(ladder, now, missed=True)
+    assert ladder.active(1) == ("fewer_chunks",)
+    _interval(ladder, now, missed=True)
+    assert ladder.active(1) == ("fewer_chunks", "shed") and ladder.shed_share(1) > 0

@@ -77,7 +77,14 @@ class Ladder:
     raise_at: float = 0.1
     lower_at: float = 0.02
     rand: Callable[[], float] = random.random
+    # Whether a step can change anything for a class here (no fallback model configured, no semantic cache, no
+    # rerank asked for: the step is passed over rather than spending an interval on it).
+    applies: Callable[[int, str], bool] = lambda priority, step: True
     _classes: dict[int, _Class] = field(default_factory=dict)
+
+    def steps(self, priority: int) -> tuple[LadderStep, ...]:
+        """The class's ladder as it applies here, in order."""
+        return tuple(s for s in self.profile.of(priority).ladder if self.applies(priority, s))
 
     def _of(self, priority: int) -> _Class:
         state = self._classes.get(priority)
@@ -95,7 +102,7 @@ class Ladder:
         """The steps in force for a class now (none when the ladder is off)."""
         if not self.enabled:
             return ()
-        return self.profile.of(priority).ladder[:self._of(priority).level]
+        return self.steps(priority)[:self._of(priority).level]
 
     def sheds(self, priority: int) -> bool:
         """Whether this request is one the shed step refuses."""
@@ -116,11 +123,11 @@ class Ladder:
         if now - state.since < self.interval_s or state.seen < self.min_samples:
             return
         share = state.missed / state.seen
-        steps = len(self.profile.of(priority).ladder)
+        ladder = self.steps(priority)
         if share > self.raise_at:
-            if state.level < steps:
+            if state.level < len(ladder):
                 state.level += 1
-            if state.level == steps and self.profile.of(priority).ladder[-1:] == ("shed",):
+            if state.level == len(ladder) and ladder[-1:] == ("shed",):
                 state.shed = min(state.shed + _SHED_STEP, _SHED_MAX)
         elif share < self.lower_at:
             if state.shed > 0:

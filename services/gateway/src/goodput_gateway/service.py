@@ -179,6 +179,7 @@ class GatewayService:
         self.ladder = ladder or Ladder(settings.latency_profile, enabled=settings.ladder_enabled,
                                        interval_s=settings.ladder_interval_s, raise_at=settings.ladder_raise_at,
                                        lower_at=settings.ladder_lower_at)
+        self.ladder.applies = self._step_applies
         self.keys = keys
         self.quotas = quotas or Quotas(settings, redis_url="")
         self.meter = meter or Meter(settings, redis=None)
@@ -410,6 +411,16 @@ class GatewayService:
                           if tokens.inference else 0.0)
         outcome = "ok" if tokens.finished or tokens.cache_hit else "error" if not tokens.inference else "cancelled"
         self.meter.record(principal.tenant, model, usage, outcome=outcome)
+
+    def _step_applies(self, priority: int, step: str) -> bool:
+        """Whether a ladder step can change anything on this gateway (else the ladder passes over it)."""
+        if step == "skip_rerank":
+            return self.settings.rag_rerank
+        if step == "exact_cache_only":
+            return self.cache is not None and self.settings.cache_semantic
+        if step == "fallback_model":
+            return bool(self.settings.latency_profile.of(priority).fallback_model)
+        return True
 
     def _degrade(self, timeline: Timeline, step: str, priority: int) -> None:
         timeline.degraded.append(step)
