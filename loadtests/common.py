@@ -11,11 +11,12 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import platform
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -177,3 +178,19 @@ def write_report(out: Path, data: dict[str, Any], markdown: str) -> tuple[Path, 
     json_path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
     md_path.write_text(markdown.rstrip() + "\n", encoding="utf-8")
     return json_path, md_path
+
+
+def produce(args: Any, run: Callable[[Any], Awaitable[dict[str, Any]]], markdown: Callable[[dict[str, Any]], str],
+            plot: Callable[[dict[str, Any], Path], Path | None] | None = None) -> dict[str, Any]:
+    """A benchmark's report: measured by ``run(args)``, or re-rendered from the JSON ``args.render`` names; written
+    as ``<args.out>.json`` / ``.md`` (and ``.png`` with ``plot``), their paths printed; returns it."""
+    if args.render:
+        report: dict[str, Any] = json.loads(args.render.read_text(encoding="utf-8"))
+        out = args.render.with_suffix("")
+    else:
+        report = asyncio.run(run(args))
+        out = args.out
+    json_path, md_path = write_report(out, report, markdown(report))
+    png = plot(report, out.parent / f"{out.name}.png") if plot is not None else None
+    print(f"report: {md_path} {json_path} {png or ''}".rstrip())
+    return report

@@ -68,7 +68,7 @@ from typing import Any
 
 import httpx
 
-from loadtests.common import cpu_label, machine_info, markdown_table, percentile, summarize, write_report
+from loadtests.common import cpu_label, machine_info, markdown_table, percentile, produce, summarize
 from loadtests.simfleet import random_text
 
 __all__ = ["ARMS", "Outcome", "RetrievalCost", "Slo", "analyse_run", "capacity_from_ramp", "headline", "main",
@@ -1308,15 +1308,7 @@ def served(report: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.render:
-        report = json.loads(args.render.read_text(encoding="utf-8"))
-        out = args.render.with_suffix("")
-    else:
-        report = asyncio.run(benchmark(args))
-        out = args.out
-    json_path, md_path = write_report(out, report, render_markdown(report))
-    png = render_plot(report, out.parent / f"{out.name}.png")
-    print(f"report: {md_path} {json_path} {png or ''}")
+    report = produce(args, benchmark, render_markdown, render_plot)
     print(f"CPU: {cpu_label(report['machine'])}")
     h = report.get("headline")
     if h:

@@ -54,7 +54,7 @@ from typing import Any
 
 import httpx
 
-from loadtests.common import cpu_label, machine_info, markdown_table, percentile, summarize, write_report
+from loadtests.common import cpu_label, machine_info, markdown_table, percentile, produce, summarize
 from loadtests.simfleet import random_text
 
 __all__ = ["Outcome", "analyse_flood", "analyse_quiet", "goals", "main", "parse_reset", "refusal_kind",
@@ -923,15 +923,7 @@ def served(report: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.render:
-        report = json.loads(args.render.read_text(encoding="utf-8"))
-        out = args.render.with_suffix("")
-    else:
-        report = asyncio.run(benchmark(args))
-        out = args.out
-    json_path, md_path = write_report(out, report, render_markdown(report))
-    png = render_plot(report, out.parent / f"{out.name}.png")
-    print(f"report: {md_path} {json_path} {png or ''}")
+    report = produce(args, benchmark, render_markdown, render_plot)
     for g, measured, ok in goals(report):
         print(f"  {'MET ' if ok else 'MISS' if ok is not None else '  ? '} {g}: {measured}")
     return 0 if served(report) > 0 else 1

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loadtests.common import cpu_label, machine_info, markdown_table, percentile, summarize, write_report
+from loadtests.common import cpu_label, machine_info, markdown_table, percentile, produce, summarize
 from loadtests.simfleet import LeaseClient, RequestSpec, Result, SimFleet, random_text
 
 CLASSES = ("P0", "P1", "P2")
@@ -479,15 +479,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.render:
-        report = json.loads(args.render.read_text(encoding="utf-8"))
-        out = args.render.with_suffix("")
-    else:
-        report = asyncio.run(benchmark(args))
-        out = args.out
-    json_path, md_path = write_report(out, report, render_markdown(report))
-    png = render_plot(report, out.parent / f"{out.name}.png")
-    print(f"report: {md_path} {json_path} {png or ''}")
+    report = produce(args, benchmark, render_markdown, render_plot)
     for g, m, ok in goals(report):
         print(f"  {'MET ' if ok else 'MISS' if ok is not None else '  ? '} {g}: {m}")
     served = sum(lv["classes"][c]["n"] * (lv["classes"][c]["success_rate"] or 0)

@@ -25,7 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtests.common import bootstrap_diff_ci, cpu_label, machine_info, markdown_table, summarize, write_report
+from loadtests.common import (
+    bootstrap_diff_ci,
+    cpu_label,
+    machine_info,
+    markdown_table,
+    produce,
+    summarize,
+)
 from loadtests.simfleet import LeaseClient, RequestSpec, Result, SimFleet, random_text
 
 PLACEMENTS = {
@@ -188,14 +195,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.render:
-        report = json.loads(args.render.read_text(encoding="utf-8"))
-        out = args.render.with_suffix("")
-    else:
-        report = asyncio.run(benchmark(args))
-        out = args.out
-    json_path, md_path = write_report(out, report, render_markdown(report))
-    print(f"report: {md_path} {json_path}")
+    report = produce(args, benchmark, render_markdown)
     for g, m, ok in goals(report):
         print(f"  {'MET ' if ok else 'MISS'} {g}: {m}")
     return 0 if any(per[n]["ok"] for per in report["scenarios"].values() for n in PLACEMENTS) else 1
