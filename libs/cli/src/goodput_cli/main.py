@@ -20,6 +20,7 @@ from goodput_cli.chat import DEFAULT_GATEWAY_URL, DEV_MODEL, ChatError, resolve_
 from goodput_cli.keys import default_state_dir
 from goodput_cli.keys_cli import register as register_keys_commands
 from goodput_cli.knowledge import register as register_knowledge_commands
+from goodput_cli.sizing_cli import register as register_size_command
 from goodput_cli.status import collect, render
 from goodput_cli.supervisor import Platform, PlatformError
 
@@ -280,6 +281,7 @@ def status(
 
 register_knowledge_commands(app)  # `goodput index` and `goodput search`
 register_keys_commands(app)  # `goodput keys create|list|revoke|tenant`
+register_size_command(app)  # `goodput size`: GPUs, tensor parallelism and max_num_seqs for a model
 
 
 def main() -> None:
