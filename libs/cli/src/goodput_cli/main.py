@@ -1,5 +1,5 @@
 """The `goodput` command: `up` runs the platform here, `chat` asks it, `status` checks it, `keys` manages its API
-keys."""
+keys, `train` makes the cross-encoders."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from goodput_cli.knowledge import register as register_knowledge_commands
 from goodput_cli.sizing_cli import register as register_size_command
 from goodput_cli.status import collect, render
 from goodput_cli.supervisor import Platform, PlatformError
+from goodput_cli.train import register as register_train_command
 
 app = typer.Typer(help="Goodput: LLM inference and RAG platform, on this machine.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -38,6 +39,26 @@ class Priority(str, Enum):
     P0 = "P0"
     P1 = "P1"
     P2 = "P2"
+
+
+def cross_encoder_env(models_dir: Path, inherited: dict[str, str]) -> dict[str, str]:
+    """The settings that put the trained cross-encoders to work when they exist (and nothing set them already): the
+    retriever's reranker (and RAG asking for it) and the cache's verifier.
+
+    >>> cross_encoder_env(Path("/nowhere"), {})
+    {}
+    """
+    from goodput_crossencoder.card import MODEL_FOLDERS
+
+    env: dict[str, str] = {}
+    reranker, verifier = models_dir / MODEL_FOLDERS["reranker"], models_dir / MODEL_FOLDERS["verifier"]
+    if (reranker / "config.json").is_file() and "GOODPUT_RETRIEVER_RERANKER_MODEL" not in inherited:
+        env["GOODPUT_RETRIEVER_RERANKER_MODEL"] = str(reranker.resolve())
+        if "GOODPUT_GATEWAY_RAG_RERANK" not in inherited:
+            env["GOODPUT_GATEWAY_RAG_RERANK"] = "true"
+    if (verifier / "config.json").is_file() and "GOODPUT_CACHE_VERIFIER_MODEL" not in inherited:
+        env["GOODPUT_CACHE_VERIFIER_MODEL"] = str(verifier.resolve())
+    return env
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -120,6 +141,10 @@ def up(
         "--insecure-internal", envvar="GOODPUT_INSECURE_INTERNAL",
         help="Plaintext gRPC between the services (no certificates, no authorization by identity). The default "
              "is mutual TLS with a development CA in the state folder.")] = False,
+    models_dir: Annotated[Path, typer.Option(
+        "--models-dir", envvar="GOODPUT_MODELS_DIR",
+        help="Where `goodput train` put the cross-encoders: the retriever reranks RAG with the reranker and the "
+             "cache verifies semantic hits with the verifier when they are there.")] = Path("../shared/data/models"),
 ) -> None:
     """Start Redis (if needed) and every service here; Ctrl-C stops them all.
 
@@ -127,8 +152,11 @@ def up(
     """
     console = Console()
     workdir = (state_dir or default_state_dir()).resolve()
+    extra_env = cross_encoder_env(models_dir, dict(os.environ))
     platform = Platform(workdir=workdir, workers=workers, port_offset=port_offset, redis_db=redis_db,
-                        insecure_internal=insecure_internal, gateways=gateways)
+                        insecure_internal=insecure_internal, gateways=gateways, env=extra_env)
+    for name, value in extra_env.items():
+        console.print(f"{name}={value}", style="dim", highlight=False)
     if insecure_internal:
         console.print("warning: internal gRPC runs in PLAINTEXT (--insecure-internal): services do not authenticate "
                       "or authorize each other", style="yellow", highlight=False)
@@ -282,6 +310,7 @@ def status(
 register_knowledge_commands(app)  # `goodput index` and `goodput search`
 register_keys_commands(app)  # `goodput keys create|list|revoke|tenant`
 register_size_command(app)  # `goodput size`: GPUs, tensor parallelism and max_num_seqs for a model
+register_train_command(app)  # `goodput train reranker|verifier`
 
 
 def main() -> None:

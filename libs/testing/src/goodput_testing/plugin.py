@@ -6,6 +6,9 @@
   under it is deleted when the session ends, so two runs on one Redis (two checkouts, CI beside a developer) never
   see each other's keys.
 - ``redis_prefix`` (test): a prefix under the session's, for one test's keys, queues and channels; deleted after it.
+- ``tiny_cross_encoder`` (session): a one-layer cross-encoder folder in the exact format ``goodput train`` writes
+  (weights, tokenizer, int8 ONNX, model card) with an untrained head: for tests of loading, batching, deadlines and
+  the services' plumbing (what it says is arbitrary; the trained models' verdicts are measured by the loadtests).
 
 A test that talks to a Redis puts every key it writes under one of these prefixes (services take it through
 their ``KEY_PREFIX``-like settings).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +54,10 @@ def redis_prefix(redis_url: str, redis_session_prefix: str) -> Iterator[str]:
     prefix = f"{redis_session_prefix}-{uuid.uuid4().hex[:6]}"
     yield prefix
     delete_keys(redis_url, prefix)
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from goodput_crossencoder.training import make_untrained
+
+    return make_untrained(tmp_path_factory.mktemp("cross-encoder") / "tiny")
