@@ -16,6 +16,13 @@ every other hit is *wrong* (a wrong answer served). Reported per set and thresho
 GPTCache (`gptcache` package: faiss + sqlite data manager, SearchDistanceEvaluation, its default pipeline) is given
 the same all-MiniLM-L6-v2 ONNX embedding; its `similarity_threshold` is on its own scale (faiss squared L2 on unit
 vectors mapped to 0..1, so 0.95 means cosine >= 0.90).
+
+The fourth rule is the cache's **verifier** (``goodput_cache.verify``): the candidates among the top 4 from a lower
+similarity bound up (after the near-miss guard, or without it) are read by the cross-encoder ``goodput train
+verifier`` makes (``--verifier-model``, default ``<data-dir>/models/goodput-verifier-minilm``), and the most probable
+one at or above the probability threshold is served. The verifier trains on the train part of QQP, PAWS and MRPC and
+chooses its threshold on their validation part (``goodput_crossencoder.datasets``), so pairs are sampled from the
+**test** part here (``--part``): pairs it never saw. GPTCache's mock pairs are never trained on; all of them are used.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ from loadtests.common import cpu_label, machine_info, markdown_table, package_ve
 
 ROOT = Path(__file__).resolve().parent.parent
 THRESHOLDS = [0.80, 0.85, 0.86, 0.87, 0.88, 0.89, 0.90, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98]
+VERIFY_BOUNDS = [0.70, 0.75, 0.80, 0.85, 0.90]  # lower similarity bounds swept with the verifier
+VERIFY_THRESHOLDS = [0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98]  # probability thresholds swept (and the card's)
+GOAL_VERIFIED_WRONG = {"gptcache_mock": 0.01}  # else 0.05
+GOAL_VERIFIED_RECALL = 0.40
 MARGINS = [0.0, 0.01, 0.02, 0.03]  # ambiguity margins swept (with the guard)
 GPTCACHE_THRESHOLDS = [0.80, 0.90, 0.95]
 TOP_K = 4
@@ -61,16 +72,22 @@ def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
 
 
-def load_sets(data_dir: Path, max_pairs: int, seed: int) -> list[PairSet]:
-    raw: dict[str, list[tuple[str, str, int]]] = {
-        "qqp": [(r["text_a"], r["text_b"], int(r["label"])) for r in _jsonl(data_dir / "qqp" / "pairs.jsonl.gz")],
-        "paws": [(r["sentence1"], r["sentence2"], int(r["label"])) for r in _jsonl(data_dir / "paws" / "pairs.jsonl")],
-        "mrpc": [(r["sentence1"], r["sentence2"], int(r["label"])) for r in _jsonl(data_dir / "mrpc" / "pairs.jsonl")],
-        "gptcache_mock": [(r["origin"], r["similar"], 1) for r in _jsonl(data_dir / "gptcache_mock" / "pairs.jsonl")],
-    }
+def load_sets(data_dir: Path, max_pairs: int, seed: int, part: str = "test") -> list[PairSet]:
+    """Each set's pairs of one part of the split (``all``: every pair), at most ``max_pairs`` sampled."""
+    from goodput_crossencoder.datasets import PAIR_SETS, load_pairs, split_pairs
+
+    raw: dict[str, list[tuple[str, str, int]]] = {}
+    for name in PAIR_SETS:
+        pairs = load_pairs(data_dir, name)
+        chosen = pairs if part == "all" else split_pairs(pairs)[part]  # type: ignore[index]
+        if name == "gptcache_mock" and part != "test":
+            chosen = pairs if part == "all" else []
+        raw[name] = [(p.a, p.b, p.label) for p in chosen]
     sets = []
     rng = random.Random(seed)
     for name, pairs in raw.items():
+        if not pairs:
+            continue
         if max_pairs and len(pairs) > max_pairs:
             pairs = rng.sample(pairs, max_pairs)
         index: dict[str, int] = {}
@@ -161,6 +178,61 @@ def evaluate_goodput(ps: PairSet, emb: MemoEmbedder) -> dict[str, Any]:
                     wrong += 1
             rows.append(_row(t, guarded, len(ps.queries), n_pos, hits, wrong, correct) | {"margin": margin})
     return {"rows": rows, "guard_ms_per_check": guard_s * 1000 / max(1, len(guard_ok))}
+
+
+def evaluate_verifier(ps: PairSet, emb: MemoEmbedder, verifier: Any) -> dict[str, Any]:
+    """The verifier rule: among the top-4 candidates with similarity >= a lower bound (after the guard, or not), the
+    most probable one at or above the probability threshold is served. One row per bound, threshold and guard."""
+    from goodput_cache.guard import near_miss
+
+    stored = emb.embed_many(ps.stored)
+    queries = emb.embed_many(ps.queries)
+    sims = queries @ stored.T
+    top = np.argsort(-sims, axis=1)[:, :TOP_K]
+    low = min(VERIFY_BOUNDS)
+    todo = [(q, int(e)) for q in range(len(ps.queries)) for e in top[q] if sims[q, e] >= low]
+    t0 = time.perf_counter()
+    probs = verifier.judge_pairs([(ps.queries[q], ps.stored[e]) for q, e in todo]) if todo else np.zeros(0)
+    verify_s = time.perf_counter() - t0
+    prob = {k: float(p) for k, p in zip(todo, probs, strict=True)}
+    guard_ok = {k: near_miss(ps.queries[k[0]], ps.stored[k[1]]) is None for k in todo}
+    thresholds = sorted(set(VERIFY_THRESHOLDS) | {round(verifier.threshold, 4)})
+    n_pos = _answerable(ps)
+    rows = []
+    for bound in VERIFY_BOUNDS:
+        for guarded in (False, True):
+            for t in thresholds:
+                hits = wrong = correct = 0
+                for q in range(len(ps.queries)):
+                    cands = [int(e) for e in top[q] if sims[q, e] >= bound and (q, int(e)) in prob
+                             and (not guarded or guard_ok[(q, int(e))]) and prob[(q, int(e))] >= t]
+                    if not cands:
+                        continue
+                    e = max(cands, key=lambda x: prob[(q, x)])
+                    hits += 1
+                    if _correct(ps, q, e):
+                        correct += 1
+                    else:
+                        wrong += 1
+                rows.append(_row(t, guarded, len(ps.queries), n_pos, hits, wrong, correct) | {"bound": bound})
+    return {"rows": rows, "pairs_verified": len(todo), "verify_ms_per_pair": verify_s * 1000 / max(1, len(todo))}
+
+
+class VerifierJudge:
+    """The cache's verifier over many pairs at once (the evaluation batches what the service does per lookup)."""
+
+    def __init__(self, path: Path) -> None:
+        from goodput_cache.config import CacheSettings
+        from goodput_cache.verify import load_verifier
+
+        verifier = load_verifier(CacheSettings(verifier="cross-encoder", verifier_model=str(path), verifier_threads=0))
+        assert verifier is not None
+        self.verifier = verifier
+        self.threshold = verifier.threshold
+        self.name = verifier.name
+
+    def judge_pairs(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+        return np.asarray(self.verifier.model.score(pairs).probabilities)
 
 
 def _decide(sims: np.ndarray, top: np.ndarray, threshold: float, margin: float,
@@ -321,6 +393,7 @@ def report(data: dict[str, Any]) -> str:
              f"*cache* (what the service does: the guard, and a miss when a second candidate the guard lets through "
              f"is within {m:g} similarity of the best, since its answer differs: `GOODPUT_CACHE_AMBIGUITY_MARGIN`).",
              "", f"**Default threshold chosen: {data['chosen']['threshold']}** — {data['chosen']['rule']}.", ""]
+    lines += verifier_section(data)
     lines += ["## Against the goal (wrong-hit share <= 1% at a hit rate at least GPTCache's at 0.95)", "",
               "At GPTCache's hit rate: the strictest goodput threshold whose hit rate (with the cache's rule) is "
               "still at least GPTCache's at 0.95, and its wrong-hit share:", ""]
@@ -392,6 +465,89 @@ def report(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _vpick(rows: list[dict[str, Any]], bound: float, guard: bool, t: float) -> dict[str, Any]:
+    return next(r for r in rows if abs(r["bound"] - bound) < 1e-9 and r["guard"] == guard
+                and abs(r["threshold"] - t) < 1e-6)
+
+
+def verifier_section(data: dict[str, Any]) -> list[str]:
+    from goodput_cache.config import DEFAULT_VERIFY_MIN_SIMILARITY, CacheSettings
+
+    info = data.get("verifier")
+    if not info:
+        return ["## The verifier", "", "Not evaluated: no verifier model (`goodput train verifier --data-dir DIR` "
+                "makes one).", ""]
+    pct = lambda x: f"{x * 100:.1f}%"  # noqa: E731
+    hwr = lambda r: f"{pct(r['hit_rate'])} / {pct(r['wrong_hit_share'])} / {pct(r['recall'])}"  # noqa: E731
+    t = round(info["threshold"], 4)
+    bound = DEFAULT_VERIFY_MIN_SIMILARITY
+    guard = CacheSettings.model_fields["verify_with_guard"].default
+    cache_t = data["chosen"]["threshold"]
+    card = info.get("card") or {}
+    lines = ["## The verifier (the fourth rule)", "",
+             f"`{info['model']}` ({card.get('layers')} MiniLM layers, pairs cut to {card.get('max_length')} tokens) "
+             f"reads the question and each candidate from similarity {bound:g} up (top {TOP_K}); the most probable "
+             f"candidate at or above **{t:.4f}** (the threshold in its model card: chosen on the validation part of "
+             "QQP, PAWS and MRPC for 95% precision) is served. Pairs below are from the "
+             f"**{data.get('part', 'test')}** part: the verifier never trained or tuned on them.", "",
+             "Hit / wrong / recall (recall = correct hits / lookups with a right answer stored):", ""]
+    rows = []
+    for name, res in data["results"].items():
+        v = res.get("verifier")
+        if not v:
+            continue
+        goal = GOAL_VERIFIED_WRONG.get(name, 0.05)
+        main_row = _vpick(v["rows"], bound, guard, t)
+        other = _vpick(v["rows"], bound, not guard, t)
+        met = main_row["wrong_hit_share"] <= goal and main_row["recall"] >= GOAL_VERIFIED_RECALL
+        rows.append([name, res["lookups"], hwr(_pick(res["goodput"], cache_t, True, data["margin"])),
+                     hwr(main_row), hwr(other), f"≤ {goal * 100:g}% at ≥ {GOAL_VERIFIED_RECALL * 100:g}%",
+                     "**met**" if met else "missed"])
+    lines.append(markdown_table(["set", "lookups", f"cache rule ({cache_t}, guard, margin): hit / wrong / recall",
+                                 f"verifier ({'guard' if guard else 'no guard'}, bound {bound:g}, p ≥ {t:.2f})",
+                                 f"verifier ({'no guard' if guard else 'guard'})", "goal: wrong at recall", "goal"],
+                                rows))
+    lines += ["", "Does the near-miss guard still help in front of the verifier? Wrong and correct hits at the same "
+              "bound and threshold, with and without it:", ""]
+    rows = []
+    for name, res in data["results"].items():
+        v = res.get("verifier")
+        if not v:
+            continue
+        a, b = _vpick(v["rows"], bound, False, t), _vpick(v["rows"], bound, True, t)
+        rows.append([name, a["wrong_hits"], b["wrong_hits"], a["correct_hits"], b["correct_hits"],
+                     f"{pct(a['wrong_hit_share'])} -> {pct(b['wrong_hit_share'])}",
+                     f"{v['verify_ms_per_pair']:.2f}"])
+    lines.append(markdown_table(["set", "wrong hits, no guard", "with guard", "correct hits, no guard", "with guard",
+                                 "wrong share", "verifier ms per pair (batched)"], rows))
+    lines += ["", "The best operating point on each set (the highest recall whose wrong share meets the goal, over "
+              "every bound, threshold and guard setting swept). It is read off the same pairs it is scored on: an "
+              "upper bound of what tuning per set could give, not the default:", ""]
+    rows = []
+    for name, res in data["results"].items():
+        v = res.get("verifier")
+        if not v:
+            continue
+        goal = GOAL_VERIFIED_WRONG.get(name, 0.05)
+        ok = [r for r in v["rows"] if r["hits"] and r["wrong_hit_share"] <= goal]
+        best = max(ok, key=lambda r: (r["recall"], -r["wrong_hit_share"])) if ok else None
+        rows.append([name, f"≤ {goal * 100:g}%", "none" if best is None else
+                     f"bound {best['bound']:g}, p ≥ {best['threshold']:g}, {'guard' if best['guard'] else 'no guard'}",
+                     "" if best is None else hwr(best)])
+    lines.append(markdown_table(["set", "wrong-share goal", "best setting", "hit / wrong / recall"], rows))
+    for name, res in data["results"].items():
+        v = res.get("verifier")
+        if not v:
+            continue
+        lines += ["", f"Sweep, {name} (bound {bound:g}): hit / wrong / recall by probability threshold", ""]
+        ts = sorted({r["threshold"] for r in v["rows"]})
+        lines.append(markdown_table(["p ≥", "no guard", "guard"],
+                                    [[f"{x:g}", hwr(_vpick(v["rows"], bound, False, x)),
+                                      hwr(_vpick(v["rows"], bound, True, x))] for x in ts]))
+    lines.append("")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"),
@@ -402,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--margin", type=float, default=None, help="ambiguity margin of the cache rule (default: the "
                     "service's GOODPUT_CACHE_AMBIGUITY_MARGIN default)")
     ap.add_argument("--workdir", default="", help="scratch folder for GPTCache's stores (default: a temp dir)")
+    ap.add_argument("--part", choices=["test", "validation", "all"], default="test",
+                    help="which part of the split the pairs come from (default test: never trained or tuned on)")
+    ap.add_argument("--verifier-model", default="",
+                    help="cross-encoder folder (default <data-dir>/models/goodput-verifier-minilm; absent: the "
+                         "verifier rule is not evaluated)")
     args = ap.parse_args(argv)
     if args.margin is None:
         from goodput_cache.config import DEFAULT_AMBIGUITY_MARGIN
@@ -426,12 +587,20 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="cache-eval-", dir=shm if shm.is_dir() else None))
     if not args.workdir:
         atexit.register(shutil.rmtree, workdir, True)
-    for ps in load_sets(data_dir, args.max_pairs, args.seed):
+    from goodput_crossencoder.card import default_model_dir, read_card
+
+    verifier_path = Path(args.verifier_model) if args.verifier_model else default_model_dir(data_dir, "verifier")
+    judge = VerifierJudge(verifier_path) if (verifier_path / "config.json").is_file() else None
+    if judge is None:
+        print(f"no verifier at {verifier_path}: the verifier rule is not evaluated", file=sys.stderr)
+    for ps in load_sets(data_dir, args.max_pairs, args.seed, args.part):
         t0 = time.perf_counter()
         ours = evaluate_goodput(ps, emb)
+        verified = evaluate_verifier(ps, emb, judge) if judge is not None else None
         t1 = time.perf_counter()
         gpt = evaluate_gptcache(ps, emb, workdir)
         results[ps.name] = {"lookups": len(ps.queries), "stored": len(ps.stored), "paraphrases": sum(ps.labels),
+                            "verifier": verified,
                             "goodput": ours["rows"], "guard_ms_per_check": ours["guard_ms_per_check"],
                             "gptcache": gpt, "seconds": {"goodput": t1 - t0, "gptcache": time.perf_counter() - t1}}
         print(f"{ps.name}: {len(ps.queries)} lookups in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -441,6 +610,14 @@ def main(argv: list[str] | None = None) -> int:
                             "seconds": time.perf_counter() - started}
     data["margin"] = args.margin
     data["chosen"] = choose_threshold(results, args.margin)
+    data["part"] = args.part
+    if judge is not None:
+        card = read_card(verifier_path)
+        data["verifier"] = {"model": judge.name, "threshold": judge.threshold,
+                            "card": None if card is None else {
+                                "layers": card.layers, "max_length": card.max_length,
+                                "train_seconds": card.train_seconds, "machine": card.machine,
+                                "training": card.training, "validation": card.validation}}
     out = Path(args.out)
     json_path, md_path = write_report(out, data, report(data))
     plot(results, out.parent / f"{out.name}.png", args.margin)

@@ -27,14 +27,15 @@ def make_cache(redis_prefix: str, redis_url: str, vectoriser: LocalVectoriser) -
     prefix = redis_prefix
     made: list[ResponseCache] = []
 
-    def make(registry: CollectorRegistry | None = None, *, embed_with: Any = None, **overrides: Any) -> ResponseCache:
+    def make(registry: CollectorRegistry | None = None, *, embed_with: Any = None, verifier: Any = None,
+             **overrides: Any) -> ResponseCache:
         options: dict[str, Any] = {"redis_url": redis_url, "key_prefix": prefix, "kb_key_prefix": prefix,
                                    "version_channel": f"{prefix}:kb-version", **overrides}
         settings = CacheSettings(**options)
         redis_client = Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s,
                                       socket_connect_timeout=settings.redis_timeout_s)
         cache = ResponseCache(settings, redis=redis_client, vectoriser=embed_with or vectoriser,
-                              metrics=CacheMetrics(registry))
+                              metrics=CacheMetrics(registry), verifier=verifier)
         made.append(cache)
         return cache
 

@@ -111,7 +111,8 @@ async def test_bad_queries_are_invalid_argument(retriever: Retriever, model, que
 async def test_rerank_without_a_reranker_is_skipped_with_a_note(retriever: Retriever, model) -> None:  # type: ignore[no-untyped-def]
     await load(retriever, model, "acme", "kb", DOCS)
     r = await retriever.search(SearchQuery(tenant="acme", kb="kb", query="tea", rerank=True))
-    assert "rerank skipped: no reranker configured" in r.notes and r.hits and not r.degraded
+    assert "rerank skipped: no reranker model configured" in r.notes and r.hits and not r.degraded
+    assert (r.rerank.status, r.rerank.reason) == ("skipped", "no model")
 
 
 async def test_rebuild_is_invisible_until_the_alias_switch(retriever: Retriever, model) -> None:  # type: ignore[no-untyped-def]
@@ -230,7 +231,9 @@ async def test_each_leg_and_the_rerank_run_under_the_callers_budget(retriever: R
     embedder.delay_s = 0.0
 
     class SlowReranker:
-        def rerank(self, query, hits, top_n):  # type: ignore[no-untyped-def]
+        name = "slow"
+
+        def rerank(self, query, hits, top_n, *, deadline=None):  # type: ignore[no-untyped-def]
             time.sleep(0.3)
             return list(reversed(hits))[:top_n]
 

@@ -19,6 +19,7 @@ from goodput_cache.cache import CacheMetrics, ResponseCache
 from goodput_cache.config import CacheSettings
 from goodput_cache.embedding import LocalVectoriser, RemoteVectoriser, Vectoriser
 from goodput_cache.servicer import CacheServicer
+from goodput_cache.verify import load_verifier
 
 
 class CacheService(NamedTuple):
@@ -37,7 +38,8 @@ def build(settings: CacheSettings, registry: CollectorRegistry, provider: Tracer
                                        timeout_s=settings.embedder_timeout_s) if settings.embedder_addr
                       else LocalVectoriser(model_path=settings.embedder_model_path, threads=settings.embedder_threads,
                                            spin=settings.embedder_spin))
-    cache = ResponseCache(settings, redis=redis, vectoriser=vectoriser, metrics=CacheMetrics(registry))
+    cache = ResponseCache(settings, redis=redis, vectoriser=vectoriser, metrics=CacheMetrics(registry),
+                          verifier=load_verifier(settings) if vectoriser is not None else None)
     runner = ServiceRunner(name="cache", settings=settings, registry=registry, provider=provider)
     runner.add(cache_pb2_grpc.add_CacheServicer_to_server, CacheServicer(cache), "goodput.cache.v1.Cache")
     runner.on_stop.append(cache.stop)

@@ -3,10 +3,12 @@
 Lookup: exact (L1) first, then, for requests that allow it, semantic (L2) inside the request's partition, each
 candidate checked by the near-miss guard. When a second entry with another answer matches almost as well as the best
 (within ``ambiguity_margin``), the lookup is a miss: the question fits two cached answers and the cache does not
-guess between them. Fail-open: a Redis or embedder failure answers a *degraded miss* (the
-request is generated as if uncached) and is counted; after a Redis failure, lookups skip Redis for ``breaker_s`` so
-a dead Redis costs no latency. Store: only reusable answers (greedy sampling or an explicit opt-in), with a TTL per
-content type; time-sensitive questions get a short TTL (or none) and are never served from L2.
+guess between them. With a verifier (``goodput_cache.verify``), the candidates from a lower similarity bound up are
+read by a cross-encoder instead, and only one it judges to ask the same thing is served. Fail-open: a Redis or
+embedder failure answers a *degraded miss* (the request is generated as if uncached) and is counted; after a Redis
+failure, lookups skip Redis for ``breaker_s`` so a dead Redis costs no latency. Store: only reusable answers
+(greedy sampling or an explicit opt-in), with a TTL per content type; time-sensitive questions get a short TTL (or
+none) and are never served from L2.
 
 Example::
 
@@ -37,6 +39,7 @@ from goodput_cache.keys import CacheRequest, check_request, derive, greedy, norm
 from goodput_cache.metrics import CacheMetrics, Tally
 from goodput_cache.results import Answer, LookupResult, StoreResult
 from goodput_cache.semantic import Candidate, NumpyIndex, VectorIndex
+from goodput_cache.verify import DeadlineExceeded, Verifier
 
 __all__ = ["Answer", "CacheMetrics", "LookupResult", "ResponseCache", "StoreResult"]
 
@@ -47,7 +50,7 @@ CANDIDATES = 4
 
 class ResponseCache:
     def __init__(self, settings: CacheSettings, *, redis: Redis, vectoriser: Vectoriser | None,
-                 metrics: CacheMetrics, index: VectorIndex | None = None) -> None:
+                 metrics: CacheMetrics, index: VectorIndex | None = None, verifier: Verifier | None = None) -> None:
         self.settings = settings
         self.redis = redis
         self.l1 = ExactStore(redis, prefix=settings.key_prefix)
@@ -56,6 +59,7 @@ class ResponseCache:
                                                      max_per_partition=settings.max_partition_entries,
                                                      ann=settings.ann_config())
         self.metrics = metrics
+        self.verifier = verifier
         self._memo = VectorMemo(settings.vector_memo_entries)
         self._tally: dict[str, Tally] = defaultdict(Tally)
         self._broken_until = 0.0
@@ -106,8 +110,12 @@ class ResponseCache:
         if is_time_sensitive(keys.question):
             return LookupResult(key=keys.exact, reason="time-sensitive")
         started = time.perf_counter()
-        result = await self._semantic(req, keys.partition, keys.question, threshold or
-                                      self.settings.threshold_for(req.tenant), tally)
+        if self.verifier is not None:
+            result = await self._verified(req, keys.partition, keys.question,
+                                          threshold or self.settings.verify_min_similarity, tally, self.verifier)
+        else:
+            result = await self._semantic(req, keys.partition, keys.question, threshold or
+                                          self.settings.threshold_for(req.tenant), tally)
         self.metrics.lookup_seconds.labels("l2").observe(time.perf_counter() - started)
         result.key = keys.exact
         return result
@@ -165,6 +173,71 @@ class ResponseCache:
                                 matched_query=entry.question)
         self._count("l2", "miss", req.tenant, tally)
         return LookupResult(reason=f"near miss: {guarded}" if guarded else "")
+
+    async def _verified(self, req: CacheRequest, partition: str, question: str, min_similarity: float,
+                        tally: Tally, verifier: Verifier) -> LookupResult:
+        """L2 with a verifier: the candidates from ``min_similarity`` up (after the guard, when on) are read by the
+        cross-encoder in one call; the most probable one at or above its threshold is served."""
+        try:
+            vector = await self._vector(question)
+        except Exception as err:  # noqa: BLE001 - any embedder failure is served uncached
+            log.warning("embedding failed, L2 skipped", extra={"error": repr(err)[:200]})
+            self.metrics.degraded.labels("embedder").inc()
+            self.metrics.lookups.labels("l2", "error", req.tenant).inc()
+            tally.degraded += 1
+            return LookupResult(degraded=True, reason="embedder unavailable")
+        candidates = await asyncio.to_thread(self.index.search, partition, vector, k=CANDIDATES,
+                                             min_similarity=min_similarity)
+        guarded = ""
+        if self.settings.guard and self.settings.verify_with_guard:
+            kept = []
+            for cand in candidates:
+                why = near_miss(question, cand.question)
+                if why:
+                    self.metrics.lookups.labels("l2", "guarded", req.tenant).inc()
+                    guarded = guarded or why
+                else:
+                    kept.append(cand)
+            candidates = kept
+        if not candidates:
+            self._count("l2", "miss", req.tenant, tally)
+            return LookupResult(reason=f"near miss: {guarded}" if guarded else "")
+        started = time.perf_counter()
+        timeout = self.settings.verify_timeout_s
+        try:
+            probs = await asyncio.wait_for(asyncio.to_thread(
+                verifier.judge, question, [c.question for c in candidates], deadline=time.monotonic() + timeout),
+                timeout + 0.02)
+        except (DeadlineExceeded, asyncio.TimeoutError):
+            self.metrics.verifications.labels("skipped", req.tenant).inc()
+            self._count("l2", "miss", req.tenant, tally)
+            return LookupResult(reason=f"verifier over its {timeout * 1000:g} ms", verdict="skipped")
+        self.metrics.verifier_seconds.observe(time.perf_counter() - started)
+        self.metrics.verifier_probability.observe(float(probs.max()))
+        for i in sorted(range(len(candidates)), key=lambda j: -probs[j]):
+            if probs[i] < verifier.threshold:
+                break
+            cand = candidates[i]
+            try:
+                entry = await self.l1.get(cand.key, touch=True)
+            except _STORE_ERRORS as err:
+                self._trip(err)
+                return self._degraded(req, tally, "store unavailable")
+            if entry is None:  # expired or evicted in Redis: the index catches up
+                self.index.remove([cand.key])
+                continue
+            if entry.tenant != req.tenant or entry.partition != partition:
+                continue
+            self.metrics.verifications.labels("same", req.tenant).inc()
+            self._count("l2", "hit", req.tenant, tally, entry)
+            return LookupResult(hit=True, layer="l2", similarity=cand.similarity, answer=_answer(entry),
+                                matched_query=entry.question, verdict="same",
+                                verifier_probability=float(probs[i]))
+        best = float(probs.max())
+        self.metrics.verifications.labels("different", req.tenant).inc()
+        self._count("l2", "miss", req.tenant, tally)
+        return LookupResult(reason=f"verifier: not the same question (p={best:.3f} < {verifier.threshold:.3f})",
+                            verdict="different", verifier_probability=best)
 
     async def _vector(self, question: str) -> np.ndarray:
         """The question's vector: from the memo when this process embedded it lately, else from the model."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
@@ -20,6 +20,9 @@ DEFAULT_THRESHOLD = 0.92
 # the same evaluation (margins 0-0.03 swept): at 0.02 the mock pairs' near-tie confusions are gone (13 wrong hits of
 # 410 -> 2 of 387 at 0.88) for 12 fewer correct hits; 0.03 removes no more.
 DEFAULT_AMBIGUITY_MARGIN = 0.02
+# With a verifier, L2 candidates from this cosine similarity up are read by the cross-encoder (chosen on the
+# validation part of QQP, PAWS and MRPC: loadtests/reports/cache_eval.md, "verifier").
+DEFAULT_VERIFY_MIN_SIMILARITY = 0.80
 
 
 class CacheSettings(ServiceSettings):
@@ -65,6 +68,30 @@ class CacheSettings(ServiceSettings):
                                     "when a second entry with another answer is within this much similarity of "
                                     "the best one (the question fits both; the cache does not guess); 0 = off.")
     semantic: bool = Field(True, description="Enable the L2 semantic layer.")
+    # ---- the verifier: a cross-encoder that reads the new and the cached question together ----
+    verifier: Literal["auto", "cross-encoder", "none"] = Field(
+        "auto", description="`auto`: verify L2 hits with the cross-encoder in `verifier_model` when that folder "
+                            "exists, else the similarity rule alone; `cross-encoder`: required (start fails without "
+                            "it); `none`: off.")
+    verifier_model: str = Field("", description="A Hugging Face sequence-classification folder: what `goodput train "
+                                                "verifier` writes (a paraphrase cross-encoder).")
+    verifier_backend: Literal["auto", "onnx", "torch"] = Field(
+        "auto", description="`auto`: the folder's int8 ONNX export on CPU, torch otherwise (GPU).")
+    verifier_device: str = Field("cpu", description="torch device of the verifier.")
+    verifier_threads: int = Field(1, ge=0, description="CPU threads of one verification (a few short pairs: one "
+                                                       "thread is as fast and leaves the other cores alone); 0 = "
+                                                       "onnxruntime's default.")
+    verify_threshold: float = Field(0.0, ge=0, le=1, description="Probability from which the verifier's 'same "
+                                    "question' is accepted; 0 = the threshold in the model's card (chosen on the "
+                                    "validation pairs for 95% precision).")
+    verify_min_similarity: float = Field(DEFAULT_VERIFY_MIN_SIMILARITY, ge=0.5, le=1.0, description="With a "
+                                         "verifier: the lower similarity bound of the L2 candidates it reads (it "
+                                         "replaces `threshold` and the per-tenant thresholds as the cosine cut; a "
+                                         "lookup's own threshold still replaces it).")
+    verify_with_guard: bool = Field(True, description="With a verifier: the near-miss guard still vetoes "
+                                                      "candidates before the model reads them (when `guard` is on).")
+    verify_timeout_s: float = Field(0.05, gt=0, description="Longest a verification may take; a slower one is a "
+                                                            "miss (counted as verdict `skipped`).")
     max_entries: int = Field(100_000, ge=1, description="Entries kept (all tenants); the least recently used "
                                                         "are evicted beyond it.")
     max_partition_entries: int = Field(100_000, ge=1, description="L2 entries searched per partition.")

@@ -42,5 +42,15 @@ class CacheMetrics:
         self.embeddings = Counter("goodput_cache_embeddings_total", "Questions vectorised for L2, by source: "
                                   "model (embedded) or memo (the vector of a recent lookup or store reused).",
                                   ["source"], registry=registry)
+        self.verifications = Counter("goodput_cache_verifications_total", "L2 lookups the verifier judged, by "
+                                     "verdict: same (a verified hit), different (refused), skipped (over its time).",
+                                     ["verdict", "tenant"], registry=registry)
+        self.verifier_probability = Histogram("goodput_cache_verifier_probability", "The verifier's probability "
+                                              "of the best candidate it read.", buckets=(
+                                                  0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
+                                              registry=registry)
+        self.verifier_seconds = Histogram("goodput_cache_verifier_seconds", "Time of one verification (all the "
+                                          "candidates of a lookup in one model call).", buckets=LOOKUP_BUCKETS,
+                                          registry=registry)
         self.entries = Gauge("goodput_cache_semantic_entries", "Entries in the L2 index of this process.",
                              registry=registry)

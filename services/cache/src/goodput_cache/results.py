@@ -28,6 +28,10 @@ class LookupResult:
     key: str = ""
     reason: str = ""
     matched_query: str = ""
+    # With a verifier: "same" (a verified hit), "different" (every candidate read was refused), "skipped" (over its
+    # time), "" (no verification); and the probability of the candidate served or, on a refusal, the best refused.
+    verdict: str = ""
+    verifier_probability: float = 0.0
 
 
 @dataclass

@@ -30,7 +30,8 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         r = await self.cache.lookup(to_request(request.key), allow_semantic=request.allow_semantic,
                                     threshold=request.threshold)
         resp = cache_pb2.LookupResponse(hit=r.hit, layer=r.layer, similarity=r.similarity, degraded=r.degraded,
-                                        key=r.key, reason=r.reason, matched_query=r.matched_query)
+                                        key=r.key, reason=r.reason, matched_query=r.matched_query,
+                                        verdict=r.verdict, verifier_probability=r.verifier_probability)
         if r.answer is not None:
             a = r.answer
             resp.text = a.text

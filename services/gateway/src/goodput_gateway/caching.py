@@ -85,12 +85,15 @@ class CacheStatus:
     similarity: float = 0.0
     reason: str = ""
     store: bool = True
+    verdict: str = ""  # the cache's verifier: "same" on a verified hit, "different"/"skipped" on a miss it caused
+    verifier_probability: float = 0.0
     key: cache_pb2.CacheKeyParts | None = field(default=None, repr=False)
 
     def header(self) -> str:
         """``hit; layer=l2; similarity=0.973`` or ``miss`` (the value of X-Goodput-Cache)."""
         if self.status == "hit":
-            return f"hit; layer={self.layer}; similarity={self.similarity:.3f}"
+            verified = f"; verified={self.verifier_probability:.3f}" if self.verdict == "same" else ""
+            return f"hit; layer={self.layer}; similarity={self.similarity:.3f}{verified}"
         return self.status + (f"; reason={self.reason}" if self.reason else "")
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -103,6 +106,8 @@ class CacheStatus:
             out.update(layer=self.layer, similarity=round(self.similarity, 4))
         if self.reason:
             out["reason"] = self.reason
+        if self.verdict:
+            out["verifier"] = {"verdict": self.verdict, "probability": round(self.verifier_probability, 4)}
         return out
 
 
@@ -178,9 +183,11 @@ class GatewayCache:
             return CacheStatus("error", reason="cache unavailable", key=key), None
         if not resp.hit:
             self.results.labels("error" if resp.degraded else "miss").inc()
-            return CacheStatus("error" if resp.degraded else "miss", reason=resp.reason, key=key), None
+            return CacheStatus("error" if resp.degraded else "miss", reason=resp.reason, key=key, verdict=resp.verdict,
+                               verifier_probability=resp.verifier_probability), None
         self.results.labels(f"hit_{resp.layer}").inc()
-        return CacheStatus("hit", layer=resp.layer, similarity=resp.similarity, store=False), resp
+        return CacheStatus("hit", layer=resp.layer, similarity=resp.similarity, store=False, verdict=resp.verdict,
+                           verifier_probability=resp.verifier_probability), resp
 
     async def storing(self, events: AsyncIterator[TextDelta | StreamEnd], status: CacheStatus,
                       sources: list[Source]) -> AsyncIterator[TextDelta | StreamEnd]:

@@ -173,7 +173,8 @@ async def grpc_search(service: Any, principal: Any, request: gateway_pb2.SearchR
             dense_weight=request.dense_weight if request.HasField("dense_weight") else None, rerank=request.rerank)
     return gateway_pb2.SearchResponse(results=[gateway_pb2.Source(chunk_id=h.chunk_id, document_id=h.document_id,
                                                                   score=h.score, text=h.text) for h in r.hits],
-                                      degraded=r.degraded, notes=r.notes, kb_version=r.kb_version)
+                                      degraded=r.degraded, notes=r.notes, kb_version=r.kb_version,
+                                      rerank_status=r.rerank.status, rerank_reason=r.rerank.reason)
 
 
 async def grpc_index(service: Any, principal: Any, request: gateway_pb2.IndexRequest) -> gateway_pb2.IndexResponse:
@@ -221,8 +222,11 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
             r = await _knowledge(service).search(principal.tenant, kb, body.query or "", top_k=body.top_k or 0,
                                                  fusion=body.fusion or "", dense_weight=body.dense_weight,
                                                  rerank=body.rerank)
-        return JSONResponse({"object": "list", "data": sources_json(r.hits), "degraded": r.degraded,
-                             "notes": list(r.notes), "kb_version": r.kb_version}, headers=adm.headers)
+        body_out: dict[str, Any] = {"object": "list", "data": sources_json(r.hits), "degraded": r.degraded,
+                                    "notes": list(r.notes), "kb_version": r.kb_version}
+        if r.rerank.status:  # asked for: applied, or skipped and why
+            body_out["rerank"] = {"status": r.rerank.status, "reason": r.rerank.reason, "model": r.rerank.model}
+        return JSONResponse(body_out, headers=adm.headers)
 
     @app.post("/v1/knowledge-bases/{kb}/documents")
     async def index(kb: str, request: Request) -> JSONResponse:

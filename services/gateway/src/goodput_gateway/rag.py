@@ -67,6 +67,8 @@ class Retrieval:
     leg_budget_s: float = 0.0  # each leg's budget (the class's retrieval_leg), 0 = the retriever's own
     rerank_budget_s: float = 0.0
     legs: dict[str, float] = field(default_factory=dict, compare=False)  # filled: each leg's seconds
+    # filled: what the retriever did with the rerank asked for ("applied", "skipped: deadline", ...)
+    outcome: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 def _query(request: GenerationRequest) -> str:
@@ -99,6 +101,9 @@ async def augment(knowledge: Any, settings: GatewaySettings, *, tenant: str, req
     result = await knowledge.search(tenant, request.knowledge_base, query[:settings.rag_max_query_chars],
                                     top_k=how.top_k or settings.rag_top_k, **extra)
     how.legs.update({t.leg: t.seconds for t in getattr(result, "timings", ())})
+    rerank = getattr(result, "rerank", None)
+    if how.rerank and rerank is not None and rerank.status:
+        how.outcome["rerank"] = rerank.status + (f": {rerank.reason}" if rerank.reason else "")
     budget = int(context_budget(request, settings, max_model_len) * how.context_share)
     sources: list[Source] = []
     parts: list[str] = []

@@ -367,6 +367,7 @@ class GatewayService:
         if engine.knowledge_base:
             timeline.mark("retrieval")
             timeline.retrieval_legs.update(rag.legs)  # inside retrieval, in parallel: reported, not summed
+            timeline.retrieval_outcome.update(rag.outcome)
 
         # cost, once, on the final prompt; then admission: the scheduler leases a worker (or sheds)
         final, cost = resolve_cost(grounded, self.settings, max_model_len=model.max_model_len)

@@ -109,7 +109,8 @@ def _cache_info(opened: Opened) -> gateway_pb2.CacheInfo | None:
     status = opened.cache
     if status is None or status.status != "hit":
         return None
-    return gateway_pb2.CacheInfo(hit=True, layer=status.layer, similarity=status.similarity)
+    return gateway_pb2.CacheInfo(hit=True, layer=status.layer, similarity=status.similarity, verdict=status.verdict,
+                                 verifier_probability=status.verifier_probability)
 
 
 def _response_metadata(opened: Opened) -> tuple[tuple[str, str], ...]:

@@ -104,6 +104,7 @@ class Timeline:
     completion_tokens: int = 0
     degraded: list[str] = field(default_factory=list)
     retrieval_legs: dict[str, float] = field(default_factory=dict)  # the retriever's legs (parallel), seconds
+    retrieval_outcome: dict[str, str] = field(default_factory=dict)  # e.g. {"rerank": "skipped: deadline"}
     _first: float | None = None
     _last: float | None = None
     _finished: bool = False
@@ -184,6 +185,8 @@ class Timeline:
             body["degraded"] = list(self.degraded)
         if self.retrieval_legs:  # inside the retrieval stage (dense and lexical run in parallel)
             body["retrieval_legs_ms"] = {k: round(v * 1000, 3) for k, v in self.retrieval_legs.items()}
+        if self.retrieval_outcome:  # a rerank asked for: applied, or skipped and why
+            body.update(self.retrieval_outcome)
         return body
 
     def over_budget(self, cls: ClassProfile, stages: dict[str, float] | None = None) -> list[str]:

@@ -65,7 +65,7 @@ def build(settings: RetrieverSettings, registry: CollectorRegistry, provider: Tr
         channel = make_channel(settings.embedder_addr, provider, credentials=channel_credentials(settings))
         embedder = GrpcQueryEmbedder(channel, timeout_s=settings.leg_timeout_s)
     retriever = Retriever(settings, vectors=vectors, lexical=lexical, embedder=embedder,
-                          reranker=load_reranker(settings.reranker), metrics=RetrieverMetrics(registry),
+                          reranker=load_reranker(settings), metrics=RetrieverMetrics(registry),
                           versions_file=versions)
     runner = ServiceRunner(name="retriever", settings=settings, registry=registry, provider=provider)
     runner.add(retriever_pb2_grpc.add_RetrievalServicer_to_server, RetrievalServicer(retriever),

@@ -38,7 +38,24 @@ class RetrieverSettings(ServiceSettings):
     max_recall_k: int = Field(200, ge=1, description="Largest recall_k accepted.")
     leg_timeout_s: float = Field(2.0, gt=0, description="A leg slower than this is dropped (degraded result).")
     max_query_chars: int = Field(4096, ge=1, description="Longest query accepted.")
-    reranker: Literal["none"] = Field("none", description="Cross-encoder reranker (none ships offline: requests "
-                                                          "asking for rerank get a note that it was skipped).")
-    rerank_top_n: int = Field(5, ge=1, description="Results kept after a rerank.")
+    # --- rerank (a cross-encoder over the fused top candidates) ---
+    reranker: Literal["auto", "cross-encoder", "none"] = Field(
+        "auto", description="`auto`: the cross-encoder in `reranker_model` when that folder exists, else none "
+                            "(searches asking for rerank get the fused order and a note); `cross-encoder`: required "
+                            "(start fails without it); `none`: off.")
+    reranker_model: str = Field("", description="A Hugging Face sequence-classification folder: what `goodput train "
+                                                "reranker` writes, or a bge / ms-marco reranker.")
+    reranker_backend: Literal["auto", "onnx", "torch"] = Field(
+        "auto", description="`auto`: the folder's int8 ONNX export on CPU, torch otherwise (GPU).")
+    reranker_device: str = Field("cpu", description="torch device of the reranker (`cpu`, `cuda`, `cuda:1`).")
+    reranker_threads: int = Field(0, ge=0, description="CPU threads of one rerank; 0 = onnxruntime's default.")
+    reranker_max_length: int = Field(0, ge=0, le=8192, description="Tokens of one (query, passage) pair; 0 = the "
+                                                                    "model card's (else 256).")
+    rerank_candidates: int = Field(20, ge=1, le=200, description="Fused candidates the cross-encoder reads "
+                                                                 "(hybrid top-K).")
+    rerank_top_n: int = Field(5, ge=1, description="Results kept after a rerank (top-N; at most the request's "
+                                                   "top_k).")
+    rerank_blend: float = Field(-1.0, ge=-1, le=1, description="Share of the cross-encoder's ranking in the final "
+                                "order (reciprocal-rank fusion with the fused order; 1 = the model alone); -1 = the "
+                                "weight in the model card (chosen on validation queries), else 1.")
     max_write_chunks: int = Field(4096, ge=1, description="Most chunks in one IndexStore.Write call.")

@@ -1,32 +1,82 @@
-"""The pluggable reranker step: the fused top candidates in, the best ``top_n`` out.
+"""The rerank step: the fused top candidates in, the best ``top_n`` out, by a cross-encoder that reads the query and
+each passage together (BP-PERF-06: top 10-20 from hybrid search, a cross-encoder, the best 3-5 to the model).
 
-No cross-encoder weights ship offline, so the only built-in choice is ``none``; a deployment with a cross-encoder
-(an ONNX file, a Triton model) implements :class:`Reranker` and is selected by ``GOODPUT_RETRIEVER_RERANKER``.
-When a request asks for rerank and none is configured, the search still succeeds and says "rerank skipped".
+The model is any Hugging Face sequence-classification folder (``GOODPUT_RETRIEVER_RERANKER_MODEL``): the one
+``goodput train reranker`` makes from MiniLM, or a bge / ms-marco reranker in production, scored by
+:class:`goodput_crossencoder.CrossEncoder` (int8 ONNX on CPU, torch on a GPU). With ``reranker=auto`` (the default) a
+retriever without a model serves the fused order and says "rerank skipped: no reranker model".
 
-Example:
-    >>> class MyCrossEncoder:
-    ...     name = "my-ce"
-    ...     def rerank(self, query: str, hits: list[Hit], top_n: int) -> list[Hit]: ...
+Example::
+
+    reranker = load_reranker(RetrieverSettings(reranker_model="models/goodput-reranker-minilm"))
+    best = reranker.rerank("what lowers blood pressure?", hits[:20], top_n=5, deadline=time.monotonic() + 0.12)
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
+from pathlib import Path
 from typing import Protocol
 
+from goodput_crossencoder import CrossEncoder, DeadlineExceeded, read_card
+from goodput_crossencoder.model import BLEND_K, blend_ranks
+
+from goodput_retriever.config import RetrieverSettings
 from goodput_retriever.fusion import Hit
 
-__all__ = ["Reranker", "load_reranker"]
+__all__ = ["CrossEncoderReranker", "DeadlineExceeded", "Reranker", "load_reranker"]
+
+log = logging.getLogger("goodput.retriever.rerank")
 
 
 class Reranker(Protocol):
     name: str
 
-    def rerank(self, query: str, hits: list[Hit], top_n: int) -> list[Hit]:
+    def rerank(self, query: str, hits: list[Hit], top_n: int, *, deadline: float | None = None) -> list[Hit]:
+        """The ``top_n`` best of ``hits`` for ``query``, best first; raises :class:`DeadlineExceeded` when the
+        deadline (``time.monotonic()``) cannot be met."""
         ...
 
 
-def load_reranker(name: str) -> Reranker | None:
-    if name == "none":
+class CrossEncoderReranker:
+    """Scores (query, passage) pairs with a cross-encoder and orders the candidates by a reciprocal-rank fusion of
+    its ranking (share ``blend``) with the fused order they came in (``1 - blend``): a small model trained on little
+    data knows things the first stage does not, and the other way round; ``blend`` 1 = the model alone. A hit's
+    score becomes the model's probability that the passage is relevant (its fused score stays in
+    ``metadata["fused_score"]``)."""
+
+    def __init__(self, model: CrossEncoder, *, blend: float = 1.0, blend_k: float = BLEND_K) -> None:
+        self.model = model
+        self.name = model.name
+        self.blend = blend
+        self.blend_k = blend_k
+
+    def rerank(self, query: str, hits: list[Hit], top_n: int, *, deadline: float | None = None) -> list[Hit]:
+        if not hits:
+            return []
+        scores = self.model.score([(query, h.text) for h in hits], deadline=deadline)
+        order = blend_ranks(len(hits), scores.logits, self.blend, self.blend_k)[:top_n]
+        return [replace(hits[i], score=float(scores.probabilities[i]),
+                        metadata={**hits[i].metadata, "fused_score": f"{hits[i].score:.6g}"}) for i in order]
+
+
+def load_reranker(settings: RetrieverSettings) -> Reranker | None:
+    """The configured reranker, or None (``reranker=none``, or ``auto`` without a model folder)."""
+    if settings.reranker == "none":
         return None
-    raise ValueError(f"unknown reranker {name!r}")
+    path = Path(settings.reranker_model).expanduser() if settings.reranker_model else None
+    if path is None or not (path / "config.json").is_file():
+        if settings.reranker == "cross-encoder":
+            raise ValueError(f"reranker=cross-encoder needs a model folder in GOODPUT_RETRIEVER_RERANKER_MODEL "
+                             f"(got {settings.reranker_model!r}); `goodput train reranker` makes one")
+        log.info("no reranker model: searches asking for rerank get the fused order",
+                 extra={"path": settings.reranker_model})
+        return None
+    card = read_card(path)
+    max_length = settings.reranker_max_length or (card.max_length if card else 256)
+    model = CrossEncoder.load(path, backend=settings.reranker_backend, device=settings.reranker_device,
+                              max_length=max_length, threads=settings.reranker_threads, truncation="only_second")
+    model.warm_up()
+    blend = settings.rerank_blend if settings.rerank_blend >= 0 else float((card.extra if card else {}).get("blend", 1))
+    return CrossEncoderReranker(model, blend=blend, blend_k=float((card.extra if card else {}).get("blend_k", BLEND_K)))

@@ -1,7 +1,10 @@
 """Hybrid search and the write side of the stores, with no gRPC server imports (the servicers are thin).
 
 Search: validate → the dense leg (embed the query, then the vector store) and the lexical leg (BM25) run in
-parallel, each under ``leg_timeout_s`` → fusion (RRF or weighted) → optional rerank → top_k. One leg failing or
+parallel, each under ``leg_timeout_s`` → fusion (RRF or weighted) → optional rerank (the fused top
+``rerank_candidates`` through the cross-encoder, the best ``rerank_top_n`` kept) → top_k. A rerank that has no model,
+would overrun the request's deadline or rerank budget, or fails is skipped: the fused order is served and
+``SearchResult.rerank`` says why. One leg failing or
 timing out gives the other's results with ``degraded`` set and a note; both failing is UNAVAILABLE. Every query
 is scoped to the caller's tenant and knowledge base.
 
@@ -31,10 +34,10 @@ from goodput_core.metrics import LATENCY_BUCKETS
 
 from goodput_retriever.config import RetrieverSettings
 from goodput_retriever.fusion import Hit, rrf, weighted
-from goodput_retriever.rerank import Reranker
+from goodput_retriever.rerank import DeadlineExceeded, Reranker
 from goodput_retriever.stores import LexicalIndex, StoredChunk, VectorStore, new_generation
 
-__all__ = ["LegTiming", "QueryEmbedder", "Retriever", "SearchQuery", "SearchResult", "validate_name"]
+__all__ = ["LegTiming", "QueryEmbedder", "RerankInfo", "Retriever", "SearchQuery", "SearchResult", "validate_name"]
 
 log = logging.getLogger("goodput.retriever")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -75,12 +78,22 @@ class LegTiming:
 
 
 @dataclass
+class RerankInfo:
+    status: str = ""  # "applied", "skipped" (asked for, not done: see reason), "" (not asked for)
+    reason: str = ""  # skipped: "no model", "deadline", "budget", "error"
+    model: str = ""
+    candidates: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
 class SearchResult:
     hits: list[Hit]
     degraded: bool = False
     notes: list[str] = field(default_factory=list)
     timings: list[LegTiming] = field(default_factory=list)
     kb_version: int = 0
+    rerank: RerankInfo = field(default_factory=RerankInfo)
 
 
 class RetrieverMetrics:
@@ -91,6 +104,9 @@ class RetrieverMetrics:
                                     ["leg", "reason"], registry=registry)
         self.degraded = Counter("goodput_retriever_degraded_total", "Searches answered by one leg only.",
                                 registry=registry)
+        self.rerank = Counter("goodput_retriever_rerank_total", "Searches that asked for rerank, by outcome: "
+                              "applied, or skipped for want of a model, by the deadline or budget, by an error.",
+                              ["outcome"], registry=registry)
 
 
 class Retriever:
@@ -232,32 +248,57 @@ class Retriever:
         result.timings.append(LegTiming("fusion", fuse_s, True))
         self.metrics.leg_seconds.labels("fusion").observe(fuse_s)
         if q.rerank:
-            if self.reranker is None:
-                result.notes.append("rerank skipped: no reranker configured")
-            else:
-                fused = await self._rerank(q, fused, recall_k, top_k, result)
+            fused = await self._rerank(q, fused, top_k, result)
         result.hits = fused[:top_k]
         return result
 
-    async def _rerank(self, q: SearchQuery, fused: list[Hit], recall_k: int, top_k: int,
-                      result: SearchResult) -> list[Hit]:
-        """The rerank pass under min(the caller's rerank budget, the time left); over it, the fused order stands
-        (with a note), rather than the whole search failing."""
-        assert self.reranker is not None
-        limit = q.rerank_budget_s if q.rerank_budget_s > 0 else None
-        if q.deadline is not None:
-            left = max(q.deadline - time.monotonic(), 0.001)
-            limit = left if limit is None else min(limit, left)
-        started = time.perf_counter()
-        try:
-            reranked = await asyncio.wait_for(asyncio.to_thread(
-                self.reranker.rerank, q.query, fused[:recall_k], min(top_k, self.settings.rerank_top_n)), limit)
-        except asyncio.TimeoutError:
-            result.notes.append(f"rerank skipped: over its budget of {limit:g} s")
-            result.timings.append(LegTiming("rerank", time.perf_counter() - started, False))
-            self.metrics.leg_failures.labels("rerank", "timeout").inc()
+    async def _rerank(self, q: SearchQuery, fused: list[Hit], top_k: int, result: SearchResult) -> list[Hit]:
+        """The cross-encoder over the fused top ``rerank_candidates``, under min(the caller's rerank budget, the
+        time left). The model refuses work it cannot finish in time (judged from its measured cost) and stops
+        between batches when late; either way the fused order stands, with a note, rather than the search failing."""
+        info = result.rerank
+        info.status = "skipped"
+        if self.reranker is None:
+            info.reason = "no model"
+            result.notes.append("rerank skipped: no reranker model configured")
+            self.metrics.rerank.labels("skipped_no_model").inc()
             return fused
-        result.timings.append(LegTiming("rerank", time.perf_counter() - started, True))
+        info.model = self.reranker.name
+        candidates = fused[:self.settings.rerank_candidates]
+        info.candidates = len(candidates)
+        now = time.monotonic()
+        deadline = now + q.rerank_budget_s if q.rerank_budget_s > 0 else None
+        why = "budget"
+        if q.deadline is not None and (deadline is None or q.deadline < deadline):
+            deadline, why = q.deadline, "deadline"
+        started = time.perf_counter()
+        top_n = min(top_k, self.settings.rerank_top_n)
+        try:
+            limit = None if deadline is None else max(deadline - now, 0.0) + 0.05  # the model stops itself first
+            reranked = await asyncio.wait_for(asyncio.to_thread(
+                self.reranker.rerank, q.query, candidates, top_n, deadline=deadline), limit)
+        except (DeadlineExceeded, asyncio.TimeoutError) as err:
+            info.reason = why
+            info.seconds = time.perf_counter() - started
+            detail = str(err) or "over time"
+            result.notes.append(f"rerank skipped: over its {'budget' if why == 'budget' else 'deadline'} ({detail})")
+            result.timings.append(LegTiming("rerank", info.seconds, False))
+            self.metrics.leg_failures.labels("rerank", "timeout").inc()
+            self.metrics.rerank.labels(f"skipped_{why}").inc()
+            return fused
+        except Exception as err:  # noqa: BLE001 - a failed rerank serves the fused order
+            info.reason = "error"
+            info.seconds = time.perf_counter() - started
+            result.notes.append(f"rerank skipped: {type(err).__name__}: {str(err)[:200]}")
+            result.timings.append(LegTiming("rerank", info.seconds, False))
+            self.metrics.leg_failures.labels("rerank", "error").inc()
+            self.metrics.rerank.labels("skipped_error").inc()
+            log.warning("rerank failed", extra={"error": str(err)[:500]})
+            return fused
+        info.status, info.seconds = "applied", time.perf_counter() - started
+        result.timings.append(LegTiming("rerank", info.seconds, True))
+        self.metrics.leg_seconds.labels("rerank").observe(info.seconds)
+        self.metrics.rerank.labels("applied").inc()
         return list(reranked)
 
     # ---- write side (IndexStore) -----------------------------------------------------------------------------

@@ -49,7 +49,9 @@ class RetrievalServicer(retriever_pb2_grpc.RetrievalServicer):
             hits=[retriever_pb2.Hit(chunk_id=h.chunk_id, document_id=h.document_id, score=h.score, text=h.text,
                                     metadata=h.metadata) for h in r.hits],
             degraded=r.degraded, notes=r.notes, kb_version=r.kb_version,
-            timings=[retriever_pb2.LegTiming(leg=t.leg, seconds=t.seconds, ok=t.ok) for t in r.timings])
+            timings=[retriever_pb2.LegTiming(leg=t.leg, seconds=t.seconds, ok=t.ok) for t in r.timings],
+            rerank=retriever_pb2.RerankInfo(status=r.rerank.status, reason=r.rerank.reason, model=r.rerank.model,
+                                            candidates=r.rerank.candidates, seconds=r.rerank.seconds))
 
 
 class IndexStoreServicer(retriever_pb2_grpc.IndexStoreServicer):

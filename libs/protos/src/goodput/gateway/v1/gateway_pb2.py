@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from goodput.common.v1 import types_pb2 as goodput_dot_common_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n goodput/gateway/v1/gateway.proto\x12\x12goodput.gateway.v1\x1a\x1dgoodput/common/v1/types.proto\"\x80\x03\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x30\n\x08messages\x18\x02 \x03(\x0b\x32\x1e.goodput.common.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x33\n\x08sampling\x18\x04 \x01(\x0b\x32!.goodput.common.v1.SamplingParams\x12-\n\x08priority\x18\x05 \x01(\x0e\x32\x1b.goodput.common.v1.Priority\x12\x16\n\x0eknowledge_base\x18\x06 \x01(\t\x12\x10\n\x08no_cache\x18\x07 \x01(\x08\x12\x12\n\nsession_id\x18\x08 \x01(\t\x12+\n\x05tools\x18\t \x03(\x0b\x32\x1c.goodput.gateway.v1.Function\x12\x13\n\x0btool_choice\x18\n \x01(\t\x12 \n\x13parallel_tool_calls\x18\x0b \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_parallel_tool_calls\"F\n\x08\x46unction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"\xf5\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x36\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12\'\n\x05usage\x18\x05 \x01(\x0b\x32\x18.goodput.common.v1.Usage\x12,\n\x05\x63\x61\x63he\x18\x06 \x01(\x0b\x32\x1d.goodput.gateway.v1.CacheInfo\x12+\n\x07sources\x18\x07 \x03(\x0b\x32\x1a.goodput.gateway.v1.Source\x12\x31\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1f.goodput.common.v1.TokenLogprob\x12/\n\ntool_calls\x18\t \x03(\x0b\x32\x1b.goodput.common.v1.ToolCall\x12\x10\n\x08\x64\x65graded\x18\n \x03(\t\"\xc8\x01\n\x16GenerateStreamResponse\x12\x30\n\x05start\x18\x01 \x01(\x0b\x32\x1f.goodput.gateway.v1.StreamStartH\x00\x12\x0f\n\x05\x64\x65lta\x18\x02 \x01(\tH\x00\x12,\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x1d.goodput.gateway.v1.StreamEndH\x00\x12\x35\n\x08logprobs\x18\x04 \x01(\x0b\x32!.goodput.gateway.v1.TokenLogprobsH\x00\x42\x06\n\x04kind\"@\n\rTokenLogprobs\x12/\n\x06tokens\x18\x01 \x03(\x0b\x32\x1f.goodput.common.v1.TokenLogprob\"\x9d\x01\n\x0bStreamStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12,\n\x05\x63\x61\x63he\x18\x03 \x01(\x0b\x32\x1d.goodput.gateway.v1.CacheInfo\x12+\n\x07sources\x18\x04 \x03(\x0b\x32\x1a.goodput.gateway.v1.Source\x12\x10\n\x08\x64\x65graded\x18\x05 \x03(\t\"\x9d\x01\n\tStreamEnd\x12\x36\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12\'\n\x05usage\x18\x02 \x01(\x0b\x32\x18.goodput.common.v1.Usage\x12/\n\ntool_calls\x18\x03 \x03(\x0b\x32\x1b.goodput.common.v1.ToolCall\";\n\tCacheInfo\x12\x0b\n\x03hit\x18\x01 \x01(\x08\x12\r\n\x05layer\x18\x02 \x01(\t\x12\x12\n\nsimilarity\x18\x03 \x01(\x02\"L\n\x06Source\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64ocument_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x0c\n\x04text\x18\x04 \x01(\t\"\x13\n\x11ListModelsRequest\";\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x0f\n\x07workers\x18\x03 \x01(\x05\"?\n\x12ListModelsResponse\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.goodput.gateway.v1.Model\",\n\x0c\x45mbedRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"h\n\rEmbedResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x31\n\nembeddings\x18\x02 \x03(\x0b\x32\x1d.goodput.gateway.v1.Embedding\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\"\x91\x01\n\rSearchRequest\x12\x16\n\x0eknowledge_base\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0e\n\x06\x66usion\x18\x04 \x01(\t\x12\x19\n\x0c\x64\x65nse_weight\x18\x05 \x01(\x02H\x00\x88\x01\x01\x12\x0e\n\x06rerank\x18\x06 \x01(\x08\x42\x0f\n\r_dense_weight\"r\n\x0eSearchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.goodput.gateway.v1.Source\x12\x10\n\x08\x64\x65graded\x18\x02 \x01(\x08\x12\r\n\x05notes\x18\x03 \x03(\t\x12\x12\n\nkb_version\x18\x04 \x01(\x03\"\xb0\x01\n\x08\x44ocument\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12<\n\x08metadata\x18\x05 \x03(\x0b\x32*.goodput.gateway.v1.Document.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"k\n\x0cIndexRequest\x12\x16\n\x0eknowledge_base\x18\x01 \x01(\t\x12/\n\tdocuments\x18\x02 \x03(\x0b\x32\x1c.goodput.gateway.v1.Document\x12\x12\n\ndelete_ids\x18\x03 \x03(\t\"t\n\rIndexResponse\x12\x17\n\x0f\x63hunks_embedded\x18\x01 \x01(\x05\x12\x1b\n\x13\x64ocuments_unchanged\x18\x02 \x01(\x05\x12\x19\n\x11\x64ocuments_deleted\x18\x03 \x01(\x05\x12\x12\n\nkb_version\x18\x04 \x01(\x03\x32\x8f\x04\n\x07Gateway\x12U\n\x08Generate\x12#.goodput.gateway.v1.GenerateRequest\x1a$.goodput.gateway.v1.GenerateResponse\x12\x63\n\x0eGenerateStream\x12#.goodput.gateway.v1.GenerateRequest\x1a*.goodput.gateway.v1.GenerateStreamResponse0\x01\x12[\n\nListModels\x12%.goodput.gateway.v1.ListModelsRequest\x1a&.goodput.gateway.v1.ListModelsResponse\x12L\n\x05\x45mbed\x12 .goodput.gateway.v1.EmbedRequest\x1a!.goodput.gateway.v1.EmbedResponse\x12O\n\x06Search\x12!.goodput.gateway.v1.SearchRequest\x1a\".goodput.gateway.v1.SearchResponse\x12L\n\x05Index\x12 .goodput.gateway.v1.IndexRequest\x1a!.goodput.gateway.v1.IndexResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n goodput/gateway/v1/gateway.proto\x12\x12goodput.gateway.v1\x1a\x1dgoodput/common/v1/types.proto\"\x80\x03\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x30\n\x08messages\x18\x02 \x03(\x0b\x32\x1e.goodput.common.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x33\n\x08sampling\x18\x04 \x01(\x0b\x32!.goodput.common.v1.SamplingParams\x12-\n\x08priority\x18\x05 \x01(\x0e\x32\x1b.goodput.common.v1.Priority\x12\x16\n\x0eknowledge_base\x18\x06 \x01(\t\x12\x10\n\x08no_cache\x18\x07 \x01(\x08\x12\x12\n\nsession_id\x18\x08 \x01(\t\x12+\n\x05tools\x18\t \x03(\x0b\x32\x1c.goodput.gateway.v1.Function\x12\x13\n\x0btool_choice\x18\n \x01(\t\x12 \n\x13parallel_tool_calls\x18\x0b \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_parallel_tool_calls\"F\n\x08\x46unction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"\xf5\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x36\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12\'\n\x05usage\x18\x05 \x01(\x0b\x32\x18.goodput.common.v1.Usage\x12,\n\x05\x63\x61\x63he\x18\x06 \x01(\x0b\x32\x1d.goodput.gateway.v1.CacheInfo\x12+\n\x07sources\x18\x07 \x03(\x0b\x32\x1a.goodput.gateway.v1.Source\x12\x31\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1f.goodput.common.v1.TokenLogprob\x12/\n\ntool_calls\x18\t \x03(\x0b\x32\x1b.goodput.common.v1.ToolCall\x12\x10\n\x08\x64\x65graded\x18\n \x03(\t\"\xc8\x01\n\x16GenerateStreamResponse\x12\x30\n\x05start\x18\x01 \x01(\x0b\x32\x1f.goodput.gateway.v1.StreamStartH\x00\x12\x0f\n\x05\x64\x65lta\x18\x02 \x01(\tH\x00\x12,\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x1d.goodput.gateway.v1.StreamEndH\x00\x12\x35\n\x08logprobs\x18\x04 \x01(\x0b\x32!.goodput.gateway.v1.TokenLogprobsH\x00\x42\x06\n\x04kind\"@\n\rTokenLogprobs\x12/\n\x06tokens\x18\x01 \x03(\x0b\x32\x1f.goodput.common.v1.TokenLogprob\"\x9d\x01\n\x0bStreamStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12,\n\x05\x63\x61\x63he\x18\x03 \x01(\x0b\x32\x1d.goodput.gateway.v1.CacheInfo\x12+\n\x07sources\x18\x04 \x03(\x0b\x32\x1a.goodput.gateway.v1.Source\x12\x10\n\x08\x64\x65graded\x18\x05 \x03(\t\"\x9d\x01\n\tStreamEnd\x12\x36\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12\'\n\x05usage\x18\x02 \x01(\x0b\x32\x18.goodput.common.v1.Usage\x12/\n\ntool_calls\x18\x03 \x03(\x0b\x32\x1b.goodput.common.v1.ToolCall\"j\n\tCacheInfo\x12\x0b\n\x03hit\x18\x01 \x01(\x08\x12\r\n\x05layer\x18\x02 \x01(\t\x12\x12\n\nsimilarity\x18\x03 \x01(\x02\x12\x0f\n\x07verdict\x18\x04 \x01(\t\x12\x1c\n\x14verifier_probability\x18\x05 \x01(\x02\"L\n\x06Source\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64ocument_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x0c\n\x04text\x18\x04 \x01(\t\"\x13\n\x11ListModelsRequest\";\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x0f\n\x07workers\x18\x03 \x01(\x05\"?\n\x12ListModelsResponse\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.goodput.gateway.v1.Model\",\n\x0c\x45mbedRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"h\n\rEmbedResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x31\n\nembeddings\x18\x02 \x03(\x0b\x32\x1d.goodput.gateway.v1.Embedding\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\"\x91\x01\n\rSearchRequest\x12\x16\n\x0eknowledge_base\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0e\n\x06\x66usion\x18\x04 \x01(\t\x12\x19\n\x0c\x64\x65nse_weight\x18\x05 \x01(\x02H\x00\x88\x01\x01\x12\x0e\n\x06rerank\x18\x06 \x01(\x08\x42\x0f\n\r_dense_weight\"\xa0\x01\n\x0eSearchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.goodput.gateway.v1.Source\x12\x10\n\x08\x64\x65graded\x18\x02 \x01(\x08\x12\r\n\x05notes\x18\x03 \x03(\t\x12\x12\n\nkb_version\x18\x04 \x01(\x03\x12\x15\n\rrerank_status\x18\x05 \x01(\t\x12\x15\n\rrerank_reason\x18\x06 \x01(\t\"\xb0\x01\n\x08\x44ocument\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12<\n\x08metadata\x18\x05 \x03(\x0b\x32*.goodput.gateway.v1.Document.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"k\n\x0cIndexRequest\x12\x16\n\x0eknowledge_base\x18\x01 \x01(\t\x12/\n\tdocuments\x18\x02 \x03(\x0b\x32\x1c.goodput.gateway.v1.Document\x12\x12\n\ndelete_ids\x18\x03 \x03(\t\"t\n\rIndexResponse\x12\x17\n\x0f\x63hunks_embedded\x18\x01 \x01(\x05\x12\x1b\n\x13\x64ocuments_unchanged\x18\x02 \x01(\x05\x12\x19\n\x11\x64ocuments_deleted\x18\x03 \x01(\x05\x12\x12\n\nkb_version\x18\x04 \x01(\x03\x32\x8f\x04\n\x07Gateway\x12U\n\x08Generate\x12#.goodput.gateway.v1.GenerateRequest\x1a$.goodput.gateway.v1.GenerateResponse\x12\x63\n\x0eGenerateStream\x12#.goodput.gateway.v1.GenerateRequest\x1a*.goodput.gateway.v1.GenerateStreamResponse0\x01\x12[\n\nListModels\x12%.goodput.gateway.v1.ListModelsRequest\x1a&.goodput.gateway.v1.ListModelsResponse\x12L\n\x05\x45mbed\x12 .goodput.gateway.v1.EmbedRequest\x1a!.goodput.gateway.v1.EmbedResponse\x12O\n\x06Search\x12!.goodput.gateway.v1.SearchRequest\x1a\".goodput.gateway.v1.SearchResponse\x12L\n\x05Index\x12 .goodput.gateway.v1.IndexRequest\x1a!.goodput.gateway.v1.IndexResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,33 +49,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STREAMEND']._serialized_start=1352
   _globals['_STREAMEND']._serialized_end=1509
   _globals['_CACHEINFO']._serialized_start=1511
-  _globals['_CACHEINFO']._serialized_end=1570
-  _globals['_SOURCE']._serialized_start=1572
-  _globals['_SOURCE']._serialized_end=1648
-  _globals['_LISTMODELSREQUEST']._serialized_start=1650
-  _globals['_LISTMODELSREQUEST']._serialized_end=1669
-  _globals['_MODEL']._serialized_start=1671
-  _globals['_MODEL']._serialized_end=1730
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1732
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1795
-  _globals['_EMBEDREQUEST']._serialized_start=1797
-  _globals['_EMBEDREQUEST']._serialized_end=1841
-  _globals['_EMBEDDING']._serialized_start=1843
-  _globals['_EMBEDDING']._serialized_end=1870
-  _globals['_EMBEDRESPONSE']._serialized_start=1872
-  _globals['_EMBEDRESPONSE']._serialized_end=1976
-  _globals['_SEARCHREQUEST']._serialized_start=1979
-  _globals['_SEARCHREQUEST']._serialized_end=2124
-  _globals['_SEARCHRESPONSE']._serialized_start=2126
-  _globals['_SEARCHRESPONSE']._serialized_end=2240
-  _globals['_DOCUMENT']._serialized_start=2243
-  _globals['_DOCUMENT']._serialized_end=2419
-  _globals['_DOCUMENT_METADATAENTRY']._serialized_start=2372
-  _globals['_DOCUMENT_METADATAENTRY']._serialized_end=2419
-  _globals['_INDEXREQUEST']._serialized_start=2421
-  _globals['_INDEXREQUEST']._serialized_end=2528
-  _globals['_INDEXRESPONSE']._serialized_start=2530
-  _globals['_INDEXRESPONSE']._serialized_end=2646
-  _globals['_GATEWAY']._serialized_start=2649
-  _globals['_GATEWAY']._serialized_end=3176
+  _globals['_CACHEINFO']._serialized_end=1617
+  _globals['_SOURCE']._serialized_start=1619
+  _globals['_SOURCE']._serialized_end=1695
+  _globals['_LISTMODELSREQUEST']._serialized_start=1697
+  _globals['_LISTMODELSREQUEST']._serialized_end=1716
+  _globals['_MODEL']._serialized_start=1718
+  _globals['_MODEL']._serialized_end=1777
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1779
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1842
+  _globals['_EMBEDREQUEST']._serialized_start=1844
+  _globals['_EMBEDREQUEST']._serialized_end=1888
+  _globals['_EMBEDDING']._serialized_start=1890
+  _globals['_EMBEDDING']._serialized_end=1917
+  _globals['_EMBEDRESPONSE']._serialized_start=1919
+  _globals['_EMBEDRESPONSE']._serialized_end=2023
+  _globals['_SEARCHREQUEST']._serialized_start=2026
+  _globals['_SEARCHREQUEST']._serialized_end=2171
+  _globals['_SEARCHRESPONSE']._serialized_start=2174
+  _globals['_SEARCHRESPONSE']._serialized_end=2334
+  _globals['_DOCUMENT']._serialized_start=2337
+  _globals['_DOCUMENT']._serialized_end=2513
+  _globals['_DOCUMENT_METADATAENTRY']._serialized_start=2466
+  _globals['_DOCUMENT_METADATAENTRY']._serialized_end=2513
+  _globals['_INDEXREQUEST']._serialized_start=2515
+  _globals['_INDEXREQUEST']._serialized_end=2622
+  _globals['_INDEXRESPONSE']._serialized_start=2624
+  _globals['_INDEXRESPONSE']._serialized_end=2740
+  _globals['_GATEWAY']._serialized_start=2743
+  _globals['_GATEWAY']._serialized_end=3270
 # @@protoc_insertion_point(module_scope)

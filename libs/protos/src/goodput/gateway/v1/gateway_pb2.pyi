@@ -110,14 +110,18 @@ class StreamEnd(_message.Message):
     def __init__(self, finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[_types_pb2.ToolCall, _Mapping]]] = ...) -> None: ...
 
 class CacheInfo(_message.Message):
-    __slots__ = ("hit", "layer", "similarity")
+    __slots__ = ("hit", "layer", "similarity", "verdict", "verifier_probability")
     HIT_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     hit: bool
     layer: str
     similarity: float
-    def __init__(self, hit: _Optional[bool] = ..., layer: _Optional[str] = ..., similarity: _Optional[float] = ...) -> None: ...
+    verdict: str
+    verifier_probability: float
+    def __init__(self, hit: _Optional[bool] = ..., layer: _Optional[str] = ..., similarity: _Optional[float] = ..., verdict: _Optional[str] = ..., verifier_probability: _Optional[float] = ...) -> None: ...
 
 class Source(_message.Message):
     __slots__ = ("chunk_id", "document_id", "score", "text")
@@ -192,16 +196,20 @@ class SearchRequest(_message.Message):
     def __init__(self, knowledge_base: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., fusion: _Optional[str] = ..., dense_weight: _Optional[float] = ..., rerank: _Optional[bool] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
-    __slots__ = ("results", "degraded", "notes", "kb_version")
+    __slots__ = ("results", "degraded", "notes", "kb_version", "rerank_status", "rerank_reason")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
     KB_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RERANK_STATUS_FIELD_NUMBER: _ClassVar[int]
+    RERANK_REASON_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[Source]
     degraded: bool
     notes: _containers.RepeatedScalarFieldContainer[str]
     kb_version: int
-    def __init__(self, results: _Optional[_Iterable[_Union[Source, _Mapping]]] = ..., degraded: _Optional[bool] = ..., notes: _Optional[_Iterable[str]] = ..., kb_version: _Optional[int] = ...) -> None: ...
+    rerank_status: str
+    rerank_reason: str
+    def __init__(self, results: _Optional[_Iterable[_Union[Source, _Mapping]]] = ..., degraded: _Optional[bool] = ..., notes: _Optional[_Iterable[str]] = ..., kb_version: _Optional[int] = ..., rerank_status: _Optional[str] = ..., rerank_reason: _Optional[str] = ...) -> None: ...
 
 class Document(_message.Message):
     __slots__ = ("id", "text", "type", "title", "metadata")

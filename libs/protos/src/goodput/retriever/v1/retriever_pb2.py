@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$goodput/retriever/v1/retriever.proto\x12\x14goodput.retriever.v1\"\x80\x02\n\rSearchRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\r\n\x05query\x18\x03 \x01(\t\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12,\n\x06\x66usion\x18\x05 \x01(\x0e\x32\x1c.goodput.retriever.v1.Fusion\x12\x19\n\x0c\x64\x65nse_weight\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x10\n\x08recall_k\x18\x07 \x01(\x05\x12\x0e\n\x06rerank\x18\x08 \x01(\x08\x12\x14\n\x0cleg_budget_s\x18\t \x01(\x01\x12\x17\n\x0frerank_budget_s\x18\n \x01(\x01\x42\x0f\n\r_dense_weight\"\xb5\x01\n\x03Hit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64ocument_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x39\n\x08metadata\x18\x05 \x03(\x0b\x32\'.goodput.retriever.v1.Hit.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"5\n\tLegTiming\x12\x0b\n\x03leg\x18\x01 \x01(\t\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\n\n\x02ok\x18\x03 \x01(\x08\"\xa0\x01\n\x0eSearchResponse\x12\'\n\x04hits\x18\x01 \x03(\x0b\x32\x19.goodput.retriever.v1.Hit\x12\x10\n\x08\x64\x65graded\x18\x02 \x01(\x08\x12\r\n\x05notes\x18\x03 \x03(\t\x12\x30\n\x07timings\x18\x04 \x03(\x0b\x32\x1f.goodput.retriever.v1.LegTiming\x12\x12\n\nkb_version\x18\x05 \x01(\x03\"5\n\x0bOpenRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\"3\n\x0cOpenResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12\x12\n\nkb_version\x18\x02 \x01(\x03\"\xba\x01\n\x05\x43hunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64ocument_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0e\n\x06vector\x18\x04 \x03(\x02\x12;\n\x08metadata\x18\x05 \x03(\x0b\x32).goodput.retriever.v1.Chunk.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc3\x01\n\x0cWriteRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12,\n\x07upserts\x18\x03 \x03(\x0b\x32\x1b.goodput.retriever.v1.Chunk\x12\x18\n\x10\x64\x65lete_chunk_ids\x18\x04 \x03(\t\x12\x1b\n\x13\x64\x65lete_document_ids\x18\x05 \x03(\t\x12\x12\n\nrebuild_id\x18\x06 \x01(\t\x12\x12\n\nkb_version\x18\x07 \x01(\x03\"!\n\rWriteResponse\x12\x10\n\x08upserted\x18\x01 \x01(\x05\"=\n\x13\x42\x65ginRebuildRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\"*\n\x14\x42\x65ginRebuildResponse\x12\x12\n\nrebuild_id\x18\x01 \x01(\t\"f\n\x14\x43ommitRebuildRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\x12\n\nrebuild_id\x18\x03 \x01(\t\x12\x12\n\nkb_version\x18\x04 \x01(\x03\"\x17\n\x15\x43ommitRebuildResponse*u\n\x06\x46usion\x12\x16\n\x12\x46USION_UNSPECIFIED\x10\x00\x12\x0e\n\nFUSION_RRF\x10\x01\x12\x13\n\x0f\x46USION_WEIGHTED\x10\x02\x12\x15\n\x11\x46USION_DENSE_ONLY\x10\x03\x12\x17\n\x13\x46USION_LEXICAL_ONLY\x10\x04\x32`\n\tRetrieval\x12S\n\x06Search\x12#.goodput.retriever.v1.SearchRequest\x1a$.goodput.retriever.v1.SearchResponse2\xfe\x02\n\nIndexStore\x12M\n\x04Open\x12!.goodput.retriever.v1.OpenRequest\x1a\".goodput.retriever.v1.OpenResponse\x12P\n\x05Write\x12\".goodput.retriever.v1.WriteRequest\x1a#.goodput.retriever.v1.WriteResponse\x12\x65\n\x0c\x42\x65ginRebuild\x12).goodput.retriever.v1.BeginRebuildRequest\x1a*.goodput.retriever.v1.BeginRebuildResponse\x12h\n\rCommitRebuild\x12*.goodput.retriever.v1.CommitRebuildRequest\x1a+.goodput.retriever.v1.CommitRebuildResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$goodput/retriever/v1/retriever.proto\x12\x14goodput.retriever.v1\"\x80\x02\n\rSearchRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\r\n\x05query\x18\x03 \x01(\t\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12,\n\x06\x66usion\x18\x05 \x01(\x0e\x32\x1c.goodput.retriever.v1.Fusion\x12\x19\n\x0c\x64\x65nse_weight\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x10\n\x08recall_k\x18\x07 \x01(\x05\x12\x0e\n\x06rerank\x18\x08 \x01(\x08\x12\x14\n\x0cleg_budget_s\x18\t \x01(\x01\x12\x17\n\x0frerank_budget_s\x18\n \x01(\x01\x42\x0f\n\r_dense_weight\"\xb5\x01\n\x03Hit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64ocument_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x39\n\x08metadata\x18\x05 \x03(\x0b\x32\'.goodput.retriever.v1.Hit.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"5\n\tLegTiming\x12\x0b\n\x03leg\x18\x01 \x01(\t\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\n\n\x02ok\x18\x03 \x01(\x08\"\xd2\x01\n\x0eSearchResponse\x12\'\n\x04hits\x18\x01 \x03(\x0b\x32\x19.goodput.retriever.v1.Hit\x12\x10\n\x08\x64\x65graded\x18\x02 \x01(\x08\x12\r\n\x05notes\x18\x03 \x03(\t\x12\x30\n\x07timings\x18\x04 \x03(\x0b\x32\x1f.goodput.retriever.v1.LegTiming\x12\x12\n\nkb_version\x18\x05 \x01(\x03\x12\x30\n\x06rerank\x18\x06 \x01(\x0b\x32 .goodput.retriever.v1.RerankInfo\"`\n\nRerankInfo\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x12\n\ncandidates\x18\x04 \x01(\x05\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\"5\n\x0bOpenRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\"3\n\x0cOpenResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12\x12\n\nkb_version\x18\x02 \x01(\x03\"\xba\x01\n\x05\x43hunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64ocument_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0e\n\x06vector\x18\x04 \x03(\x02\x12;\n\x08metadata\x18\x05 \x03(\x0b\x32).goodput.retriever.v1.Chunk.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc3\x01\n\x0cWriteRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12,\n\x07upserts\x18\x03 \x03(\x0b\x32\x1b.goodput.retriever.v1.Chunk\x12\x18\n\x10\x64\x65lete_chunk_ids\x18\x04 \x03(\t\x12\x1b\n\x13\x64\x65lete_document_ids\x18\x05 \x03(\t\x12\x12\n\nrebuild_id\x18\x06 \x01(\t\x12\x12\n\nkb_version\x18\x07 \x01(\x03\"!\n\rWriteResponse\x12\x10\n\x08upserted\x18\x01 \x01(\x05\"=\n\x13\x42\x65ginRebuildRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\"*\n\x14\x42\x65ginRebuildResponse\x12\x12\n\nrebuild_id\x18\x01 \x01(\t\"f\n\x14\x43ommitRebuildRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\x12\n\nrebuild_id\x18\x03 \x01(\t\x12\x12\n\nkb_version\x18\x04 \x01(\x03\"\x17\n\x15\x43ommitRebuildResponse*u\n\x06\x46usion\x12\x16\n\x12\x46USION_UNSPECIFIED\x10\x00\x12\x0e\n\nFUSION_RRF\x10\x01\x12\x13\n\x0f\x46USION_WEIGHTED\x10\x02\x12\x15\n\x11\x46USION_DENSE_ONLY\x10\x03\x12\x17\n\x13\x46USION_LEXICAL_ONLY\x10\x04\x32`\n\tRetrieval\x12S\n\x06Search\x12#.goodput.retriever.v1.SearchRequest\x1a$.goodput.retriever.v1.SearchResponse2\xfe\x02\n\nIndexStore\x12M\n\x04Open\x12!.goodput.retriever.v1.OpenRequest\x1a\".goodput.retriever.v1.OpenResponse\x12P\n\x05Write\x12\".goodput.retriever.v1.WriteRequest\x1a#.goodput.retriever.v1.WriteResponse\x12\x65\n\x0c\x42\x65ginRebuild\x12).goodput.retriever.v1.BeginRebuildRequest\x1a*.goodput.retriever.v1.BeginRebuildResponse\x12h\n\rCommitRebuild\x12*.goodput.retriever.v1.CommitRebuildRequest\x1a+.goodput.retriever.v1.CommitRebuildResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HIT_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_CHUNK_METADATAENTRY']._loaded_options = None
   _globals['_CHUNK_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_FUSION']._serialized_start=1489
-  _globals['_FUSION']._serialized_end=1606
+  _globals['_FUSION']._serialized_start=1637
+  _globals['_FUSION']._serialized_end=1754
   _globals['_SEARCHREQUEST']._serialized_start=63
   _globals['_SEARCHREQUEST']._serialized_end=319
   _globals['_HIT']._serialized_start=322
@@ -46,29 +46,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEGTIMING']._serialized_start=505
   _globals['_LEGTIMING']._serialized_end=558
   _globals['_SEARCHRESPONSE']._serialized_start=561
-  _globals['_SEARCHRESPONSE']._serialized_end=721
-  _globals['_OPENREQUEST']._serialized_start=723
-  _globals['_OPENREQUEST']._serialized_end=776
-  _globals['_OPENRESPONSE']._serialized_start=778
-  _globals['_OPENRESPONSE']._serialized_end=829
-  _globals['_CHUNK']._serialized_start=832
-  _globals['_CHUNK']._serialized_end=1018
+  _globals['_SEARCHRESPONSE']._serialized_end=771
+  _globals['_RERANKINFO']._serialized_start=773
+  _globals['_RERANKINFO']._serialized_end=869
+  _globals['_OPENREQUEST']._serialized_start=871
+  _globals['_OPENREQUEST']._serialized_end=924
+  _globals['_OPENRESPONSE']._serialized_start=926
+  _globals['_OPENRESPONSE']._serialized_end=977
+  _globals['_CHUNK']._serialized_start=980
+  _globals['_CHUNK']._serialized_end=1166
   _globals['_CHUNK_METADATAENTRY']._serialized_start=456
   _globals['_CHUNK_METADATAENTRY']._serialized_end=503
-  _globals['_WRITEREQUEST']._serialized_start=1021
-  _globals['_WRITEREQUEST']._serialized_end=1216
-  _globals['_WRITERESPONSE']._serialized_start=1218
-  _globals['_WRITERESPONSE']._serialized_end=1251
-  _globals['_BEGINREBUILDREQUEST']._serialized_start=1253
-  _globals['_BEGINREBUILDREQUEST']._serialized_end=1314
-  _globals['_BEGINREBUILDRESPONSE']._serialized_start=1316
-  _globals['_BEGINREBUILDRESPONSE']._serialized_end=1358
-  _globals['_COMMITREBUILDREQUEST']._serialized_start=1360
-  _globals['_COMMITREBUILDREQUEST']._serialized_end=1462
-  _globals['_COMMITREBUILDRESPONSE']._serialized_start=1464
-  _globals['_COMMITREBUILDRESPONSE']._serialized_end=1487
-  _globals['_RETRIEVAL']._serialized_start=1608
-  _globals['_RETRIEVAL']._serialized_end=1704
-  _globals['_INDEXSTORE']._serialized_start=1707
-  _globals['_INDEXSTORE']._serialized_end=2089
+  _globals['_WRITEREQUEST']._serialized_start=1169
+  _globals['_WRITEREQUEST']._serialized_end=1364
+  _globals['_WRITERESPONSE']._serialized_start=1366
+  _globals['_WRITERESPONSE']._serialized_end=1399
+  _globals['_BEGINREBUILDREQUEST']._serialized_start=1401
+  _globals['_BEGINREBUILDREQUEST']._serialized_end=1462
+  _globals['_BEGINREBUILDRESPONSE']._serialized_start=1464
+  _globals['_BEGINREBUILDRESPONSE']._serialized_end=1506
+  _globals['_COMMITREBUILDREQUEST']._serialized_start=1508
+  _globals['_COMMITREBUILDREQUEST']._serialized_end=1610
+  _globals['_COMMITREBUILDRESPONSE']._serialized_start=1612
+  _globals['_COMMITREBUILDRESPONSE']._serialized_end=1635
+  _globals['_RETRIEVAL']._serialized_start=1756
+  _globals['_RETRIEVAL']._serialized_end=1852
+  _globals['_INDEXSTORE']._serialized_start=1855
+  _globals['_INDEXSTORE']._serialized_end=2237
 # @@protoc_insertion_point(module_scope)

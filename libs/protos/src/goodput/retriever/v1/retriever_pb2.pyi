@@ -76,18 +76,34 @@ class LegTiming(_message.Message):
     def __init__(self, leg: _Optional[str] = ..., seconds: _Optional[float] = ..., ok: _Optional[bool] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
-    __slots__ = ("hits", "degraded", "notes", "timings", "kb_version")
+    __slots__ = ("hits", "degraded", "notes", "timings", "kb_version", "rerank")
     HITS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     KB_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RERANK_FIELD_NUMBER: _ClassVar[int]
     hits: _containers.RepeatedCompositeFieldContainer[Hit]
     degraded: bool
     notes: _containers.RepeatedScalarFieldContainer[str]
     timings: _containers.RepeatedCompositeFieldContainer[LegTiming]
     kb_version: int
-    def __init__(self, hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., degraded: _Optional[bool] = ..., notes: _Optional[_Iterable[str]] = ..., timings: _Optional[_Iterable[_Union[LegTiming, _Mapping]]] = ..., kb_version: _Optional[int] = ...) -> None: ...
+    rerank: RerankInfo
+    def __init__(self, hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., degraded: _Optional[bool] = ..., notes: _Optional[_Iterable[str]] = ..., timings: _Optional[_Iterable[_Union[LegTiming, _Mapping]]] = ..., kb_version: _Optional[int] = ..., rerank: _Optional[_Union[RerankInfo, _Mapping]] = ...) -> None: ...
+
+class RerankInfo(_message.Message):
+    __slots__ = ("status", "reason", "model", "candidates", "seconds")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    reason: str
+    model: str
+    candidates: int
+    seconds: float
+    def __init__(self, status: _Optional[str] = ..., reason: _Optional[str] = ..., model: _Optional[str] = ..., candidates: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class OpenRequest(_message.Message):
     __slots__ = ("tenant", "knowledge_base")
