@@ -530,3 +530,29 @@ def test_a_metrics_port_of_its_own_is_wired_through_env_pod_service_monitor_and_
     defaults = chart.docs()
     assert "GOODPUT_GATEWAY_METRICS_PORT" not in _config(defaults, "gateway")
     assert by_kind(defaults, "ServiceMonitor")["gateway"]["spec"]["endpoints"][0]["port"] == "http"
+
+
+def test_cross_encoders_mount_from_a_claim_and_are_required_when_enabled(chart: Any) -> None:
+    off = chart.docs()
+    assert _config(off, "retriever")["GOODPUT_RETRIEVER_RERANKER"] == "auto"
+    assert _config(off, "gateway")["GOODPUT_GATEWAY_RAG_RERANK"] == "false"
+    docs = chart.docs(sets=("retriever.crossEncoder.enabled=true", "retriever.crossEncoder.claimName=models",
+                            "retriever.crossEncoder.subPath=goodput-reranker-minilm",
+                            "cache.crossEncoder.enabled=true", "cache.crossEncoder.claimName=models"))
+    retriever, cache = _config(docs, "retriever"), _config(docs, "cache")
+    assert (retriever["GOODPUT_RETRIEVER_RERANKER"], retriever["GOODPUT_RETRIEVER_RERANKER_MODEL"]) == (
+        "cross-encoder", "/models/reranker")
+    assert (cache["GOODPUT_CACHE_VERIFIER"], cache["GOODPUT_CACHE_VERIFIER_MODEL"]) == (
+        "cross-encoder", "/models/verifier")
+    assert _config(docs, "gateway")["GOODPUT_GATEWAY_RAG_RERANK"] == "true"
+    for component, path in (("retriever", "/models/reranker"), ("cache", "/models/verifier")):
+        pod = by_kind(docs, "Deployment")[component]["spec"]["template"]["spec"]
+        mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == path)
+        assert mount["readOnly"] is True
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        assert volume["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    subpath = next(m for m in by_kind(docs, "Deployment")["retriever"]["spec"]["template"]["spec"]["containers"][0]
+                   ["volumeMounts"] if m["mountPath"] == "/models/reranker")
+    assert subpath["subPath"] == "goodput-reranker-minilm"
+    with pytest.raises(Exception, match="claimName is required"):
+        chart.docs(sets=("cache.crossEncoder.enabled=true",))

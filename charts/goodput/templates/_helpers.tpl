@@ -251,6 +251,7 @@ the kubelet probes the pod IP. */}}
 {{ $p }}MAX_BODY_BYTES: {{ include "goodput.num" $v.config.maxBodyBytes | quote }}
 {{ $p }}REQUEST_TIMEOUT_S: {{ include "goodput.num" $v.config.requestTimeoutSeconds | quote }}
 {{ $p }}LATENCY_PROFILE: {{ toJson ($v.config.latencyProfile | default dict) | quote }}
+{{ $p }}RAG_RERANK: {{ and .root.Values.retriever.enabled .root.Values.retriever.crossEncoder.enabled | quote }}
 {{- range $svc, $flag := dict "cache" "useCache" "retriever" "useRetriever" "embedder" "useEmbedder" }}
 {{- $on := and (index $v.config $flag) (index $.root.Values $svc).enabled }}
 {{ $p }}{{ upper $svc }}_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" $.root "svc" $svc)) "" $on | quote }}
@@ -402,6 +403,10 @@ HF_HUB_OFFLINE: "1"
 {{ $p }}ELASTICSEARCH_URL: {{ .root.Values.external.elasticsearch.url | quote }}
 {{ $p }}EMBEDDER_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" .root "svc" "embedder")) "" (and .root.Values.retriever.config.useEmbedder .root.Values.embedder.enabled) | quote }}
 {{ $p }}LEXICAL_BACKEND: {{ ternary "elasticsearch" "tantivy" (ne .root.Values.external.elasticsearch.url "") | quote }}
+{{- with .root.Values.retriever.crossEncoder }}
+{{ $p }}RERANKER: {{ ternary "cross-encoder" "auto" .enabled | quote }}
+{{ $p }}RERANKER_MODEL: {{ ternary .mountPath "" .enabled | quote }}
+{{- end }}
 HF_HOME: "/cache/huggingface"
 HF_HUB_OFFLINE: "1"
 {{- end }}
@@ -409,6 +414,10 @@ HF_HUB_OFFLINE: "1"
 {{- define "goodput.config.cache" -}}
 {{- $p := "GOODPUT_CACHE_" }}
 {{ $p }}EMBEDDER_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" .root "svc" "embedder")) "" (and .root.Values.cache.config.useEmbedder .root.Values.embedder.enabled) | quote }}
+{{- with .root.Values.cache.crossEncoder }}
+{{ $p }}VERIFIER: {{ ternary "cross-encoder" "auto" .enabled | quote }}
+{{ $p }}VERIFIER_MODEL: {{ ternary .mountPath "" .enabled | quote }}
+{{- end }}
 {{- with .root.Values.cache.config }}
 {{ $p }}THRESHOLD: {{ include "goodput.num" .threshold | quote }}
 {{ $p }}TENANT_THRESHOLDS: {{ toJson .tenantThresholds | quote }}

@@ -150,6 +150,14 @@ spec:
               mountPath: {{ dir $apiKeysFile }}
               readOnly: true
             {{- end }}
+            {{- if and (has .svc (list "retriever" "cache")) $v.crossEncoder.enabled }}
+            - name: cross-encoder
+              mountPath: {{ $v.crossEncoder.mountPath }}
+              readOnly: true
+              {{- with $v.crossEncoder.subPath }}
+              subPath: {{ . }}
+              {{- end }}
+            {{- end }}
             {{- if eq .svc "inference" }}
             - name: dshm
               mountPath: /dev/shm
@@ -189,6 +197,13 @@ spec:
             items:
               - key: {{ $root.Values.apiKeys.key }}
                 path: {{ base $apiKeysFile }}
+        {{- end }}
+        {{- if and (has .svc (list "retriever" "cache")) $v.crossEncoder.enabled }}
+        # The cross-encoder (the retriever's reranker, the cache's verifier): a model folder, read-only.
+        - name: cross-encoder
+          persistentVolumeClaim:
+            claimName: {{ required (printf "%s.crossEncoder.claimName is required when it is enabled" .svc) $v.crossEncoder.claimName }}
+            readOnly: true
         {{- end }}
         {{- if eq .svc "inference" }}
         # Tensor-parallel ranks and NCCL exchange through shared memory; the runtime's default 64 MiB

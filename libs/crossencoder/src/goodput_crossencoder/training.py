@@ -78,7 +78,7 @@ class TrainConfig:
 
 DEFAULTS: dict[Kind, dict[str, Any]] = {
     "reranker": {"epochs": 2, "layers": 3, "max_length": 128, "lr": 1e-4, "negatives": 3, "pseudo_queries": 5000},
-    "verifier": {"epochs": 1, "layers": 6, "max_length": 96, "lr": 4e-5, "max_train_pairs": 9000},
+    "verifier": {"epochs": 2, "layers": 6, "max_length": 96, "lr": 1e-4, "max_train_pairs": 9000},
 }
 
 
