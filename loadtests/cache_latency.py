@@ -142,6 +142,7 @@ async def _run(args: argparse.Namespace, vectoriser: Any) -> dict[str, Any]:
     rng = np.random.default_rng(1)
     pairs = _pairs(Path(args.data_dir), args.real, args.questions)
     results: dict[str, Any] = {}
+    verifier = _verifier(args)
 
     def request(question: str) -> CacheRequest:
         return CacheRequest(tenant="bench", model="smollm2", model_version="1",
@@ -196,7 +197,8 @@ async def _run(args: argparse.Namespace, vectoriser: Any) -> dict[str, Any]:
             embed: list[float] = []
             embed_tokens: list[int] = []
             search: list[float] = []
-            exact_hits = semantic_hits = 0
+            exact_hits = semantic_hits = verified_hits = 0
+            verified: list[float] = []
             for i in range(args.lookups):
                 origin, similar = pairs[i % len(pairs)]
                 t = time.perf_counter()
@@ -207,6 +209,13 @@ async def _run(args: argparse.Namespace, vectoriser: Any) -> dict[str, Any]:
                 r = await cache.lookup(request(similar), allow_semantic=True)
                 semantic.append(time.perf_counter() - t)
                 semantic_hits += r.hit and r.layer == "l2"
+                if verifier is not None:  # the same lookup with the verifier reading the candidates
+                    cache.verifier = verifier
+                    t = time.perf_counter()
+                    r = await cache.lookup(request(similar), allow_semantic=True)
+                    verified.append(time.perf_counter() - t)
+                    verified_hits += r.hit and r.verdict == "same"
+                    cache.verifier = None
             for i in range(min(args.lookups, 300)):
                 _, similar = pairs[i % len(pairs)]
                 t = time.perf_counter()
@@ -226,6 +235,9 @@ async def _run(args: argparse.Namespace, vectoriser: Any) -> dict[str, Any]:
                 "embedding_by_tokens": _by_tokens(embed, embed_tokens),
                 "exact_hit_share": exact_hits / args.lookups, "semantic_l2_hit_share": semantic_hits / args.lookups,
             }
+            if verified:
+                results[str(size)]["semantic_verified"] = summarize(verified)
+                results[str(size)]["verified_hit_share"] = verified_hits / args.lookups
             print(f"{size}: exact p99 {results[str(size)]['exact']['p99_ms']:.2f} ms, semantic p99 "
                   f"{results[str(size)]['semantic']['p99_ms']:.2f} ms", file=sys.stderr)
         finally:
@@ -238,6 +250,50 @@ async def _run(args: argparse.Namespace, vectoriser: Any) -> dict[str, Any]:
                     break
             await redis.aclose()
     return results
+
+
+def _verifier(args: argparse.Namespace) -> Any:
+    """The cache's verifier as the service loads it, or None (no model, or --verifier-model none)."""
+    from goodput_crossencoder.card import default_model_dir
+
+    from goodput_cache.config import CacheSettings
+    from goodput_cache.verify import load_verifier
+
+    if args.verifier_model == "none":
+        return None
+    path = Path(args.verifier_model) if args.verifier_model else default_model_dir(Path(args.data_dir), "verifier")
+    if not (path / "config.json").is_file():
+        print(f"no verifier at {path}: semantic lookups are not timed with verification", file=sys.stderr)
+        return None
+    verifier = load_verifier(CacheSettings(verifier="cross-encoder", verifier_model=str(path)))
+    args.verifier_info = {"model": verifier.name if verifier else "", "threshold": verifier.threshold if verifier
+                          else None, "threads": CacheSettings().verifier_threads,
+                          "min_similarity": CacheSettings().verify_min_similarity}
+    return verifier
+
+
+def _verified_section(data: dict[str, Any]) -> list[str]:
+    info = data.get("verifier")
+    sizes = [(size, r) for size, r in data["results"].items() if "semantic_verified" in r]
+    if not info or not sizes:
+        return ["Semantic lookups with the verifier: not measured (no verifier model; `goodput train verifier` "
+                "makes one).", ""]
+    big = sizes[-1][1]
+    met = big["semantic_verified"]["p99_ms"] <= GOALS_MS["semantic_p99"]
+    return ["## With the verifier", "",
+            f"The same semantic lookups with the cache's verifier (`{info['model']}`, {info['threads']} thread(s), "
+            f"candidates from similarity {info['min_similarity']:g} up read in one model call, p >= "
+            f"{info['threshold']:.3f}):", "",
+            markdown_table(["entries", "semantic p50 ms", "semantic p99 ms", "verified p50 ms", "verified p99 ms",
+                            "L2 hits", "verified hits"],
+                           [[size, f"{r['semantic']['p50_ms']:.2f}", f"{r['semantic']['p99_ms']:.2f}",
+                             f"{r['semantic_verified']['p50_ms']:.2f}", f"{r['semantic_verified']['p99_ms']:.2f}",
+                             f"{r['semantic_l2_hit_share'] * 100:.0f}%", f"{r['verified_hit_share'] * 100:.0f}%"]
+                            for size, r in sizes]), "",
+            f"Goal: semantic lookup p99 with verification <= {GOALS_MS['semantic_p99']:g} ms at the largest size: "
+            f"**{'met' if met else 'missed'}** ({big['semantic_verified']['p99_ms']:.2f} ms). The verified hits "
+            "differ from the unverified ones by the candidates the model refused and the ones it accepted under the "
+            "similarity threshold (its lower bound is below it).", ""]
 
 
 def report(data: dict[str, Any]) -> str:
@@ -292,6 +348,7 @@ def report(data: dict[str, Any]) -> str:
         "Tail latencies on this shared machine also move with its load: the exact lookup does the same work at "
         "every size, yet its p99 in this run was "
         + ", ".join(f"{r['exact']['p99_ms']:.1f}" for r in data["results"].values()) + " ms across the sizes.",
+        "", *_verified_section(data),
     ])
 
 
@@ -367,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--questions", choices=sorted(QUESTION_SETS), default="mock",
                     help="the question pairs stored and looked up: " + "; ".join(f"{k}: {v}"
                                                                               for k, v in QUESTION_SETS.items()))
+    ap.add_argument("--verifier-model", default="",
+                    help="the cache's verifier (default <data-dir>/models/goodput-verifier-minilm when it is there): "
+                         "each semantic lookup is also timed with verification; 'none' = not measured")
     ap.add_argument("--out", default="", help="report path without extension (default loadtests/reports/"
                                               "cache_latency, with -qqp for --questions qqp)")
     args = ap.parse_args(argv)
@@ -383,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     # whether idle onnxruntime threads spin: the cache's setting in-process, the started service's otherwise
     args.embed_spin = CacheSettings().embedder_spin if args.embedder == "local" else EmbedderSettings().intra_op_spin
     results = asyncio.run(run(args))
-    data = {"lookups": args.lookups, "questions": args.questions, "embed_threads": args.embed_threads,
+    data = {"lookups": args.lookups, "verifier": getattr(args, "verifier_info", None), "questions": args.questions,
+            "embed_threads": args.embed_threads,
             "embed_spin": args.embed_spin, "embedder": args.embedder,
             "embedder_addr": args.embedder_addr, "embedder_model": _started_model(args), "results": results,
             "goals_ms": GOALS_MS,

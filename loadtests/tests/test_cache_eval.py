@@ -41,8 +41,7 @@ def _write(folder: Path, name: str, rows: list[dict[str, object]], gz: bool = Fa
         (folder / name / "pairs.jsonl").write_text(text)
 
 
-def test_the_evaluation_reports_all_three_rules_against_gptcache(tmp_path: Path) -> None:
-    data = tmp_path / "data"
+def _tiny_data(data: Path) -> None:
     pairs = [("How do I reset my password?", "How can I reset my password?", 1),
              ("How do I turn on dark mode?", "How do I turn off dark mode?", 0),
              ("Where can I download my invoices?", "Where do I find my invoices?", 1),
@@ -53,8 +52,14 @@ def test_the_evaluation_reports_all_three_rules_against_gptcache(tmp_path: Path)
         _write(data, name, [{"id": i, "sentence1": a, "sentence2": b, "label": y}
                             for i, (a, b, y) in enumerate(pairs)])
     _write(data, "gptcache_mock", [{"id": i, "origin": a, "similar": b} for i, (a, b, y) in enumerate(pairs) if y])
+
+
+def test_the_evaluation_reports_all_three_rules_against_gptcache(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _tiny_data(data)
     out = tmp_path / "report" / "cache_eval"
-    assert cache_eval.main(["--data-dir", str(data), "--out", str(out), "--workdir", str(tmp_path / "work")]) == 0
+    assert cache_eval.main(["--data-dir", str(data), "--out", str(out), "--workdir", str(tmp_path / "work"),
+                            "--part", "all"]) == 0
     result = json.loads(out.with_suffix(".json").read_text())
     qqp = result["results"]["qqp"]["goodput"]
     assert {(r["guard"], r["margin"]) for r in qqp} == {(False, 0.0)} | {(True, m) for m in cache_eval.MARGINS}
@@ -63,3 +68,19 @@ def test_the_evaluation_reports_all_three_rules_against_gptcache(tmp_path: Path)
     assert [r["threshold"] for r in result["results"]["qqp"]["gptcache"]] == cache_eval.GPTCACHE_THRESHOLDS
     assert "What the ambiguity margin buys" in out.with_suffix(".md").read_text()
     assert out.with_name("cache_eval.png").stat().st_size > 0
+
+
+def test_the_verifier_is_the_fourth_rule(tmp_path: Path, tiny_cross_encoder: Path) -> None:
+    data = tmp_path / "data"
+    _tiny_data(data)
+    out = tmp_path / "report" / "cache_eval"
+    assert cache_eval.main(["--data-dir", str(data), "--out", str(out), "--workdir", str(tmp_path / "work"),
+                            "--part", "all", "--verifier-model", str(tiny_cross_encoder)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["verifier"]["threshold"] == 0.5
+    rows = result["results"]["qqp"]["verifier"]["rows"]
+    assert {r["bound"] for r in rows} == set(cache_eval.VERIFY_BOUNDS) and {r["guard"] for r in rows} == {True, False}
+    everything = cache_eval._vpick(rows, 0.70, False, 0.3)
+    nothing = [r for r in rows if r["bound"] == 0.70 and not r["guard"] and r["threshold"] == 0.98]
+    assert everything["hits"] >= nothing[0]["hits"]  # a stricter probability never serves more
+    assert "The verifier (the fourth rule)" in out.with_suffix(".md").read_text()

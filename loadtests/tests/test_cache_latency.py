@@ -15,13 +15,23 @@ from loadtests import cache_latency
 def test_the_benchmark_times_lookups_and_says_where_it_embedded(tmp_path: Path, embedder: str, says: str) -> None:
     out = tmp_path / "latency"
     assert cache_latency.main(["--sizes", "300", "--lookups", "20", "--real", "20", "--embedder", embedder,
-                               "--out", str(out)]) == 0
+                               "--verifier-model", "none", "--out", str(out)]) == 0
     data = json.loads(out.with_suffix(".json").read_text())
     row = data["results"]["300"]
     assert data["embedder"] == embedder
     assert row["semantic"]["p99_ms"] > 0 and row["exact"]["p99_ms"] > 0
     assert row["semantic_l2_hit_share"] > 0  # the stored questions' paraphrases are found
     assert says in out.with_suffix(".md").read_text()
+
+
+def test_lookups_are_also_timed_with_the_verifier(tmp_path: Path, tiny_cross_encoder: Path) -> None:
+    out = tmp_path / "latency"
+    assert cache_latency.main(["--sizes", "300", "--lookups", "10", "--real", "10", "--verifier-model",
+                               str(tiny_cross_encoder), "--out", str(out)]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["verifier"]["threshold"] == 0.5
+    assert data["results"]["300"]["semantic_verified"]["p99_ms"] > 0
+    assert "## With the verifier" in out.with_suffix(".md").read_text()
 
 
 def test_qqp_questions_are_the_labelled_duplicates(tmp_path: Path) -> None:
