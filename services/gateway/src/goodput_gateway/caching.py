@@ -36,6 +36,11 @@ A hit replays as word pieces, then the original usage; its status is what the ``
     ('stop', 4)
     >>> CacheStatus("hit", layer="l2", similarity=0.9731).header()
     'hit; layer=l2; similarity=0.973'
+    >>> verified = CacheStatus("hit", layer="l2", similarity=0.88, verdict="same", verifier_probability=0.9712)
+    >>> verified.header(), verified.as_dict()["verifier"]
+    ('hit; layer=l2; similarity=0.880; verified=0.971', {'verdict': 'same', 'probability': 0.9712})
+    >>> CacheStatus("miss", reason="verifier: not the same question", verdict="different").as_dict()["verifier"]
+    {'verdict': 'different', 'probability': 0.0}
     >>> CacheStatus("bypass", reason="no-store").header()
     'bypass; reason=no-store'
 """
