@@ -72,7 +72,8 @@ async def test_candidates_below_the_lower_bound_are_never_read(make_cache: Any, 
 
 async def test_the_guard_vetoes_before_the_model_reads(make_cache: Any, tiny_cross_encoder: Path) -> None:
     cache = make_cache(verifier=_verifier(tiny_cross_encoder, 1e-9))  # the model would accept anything
-    await cache.store(ask("How do I turn on dark mode?"), Answer(text="Settings > Display > Dark.", completion_tokens=5))
+    await cache.store(ask("How do I turn on dark mode?"),
+                      Answer(text="Settings > Display > Dark.", completion_tokens=5))
     r = await cache.lookup(ask("How do I turn off dark mode?"))
     assert not r.hit and r.reason.startswith("near miss") and r.verdict == ""
     unguarded = make_cache(verifier=_verifier(tiny_cross_encoder, 1e-9), verify_with_guard=False)

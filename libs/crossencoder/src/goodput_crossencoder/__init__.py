@@ -3,6 +3,6 @@ sequence-classification folder, batched scoring under a deadline, and ``goodput 
 the MiniLM checkpoint."""
 
 from goodput_crossencoder.card import ModelCard, read_card
-from goodput_crossencoder.model import CrossEncoder, DeadlineExceeded, Scores
+from goodput_crossencoder.model import CrossEncoder, DeadlineExceeded, Scores, load_configured
 
-__all__ = ["CrossEncoder", "DeadlineExceeded", "ModelCard", "Scores", "read_card"]
+__all__ = ["CrossEncoder", "DeadlineExceeded", "ModelCard", "Scores", "load_configured", "read_card"]

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["BLEND_K", "CrossEncoder", "DeadlineExceeded", "Scores", "blend_ranks", "find_onnx"]
+__all__ = ["BLEND_K", "CrossEncoder", "DeadlineExceeded", "Scores", "blend_ranks", "find_onnx", "load_configured"]
 
 log = logging.getLogger("goodput.crossencoder")
 
@@ -270,3 +270,28 @@ def blend_ranks(n: int, logits: np.ndarray, weight: float, k: float = BLEND_K) -
     ce_rank[np.argsort(-logits, kind="stable")] = np.arange(n)
     score = weight / (k + ce_rank) + (1 - weight) / (k + np.arange(n))
     return np.argsort(-score, kind="stable")
+
+
+def load_configured(mode: str, folder: str, *, kind: str, setting: str, backend: Backend = "auto",
+                    device: str = "cpu", threads: int = 0, max_length: int = 0,
+                    truncation: Truncation = "longest_first") -> tuple[CrossEncoder, Any] | None:
+    """What a service's settings ask for: ``mode`` ``none`` → None; ``auto`` → the model in ``folder`` if there is
+    one, else None; ``cross-encoder`` → the model, or ValueError naming ``setting`` and the command that makes one.
+    Returns the warmed-up model and its card (None for a folder ``goodput train`` did not write); ``max_length`` 0 =
+    the card's, else 256."""
+    from goodput_crossencoder.card import read_card
+
+    if mode == "none":
+        return None
+    path = Path(folder).expanduser() if folder else None
+    if path is None or not (path / "config.json").is_file():
+        if mode == "cross-encoder":
+            raise ValueError(f"{kind}=cross-encoder needs a model folder in {setting} (got {folder!r}); "
+                             f"`goodput train {kind}` makes one")
+        log.info("no %s model configured", kind, extra={"path": folder})
+        return None
+    card = read_card(path)
+    model = CrossEncoder.load(path, backend=backend, device=device, threads=threads, truncation=truncation,
+                              max_length=max_length or (card.max_length if card else 256))
+    model.warm_up()
+    return model, card

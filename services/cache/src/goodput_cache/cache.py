@@ -122,13 +122,8 @@ class ResponseCache:
 
     async def _semantic(self, req: CacheRequest, partition: str, question: str, threshold: float,
                         tally: Tally) -> LookupResult:
-        try:
-            vector = await self._vector(question)
-        except Exception as err:  # noqa: BLE001 - any embedder failure is served uncached
-            log.warning("embedding failed, L2 skipped", extra={"error": repr(err)[:200]})
-            self.metrics.degraded.labels("embedder").inc()
-            self.metrics.lookups.labels("l2", "error", req.tenant).inc()
-            tally.degraded += 1
+        vector = await self._vector_or_none(req, question, tally)
+        if vector is None:
             return LookupResult(degraded=True, reason="embedder unavailable")
         margin = self.settings.ambiguity_margin
         candidates = await asyncio.to_thread(self.index.search, partition, vector, k=CANDIDATES,
@@ -178,13 +173,8 @@ class ResponseCache:
                         tally: Tally, verifier: Verifier) -> LookupResult:
         """L2 with a verifier: the candidates from ``min_similarity`` up (after the guard, when on) are read by the
         cross-encoder in one call; the most probable one at or above its threshold is served."""
-        try:
-            vector = await self._vector(question)
-        except Exception as err:  # noqa: BLE001 - any embedder failure is served uncached
-            log.warning("embedding failed, L2 skipped", extra={"error": repr(err)[:200]})
-            self.metrics.degraded.labels("embedder").inc()
-            self.metrics.lookups.labels("l2", "error", req.tenant).inc()
-            tally.degraded += 1
+        vector = await self._vector_or_none(req, question, tally)
+        if vector is None:
             return LookupResult(degraded=True, reason="embedder unavailable")
         candidates = await asyncio.to_thread(self.index.search, partition, vector, k=CANDIDATES,
                                              min_similarity=min_similarity)
@@ -238,6 +228,17 @@ class ResponseCache:
         self._count("l2", "miss", req.tenant, tally)
         return LookupResult(reason=f"verifier: not the same question (p={best:.3f} < {verifier.threshold:.3f})",
                             verdict="different", verifier_probability=best)
+
+    async def _vector_or_none(self, req: CacheRequest, question: str, tally: Tally) -> np.ndarray | None:
+        """The question's vector, or None when the embedder failed (counted: the lookup is a degraded miss)."""
+        try:
+            return await self._vector(question)
+        except Exception as err:  # noqa: BLE001 - any embedder failure is served uncached
+            log.warning("embedding failed, L2 skipped", extra={"error": repr(err)[:200]})
+            self.metrics.degraded.labels("embedder").inc()
+            self.metrics.lookups.labels("l2", "error", req.tenant).inc()
+            tally.degraded += 1
+            return None
 
     async def _vector(self, question: str) -> np.ndarray:
         """The question's vector: from the memo when this process embedded it lately, else from the model."""

@@ -17,11 +17,10 @@ Example::
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 
-from goodput_crossencoder import CrossEncoder, DeadlineExceeded, read_card
+from goodput_crossencoder import CrossEncoder, DeadlineExceeded, load_configured
 
 from goodput_cache.config import CacheSettings
 
@@ -43,20 +42,14 @@ class Verifier:
 
 def load_verifier(settings: CacheSettings) -> Verifier | None:
     """The configured verifier, or None (``verifier=none``, the L2 layer off, or ``auto`` without a model)."""
-    if settings.verifier == "none" or not settings.semantic:
+    if not settings.semantic:
         return None
-    path = Path(settings.verifier_model).expanduser() if settings.verifier_model else None
-    if path is None or not (path / "config.json").is_file():
-        if settings.verifier == "cross-encoder":
-            raise ValueError(f"verifier=cross-encoder needs a model folder in GOODPUT_CACHE_VERIFIER_MODEL (got "
-                             f"{settings.verifier_model!r}); `goodput train verifier` makes one")
-        log.info("no verifier model: L2 hits are judged by similarity and the guard alone",
-                 extra={"path": settings.verifier_model})
+    loaded = load_configured(settings.verifier, settings.verifier_model, kind="verifier",
+                             setting="GOODPUT_CACHE_VERIFIER_MODEL", backend=settings.verifier_backend,
+                             device=settings.verifier_device, threads=settings.verifier_threads)
+    if loaded is None:
         return None
-    card = read_card(path)
+    model, card = loaded
     threshold = settings.verify_threshold or (card.threshold if card and card.threshold else 0.5)
-    model = CrossEncoder.load(path, backend=settings.verifier_backend, device=settings.verifier_device,
-                              max_length=card.max_length if card else 128, threads=settings.verifier_threads)
-    model.warm_up()
     log.info("verifier loaded", extra={"model": model.name, "threshold": threshold})
     return Verifier(model, threshold=threshold)

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from pathlib import Path
 from typing import Protocol
 
-from goodput_crossencoder import CrossEncoder, DeadlineExceeded, read_card
+from goodput_crossencoder import CrossEncoder, DeadlineExceeded, load_configured
 from goodput_crossencoder.model import BLEND_K, blend_ranks
 
 from goodput_retriever.config import RetrieverSettings
@@ -63,20 +62,13 @@ class CrossEncoderReranker:
 
 def load_reranker(settings: RetrieverSettings) -> Reranker | None:
     """The configured reranker, or None (``reranker=none``, or ``auto`` without a model folder)."""
-    if settings.reranker == "none":
+    loaded = load_configured(settings.reranker, settings.reranker_model, kind="reranker",
+                             setting="GOODPUT_RETRIEVER_RERANKER_MODEL", backend=settings.reranker_backend,
+                             device=settings.reranker_device, threads=settings.reranker_threads,
+                             max_length=settings.reranker_max_length, truncation="only_second")
+    if loaded is None:
         return None
-    path = Path(settings.reranker_model).expanduser() if settings.reranker_model else None
-    if path is None or not (path / "config.json").is_file():
-        if settings.reranker == "cross-encoder":
-            raise ValueError(f"reranker=cross-encoder needs a model folder in GOODPUT_RETRIEVER_RERANKER_MODEL "
-                             f"(got {settings.reranker_model!r}); `goodput train reranker` makes one")
-        log.info("no reranker model: searches asking for rerank get the fused order",
-                 extra={"path": settings.reranker_model})
-        return None
-    card = read_card(path)
-    max_length = settings.reranker_max_length or (card.max_length if card else 256)
-    model = CrossEncoder.load(path, backend=settings.reranker_backend, device=settings.reranker_device,
-                              max_length=max_length, threads=settings.reranker_threads, truncation="only_second")
-    model.warm_up()
-    blend = settings.rerank_blend if settings.rerank_blend >= 0 else float((card.extra if card else {}).get("blend", 1))
-    return CrossEncoderReranker(model, blend=blend, blend_k=float((card.extra if card else {}).get("blend_k", BLEND_K)))
+    model, card = loaded
+    extra = card.extra if card else {}
+    blend = settings.rerank_blend if settings.rerank_blend >= 0 else float(extra.get("blend", 1.0))
+    return CrossEncoderReranker(model, blend=blend, blend_k=float(extra.get("blend_k", BLEND_K)))
