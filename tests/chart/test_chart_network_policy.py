@@ -61,16 +61,18 @@ class Rendered:
         return {p["name"]: p["containerPort"] for p in c.get("ports", [])}
 
     def resolve(self, address: str) -> tuple[str, int]:
-        """The component and container port behind ``host:port`` (``dns:///host.ns.svc...:port`` included)."""
-        m = re.fullmatch(r"(?:dns:///)?([^:/]+):(\d+)", address.strip())
+        """The component and container port behind ``host:port`` (``dns:///host.ns.svc...:port`` included), or
+        behind ``k8s:///ns/service:port`` (the Service's EndpointSlices; port by name or number)."""
+        m = (re.fullmatch(r"k8s:///[^/]+/([^:/]+):(\w[-\w]*)", address.strip())
+             or re.fullmatch(r"(?:dns:///)?([^:/]+):(\d+)", address.strip()))
         assert m, f"cannot read the address {address!r}"
-        host, port = m.group(1).split(".")[0], int(m.group(2))
+        host, port = m.group(1).split(".")[0], m.group(2)  # a number, or a port's name (k8s:///)
         service = self.services.get(host)
         assert service is not None, f"{address!r} names no Service of the release"
         (target,) = [c for c, d in self.deployments.items()
                      if _labels_match({"matchLabels": service["spec"]["selector"]}, self.pod_labels(c))]
-        (sp,) = [p for p in service["spec"]["ports"] if p["port"] == port]
-        tp = sp.get("targetPort", port)
+        (sp,) = [p for p in service["spec"]["ports"] if str(p["port"]) == port or p.get("name") == port]
+        tp = sp.get("targetPort", sp["port"])
         return target, self.container_ports(target)[tp] if isinstance(tp, str) else int(tp)
 
     def allowed(self, caller: str, callee: str, port: int) -> list[str]:

@@ -267,7 +267,10 @@ def test_ports_follow_the_contract(chart: Any) -> None:
 def test_scheduler_gets_the_workers_and_gateway_the_services(chart: Any) -> None:
     docs = chart.docs()
     sched = _config(docs, "scheduler")
-    assert sched["GOODPUT_SCHEDULER_WORKERS"] == "dns:///goodput-inference.goodput.svc.cluster.local:50061"
+    # the inference Service's EndpointSlices by default (test_chart_discovery.py); DNS with scheduler.discovery=dns
+    assert sched["GOODPUT_SCHEDULER_WORKERS"] == "k8s:///goodput/goodput-inference:grpc"
+    assert _config(chart.docs(sets=("scheduler.discovery=dns",)), "scheduler")["GOODPUT_SCHEDULER_WORKERS"] == (
+        "dns:///goodput-inference.goodput.svc.cluster.local:50061")
     assert by_kind(docs, "Service")["inference"]["spec"]["clusterIP"] == "None"
     gw = _config(docs, "gateway")
     assert gw["GOODPUT_GATEWAY_SCHEDULER_ADDR"] == "goodput-scheduler:50052"

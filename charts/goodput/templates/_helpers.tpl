@@ -155,6 +155,14 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ $meta.component }}
 {{- end }}
 
+{{/* The scheduler's own ServiceAccount when it watches EndpointSlices (scheduler.discovery kubernetes): the only
+pod that talks to the API server, so the only one with a token and a Role. Empty otherwise. */}}
+{{- define "goodput.schedulerServiceAccountName" -}}
+{{- if and .Values.scheduler.enabled (eq .Values.scheduler.discovery "kubernetes") }}
+{{- include "goodput.componentName" (dict "root" . "svc" "scheduler") }}
+{{- end }}
+{{- end }}
+
 {{- define "goodput.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "goodput.fullname" .) .Values.serviceAccount.name }}
@@ -326,8 +334,12 @@ its settings (empty = the app's default queue). ctx: root, svc */}}
 {{- $v := .root.Values.scheduler }}
 {{- $p := "GOODPUT_SCHEDULER_" }}
 {{- $workers := $v.config.workers }}
-{{- if not $workers }}
-{{- $workers = printf "dns:///%s.%s.svc.cluster.local:50061" (include "goodput.componentName" (dict "root" .root "svc" "inference")) .root.Release.Namespace }}
+{{- $inference := include "goodput.componentName" (dict "root" .root "svc" "inference") }}
+{{- if and (not $workers) (eq $v.discovery "kubernetes") }}
+{{- /* The inference Service's EndpointSlices, its port named grpc (RBAC in scheduler-rbac.yaml). */}}
+{{- $workers = printf "k8s:///%s/%s:grpc" .root.Release.Namespace $inference }}
+{{- else if not $workers }}
+{{- $workers = printf "dns:///%s.%s.svc.cluster.local:50061" $inference .root.Release.Namespace }}
 {{- end }}
 {{ $p }}WORKERS: {{ $workers | quote }}
 {{ $p }}HEALTH_INTERVAL_S: {{ include "goodput.num" $v.config.healthIntervalSeconds | quote }}

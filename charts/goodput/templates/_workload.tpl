@@ -63,8 +63,15 @@ spec:
         {{- toYaml . | nindent 8 }}
         {{- end }}
     spec:
+      {{- $ownAccount := ternary (include "goodput.schedulerServiceAccountName" $root) "" (eq .svc "scheduler") }}
+      {{- if $ownAccount }}
+      # Its own account: it watches the inference workers' EndpointSlices (scheduler-rbac.yaml), so it needs a token.
+      serviceAccountName: {{ $ownAccount }}
+      automountServiceAccountToken: true
+      {{- else }}
       serviceAccountName: {{ include "goodput.serviceAccountName" $root }}
       automountServiceAccountToken: {{ $root.Values.serviceAccount.automountServiceAccountToken }}
+      {{- end }}
       {{- with $g.imagePullSecrets }}
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
@@ -474,6 +481,7 @@ spec:
     {{- end }}
     {{- $external := $meta.external }}
     {{- if eq $root.Values.common.otel.exporter "otlp" }}{{ $external = append $external "otlp" }}{{ end }}
+    {{- if and (eq .svc "scheduler") (include "goodput.schedulerServiceAccountName" $root) }}{{ $external = append $external "kubernetes" }}{{ end }}
     {{- range $external }}
     {{- $e := index $np.egress . }}
     - ports:

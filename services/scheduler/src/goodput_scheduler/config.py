@@ -9,6 +9,8 @@ from pydantic_settings import NoDecode
 
 from goodput_core.settings import ServiceSettings, SharingGroupsSetting, service_config
 
+from goodput_scheduler.endpointslices import SCHEME, ServiceTarget
+
 
 class SchedulerSettings(ServiceSettings):
     model_config = service_config("GOODPUT_SCHEDULER_")
@@ -17,10 +19,21 @@ class SchedulerSettings(ServiceSettings):
     http_port: int = 9102
     workers: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
-        description="Inference workers, comma-separated: host:port, or dns:///name:port (every address the name "
-                    "resolves to, re-resolved; a headless Service).")
+        description="Inference workers, comma-separated: host:port; dns:///name:port (every address the name "
+                    "resolves to, re-resolved; a headless Service); or k8s:///namespace/service:port, the "
+                    "Service's EndpointSlices watched through the Kubernetes API (needs get/list/watch on "
+                    "endpointslices), where port is a Service port's name or a number: a ready endpoint is placed "
+                    "on, a terminating or unready one drains (no new grants, its leases finish), a vanished one is "
+                    "removed once its leases are released.")
     discovery_interval_s: float = Field(5.0, gt=0, description="Seconds between DNS look-ups of `dns:///` "
                                                                 "worker entries.")
+    kube_api_url: str = Field("", description="Kubernetes API server URL for `k8s:///` worker entries, used as is "
+                                              "without credentials (e.g. `kubectl proxy`'s http://127.0.0.1:8001); "
+                                              "empty = the pod's service account in a cluster, else the kubeconfig "
+                                              "(KUBECONFIG or ~/.kube/config).")
+    worker_drain_timeout_s: float = Field(120.0, gt=0, description="Longest a worker whose Kubernetes endpoint is "
+                                                                   "gone is kept for its leases to be released "
+                                                                   "before it is removed anyway.")
     health_interval_s: float = Field(1.0, gt=0, description="Seconds between health/load checks of a worker.")
     health_timeout_s: float = Field(1.0, gt=0, description="Timeout of one health or load check.")
     unhealthy_after: int = Field(2, ge=1, description="Consecutive failed checks that eject a worker.")
@@ -127,4 +140,12 @@ class SchedulerSettings(ServiceSettings):
     def _split(cls, value: object) -> object:
         if isinstance(value, str):
             return [w.strip() for w in value.split(",") if w.strip()]
+        return value
+
+    @field_validator("workers")
+    @classmethod
+    def _check_k8s_entries(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if entry.startswith(SCHEME):
+                ServiceTarget.parse(entry)  # ValueError names the expected form
         return value

@@ -127,7 +127,7 @@ class IdleWhileQueued:
             return idle
         classes = sorted(self._waiting.items())  # most urgent first (P0 < P1 < P2)
         for w in self._workers():
-            if not (w.healthy and not w.removed and self.has_room(w)):
+            if not (w.placeable and self.has_room(w)):
                 continue
             for priority, models in classes:
                 if _serves(w, models):

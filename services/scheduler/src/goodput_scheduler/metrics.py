@@ -68,9 +68,13 @@ class SchedulerMetrics:
             "goodput_scheduler_queued_with_idle_workers", "1 while a healthy worker has room and a request it could "
             "serve waits (what goodput_scheduler_idle_while_queued_seconds_total counts), else 0.",
             registry=registry)
-        workers_gauge = Gauge("goodput_scheduler_workers", "Workers by state.", ["state"], registry=registry)
+        workers_gauge = Gauge("goodput_scheduler_workers", "Workers by state: healthy (new grants go there), "
+                              "draining (a terminating or unready Kubernetes endpoint: no new grants, its leases "
+                              "finish), unhealthy (failing its checks).", ["state"], registry=registry)
         workers_gauge.labels("healthy").set_function(lambda: len(workers.healthy()))
-        workers_gauge.labels("unhealthy").set_function(lambda: len(workers.all()) - len(workers.healthy()))
+        workers_gauge.labels("draining").set_function(lambda: len(workers.draining()))
+        workers_gauge.labels("unhealthy").set_function(
+            lambda: len(workers.all()) - len(workers.healthy()) - len(workers.draining()))
 
 
 class _BoundCounter(Collector):

@@ -1,5 +1,11 @@
 """Worker registry: the inference workers the scheduler may place on, their health and their live load.
 
+Workers come from ``settings.workers``: static ``host:port`` addresses, ``dns:///name:port`` (every address the
+name resolves to, re-resolved), or ``k8s:///namespace/service:port`` (the Service's EndpointSlices, watched through
+the Kubernetes API; see :mod:`goodput_scheduler.endpointslices`). A Kubernetes endpoint that is terminating or no
+longer ready makes its worker *draining*: no new grants, while the leases it holds finish; an endpoint that is gone
+removes its worker once those leases are released.
+
 Each worker is checked every ``health_interval_s`` (standard gRPC health check, then ``GetLoad``). After
 ``unhealthy_after`` consecutive failures it is ejected (no new grants); after ``healthy_after`` passes it is
 re-admitted. A failure reported by the gateway (a stream broke) triggers an immediate check, and a failed immediate
@@ -9,7 +15,7 @@ Example (in a coroutine)::
 
     registry = WorkerRegistry(settings, channel_factory=lambda addr: make_channel(addr, provider))
     await registry.start()          # begins the health loops
-    registry.healthy()              # [Worker(...), ...]
+    registry.healthy()              # [Worker(...), ...]: the workers new grants may go to
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
@@ -28,6 +35,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from goodput_scheduler.config import SchedulerSettings
 from goodput_scheduler.leasebook import Occupancy
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
+
+    from goodput_scheduler.endpointslices import EndpointState
 
 log = logging.getLogger("goodput.scheduler.registry")
 
@@ -50,6 +62,13 @@ class Worker:
     last_error: str = ""
     last_check: float = 0.0
     removed: bool = False
+    # Its endpoint is terminating, not ready or gone (k8s:/// discovery): no new grants, its leases finish.
+    draining: bool = False
+
+    @property
+    def placeable(self) -> bool:
+        """New grants may go here: it passes its checks, is not draining and is still registered."""
+        return self.healthy and not self.draining and not self.removed
 
     @property
     def capacity(self) -> int:
@@ -88,6 +107,8 @@ class WorkerRegistry:
         self._workers: dict[str, Worker] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._changed = asyncio.Condition()
+        self._reapers: dict[str, asyncio.Task[None]] = {}  # workers whose endpoint is gone, waiting for their leases
+        self._kube: ApiClient | None = None
         self.on_change: list[Callable[[], None]] = []
 
     # ---- membership ------------------------------------------------------------------------------------------
@@ -97,8 +118,84 @@ class WorkerRegistry:
             if entry.startswith("dns:///"):
                 target = entry.removeprefix("dns:///")
                 self._tasks[entry] = asyncio.create_task(self._discovery_loop(target), name=f"discover:{target}")
+            elif entry.startswith("k8s:///"):
+                await self._start_endpointslice_watch(entry)
             else:
                 self.add(entry)
+
+    async def _start_endpointslice_watch(self, entry: str) -> None:
+        from goodput_scheduler.endpointslices import EndpointSliceWatch, ServiceTarget, kube_api_client
+
+        target = ServiceTarget.parse(entry)
+        if self._kube is None:
+            self._kube = await kube_api_client(self.settings.kube_api_url)
+        known: set[str] = set()  # the addresses this entry put in the registry
+
+        async def apply(states: Mapping[str, EndpointState]) -> None:
+            known.intersection_update(self._workers)  # removed meanwhile (e.g. DeregisterWorker)
+            await self._apply_endpoints(str(target), states, known)
+
+        watch = EndpointSliceWatch(target, self._kube, on_update=apply)
+        self._tasks[entry] = asyncio.create_task(watch.run(), name=f"discover:{entry}")
+
+    async def _apply_endpoints(self, source: str, states: Mapping[str, EndpointState], known: set[str]) -> None:
+        """Brings the workers of one ``k8s:///`` entry in line with its endpoints: ready ones are added (or stop
+        draining), terminating or unready ones drain, vanished ones are retired."""
+        from goodput_scheduler.endpointslices import EndpointState
+
+        for address, state in states.items():
+            worker = self._workers.get(address)
+            if state is EndpointState.READY:
+                if worker is None:
+                    self.add(address)
+                    known.add(address)
+                else:
+                    known.add(address)
+                    await self.set_draining(address, False, reason="endpoint ready")
+            elif worker is not None and address in known:
+                # an endpoint seen first while not ready is not added: nothing would be granted there
+                await self.set_draining(address, True, reason="endpoint terminating or not ready")
+        for address in sorted(known - set(states)):
+            known.discard(address)
+            await self.retire(address, reason="endpoint gone")
+        log.debug("endpoints applied", extra={"source": source, "endpoints": len(states), "workers": len(known)})
+
+    async def set_draining(self, worker_id: str, draining: bool, *, reason: str) -> bool:
+        """Stops (or resumes) new grants to a worker; the leases it holds are untouched. Returns whether it
+        changed."""
+        worker = self._workers.get(worker_id)
+        if worker is None or worker.removed or worker.draining == draining:
+            return False
+        worker.draining = draining
+        if not draining and (reaper := self._reapers.pop(worker_id, None)) is not None:
+            reaper.cancel()  # it came back before its leases were done
+        log.info("worker %s", "draining" if draining else "undrained",
+                 extra={"worker": worker_id, "reason": reason, "inflight": worker.inflight})
+        await self._notify()
+        return True
+
+    async def retire(self, worker_id: str, *, reason: str) -> None:
+        """Drains a worker and removes it once its leases are released (at once when it holds none; at the latest
+        after ``worker_drain_timeout_s``)."""
+        worker = self._workers.get(worker_id)
+        if worker is None or worker.removed:
+            return
+        await self.set_draining(worker_id, True, reason=reason)
+        if worker.inflight == 0:
+            await self.remove(worker_id)
+        elif worker_id not in self._reapers:
+            self._reapers[worker_id] = asyncio.create_task(self._reap(worker), name=f"reap:{worker_id}")
+
+    async def _reap(self, worker: Worker) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.worker_drain_timeout_s
+        while worker.inflight > 0 and not worker.removed and loop.time() < deadline:
+            await asyncio.sleep(_REAP_POLL_S)
+        if worker.inflight > 0:
+            log.warning("worker removed with leases still held", extra={"worker": worker.worker_id,
+                                                                        "inflight": worker.inflight})
+        self._reapers.pop(worker.worker_id, None)
+        await self.remove(worker.worker_id)
 
     async def _discovery_loop(self, target: str) -> None:
         """Keeps the workers behind a DNS name (a Kubernetes headless Service lists one A record per ready pod)
@@ -140,16 +237,24 @@ class WorkerRegistry:
         task = self._tasks.pop(worker_id, None)
         if task:
             task.cancel()
+        reaper = self._reapers.pop(worker_id, None)
+        if reaper is not None and reaper is not asyncio.current_task():
+            reaper.cancel()
         await worker.channel.close(grace=None)
         await self._notify()
         log.info("worker removed", extra={"worker": worker_id})
         return True
 
     async def stop(self) -> None:
-        for task in self._tasks.values():
+        tasks = [*self._tasks.values(), *self._reapers.values()]
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # the watches close their connections
         for worker_id in list(self._workers):
             await self.remove(worker_id)
+        if self._kube is not None:
+            await self._kube.close()
+            self._kube = None
 
     def all(self) -> list[Worker]:
         return list(self._workers.values())
@@ -158,7 +263,12 @@ class WorkerRegistry:
         return self._workers.get(worker_id)
 
     def healthy(self) -> list[Worker]:
-        return [w for w in self._workers.values() if w.healthy and not w.removed]
+        """The workers new grants may go to (passing their checks, not draining)."""
+        return [w for w in self._workers.values() if w.placeable]
+
+    def draining(self) -> list[Worker]:
+        """Registered workers that take no new grants while their leases finish."""
+        return [w for w in self._workers.values() if w.draining and not w.removed]
 
     async def wait_change(self, timeout: float) -> None:
         """Waits until a worker's health or load changes (or the timeout passes)."""
@@ -231,3 +341,6 @@ class WorkerRegistry:
 
 class _NotServing(Exception):
     pass
+
+
+_REAP_POLL_S = 0.1  # how often a retired worker's leases are looked at (a counter read)

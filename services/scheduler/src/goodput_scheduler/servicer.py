@@ -20,7 +20,7 @@ log = logging.getLogger("goodput.scheduler")
 
 
 def worker_status(w: Worker) -> scheduler_pb2.WorkerStatus:
-    status = scheduler_pb2.WorkerStatus(worker_id=w.worker_id, address=w.address, healthy=w.healthy,
+    status = scheduler_pb2.WorkerStatus(worker_id=w.worker_id, address=w.address, healthy=w.placeable,
                                         inflight=w.inflight, last_error=w.last_error,
                                         consecutive_failures=w.consecutive_failures)
     status.load.CopyFrom(w.load)

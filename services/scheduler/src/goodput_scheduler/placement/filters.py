@@ -38,12 +38,12 @@ def step_budget(w: Worker, budget_tokens: int = 0) -> int:
 
 
 class Healthy:
-    """Workers that pass their health checks and are still registered."""
+    """Workers that pass their health checks, are still registered and are not draining (a terminating endpoint)."""
 
     name = "healthy"
 
     def filter(self, state: CycleState, workers: Sequence[Worker]) -> list[Worker]:
-        return [w for w in workers if w.healthy and not w.removed]
+        return [w for w in workers if w.placeable]
 
 
 class ServesModel:
@@ -121,7 +121,7 @@ class PrefillGate:
             return list(workers)
         spare = len(state.fleet)  # workers free of P1/P2 prefill beyond the reserve (no reserve: all of them)
         if reserve > 0:
-            up = [w for w in state.fleet if w.healthy and not w.removed]
+            up = [w for w in state.fleet if w.placeable]
             ready = sum(1 for w in up if w.low_prefill_tokens == 0)
             spare = ready - min(reserve, max(len(up) - 1, 0))
         return [w for w in workers if self._admits_low(req, w, spare)]
