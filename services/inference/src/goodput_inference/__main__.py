@@ -1,4 +1,4 @@
-"""`python -m goodput_inference`: one vLLM engine behind gRPC.
+"""`python -m goodput_inference`: one engine behind gRPC (vLLM in-process, a Triton server, or the simulator).
 
 The gRPC server starts at once and reports NOT_SERVING until the engine has loaded (a couple of minutes on CPU),
 so the scheduler and Kubernetes probes see a live but not-ready worker.
@@ -32,6 +32,19 @@ async def serve() -> None:
         from goodput_inference.sim_engine import SimEngine
 
         engine = SimEngine(s, salts=salts)
+    elif s.engine == "triton":
+        from goodput_inference.triton_engine import TritonEngine
+
+        # The tokenizer and chat template: the model's folder (only its tokenizer files are read), or the dev model's.
+        folder = s.triton_tokenizer or s.model
+        if folder:
+            tokenizer_dir, default_name = Path(folder), Path(folder).name
+        else:
+            data_dir = Path(s.data_dir) if s.data_dir else None
+            tokenizer_dir, default_name = await asyncio.to_thread(ensure_dev_model, data_dir), SERVED_NAME
+        served = s.served_model_name or default_name
+        engine = TritonEngine(s, tokenizer_dir=tokenizer_dir, served_model_name=served,
+                              triton_model=s.triton_model or served)
     else:
         from goodput_inference.vllm_engine import VllmEngine
 

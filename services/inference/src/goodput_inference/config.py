@@ -18,9 +18,11 @@ class InferenceSettings(ServiceSettings):
     http_port: int = 9161
     worker_id: str = Field("", description="Stable id reported to the scheduler; default host:grpc_port.")
 
-    engine: Literal["vllm", "sim"] = Field(
-        "vllm", description="`vllm`, or `sim`: a simulated engine for capacity experiments only (no model; see "
-                            "goodput_inference.sim_engine for its A100/7B calibration).")
+    engine: Literal["vllm", "sim", "triton"] = Field(
+        "vllm", description="`vllm`; `triton`: a Triton Inference Server through tritonclient (its vLLM or "
+                            "TensorRT-LLM backend; goodput_inference.triton_engine); or `sim`: a simulated engine "
+                            "for capacity experiments only (no model; see goodput_inference.sim_engine for its "
+                            "A100/7B calibration).")
     sim_config: dict[str, Any] | None = Field(
         None, description='engine=sim: JSON overriding its parameters, e.g. {"time_scale": 4, "kv_blocks": 2000}.')
     model: str = Field("", description="HF-format model folder; empty = the dev model (SmolLM2-135M-Instruct).")
@@ -57,6 +59,25 @@ class InferenceSettings(ServiceSettings):
         "", description="Jinja chat template used for requests with tools (a file path), as vLLM's --chat-template "
                         "for tool use; empty = the model's own template, which must then render `tools`.")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request leaves it at 0.")
+    # --- engine=triton (goodput_inference.triton_engine); max_num_seqs and max_model_len above apply too ---
+    triton_url: str = Field("127.0.0.1:8001", description="engine=triton: the Triton server's gRPC address "
+                                                          "(host:port).")
+    triton_model: str = Field("", description="engine=triton: the model's name in Triton's repository; default "
+                                              "served_model_name, or the dev model's name.")
+    triton_model_version: str = Field("", description="engine=triton: the model version; empty = Triton's choice.")
+    triton_protocol: Literal["vllm", "tensorrtllm"] = Field(
+        "vllm", description="engine=triton: the model's inputs. `vllm`: Triton's vLLM backend (text_input, stream, "
+                            "sampling_parameters JSON; also the dev model's); `tensorrtllm`: the TensorRT-LLM "
+                            "backend's ensemble / BLS model (text_input, max_tokens, temperature... as tensors).")
+    triton_metrics_url: str = Field(
+        "", description="engine=triton: Triton's Prometheus endpoint (http://host:8002/metrics), read for running, "
+                        "waiting, KV-cache and GPU numbers; empty = the worker's own in-flight count only.")
+    triton_metrics_interval_s: float = Field(0.5, gt=0, description="engine=triton: how often the metrics are read.")
+    triton_tokenizer: str = Field(
+        "", description="engine=triton: HF folder with the model's tokenizer and chat template (messages are rendered "
+                        "and counted in the worker); default `model`, or the dev model.")
+    triton_start_timeout_s: float = Field(600.0, gt=0, description="engine=triton: how long start waits for the "
+                                                                   "server and the model to be ready.")
     # --- prefix-cache isolation (goodput_inference.tenancy) ---
     cache_salt_key: SecretStr = Field(SecretStr(""), description="Key of the per-tenant prefix-cache salt (HMAC); "
                                       "empty = a random key per process. Set it, the same on every worker, when KV "
