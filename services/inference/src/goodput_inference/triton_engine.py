@@ -230,6 +230,7 @@ class TritonEngine:
         self._metrics = ServerMetrics()
         self._metrics_at = float("-inf")
         self._poller: asyncio.Task[None] | None = None
+        self._http: Any = None  # httpx.AsyncClient of the metrics endpoint
         self._inflight = 0
         self._aborted = 0
         self._finished = 0
@@ -275,6 +276,9 @@ class TritonEngine:
         self._channel = grpc.aio.insecure_channel(s.triton_url)
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         if s.triton_metrics_url:
+            import httpx
+
+            self._http = httpx.AsyncClient(timeout=2.0)
             await self._read_metrics()
             self._poller = asyncio.create_task(self._poll_metrics(), name="triton-metrics")
         self._ready = True
@@ -303,6 +307,9 @@ class TritonEngine:
         if self._poller is not None:
             self._poller.cancel()
             self._poller = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
@@ -316,12 +323,9 @@ class TritonEngine:
     # ---- load ------------------------------------------------------------------------------------------------
 
     async def _read_metrics(self) -> None:
-        import httpx
-
         try:
-            async with httpx.AsyncClient(timeout=2.0) as http:
-                response = await http.get(self.settings.triton_metrics_url)
-                response.raise_for_status()
+            response = await self._http.get(self.settings.triton_metrics_url)
+            response.raise_for_status()
             self._metrics = read_server_metrics(response.text, self.triton_model)
             self._metrics_at = self._clock()
         except Exception as err:  # noqa: BLE001 - load falls back to the worker's own count
