@@ -88,3 +88,6 @@ def test_up_puts_the_trained_models_to_work(tmp_path: Path, tiny_cross_encoder: 
     assert "GOODPUT_CACHE_VERIFIER_MODEL" in cross_encoder_env(tmp_path, {})
     assert cross_encoder_env(tmp_path, {"GOODPUT_CACHE_VERIFIER_MODEL": "/elsewhere",
                                         "GOODPUT_RETRIEVER_RERANKER_MODEL": "/x"}) == {}
+    assert set(cross_encoder_env(tmp_path, {}, use={"reranker"})) == {"GOODPUT_RETRIEVER_RERANKER_MODEL",
+                                                                      "GOODPUT_GATEWAY_RAG_RERANK"}
+    assert cross_encoder_env(tmp_path, {}, use={"none"}) == {}

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Collection
 from enum import Enum
 from pathlib import Path
 from types import FrameType
@@ -41,9 +42,10 @@ class Priority(str, Enum):
     P2 = "P2"
 
 
-def cross_encoder_env(models_dir: Path, inherited: dict[str, str]) -> dict[str, str]:
-    """The settings that put the trained cross-encoders to work when they exist (and nothing set them already): the
-    retriever's reranker (and RAG asking for it) and the cache's verifier.
+def cross_encoder_env(models_dir: Path, inherited: dict[str, str],
+                      use: Collection[str] = ("reranker", "verifier")) -> dict[str, str]:
+    """The settings that put the trained cross-encoders named in ``use`` to work when they exist (and nothing set
+    them already): the retriever's reranker (and RAG asking for it) and the cache's verifier.
 
     >>> cross_encoder_env(Path("/nowhere"), {})
     {}
@@ -52,11 +54,12 @@ def cross_encoder_env(models_dir: Path, inherited: dict[str, str]) -> dict[str, 
 
     env: dict[str, str] = {}
     reranker, verifier = models_dir / MODEL_FOLDERS["reranker"], models_dir / MODEL_FOLDERS["verifier"]
-    if (reranker / "config.json").is_file() and "GOODPUT_RETRIEVER_RERANKER_MODEL" not in inherited:
+    if ("reranker" in use and (reranker / "config.json").is_file()
+            and "GOODPUT_RETRIEVER_RERANKER_MODEL" not in inherited):
         env["GOODPUT_RETRIEVER_RERANKER_MODEL"] = str(reranker.resolve())
         if "GOODPUT_GATEWAY_RAG_RERANK" not in inherited:
             env["GOODPUT_GATEWAY_RAG_RERANK"] = "true"
-    if (verifier / "config.json").is_file() and "GOODPUT_CACHE_VERIFIER_MODEL" not in inherited:
+    if "verifier" in use and (verifier / "config.json").is_file() and "GOODPUT_CACHE_VERIFIER_MODEL" not in inherited:
         env["GOODPUT_CACHE_VERIFIER_MODEL"] = str(verifier.resolve())
     return env
 
@@ -143,8 +146,13 @@ def up(
              "is mutual TLS with a development CA in the state folder.")] = False,
     models_dir: Annotated[Path, typer.Option(
         "--models-dir", envvar="GOODPUT_MODELS_DIR",
-        help="Where `goodput train` put the cross-encoders: the retriever reranks RAG with the reranker and the "
-             "cache verifies semantic hits with the verifier when they are there.")] = Path("../shared/data/models"),
+        help="Where `goodput train` put the cross-encoders.")] = Path("../shared/data/models"),
+    use_models: Annotated[str, typer.Option(
+        "--use-models", envvar="GOODPUT_USE_MODELS",
+        help="Which trained cross-encoders in --models-dir to put to work: `reranker` (RAG reranks), `verifier` "
+             "(the cache verifies semantic hits), both (comma-separated) or `none`. The verifier is off by default: "
+             "the one `goodput train` makes on 2 cores refuses most true paraphrases at its threshold "
+             "(loadtests/reports/cache_eval.md).")] = "reranker",
 ) -> None:
     """Start Redis (if needed) and every service here; Ctrl-C stops them all.
 
@@ -152,7 +160,7 @@ def up(
     """
     console = Console()
     workdir = (state_dir or default_state_dir()).resolve()
-    extra_env = cross_encoder_env(models_dir, dict(os.environ))
+    extra_env = cross_encoder_env(models_dir, dict(os.environ), use={u.strip() for u in use_models.split(",")})
     platform = Platform(workdir=workdir, workers=workers, port_offset=port_offset, redis_db=redis_db,
                         insecure_internal=insecure_internal, gateways=gateways, env=extra_env)
     for name, value in extra_env.items():
