@@ -44,7 +44,8 @@ def test_parameters_in_the_profile_override_the_settings() -> None:
     w.occupancy.hold(P2, prompt_tokens=300)
     batch = PlacementRequest("b", "t", P2, "", 300, 10)
     assert gate.filter(CycleState(batch, [w]), [w]) == []
-    assert build_pipeline(Profile.parse(""), settings).filters[3].filter(CycleState(batch, [w]), [w]) == [w]
+    (default_gate,) = (f for f in build_pipeline(Profile.parse(""), settings).filters if f.name == "prefill_gate")
+    assert default_gate.filter(CycleState(batch, [w]), [w]) == [w]
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -10,6 +10,8 @@ from pydantic import Field, SecretStr, field_validator
 
 from goodput_core.settings import ServiceSettings, SharingGroupsSetting, service_config
 
+POOL_CLASSES = ("P0", "P1", "P2")  # the priority classes a pool may serve (goodput.common.v1.Priority)
+
 
 class InferenceSettings(ServiceSettings):
     model_config = service_config("GOODPUT_INFERENCE_")
@@ -59,6 +61,12 @@ class InferenceSettings(ServiceSettings):
         "", description="Jinja chat template used for requests with tools (a file path), as vLLM's --chat-template "
                         "for tool use; empty = the model's own template, which must then render `tools`.")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request leaves it at 0.")
+    # --- model pools: reported to the scheduler in ModelInfo ---
+    pool: str = Field("default", min_length=1, description="The model pool this worker belongs to (workers of one "
+                                                           "model with the same engine settings, scaled together).")
+    pool_classes: str = Field("", description='Priority classes the pool serves, e.g. "P0,P1" or "P2"; the '
+                                              "scheduler grants only those here while a healthy worker's pool serves "
+                                              "the class (its serves_class filter). Empty = every class.")
     # --- engine=triton (goodput_inference.triton_engine); max_num_seqs and max_model_len above apply too ---
     triton_url: str = Field("127.0.0.1:8001", description="engine=triton: the Triton server's gRPC address "
                                                           "(host:port).")
@@ -85,6 +93,16 @@ class InferenceSettings(ServiceSettings):
     cache_sharing_groups: SharingGroupsSetting = Field(
         default_factory=dict, description='Tenants that share one prefix cache, JSON {"group": ["tenant-a", '
         '"tenant-b"]}; every other tenant has a cache of its own. The scheduler takes the same setting.')
+
+    @field_validator("pool_classes")
+    @classmethod
+    def _parse_classes(cls, value: str) -> str:
+        """Normalised to sorted upper-case names: ``" p1, P0 "`` -> ``"P0,P1"``; an unknown class is refused."""
+        names = sorted({part.strip().upper() for part in value.split(",") if part.strip()})
+        unknown = [n for n in names if n not in POOL_CLASSES]
+        if unknown:
+            raise ValueError(f"unknown priority class {', '.join(unknown)}; known: {', '.join(POOL_CLASSES)}")
+        return ",".join(names)
 
     @field_validator("speculative_config", "sim_config", mode="before")
     @classmethod

@@ -5,7 +5,7 @@ inference scheduler: typed protocols (:class:`Filter`, :class:`Scorer`, :class:`
 per-cycle :class:`CycleState`, and plugin parameters declared by each step and set in the profile.
 
 * :mod:`.plugins`: the contract (protocols, cycle state, parameters, plugin specs);
-* :mod:`.filters`: ``healthy``, ``serves_model``, ``has_capacity``, ``prefill_gate``;
+* :mod:`.filters`: ``healthy``, ``serves_model``, ``serves_class``, ``has_capacity``, ``prefill_gate``;
 * :mod:`.scorers`: ``least_loaded``, ``least_prefill``, ``prefix_affinity``, ``session_affinity``;
 * :mod:`.pickers`: ``max_score`` (random among equals), ``round_robin``, ``random``;
 * :mod:`.pipeline`: one placement cycle, timed per step;
@@ -34,6 +34,7 @@ from goodput_scheduler.placement.filters import (
     HasCapacity,
     Healthy,
     PrefillGate,
+    ServesClass,
     ServesModel,
     step_budget,
 )
@@ -69,5 +70,6 @@ __all__ = [
     "GuardSignals", "HasCapacity", "Healthy", "LeastLoaded", "LeastPrefill", "MaxScore", "Observer", "Picker",
     "PlacementPipeline", "PlacementRequest", "PlacementSettings", "PluginHandle", "PluginSpec", "PrefillGate",
     "PrefixAffinity", "PrefixIndex", "Profile", "RandomPick", "RoundRobin", "ScoredWorker", "Scorer",
-    "ServesModel", "SessionAffinity", "SharingScopes", "StepParameters", "build_pipeline", "step_budget",
+    "ServesClass", "ServesModel", "SessionAffinity", "SharingScopes", "StepParameters", "build_pipeline",
+    "step_budget",
 ]

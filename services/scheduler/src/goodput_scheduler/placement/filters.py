@@ -1,4 +1,5 @@
-"""Filters: ``healthy``, ``serves_model``, ``has_capacity`` (the per-worker cap, less the headroom kept for more
+"""Filters: ``healthy``, ``serves_model``, ``serves_class`` (a worker's model pool serves the request's priority
+class), ``has_capacity`` (the per-worker cap, less the headroom kept for more
 urgent classes, and a KV cache that is not full), ``prefill_gate`` (P1/P2 prompts enter an engine a bounded number of
 tokens at a time, and not while it prefills a P0 prompt; P0 prompts go to a worker free of batch prefill when there
 is one).
@@ -21,12 +22,14 @@ from collections.abc import Callable, Sequence
 from pydantic import Field
 
 from goodput_scheduler.placement.plugins import CycleState, PlacementRequest, StepParameters
-from goodput_scheduler.queues import P0
+from goodput_scheduler.queues import P0, P1, P2
 from goodput_scheduler.registry import Worker
 
-__all__ = ["DEFAULT_STEP_TOKENS", "HasCapacity", "Healthy", "PrefillGate", "ServesModel", "step_budget"]
+__all__ = ["DEFAULT_STEP_TOKENS", "HasCapacity", "Healthy", "PrefillGate", "ServesClass", "ServesModel",
+           "step_budget"]
 
 DEFAULT_STEP_TOKENS = 2048  # vLLM's max_num_batched_tokens for online serving, when a worker does not say
+_MORE_URGENT = {P1: (P0,), P2: (P0, P1)}
 
 
 def step_budget(w: Worker, budget_tokens: int = 0) -> int:
@@ -56,11 +59,61 @@ class ServesModel:
         return [w for w in workers if not model or w.model is None or w.model.served_model_name == model]
 
 
+def pool_serves(w: Worker, priority: int) -> bool:
+    """Whether the worker's pool serves the class: it lists the class, lists none (every class), or has not said."""
+    return w.model is None or not w.model.pool_classes or priority in w.model.pool_classes
+
+
+class ServesClass:
+    """Workers whose model pool serves the request's priority class (``ModelInfo.pool_classes``; a pool that lists
+    none serves every class). When none of the workers left serves it — its pool is down, or no pool was given the
+    class — the request falls back to every pool rather than wait for one that may never come, and the grant counts
+    in ``goodput_scheduler_pool_fallback_total{priority}`` (``on_fallback``). A serving pool that is only full does
+    not fall back: ``has_capacity`` runs after this filter, so the request waits in its queue for that pool.
+
+    >>> from goodput.inference.v1 import inference_pb2
+    >>> from goodput_scheduler.placement import CycleState, PlacementRequest
+    >>> def worker(name: str, *classes: int) -> Worker:
+    ...     info = inference_pb2.ModelInfo(pool=name, pool_classes=classes)
+    ...     return Worker(worker_id=name, address=name, channel=None, healthy=True, model=info)
+    >>> fleet = [worker("interactive", 1, 2), worker("batch", 3)]   # P0/P1, P2
+    >>> f = ServesClass()
+    >>> p0 = PlacementRequest("r1", "t", 1, "", 10, 10)
+    >>> [w.worker_id for w in f.filter(CycleState(p0, fleet), fleet)]
+    ['interactive']
+    >>> state = CycleState(p0, fleet[1:])                  # the interactive pool is down: any pool serves P0
+    >>> [w.worker_id for w in f.filter(state, fleet[1:])], state.read(FALLBACK_KEY, bool)
+    (['batch'], True)
+    """
+
+    name = "serves_class"
+
+    def __init__(self, *, on_fallback: Callable[[int], None] | None = None) -> None:
+        self.on_fallback = on_fallback
+
+    def filter(self, state: CycleState, workers: Sequence[Worker]) -> list[Worker]:
+        priority = state.request.priority
+        kept = [w for w in workers if pool_serves(w, priority)]
+        if kept or not workers:
+            return kept
+        state.write(FALLBACK_KEY, True)
+        return list(workers)
+
+    def observe(self, state: CycleState, worker: Worker) -> None:
+        """Counts a grant that fell back to a pool not serving its class (once per grant, not per cycle)."""
+        if self.on_fallback is not None and state.read(FALLBACK_KEY, bool):
+            self.on_fallback(state.request.priority)
+
+
+FALLBACK_KEY = "serves_class.fallback"
+
+
 class HasCapacity:
     """Room for one more lease: fewer than ``max_inflight * share`` leases held, where ``share`` (from ``shares``
     by priority, 1.0 when absent) keeps headroom for more urgent classes, fewer P1/P2 leases than ``low_limit()``
     (the latency guard's current limit), and a KV cache below ``kv_full``. Leases are counted by the scheduler
-    itself, so they are never stale."""
+    itself, so they are never stale. On a worker whose model pool serves no more urgent class than the request's,
+    no headroom is kept, and the guard (which protects P0) applies only where the pool serves P0."""
 
     name = "has_capacity"
 
@@ -75,10 +128,14 @@ class HasCapacity:
         self.low_limit = low_limit
 
     def admits(self, req: PlacementRequest, w: Worker) -> bool:
-        limit = self.max_inflight * self.shares.get(req.priority, 1.0)
+        # headroom is kept, and the guard applies, only where more urgent work can come: a worker whose model pool
+        # serves no more urgent class (a batch pool) gives P2 every slot
+        urgent = any(pool_serves(w, c) for c in _MORE_URGENT.get(req.priority, ()))
+        limit = self.max_inflight * (self.shares.get(req.priority, 1.0) if urgent else 1.0)
         if w.inflight >= max(limit, 1.0) or (w.inflight > 0 and w.load.kv_cache_usage >= self.kv_full):
             return False
-        return self.low_limit is None or req.priority == P0 or w.low_inflight < self.low_limit()
+        return (self.low_limit is None or req.priority == P0 or not pool_serves(w, P0)
+                or w.low_inflight < self.low_limit())
 
     def filter(self, state: CycleState, workers: Sequence[Worker]) -> list[Worker]:
         return [w for w in workers if self.admits(state.request, w)]
@@ -120,8 +177,8 @@ class PrefillGate:
                 return [w for w in workers if w.low_prefill_tokens == 0]
             return list(workers)
         spare = len(state.fleet)  # workers free of P1/P2 prefill beyond the reserve (no reserve: all of them)
-        if reserve > 0:
-            up = [w for w in state.fleet if w.placeable]
+        if reserve > 0:  # the reserve is kept among the workers whose pool serves P0
+            up = [w for w in state.fleet if w.placeable and pool_serves(w, P0)]
             ready = sum(1 for w in up if w.low_prefill_tokens == 0)
             spare = ready - min(reserve, max(len(up) - 1, 0))
         return [w for w in workers if self._admits_low(req, w, spare)]
@@ -131,4 +188,5 @@ class PrefillGate:
             return False
         if w.low_prefill_tokens > 0:
             return w.low_prefill_tokens + req.prompt_tokens <= step_budget(w, self.budget_tokens)
-        return spare > 0  # starting a batch prefill here must leave the reserve of ready workers
+        # starting a batch prefill here must leave the reserve of ready workers (a pool without P0 holds none of it)
+        return spare > 0 or not pool_serves(w, P0)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict
 
 from goodput_scheduler.clock import Clock
@@ -173,12 +174,13 @@ class PlacementSettings(Protocol):
 class PluginHandle:
     """What a plugin may use besides its parameters (llm-d's plugin handle): the settings shared with the rest of
     the scheduler (the per-worker cap, the class shares, the queue policy), the latency guard's live signals, the
-    random source and the clock."""
+    random source, the clock and the metrics registry."""
 
     settings: PlacementSettings
     rng: random.Random
     clock: Clock
     guard: GuardSignals | None = None
+    registry: CollectorRegistry | None = None  # where a plugin's own metrics go (None: it keeps none)
 
 
 StepKind = Literal["filter", "scorer", "picker"]

@@ -3,7 +3,7 @@ the pipeline it describes.
 
 A step is a name, or an object with the name and the step's ``parameters`` (a scorer also has a ``weight``)::
 
-    {"filters": ["healthy", "serves_model", "has_capacity",
+    {"filters": ["healthy", "serves_model", "serves_class", "has_capacity",
                  {"name": "prefill_gate", "parameters": {"budget_tokens": 1024}}],
      "scorers": [{"name": "least_loaded", "weight": 1.0, "parameters": {"kv_weight": 0.2}},
                  {"name": "prefix_affinity", "weight": 2.0, "parameters": {"block_chars": 64}}],
@@ -17,7 +17,7 @@ Example:
     >>> profile = Profile.parse('{"scorers": [{"name": "least_loaded", "weight": 1}, '
     ...                         '{"name": "prefix_affinity", "weight": 2, "parameters": {"block_chars": 64}}]}')
     >>> profile.filters                 # left out: the default filters
-    ('healthy', 'serves_model', 'has_capacity', 'prefill_gate')
+    ('healthy', 'serves_model', 'serves_class', 'has_capacity', 'prefill_gate')
     >>> profile.scorers, profile.picker, profile.parameters
     ((('least_loaded', 1.0), ('prefix_affinity', 2.0)), 'max_score', {'prefix_affinity': {'block_chars': 64}})
     >>> Profile.parse('{"scorers": [{"name": "prefix_affinity", "parameters": {"block_size": 64}}]}')
@@ -36,10 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
+
+from goodput_core.priority import priority_name
 
 from goodput_scheduler.clock import Clock, SystemClock
-from goodput_scheduler.placement.filters import HasCapacity, Healthy, PrefillGate, ServesModel
+from goodput_scheduler.placement.filters import HasCapacity, Healthy, PrefillGate, ServesClass, ServesModel
 from goodput_scheduler.placement.pickers import MaxScore, RandomPick, RoundRobin
 from goodput_scheduler.placement.pipeline import PlacementPipeline
 from goodput_scheduler.placement.plugins import (
@@ -79,6 +81,15 @@ def _prefill_gate(p: PrefillGate.Parameters, h: PluginHandle) -> PrefillGate:
                        p0_exclusive=p.p0_exclusive, p0_reserve=h.guard.p0_reserve if h.guard is not None else None)
 
 
+def _serves_class(p: NoParameters, h: PluginHandle) -> ServesClass:
+    if h.registry is None:
+        return ServesClass()
+    fallbacks = Counter("goodput_scheduler_pool_fallback_total", "Grants to a worker whose model pool does not "
+                        "serve the request's class, because no healthy worker's pool did.", ["priority"],
+                        registry=h.registry)
+    return ServesClass(on_fallback=lambda priority: fallbacks.labels(priority_name(priority)).inc())
+
+
 def _prefix_affinity(p: PrefixAffinity.Parameters, h: PluginHandle) -> PrefixAffinity:
     return PrefixAffinity(PrefixIndex(block_chars=p.block_chars, max_entries=p.index_entries),
                           max_inflight=h.settings.max_inflight_per_worker, balance_slack=p.balance_slack,
@@ -88,6 +99,7 @@ def _prefix_affinity(p: PrefixAffinity.Parameters, h: PluginHandle) -> PrefixAff
 BUILTIN_PLUGINS: Mapping[str, PluginSpec] = {spec.name: spec for spec in (
     PluginSpec("healthy", "filter", NoParameters, build=lambda p, h: Healthy()),
     PluginSpec("serves_model", "filter", NoParameters, build=lambda p, h: ServesModel()),
+    PluginSpec("serves_class", "filter", NoParameters, build=_serves_class),
     PluginSpec("has_capacity", "filter", HasCapacity.Parameters, build=_has_capacity,
                defaults=lambda s: {"kv_full": s.kv_full}),
     PluginSpec("prefill_gate", "filter", PrefillGate.Parameters, build=_prefill_gate,
@@ -111,7 +123,7 @@ BUILTIN_PLUGINS: Mapping[str, PluginSpec] = {spec.name: spec for spec in (
 )}
 
 DEFAULT_PROFILE: dict[str, Any] = {
-    "filters": ["healthy", "serves_model", "has_capacity", "prefill_gate"],
+    "filters": ["healthy", "serves_model", "serves_class", "has_capacity", "prefill_gate"],
     "scorers": [{"name": "least_loaded", "weight": 1.0},
                 {"name": "least_prefill", "weight": 1.0},
                 {"name": "prefix_affinity", "weight": 2.0},
@@ -214,7 +226,7 @@ def build_pipeline(profile: Profile, settings: PlacementSettings, *, registry: C
     specs = {**BUILTIN_PLUGINS, **(plugins or {})}
     profile.validate(specs)
     rng = rng or random.Random()
-    handle = PluginHandle(settings=settings, rng=rng, clock=clock or SystemClock(), guard=guard)
+    handle = PluginHandle(settings=settings, rng=rng, clock=clock or SystemClock(), guard=guard, registry=registry)
 
     def build(name: str) -> Any:
         spec = specs[name]

@@ -116,7 +116,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("served_model_name", "model", "max_model_len", "max_prompt_tokens", "engine", "model_version", "max_num_batched_tokens", "tool_call_parser")
+    __slots__ = ("served_model_name", "model", "max_model_len", "max_prompt_tokens", "engine", "model_version", "max_num_batched_tokens", "tool_call_parser", "pool", "pool_classes")
     SERVED_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,8 @@ class ModelInfo(_message.Message):
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_PARSER_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    POOL_CLASSES_FIELD_NUMBER: _ClassVar[int]
     served_model_name: str
     model: str
     max_model_len: int
@@ -133,4 +135,6 @@ class ModelInfo(_message.Message):
     model_version: str
     max_num_batched_tokens: int
     tool_call_parser: str
-    def __init__(self, served_model_name: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., engine: _Optional[str] = ..., model_version: _Optional[str] = ..., max_num_batched_tokens: _Optional[int] = ..., tool_call_parser: _Optional[str] = ...) -> None: ...
+    pool: str
+    pool_classes: _containers.RepeatedScalarFieldContainer[_types_pb2.Priority]
+    def __init__(self, served_model_name: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., engine: _Optional[str] = ..., model_version: _Optional[str] = ..., max_num_batched_tokens: _Optional[int] = ..., tool_call_parser: _Optional[str] = ..., pool: _Optional[str] = ..., pool_classes: _Optional[_Iterable[_Union[_types_pb2.Priority, str]]] = ...) -> None: ...
