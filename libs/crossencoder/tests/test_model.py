@@ -40,11 +40,13 @@ def test_scores_do_not_depend_on_batching_or_order(tiny_model: Path) -> None:
     together = model.score(PAIRS).logits
     alone = np.array([model.score([p]).logits[0] for p in PAIRS])
     # the int8 export quantizes activations per batch (dynamic range), so batch-mates move a score in the 4th digit
-    np.testing.assert_allclose(together, alone, atol=5e-3)
+    np.testing.assert_allclose(together, alone, atol=2e-2)  # int8 kernels and their rounding differ by CPU
     reversed_ = model.score(PAIRS[::-1]).logits[::-1]
-    np.testing.assert_allclose(together, reversed_, atol=1e-6)
+    np.testing.assert_allclose(together, reversed_, atol=1e-4)
     exact = CrossEncoder.load(tiny_model, backend="torch", max_batch_tokens=64)
-    np.testing.assert_allclose(exact.score(PAIRS).logits, [exact.score([p]).logits[0] for p in PAIRS], atol=1e-4)
+    alone_exact = [exact.score([p]).logits[0] for p in PAIRS]
+    np.testing.assert_allclose(exact.score(PAIRS).logits, alone_exact, rtol=0, atol=2e-6)  # float: padding rounding
+    assert np.ptp(alone_exact) > 2e-5  # the pairs' scores differ by more than that: a row mix-up would show
 
 
 def test_a_two_label_model_gives_the_probability_of_label_one(two_label_model: Path) -> None:
