@@ -58,6 +58,7 @@ class ModelEntry:
     model_version: str
     workers: int
     tool_call_parser: str = ""  # what gives the model tool_choice "auto" (on every worker); empty = none
+    aliases: tuple[str, ...] = ()  # other names the model's workers answer to (SERVED_MODEL_ALIASES)
 
 
 @dataclass(frozen=True)
@@ -237,9 +238,12 @@ class Pipeline:
             # "auto" tools only where every worker of the model has a parser (a request may land on any of them)
             parser = w.model.tool_call_parser if prev is None or prev.tool_call_parser == w.model.tool_call_parser \
                 else ""
+            # an alias counts where every worker of the model declares it (a request may land on any of them)
+            aliases = tuple(sorted(set(w.model.aliases) if prev is None else set(prev.aliases) & set(w.model.aliases)))
             by_name[name] = ModelEntry(id=name, max_model_len=w.model.max_model_len,
                                        model_version=w.model.model_version,
-                                       workers=(prev.workers if prev else 0) + 1, tool_call_parser=parser)
+                                       workers=(prev.workers if prev else 0) + 1, tool_call_parser=parser,
+                                       aliases=aliases)
         models = sorted(by_name.values(), key=lambda m: m.id)
         self._models = (time.monotonic(), models)
         return models
@@ -252,6 +256,9 @@ class Pipeline:
             return models[0]
         for m in models:
             if m.id == name:
+                return m
+        for m in models:  # an alias answers as the model it names (the response carries m.id)
+            if name in m.aliases:
                 return m
         raise InvalidArgument(f"model {name!r} does not exist; available: {', '.join(m.id for m in models)}",
                               param="model", code="model_not_found")

@@ -116,7 +116,8 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
     async def served_models() -> list[dict[str, Any]]:
         """The generation models of healthy workers, then the embedding model (when an embedder answers)."""
         data: list[dict[str, Any]] = [
-            {"id": m.id, "object": "model", "created": 0, "owned_by": "goodput", "max_model_len": m.max_model_len}
+            {"id": m.id, "object": "model", "created": 0, "owned_by": "goodput", "max_model_len": m.max_model_len,
+             **({"aliases": list(m.aliases)} if m.aliases else {})}
             for m in await service.pipeline.models()]
         embedding = await service.knowledge.embedding_model() if service.knowledge is not None else None
         if embedding is not None:
@@ -133,7 +134,7 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
     async def get_model(model_id: str, request: Request) -> JSONResponse:
         service.authenticate(request.headers.get("authorization"))
         for model in await served_models():
-            if model["id"] == model_id:
+            if model["id"] == model_id or model_id in model.get("aliases", ()):
                 return JSONResponse(model)
         raise NotFound(f"The model '{model_id[:128]}' does not exist", param="model", code="model_not_found")
 

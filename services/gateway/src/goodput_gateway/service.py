@@ -274,6 +274,8 @@ class GatewayService:
         deadline = arrived + timeout
         validate(request, self.settings)
         model = await self.pipeline.resolve_model(request.model)
+        if request.model and request.model != model.id:  # an alias: from here on the model's served name (cache
+            request = replace(request, model=model.id)  # keys, quotas, metering and the answer's `model` agree)
         steps = self.ladder.active(request.priority)  # the degradation ladder's steps in force for the class
         if "shed" in steps and self.ladder.sheds(request.priority):
             self.ladder.taken("shed", request.priority)

@@ -29,6 +29,9 @@ class InferenceSettings(ServiceSettings):
         None, description='engine=sim: JSON overriding its parameters, e.g. {"time_scale": 4, "kv_blocks": 2000}.')
     model: str = Field("", description="HF-format model folder; empty = the dev model (SmolLM2-135M-Instruct).")
     served_model_name: str = Field("", description="Name clients pass as `model`; default the folder's name.")
+    served_model_aliases: str = Field("", description="Other names clients may pass as `model` for this model, "
+                                                      'comma-separated (e.g. "chat-small,default"); the gateway routes '
+                                                      "them here and answers with the served name.")
     model_version: str = Field("", description="Version label of the weights (cache partitioning); default a "
                                                "hash of the model's config.")
     data_dir: str = Field("", description="Where the dev model is converted and cached; default "

@@ -247,12 +247,13 @@ def _load_reader(engine: Engine, attr: str) -> Callable[[], float]:
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def __init__(self, engine: Engine, *, worker_id: str, metrics: WorkerMetrics, pool: str = "default",
-                 pool_classes: str = "") -> None:
+                 pool_classes: str = "", aliases: str = "") -> None:
         self.engine = engine
         self.worker_id = worker_id
         self.metrics = metrics
         self.pool = pool  # reported in ModelInfo: the scheduler's serves_class filter reads it
         self.pool_classes = [f"PRIORITY_{c}" for c in pool_classes.split(",") if c]  # "P0,P1" -> enum names
+        self.aliases = [a.strip() for a in aliases.split(",") if a.strip()]  # other names of the model (ModelInfo)
         self.draining = False
 
     async def Generate(self, request: inference_pb2.GenerateRequest,
@@ -317,4 +318,4 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                        engine=d.engine, model_version=d.model_version,
                                        max_num_batched_tokens=d.max_num_batched_tokens,
                                        tool_call_parser=d.tool_call_parser, pool=self.pool,
-                                       pool_classes=self.pool_classes)
+                                       pool_classes=self.pool_classes, aliases=self.aliases)

@@ -50,13 +50,15 @@ class Healthy:
 
 
 class ServesModel:
-    """Workers serving the requested model (any, when the request names none or the worker has not said)."""
+    """Workers serving the requested model, by its served name or one of its aliases (any worker, when the request
+    names none or the worker has not said)."""
 
     name = "serves_model"
 
     def filter(self, state: CycleState, workers: Sequence[Worker]) -> list[Worker]:
         model = state.request.model
-        return [w for w in workers if not model or w.model is None or w.model.served_model_name == model]
+        return [w for w in workers if not model or w.model is None or w.model.served_model_name == model
+                or model in w.model.aliases]
 
 
 def pool_serves(w: Worker, priority: int) -> bool:
