@@ -84,12 +84,18 @@ class Chart:
 
     @staticmethod
     def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
-        """Manifests of one kind, keyed by their app.kubernetes.io/component label."""
-        out = {}
+        """Manifests of one kind, keyed by their app.kubernetes.io/component label; an inference pool's also as
+        `inference-<pool>` (goodput.dev/pool), and `inference` is the first pool's."""
+        out: dict[str, dict[str, Any]] = {}
         for d in docs:
             if d["kind"] == kind:
                 labels = d["metadata"].get("labels", {})
-                out[labels.get("app.kubernetes.io/component", d["metadata"]["name"])] = d
+                key = labels.get("app.kubernetes.io/component", d["metadata"]["name"])
+                if "goodput.dev/pool" in labels:
+                    out[f"{key}-{labels['goodput.dev/pool']}"] = d
+                    out.setdefault(key, d)
+                else:
+                    out[key] = d
         return out
 
     run = staticmethod(run)

@@ -45,10 +45,13 @@ def test_the_scheduler_may_read_endpointslices_and_nothing_else(chart: Any, valu
 def test_the_scheduler_watches_the_inference_service_it_may_reach(chart: Any) -> None:
     docs = chart.docs("gpu-7b-values.yaml")
     config = _kinds(docs, "ConfigMap")["goodput-scheduler"]["data"]
-    assert config["GOODPUT_SCHEDULER_WORKERS"] == "k8s:///goodput/goodput-inference:grpc"
+    # one entry per model pool's Service (inference.pools)
+    assert config["GOODPUT_SCHEDULER_WORKERS"] == ("k8s:///goodput/goodput-inference-interactive:grpc,"
+                                                   "k8s:///goodput/goodput-inference-batch:grpc")
     # the entry names a port of that Service by name, as its EndpointSlices carry it
-    inference = _kinds(docs, "Service")["goodput-inference"]
-    assert "grpc" in {p["name"] for p in inference["spec"]["ports"]}
+    for pool in ("interactive", "batch"):
+        inference = _kinds(docs, "Service")[f"goodput-inference-{pool}"]
+        assert "grpc" in {p["name"] for p in inference["spec"]["ports"]}
     egress = _kinds(docs, "NetworkPolicy")["goodput-scheduler"]["spec"]["egress"]
     api_ports = [{p["port"] for p in rule["ports"]} for rule in egress if "to" not in rule]
     assert {443, 6443} in api_ports, "the scheduler must reach the API server"
@@ -71,7 +74,8 @@ def test_dns_discovery_needs_no_api_access(chart: Any) -> None:
     scheduler = _pod(docs, "scheduler")
     assert scheduler["serviceAccountName"] == "goodput" and scheduler["automountServiceAccountToken"] is False
     config = _kinds(docs, "ConfigMap")["goodput-scheduler"]["data"]
-    assert config["GOODPUT_SCHEDULER_WORKERS"] == "dns:///goodput-inference.goodput.svc.cluster.local:50061"
+    assert config["GOODPUT_SCHEDULER_WORKERS"] == ("dns:///goodput-inference-interactive.goodput.svc.cluster.local:50061,"
+                                                   "dns:///goodput-inference-batch.goodput.svc.cluster.local:50061")
     egress = _kinds(docs, "NetworkPolicy")["goodput-scheduler"]["spec"]["egress"]
     assert all(not ({443, 6443} & {p["port"] for p in r.get("ports", [])}) for r in egress)
 

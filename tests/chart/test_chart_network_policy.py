@@ -46,9 +46,17 @@ def _port_allows(ports: list[dict[str, Any]] | None, port: int, names: dict[str,
 class Rendered:
     def __init__(self, docs: list[dict[str, Any]]) -> None:
         def component(d: dict[str, Any]) -> str:
+            """The component, and -<pool> for an inference pool's resources (``inference-batch``)."""
+            labels = d["metadata"].get("labels", {})
+            pool = labels.get("goodput.dev/pool")
+            return str(labels.get("app.kubernetes.io/component", "")) + (f"-{pool}" if pool else "")
+
+        def base(d: dict[str, Any]) -> str:
             return str(d["metadata"].get("labels", {}).get("app.kubernetes.io/component", ""))
 
         self.deployments = {component(d): d for d in docs if d["kind"] == "Deployment"}
+        # the component of each deployment key: every pool of the inference workers is `inference`
+        self.base = {component(d): base(d) for d in docs if d["kind"] == "Deployment"}
         self.policies = {component(d): d for d in docs if d["kind"] == "NetworkPolicy"}
         self.configs = {component(d): d.get("data") or {} for d in docs if d["kind"] == "ConfigMap"}
         self.services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
@@ -95,22 +103,22 @@ class Rendered:
 def dialled(rendered: Rendered) -> list[tuple[str, str, int, str]]:
     """(caller, callee, port, why) for every address a rendered service dials."""
     out = []
+    rendered_components = set(rendered.base.values())
     for svc in SERVICES.values():
-        if svc.component not in rendered.deployments:
+        if svc.component not in rendered_components:
             continue
         config = rendered.configs.get(svc.component, {})
         for peer in svc.peers:
             value = str(config.get(svc.env(peer.setting), ""))
             if not value:
-                assert peer.optional or SERVICES[peer.service].component not in rendered.deployments, \
+                assert peer.optional or SERVICES[peer.service].component not in rendered_components, \
                     f"{svc.component} has no {svc.env(peer.setting)} although {peer.service} is rendered"
                 continue
             for address in value.split(","):
                 callee, port = rendered.resolve(address)
                 out.append((svc.component, callee, port, svc.env(peer.setting)))
         for key in svc.also_calls:
-            callee = SERVICES[key].component
-            if callee in rendered.deployments:
+            for callee in (d for d, c in rendered.base.items() if c == SERVICES[key].component):  # every pool
                 out.append((svc.component, callee, rendered.container_ports(callee)["grpc"], f"also calls {key}"))
     return out
 
@@ -120,7 +128,7 @@ def test_every_dialled_address_is_allowed_both_ways(chart: Any, values: str | No
     rendered = Rendered(chart.docs(values, sets=("networkPolicy.enabled=true",)))
     assert rendered.policies, "no NetworkPolicy rendered"
     calls = dialled(rendered)
-    assert {(caller, callee) for caller, callee, _, _ in calls} >= {("gateway", "scheduler"),
+    assert {(caller, rendered.base[callee]) for caller, callee, _, _ in calls} >= {("gateway", "scheduler"),
                                                                     ("scheduler", "inference"),
                                                                     ("gateway", "inference")}
     missing = [f"{why}: {gap}" for caller, callee, port, why in calls for gap in rendered.allowed(caller, callee, port)]

@@ -24,8 +24,10 @@ ALLOWED_WARNING = re.compile("|".join(
 
 
 def test_scenarios_exist() -> None:
-    # CPU-only dev, single-GPU 7B, 14B on an A30, 72B with TP 2, autoscaling off.
+    # CPU-only dev, single-GPU 7B, 14B on an A30, 72B with TP 2, autoscaling off, two and three model pools.
     assert {
+        "two-pools-values.yaml",
+        "three-pools-values.yaml",
         "cpu-dev-values.yaml",
         "gpu-7b-values.yaml",
         "gpu-14b-a30-values.yaml",

@@ -18,7 +18,8 @@ SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 ALL_SCENARIOS = [None, *SCENARIOS]
 SECRETISH = re.compile(r"KEY|PASSWORD|TOKEN|SECRET")
 # Contract settings (docs/services.md) whose names look secret but hold plain numbers or paths.
-NOT_SECRET = {"GOODPUT_INFERENCE_MAX_PROMPT_TOKENS", "GOODPUT_GATEWAY_API_KEYS_FILE",
+NOT_SECRET = {"GOODPUT_INFERENCE_MAX_PROMPT_TOKENS", "GOODPUT_INFERENCE_MAX_NUM_BATCHED_TOKENS",
+              "GOODPUT_GATEWAY_API_KEYS_FILE",
               # The keys file's reload period and the metering's token rates.
               "GOODPUT_GATEWAY_API_KEYS_RELOAD_S", "GOODPUT_GATEWAY_METER_PREFILL_TOKENS_PER_S",
               "GOODPUT_GATEWAY_METER_DECODE_TOKENS_PER_S",
@@ -33,12 +34,18 @@ def _containers(deploy: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
-    """Manifests of one kind, keyed by their app.kubernetes.io/component label."""
-    out = {}
+    """Manifests of one kind, keyed by their app.kubernetes.io/component label; an inference pool's also as
+    `inference-<pool>` (goodput.dev/pool), and `inference` is the first pool's."""
+    out: dict[str, dict[str, Any]] = {}
     for d in docs:
         if d["kind"] == kind:
             labels = d["metadata"].get("labels", {})
-            out[labels.get("app.kubernetes.io/component", d["metadata"]["name"])] = d
+            key = labels.get("app.kubernetes.io/component", d["metadata"]["name"])
+            if "goodput.dev/pool" in labels:
+                out[f"{key}-{labels['goodput.dev/pool']}"] = d
+                out.setdefault(key, d)
+            else:
+                out[key] = d
     return out
 
 
@@ -47,12 +54,12 @@ def _config(docs: list[dict[str, Any]], component: str) -> dict[str, str]:
 
 
 def test_inference_hpa_scales_on_gpu_utilisation_and_queue_depth(chart: Any) -> None:
-    hpa = by_kind(chart.docs(), "HorizontalPodAutoscaler")["inference"]
+    hpa = by_kind(chart.docs(), "HorizontalPodAutoscaler")["inference-interactive"]
     assert hpa["apiVersion"] == "autoscaling/v2"
     assert hpa["spec"]["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "name": "goodput-inference",
+        "name": "goodput-inference-interactive",
     }
     metrics = {m["type"]: m for m in hpa["spec"]["metrics"]}
     assert set(metrics) == {"Pods", "Object"}
@@ -129,9 +136,9 @@ def test_gpu_requests_equal_tensor_parallel_size(chart: Any, values: str | None,
     assert container["resources"]["requests"]["nvidia.com/gpu"] == tp
     assert container["resources"]["limits"]["nvidia.com/gpu"] == tp
     assert _config(docs, "inference")["GOODPUT_INFERENCE_TENSOR_PARALLEL_SIZE"] == str(tp)
-    # Only the inference workers get GPUs.
+    # Only the inference workers (every pool's) get GPUs.
     for component, other in by_kind(docs, "Deployment").items():
-        if component != "inference":
+        if component.split("-")[0] != "inference":
             for c in _containers(other):
                 assert "nvidia.com/gpu" not in json.dumps(c.get("resources", {})), component
 
@@ -268,10 +275,15 @@ def test_scheduler_gets_the_workers_and_gateway_the_services(chart: Any) -> None
     docs = chart.docs()
     sched = _config(docs, "scheduler")
     # the inference Service's EndpointSlices by default (test_chart_discovery.py); DNS with scheduler.discovery=dns
-    assert sched["GOODPUT_SCHEDULER_WORKERS"] == "k8s:///goodput/goodput-inference:grpc"
-    assert _config(chart.docs(sets=("scheduler.discovery=dns",)), "scheduler")["GOODPUT_SCHEDULER_WORKERS"] == (
-        "dns:///goodput-inference.goodput.svc.cluster.local:50061")
-    assert by_kind(docs, "Service")["inference"]["spec"]["clusterIP"] == "None"
+    # (one entry per model pool; the pool-less Service when inference.pools is empty)
+    assert sched["GOODPUT_SCHEDULER_WORKERS"] == ("k8s:///goodput/goodput-inference-interactive:grpc,"
+                                                  "k8s:///goodput/goodput-inference-batch:grpc")
+    no_pools = ("inference.pools=null",)
+    assert _config(chart.docs(sets=no_pools), "scheduler")["GOODPUT_SCHEDULER_WORKERS"] == (
+        "k8s:///goodput/goodput-inference:grpc")
+    assert _config(chart.docs(sets=(*no_pools, "scheduler.discovery=dns")), "scheduler")[
+        "GOODPUT_SCHEDULER_WORKERS"] == "dns:///goodput-inference.goodput.svc.cluster.local:50061"
+    assert by_kind(docs, "Service")["inference-interactive"]["spec"]["clusterIP"] == "None"
     gw = _config(docs, "gateway")
     assert gw["GOODPUT_GATEWAY_SCHEDULER_ADDR"] == "goodput-scheduler:50052"
     assert gw["GOODPUT_GATEWAY_CACHE_ADDR"] == "goodput-cache:50055"
@@ -407,11 +419,11 @@ def test_no_jobs_worker_without_the_gateways_redis(chart: Any) -> None:
 
 def test_config_change_rolls_pods(chart: Any) -> None:
     def checksum(docs: list[dict[str, Any]]) -> str:
-        deploy = by_kind(docs, "Deployment")["inference"]
+        deploy = by_kind(docs, "Deployment")["inference-interactive"]
         return deploy["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
 
     before = checksum(chart.docs())
-    after = checksum(chart.docs(sets=("inference.vllm.maxNumSeqs=48",)))
+    after = checksum(chart.docs(sets=("inference.vllm.maxModelLen=4096",)))
     assert before != after
 
 

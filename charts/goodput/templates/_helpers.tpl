@@ -135,10 +135,13 @@ jobsWorker:
 {{- index .root.Values .svc | toYaml }}
 {{- end }}
 
-{{/* Name of a component's resources: <fullname>-<component>. ctx: root, svc */}}
+{{/* Name of a component's resources: <fullname>-<component>, and -<pool> for an inference pool.
+ctx: root, svc (, pool) */}}
 {{- define "goodput.componentName" -}}
 {{- $meta := include "goodput.meta" . | fromYaml }}
-{{- printf "%s-%s" (include "goodput.fullname" .root) $meta.component | trunc 63 | trimSuffix "-" }}
+{{- $name := printf "%s-%s" (include "goodput.fullname" .root) $meta.component }}
+{{- with .pool }}{{ $name = printf "%s-%s" $name . }}{{ end }}
+{{- $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{/* Labels of a component's resources. ctx: root, svc */}}
@@ -147,12 +150,68 @@ jobsWorker:
 {{ include "goodput.selectorLabels" . }}
 {{- end }}
 
-{{/* Selector labels of a component. ctx: root, svc */}}
+{{/* Selector labels of a component, and goodput.dev/pool for an inference pool (a selector without the pool, as the
+NetworkPolicies' peers use, matches every pool's workers). ctx: root, svc (, pool) */}}
 {{- define "goodput.selectorLabels" -}}
 {{- $meta := include "goodput.meta" . | fromYaml -}}
 app.kubernetes.io/name: {{ include "goodput.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ $meta.component }}
+{{- with .pool }}
+goodput.dev/pool: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* Merges the map src into the map dst, in place: maps key by key, anything else (lists included) replaced. Unlike
+mergeOverwrite it also applies false, 0 and empty values. dict "dst" "src" */}}
+{{- define "goodput.deepMerge" -}}
+{{- $dst := .dst }}
+{{- range $k, $v := .src }}
+{{- if and (kindIs "map" $v) (kindIs "map" (index $dst $k)) }}
+{{- include "goodput.deepMerge" (dict "dst" (index $dst $k) "src" $v) }}
+{{- else }}
+{{- $_ := set $dst $k (deepCopy $v) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The inference values of one pool (YAML): inference's, with the pool's overrides and shorthands applied and the
+pool itself under `pool` (name, classes, engine, aliases). dict "root" "pool" */}}
+{{- define "goodput.poolValues" -}}
+{{- $p := .pool }}
+{{- $v := deepCopy .root.Values.inference }}
+{{- $_ := unset $v "pools" }}
+{{- $over := omit $p "name" "classes" "engine" "aliases" "gpu" "tensorParallelSize" "maxNumSeqs" "maxNumBatchedTokens" }}
+{{- include "goodput.deepMerge" (dict "dst" $v "src" $over) }}
+{{- range $key := list "tensorParallelSize" "maxNumSeqs" "maxNumBatchedTokens" }}
+{{- if hasKey $p $key }}{{ $_ := set $v.vllm $key (index $p $key) }}{{ end }}
+{{- end }}
+{{- $gpu := $p.gpu | default dict }}
+{{- if hasKey $gpu "enabled" }}{{ $_ := set $v.gpu "enabled" $gpu.enabled }}{{ end }}
+{{- with $gpu.count }}{{ $_ := set $v.gpu "count" . }}{{ end }}
+{{- with $gpu.type }}
+{{- $_ := set $v "nodeSelector" (merge (dict "nvidia.com/gpu.product" .) ($v.nodeSelector | default dict)) }}
+{{- end }}
+{{- $_ := set $v "pool" (dict "name" $p.name "classes" ($p.classes | default list) "engine" ($p.engine | default "")
+  "aliases" ($p.aliases | default list)) }}
+{{- toYaml $v }}
+{{- end }}
+
+{{/* Checks of inference.pools that the schema cannot express. Pass the root context. */}}
+{{- define "goodput.validatePools" -}}
+{{- $seen := dict }}
+{{- range $pool := .Values.inference.pools }}
+{{- if hasKey $seen .name }}
+{{- fail (printf "inference.pools: the name %q is used twice" .name) }}
+{{- end }}
+{{- $_ := set $seen .name true }}
+{{- $tp := .tensorParallelSize | default ($.Values.inference.vllm.tensorParallelSize) | int }}
+{{- with (.gpu | default dict).count }}
+{{- if lt (int .) $tp }}
+{{- fail (printf "inference.pools[%s]: gpu.count (%v) is below its tensor-parallel size (%v)" $pool.name . $tp) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* The scheduler's own ServiceAccount when it watches EndpointSlices (scheduler.discovery kubernetes): the only
@@ -334,12 +393,21 @@ its settings (empty = the app's default queue). ctx: root, svc */}}
 {{- $v := .root.Values.scheduler }}
 {{- $p := "GOODPUT_SCHEDULER_" }}
 {{- $workers := $v.config.workers }}
-{{- $inference := include "goodput.componentName" (dict "root" .root "svc" "inference") }}
-{{- if and (not $workers) (eq $v.discovery "kubernetes") }}
-{{- /* The inference Service's EndpointSlices, its port named grpc (RBAC in scheduler-rbac.yaml). */}}
-{{- $workers = printf "k8s:///%s/%s:grpc" .root.Release.Namespace $inference }}
-{{- else if not $workers }}
-{{- $workers = printf "dns:///%s.%s.svc.cluster.local:50061" $inference .root.Release.Namespace }}
+{{- if not $workers }}
+{{- /* One entry per inference Service: each pool's, or the one pool-less Service. */}}
+{{- $pools := list "" }}
+{{- with .root.Values.inference.pools }}{{ $pools = list }}{{ range . }}{{ $pools = append $pools .name }}{{ end }}{{ end }}
+{{- $entries := list }}
+{{- range $pools }}
+{{- $inference := include "goodput.componentName" (dict "root" $.root "svc" "inference" "pool" .) }}
+{{- if eq $v.discovery "kubernetes" }}
+{{- /* The Service's EndpointSlices, its port named grpc (RBAC in scheduler-rbac.yaml). */}}
+{{- $entries = append $entries (printf "k8s:///%s/%s:grpc" $.root.Release.Namespace $inference) }}
+{{- else }}
+{{- $entries = append $entries (printf "dns:///%s.%s.svc.cluster.local:50061" $inference $.root.Release.Namespace) }}
+{{- end }}
+{{- end }}
+{{- $workers = join "," $entries }}
 {{- end }}
 {{ $p }}WORKERS: {{ $workers | quote }}
 {{ $p }}HEALTH_INTERVAL_S: {{ include "goodput.num" $v.config.healthIntervalSeconds | quote }}
@@ -372,6 +440,7 @@ its settings (empty = the app's default queue). ctx: root, svc */}}
 {{ $p }}TENSOR_PARALLEL_SIZE: {{ include "goodput.num" $l.tensorParallelSize | quote }}
 {{ $p }}GPU_MEMORY_UTILIZATION: {{ include "goodput.num" $l.gpuMemoryUtilization | quote }}
 {{ $p }}MAX_NUM_SEQS: {{ include "goodput.num" $l.maxNumSeqs | quote }}
+{{ $p }}MAX_NUM_BATCHED_TOKENS: {{ ternary (include "goodput.num" $l.maxNumBatchedTokens) "" (gt (int ($l.maxNumBatchedTokens | default 0)) 0) | quote }}
 {{ $p }}MAX_MODEL_LEN: {{ include "goodput.num" $l.maxModelLen | quote }}
 {{ $p }}ENABLE_PREFIX_CACHING: {{ ternary "true" "false" $l.enablePrefixCaching | quote }}
 {{ $p }}QUANTIZATION: {{ $l.quantization | quote }}
@@ -386,6 +455,12 @@ its settings (empty = the app's default queue). ctx: root, svc */}}
 {{- if $l.kvCacheSpaceGb }}
 {{ $p }}KV_CACHE_SPACE_GB: {{ include "goodput.num" $l.kvCacheSpaceGb | quote }}
 VLLM_CPU_KVCACHE_SPACE: {{ include "goodput.num" $l.kvCacheSpaceGb | quote }}
+{{- end }}
+{{- with $v.pool }}
+{{ $p }}POOL: {{ .name | quote }}
+{{ $p }}POOL_CLASSES: {{ join "," .classes | quote }}
+{{ $p }}ENGINE: {{ .engine | quote }}
+{{ $p }}SERVED_MODEL_ALIASES: {{ join "," .aliases | quote }}
 {{- end }}
 {{ $p }}DATA_DIR: "/data"
 HF_HOME: "/cache/huggingface"
@@ -524,7 +599,7 @@ httpGet:
 {{- $v := index .root.Values .svc }}
 {{- $res := deepCopy ($v.resources | default dict) }}
 {{- if and (eq .svc "inference") $v.gpu.enabled }}
-{{- $n := int $v.vllm.tensorParallelSize }}
+{{- $n := int ($v.gpu.count | default $v.vllm.tensorParallelSize) }}
 {{- $_ := set $res "requests" (merge (dict $v.gpu.resourceName $n) ($res.requests | default dict)) }}
 {{- $_ := set $res "limits" (merge (dict $v.gpu.resourceName $n) ($res.limits | default dict)) }}
 {{- end }}
@@ -537,7 +612,8 @@ ctx: root, svc */}}
 {{- define "goodput.tlsSecret" -}}
 {{- $tls := .root.Values.tls }}
 {{- if not $tls.insecure }}
-{{- index $tls.existingSecrets .svc | default (printf "%s-tls" (include "goodput.componentName" .)) }}
+{{- /* One certificate per service: the pools of the inference workers share theirs. */}}
+{{- index $tls.existingSecrets .svc | default (printf "%s-tls" (include "goodput.componentName" (dict "root" .root "svc" .svc))) }}
 {{- end }}
 {{- end }}
 
