@@ -130,6 +130,7 @@ class VllmEngine:
             tensor_parallel_size=s.tensor_parallel_size,
             gpu_memory_utilization=s.gpu_memory_utilization,
             max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_num_batched_tokens or None,
             max_model_len=s.max_model_len,
             enable_prefix_caching=s.enable_prefix_caching,
             quantization=s.quantization or None,
