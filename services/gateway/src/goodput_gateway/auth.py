@@ -79,6 +79,7 @@ class Principal:
     tenant_quota: Quota = field(default=NO_QUOTA)
     key_quota: Quota = field(default=NO_QUOTA)
     operator: bool = False  # may read every tenant's usage
+    model_fallback: bool = False  # may be answered by a configured lighter model (MODEL_FALLBACKS)
 
     def resolve_priority(self, requested: int) -> int:
         """The request's priority: the key's default when unset; InvalidArgument when it is not a defined class
@@ -122,6 +123,8 @@ class _Key(_Limits):
     max_priority: str = "P1"
     default_priority: str | None = None
     operator: bool = False
+    model_fallback: bool = Field(False, description="This key's requests may be answered by the lighter model the "
+                                                    "gateway's MODEL_FALLBACKS names when theirs is saturated or down.")
 
 
 class _KeysDocument(BaseModel):
@@ -171,7 +174,7 @@ def parse_keys_document(source: str, doc: Any) -> list[tuple[bytes, Principal]]:
         entries.append((bytes.fromhex(digest), Principal(
             tenant=item.tenant, max_priority=max_p, default_priority=default_p, key_id=item.id or digest[:12],
             weight=float(weight), tenant_quota=_quota(tenant, parsed.defaults), key_quota=_quota(item),
-            operator=item.operator)))
+            operator=item.operator, model_fallback=item.model_fallback)))
     return entries
 
 

@@ -102,6 +102,12 @@ class GatewaySettings(ServiceSettings):
                     'overriding the defaults field by field, e.g. {"P0": {"deadline_s": 30, "budgets": '
                     '{"cache_lookup": 0.05}, "slo": {"ttft_s": 1}}} (goodput_gateway.profile).')
     models_cache_s: float = Field(2.0, ge=0, description="How long the list of served models is reused.")
+    model_fallbacks: dict[str, str] = Field(
+        default_factory=dict, description='Lighter models that answer for a model when its pool is saturated (the '
+                                          'scheduler sheds or its queue is full) or down (no healthy worker, the '
+                                          'scheduler unavailable), JSON {"qwen-72b": "qwen-7b"}; opt-in per model '
+                                          "here and per key (model_fallback in the keys file). The answer's `model` "
+                                          "and X-Goodput-Degraded: model_fallback say so.")
     worker_retry: bool = Field(True, description="Retry once on another worker when a worker fails before "
                                                  "the first token.")
     embedder_addr: str = Field("", description="Embedder gRPC address (embeddings, indexing); empty = off.")

@@ -67,6 +67,9 @@ class GatewayMetrics:
         self.stage = Histogram("goodput_gateway_hop_seconds", "Latency of the gateway's own steps (auth, validate, "
                                "cache, retrieve, schedule); the per-class breakdown is goodput_gateway_stage_seconds.",
                                ["stage"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.model_fallbacks = Counter("goodput_gateway_model_fallbacks_total", "Requests answered by the lighter "
+                                       "model MODEL_FALLBACKS names, by the model asked for, the one that answered "
+                                       "and why (saturated, down).", ["asked", "served", "reason"], registry=registry)
         self.worker_failures = Counter("goodput_gateway_worker_failures_total",
                                        "Worker calls lost (before or after the first token).", ["phase"],
                                        registry=registry)

@@ -162,6 +162,7 @@ class _Tokens:
     finished: bool = False  # its stream reached its end
     cache_hit: bool = False
     saved: int = 0  # tokens a cache hit did not compute
+    model: str = ""  # the model that answered, when a lighter one stood in for the one asked for
     prompt: int = 0
     completion: int = 0
     cached: int = 0  # prompt tokens from the engine's prefix cache
@@ -273,7 +274,14 @@ class GatewayService:
         timeout = min(call.timeout_s or cls.deadline_s, self.settings.request_timeout_s)
         deadline = arrived + timeout
         validate(request, self.settings)
-        model = await self.pipeline.resolve_model(request.model)
+        try:
+            model = await self.pipeline.resolve_model(request.model)
+        except InvalidArgument as err:  # no healthy worker serves it: its lighter model, where configured and allowed
+            lighter = self._fallback_for(principal, request.model)
+            if err.code != "model_not_found" or lighter is None:
+                raise
+            model = await self.pipeline.resolve_model(lighter)
+            self._fell_back(timeline, request.model, model.id, "down")
         if request.model and request.model != model.id:  # an alias: from here on the model's served name (cache
             request = replace(request, model=model.id)  # keys, quotas, metering and the answer's `model` agree)
         steps = self.ladder.active(request.priority)  # the degradation ladder's steps in force for the class
@@ -325,7 +333,8 @@ class GatewayService:
             try:
                 await admitted.aclose()  # now, not when collected: its stream's release fills in `tokens`
             finally:
-                self._account(principal, model.id, admission, tokens)  # whatever happened: the place goes back
+                # whatever happened: the place goes back (under the model that answered)
+                self._account(principal, tokens.model or model.id, admission, tokens)
 
     async def _admitted(self, call: Call, principal: Principal, request: GenerationRequest, model: ModelEntry,
                         admission: Admission, tokens: _Tokens, *, request_id: str, arrived: float,
@@ -380,9 +389,29 @@ class GatewayService:
                                               arrived=arrived, deadline=deadline.deadline,
                                               max_queue_wait_s=deadline.cap(cls.budgets.queue_wait),
                                               timeline=timeline)
-        except ResourceExhausted as err:
-            await self._park(err, principal, request)  # batch work is parked, not lost (raises Parked)
-            raise
+        except (ResourceExhausted, Unavailable) as err:
+            lighter = self._fallback_for(principal, model.id)
+            try:
+                fallback = await self.pipeline.resolve_model(lighter) if lighter else None
+            except GoodputError:  # the lighter model is not served either: the original refusal stands
+                fallback = None
+            if fallback is None or fallback.id == model.id:
+                if isinstance(err, ResourceExhausted):
+                    await self._park(err, principal, request)  # batch work is parked, not lost (raises Parked)
+                raise
+            # the model's pool is saturated or down: its lighter model answers (never stored under the asked one)
+            self._fell_back(timeline, model.id, fallback.id, "saturated" if isinstance(err, ResourceExhausted)
+                            else "down")
+            model, request = fallback, replace(request, model=fallback.id)
+            tokens.model = fallback.id
+            if status is not None:
+                status.store = False
+            final, cost = resolve_cost(replace(grounded, model=fallback.id), self.settings,
+                                       max_model_len=model.max_model_len)
+            stream = await self.pipeline.open(principal, final, cost, request_id=request_id, model=model.id,
+                                              arrived=arrived, deadline=deadline.deadline,
+                                              max_queue_wait_s=deadline.cap(cls.budgets.queue_wait),
+                                              timeline=timeline)
 
         # stream: tokens flow worker -> caller; the cache store and the timing wrap the stream
         try:
@@ -424,6 +453,18 @@ class GatewayService:
         if step == "fallback_model":
             return bool(self.settings.latency_profile.of(priority).fallback_model)
         return True
+
+    def _fallback_for(self, principal: Principal, model: str) -> str | None:
+        """The lighter model that may answer for ``model``: configured for it (MODEL_FALLBACKS) and allowed for the
+        key (its model_fallback); None otherwise."""
+        if not principal.model_fallback:
+            return None
+        return self.settings.model_fallbacks.get(model)
+
+    def _fell_back(self, timeline: Timeline, asked: str, served: str, reason: str) -> None:
+        timeline.degraded.append("model_fallback")
+        self.metrics.model_fallbacks.labels(asked, served, reason).inc()
+        log.info("model fallback", extra={"asked": asked, "served": served, "reason": reason})
 
     def _degrade(self, timeline: Timeline, step: str, priority: int) -> None:
         timeline.degraded.append(step)
