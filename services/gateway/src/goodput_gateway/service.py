@@ -393,7 +393,10 @@ class GatewayService:
             lighter = self._fallback_for(principal, model.id)
             try:
                 fallback = await self.pipeline.resolve_model(lighter) if lighter else None
-            except GoodputError:  # the lighter model is not served either: the original refusal stands
+                if fallback is not None:  # and the prompt must fit its context window
+                    resolve_cost(replace(grounded, model=fallback.id), self.settings,
+                                 max_model_len=fallback.max_model_len)
+            except GoodputError:  # the lighter model is not served, or cannot take it: the original refusal stands
                 fallback = None
             if fallback is None or fallback.id == model.id:
                 if isinstance(err, ResourceExhausted):
@@ -402,16 +405,21 @@ class GatewayService:
             # the model's pool is saturated or down: its lighter model answers (never stored under the asked one)
             self._fell_back(timeline, model.id, fallback.id, "saturated" if isinstance(err, ResourceExhausted)
                             else "down")
+            asked = request
             model, request = fallback, replace(request, model=fallback.id)
             tokens.model = fallback.id
             if status is not None:
                 status.store = False
             final, cost = resolve_cost(replace(grounded, model=fallback.id), self.settings,
                                        max_model_len=model.max_model_len)
-            stream = await self.pipeline.open(principal, final, cost, request_id=request_id, model=model.id,
-                                              arrived=arrived, deadline=deadline.deadline,
-                                              max_queue_wait_s=deadline.cap(cls.budgets.queue_wait),
-                                              timeline=timeline)
+            try:
+                stream = await self.pipeline.open(principal, final, cost, request_id=request_id, model=model.id,
+                                                  arrived=arrived, deadline=deadline.deadline,
+                                                  max_queue_wait_s=deadline.cap(cls.budgets.queue_wait),
+                                                  timeline=timeline)
+            except ResourceExhausted as refused:
+                await self._park(refused, principal, asked)  # batch work is parked as asked for, not lost
+                raise
 
         # stream: tokens flow worker -> caller; the cache store and the timing wrap the stream
         try:
