@@ -81,6 +81,16 @@ def test_the_worker_table_fits_80_columns_and_errors_go_below_it() -> None:
     assert "42%" in next(line for line in lines if line.lstrip().startswith("worker-0 "))
 
 
+def test_a_draining_worker_is_shown_as_such_and_is_no_problem() -> None:
+    report = StatusReport(workers=[WorkerRow("worker-0", "127.0.0.1:50061", False, "serving", 2, 0, 0.1, 2, "",
+                                             draining=True)])
+    console = Console(width=80, record=True, color_system=None)
+    render(report, console)
+    assert "draining" in next(line for line in console.export_text().splitlines()
+                              if line.lstrip().startswith("worker-0 "))
+    assert report.problems == []
+
+
 def test_status_reads_the_endpoints_of_the_running_platform_from_its_state_folder(tmp_path: Path) -> None:
     cache = f"127.0.0.1:{dead_port()}"
     (tmp_path / "up.json").write_text(json.dumps({"endpoints": {"cache": cache}}))

@@ -156,6 +156,7 @@ async def test_a_terminating_endpoint_drains_while_its_lease_finishes(workers, k
         assert h.metric("goodput_scheduler_workers", {"state": "healthy"}) == 1
         listed = await h.stub.ListWorkers(scheduler_pb2.ListWorkersRequest())
         assert {w.address: w.healthy for w in listed.workers} == {a.address: False, b.address: True}
+        assert {w.address: w.draining for w in listed.workers} == {a.address: True, b.address: False}
 
         calls = []
         for i in range(3):  # new requests go elsewhere ...

@@ -50,6 +50,7 @@ class WorkerRow:
     kv_cache_usage: float
     inflight: int
     last_error: str
+    draining: bool = False  # no new grants while its leases finish (a scale-down, a terminating pod)
 
 
 @dataclass
@@ -62,7 +63,7 @@ class StatusReport:
     def problems(self) -> list[str]:
         out = [f"{s.name} is {s.detail}" for s in self.services if not s.ok]
         out += [f"worker {w.worker_id} ({w.address}) is unhealthy" + (f": {w.last_error}" if w.last_error else "")
-                for w in self.workers if not w.healthy]
+                for w in self.workers if not w.healthy and not w.draining]
         if self.workers_error:
             out.append(self.workers_error)
         return out
@@ -140,7 +141,7 @@ def collect(endpoints: dict[str, str], *, timeout_s: float = 2.0,
         report.workers.append(WorkerRow(
             worker_id=w.worker_id, address=w.address, healthy=w.healthy, serving=health.detail,
             running=w.load.running, waiting=w.load.waiting, kv_cache_usage=w.load.kv_cache_usage,
-            inflight=w.inflight, last_error=w.last_error))
+            inflight=w.inflight, last_error=w.last_error, draining=w.draining))
     return report
 
 
@@ -164,7 +165,7 @@ def render(report: StatusReport, console: Console) -> None:
         workers.add_column(col, justify="right", no_wrap=True)
     errors = []
     for w in report.workers:
-        state = "[green]healthy[/]" if w.healthy else "[red]unhealthy[/]"
+        state = "[yellow]draining[/]" if w.draining else "[green]healthy[/]" if w.healthy else "[red]unhealthy[/]"
         if w.serving != "serving":
             state += f" [red]({w.serving.split(' (')[0]})[/]"
         workers.add_row(w.worker_id, w.address, state, str(w.running), str(w.waiting), f"{w.kv_cache_usage:.0%}",

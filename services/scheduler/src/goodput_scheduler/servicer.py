@@ -22,7 +22,7 @@ log = logging.getLogger("goodput.scheduler")
 def worker_status(w: Worker) -> scheduler_pb2.WorkerStatus:
     status = scheduler_pb2.WorkerStatus(worker_id=w.worker_id, address=w.address, healthy=w.placeable,
                                         inflight=w.inflight, last_error=w.last_error,
-                                        consecutive_failures=w.consecutive_failures)
+                                        consecutive_failures=w.consecutive_failures, draining=w.draining)
     status.load.CopyFrom(w.load)
     if w.model is not None:
         status.model.CopyFrom(w.model)

@@ -113,7 +113,7 @@ class ListWorkersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "address", "healthy", "load", "inflight", "model", "last_error", "consecutive_failures")
+    __slots__ = ("worker_id", "address", "healthy", "load", "inflight", "model", "last_error", "consecutive_failures", "draining")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class WorkerStatus(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     healthy: bool
@@ -130,7 +131,8 @@ class WorkerStatus(_message.Message):
     model: _inference_pb2.ModelInfo
     last_error: str
     consecutive_failures: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., load: _Optional[_Union[_inference_pb2.WorkerLoad, _Mapping]] = ..., inflight: _Optional[int] = ..., model: _Optional[_Union[_inference_pb2.ModelInfo, _Mapping]] = ..., last_error: _Optional[str] = ..., consecutive_failures: _Optional[int] = ...) -> None: ...
+    draining: bool
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., load: _Optional[_Union[_inference_pb2.WorkerLoad, _Mapping]] = ..., inflight: _Optional[int] = ..., model: _Optional[_Union[_inference_pb2.ModelInfo, _Mapping]] = ..., last_error: _Optional[str] = ..., consecutive_failures: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
     __slots__ = ("workers",)
