@@ -26,7 +26,7 @@ from goodput_core.cpu import cpu_info
 
 __all__ = [
     "PERCENTILES", "bootstrap_diff_ci", "cpu_label", "fmt_ms", "machine_info", "markdown_table", "package_versions",
-    "percentile", "summarize", "write_report",
+    "percentile", "produce", "pyplot", "summarize", "write_report",
 ]
 
 PERCENTILES = (50, 95, 99)
@@ -165,6 +165,19 @@ def cpu_label(machine: dict[str, Any]) -> str:
     if not isa:
         return str(model)
     return f"{model} ({machine.get('cpu_vendor', '?')}, {isa})"
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot drawing to files (the Agg backend), or None where matplotlib is not installed: a report's
+    plot is then left out, never the report."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
 
 
 def write_report(out: Path, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:

@@ -68,7 +68,7 @@ from typing import Any
 
 import httpx
 
-from loadtests.common import cpu_label, machine_info, markdown_table, percentile, produce, summarize
+from loadtests.common import cpu_label, machine_info, markdown_table, percentile, produce, pyplot, summarize
 from loadtests.simfleet import random_text
 
 __all__ = ["ARMS", "Outcome", "RetrievalCost", "Slo", "analyse_run", "capacity_from_ramp", "headline", "main",
@@ -1192,12 +1192,8 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     steps = report["steps"]
     if not steps:

@@ -54,6 +54,7 @@ from loadtests.common import (
     machine_info,
     markdown_table,
     package_versions,
+    pyplot,
     summarize,
     write_report,
 )
@@ -631,12 +632,8 @@ def _explain(levels: list[dict[str, Any]]) -> list[str]:
 
 
 def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     levels = report["levels"]
     xs = [lv["concurrency"] for lv in levels]

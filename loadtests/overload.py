@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loadtests.common import cpu_label, machine_info, markdown_table, percentile, produce, summarize
+from loadtests.common import cpu_label, machine_info, markdown_table, percentile, produce, pyplot, summarize
 from loadtests.simfleet import LeaseClient, RequestSpec, Result, SimFleet, random_text
 
 CLASSES = ("P0", "P1", "P2")
@@ -413,12 +413,8 @@ def _scheduler_section(report: dict[str, Any]) -> list[str]:
 
 
 def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, levels in report["configs"].items():

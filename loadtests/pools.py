@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from loadtests.common import cpu_label, machine_info, markdown_table, produce, summarize
+from loadtests.common import cpu_label, machine_info, markdown_table, produce, pyplot, summarize
 from loadtests.simfleet import LeaseClient, RequestSpec, Result, SimFleet, random_text
 
 SHAPES = {"P0": (1024, 64), "P2": (2048, 256)}  # (prompt chars ~ 4 per token, max_tokens): chat vs batch generation
@@ -340,12 +340,8 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     names = list(report["configs"])
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
