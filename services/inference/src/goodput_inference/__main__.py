@@ -61,7 +61,7 @@ async def serve() -> None:
     worker_id = s.worker_id or f"{socket.gethostname()}:{s.grpc_port}"
     servicer = InferenceServicer(engine, worker_id=worker_id, metrics=WorkerMetrics(rt.registry, engine),
                                  pool=s.pool, pool_classes=s.pool_classes,
-                                 aliases=s.served_model_aliases)
+                                 aliases=s.served_model_aliases, cost_per_hour=s.pool_cost_per_hour)
     runner = ServiceRunner(name="inference", settings=s, registry=rt.registry, provider=rt.provider)
     runner.add(inference_pb2_grpc.add_InferenceServicer_to_server, servicer, "goodput.inference.v1.Inference")
 

@@ -74,6 +74,10 @@ class InferenceSettings(ServiceSettings):
     pool_classes: str = Field("", description='Priority classes the pool serves, e.g. "P0,P1" or "P2"; the '
                                               "scheduler grants only those here while a healthy worker's pool serves "
                                               "the class (its serves_class filter). Empty = every class.")
+    pool_cost_per_hour: float = Field(0.0, ge=0, description="What one worker of this pool costs per hour (e.g. its "
+                                                             "GPUs' price), in a unit used alike for every pool; "
+                                                             "0 = unknown. The gateway's model \"auto\" picks the "
+                                                             "cheapest pool predicted to meet the request's SLO.")
     # --- engine=triton (goodput_inference.triton_engine); max_num_seqs and max_model_len above apply too ---
     triton_url: str = Field("127.0.0.1:8001", description="engine=triton: the Triton server's gRPC address "
                                                           "(host:port).")

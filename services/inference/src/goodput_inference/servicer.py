@@ -247,13 +247,14 @@ def _load_reader(engine: Engine, attr: str) -> Callable[[], float]:
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def __init__(self, engine: Engine, *, worker_id: str, metrics: WorkerMetrics, pool: str = "default",
-                 pool_classes: str = "", aliases: str = "") -> None:
+                 pool_classes: str = "", aliases: str = "", cost_per_hour: float = 0.0) -> None:
         self.engine = engine
         self.worker_id = worker_id
         self.metrics = metrics
         self.pool = pool  # reported in ModelInfo: the scheduler's serves_class filter reads it
         self.pool_classes = [f"PRIORITY_{c}" for c in pool_classes.split(",") if c]  # "P0,P1" -> enum names
         self.aliases = [a.strip() for a in aliases.split(",") if a.strip()]  # other names of the model (ModelInfo)
+        self.cost_per_hour = cost_per_hour  # the pool's price (ModelInfo): what model "auto" weighs
         self.draining = False
 
     async def Generate(self, request: inference_pb2.GenerateRequest,
@@ -318,4 +319,5 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                        engine=d.engine, model_version=d.model_version,
                                        max_num_batched_tokens=d.max_num_batched_tokens,
                                        tool_call_parser=d.tool_call_parser, pool=self.pool,
-                                       pool_classes=self.pool_classes, aliases=self.aliases)
+                                       pool_classes=self.pool_classes, aliases=self.aliases,
+                                       cost_per_hour=self.cost_per_hour)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
+from goodput_contracts.speed import SpeedEstimate
 from goodput_core.settings import ServiceSettings, SharingGroupsSetting, service_config
 
 from goodput_scheduler.endpointslices import SCHEME, ServiceTarget
@@ -38,7 +39,9 @@ class SchedulerSettings(ServiceSettings):
     health_timeout_s: float = Field(1.0, gt=0, description="Timeout of one health or load check.")
     unhealthy_after: int = Field(2, ge=1, description="Consecutive failed checks that eject a worker.")
     healthy_after: int = Field(1, ge=1, description="Consecutive passed checks that re-admit a worker.")
-    max_inflight_per_worker: int = Field(64, ge=1, description="Leases one worker may hold at once.")
+    max_inflight_per_worker: int = Field(0, ge=0, description="Leases one worker may hold at once; 0 = the worker's "
+                                                              "own engine batch size (the max_num_seqs it reports, "
+                                                              "64 until it has), so each pool's batch limit holds.")
     # ---- priority classes: queue depth (0 = unbounded) and longest queue wait (0 = no hard timeout) ----
     p0_max_queue: int = Field(20, ge=0, description="P0 (interactive) requests that may wait; more are shed. "
                                                    "0 = unbounded.")
@@ -111,9 +114,17 @@ class SchedulerSettings(ServiceSettings):
     predict_tpot_s: float = Field(0.001, ge=0, description="Prior of the decode time per output token, until "
                                                            "requests have finished (optimistic: nothing is refused "
                                                            "for want of data).")
+    predict_tpot_per_seq_s: float = Field(0.00003, ge=0, description="Prior of what each sequence in a batch adds to "
+                                                                      "the decode time per token (each worker's own "
+                                                                      "line is learned from its finished leases).")
     kv_saturation: float = Field(0.9, gt=0, le=1, description="Mean KV-cache usage that counts as saturation 1.0.")
     gpu_saturation: float = Field(0.98, gt=0, le=1, description="Mean GPU utilisation that counts as saturation "
                                                                 "1.0 (ignored without GPUs).")
+    def speed_prior(self) -> SpeedEstimate:
+        """Every worker's speed until its own leases have taught the scheduler better."""
+        return SpeedEstimate(prefill_s_per_token=self.predict_prefill_s_per_token, tpot_base_s=self.predict_tpot_s,
+                             tpot_per_seq_s=self.predict_tpot_per_seq_s)
+
     dispatch_interval_s: float = Field(0.05, gt=0, description="Tick of the dispatcher (expiry, load changes).")
     # ---- placement ----
     profile: str = Field("", description="Placement profile: JSON, or the path of a JSON/YAML file "

@@ -5,8 +5,9 @@ could serve waited in a queue.
 holds, and ``goodput_scheduler_queued_with_idle_workers`` is 1 while at least one does:
 
 * the worker is healthy (and still registered);
-* it has room: fewer leases than the per-worker cap (``max_inflight_per_worker``, as the ``has_capacity`` filter
-  counts them) and, once it holds a lease, a KV cache below ``kv_full``: the room placement gives a P0 request;
+* it has room: fewer leases than its cap (``Worker.lease_cap``: ``max_inflight_per_worker``, or the batch size
+  its engine reports, as the ``has_capacity`` filter counts them) and, once it holds a lease, a KV cache below
+  ``kv_full``: the room placement gives a P0 request;
 * a request it could serve waits: one for a model it serves, or naming none, or the worker has not said yet (the
   ``serves_model`` filter's rule).
 
@@ -138,7 +139,7 @@ class IdleWhileQueued:
     def has_room(self, w: Worker) -> bool:
         """Fewer leases than the per-worker cap, and a KV cache below ``kv_full`` once it holds one (the
         ``has_capacity`` filter's room for P0, whose share is the whole cap)."""
-        if w.inflight >= max(self.max_inflight, 1):
+        if w.inflight >= w.lease_cap(self.max_inflight):
             return False
         return w.inflight == 0 or w.load.kv_cache_usage < self.kv_full
 

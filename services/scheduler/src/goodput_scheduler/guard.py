@@ -25,6 +25,7 @@ import math
 from typing import TYPE_CHECKING
 
 from goodput_scheduler.clock import Clock, SystemClock
+from goodput_scheduler.registry import DEFAULT_LEASE_CAP
 
 if TYPE_CHECKING:
     from goodput_scheduler.config import SchedulerSettings
@@ -50,7 +51,8 @@ class LatencyGuard:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.enabled = settings.latency_guard and settings.queue_policy == "priority"
-        self.max_limit = float(max(int(settings.max_inflight_per_worker * max(settings.p1_max_share,
+        cap = settings.max_inflight_per_worker or DEFAULT_LEASE_CAP  # a worker's own cap bounds it further
+        self.max_limit = float(max(int(cap * max(settings.p1_max_share,
                                                                             settings.p2_max_share)), 1))
         self.limit = self.max_limit
         self.baseline: float | None = None

@@ -144,6 +144,8 @@ class Grant:
 
     decision: Decision
     hold: Hold
+    batch: int = 1  # leases its worker held with it, this one included (what the speed estimate learns against)
+    pending_prefill: int = 0  # prompt tokens granted there before it and still being prefilled
 
     @property
     def worker(self) -> Worker:
@@ -162,6 +164,8 @@ class Lease:
     hold: Hold
     priority: int = P1
     first_token_at: float | None = None  # when the gateway reported the first token (the scheduler's clock)
+    batch_at_grant: int = 1  # leases its worker held once it was granted, itself included
+    pending_prefill: int = 0  # prompt tokens ahead of it in its worker's prefill when it was granted
 
     @property
     def released(self) -> bool:
@@ -190,9 +194,11 @@ class LeaseBook:
 
     def hold(self, decision: Decision, request: PlacementRequest, priority: int) -> Grant:
         """A request was placed: its slot and prompt prefill count on the worker from now on."""
-        hold = decision.worker.occupancy.hold(priority, prompt_tokens=request.prompt_tokens)
-        self._changed(decision.worker)
-        return Grant(decision=decision, hold=hold)
+        w = decision.worker
+        pending = w.p0_prefill_tokens + w.low_prefill_tokens
+        hold = w.occupancy.hold(priority, prompt_tokens=request.prompt_tokens)
+        self._changed(w)
+        return Grant(decision=decision, hold=hold, batch=w.inflight, pending_prefill=pending)
 
     def undo(self, grant: Grant) -> bool:
         """Nobody took the grant (the caller went away meanwhile): give its slot back."""
@@ -206,7 +212,8 @@ class LeaseBook:
         """The caller took its grant: a lease it must release."""
         decision = grant.decision
         lease = Lease(request=request, worker=decision.worker, reason=decision.reason, queue_wait_s=queue_wait_s,
-                      granted_at=now, hold=grant.hold, priority=priority)
+                      granted_at=now, hold=grant.hold, priority=priority, batch_at_grant=grant.batch,
+                      pending_prefill=grant.pending_prefill)
         self.leases[request.request_id] = lease
         return lease
 

@@ -140,7 +140,7 @@ class LeaseManager:
         shed = not self.fifo and prio in (P1, P2) and self.overload.shedding.get(prio, False)
         return retry_after_s(
             ahead=self.queues.ahead(prio) + 1, rate=self.drain.rate(self.clock.now()),
-            slots=len(self.registry.healthy()) * self.settings.max_inflight_per_worker,
+            slots=sum(w.lease_cap(self.settings.max_inflight_per_worker) for w in self.registry.healthy()),
             shed_excess=self.overload.saturation - self.overload.exit_level(prio) if shed else 0.0,
             queue_saturation_s=self.settings.queue_saturation_s)
 
@@ -408,8 +408,14 @@ class LeaseManager:
             # token's report on this lease from the grant.
             prefill_s = (lease.first_token_at - lease.granted_at if lease.first_token_at is not None
                          else min(ttft_s, max(ttft_s - lease.queue_wait_s, 0.0)))
+            duration_s = self.clock.now() - lease.granted_at
             self.predictor.observe(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                   ttft_s=prefill_s, duration_s=self.clock.now() - lease.granted_at)
+                                   ttft_s=prefill_s, duration_s=duration_s)
+            # the batch it ran in: the mean of its worker's leases at its grant and at its end (itself included)
+            batch = (lease.batch_at_grant + lease.worker.inflight + 1) / 2
+            lease.worker.speed.observe(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                       ttft_s=prefill_s, duration_s=duration_s, batch=batch,
+                                       pending_prefill=lease.pending_prefill)
         if lease.priority == P0 and outcome == scheduler_pb2.OUTCOME_OK and not ttft_reported:
             self.guard.observe(ttft_s)
         now = self.clock.now()

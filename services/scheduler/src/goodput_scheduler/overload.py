@@ -80,7 +80,7 @@ class OverloadDetector:
 
     def update(self, *, queued: int, drain_rate: float, workers: Sequence[Worker]) -> float:
         s = self.settings
-        slots = sum(s.max_inflight_per_worker for _ in workers)
+        slots = sum(w.lease_cap(s.max_inflight_per_worker) for w in workers)
         drainable = max(drain_rate * s.queue_saturation_s, float(slots), 1.0)
         sat = queued / drainable
         if workers:

@@ -35,6 +35,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from goodput_scheduler.config import SchedulerSettings
 from goodput_scheduler.leasebook import Occupancy
+from goodput_scheduler.predict import DEFAULT_SPEED_PRIOR, WorkerSpeed
 
 if TYPE_CHECKING:
     from kubernetes.aio.client import ApiClient
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("goodput.scheduler.registry")
 
 ChannelFactory = Callable[[str], aio.Channel]
+# Leases a worker may hold before it has reported its engine's batch size (vLLM's max_num_seqs as Goodput sets it).
+DEFAULT_LEASE_CAP = 64
 
 
 @dataclass
@@ -64,6 +67,8 @@ class Worker:
     removed: bool = False
     # Its endpoint is terminating, not ready or gone (k8s:/// discovery): no new grants, its leases finish.
     draining: bool = False
+    # How fast it serves, learned from its finished leases (placement by predicted finish time, model "auto").
+    speed: WorkerSpeed = field(default_factory=lambda: WorkerSpeed(DEFAULT_SPEED_PRIOR))
 
     @property
     def placeable(self) -> bool:
@@ -73,6 +78,22 @@ class Worker:
     @property
     def capacity(self) -> int:
         return max(self.load.max_num_seqs, 1)
+
+    def lease_cap(self, configured: int = 0) -> int:
+        """Leases this worker may hold: ``configured`` when set (MAX_INFLIGHT_PER_WORKER overrides every worker),
+        else its engine's batch size (the ``max_num_seqs`` it reports: a batch pool's 128, an interactive pool's
+        16), else :data:`DEFAULT_LEASE_CAP` until it has reported.
+
+        >>> w = Worker(worker_id="w", address="w", channel=None)
+        >>> w.lease_cap(), w.lease_cap(4)
+        (64, 4)
+        >>> w.load.max_num_seqs = 128
+        >>> w.lease_cap(), w.lease_cap(4)
+        (128, 4)
+        """
+        if configured > 0:
+            return configured
+        return self.load.max_num_seqs if self.load.max_num_seqs > 0 else DEFAULT_LEASE_CAP
 
     @property
     def inflight(self) -> int:
@@ -222,7 +243,8 @@ class WorkerRegistry:
         worker_id = address
         if worker_id in self._workers and not self._workers[worker_id].removed:
             return self._workers[worker_id]
-        worker = Worker(worker_id=worker_id, address=address, channel=self._channel_factory(address))
+        worker = Worker(worker_id=worker_id, address=address, channel=self._channel_factory(address),
+                        speed=WorkerSpeed(self.settings.speed_prior()))
         self._workers[worker_id] = worker
         self._tasks[worker_id] = asyncio.create_task(self._health_loop(worker), name=f"health:{worker_id}")
         log.info("worker added", extra={"worker": worker_id})

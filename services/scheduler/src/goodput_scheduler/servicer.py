@@ -19,10 +19,17 @@ from goodput_scheduler.registry import Worker, WorkerRegistry
 log = logging.getLogger("goodput.scheduler")
 
 
-def worker_status(w: Worker) -> scheduler_pb2.WorkerStatus:
+def worker_status(w: Worker, *, max_inflight: int = 0) -> scheduler_pb2.WorkerStatus:
+    speed = w.speed.estimate()
     status = scheduler_pb2.WorkerStatus(worker_id=w.worker_id, address=w.address, healthy=w.placeable,
                                         inflight=w.inflight, last_error=w.last_error,
-                                        consecutive_failures=w.consecutive_failures, draining=w.draining)
+                                        consecutive_failures=w.consecutive_failures, draining=w.draining,
+                                        lease_cap=w.lease_cap(max_inflight),
+                                        pending_prefill_tokens=w.p0_prefill_tokens + w.low_prefill_tokens,
+                                        speed=scheduler_pb2.SpeedEstimate(
+                                            prefill_s_per_token=speed.prefill_s_per_token,
+                                            tpot_base_s=speed.tpot_base_s, tpot_per_seq_s=speed.tpot_per_seq_s,
+                                            samples=speed.samples))
     status.load.CopyFrom(w.load)
     if w.model is not None:
         status.model.CopyFrom(w.model)
@@ -105,7 +112,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def ListWorkers(self, request: scheduler_pb2.ListWorkersRequest,
                           context: aio.ServicerContext) -> scheduler_pb2.ListWorkersResponse:
-        return scheduler_pb2.ListWorkersResponse(workers=[worker_status(w) for w in self.registry.all()])
+        return scheduler_pb2.ListWorkersResponse(workers=[
+            worker_status(w, max_inflight=self.registry.settings.max_inflight_per_worker)
+            for w in self.registry.all()])
 
     async def RegisterWorker(self, request: scheduler_pb2.RegisterWorkerRequest,
                              context: aio.ServicerContext) -> scheduler_pb2.RegisterWorkerResponse:

@@ -6,7 +6,8 @@ per-cycle :class:`CycleState`, and plugin parameters declared by each step and s
 
 * :mod:`.plugins`: the contract (protocols, cycle state, parameters, plugin specs);
 * :mod:`.filters`: ``healthy``, ``serves_model``, ``serves_class``, ``has_capacity``, ``prefill_gate``;
-* :mod:`.scorers`: ``least_loaded``, ``least_prefill``, ``prefix_affinity``, ``session_affinity``;
+* :mod:`.scorers`: ``least_loaded``, ``least_prefill``, ``predicted_finish``, ``prefix_affinity``,
+  ``session_affinity``;
 * :mod:`.pickers`: ``max_score`` (random among equals), ``round_robin``, ``random``;
 * :mod:`.pipeline`: one placement cycle, timed per step;
 * :mod:`.profile`: the profile format and :func:`build_pipeline`.
@@ -59,6 +60,7 @@ from goodput_scheduler.placement.profile import BUILTIN_PLUGINS, DEFAULT_PROFILE
 from goodput_scheduler.placement.scorers import (
     LeastLoaded,
     LeastPrefill,
+    PredictedFinish,
     PrefixAffinity,
     PrefixIndex,
     SessionAffinity,
@@ -68,8 +70,8 @@ from goodput_scheduler.placement.scorers import (
 __all__ = [
     "BUILTIN_PLUGINS", "DEFAULT_PROFILE", "DEFAULT_STEP_TOKENS", "STEP_BUCKETS", "CycleState", "Decision", "Filter",
     "GuardSignals", "HasCapacity", "Healthy", "LeastLoaded", "LeastPrefill", "MaxScore", "Observer", "Picker",
-    "PlacementPipeline", "PlacementRequest", "PlacementSettings", "PluginHandle", "PluginSpec", "PrefillGate",
-    "PrefixAffinity", "PrefixIndex", "Profile", "RandomPick", "RoundRobin", "ScoredWorker", "Scorer",
+    "PlacementPipeline", "PlacementRequest", "PlacementSettings", "PluginHandle", "PluginSpec", "PredictedFinish",
+    "PrefillGate", "PrefixAffinity", "PrefixIndex", "Profile", "RandomPick", "RoundRobin", "ScoredWorker", "Scorer",
     "ServesClass", "ServesModel", "SessionAffinity", "SharingScopes", "StepParameters", "build_pipeline",
     "step_budget",
 ]

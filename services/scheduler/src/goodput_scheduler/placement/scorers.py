@@ -1,5 +1,6 @@
 """Scorers (higher is better; the profile weights each): ``least_loaded`` (leases held, engine queue, KV usage),
-``least_prefill`` (prompt prefill pending on the worker), ``prefix_affinity`` (the worker that recently served the
+``least_prefill`` (prompt prefill pending on the worker), ``predicted_finish`` (the worker where the request is
+predicted to finish first, from each worker's learned speed), ``prefix_affinity`` (the worker that recently served the
 longest matching prompt prefix of the same tenant, from block hashes in a bounded LRU), ``session_affinity`` (the
 worker that served the tenant's conversation).
 
@@ -32,12 +33,14 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from goodput_contracts.sharing import SharingGroups
+from goodput_contracts.speed import Prediction
 
 from goodput_scheduler.placement.filters import step_budget
-from goodput_scheduler.placement.plugins import CycleState, StepParameters
+from goodput_scheduler.placement.plugins import CycleState, PlacementRequest, StepParameters
 from goodput_scheduler.registry import Worker
 
-__all__ = ["LeastLoaded", "LeastPrefill", "PrefixAffinity", "PrefixIndex", "SessionAffinity", "SharingScopes"]
+__all__ = ["LeastLoaded", "LeastPrefill", "PredictedFinish", "PrefixAffinity", "PrefixIndex", "SessionAffinity",
+           "SharingScopes"]
 
 
 class SharingScopes(SharingGroups):
@@ -87,6 +90,47 @@ class LeastPrefill:
 
     def score(self, state: CycleState, workers: Sequence[Worker]) -> list[float]:
         return [-(w.low_prefill_tokens + w.p0_prefill_tokens) / step_budget(w, self.budget_tokens) for w in workers]
+
+
+class PredictedFinish:
+    """Speculative load balancing: the worker where the request is predicted to finish first scores highest
+    (``fastest / predicted``, 1 for the best). The prediction (:meth:`SpeedEstimate.predict`) uses each worker's own
+    learned speed (``Worker.speed``: prefill per token, time per output token as a line in the batch size), the
+    leases it holds and the prompt tokens still prefilling there, so a slower GPU, a worker with a long prompt ahead
+    or one whose batch slows every step loses requests to a faster one holding as many or more leases. Until a
+    worker has finished leases its speed is the prior, the same for all, and this scorer ranks by load alone.
+
+    >>> from goodput_contracts.speed import SpeedEstimate
+    >>> from goodput_scheduler.predict import WorkerSpeed
+    >>> from goodput_scheduler.registry import Worker
+    >>> from goodput_scheduler.placement import CycleState, PlacementRequest
+    >>> fast = SpeedEstimate(prefill_s_per_token=0.0001, tpot_base_s=0.012, tpot_per_seq_s=0.0003)
+    >>> workers = [Worker(worker_id=f"w{i}", address=f"w{i}", channel=None, healthy=True) for i in range(2)]
+    >>> workers[0].speed, workers[1].speed = WorkerSpeed(fast.scaled(3.0)), WorkerSpeed(fast)  # as if learned
+    >>> for _ in range(4): _ = workers[1].occupancy.hold(3, prompt_tokens=0)     # w1 is busier, but 3x faster
+    >>> [round(s, 2) for s in PredictedFinish().score(CycleState(PlacementRequest("r", "t", 3, "", 200, 100),
+    ...                                                           workers), workers)]
+    [0.37, 1.0]
+    """
+
+    name = "predicted_finish"
+
+    class Parameters(StepParameters):
+        default_output_tokens: int = Field(128, ge=1, description="Output tokens assumed for a request that sets "
+                                                                  "no max_tokens.")
+
+    def __init__(self, *, default_output_tokens: int = 128) -> None:
+        self.default_output_tokens = default_output_tokens
+
+    def predict(self, req: PlacementRequest, w: Worker) -> Prediction:
+        return w.speed.estimate().predict(
+            prompt_tokens=req.prompt_tokens, output_tokens=req.max_tokens or self.default_output_tokens,
+            batch=w.inflight, pending_prefill=w.p0_prefill_tokens + w.low_prefill_tokens)
+
+    def score(self, state: CycleState, workers: Sequence[Worker]) -> list[float]:
+        finish = [self.predict(state.request, w).total_s for w in workers]
+        best = min(finish, default=0.0)
+        return [best / f if f > 0 else 1.0 for f in finish]
 
 
 class PrefixIndex:
@@ -186,10 +230,11 @@ class PrefixAffinity:
                                               "(the workers' cache sharing groups); every other tenant's only for "
                                               "itself.")
 
-    def __init__(self, index: PrefixIndex, *, max_inflight: int = 64, balance_slack: float = 0.1,
+    def __init__(self, index: PrefixIndex, *, max_inflight: int = 0, balance_slack: float = 0.1,
                  scopes: SharingScopes | None = None) -> None:
         self.index = index
-        self.slack = max(balance_slack * max_inflight, 1.0)
+        self.max_inflight = max_inflight
+        self.balance_slack = balance_slack
         self.scopes = scopes or SharingScopes()
 
     def _match(self, state: CycleState) -> _PrefixMatch:
@@ -207,8 +252,11 @@ class PrefixAffinity:
         if not m.hashes:
             return [0.0] * len(workers)
         least = min((w.inflight for w in workers), default=0)
-        return [0.0 if w.inflight - least > self.slack else m.matches.get(w.worker_id, 0) / len(m.hashes)
+        return [0.0 if w.inflight - least > self._slack(w) else m.matches.get(w.worker_id, 0) / len(m.hashes)
                 for w in workers]
+
+    def _slack(self, w: Worker) -> float:
+        return max(self.balance_slack * w.lease_cap(self.max_inflight), 1.0)
 
     def observe(self, state: CycleState, worker: Worker) -> None:
         if state.request.prefix_hint:

@@ -116,7 +116,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("served_model_name", "model", "max_model_len", "max_prompt_tokens", "engine", "model_version", "max_num_batched_tokens", "tool_call_parser", "pool", "pool_classes", "aliases")
+    __slots__ = ("served_model_name", "model", "max_model_len", "max_prompt_tokens", "engine", "model_version", "max_num_batched_tokens", "tool_call_parser", "pool", "pool_classes", "aliases", "cost_per_hour")
     SERVED_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +128,7 @@ class ModelInfo(_message.Message):
     POOL_FIELD_NUMBER: _ClassVar[int]
     POOL_CLASSES_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
+    COST_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
     served_model_name: str
     model: str
     max_model_len: int
@@ -139,4 +140,5 @@ class ModelInfo(_message.Message):
     pool: str
     pool_classes: _containers.RepeatedScalarFieldContainer[_types_pb2.Priority]
     aliases: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, served_model_name: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., engine: _Optional[str] = ..., model_version: _Optional[str] = ..., max_num_batched_tokens: _Optional[int] = ..., tool_call_parser: _Optional[str] = ..., pool: _Optional[str] = ..., pool_classes: _Optional[_Iterable[_Union[_types_pb2.Priority, str]]] = ..., aliases: _Optional[_Iterable[str]] = ...) -> None: ...
+    cost_per_hour: float
+    def __init__(self, served_model_name: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., engine: _Optional[str] = ..., model_version: _Optional[str] = ..., max_num_batched_tokens: _Optional[int] = ..., tool_call_parser: _Optional[str] = ..., pool: _Optional[str] = ..., pool_classes: _Optional[_Iterable[_Union[_types_pb2.Priority, str]]] = ..., aliases: _Optional[_Iterable[str]] = ..., cost_per_hour: _Optional[float] = ...) -> None: ...

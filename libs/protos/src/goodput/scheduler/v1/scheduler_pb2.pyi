@@ -113,7 +113,7 @@ class ListWorkersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "address", "healthy", "load", "inflight", "model", "last_error", "consecutive_failures", "draining")
+    __slots__ = ("worker_id", "address", "healthy", "load", "inflight", "model", "last_error", "consecutive_failures", "draining", "speed", "lease_cap", "pending_prefill_tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,9 @@ class WorkerStatus(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    SPEED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_CAP_FIELD_NUMBER: _ClassVar[int]
+    PENDING_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     healthy: bool
@@ -132,7 +135,22 @@ class WorkerStatus(_message.Message):
     last_error: str
     consecutive_failures: int
     draining: bool
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., load: _Optional[_Union[_inference_pb2.WorkerLoad, _Mapping]] = ..., inflight: _Optional[int] = ..., model: _Optional[_Union[_inference_pb2.ModelInfo, _Mapping]] = ..., last_error: _Optional[str] = ..., consecutive_failures: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    speed: SpeedEstimate
+    lease_cap: int
+    pending_prefill_tokens: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., load: _Optional[_Union[_inference_pb2.WorkerLoad, _Mapping]] = ..., inflight: _Optional[int] = ..., model: _Optional[_Union[_inference_pb2.ModelInfo, _Mapping]] = ..., last_error: _Optional[str] = ..., consecutive_failures: _Optional[int] = ..., draining: _Optional[bool] = ..., speed: _Optional[_Union[SpeedEstimate, _Mapping]] = ..., lease_cap: _Optional[int] = ..., pending_prefill_tokens: _Optional[int] = ...) -> None: ...
+
+class SpeedEstimate(_message.Message):
+    __slots__ = ("prefill_s_per_token", "tpot_base_s", "tpot_per_seq_s", "samples")
+    PREFILL_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TPOT_BASE_S_FIELD_NUMBER: _ClassVar[int]
+    TPOT_PER_SEQ_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    prefill_s_per_token: float
+    tpot_base_s: float
+    tpot_per_seq_s: float
+    samples: int
+    def __init__(self, prefill_s_per_token: _Optional[float] = ..., tpot_base_s: _Optional[float] = ..., tpot_per_seq_s: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
     __slots__ = ("workers",)
