@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
 
 from goodput_core.breaker import BreakerSettings
 from goodput_core.settings import ServiceSettings, service_config
@@ -108,6 +111,11 @@ class GatewaySettings(ServiceSettings):
                                           'scheduler unavailable), JSON {"qwen-72b": "qwen-7b"}; opt-in per model '
                                           "here and per key (model_fallback in the keys file). The answer's `model` "
                                           "and X-Goodput-Degraded: model_fallback say so.")
+    auto_models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description='Models `model: "auto"` may choose from, comma-separated; empty = every '
+                                          "model served. Auto picks the cheapest pool predicted to meet the "
+                                          "request's class SLO (goodput_gateway.autoroute); list only models whose "
+                                          "answers are good enough for what is sent as auto.")
     worker_retry: bool = Field(True, description="Retry once on another worker when a worker fails before "
                                                  "the first token.")
     embedder_addr: str = Field("", description="Embedder gRPC address (embeddings, indexing); empty = off.")
@@ -148,3 +156,10 @@ class GatewaySettings(ServiceSettings):
     max_batch_requests: int = Field(10_000, ge=1, description="Most requests (lines) in one batch.")
     file_ttl_s: float = Field(30 * 86_400.0, gt=0, description="How long an uploaded or result file is kept.")
     job_retry_cap_s: float = Field(60.0, gt=0, description="Longest wait between a parked job's attempts.")
+
+    @field_validator("auto_models", mode="before")
+    @classmethod
+    def _split_models(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [m.strip() for m in value.split(",") if m.strip()]
+        return value

@@ -70,6 +70,14 @@ class GatewayMetrics:
         self.model_fallbacks = Counter("goodput_gateway_model_fallbacks_total", "Requests answered by the lighter "
                                        "model MODEL_FALLBACKS names, by the model asked for, the one that answered "
                                        "and why (saturated, down).", ["asked", "served", "reason"], registry=registry)
+        self.auto_choices = Counter("goodput_gateway_auto_choices_total", 'Requests for model "auto", by the model '
+                                    "and pool chosen and why (cheapest_meeting_slo, none_meets_slo).",
+                                    ["model", "pool", "reason"], registry=registry)
+        self.auto_prediction = Histogram("goodput_gateway_auto_prediction_ratio", 'Model "auto": actual / predicted '
+                                         "TTFT (from arrival) and TPOT of the answers it routed: the predictor's "
+                                         "error (1 = exact).", ["quantity"],
+                                         buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0),
+                                         registry=registry)
         self.worker_failures = Counter("goodput_gateway_worker_failures_total",
                                        "Worker calls lost (before or after the first token).", ["phase"],
                                        registry=registry)

@@ -20,7 +20,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -35,6 +35,7 @@ from goodput_core.errors import DeadlineExceeded, GoodputError, InvalidArgument,
 from goodput_core.sampling import logprobs_from_proto, sampling_to_proto
 
 from goodput_gateway.auth import Principal
+from goodput_gateway.autoroute import AutoChoice, QueueWaits, choose, pools_from
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta
 from goodput_gateway.requests import Cost, GenerationRequest
@@ -186,6 +187,8 @@ class Pipeline:
         self._channels: dict[str, aio.Channel] = {}
         self.metrics = metrics
         self._models: tuple[float, list[ModelEntry]] = (0.0, [])
+        self._workers: list[scheduler_pb2.WorkerStatus] = []  # the same ListWorkers answer, for model "auto"
+        self.queue_waits = QueueWaits()  # measured per (model, class): what model "auto" expects to wait
         self._models_refresh: asyncio.Task[list[ModelEntry]] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
@@ -245,8 +248,26 @@ class Pipeline:
                                        workers=(prev.workers if prev else 0) + 1, tool_call_parser=parser,
                                        aliases=aliases)
         models = sorted(by_name.values(), key=lambda m: m.id)
+        self._workers = list(resp.workers)
         self._models = (time.monotonic(), models)
         return models
+
+    async def route_auto(self, *, priority: int, prompt_tokens: int, output_tokens: int, ttft_slo_s: float,
+                         tpot_slo_s: float, models: Sequence[str] = ()) -> AutoChoice:
+        """``model: "auto"``: the cheapest pool predicted to meet the SLO (:mod:`goodput_gateway.autoroute`)."""
+        await self.models()  # the worker list comes with the models' (cached for models_cache_s)
+        pools = pools_from(self._workers, priority=priority, models=models)
+        if not pools:
+            raise Unavailable("model 'auto': no healthy worker serves a model it may choose"
+                              + (f" ({', '.join(models)})" if models else ""), retry_after_s=5.0)
+        choice = choose(pools, prompt_tokens=prompt_tokens, output_tokens=output_tokens, ttft_slo_s=ttft_slo_s,
+                        tpot_slo_s=tpot_slo_s, queue_wait=lambda model: self.queue_waits.get(model, priority))
+        if choice is None:
+            longest = max(p.max_model_len for p in pools)
+            raise InvalidArgument(f"model 'auto': the prompt (~{prompt_tokens} tokens) and max_tokens "
+                                  f"({output_tokens}) fit no model's context window (the largest: {longest})",
+                                  param="messages", code="context_length_exceeded")
+        return choice
 
     async def resolve_model(self, name: str) -> ModelEntry:
         models = await self.models()
@@ -326,6 +347,7 @@ class Pipeline:
             call.cancel()
             raise
         self.metrics.stage.labels("schedule").observe(time.monotonic() - started)
+        self.queue_waits.observe(model, req.priority, event.granted.queue_wait_s)
         return _Lease(call=call, worker_id=event.granted.worker_id, address=event.granted.address)
 
     async def _start_worker(self, principal: Principal, req: GenerationRequest, lease: _Lease, *, request_id: str,

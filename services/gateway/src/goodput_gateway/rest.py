@@ -216,6 +216,8 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
         degraded = opened.timeline.degraded if opened.timeline is not None else []
         if degraded:  # X-Goodput-Degraded: skip_rerank, fewer_chunks (the ladder's steps, in order)
             headers[DEGRADED_HEADER] = ", ".join(degraded)
+        if opened.timeline is not None and opened.timeline.route is not None:  # model "auto": what it chose
+            headers[ROUTE_HEADER] = opened.timeline.route.header()
         if opened.request.stream:
             return StreamingResponse(_stream_events(generation, route, span), media_type="text/event-stream",
                                      headers={**SSE_HEADERS, **headers})
@@ -310,6 +312,7 @@ def _choice(opened: Opened, index: int, text: str, finish: str, logprobs: Sequen
 
 SERVER_TIMING_HEADER = "Server-Timing"
 DEGRADED_HEADER = "X-Goodput-Degraded"
+ROUTE_HEADER = "X-Goodput-Route"
 DEADLINE_HEADERS = ("x-goodput-deadline-ms", "request-timeout-ms")
 MAX_DEADLINE_MS = 86_400_000
 

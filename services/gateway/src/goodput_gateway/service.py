@@ -40,6 +40,7 @@ from goodput_core.priority import priority_name
 from goodput_core.sampling import TokenLogprob
 
 from goodput_gateway.auth import ApiKeyStore, Principal
+from goodput_gateway.autoroute import AUTO_MODEL
 from goodput_gateway.caching import CacheStatus, GatewayCache, replay, sources_of
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.feedback import FeedbackStore
@@ -53,7 +54,7 @@ from goodput_gateway.pipeline import ModelEntry, Pipeline
 from goodput_gateway.profile import ClassProfile, Deadline
 from goodput_gateway.quotas import Admission, Quotas, RateLimited
 from goodput_gateway.rag import Retrieval, Source, augment
-from goodput_gateway.requests import GenerationRequest, resolve_cost, validate
+from goodput_gateway.requests import GenerationRequest, estimate_tokens, resolve_cost, validate
 from goodput_gateway.timing import Timeline, TimingMetrics
 from goodput_gateway.tools import apply_tools, auto
 
@@ -199,6 +200,12 @@ class GatewayService:
         m = self.timing_metrics
         stages = timeline.finish(m, cls, opened.priority, tracer=_tracer)
         met = timeline.met(cls)
+        ttft, route = timeline.ttft(), timeline.route
+        if route is not None and ttft is not None:  # the auto predictor's error, measured on what it routed
+            self.metrics.auto_prediction.labels("ttft").observe(ttft / max(route.prediction.ttft_s, 1e-6))
+            if timeline.completion_tokens > 1:
+                self.metrics.auto_prediction.labels("tpot").observe(timeline.tpot() / max(route.prediction.tpot_s,
+                                                                                           1e-6))
         prio, tenant = priority_name(opened.priority), m.tenant_label(opened.tenant)
         m.slo.labels(prio, tenant, opened.model, "met" if met else "missed").inc()
         if met:
@@ -274,6 +281,9 @@ class GatewayService:
         timeout = min(call.timeout_s or cls.deadline_s, self.settings.request_timeout_s)
         deadline = arrived + timeout
         validate(request, self.settings)
+        if request.model == AUTO_MODEL and not any(AUTO_MODEL == m.id or AUTO_MODEL in m.aliases
+                                                   for m in await self.pipeline.models()):
+            request = await self._route_auto(request, cls, timeline)
         try:
             model = await self.pipeline.resolve_model(request.model)
         except InvalidArgument as err:  # no healthy worker serves it: its lighter model, where configured and allowed
@@ -461,6 +471,18 @@ class GatewayService:
         if step == "fallback_model":
             return bool(self.settings.latency_profile.of(priority).fallback_model)
         return True
+
+    async def _route_auto(self, request: GenerationRequest, cls: ClassProfile,
+                          timeline: Timeline) -> GenerationRequest:
+        """``model: "auto"``: the request for the cheapest pool predicted to meet its class's SLO (from here on it
+        is a request for that model: cache, quotas, metering and the answer's ``model`` say which)."""
+        route = await self.pipeline.route_auto(
+            priority=request.priority, prompt_tokens=estimate_tokens(request.prompt_chars()),
+            output_tokens=request.sampling.max_tokens or self.settings.default_max_tokens,
+            ttft_slo_s=cls.slo.ttft_s, tpot_slo_s=cls.slo.tpot_s, models=self.settings.auto_models)
+        timeline.route = route
+        self.metrics.auto_choices.labels(route.model, route.pool, route.reason).inc()
+        return replace(request, model=route.model)
 
     def _fallback_for(self, principal: Principal, model: str) -> str | None:
         """The lighter model that may answer for ``model``: configured for it (MODEL_FALLBACKS) and allowed for the

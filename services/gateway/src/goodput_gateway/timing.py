@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -42,6 +42,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from goodput_core.metrics import LATENCY_BUCKETS
 
 from goodput_gateway.profile import STAGES, ClassProfile, LatencyProfile
+
+if TYPE_CHECKING:
+    from goodput_gateway.autoroute import AutoChoice
 
 __all__ = ["EngineTimes", "Timeline", "TimingMetrics"]
 
@@ -105,6 +108,7 @@ class Timeline:
     degraded: list[str] = field(default_factory=list)
     retrieval_legs: dict[str, float] = field(default_factory=dict)  # the retriever's legs (parallel), seconds
     retrieval_outcome: dict[str, str] = field(default_factory=dict)  # e.g. {"rerank": "skipped: deadline"}
+    route: AutoChoice | None = None  # what model "auto" chose and predicted
     _first: float | None = None
     _last: float | None = None
     _finished: bool = False
