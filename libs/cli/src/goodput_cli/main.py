@@ -21,6 +21,7 @@ from goodput_cli.chat import DEFAULT_GATEWAY_URL, DEV_MODEL, ChatError, resolve_
 from goodput_cli.keys import default_state_dir
 from goodput_cli.keys_cli import register as register_keys_commands
 from goodput_cli.knowledge import register as register_knowledge_commands
+from goodput_cli.pools import Pool, PoolsError, default_pools, load_pools
 from goodput_cli.sizing_cli import register as register_size_command
 from goodput_cli.status import collect, render
 from goodput_cli.supervisor import Platform, PlatformError
@@ -73,19 +74,53 @@ def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _served_model(platform: Platform) -> str:
-    """The model the gateway lists first (falls back to the dev model's name)."""
+def _served_models(platform: Platform) -> list[tuple[str, list[str]]]:
+    """The generation models the gateway lists, with their aliases (the dev model's name when it answers with
+    none); the embedding model, listed with its ``dimensions``, is left out."""
     import httpx
 
     try:
         reply = httpx.get(platform.gateway_http + "/v1/models", timeout=5,
                           headers={"Authorization": f"Bearer {platform.dev_key}"})
         data = reply.json().get("data") or []
-        if reply.status_code == 200 and data and data[0].get("id"):
-            return str(data[0]["id"])
-    except (httpx.HTTPError, ValueError, AttributeError):
+        models = [(str(m["id"]), [str(a) for a in m.get("aliases") or []]) for m in data
+                  if m.get("id") and "dimensions" not in m]
+        if reply.status_code == 200 and models:
+            return models
+    except (httpx.HTTPError, ValueError, AttributeError, KeyError, TypeError):
         pass
-    return os.environ.get("GOODPUT_INFERENCE_SERVED_MODEL_NAME") or DEV_MODEL
+    return [(os.environ.get("GOODPUT_INFERENCE_SERVED_MODEL_NAME") or DEV_MODEL, [])]
+
+
+def choose_pools(workers: int | None, pools_file: Path | None) -> tuple[list[Pool], list[str]]:
+    """The pools `goodput up` runs (and notes on what their file asks that runs only in a cluster): the file's, else
+    the default two when ``--workers`` is not given either; none (``workers`` identical workers) with ``--workers``.
+
+    >>> [p.name for p in choose_pools(None, None)[0]], choose_pools(3, None)
+    (['interactive', 'batch'], ([], []))
+    """
+    if workers is not None and pools_file is not None:
+        raise PoolsError("--workers and --pools both say which workers run: give one (--workers N is N workers of "
+                         "one pool serving every class)")
+    if pools_file is not None:
+        return load_pools(pools_file)
+    return ([], []) if workers is not None else (default_pools(), [])
+
+
+def served_summary(pools: list[Pool], models: list[tuple[str, list[str]]]) -> str:
+    """What `goodput up` says it serves: each pool (workers, model, classes, batch limits), then each model clients
+    may name, with its aliases.
+
+    >>> print(served_summary(default_pools(), [("smollm2-135m-instruct", [])]))
+    Pools:
+      interactive: 1 worker of smollm2-135m-instruct, classes P0,P1, max_num_seqs 8, max_num_batched_tokens 2048
+      batch: 1 worker of smollm2-135m-instruct, classes P2, max_num_seqs 32, max_num_batched_tokens 4096
+    Models (pass one as `model`): smollm2-135m-instruct
+    """
+    lines = ["Pools:", *(f"  {p.describe(DEV_MODEL)}" for p in pools if p.replicas)] if pools else []
+    named = [f"{name} (aliases: {', '.join(aliases)})" if aliases else name for name, aliases in models]
+    lines.append(f"Models (pass one as `model`): {'; '.join(named)}")
+    return "\n".join(lines)
 
 
 def usage_examples(*, base_url: str, key: str, model: str) -> str:
@@ -128,8 +163,16 @@ Or: goodput chat "{EXAMPLE_QUESTION}"
 
 @app.command()
 def up(
-    workers: Annotated[int, typer.Option("--workers", "-w", min=1,
-                                         help="Inference workers (one vLLM engine each).")] = 1,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", "-w", min=1, show_default=False,
+        help="N identical inference workers (one vLLM engine each) of one pool serving every class, instead of "
+             "the pools.")] = None,
+    pools_file: Annotated[Path | None, typer.Option(
+        "--pools", envvar="GOODPUT_POOLS", show_default=False, exists=True, dir_okay=False,
+        help="Model pools, YAML or JSON, in the shape of the chart's `inference` block (pools: name, classes, "
+             "model, aliases, engine, maxNumSeqs, maxNumBatchedTokens, replicas...; docs/examples/pools-two-models"
+             ".yaml). Default: two pools of the dev model, `interactive` (P0/P1, small batches) and `batch` (P2, "
+             "larger ones), one worker each.")] = None,
     gateways: Annotated[int, typer.Option("--gateways", min=1,
                                           help="Gateway replicas (the n-th on the first's ports + 20n); they share "
                                                "the scheduler, the keys file and the quota counters.")] = 1,
@@ -160,11 +203,17 @@ def up(
     """
     console = Console()
     workdir = (state_dir or default_state_dir()).resolve()
+    try:
+        pools, notes = choose_pools(workers, pools_file)
+    except PoolsError as err:
+        raise _fail(str(err)) from None
     extra_env = cross_encoder_env(models_dir, dict(os.environ), use={u.strip() for u in use_models.split(",")})
     platform = Platform(workdir=workdir, workers=workers, port_offset=port_offset, redis_db=redis_db,
-                        insecure_internal=insecure_internal, gateways=gateways, env=extra_env)
+                        insecure_internal=insecure_internal, gateways=gateways, env=extra_env, pools=pools)
     for name, value in extra_env.items():
         console.print(f"{name}={value}", style="dim", highlight=False)
+    for note in notes:
+        console.print(f"note: {note}", style="dim", highlight=False)
     if insecure_internal:
         console.print("warning: internal gRPC runs in PLAINTEXT (--insecure-internal): services do not authenticate "
                       "or authorize each other", style="yellow", highlight=False)
@@ -173,15 +222,19 @@ def up(
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     ready, error = False, ""
     try:
-        console.print(f"starting Goodput: {workers} worker(s), logs in {platform.logs_dir}", highlight=False)
+        layout = (f"{len([p for p in pools if p.replicas])} pool(s) ("
+                  + ", ".join(f"{p.name} x{p.replicas}" for p in pools if p.replicas) + "), " if pools else "")
+        console.print(f"starting Goodput: {layout}{platform.workers} worker(s), logs in {platform.logs_dir}",
+                      highlight=False)
         platform.start(timeout_s=timeout, console=console)
         ready = True
         more = "".join(f"; replica {i}: REST {platform.gateway_http_at(i)}, gRPC {platform.gateway_grpc_at(i)}"
                        for i in range(1, gateways))
         print(f"\nGoodput is up: REST {platform.gateway_http}, gRPC {platform.gateway_grpc}{more}. "
               f"Dev API key: {platform.dev_key} (also in {workdir / 'dev-key'})\n")
-        print(usage_examples(base_url=platform.gateway_http, key=str(platform.dev_key),
-                             model=_served_model(platform)))
+        models = _served_models(platform)
+        print(served_summary(pools, models) + "\n")
+        print(usage_examples(base_url=platform.gateway_http, key=str(platform.dev_key), model=models[0][0]))
         print("Press Ctrl-C to stop.", flush=True)
         # For scripts and tools: where the running platform answers (removed again on stop).
         (workdir / UP_FILE).write_text(json.dumps({"pid": os.getpid(), "gateway_http": platform.gateway_http,

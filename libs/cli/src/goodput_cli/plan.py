@@ -15,6 +15,15 @@ Example:
     ...                 redis_url="redis://127.0.0.1:6379/0")
     >>> [s.name for s in plan(wiring)][:3]
     ['worker-0', 'worker-1', 'scheduler']
+
+Model pools (:mod:`goodput_cli.pools`): with ``pools``, the workers are the pools' replicas in order (a pool's workers
+are consecutive: ``worker-0`` is the first pool's first), and each gets its pool's settings on top of every worker's:
+
+    >>> from goodput_cli.pools import default_pools
+    >>> pooled = Wiring(workdir=Path(".goodput"), workers=2, port_offset=0, python="python3",
+    ...                 redis_url="redis://127.0.0.1:6379/0", pools=tuple(default_pools()))
+    >>> [(s.name, s.env["GOODPUT_INFERENCE_POOL"], s.env["GOODPUT_INFERENCE_POOL_CLASSES"]) for s in plan(pooled)[:2]]
+    [('worker-0', 'interactive', 'P0,P1'), ('worker-1', 'batch', 'P2')]
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 from goodput_contracts import DEFAULT_CHANNEL, SERVICES
 from goodput_core.tls import tls_files
 
+from goodput_cli.pools import Pool, worker_pools
 from goodput_cli.procs import ServiceSpec, cpu_bindings
 
 __all__ = ["HOST", "Wiring", "grpc_addr", "http_port", "plan", "redis_db_url", "version_channel"]
@@ -106,6 +116,19 @@ class Wiring:
     inherited: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     # The development CA's folder (goodput_core.tls.ensure_dev_pki); None = plaintext internal gRPC.
     tls_dir: Path | None = None
+    # Model pools (goodput_cli.pools): their replicas add up to ``workers``; empty = ``workers`` identical workers of
+    # the worker's own default pool (every class).
+    pools: tuple[Pool, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.pools and sum(p.replicas for p in self.pools) != self.workers:
+            raise ValueError(f"the pools have {sum(p.replicas for p in self.pools)} workers, not {self.workers}")
+
+    def worker_pool(self, i: int) -> Pool | None:
+        """The pool of worker ``i`` (None without pools)."""
+        if not self.pools:
+            return None
+        return worker_pools(self.pools)[i]
 
     def log_path(self, name: str) -> Path:
         return self.workdir / "logs" / f"{name}.log"
@@ -179,14 +202,17 @@ def plan(w: Wiring) -> list[ServiceSpec]:
         svc = SERVICES[key]
         if key == "inference":
             for i in range(w.workers):
-                env = {**_service_env(key, w, running, i), svc.env("WORKER_ID"): f"worker-{i}"}
-                if svc.env("ENFORCE_EAGER") not in w.inherited:
+                pool = w.worker_pool(i)
+                own = pool.worker_env() if pool else {}  # the pool's settings win over inherited ones
+                env = {**own, **_service_env(key, w, running, i), svc.env("WORKER_ID"): f"worker-{i}"}
+                explicit = {**w.inherited, **own}
+                if svc.env("ENFORCE_EAGER") not in explicit:
                     # On CPU, vLLM's graph compilation makes engine start ~4x slower (about 145 s instead of 35 s
                     # on 2 cores) for a modest decode speed-up: a local platform starts eager unless told otherwise.
                     env[svc.env("ENFORCE_EAGER")] = "true"
-                if svc.env("KV_CACHE_SPACE_GB") not in w.inherited:
+                if svc.env("KV_CACHE_SPACE_GB") not in explicit:
                     env[svc.env("KV_CACHE_SPACE_GB")] = DEFAULT_KV_CACHE_SPACE_GB
-                if bindings[i] is not None and "VLLM_CPU_OMP_THREADS_BIND" not in w.inherited:
+                if bindings[i] is not None and "VLLM_CPU_OMP_THREADS_BIND" not in explicit:
                     env["VLLM_CPU_OMP_THREADS_BIND"] = str(bindings[i])
                 specs.append(_spec(f"worker-{i}", [w.python, "-m", svc.package], env,
                                    grpc_addr(key, w.port_offset, i), w))

@@ -28,6 +28,9 @@ Example::
     platform.kill_worker(1)               # SIGKILL, like a crashed pod
     platform.stop()
 
+Model pools (:mod:`goodput_cli.pools`) replace ``workers``: ``Platform(workdir=..., pools=default_pools())`` runs each
+pool's replicas, numbered in pool order (``pool_workers("batch")`` says which).
+
 It is also a context manager (``with Platform(workdir=...) as p:`` starts and stops). Children never outlive the
 supervisor: ``stop`` runs from ``finally``/``atexit``, and on Linux a child started from the main thread also gets
 SIGTERM from the kernel when the supervisor dies without cleaning up.
@@ -44,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -58,6 +62,7 @@ from goodput_core.tls import TlsFiles, ensure_dev_pki, tls_files
 from goodput_cli import procs
 from goodput_cli.keys import read_dev_key, write_dev_keys, write_keys_file
 from goodput_cli.plan import HOST, Wiring, grpc_addr, http_port, plan, redis_db_url
+from goodput_cli.pools import Pool, worker_pools
 from goodput_cli.procs import PlatformError, Proc, ServiceSpec, check_health, cpu_bindings, log_tail, signal_group
 from goodput_cli.progress import Progress
 
@@ -80,12 +85,20 @@ class Platform:
     document: defaults, tenants, keys); None creates a development key (``dev_key``, also in ``workdir/dev-key``)
     for tenant ``dev`` with P0 allowed.
     ``insecure_internal`` runs internal gRPC in plaintext (every service warns at start); the default is mTLS.
+    ``pools``: model pools whose replicas are the workers (``workers``, when given too, must be their sum); without,
+    ``workers`` (default 1) identical workers of one pool serving every class.
     """
 
-    def __init__(self, *, workdir: Path, workers: int = 1, port_offset: int = 0, env: dict[str, str] | None = None,
-                 api_keys: list[dict[str, Any]] | dict[str, Any] | None = None, python: str | None = None,
-                 knowledge: bool | None = None, cache: bool | None = None, jobs: bool | None = None,
-                 redis_db: int | None = None, insecure_internal: bool = False, gateways: int = 1) -> None:
+    def __init__(self, *, workdir: Path, workers: int | None = None, port_offset: int = 0,
+                 env: dict[str, str] | None = None, api_keys: list[dict[str, Any]] | dict[str, Any] | None = None,
+                 python: str | None = None, knowledge: bool | None = None, cache: bool | None = None,
+                 jobs: bool | None = None, redis_db: int | None = None, insecure_internal: bool = False,
+                 gateways: int = 1, pools: Sequence[Pool] | None = None) -> None:
+        self.pools = tuple(pools or ())
+        replicas = sum(p.replicas for p in self.pools)
+        if self.pools and workers is not None and workers != replicas:
+            raise ValueError(f"workers={workers}, but the pools have {replicas} workers")
+        workers = replicas if self.pools else (1 if workers is None else workers)
         if workers < 1 or gateways < 1:
             raise ValueError("workers and gateways must be at least 1")
         self.gateways = gateways
@@ -161,6 +174,18 @@ class Platform:
         self._check_worker(i)
         return f"http://{HOST}:{http_port('inference', self.port_offset, i)}"
 
+    def pool_workers(self, pool: str) -> list[int]:
+        """The numbers of ``pool``'s workers (for worker_grpc, kill_worker...).
+
+        >>> from goodput_cli.pools import Pool, worker_pools
+        >>> Platform(workdir=Path("."), pools=[Pool(name="a", replicas=2), Pool(name="b")]).pool_workers("b")
+        [2]
+        """
+        numbers = [i for i, p in enumerate(worker_pools(self.pools)) if p.name == pool]
+        if not numbers:
+            raise KeyError(f"no pool {pool!r} with workers (pools: {', '.join(p.name for p in self.pools) or 'none'})")
+        return numbers
+
     def endpoints(self) -> dict[str, str]:
         """Where each service of this platform answers: gRPC addresses, and the metrics URL of the Celery workers
         (which serve no gRPC). What `goodput status` checks; written to ``up.json`` by `goodput up`."""
@@ -224,7 +249,7 @@ class Platform:
         return plan(Wiring(workdir=self.workdir, workers=self.workers, port_offset=self.port_offset,
                            python=self.python, redis_url=self.redis_url, knowledge=self.knowledge, cache=self.cache,
                            jobs=self.jobs, gateways=self.gateways, inherited={**os.environ, **self.env},
-                           tls_dir=self.tls_dir))
+                           tls_dir=self.tls_dir, pools=self.pools))
 
     def child_env(self, spec: ServiceSpec) -> dict[str, str]:
         """The full environment of a child: the supervisor's, then ``env``, then the spec's wiring."""
