@@ -170,3 +170,23 @@ def test_without_pools_the_single_inference_deployment_renders(chart: Any) -> No
 def test_bad_pools_are_refused(chart: Any, pools: str, error: str) -> None:
     proc = _helm_template(chart, "--set-json", f"inference.pools={pools}")
     assert proc.returncode != 0 and error in proc.stderr, proc.stderr
+
+
+def test_each_pool_reports_its_price_and_the_gateway_gets_its_routing_settings(chart: Any) -> None:
+    """costPerHour reaches the pool's workers (what model "auto" weighs), each worker's lease cap is its own
+    maxNumSeqs (maxInflightPerWorker 0), and the gateway gets MODEL_FALLBACKS and AUTO_MODELS."""
+    docs = chart.docs()
+    configs = _inference(docs, "ConfigMap")
+    assert {pool: c["data"]["GOODPUT_INFERENCE_POOL_COST_PER_HOUR"] for pool, c in configs.items()} == \
+        {"interactive": "1", "batch": "1"}
+    maps = _named(docs, "ConfigMap")
+    assert maps["goodput-scheduler"]["data"]["GOODPUT_SCHEDULER_MAX_INFLIGHT_PER_WORKER"] == "0"
+    gateway = maps["goodput-gateway"]["data"]
+    assert (gateway["GOODPUT_GATEWAY_MODEL_FALLBACKS"], gateway.get("GOODPUT_GATEWAY_AUTO_MODELS", "")) == ("{}", "")
+    docs = chart.docs(set_json=('gateway.config.modelFallbacks={"big": "small"}',
+                                'gateway.config.autoModels=["small", "big"]',
+                                'inference.pools=[{"name": "big", "costPerHour": 4.5}]'))
+    gateway = _named(docs, "ConfigMap")["goodput-gateway"]["data"]
+    assert gateway["GOODPUT_GATEWAY_MODEL_FALLBACKS"] == '{"big":"small"}'
+    assert gateway["GOODPUT_GATEWAY_AUTO_MODELS"] == "small,big"
+    assert _inference(docs, "ConfigMap")["big"]["data"]["GOODPUT_INFERENCE_POOL_COST_PER_HOUR"] == "4.5"

@@ -181,7 +181,8 @@ pool itself under `pool` (name, classes, engine, aliases). dict "root" "pool" */
 {{- $p := .pool }}
 {{- $v := deepCopy .root.Values.inference }}
 {{- $_ := unset $v "pools" }}
-{{- $over := omit $p "name" "classes" "engine" "aliases" "gpu" "tensorParallelSize" "maxNumSeqs" "maxNumBatchedTokens" }}
+{{- $over := omit $p "name" "classes" "engine" "aliases" "gpu" "tensorParallelSize" "maxNumSeqs" "maxNumBatchedTokens"
+  "costPerHour" }}
 {{- include "goodput.deepMerge" (dict "dst" $v "src" $over) }}
 {{- range $key := list "tensorParallelSize" "maxNumSeqs" "maxNumBatchedTokens" }}
 {{- if hasKey $p $key }}{{ $_ := set $v.vllm $key (index $p $key) }}{{ end }}
@@ -193,7 +194,7 @@ pool itself under `pool` (name, classes, engine, aliases). dict "root" "pool" */
 {{- $_ := set $v "nodeSelector" (merge (dict "nvidia.com/gpu.product" .) ($v.nodeSelector | default dict)) }}
 {{- end }}
 {{- $_ := set $v "pool" (dict "name" $p.name "classes" ($p.classes | default list) "engine" ($p.engine | default "")
-  "aliases" ($p.aliases | default list)) }}
+  "aliases" ($p.aliases | default list) "costPerHour" ($p.costPerHour | default 0)) }}
 {{- toYaml $v }}
 {{- end }}
 
@@ -327,6 +328,8 @@ the kubelet probes the pod IP. */}}
 {{ $p }}JOBS_QUEUE: {{ $v.config.jobsQueue | quote }}
 {{ $p }}JOBS_PREFIX: {{ $v.config.jobsPrefix | quote }}
 {{ $p }}PARK_SHED_P2: {{ ternary "true" "false" $v.config.parkShedP2 | quote }}
+{{ $p }}MODEL_FALLBACKS: {{ toJson ($v.config.modelFallbacks | default dict) | quote }}
+{{ $p }}AUTO_MODELS: {{ join "," ($v.config.autoModels | default list) | quote }}
 {{- with include "goodput.apiKeysFile" . }}
 {{ $p }}API_KEYS_FILE: {{ . | quote }}
 {{ $p }}API_KEYS_RELOAD_S: {{ include "goodput.num" $.root.Values.apiKeys.reloadSeconds | quote }}
@@ -461,6 +464,7 @@ VLLM_CPU_KVCACHE_SPACE: {{ include "goodput.num" $l.kvCacheSpaceGb | quote }}
 {{ $p }}POOL_CLASSES: {{ join "," .classes | quote }}
 {{ $p }}ENGINE: {{ .engine | quote }}
 {{ $p }}SERVED_MODEL_ALIASES: {{ join "," .aliases | quote }}
+{{ $p }}POOL_COST_PER_HOUR: {{ include "goodput.num" .costPerHour | quote }}
 {{- end }}
 {{ $p }}DATA_DIR: "/data"
 HF_HOME: "/cache/huggingface"
