@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
 DEFAULT_POOLS = {"interactive": ("P0,P1", "16", "2048"), "batch": ("P2", "128", "8192")}
 THREE_POOLS = {"interactive": 1, "batch": 1, "qwen-72b": 2}  # pool -> tensor-parallel size
@@ -190,3 +191,24 @@ def test_each_pool_reports_its_price_and_the_gateway_gets_its_routing_settings(c
     assert gateway["GOODPUT_GATEWAY_MODEL_FALLBACKS"] == '{"big":"small"}'
     assert gateway["GOODPUT_GATEWAY_AUTO_MODELS"] == "small,big"
     assert _inference(docs, "ConfigMap")["big"]["data"]["GOODPUT_INFERENCE_POOL_COST_PER_HOUR"] == "4.5"
+
+
+def test_the_sizing_calculators_values_snippet_renders_as_a_pool(chart: Any, tmp_path: Any) -> None:
+    """`goodput size`'s values snippet is a valid pool: the schema takes it and the pool gets its GPUs and price."""
+    from goodput_cli.gpus import GPUS
+    from goodput_cli.sizing import SHAPES, pool_values, size
+
+    plan = size(SHAPES["72B"], context=8192, concurrency=16, quantization="int8", gpus=[GPUS["A100-80"]])
+    assert plan.recommended is not None and plan.recommended.count == 2
+    values = tmp_path / "sized.yaml"
+    values.write_text("inference:\n  " + pool_values(plan, plan.recommended, name="qwen-72b",
+                                                      model="/models/Qwen2.5-72B").replace("\n", "\n  "))
+    proc = chart.run([chart.helm, "template", "goodput", str(chart.path), "--namespace", "goodput",
+                      "-f", str(values)])
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    (container,) = _inference(docs, "Deployment")["qwen-72b"]["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    env = _inference(docs, "ConfigMap")["qwen-72b"]["data"]
+    assert float(env["GOODPUT_INFERENCE_POOL_COST_PER_HOUR"]) == plan.recommended.cost_per_hour > 0
+    assert env["GOODPUT_INFERENCE_TENSOR_PARALLEL_SIZE"] == "2"

@@ -260,9 +260,10 @@ def test_the_values_snippet_is_a_pool_the_chart_can_take():
                     "A100-80", "--name", "qwen-72b", "--classes", "P0,P1")
     pool = yaml.safe_load(plan["values"])["pools"][0]
 
-    assert pool == {"name": "qwen-72b", "model": "CHANGE-ME", "engine": "vllm", "gpu": {"type": "A100-80", "count": 2},
-                    "tensorParallelSize": 2, "maxNumSeqs": plan["recommended"]["max_num_seqs"],
-                    "maxNumBatchedTokens": 2048, "classes": ["P0", "P1"]}
+    assert pool == {"name": "qwen-72b", "model": {"path": "CHANGE-ME"}, "engine": "vllm",
+                    "gpu": {"type": "A100-80", "count": 2}, "tensorParallelSize": 2,
+                    "maxNumSeqs": plan["recommended"]["max_num_seqs"], "maxNumBatchedTokens": 2048,
+                    "costPerHour": plan["recommended"]["cost_per_hour"], "classes": ["P0", "P1"]}
 
 
 def test_the_table_names_every_gpu_and_the_recommendation():

@@ -537,7 +537,8 @@ def pool_values(plan: Sizing, option: GpuOption, *, name: str | None = None, mod
     >>> print(pool_values(plan, plan.recommended, model="/models/Qwen2.5-7B-Instruct").split("pools:")[1])
     <BLANKLINE>
       - name: qwen2-5-7b-a10
-        model: /models/Qwen2.5-7B-Instruct
+        model:
+          path: /models/Qwen2.5-7B-Instruct
         engine: vllm
         gpu:
           type: A10
@@ -545,6 +546,7 @@ def pool_values(plan: Sizing, option: GpuOption, *, name: str | None = None, mod
         tensorParallelSize: 1
         maxNumSeqs: 11
         maxNumBatchedTokens: 2048
+        costPerHour: 1
         classes: [P0, P1, P2]
     <BLANKLINE>
     """
@@ -559,7 +561,8 @@ def pool_values(plan: Sizing, option: GpuOption, *, name: str | None = None, mod
         f"kvCacheDtype {plan.kv_cache_dtype}; nodeSelector nvidia.com/gpu.product: {option.product}.\n"
         "pools:\n"
         f"  - name: {_yaml_scalar(pool)}\n"
-        f"    model: {_yaml_scalar(model_ref)}\n"
+        "    model:\n"
+        f"      path: {_yaml_scalar(model_ref)}\n"
         f"    engine: {engine}\n"
         "    gpu:\n"
         f"      type: {option.gpu}\n"
@@ -567,5 +570,6 @@ def pool_values(plan: Sizing, option: GpuOption, *, name: str | None = None, mod
         f"    tensorParallelSize: {option.count}\n"
         f"    maxNumSeqs: {option.max_num_seqs}\n"
         f"    maxNumBatchedTokens: {option.max_num_batched_tokens}\n"
+        f"    costPerHour: {option.cost_per_hour:g}\n"
         f"    classes: [{', '.join(classes)}]\n"
     )
