@@ -137,6 +137,21 @@ def test_a_chart_values_file_runs_here_with_what_the_pools_inherit(tmp_path: Pat
     assert any("'chat' is not declared by pool batch" in n for n in notes)
 
 
+def test_every_key_the_chart_accepts_is_run_here_or_ignored_here() -> None:
+    """The chart's schema and the local parser agree on the keys (a key added to the chart is refused here until
+    this parser knows what to do with it)."""
+    from goodput_cli import pools as p
+
+    inference = json.loads((CHART / "values.schema.json").read_text())["properties"]["inference"]["properties"]
+    assert set(inference["pools"]["items"]["properties"]) == {*p.POOL_KEYS, *p.KUBERNETES_ONLY}
+    assert set(inference) == {"pools", "model", "vllm", "env", "replicas", *p.KUBERNETES_ONLY,
+                              *p.KUBERNETES_ONLY_BLOCK}
+    assert set(inference["vllm"]["properties"]) == set(p.VLLM_SETTINGS)
+    assert set(inference["model"]["properties"]) == {*p.MODEL_KEYS, *p.MODEL_KUBERNETES_ONLY}
+    (pool,), _ = parse_pools({"pools": [{"name": "a", "costPerHour": 2.5}]})
+    assert pool.worker_env()["GOODPUT_INFERENCE_POOL_COST_PER_HOUR"] == "2.5"
+
+
 def test_json_files_and_the_inference_block_at_the_top(tmp_path: Path) -> None:
     path = tmp_path / "pools.json"
     path.write_text(json.dumps({"inference": {"model": {"servedModelName": "m"},

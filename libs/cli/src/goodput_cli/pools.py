@@ -53,11 +53,12 @@ VLLM_SETTINGS = {
 SHORTHANDS = ("tensorParallelSize", "maxNumSeqs", "maxNumBatchedTokens")
 # Keys that only shape Kubernetes objects: accepted (a values file runs here unchanged) and ignored.
 KUBERNETES_ONLY = ("gpu", "image", "resources", "autoscaling", "pdb", "probes", "extraEnv", "nodeSelector",
-                   "tolerations", "affinity", "topologySpreadConstraints", "podLabels", "podAnnotations",
-                   "priorityClassName")
+                   "tolerations", "affinity", "podLabels", "podAnnotations", "priorityClassName")
 # ... and those the inference block has besides (its pools have none of them).
 KUBERNETES_ONLY_BLOCK = ("enabled", "service", "drainGraceSeconds", "preStopSleepSeconds",
-                         "terminationGracePeriodSeconds", "shmSizeLimit", "dataSizeLimit")
+                         "terminationGracePeriodSeconds", "shmSizeLimit", "dataSizeLimit", "topologySpreadConstraints")
+# What a pool says that runs here too.
+POOL_KEYS = ("name", "classes", "engine", "aliases", "replicas", "model", "vllm", "env", "costPerHour", *SHORTHANDS)
 MODEL_KEYS = ("path", "servedModelName")
 MODEL_KUBERNETES_ONLY = ("source", "pvc")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label, as the chart's schema says
@@ -67,8 +68,9 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The default of `goodput up`: two pools of the dev model, as the chart's default values have two pools of one model.
 # On a few CPU cores each pool is one worker: each is its own vLLM engine (about 3.3 GB of memory with its 1 GB KV
 # cache, worker and engine process together) and the two share the cores (VLLM_CPU_OMP_THREADS_BIND gives each its
-# own). Measured on 2 cores: `goodput up` serves after ~50 s with these two, ~36-58 s with `--workers 1`. The
-# interactive pool keeps its batches small, the batch pool takes more sequences and tokens a step.
+# own). Measured on 2 cores: `goodput up` serves after 39-57 s with these two, ~35 s with `--workers 1`, and one chat
+# alone streams as fast on either (~16 tokens/s). The interactive pool keeps its batches small, the batch pool takes
+# more sequences and tokens a step.
 DEFAULT_POOLS_YAML = """\
 pools:
   # P0 chat and P1 near-real-time: small batches keep the time to first token and per-token latency low.
@@ -247,8 +249,7 @@ def parse_pools(doc: Any, source: str = "pools") -> tuple[list[Pool], list[str]]
         where = f"pool {name}"
         if any(p.name == name for p in pools):
             raise PoolsError(f"{source}: the pool name {name!r} is used twice")
-        _check_keys(entry, ("name", "classes", "engine", "aliases", "replicas", "model", "vllm", "env", *SHORTHANDS),
-                    KUBERNETES_ONLY, where, notes)
+        _check_keys(entry, POOL_KEYS, KUBERNETES_ONLY, where, notes)
         classes = _strings(entry.get("classes"), f"{where}: classes", re.compile(r"^P[012]$"), "priority class")
         engine = entry.get("engine") or ""
         if engine not in ENGINES:
@@ -256,6 +257,11 @@ def parse_pools(doc: Any, source: str = "pools") -> tuple[list[Pool], list[str]]
         model = {**base_model, **_model(entry.get("model"), f"{where}: model", notes)}
         settings = {**base_settings, **_vllm(_mapping(entry.get("vllm"), f"{where}: vllm"), f"{where}: vllm")}
         settings.update(_vllm({k: entry[k] for k in SHORTHANDS if k in entry}, where))
+        if "costPerHour" in entry:  # what model "auto" weighs (POOL_COST_PER_HOUR)
+            cost = entry["costPerHour"]
+            if isinstance(cost, bool) or not isinstance(cost, int | float) or cost < 0:
+                raise PoolsError(f"{where}: costPerHour must be a number of at least 0, not {cost!r}")
+            settings["POOL_COST_PER_HOUR"] = _text(cost)
         pools.append(Pool(
             name=name, classes=tuple(c for c in POOL_CLASSES if c in classes),
             replicas=_int(entry.get("replicas", base_replicas), f"{where}: replicas", 0), engine=str(engine),
