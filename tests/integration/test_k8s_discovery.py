@@ -10,10 +10,7 @@ simulated engine, so no model loads) each run as their own process on localhost,
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,63 +21,30 @@ from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from goodput_testing import KubeApiStandIn, async_wait_until, endpoint_slice, free_port
+from goodput_testing import KubeApiStandIn, ServiceProcess, async_wait_until, endpoint_slice, free_port, sim_worker_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NAMESPACE, SERVICE = "goodput", "goodput-inference"
 
 
-class Process:
-    def __init__(self, module: str, env: dict[str, str], log: Path) -> None:
-        self.log = log
-        with log.open("w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", module], env={**os.environ, **env}, stdout=out,
-                                         stderr=subprocess.STDOUT)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@pytest.fixture
-async def processes(tmp_path: Path) -> AsyncIterator[Callable[..., Process]]:
-    started: list[Process] = []
-
-    def start(module: str, name: str, **env: str) -> Process:
-        p = Process(module, env, tmp_path / f"{name}.log")
-        started.append(p)
-        return p
-
-    yield start
-    for p in reversed(started):
-        p.stop()
-
-
-def sim_worker(start: Callable[..., Process], i: int) -> tuple[int, Process]:
+def sim_worker(start: Callable[..., ServiceProcess], i: int) -> tuple[int, ServiceProcess]:
     port = free_port()
-    return port, start("goodput_inference", f"worker{i}", GOODPUT_INFERENCE_ENGINE="sim",
-                       GOODPUT_INFERENCE_GRPC_PORT=str(port), GOODPUT_INFERENCE_HTTP_PORT=str(free_port()),
-                       GOODPUT_INFERENCE_INSECURE_INTERNAL="true",
-                       GOODPUT_INFERENCE_SIM_CONFIG='{"time_scale": 0.2}')
+    return port, start("goodput_inference", f"worker{i}", **sim_worker_env(port))
 
 
 def pod(port: int, **conditions: bool) -> dict[str, Any]:
     return endpoint_slice(NAMESPACE, SERVICE, name=f"{SERVICE}-{port}", address="127.0.0.1", port=port, **conditions)
 
 
-async def test_the_endpointslice_watch_adds_drains_and_removes_workers(processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_the_endpointslice_watch_adds_drains_and_removes_workers(service_processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     api = KubeApiStandIn()
     await api.start()
-    (p0, _), (p1, _) = sim_worker(processes, 0), sim_worker(processes, 1)
+    (p0, _), (p1, _) = sim_worker(service_processes, 0), sim_worker(service_processes, 1)
     a, b = f"127.0.0.1:{p0}", f"127.0.0.1:{p1}"
     api.apply(pod(p0))
     grpc_port, http_port = free_port(), free_port()
-    scheduler = processes("goodput_scheduler", "scheduler",
+    scheduler = service_processes("goodput_scheduler", "scheduler",
                           GOODPUT_SCHEDULER_WORKERS=f"k8s:///{NAMESPACE}/{SERVICE}:grpc",
                           GOODPUT_SCHEDULER_KUBE_API_URL=api.url, GOODPUT_SCHEDULER_INSECURE_INTERNAL="true",
                           GOODPUT_SCHEDULER_GRPC_PORT=str(grpc_port), GOODPUT_SCHEDULER_HTTP_PORT=str(http_port),

@@ -145,9 +145,19 @@ def from_rpc_error(err: grpc.RpcError) -> GoodputError:
             retry_after = float(md[RETRY_AFTER_KEY])
         except (TypeError, ValueError):
             retry_after = None
-    cls = _BY_CODE.get(code, Internal)
-    return cls(details, retry_after_s=retry_after, code=_text(md.get(ERROR_CODE_KEY)),
-               param=_text(md.get(ERROR_PARAM_KEY)))
+    return from_status(code, details, retry_after_s=retry_after, code=_text(md.get(ERROR_CODE_KEY)),
+                       param=_text(md.get(ERROR_PARAM_KEY)))
+
+
+def from_status(status: grpc.StatusCode, message: str, *, code: str | None = None, param: str | None = None,
+                retry_after_s: float | None = None) -> GoodputError:
+    """The domain error of a gRPC status (an error carried in a message rather than ending a call).
+
+    >>> err = from_status(grpc.StatusCode.RESOURCE_EXHAUSTED, "shed", code="overloaded", retry_after_s=2.0)
+    >>> type(err).__name__, err.code, err.retry_after_s
+    ('ResourceExhausted', 'overloaded', 2.0)
+    """
+    return _BY_CODE.get(status, Internal)(message, retry_after_s=retry_after_s, code=code, param=param)
 
 
 def _text(value: object) -> str | None:

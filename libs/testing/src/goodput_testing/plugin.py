@@ -9,6 +9,8 @@
 - ``tiny_cross_encoder`` (session): a one-layer cross-encoder folder in the exact format ``goodput train`` writes
   (weights, tokenizer, int8 ONNX, model card) with an untrained head: for tests of loading, batching, deadlines and
   the services' plumbing (what it says is arbitrary; the trained models' verdicts are measured by the loadtests).
+- ``service_processes`` (test): ``start(module, name, **env)`` runs a service as its own process
+  (:class:`~goodput_testing.ServiceProcess`, its log in the test's tmp folder); all are stopped after the test.
 
 A test that talks to a Redis puts every key it writes under one of these prefixes (services take it through
 their ``KEY_PREFIX``-like settings).
@@ -17,11 +19,12 @@ their ``KEY_PREFIX``-like settings).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from goodput_testing._procs import ServiceProcess
 from goodput_testing._redis import RedisServer, delete_keys, redis_answers
 
 LOCAL_REDIS_PORT = 6379
@@ -61,3 +64,17 @@ def tiny_cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from goodput_crossencoder.training import make_untrained
 
     return make_untrained(tmp_path_factory.mktemp("cross-encoder") / "tiny")
+
+
+@pytest.fixture
+def service_processes(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
+    started: list[ServiceProcess] = []
+
+    def start(module: str, name: str, **env: str) -> ServiceProcess:
+        p = ServiceProcess(module, env, tmp_path / f"{name}.log")
+        started.append(p)
+        return p
+
+    yield start
+    for p in reversed(started):
+        p.stop()

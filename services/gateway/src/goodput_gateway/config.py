@@ -116,6 +116,9 @@ class GatewaySettings(ServiceSettings):
                                           "model served. Auto picks the cheapest pool predicted to meet the "
                                           "request's class SLO (goodput_gateway.autoroute); list only models whose "
                                           "answers are good enough for what is sent as auto.")
+    lease_mux: bool = Field(True, description="Every request's scheduler lease over one long-lived multiplexed "
+                                              "stream (Scheduler/Leases: the fast path); false = a Lease stream "
+                                              "per request.")
     worker_retry: bool = Field(True, description="Retry once on another worker when a worker fails before "
                                                  "the first token.")
     embedder_addr: str = Field("", description="Embedder gRPC address (embeddings, indexing); empty = off.")

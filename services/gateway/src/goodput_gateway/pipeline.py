@@ -17,6 +17,7 @@ Example (with a scheduler and its workers up, inside a coroutine)::
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -37,6 +38,7 @@ from goodput_core.sampling import logprobs_from_proto, sampling_to_proto
 from goodput_gateway.auth import Principal
 from goodput_gateway.autoroute import AutoChoice, QueueWaits, choose, pools_from
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.leasemux import LeaseStream
 from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta
 from goodput_gateway.requests import Cost, GenerationRequest
 from goodput_gateway.timing import EngineTimes, Timeline
@@ -72,11 +74,13 @@ class StreamStart:
 
 @dataclass
 class _Lease:
-    call: aio.StreamStreamCall
+    call: aio.StreamStreamCall | None  # its own Lease stream; None: on the shared stream (mux)
     worker_id: str
     address: str
     released: bool = False
     first_token: asyncio.Task[None] | None = None  # the first-token report, sent before the release
+    mux_id: str = ""  # its id on the shared lease stream
+    first_token_sent: bool = False
 
 
 class GenerationStream:
@@ -189,6 +193,8 @@ class Pipeline:
         self._models: tuple[float, list[ModelEntry]] = (0.0, [])
         self._workers: list[scheduler_pb2.WorkerStatus] = []  # the same ListWorkers answer, for model "auto"
         self.queue_waits = QueueWaits()  # measured per (model, class): what model "auto" expects to wait
+        self.lease_stream = LeaseStream(scheduler) if settings.lease_mux else None  # the fast path
+        self._lease_seq = itertools.count()
         self._models_refresh: asyncio.Task[list[ModelEntry]] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
@@ -205,6 +211,8 @@ class Pipeline:
 
     async def close(self) -> None:
         await self.settle()
+        if self.lease_stream is not None:
+            await self.lease_stream.close()
         for channel in self._channels.values():
             await channel.close(grace=None)
 
@@ -319,12 +327,20 @@ class Pipeline:
     async def _lease(self, principal: Principal, req: GenerationRequest, cost: Cost, *, request_id: str,
                      model: str, deadline: float, max_queue_wait_s: float = 0.0) -> _Lease:
         started = time.monotonic()
-        call = self.scheduler.Lease(timeout=deadline - time.monotonic())
         admit = scheduler_pb2.Admit(request_id=request_id, tenant=principal.tenant, priority=cast(Any, req.priority),
                                     model=model, prompt_tokens_estimate=cost.prompt_tokens,
                                     max_tokens=cost.max_tokens, prefix_hint=req.prefix_hint(),
                                     session_id=req.session_id, tenant_weight=principal.weight,
                                     max_queue_wait_s=max_queue_wait_s)
+        if self.lease_stream is not None:
+            # unique on the stream even when a caller reuses its request id (or the worker retry leases again)
+            lease_id = f"{request_id}/{next(self._lease_seq)}"
+            async with self.breaker.guard():
+                granted = await self.lease_stream.acquire(lease_id, admit, timeout_s=deadline - time.monotonic())
+            self.metrics.stage.labels("schedule").observe(time.monotonic() - started)
+            self.queue_waits.observe(model, req.priority, granted.queue_wait_s)
+            return _Lease(call=None, worker_id=granted.worker_id, address=granted.address, mux_id=lease_id)
+        call = self.scheduler.Lease(timeout=deadline - time.monotonic())
         try:
             async with self.breaker.guard():
                 await call.write(scheduler_pb2.LeaseRequest(admit=admit))
@@ -381,6 +397,11 @@ class Pipeline:
         guard act on it before the request ends."""
         if lease.released or lease.first_token is not None:
             return
+        if lease.call is None:
+            if self.lease_stream is not None and not lease.first_token_sent:
+                lease.first_token_sent = True
+                self.lease_stream.first_token(lease.mux_id, ttft_s)
+            return
         message = scheduler_pb2.LeaseRequest(first_token=scheduler_pb2.FirstToken(ttft_s=ttft_s))
         lease.first_token = asyncio.get_running_loop().create_task(_write_quietly(lease.call, message))
 
@@ -392,12 +413,15 @@ class Pipeline:
         lease.released = True
         release = scheduler_pb2.Release(outcome=cast(Any, outcome), prompt_tokens=prompt_tokens,
                                         completion_tokens=completion_tokens, ttft_s=ttft_s)
-        task = asyncio.get_running_loop().create_task(self._send_release(lease, release))
+        send = self.lease_stream.release(lease.mux_id, release) if lease.call is None and self.lease_stream \
+            else self._send_release(lease, release)
+        task = asyncio.get_running_loop().create_task(send)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     @staticmethod
     async def _send_release(lease: _Lease, release: scheduler_pb2.Release) -> None:
+        assert lease.call is not None
         try:
             if lease.first_token is not None:  # one write at a time on the stream, in order
                 await asyncio.wait_for(lease.first_token, timeout=5)

@@ -142,6 +142,8 @@ class SchedulerSettings(ServiceSettings):
     no_worker_wait_s: float = Field(10.0, ge=0, description="How long a request waits for a healthy worker "
                                                             "to appear before UNAVAILABLE.")
     admit_timeout_s: float = Field(5.0, gt=0, description="How long the first (admit) message may take.")
+    mux_max_leases: int = Field(10_000, ge=1, description="Leases one multiplexed lease stream (Leases, the "
+                                                          "gateway's fast path) may hold open at once.")
     kv_weight: float = Field(0.1, ge=0, description="Placement: weight of KV-cache usage in the load score (it is "
                              "polled, so stale between checks: a tie-break next to the live lease count).")
     queue_weight: float = Field(0.25, ge=0, description="Placement: weight of the engine's waiting queue (polled).")

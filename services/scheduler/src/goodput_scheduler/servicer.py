@@ -13,6 +13,7 @@ from goodput_core.context import request_context
 from goodput_core.errors import InvalidArgument, NotFound
 
 from goodput_scheduler.leases import LeaseManager
+from goodput_scheduler.mux import LeaseMux, serve
 from goodput_scheduler.placement import PlacementRequest
 from goodput_scheduler.registry import Worker, WorkerRegistry
 
@@ -53,10 +54,25 @@ def tenant_weight(sent: float) -> float:
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, leases: LeaseManager, registry: WorkerRegistry, *, admit_timeout_s: float) -> None:
+    def __init__(self, leases: LeaseManager, registry: WorkerRegistry, *, admit_timeout_s: float,
+                 mux_max_leases: int = 10_000) -> None:
         self.leases = leases
         self.registry = registry
         self.admit_timeout_s = admit_timeout_s
+        self.mux_max_leases = mux_max_leases
+
+    async def Leases(self, request_iterator: AsyncIterator[scheduler_pb2.LeaseMuxRequest],
+                     context: aio.ServicerContext) -> AsyncIterator[scheduler_pb2.LeaseMuxEvent]:
+        """Many leases over one stream (:mod:`goodput_scheduler.mux`)."""
+        events: asyncio.Queue[scheduler_pb2.LeaseMuxEvent | None] = asyncio.Queue()
+        mux = LeaseMux(self.leases, events.put_nowait, max_leases=self.mux_max_leases, parse_weight=tenant_weight)
+        reader = asyncio.get_running_loop().create_task(serve(mux, request_iterator, events), name="lease-mux")
+        try:
+            while (event := await events.get()) is not None:
+                yield event
+        finally:
+            reader.cancel()
+            mux.close()  # idempotent: whatever the reader had not given back yet
 
     async def Lease(self, request_iterator: AsyncIterator[scheduler_pb2.LeaseRequest],
                     context: aio.ServicerContext) -> AsyncIterator[scheduler_pb2.LeaseEvent]:

@@ -76,6 +76,54 @@ class Release(_message.Message):
     ttft_s: float
     def __init__(self, outcome: _Optional[_Union[Outcome, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ...) -> None: ...
 
+class LeaseMuxRequest(_message.Message):
+    __slots__ = ("lease_id", "admit", "first_token", "release", "cancel", "timeout_s")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    admit: Admit
+    first_token: FirstToken
+    release: Release
+    cancel: Cancel
+    timeout_s: float
+    def __init__(self, lease_id: _Optional[str] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class Cancel(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LeaseMuxEvent(_message.Message):
+    __slots__ = ("lease_id", "queued", "granted", "released", "error")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    queued: Queued
+    granted: Granted
+    released: Released
+    error: LeaseError
+    def __init__(self, lease_id: _Optional[str] = ..., queued: _Optional[_Union[Queued, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ..., released: _Optional[_Union[Released, _Mapping]] = ..., error: _Optional[_Union[LeaseError, _Mapping]] = ...) -> None: ...
+
+class LeaseError(_message.Message):
+    __slots__ = ("status", "message", "code", "retry_after_s", "param")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    PARAM_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    message: str
+    code: str
+    retry_after_s: float
+    param: str
+    def __init__(self, status: _Optional[str] = ..., message: _Optional[str] = ..., code: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., param: _Optional[str] = ...) -> None: ...
+
 class LeaseEvent(_message.Message):
     __slots__ = ("queued", "granted", "released")
     QUEUED_FIELD_NUMBER: _ClassVar[int]

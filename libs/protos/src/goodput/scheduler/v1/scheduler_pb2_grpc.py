@@ -39,6 +39,11 @@ class SchedulerStub:
                 request_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseRequest.SerializeToString,
                 response_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseEvent.FromString,
                 _registered_method=True)
+        self.Leases = channel.stream_stream(
+                '/goodput.scheduler.v1.Scheduler/Leases',
+                request_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxRequest.SerializeToString,
+                response_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxEvent.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/goodput.scheduler.v1.Scheduler/ListWorkers',
                 request_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersRequest.SerializeToString,
@@ -73,6 +78,18 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Leases(self, request_iterator, context):
+        """Many leases over one long-lived stream (the gateway's fast path: no stream set up per request). Every message
+        names its lease (`lease_id`, unique on the stream); each lease goes through the same steps as on `Lease`, and a
+        lease's failure is a `LeaseError` event for it, never the stream's end. The request's deadline travels in the
+        admit (`timeout_s`), as the call's deadline does on `Lease`. `cancel` withdraws a lease not yet released (its
+        caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the stream ends or
+        breaks, every lease it holds is released as ABANDONED and every queued one withdrawn.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListWorkers(self, request, context):
         """Workers known to the scheduler with their health and load.
         """
@@ -101,6 +118,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Lease,
                     request_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseRequest.FromString,
                     response_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseEvent.SerializeToString,
+            ),
+            'Leases': grpc.stream_stream_rpc_method_handler(
+                    servicer.Leases,
+                    request_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxRequest.FromString,
+                    response_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxEvent.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -145,6 +167,33 @@ class Scheduler:
             '/goodput.scheduler.v1.Scheduler/Lease',
             goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseRequest.SerializeToString,
             goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leases(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/goodput.scheduler.v1.Scheduler/Leases',
+            goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxRequest.SerializeToString,
+            goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxEvent.FromString,
             options,
             channel_credentials,
             insecure,

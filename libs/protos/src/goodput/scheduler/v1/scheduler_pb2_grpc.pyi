@@ -43,6 +43,14 @@ class SchedulerStub:
     the request is shed; UNAVAILABLE when no healthy worker exists; DEADLINE_EXCEEDED when the request expired in
     the queue; INVALID_ARGUMENT when the first message is not `admit`.
     """
+    Leases: _grpc.StreamStreamMultiCallable[_scheduler_pb2.LeaseMuxRequest, _scheduler_pb2.LeaseMuxEvent]
+    """Many leases over one long-lived stream (the gateway's fast path: no stream set up per request). Every message
+    names its lease (`lease_id`, unique on the stream); each lease goes through the same steps as on `Lease`, and a
+    lease's failure is a `LeaseError` event for it, never the stream's end. The request's deadline travels in the
+    admit (`timeout_s`), as the call's deadline does on `Lease`. `cancel` withdraws a lease not yet released (its
+    caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the stream ends or
+    breaks, every lease it holds is released as ABANDONED and every queued one withdrawn.
+    """
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkersRequest, _scheduler_pb2.ListWorkersResponse]
     """Workers known to the scheduler with their health and load."""
     RegisterWorker: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.RegisterWorkerRequest, _scheduler_pb2.RegisterWorkerResponse]
@@ -62,6 +70,14 @@ class SchedulerAsyncStub(SchedulerStub):
     so capacity is never leaked. Errors: RESOURCE_EXHAUSTED with `retry-after` trailing metadata (seconds) when
     the request is shed; UNAVAILABLE when no healthy worker exists; DEADLINE_EXCEEDED when the request expired in
     the queue; INVALID_ARGUMENT when the first message is not `admit`.
+    """
+    Leases: _aio.StreamStreamMultiCallable[_scheduler_pb2.LeaseMuxRequest, _scheduler_pb2.LeaseMuxEvent]  # type: ignore[assignment]
+    """Many leases over one long-lived stream (the gateway's fast path: no stream set up per request). Every message
+    names its lease (`lease_id`, unique on the stream); each lease goes through the same steps as on `Lease`, and a
+    lease's failure is a `LeaseError` event for it, never the stream's end. The request's deadline travels in the
+    admit (`timeout_s`), as the call's deadline does on `Lease`. `cancel` withdraws a lease not yet released (its
+    caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the stream ends or
+    breaks, every lease it holds is released as ABANDONED and every queued one withdrawn.
     """
     ListWorkers: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkersRequest, _scheduler_pb2.ListWorkersResponse]  # type: ignore[assignment]
     """Workers known to the scheduler with their health and load."""
@@ -85,6 +101,20 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         so capacity is never leaked. Errors: RESOURCE_EXHAUSTED with `retry-after` trailing metadata (seconds) when
         the request is shed; UNAVAILABLE when no healthy worker exists; DEADLINE_EXCEEDED when the request expired in
         the queue; INVALID_ARGUMENT when the first message is not `admit`.
+        """
+
+    @_abc_1.abstractmethod
+    def Leases(
+        self,
+        request_iterator: _MaybeAsyncIterator[_scheduler_pb2.LeaseMuxRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.LeaseMuxEvent], _abc.AsyncIterator[_scheduler_pb2.LeaseMuxEvent]]:
+        """Many leases over one long-lived stream (the gateway's fast path: no stream set up per request). Every message
+        names its lease (`lease_id`, unique on the stream); each lease goes through the same steps as on `Lease`, and a
+        lease's failure is a `LeaseError` event for it, never the stream's end. The request's deadline travels in the
+        admit (`timeout_s`), as the call's deadline does on `Lease`. `cancel` withdraws a lease not yet released (its
+        caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the stream ends or
+        breaks, every lease it holds is released as ABANDONED and every queued one withdrawn.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,101 @@
+"""The gateway's fast path to the scheduler (goodput_gateway.leasemux.LeaseStream: every lease over one long-lived
+Scheduler/Leases stream) against a scheduler process and a worker process on the simulated engine (no model loads),
+over gRPC on localhost: leases are granted and released, refusals arrive as the same errors a Lease call raises, a
+caller that goes away withdraws its lease, and a scheduler that restarts costs the waiting admissions an
+UNAVAILABLE while the next one opens a new stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import grpc
+import pytest
+from goodput.common.v1 import types_pb2
+from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+from goodput_core.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
+from goodput_testing import ServiceProcess, async_wait_until, free_port, sim_worker_env
+
+from goodput_gateway.leasemux import LeaseStream
+
+pytestmark = [pytest.mark.integration]
+
+P0 = types_pb2.PRIORITY_P0
+
+
+def start_scheduler(start: Callable[..., ServiceProcess], worker: str, grpc_port: int) -> ServiceProcess:
+    return start("goodput_scheduler", "scheduler", GOODPUT_SCHEDULER_WORKERS=worker,
+                 GOODPUT_SCHEDULER_INSECURE_INTERNAL="true", GOODPUT_SCHEDULER_GRPC_PORT=str(grpc_port),
+                 GOODPUT_SCHEDULER_HTTP_PORT=str(free_port()), GOODPUT_SCHEDULER_HEALTH_INTERVAL_S="0.2",
+                 GOODPUT_SCHEDULER_MAX_INFLIGHT_PER_WORKER="1", GOODPUT_SCHEDULER_P0_MAX_QUEUE="1")
+
+
+async def test_leases_over_one_stream_against_a_scheduler_process(service_processes) -> None:  # type: ignore[no-untyped-def]
+    port, grpc_port = free_port(), free_port()
+    service_processes("goodput_inference", "worker", **sim_worker_env(port))
+    worker = f"127.0.0.1:{port}"
+    scheduler = start_scheduler(service_processes, worker, grpc_port)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}")
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+
+    async def inflight() -> int:
+        try:
+            listed = await stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=2)
+        except grpc.aio.AioRpcError:
+            return -1
+        return sum(w.inflight for w in listed.workers if w.healthy) if any(w.healthy for w in listed.workers) \
+            else -1
+
+    async def until_inflight(n: int) -> None:
+        await async_wait_until(lambda: _is(inflight(), n), timeout=30, interval=0.05,
+                               message=f"{n} leases held (scheduler log: {scheduler.log})")
+
+    leases = LeaseStream(stub)
+    admit = scheduler_pb2.Admit(request_id="r", tenant="t", priority=P0)  # type: ignore[arg-type]
+    try:
+        await until_inflight(0)  # the worker is up and healthy
+        assert (await leases.acquire("a", admit, timeout_s=10)).address == worker
+        leases.first_token("a", 0.05)
+        # the worker holds one (its cap): the next waits, the one after is refused as a Lease call would be
+        waiting = asyncio.ensure_future(leases.acquire("b", admit, timeout_s=10))
+        await asyncio.sleep(0.2)
+        with pytest.raises(ResourceExhausted) as refused:
+            await leases.acquire("c", admit, timeout_s=10)
+        assert refused.value.code == "queue_full" and refused.value.retry_after_s
+        await leases.release("a", scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_OK, completion_tokens=4,
+                                                        prompt_tokens=4, ttft_s=0.05))
+        assert (await waiting).address == worker
+        with pytest.raises(InvalidArgument):
+            await leases.acquire("b", admit, timeout_s=10)  # "b" is held on this stream
+        # a caller that goes away withdraws its lease; a deadline that passes while queued is DEADLINE_EXCEEDED
+        gone = asyncio.ensure_future(leases.acquire("d", admit, timeout_s=10))
+        await asyncio.sleep(0.2)
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+        with pytest.raises(DeadlineExceeded):
+            await leases.acquire("e", admit, timeout_s=0.3)
+        await leases.release("b", scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_OK))
+        await until_inflight(0)  # nothing leaked: not "d", not "e"
+
+        # the scheduler restarts: the admission waiting on the old stream fails UNAVAILABLE (a retry can save it),
+        # and the next one opens a new stream to the new scheduler
+        assert (await leases.acquire("f", admit, timeout_s=10)).address == worker
+        waiting = asyncio.ensure_future(leases.acquire("g", admit, timeout_s=10))
+        await asyncio.sleep(0.2)
+        scheduler.kill()
+        with pytest.raises(Unavailable):
+            await waiting
+        scheduler = start_scheduler(service_processes, worker, grpc_port)
+        await until_inflight(0)
+        assert (await leases.acquire("h", admit, timeout_s=10)).address == worker
+        await leases.release("f", scheduler_pb2.Release())  # held on the dead stream: nothing left to do
+        await leases.release("h", scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_OK))
+        await until_inflight(0)
+    finally:
+        await leases.close()
+        await channel.close()
+
+
+async def _is(value: "asyncio.Future[int] | object", expected: int) -> bool:
+    return await value == expected  # type: ignore[misc]
