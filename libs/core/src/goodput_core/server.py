@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any
@@ -286,3 +287,20 @@ async def wait_channel_ready(channel: aio.Channel, timeout_s: float) -> bool:
         return True
     except (asyncio.TimeoutError, grpc.RpcError):
         return False
+
+
+EVENT_LOOP_ENV = "GOODPUT_EVENT_LOOP"
+
+
+def run_main(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Runs a service's main coroutine to its end on uvloop, the faster event loop (``GOODPUT_EVENT_LOOP=asyncio``:
+    the standard library's). Every Goodput process starts here."""
+    choice = os.environ.get(EVENT_LOOP_ENV, "uvloop").strip().lower() or "uvloop"
+    if choice == "asyncio":
+        asyncio.run(main())
+    elif choice == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        raise SystemExit(f"{EVENT_LOOP_ENV} must be uvloop or asyncio, not {choice!r}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import NamedTuple
 
 from goodput.cache.v1 import cache_pb2_grpc
@@ -12,7 +11,7 @@ from redis.asyncio import Redis
 
 from goodput_core.bootstrap import bootstrap
 from goodput_core.clients import make_channel
-from goodput_core.server import ServiceRunner
+from goodput_core.server import ServiceRunner, run_main
 from goodput_core.tls import channel_credentials
 
 from goodput_cache.cache import CacheMetrics, ResponseCache
@@ -53,7 +52,7 @@ async def serve() -> None:
 
 
 def main() -> None:
-    asyncio.run(serve())
+    run_main(serve)
 
 
 if __name__ == "__main__":

@@ -5,15 +5,13 @@ The Celery indexing workers are a separate process from the same package: ``cele
 
 from __future__ import annotations
 
-import asyncio
-
 import redis
 from goodput.embedder.v1 import embedder_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from goodput_core.bootstrap import bootstrap
-from goodput_core.server import ServiceRunner
+from goodput_core.server import ServiceRunner, run_main
 from goodput_core.tls import channel_credentials
 
 from goodput_embedder.batcher import BatcherMetrics, MicroBatcher
@@ -61,7 +59,7 @@ async def serve() -> None:
 
 
 def main() -> None:
-    asyncio.run(serve())
+    run_main(serve)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from goodput_core.bootstrap import bootstrap
 from goodput_core.clients import make_channel
-from goodput_core.server import ServiceRunner
+from goodput_core.server import ServiceRunner, run_main
 from goodput_core.tls import channel_credentials
 
 from goodput_gateway.auth import ApiKeyStore, KeysFileWatcher
@@ -169,7 +168,7 @@ async def serve() -> None:
 
 
 def main() -> None:
-    asyncio.run(serve())
+    run_main(serve)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 from goodput.inference.v1 import inference_pb2_grpc
 
 from goodput_core.bootstrap import bootstrap
-from goodput_core.server import ServiceRunner
+from goodput_core.server import ServiceRunner, run_main
 
 from goodput_inference.config import InferenceSettings
 from goodput_inference.devmodel import SERVED_NAME, ensure_dev_model
@@ -74,7 +74,7 @@ async def serve() -> None:
 
 
 def main() -> None:
-    asyncio.run(serve())
+    run_main(serve)
 
 
 if __name__ == "__main__":

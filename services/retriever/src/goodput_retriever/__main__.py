@@ -8,7 +8,6 @@ Elasticsearch the same path is kept, so there is one write path to reason about.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from goodput.retriever.v1 import retriever_pb2_grpc
@@ -17,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from goodput_core.bootstrap import bootstrap
 from goodput_core.clients import make_channel
-from goodput_core.server import ServiceRunner
+from goodput_core.server import ServiceRunner, run_main
 from goodput_core.tls import channel_credentials
 
 from goodput_retriever.config import RetrieverSettings
@@ -89,7 +88,7 @@ async def serve() -> None:
 
 
 def main() -> None:
-    asyncio.run(serve())
+    run_main(serve)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import NamedTuple
 
 from goodput.scheduler.v1 import scheduler_pb2_grpc
@@ -11,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from goodput_core.bootstrap import bootstrap
 from goodput_core.clients import make_channel
-from goodput_core.server import ServiceRunner
+from goodput_core.server import ServiceRunner, run_main
 from goodput_core.tls import channel_credentials
 
 from goodput_scheduler.clock import Clock, SystemClock
@@ -43,7 +42,8 @@ def build(settings: SchedulerSettings, registry: CollectorRegistry, provider: Tr
                               clock=clock)
     leases = LeaseManager(settings, workers, pipeline, SchedulerMetrics(registry, workers), guard=guard,
                           clock=clock)
-    servicer = SchedulerServicer(leases, workers, admit_timeout_s=settings.admit_timeout_s)
+    servicer = SchedulerServicer(leases, workers, admit_timeout_s=settings.admit_timeout_s,
+                                 mux_max_leases=settings.mux_max_leases)
     runner = ServiceRunner(name="scheduler", settings=settings, registry=registry, provider=provider)
     runner.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, "goodput.scheduler.v1.Scheduler")
     runner.on_drain.append(leases.stop)
@@ -59,7 +59,7 @@ async def serve() -> None:
 
 
 def main() -> None:
-    asyncio.run(serve())
+    run_main(serve)
 
 
 if __name__ == "__main__":
