@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
 from goodput_core.breaker import BreakerSettings
@@ -95,6 +95,20 @@ class GatewaySettings(ServiceSettings):
     feedback_max_local: int = Field(100_000, ge=1, description="Answers remembered for feedback in this process "
                                                                "when there is no Redis (QUOTA_REDIS_URL/REDIS_URL).")
     feedback_prefix: str = Field("goodput:feedback", description="Prefix of the feedback store's Redis keys.")
+    # ---- workload trace (goodput_gateway.trace_recorder): capacity planning and simulator calibration ----
+    trace_path: str = Field("", description="File of the workload trace: one JSON line per sampled finished answer "
+                                            "(arrival, class, model, prompt/cached/output tokens, max_tokens, "
+                                            "finish, TTFT, TPOT; no prompt text, the tenant as a salted hash) in "
+                                            "goodput_contracts.trace's format, for loadtests.replay and "
+                                            "loadtests.calibrate; empty = off.")
+    trace_sample: float = Field(0.01, ge=0, le=1, description="Fraction of finished answers written to the trace "
+                                                              "(drawn per request); 1 = every one.")
+    trace_max_bytes: int = Field(100 << 20, ge=1024, description="Size at which the trace file is renamed to "
+                                                                 "<path>.1 (replacing the previous one) and a new "
+                                                                 "one begun: at most twice this on disk.")
+    trace_salt: SecretStr = Field(SecretStr(""), description="Salt of the tenant's hash in the trace (the same on "
+                                                             "every replica links a tenant's requests across "
+                                                             "them); empty = a random salt per process.")
     breakers: BreakerSettings = Field(default_factory=BreakerSettings,
                                       description="Circuit breakers in front of the cache, retriever, embedder and "
                                                   "scheduler (goodput_core.breaker), JSON, e.g. "
