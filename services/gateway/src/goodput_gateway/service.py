@@ -57,6 +57,7 @@ from goodput_gateway.rag import Retrieval, Source, augment
 from goodput_gateway.requests import GenerationRequest, estimate_tokens, resolve_cost, validate
 from goodput_gateway.timing import Timeline, TimingMetrics
 from goodput_gateway.tools import apply_tools, auto
+from goodput_gateway.trace_recorder import TraceRecorder
 
 __all__ = ["Call", "Generation", "GatewayService", "Opened"]
 
@@ -101,10 +102,11 @@ class Generation:
     closing stops the worker call and releases the lease."""
 
     def __init__(self, opened: Opened, events: AsyncGenerator[Opened | TextDelta | StreamEnd, None], *,
-                 on_timing: Callable[[Opened, Timeline], None] | None = None) -> None:
+                 on_timing: Callable[[Opened, Timeline, StreamEnd | None], None] | None = None) -> None:
         self.opened = opened
         self._events = events
         self._on_timing = on_timing
+        self.end: StreamEnd | None = None  # the final event, once it has passed
         self.logprobs: list[TokenLogprob] = []  # filled by collect(): the first answer's tokens
         self.answers: dict[int, tuple[list[str], list[TokenLogprob]]] = {}  # collect(): every answer's, by index
         self.prompt_logprobs: list[TokenLogprob] = []  # collect(), with echo and logprobs: the prompt's tokens
@@ -112,6 +114,8 @@ class Generation:
     async def __aiter__(self) -> AsyncGenerator[TextDelta | StreamEnd, None]:
         async for event in self._events:
             assert not isinstance(event, Opened)
+            if isinstance(event, StreamEnd):
+                self.end = event
             yield event
 
     async def collect(self) -> tuple[str, StreamEnd]:
@@ -144,7 +148,7 @@ class Generation:
             return t
         if not any(stage == "post_processing" for stage, _ in t.marks):
             t.mark("post_processing")
-            self._on_timing(self.opened, t)
+            self._on_timing(self.opened, t, self.end)
         return t
 
     async def __aenter__(self) -> Generation:
@@ -174,8 +178,10 @@ class GatewayService:
                  metrics: GatewayMetrics, knowledge: Knowledge | None = None,
                  cache: GatewayCache | None = None, jobs: JobQueue | None = None, quotas: Quotas | None = None,
                  meter: Meter | None = None, timing_metrics: TimingMetrics | None = None,
-                 ladder: Ladder | None = None, feedback: FeedbackStore | None = None) -> None:
+                 ladder: Ladder | None = None, feedback: FeedbackStore | None = None,
+                 trace: TraceRecorder | None = None) -> None:
         self.settings = settings
+        self.trace = trace  # the workload trace (TRACE_PATH); None = off
         self.feedback = feedback  # what became of each answer (POST /v1/feedback); None = not taken
         self.timing_metrics = timing_metrics or TimingMetrics(None, settings.latency_profile)
         self.ladder = ladder or Ladder(settings.latency_profile, enabled=settings.ladder_enabled,
@@ -191,9 +197,11 @@ class GatewayService:
         self.cache = cache
         self.jobs = jobs  # where shed P2 work is parked; None = not parked
 
-    def _timed(self, opened: Opened, timeline: Timeline) -> None:
+    def _timed(self, opened: Opened, timeline: Timeline, end: StreamEnd | None = None) -> None:
         """A finished answer's breakdown: recorded (histograms, budget breaches, spans), judged against its class's
-        SLO (goodput), and fed to the degradation ladder."""
+        SLO (goodput), fed to the degradation ladder, and offered to the workload trace (a sample, off this path)."""
+        if self.trace is not None:
+            self.trace.offer_answer(opened, timeline, end)
         cls = opened.profile
         if cls is None:
             return
