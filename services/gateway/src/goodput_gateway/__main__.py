@@ -38,6 +38,7 @@ from goodput_gateway.service import GatewayService
 from goodput_gateway.servicer import GatewayServicer
 from goodput_gateway.tenants import TenantLabels
 from goodput_gateway.timing import TimingMetrics
+from goodput_gateway.trace_recorder import TraceRecorder
 
 
 @dataclass
@@ -60,6 +61,8 @@ class Wiring:
 
     async def close(self) -> None:
         await self.settle()
+        if self.service.trace is not None:
+            self.service.trace.close()  # writes the queued trace lines (a bounded wait, at shutdown)
         await self.service.meter.stop()
         await self.service.quotas.close()
         await self.service.pipeline.close()
@@ -107,7 +110,8 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
                              timing_metrics=timing, feedback=FeedbackStore(settings, redis=usage_redis, metrics=timing),
                              ladder=Ladder(settings.latency_profile, metrics=LadderMetrics(registry),
                                            enabled=settings.ladder_enabled, interval_s=settings.ladder_interval_s,
-                                           raise_at=settings.ladder_raise_at, lower_at=settings.ladder_lower_at))
+                                           raise_at=settings.ladder_raise_at, lower_at=settings.ladder_lower_at),
+                             trace=TraceRecorder.from_settings(settings, registry=registry))
     return Wiring(service, channels, ResponseStore(settings, redis=usage_redis), usage_redis)
 
 
