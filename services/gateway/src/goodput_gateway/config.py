@@ -173,6 +173,16 @@ class GatewaySettings(ServiceSettings):
     max_batch_requests: int = Field(10_000, ge=1, description="Most requests (lines) in one batch.")
     file_ttl_s: float = Field(30 * 86_400.0, gt=0, description="How long an uploaded or result file is kept.")
     job_retry_cap_s: float = Field(60.0, gt=0, description="Longest wait between a parked job's attempts.")
+    job_lease_s: float = Field(60.0, gt=0, description="A jobs worker's claim on a running job lapses this long after "
+                               "its last renewal (renewed every third of it while the job runs): a worker that dies "
+                               "lets it lapse, and the job runs again.")
+    job_lost_after_s: float = Field(600.0, gt=0, description="A waiting job whose message has not started it this "
+                                    "long after it was due is sent again (its message was lost; a copy that arrives "
+                                    "too is harmless: one attempt starts). Keep it above the longest queue wait.")
+    job_sweep_interval_s: float = Field(15.0, ge=0, description="How often one jobs worker sweeps the jobs: sends "
+                                        "lost messages again, requeues jobs whose worker died, expires jobs past "
+                                        "their deadline (0 = no sweeper in this worker).")
+    job_sweep_batch: int = Field(1000, ge=1, description="Most jobs of each kind one sweep handles.")
 
     @field_validator("auto_models", mode="before")
     @classmethod
