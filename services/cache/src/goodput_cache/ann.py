@@ -17,8 +17,11 @@ How it stays correct:
   the live rows are copied and a new graph is built without the lock, then swapped in (rows added or removed during
   the build are carried over under the lock). Until a partition's first graph exists, it is searched exactly.
 
-Memory: the graph keeps its own copy of the vectors plus ``2 * M`` links per entry: ~3 KiB per entry with M=32,
-on top of the row store's ~1.5 KiB. Not thread-safe by itself: :class:`~goodput_cache.semantic.NumpyIndex` calls
+Memory: the graph keeps its own copy of the vectors plus ``2 * M`` links per entry: ~1.8 KiB per entry with M=32,
+on top of the row store's ~1.5 KiB. Rows grow by ``memory.grow_step`` (an eighth of the partition when large) and a
+rebuild keeps the same spare, so the row store holds at most an eighth more than its entries; :meth:`charge` is what
+the index's budget counts, tombstones (given back by the next rebuild, also below ``min_entries``) and a build in
+flight as transient. Not thread-safe by itself: :class:`~goodput_cache.semantic.NumpyIndex` calls
 every method under its lock, and :meth:`AnnPartition.rebuild` takes that lock for its two short critical sections.
 """
 
@@ -32,6 +35,8 @@ from typing import Any
 
 import faiss
 import numpy as np
+
+from goodput_cache.memory import ENTRY_BYTES, PARTITION_BYTES, graph_row_bytes, grow_step, str_bytes
 
 __all__ = ["AnnConfig", "AnnPartition"]
 
@@ -51,21 +56,28 @@ class AnnConfig:
 class AnnPartition:
     """One partition: rows (vectors, expiry, key, question, alive) plus an HNSW graph over rows ``[0, graph_rows)``."""
 
-    def __init__(self, dim: int, config: AnnConfig, lock: threading.RLock) -> None:
+    def __init__(self, dim: int, config: AnnConfig, lock: threading.RLock, *, name: str = "") -> None:
         self.dim = dim
         self.config = config
+        self.name = name
         self._lock = lock
-        self.vectors = np.zeros((16, dim), dtype=np.float32)
-        self.expires = np.zeros(16, dtype=np.float64)
-        self.alive = np.zeros(16, dtype=bool)
+        self.vectors = np.zeros((0, dim), dtype=np.float32)
+        self.expires = np.zeros(0, dtype=np.float64)
+        self.alive = np.zeros(0, dtype=bool)
         self.keys: list[str] = []
         self.questions: list[str] = []
         self.row_of: dict[str, int] = {}
         self.graph: Any = None
         self.graph_rows = 0
         self.dead = 0  # rows in [0, n) whose entry was removed
+        self.dead_graph = 0  # of which rows in the graph
+        self.text_bytes = 0  # of the keys and questions of rows [0, n)
+        self.dead_text = 0   # of which those of removed rows
         self.building = False
         self.builds = 0
+        self.reserved = 0    # the copy a build in flight holds (its estimate)
+        self.charged = 0     # what the index last charged for it (NumpyIndex's accountant)
+        self.transient = 0
 
     # ---- rows ---------------------------------------------------------------------------------------------------
 
@@ -81,7 +93,7 @@ class AnnPartition:
         if need <= cap:
             return
         while cap < need:
-            cap *= 2
+            cap += grow_step(cap)
         for name in ("vectors", "expires", "alive"):
             old = getattr(self, name)
             new = np.zeros((cap, *old.shape[1:]), dtype=old.dtype)
@@ -97,6 +109,7 @@ class AnnPartition:
         self.keys.append(key)
         self.questions.append(question)
         self.row_of[key] = i
+        self.text_bytes += str_bytes(key) + str_bytes(question)
 
     def remove(self, key: str) -> bool:
         i = self.row_of.pop(key, None)
@@ -104,7 +117,33 @@ class AnnPartition:
             return False
         self.alive[i] = False
         self.dead += 1
+        self.dead_graph += self.graph is not None and i < self.graph_rows
+        self.dead_text += str_bytes(key) + str_bytes(self.questions[i])
         return True
+
+    def expiry(self, key: str) -> float:
+        return float(self.expires[self.row_of[key]])
+
+    # ---- memory -------------------------------------------------------------------------------------------------
+
+    def _row_bytes(self) -> int:
+        return 4 * self.dim + 8 + 1  # vector, expiry, alive
+
+    def charge(self) -> tuple[int, int]:
+        """(bytes held, of which transient): rows by capacity, the graph, strings and bookkeeping; transient: what
+        the next rebuild gives back (tombstones) and the copy a build in flight holds."""
+        graph = graph_row_bytes(self.dim, self.config.m)
+        held = (PARTITION_BYTES + len(self.vectors) * self._row_bytes() + self.n * 16
+                + len(self) * (ENTRY_BYTES - 16) + self.text_bytes + self.graph_rows * graph + self.reserved)
+        transient = (self.dead * (self._row_bytes() + 16) + self.dead_text + self.dead_graph * graph
+                     + self.reserved)
+        return held, transient
+
+    def build_bytes(self) -> int:
+        """What a rebuild allocates before it swaps in: the live rows (with spare) and, when large enough, a graph."""
+        live = len(self)
+        graph = graph_row_bytes(self.dim, self.config.m) * live if live >= self.config.min_entries else 0
+        return (live + grow_step(live)) * 4 * self.dim + live * 16 + graph
 
     def oldest(self) -> str:
         """The key of the live entry that expires first (evicted when the partition is full)."""
@@ -141,12 +180,15 @@ class AnnPartition:
     # ---- rebuilds -----------------------------------------------------------------------------------------------
 
     def needs_build(self, *, complete: bool = False) -> bool:
-        """Due for a (re)build; ``complete``: as soon as anything is outside the graph or a tombstone in it."""
-        if self.building or len(self) < self.config.min_entries:
+        """Due for a (re)build; ``complete``: as soon as anything is outside the graph or a tombstone in it. Below
+        ``min_entries`` a rebuild only compacts (gives the tombstones' rows back), without a graph."""
+        if self.building:
             return False
+        limit = 1 if complete else self.config.rebuild_fraction * max(self.graph_rows, len(self), 1)
+        if len(self) < self.config.min_entries:
+            return self.dead >= max(limit, 1)
         if self.graph is None:
             return True
-        limit = 1 if complete else self.config.rebuild_fraction * max(self.graph_rows, 1)
         return self.n - self.graph_rows >= limit or self.dead >= limit
 
     def rebuild(self) -> None:
@@ -157,7 +199,7 @@ class AnnPartition:
                 idx = np.flatnonzero(self.alive[:n0])
             # rows < n0 never change in place (appends go past n0, a growth copies into a new array), so the
             # snapshot is read without the lock
-            cap = max(16, 2 * len(idx))
+            cap = len(idx) + grow_step(len(idx))
             vectors = np.zeros((cap, self.dim), dtype=np.float32)
             vectors[:len(idx)] = vectors0[idx]
             keys = [keys0[i] for i in idx]
@@ -176,6 +218,7 @@ class AnnPartition:
         finally:
             with self._lock:
                 self.building = False
+                self.reserved = 0
 
     def _swap(self, n0: int, idx: np.ndarray, vectors: np.ndarray, keys: list[str], questions: list[str],
               graph: Any) -> None:
@@ -191,7 +234,7 @@ class AnnPartition:
         keys.extend(self.keys[n0:n])
         questions.extend(self.questions[n0:n])
         if len(vectors) < len(keys):
-            grown = np.zeros((2 * len(keys), self.dim), dtype=np.float32)
+            grown = np.zeros((len(keys) + grow_step(len(keys)), self.dim), dtype=np.float32)
             grown[:g] = vectors[:g]
             vectors = grown
         vectors[g:len(keys)] = self.vectors[n0:n]
@@ -203,6 +246,9 @@ class AnnPartition:
         self.alive[:len(keys)] = alive
         self.keys, self.questions, self.row_of = keys, questions, row_of
         self.dead = int(len(keys) - alive.sum())
+        self.dead_graph = int(g - alive[:g].sum()) if graph is not None else 0
+        self.text_bytes = sum(str_bytes(k) + str_bytes(q) for k, q in zip(keys, questions, strict=True))
+        self.dead_text = sum(str_bytes(keys[j]) + str_bytes(questions[j]) for j in np.flatnonzero(~alive))
         self.graph, self.graph_rows = graph, (g if graph is not None else 0)
         self.builds += 1
 

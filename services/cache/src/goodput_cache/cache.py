@@ -23,6 +23,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from contextlib import aclosing
 
 import numpy as np
 from redis.asyncio import Redis
@@ -55,10 +56,14 @@ class ResponseCache:
         self.redis = redis
         self.l1 = ExactStore(redis, prefix=settings.key_prefix)
         self.vectoriser = vectoriser
-        self.index: VectorIndex = index or NumpyIndex(dim=vectoriser.dim if vectoriser else 384,
-                                                     max_per_partition=settings.max_partition_entries,
-                                                     ann=settings.ann_config())
+        self.index: VectorIndex = index or NumpyIndex(
+            dim=vectoriser.dim if vectoriser else 384, max_per_partition=settings.max_partition_entries,
+            ann=settings.ann_config(), max_bytes=settings.max_l2_bytes,
+            on_evict=lambda reason, n: metrics.semantic_evictions.labels(reason).inc(n))
         self.metrics = metrics
+        metrics.semantic_budget.set(settings.max_l2_bytes)
+        metrics.semantic_bytes.set_function(lambda: self.index.bytes_used())
+        metrics.partitions.set_function(lambda: self.index.partitions())
         self.verifier = verifier
         self._memo = VectorMemo(settings.vector_memo_entries)
         self._tally: dict[str, Tally] = defaultdict(Tally)
@@ -102,6 +107,7 @@ class ResponseCache:
             return self._degraded(req, tally, "store unavailable")
         self.metrics.lookup_seconds.labels("l1").observe(time.perf_counter() - started)
         if entry is not None and entry.tenant == req.tenant:
+            self.index.touch(keys.exact)
             self._count("l1", "hit", req.tenant, tally, entry)
             return LookupResult(hit=True, layer="l1", similarity=1.0, answer=_answer(entry), key=keys.exact)
         self._count("l1", "miss", req.tenant, tally)
@@ -163,6 +169,7 @@ class ResponseCache:
             break  # the runner-up gives the same answer
         if best is not None:
             cand, entry = best
+            self.index.touch(cand.key)
             self._count("l2", "hit", req.tenant, tally, entry)
             return LookupResult(hit=True, layer="l2", similarity=cand.similarity, answer=_answer(entry),
                                 matched_query=entry.question)
@@ -219,6 +226,7 @@ class ResponseCache:
             if entry.tenant != req.tenant or entry.partition != partition:
                 continue
             self.metrics.verifications.labels("same", req.tenant).inc()
+            self.index.touch(cand.key)
             self._count("l2", "hit", req.tenant, tally, entry)
             return LookupResult(hit=True, layer="l2", similarity=cand.similarity, answer=_answer(entry),
                                 matched_query=entry.question, verdict="same",
@@ -415,16 +423,28 @@ class ResponseCache:
         """Rebuilds the L2 index from Redis and follows KB versions. A Redis that is down does not stop the start."""
         if self.settings.semantic and self.vectoriser is not None:
             try:
-                now = time.time()
-                async for entry, vec in self.l1.scan_semantic():
-                    if entry.expires > now and len(vec) == self.vectoriser.dim:
-                        self.index.add(entry.partition, entry.key, vec, question=entry.question,
-                                       expires=entry.expires)
-                self.metrics.entries.set(len(self.index))
-                log.info("semantic index rebuilt", extra={"entries": len(self.index)})
+                await self._restore(self.vectoriser.dim)
             except _STORE_ERRORS as err:
                 self._trip(err)
         self._watch = asyncio.get_running_loop().create_task(self.watch_kb_versions())
+
+    async def _restore(self, dim: int) -> None:
+        """Loads the entries L2 may serve, the most recently used first, each as colder than the ones before, and
+        stops at the first one the budget cannot hold: never everything first and the excess evicted after."""
+        now, loaded, full = time.time(), 0, False
+        async with aclosing(self.l1.scan_recent()) as entries:
+            async for entry, vec in entries:
+                if entry.expires <= now or len(vec) != dim:
+                    continue
+                if not self.index.add(entry.partition, entry.key, vec, question=entry.question,
+                                      expires=entry.expires, cold=True):
+                    full = True
+                    break
+                loaded += 1
+        self.metrics.restored.inc(loaded)
+        self.metrics.entries.set(len(self.index))
+        log.info("semantic index rebuilt", extra={"entries": len(self.index), "bytes": self.index.bytes_used(),
+                                                  "budget_bytes": self.settings.max_l2_bytes, "budget_full": full})
 
     async def stop(self) -> None:
         if self._watch is not None:

@@ -95,6 +95,11 @@ class CacheSettings(ServiceSettings):
     max_entries: int = Field(100_000, ge=1, description="Entries kept (all tenants); the least recently used "
                                                         "are evicted beyond it.")
     max_partition_entries: int = Field(100_000, ge=1, description="L2 entries searched per partition.")
+    max_l2_bytes: int = Field(256 * 1024 * 1024, ge=1024 * 1024, description="Memory budget of the L2 index, all "
+                              "partitions together (~2.3 KiB per entry of a small partition, ~4 KiB of one searched "
+                              "through HNSW): beyond it the least recently used entries of any partition leave L2 "
+                              "(L1 in Redis keeps them), and a restart loads the most recent entries up to it. The "
+                              "default fits the chart's 1 GiB memory limit with the embedding model beside it.")
     ann_min_entries: int = Field(4096, ge=1, description="L2 partitions with at least this many entries are "
                                                          "searched through an HNSW graph (approximate, re-scored "
                                                          "exactly); smaller ones by an exact scan.")

@@ -5,7 +5,8 @@ Keys (``<prefix>`` is ``GOODPUT_CACHE_KEY_PREFIX``):
 
 - ``<prefix>:e:<key>``: a hash, ``meta`` (JSON) and ``vec`` (float32 bytes, only for entries L2 may serve); it
   carries the entry's TTL.
-- ``<prefix>:lru``: a sorted set of keys by last use; beyond ``max_entries`` the least recently used are evicted.
+- ``<prefix>:lru``: a sorted set of keys by last use; beyond ``max_entries`` the least recently used are evicted. A
+  restart reads it from the most recent end to load the semantic index up to its memory budget.
 - ``<prefix>:t:<tenant>``, ``<prefix>:kb:<tenant>:<kb>``, ``<prefix>:m:<model>``: sets of keys, for invalidation.
   They may list expired keys; invalidation simply deletes what is still there.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -161,20 +162,21 @@ class ExactStore:
                     out[k] = Entry.from_json(raw)
         return out
 
-    async def scan_semantic(self, batch: int = 1000) -> AsyncIterator[tuple[Entry, np.ndarray]]:
-        """Every stored entry L2 may serve, with its vector (to rebuild the semantic index at start)."""
-        cursor = 0
+    async def scan_recent(self, batch: int = 500) -> AsyncGenerator[tuple[Entry, np.ndarray], None]:
+        """Every stored entry L2 may serve, with its vector, the most recently used first (what a restart loads
+        into the semantic index, up to its budget: the caller stops reading when it is full)."""
+        start = 0
         while True:
-            cursor, keys = await self.redis.scan(cursor, match=f"{self.prefix}:e:*", count=batch)
-            if keys:
-                pipe = self.redis.pipeline(transaction=False)
-                for k in keys:
-                    pipe.hmget(k, "meta", "vec")
-                for meta, vec in await pipe.execute():
-                    if meta is not None and vec is not None:
-                        yield Entry.from_json(meta), np.frombuffer(vec, dtype=np.float32)
-            if cursor == 0:
+            keys = await self.redis.zrevrange(self._lru, start, start + batch - 1)
+            if not keys:
                 return
+            start += len(keys)
+            pipe = self.redis.pipeline(transaction=False)
+            for k in keys:
+                pipe.hmget(self._e(k.decode() if isinstance(k, bytes) else str(k)), "meta", "vec")
+            for meta, vec in await pipe.execute():
+                if meta is not None and vec is not None:
+                    yield Entry.from_json(meta), np.frombuffer(vec, dtype=np.float32)
 
     async def count(self) -> int:
         return int(await self.redis.zcard(self._lru))

@@ -54,3 +54,16 @@ class CacheMetrics:
                                           registry=registry)
         self.entries = Gauge("goodput_cache_semantic_entries", "Entries in the L2 index of this process.",
                              registry=registry)
+        self.semantic_bytes = Gauge("goodput_cache_semantic_bytes", "Memory the L2 index holds (its accountant's "
+                                    "estimate: rows, graphs, strings, bookkeeping; a graph rebuild in flight "
+                                    "included).", registry=registry)
+        self.semantic_budget = Gauge("goodput_cache_semantic_budget_bytes", "The L2 index's memory budget "
+                                     "(MAX_L2_BYTES).", registry=registry)
+        self.partitions = Gauge("goodput_cache_semantic_partitions", "L2 partitions holding at least one entry.",
+                                registry=registry)
+        self.semantic_evictions = Counter("goodput_cache_semantic_evictions_total", "Entries that left the L2 "
+                                          "index only (Redis keeps them for L1), by reason: budget (least recently "
+                                          "used, over MAX_L2_BYTES), expired (the same, past its TTL), "
+                                          "partition_full (MAX_PARTITION_ENTRIES).", ["reason"], registry=registry)
+        self.restored = Counter("goodput_cache_semantic_restored_total", "Entries a start loaded from Redis into "
+                                "L2 (the most recently used first, up to MAX_L2_BYTES).", registry=registry)

@@ -1,4 +1,5 @@
-"""L2: the semantic index. One cosine index per partition, in memory, rebuilt from Redis at start.
+"""L2: the semantic index. One cosine index per partition, in memory, within one memory budget for all of them;
+rebuilt from Redis at start (the most recently used entries first, up to the budget).
 
 Small partitions (below ``AnnConfig.min_entries``, 4096 by default) are searched exactly: a contiguous float32
 matrix and one matrix-vector product (~1.5 KiB per entry). Larger ones get an HNSW graph (``ann.py``, faiss): an
@@ -10,27 +11,43 @@ Partitions keep searches small and make cross-tenant hits impossible by construc
 vectors of its own partition. The :class:`VectorIndex` protocol lets a Qdrant server (filtered by partition)
 replace it for fleets whose cache does not fit one process.
 
+Memory: one budget (``max_bytes``) for every partition together. One least-recently-used order runs over all the
+entries of all the partitions (storing an entry or serving it moves it to the recent end); beyond the budget, the
+least recently used entries go, whichever partition holds them. A partition costs nothing until its first entry,
+grows by small steps (``memory.grow_step``: a partition of three entries holds three or four rows, never a
+preallocation), gives rows back as it shrinks and is dropped with its last entry, so 100k partitions of a few entries
+cost what their entries cost. What is charged is an estimate of what is allocated (``memory.py``): the rows' capacity,
+graphs, strings and bookkeeping. Tombstones of a large partition (given back by its next rebuild) and the copy a
+rebuild in flight holds are charged but not held against the budget: they go by themselves. An entry evicted here
+stays in Redis, where L1 still serves its exact repeats.
+
 Example (3-dimensional vectors here; the cache's are all-MiniLM-L6-v2's 384):
-    >>> index = NumpyIndex(dim=3, max_per_partition=100_000, ann=AnnConfig())
+    >>> index = NumpyIndex(dim=3, max_per_partition=100_000, ann=AnnConfig(), max_bytes=1 << 20)
     >>> index.add("p1", "key1", np.array([1.0, 0.0, 0.0]), question="how do I reset my password?",
     ...           expires=time.time() + 3600)
+    True
     >>> [(round(c.similarity, 2), c.key) for c in index.search("p1", np.array([0.96, 0.28, 0.0]), k=4,
     ...                                                        min_similarity=0.9)]
     [(0.96, 'key1')]
     >>> index.search("p2", np.array([0.96, 0.28, 0.0]), k=4, min_similarity=0.9)   # another partition sees nothing
     []
+    >>> 0 < index.bytes_used() <= index.max_bytes
+    True
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from goodput_cache.ann import AnnConfig, AnnPartition
+from goodput_cache.memory import ENTRY_BYTES, PARTITION_BYTES, grow_step, str_bytes, trimmer
 
 __all__ = ["AnnConfig", "Candidate", "NumpyIndex", "VectorIndex"]
 
@@ -43,52 +60,78 @@ class Candidate:
 
 
 class VectorIndex(Protocol):
-    def add(self, partition: str, key: str, vector: np.ndarray, *, question: str, expires: float) -> None: ...
+    def add(self, partition: str, key: str, vector: np.ndarray, *, question: str, expires: float,
+            cold: bool = False) -> bool:
+        """Adds (or replaces) an entry; False when it is not held (over the budget). ``cold``: as the least
+        recently used entry (what a restart loads, most recent first); it never evicts another one."""
+        ...
 
     def remove(self, keys: list[str]) -> int: ...
 
+    def touch(self, key: str) -> None:
+        """The entry was served: it becomes the most recently used."""
+        ...
+
     def search(self, partition: str, vector: np.ndarray, *, k: int, min_similarity: float) -> list[Candidate]: ...
+
+    def bytes_used(self) -> int:
+        """Memory the index holds (its estimate), for the metrics."""
+        ...
+
+    def partitions(self) -> int: ...
 
     def __len__(self) -> int: ...
 
 
-@dataclass
 class _Partition:
-    """An exactly searched partition: rows packed at the front (a removal moves the last row into the hole)."""
+    """An exactly searched partition: rows packed at the front (a removal moves the last row into the hole). It
+    starts with no rows, grows by ``grow_step`` rows when full and gives rows back once twice a step is unused."""
 
-    dim: int
-    vectors: np.ndarray = field(init=False)
-    expires: np.ndarray = field(init=False)
-    keys: list[str] = field(default_factory=list)
-    questions: list[str] = field(default_factory=list)
-    row_of: dict[str, int] = field(default_factory=dict)
+    __slots__ = ("charged", "dim", "expires", "keys", "questions", "row_of", "text_bytes", "transient", "vectors")
 
-    def __post_init__(self) -> None:
-        self.vectors = np.zeros((16, self.dim), dtype=np.float32)
-        self.expires = np.zeros(16, dtype=np.float64)
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.vectors = np.empty((0, dim), dtype=np.float32)
+        self.expires = np.empty(0, dtype=np.float64)
+        self.keys: list[str] = []
+        self.questions: list[str] = []
+        self.row_of: dict[str, int] = {}
+        self.text_bytes = 0  # of the keys and questions
+        self.charged = 0     # what the index last charged for it (NumpyIndex's accountant)
+        self.transient = 0
 
     def __len__(self) -> int:
         return len(self.keys)
 
+    def _resize(self, cap: int) -> None:
+        n = len(self.keys)
+        vectors = np.empty((cap, self.dim), dtype=np.float32)
+        vectors[:n] = self.vectors[:n]
+        expires = np.empty(cap, dtype=np.float64)
+        expires[:n] = self.expires[:n]
+        self.vectors, self.expires = vectors, expires
+
+    def charge(self) -> tuple[int, int]:
+        """(bytes held, of which transient): rows by capacity, strings, bookkeeping."""
+        rows = len(self.vectors) * (4 * self.dim + 8)
+        return PARTITION_BYTES + rows + len(self.keys) * ENTRY_BYTES + self.text_bytes, 0
+
     def add(self, key: str, vector: np.ndarray, question: str, expires: float) -> None:
         n = len(self.keys)
         if n == len(self.vectors):
-            grown = np.zeros((2 * n, self.dim), dtype=np.float32)
-            grown[:n] = self.vectors
-            self.vectors = grown
-            exp = np.zeros(2 * n, dtype=np.float64)
-            exp[:n] = self.expires
-            self.expires = exp
+            self._resize(n + grow_step(n))
         self.vectors[n] = vector
         self.expires[n] = expires
         self.keys.append(key)
         self.questions.append(question)
         self.row_of[key] = n
+        self.text_bytes += str_bytes(key) + str_bytes(question)
 
     def remove(self, key: str) -> bool:
         i = self.row_of.pop(key, None)
         if i is None:
             return False
+        self.text_bytes -= str_bytes(key) + str_bytes(self.questions[i])
         last = len(self.keys) - 1
         if i != last:
             self.vectors[i] = self.vectors[last]
@@ -98,7 +141,13 @@ class _Partition:
             self.row_of[self.keys[i]] = i
         self.keys.pop()
         self.questions.pop()
+        n = len(self.keys)
+        if n and len(self.vectors) - n >= 2 * grow_step(n):
+            self._resize(n + grow_step(n))
         return True
+
+    def expiry(self, key: str) -> float:
+        return float(self.expires[self.row_of[key]])
 
     def oldest(self) -> str:
         return self.keys[int(np.argmin(self.expires[:len(self.keys)]))]
@@ -114,16 +163,24 @@ class _Partition:
 
 class NumpyIndex:
     """Cosine search per partition over L2-normalised vectors: exact, or HNSW for partitions of at least
-    ``ann.min_entries`` (``ann=None``: always exact). Thread-safe (searches run in a thread pool); graph builds run
-    in background threads."""
+    ``ann.min_entries`` (``ann=None``: always exact), within ``max_bytes`` for all partitions together (0 = no
+    budget). Thread-safe (searches run in a thread pool); graph builds run in background threads.
+    ``on_evict(reason, count)`` hears of every eviction: ``budget`` (the least recently used entry, over the
+    budget), ``expired`` (the same, an entry past its TTL), ``partition_full`` (``max_per_partition``)."""
 
-    def __init__(self, *, dim: int, max_per_partition: int, ann: AnnConfig | None = None) -> None:
+    def __init__(self, *, dim: int, max_per_partition: int, ann: AnnConfig | None = None, max_bytes: int = 0,
+                 on_evict: Callable[[str, int], None] | None = None) -> None:
         self.dim = dim
         self.max_per_partition = max_per_partition
         self.ann = ann
+        self.max_bytes = max_bytes
+        self.on_evict = on_evict
         self._parts: dict[str, _Partition | AnnPartition] = {}
-        self._where: dict[str, str] = {}
+        self._where: OrderedDict[str, str] = OrderedDict()  # key -> partition, least recently used first
+        self._bytes = 0      # charged by all partitions
+        self._transient = 0  # of which tombstones and builds in flight (not held against the budget)
         self._lock = threading.RLock()
+        self._trim = trimmer()
 
     def __len__(self) -> int:
         return len(self._where)
@@ -131,49 +188,122 @@ class NumpyIndex:
     def partitions(self) -> int:
         return len(self._parts)
 
-    def add(self, partition: str, key: str, vector: np.ndarray, *, question: str, expires: float) -> None:
+    def bytes_used(self) -> int:
+        return self._bytes
+
+    # ---- the accountant -----------------------------------------------------------------------------------------
+
+    def _recharge(self, part: _Partition | AnnPartition) -> None:
+        held, transient = part.charge()
+        self._bytes += held - part.charged
+        self._transient += transient - part.transient
+        part.charged, part.transient = held, transient
+
+    def _drop(self, partition: str, part: _Partition | AnnPartition) -> None:
+        self._bytes -= part.charged
+        self._transient -= part.transient
+        part.charged = part.transient = 0
+        del self._parts[partition]
+
+    def _over(self) -> bool:
+        return bool(self.max_bytes) and self._bytes - self._transient > self.max_bytes
+
+    def _enforce(self, *, uncounted: str = "") -> None:
+        """Evicts the least recently used entries, of any partition, until the index is within its budget."""
+        now = time.time()
+        evicted: dict[str, int] = {}
+        while self._over() and self._where:
+            key, partition = next(iter(self._where.items()))
+            part = self._parts[partition]
+            reason = "expired" if part.expiry(key) < now else "budget"
+            self._remove(partition, part, key)
+            if key != uncounted:
+                evicted[reason] = evicted.get(reason, 0) + 1
+        for reason, count in evicted.items():
+            self._evicted(reason, count)
+
+    def _evicted(self, reason: str, count: int) -> None:
+        if self.on_evict is not None and count:
+            self.on_evict(reason, count)
+
+    # ---- entries ------------------------------------------------------------------------------------------------
+
+    def add(self, partition: str, key: str, vector: np.ndarray, *, question: str, expires: float,
+            cold: bool = False) -> bool:
         v = np.asarray(vector, dtype=np.float32).reshape(-1)
         if v.shape[0] != self.dim:
             raise ValueError(f"vector has {v.shape[0]} dimensions, the index {self.dim}")
         with self._lock:
             self.remove([key])
             part = self._parts.get(partition)
-            if part is None:
+            if part is None:  # created with its first entry
                 part = self._parts[partition] = _Partition(self.dim)
             if len(part) >= self.max_per_partition:
                 # the oldest-expiring entry of a full partition makes room
                 self._remove(partition, part, part.oldest())
+                self._evicted("partition_full", 1)
                 part = self._parts.setdefault(partition, part)
             part.add(key, v, question, expires)
             self._where[key] = partition
+            if cold:
+                self._where.move_to_end(key, last=False)
             if self.ann is not None and isinstance(part, _Partition) and len(part) >= self.ann.min_entries:
-                part = self._parts[partition] = self._promote(part, self.ann)
+                part = self._promote(partition, part, self.ann)
+            self._recharge(part)
             if isinstance(part, AnnPartition):
                 self._maybe_build(part)
+            self._enforce(uncounted=key if cold else "")
+            return key in self._where
 
-    def _promote(self, small: _Partition, config: AnnConfig) -> AnnPartition:
+    def touch(self, key: str) -> None:
+        with self._lock:
+            if key in self._where:
+                self._where.move_to_end(key)
+
+    def _promote(self, partition: str, small: _Partition, config: AnnConfig) -> AnnPartition:
         """An exact partition that reached ``min_entries`` becomes an HNSW one (searched exactly until built)."""
-        big = AnnPartition(self.dim, config, self._lock)
+        big = AnnPartition(self.dim, config, self._lock, name=partition)
         for i, key in enumerate(small.keys):
             big.add(key, small.vectors[i], small.questions[i], float(small.expires[i]))
+        self._drop(partition, small)
+        self._parts[partition] = big
         return big
+
+    def _demote(self, partition: str, big: AnnPartition) -> _Partition:
+        """A large partition that fell below half of ``min_entries`` is scanned exactly again (its rows packed, its
+        tombstones and graph gone)."""
+        small = _Partition(self.dim)
+        for key, i in big.row_of.items():
+            small.add(key, big.vectors[i], big.questions[i], float(big.expires[i]))
+        self._drop(partition, big)
+        self._parts[partition] = small
+        return small
 
     def _maybe_build(self, part: AnnPartition, *, complete: bool = False) -> None:
         if part.needs_build(complete=complete):
             part.building = True
+            part.reserved = part.build_bytes()
+            self._recharge(part)
             threading.Thread(target=self._build, args=(part,), name="l2-index-build", daemon=True).start()
 
     def _build(self, part: AnnPartition) -> None:
         part.rebuild()
         with self._lock:  # what arrived during the build may call for the next one
-            if any(p is part for p in self._parts.values()):
+            if self._parts.get(part.name) is part:
+                self._recharge(part)
                 self._maybe_build(part)
+                self._enforce()
+        self._trim()  # the old rows and graph go back to the OS, so the RSS follows the budget
 
     def _remove(self, partition: str, part: _Partition | AnnPartition, key: str) -> None:
         part.remove(key)
         del self._where[key]
         if not len(part):
-            del self._parts[partition]
+            self._drop(partition, part)
+        elif isinstance(part, AnnPartition) and self.ann is not None and len(part) < self.ann.min_entries // 2:
+            self._recharge(self._demote(partition, part))
+        else:
+            self._recharge(part)
 
     def remove(self, keys: list[str]) -> int:
         removed = 0
@@ -182,10 +312,10 @@ class NumpyIndex:
                 partition = self._where.get(key)
                 if partition is None:
                     continue
-                part = self._parts[partition]
-                self._remove(partition, part, key)
+                self._remove(partition, self._parts[partition], key)
                 removed += 1
-                if isinstance(part, AnnPartition) and len(part):
+                part = self._parts.get(partition)
+                if isinstance(part, AnnPartition):
                     self._maybe_build(part)
         return removed
 
