@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from goodput.common.v1 import types_pb2 as goodput_dot_common_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgoodput/cache/v1/cache.proto\x12\x10goodput.cache.v1\x1a\x1dgoodput/common/v1/types.proto\"\xe8\x01\n\rCacheKeyParts\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x30\n\x08messages\x18\x04 \x03(\x0b\x32\x1e.goodput.common.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x05 \x01(\t\x12\x33\n\x08sampling\x18\x06 \x01(\x0b\x32!.goodput.common.v1.SamplingParams\x12\x16\n\x0eknowledge_base\x18\x07 \x01(\t\x12\x12\n\nkb_version\x18\x08 \x01(\x03\"h\n\rLookupRequest\x12,\n\x03key\x18\x01 \x01(\x0b\x32\x1f.goodput.cache.v1.CacheKeyParts\x12\x16\n\x0e\x61llow_semantic\x18\x02 \x01(\x08\x12\x11\n\tthreshold\x18\x03 \x01(\x02\"\xd5\x02\n\x0eLookupResponse\x12\x0b\n\x03hit\x18\x01 \x01(\x08\x12\r\n\x05layer\x18\x02 \x01(\t\x12\x12\n\nsimilarity\x18\x03 \x01(\x02\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x36\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12\'\n\x05usage\x18\x06 \x01(\x0b\x32\x18.goodput.common.v1.Usage\x12\x10\n\x08\x64\x65graded\x18\x07 \x01(\x08\x12\x0b\n\x03key\x18\x08 \x01(\t\x12\x0e\n\x06reason\x18\t \x01(\t\x12\x15\n\rmatched_query\x18\n \x01(\t\x12/\n\x07sources\x18\x0b \x03(\x0b\x32\x1e.goodput.cache.v1.CachedSource\x12\x0f\n\x07verdict\x18\x0c \x01(\t\x12\x1c\n\x14verifier_probability\x18\r \x01(\x02\"\xfb\x01\n\x0cStoreRequest\x12,\n\x03key\x18\x01 \x01(\x0b\x32\x1f.goodput.cache.v1.CacheKeyParts\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x36\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12\'\n\x05usage\x18\x04 \x01(\x0b\x32\x18.goodput.common.v1.Usage\x12\x0e\n\x06opt_in\x18\x05 \x01(\x08\x12\r\n\x05ttl_s\x18\x06 \x01(\x05\x12/\n\x07sources\x18\x07 \x03(\x0b\x32\x1e.goodput.cache.v1.CachedSource\"R\n\x0c\x43\x61\x63hedSource\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64ocument_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x0c\n\x04text\x18\x04 \x01(\t\"K\n\rStoreResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\r\n\x05ttl_s\x18\x04 \x01(\x05\"W\n\x11InvalidateRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\"%\n\x12InvalidateResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x03\"\x1e\n\x0cStatsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"J\n\nLayerStats\x12\r\n\x05layer\x18\x01 \x01(\t\x12\x0c\n\x04hits\x18\x02 \x01(\x03\x12\x0e\n\x06misses\x18\x03 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x04 \x01(\x03\"\x80\x01\n\rStatsResponse\x12,\n\x06layers\x18\x01 \x03(\x0b\x32\x1c.goodput.cache.v1.LayerStats\x12\x14\n\x0ctokens_saved\x18\x02 \x01(\x03\x12\x19\n\x11gpu_seconds_saved\x18\x03 \x01(\x01\x12\x10\n\x08\x64\x65graded\x18\x04 \x01(\x03\x32\xc1\x02\n\x05\x43\x61\x63he\x12K\n\x06Lookup\x12\x1f.goodput.cache.v1.LookupRequest\x1a .goodput.cache.v1.LookupResponse\x12H\n\x05Store\x12\x1e.goodput.cache.v1.StoreRequest\x1a\x1f.goodput.cache.v1.StoreResponse\x12W\n\nInvalidate\x12#.goodput.cache.v1.InvalidateRequest\x1a$.goodput.cache.v1.InvalidateResponse\x12H\n\x05Stats\x12\x1e.goodput.cache.v1.StatsRequest\x1a\x1f.goodput.cache.v1.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgoodput/cache/v1/cache.proto\x12\x10goodput.cache.v1\x1a\x1dgoodput/common/v1/types.proto\"\xe8\x01\n\rCacheKeyParts\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x30\n\x08messages\x18\x04 \x03(\x0b\x32\x1e.goodput.common.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x05 \x01(\t\x12\x33\n\x08sampling\x18\x06 \x01(\x0b\x32!.goodput.common.v1.SamplingParams\x12\x16\n\x0eknowledge_base\x18\x07 \x01(\t\x12\x12\n\nkb_version\x18\x08 \x01(\x03\"h\n\rLookupRequest\x12,\n\x03key\x18\x01 \x01(\x0b\x32\x1f.goodput.cache.v1.CacheKeyParts\x12\x16\n\x0e\x61llow_semantic\x18\x02 \x01(\x08\x12\x11\n\tthreshold\x18\x03 \x01(\x02\"\xe9\x02\n\x0eLookupResponse\x12\x0b\n\x03hit\x18\x01 \x01(\x08\x12\r\n\x05layer\x18\x02 \x01(\t\x12\x12\n\nsimilarity\x18\x03 \x01(\x02\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x36\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12\'\n\x05usage\x18\x06 \x01(\x0b\x32\x18.goodput.common.v1.Usage\x12\x10\n\x08\x64\x65graded\x18\x07 \x01(\x08\x12\x0b\n\x03key\x18\x08 \x01(\t\x12\x0e\n\x06reason\x18\t \x01(\t\x12\x15\n\rmatched_query\x18\n \x01(\t\x12/\n\x07sources\x18\x0b \x03(\x0b\x32\x1e.goodput.cache.v1.CachedSource\x12\x0f\n\x07verdict\x18\x0c \x01(\t\x12\x1c\n\x14verifier_probability\x18\r \x01(\x02\x12\x12\n\nkb_version\x18\x0e \x01(\x03\"\xfb\x01\n\x0cStoreRequest\x12,\n\x03key\x18\x01 \x01(\x0b\x32\x1f.goodput.cache.v1.CacheKeyParts\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x36\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12\'\n\x05usage\x18\x04 \x01(\x0b\x32\x18.goodput.common.v1.Usage\x12\x0e\n\x06opt_in\x18\x05 \x01(\x08\x12\r\n\x05ttl_s\x18\x06 \x01(\x05\x12/\n\x07sources\x18\x07 \x03(\x0b\x32\x1e.goodput.cache.v1.CachedSource\"R\n\x0c\x43\x61\x63hedSource\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64ocument_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x0c\n\x04text\x18\x04 \x01(\t\"K\n\rStoreResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\r\n\x05ttl_s\x18\x04 \x01(\x05\"W\n\x11InvalidateRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\"%\n\x12InvalidateResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x03\"\x1e\n\x0cStatsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"J\n\nLayerStats\x12\r\n\x05layer\x18\x01 \x01(\t\x12\x0c\n\x04hits\x18\x02 \x01(\x03\x12\x0e\n\x06misses\x18\x03 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x04 \x01(\x03\"\x80\x01\n\rStatsResponse\x12,\n\x06layers\x18\x01 \x03(\x0b\x32\x1c.goodput.cache.v1.LayerStats\x12\x14\n\x0ctokens_saved\x18\x02 \x01(\x03\x12\x19\n\x11gpu_seconds_saved\x18\x03 \x01(\x01\x12\x10\n\x08\x64\x65graded\x18\x04 \x01(\x03\x32\xc1\x02\n\x05\x43\x61\x63he\x12K\n\x06Lookup\x12\x1f.goodput.cache.v1.LookupRequest\x1a .goodput.cache.v1.LookupResponse\x12H\n\x05Store\x12\x1e.goodput.cache.v1.StoreRequest\x1a\x1f.goodput.cache.v1.StoreResponse\x12W\n\nInvalidate\x12#.goodput.cache.v1.InvalidateRequest\x1a$.goodput.cache.v1.InvalidateResponse\x12H\n\x05Stats\x12\x1e.goodput.cache.v1.StatsRequest\x1a\x1f.goodput.cache.v1.StatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,23 +37,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOOKUPREQUEST']._serialized_start=316
   _globals['_LOOKUPREQUEST']._serialized_end=420
   _globals['_LOOKUPRESPONSE']._serialized_start=423
-  _globals['_LOOKUPRESPONSE']._serialized_end=764
-  _globals['_STOREREQUEST']._serialized_start=767
-  _globals['_STOREREQUEST']._serialized_end=1018
-  _globals['_CACHEDSOURCE']._serialized_start=1020
-  _globals['_CACHEDSOURCE']._serialized_end=1102
-  _globals['_STORERESPONSE']._serialized_start=1104
-  _globals['_STORERESPONSE']._serialized_end=1179
-  _globals['_INVALIDATEREQUEST']._serialized_start=1181
-  _globals['_INVALIDATEREQUEST']._serialized_end=1268
-  _globals['_INVALIDATERESPONSE']._serialized_start=1270
-  _globals['_INVALIDATERESPONSE']._serialized_end=1307
-  _globals['_STATSREQUEST']._serialized_start=1309
-  _globals['_STATSREQUEST']._serialized_end=1339
-  _globals['_LAYERSTATS']._serialized_start=1341
-  _globals['_LAYERSTATS']._serialized_end=1415
-  _globals['_STATSRESPONSE']._serialized_start=1418
-  _globals['_STATSRESPONSE']._serialized_end=1546
-  _globals['_CACHE']._serialized_start=1549
-  _globals['_CACHE']._serialized_end=1870
+  _globals['_LOOKUPRESPONSE']._serialized_end=784
+  _globals['_STOREREQUEST']._serialized_start=787
+  _globals['_STOREREQUEST']._serialized_end=1038
+  _globals['_CACHEDSOURCE']._serialized_start=1040
+  _globals['_CACHEDSOURCE']._serialized_end=1122
+  _globals['_STORERESPONSE']._serialized_start=1124
+  _globals['_STORERESPONSE']._serialized_end=1199
+  _globals['_INVALIDATEREQUEST']._serialized_start=1201
+  _globals['_INVALIDATEREQUEST']._serialized_end=1288
+  _globals['_INVALIDATERESPONSE']._serialized_start=1290
+  _globals['_INVALIDATERESPONSE']._serialized_end=1327
+  _globals['_STATSREQUEST']._serialized_start=1329
+  _globals['_STATSREQUEST']._serialized_end=1359
+  _globals['_LAYERSTATS']._serialized_start=1361
+  _globals['_LAYERSTATS']._serialized_end=1435
+  _globals['_STATSRESPONSE']._serialized_start=1438
+  _globals['_STATSRESPONSE']._serialized_end=1566
+  _globals['_CACHE']._serialized_start=1569
+  _globals['_CACHE']._serialized_end=1890
 # @@protoc_insertion_point(module_scope)

@@ -38,7 +38,7 @@ class LookupRequest(_message.Message):
     def __init__(self, key: _Optional[_Union[CacheKeyParts, _Mapping]] = ..., allow_semantic: _Optional[bool] = ..., threshold: _Optional[float] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("hit", "layer", "similarity", "text", "finish_reason", "usage", "degraded", "key", "reason", "matched_query", "sources", "verdict", "verifier_probability")
+    __slots__ = ("hit", "layer", "similarity", "text", "finish_reason", "usage", "degraded", "key", "reason", "matched_query", "sources", "verdict", "verifier_probability", "kb_version")
     HIT_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     SIMILARITY_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class LookupResponse(_message.Message):
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     VERIFIER_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    KB_VERSION_FIELD_NUMBER: _ClassVar[int]
     hit: bool
     layer: str
     similarity: float
@@ -65,7 +66,8 @@ class LookupResponse(_message.Message):
     sources: _containers.RepeatedCompositeFieldContainer[CachedSource]
     verdict: str
     verifier_probability: float
-    def __init__(self, hit: _Optional[bool] = ..., layer: _Optional[str] = ..., similarity: _Optional[float] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., degraded: _Optional[bool] = ..., key: _Optional[str] = ..., reason: _Optional[str] = ..., matched_query: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[CachedSource, _Mapping]]] = ..., verdict: _Optional[str] = ..., verifier_probability: _Optional[float] = ...) -> None: ...
+    kb_version: int
+    def __init__(self, hit: _Optional[bool] = ..., layer: _Optional[str] = ..., similarity: _Optional[float] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., degraded: _Optional[bool] = ..., key: _Optional[str] = ..., reason: _Optional[str] = ..., matched_query: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[CachedSource, _Mapping]]] = ..., verdict: _Optional[str] = ..., verifier_probability: _Optional[float] = ..., kb_version: _Optional[int] = ...) -> None: ...
 
 class StoreRequest(_message.Message):
     __slots__ = ("key", "text", "finish_reason", "usage", "opt_in", "ttl_s", "sources")
