@@ -24,6 +24,7 @@ import logging
 import time
 from collections import defaultdict
 from contextlib import aclosing
+from dataclasses import replace
 
 import numpy as np
 from redis.asyncio import Redis
@@ -46,6 +47,7 @@ __all__ = ["Answer", "CacheMetrics", "LookupResult", "ResponseCache", "StoreResu
 
 log = logging.getLogger("goodput.cache")
 _STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+STALE = "stale knowledge base"
 CANDIDATES = 4
 
 
@@ -81,12 +83,20 @@ class ResponseCache:
         self._broken_until = time.monotonic() + self.settings.breaker_s
         self.metrics.degraded.labels("redis").inc()
 
-    async def _kb_version(self, req: CacheRequest) -> CacheRequest:
-        if not req.rag or req.kb_version:
-            return req
+    async def _kb_version(self, req: CacheRequest) -> tuple[CacheRequest, str]:
+        """RAG: the request at its knowledge base's current version (when it said 0), or why it cannot be served or
+        stored at the version it names: an older one ("stale knowledge base"), or one not published yet."""
+        if not req.rag:
+            return req, ""
         raw = await self.redis.get(version_key(req.tenant, req.knowledge_base, prefix=self.settings.kb_key_prefix))
-        version = int(raw) if raw is not None else 0
-        return CacheRequest(**{**req.__dict__, "kb_version": version})
+        current = int(raw) if raw is not None else 0
+        if not req.kb_version:
+            return replace(req, kb_version=current), ""
+        if req.kb_version < current:
+            return req, STALE
+        if req.kb_version > current:
+            return req, "unknown knowledge-base version"
+        return req, ""
 
     # ---- lookup -------------------------------------------------------------------------------------------------
 
@@ -99,22 +109,25 @@ class ResponseCache:
             return self._degraded(req, tally, "store unavailable")
         started = time.perf_counter()
         try:
-            req = await self._kb_version(req)
+            req, stale = await self._kb_version(req)
             keys = derive(req)
-            entry = await self.l1.get(keys.exact)
+            entry = await self.l1.get(keys.exact) if not stale else None
         except _STORE_ERRORS as err:
             self._trip(err)
             return self._degraded(req, tally, "store unavailable")
         self.metrics.lookup_seconds.labels("l1").observe(time.perf_counter() - started)
-        if entry is not None and entry.tenant == req.tenant:
+        if entry is not None and _answers(entry, req):
             self.index.touch(keys.exact)
             self._count("l1", "hit", req.tenant, tally, entry)
-            return LookupResult(hit=True, layer="l1", similarity=1.0, answer=_answer(entry), key=keys.exact)
+            return LookupResult(hit=True, layer="l1", similarity=1.0, answer=_answer(entry), key=keys.exact,
+                                kb_version=req.kb_version)
         self._count("l1", "miss", req.tenant, tally)
+        if stale:  # an answer of another version than the current one is never served
+            return LookupResult(key=keys.exact, reason=stale, kb_version=req.kb_version)
         if not (allow_semantic and self.settings.semantic and self.vectoriser is not None and keys.question):
-            return LookupResult(key=keys.exact, reason="exact only")
+            return LookupResult(key=keys.exact, reason="exact only", kb_version=req.kb_version)
         if is_time_sensitive(keys.question):
-            return LookupResult(key=keys.exact, reason="time-sensitive")
+            return LookupResult(key=keys.exact, reason="time-sensitive", kb_version=req.kb_version)
         started = time.perf_counter()
         if self.verifier is not None:
             result = await self._verified(req, keys.partition, keys.question,
@@ -123,7 +136,7 @@ class ResponseCache:
             result = await self._semantic(req, keys.partition, keys.question, threshold or
                                           self.settings.threshold_for(req.tenant), tally)
         self.metrics.lookup_seconds.labels("l2").observe(time.perf_counter() - started)
-        result.key = keys.exact
+        result.key, result.kb_version = keys.exact, req.kb_version
         return result
 
     async def _semantic(self, req: CacheRequest, partition: str, question: str, threshold: float,
@@ -156,7 +169,7 @@ class ResponseCache:
             if entry is None:  # expired or evicted in Redis: the index catches up
                 self.index.remove([cand.key])
                 continue
-            if entry.tenant != req.tenant or entry.partition != partition:
+            if not _answers(entry, req) or entry.partition != partition:
                 continue
             if best is None:
                 best = (cand, entry)
@@ -223,7 +236,7 @@ class ResponseCache:
             if entry is None:  # expired or evicted in Redis: the index catches up
                 self.index.remove([cand.key])
                 continue
-            if entry.tenant != req.tenant or entry.partition != partition:
+            if not _answers(entry, req) or entry.partition != partition:
                 continue
             self.metrics.verifications.labels("same", req.tenant).inc()
             self.index.touch(cand.key)
@@ -304,7 +317,9 @@ class ResponseCache:
         if self._redis_down():
             return self._not_stored("store unavailable")
         try:
-            req = await self._kb_version(req)
+            req, stale = await self._kb_version(req)
+            if stale:
+                return self._not_stored(stale)
             keys = derive(req)
             vector = None
             if self.settings.semantic and self.vectoriser is not None and not sensitive and keys.question:
@@ -319,12 +334,17 @@ class ResponseCache:
                           completion_tokens=answer.completion_tokens, knowledge_base=req.knowledge_base,
                           kb_version=req.kb_version, sources=answer.sources)
             evicted = await self.l1.put(entry, vector=vector, ttl_s=ttl, max_entries=self.settings.max_entries)
+            if evicted:
+                self.index.remove(evicted)
+                self.metrics.evictions.labels("capacity").inc(len(evicted))
+            if req.rag and (await self._kb_version(req))[1]:
+                # The knowledge base moved on while the entry was written: its bump may have listed the knowledge
+                # base's entries before this one was among them, so the entry goes now.
+                await self.l1.delete([keys.exact])
+                return self._not_stored(STALE)
         except _STORE_ERRORS as err:
             self._trip(err)
             return self._not_stored("store unavailable")
-        if evicted:
-            self.index.remove(evicted)
-            self.metrics.evictions.labels("capacity").inc(len(evicted))
         if vector is not None:
             self.index.add(keys.partition, keys.exact, vector, question=keys.question, expires=entry.expires)
             self.metrics.entries.set(len(self.index))
@@ -470,6 +490,14 @@ class ResponseCache:
             "gpu_seconds_saved": sum(t.gpu_seconds_saved for t in tallies),
             "degraded": sum(t.degraded for t in tallies),
         }
+
+
+def _answers(entry: Entry, req: CacheRequest) -> bool:
+    """The stored entry may answer the request: the same tenant and, for RAG, the same knowledge base and version
+    (the key already says so; this holds even if two keys ever collided)."""
+    if entry.tenant != req.tenant:
+        return False
+    return not req.rag or (entry.knowledge_base == req.knowledge_base and entry.kb_version == req.kb_version)
 
 
 def _answer(e: Entry) -> Answer:

@@ -32,6 +32,8 @@ class LookupResult:
     # time), "" (no verification); and the probability of the candidate served or, on a refusal, the best refused.
     verdict: str = ""
     verifier_probability: float = 0.0
+    # RAG: the knowledge-base version the lookup was answered at (what the Store that follows should carry).
+    kb_version: int = 0
 
 
 @dataclass

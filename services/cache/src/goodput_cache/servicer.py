@@ -31,7 +31,8 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                                     threshold=request.threshold)
         resp = cache_pb2.LookupResponse(hit=r.hit, layer=r.layer, similarity=r.similarity, degraded=r.degraded,
                                         key=r.key, reason=r.reason, matched_query=r.matched_query,
-                                        verdict=r.verdict, verifier_probability=r.verifier_probability)
+                                        verdict=r.verdict, verifier_probability=r.verifier_probability,
+                                        kb_version=r.kb_version)
         if r.answer is not None:
             a = r.answer
             resp.text = a.text
