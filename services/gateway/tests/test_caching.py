@@ -14,10 +14,12 @@ import httpx
 import pytest
 from goodput.cache.v1 import cache_pb2, cache_pb2_grpc
 from goodput.common.v1 import types_pb2
+from goodput.retriever.v1 import retriever_pb2
 from grpc import aio
 from prometheus_client import CollectorRegistry
 
 from goodput_core.errors import Unavailable
+from goodput_testing import async_wait_until
 
 from goodput_gateway.__main__ import build
 from goodput_gateway.auth import Principal
@@ -50,7 +52,8 @@ async def cache_service(redis_url: str, redis_prefix: str) -> AsyncIterator[tupl
         await runner.stop()
 
 
-def _client(cache_addr: str, monkeypatch: pytest.MonkeyPatch, **overrides: Any) -> httpx.AsyncClient:
+def _client(cache_addr: str, monkeypatch: pytest.MonkeyPatch, registry: CollectorRegistry | None = None,
+            **overrides: Any) -> httpx.AsyncClient:
     async def models(self: Pipeline) -> list[ModelEntry]:
         return [MODEL]
 
@@ -61,7 +64,7 @@ def _client(cache_addr: str, monkeypatch: pytest.MonkeyPatch, **overrides: Any) 
     monkeypatch.setattr(Pipeline, "open", open_)
     settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1",
                                cache_addr=cache_addr, cache_timeout_s=5.0, **overrides)
-    runner = build(settings, CollectorRegistry(), None)
+    runner = build(settings, registry or CollectorRegistry(), None)
     transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
     return httpx.AsyncClient(transport=transport, base_url="http://gw", headers={"Authorization": "Bearer k-a"})
 
@@ -230,3 +233,74 @@ async def test_a_stage_over_its_budget_takes_the_ladders_next_step_and_says_so(
         assert r.json()["goodput_degraded"] == ["exact_cache_only"] and r.headers["x-goodput-degraded"] == \
             "exact_cache_only"
         assert "goodput_degraded" not in (await ask("P1")).json()
+
+
+class _Handbook:
+    """A stand-in retriever: one chunk of the knowledge base, whatever its version."""
+
+    async def search(self, tenant: str, kb: str, query: str, **kwargs: Any) -> retriever_pb2.SearchResponse:
+        return retriever_pb2.SearchResponse(kb_version=1, hits=[retriever_pb2.Hit(
+            chunk_id="c1", document_id="warranty", score=0.9, text="The warranty covers parts for two years.")])
+
+
+async def test_a_rag_answer_is_stored_under_the_version_its_lookup_read_not_a_newer_one(
+        cache_service: tuple[str, Any], monkeypatch: pytest.MonkeyPatch, redis_url: str, redis_prefix: str) -> None:
+    """The knowledge base moves from v1 to v2 while an answer retrieved at v1 is generated: the answer is not stored
+    (not under v2, where it would answer for data it never saw); the next question, at v2, is generated and stored
+    under v2, and the one after is a hit."""
+    import redis.asyncio as aioredis
+
+    from goodput_contracts import version_key
+
+    from goodput_gateway.knowledge import Knowledge
+
+    addr, cache = cache_service
+    r = aioredis.Redis.from_url(redis_url)
+    version = version_key("a", "manuals", prefix=redis_prefix)
+    await r.set(version, 1)
+    bumps = [1]  # the next answer's generation bumps the version once
+
+    class _BumpingAnswer(_Answering):
+        async def events(self) -> AsyncIterator[Any]:
+            if bumps:
+                bumps.pop()
+                await r.incr(version)  # the indexer finished a write meanwhile
+            async for event in super().events():
+                yield event
+
+    async def answering(self: Pipeline, *args: Any, **kwargs: Any) -> _Answering:
+        return _BumpingAnswer()
+
+    handbook = _Handbook()
+
+    async def search(self: Knowledge, *args: Any, **kwargs: Any) -> retriever_pb2.SearchResponse:
+        return await handbook.search(*args, **kwargs)
+
+    monkeypatch.setattr(Knowledge, "retrieval_enabled", property(lambda self: True))
+    monkeypatch.setattr(Knowledge, "search", search)
+    registry = CollectorRegistry()
+    stores = lambda result: registry.get_sample_value(  # noqa: E731
+        "goodput_gateway_cache_stores_total", {"result": result}) or 0
+    question = chat("What does the warranty cover?", knowledge_base="manuals")
+    try:
+        async with _client(addr, monkeypatch, registry=registry) as client:
+            monkeypatch.setattr(Pipeline, "open", answering)
+            first = await client.post("/v1/chat/completions", json=question)
+            assert first.status_code == 200 and first.headers["x-goodput-cache"] == "miss", first.text
+            await async_wait_until(lambda: stores("stale knowledge base") == 1, timeout=10,
+                                   message="the store of the v1 answer was not refused")
+            assert cache.index.bytes_used() == 0 and await r.get(version) == b"2"
+            second = await client.post("/v1/chat/completions", json=question)  # at v2: generated again
+            assert second.headers["x-goodput-cache"] == "miss"
+            await async_wait_until(lambda: stores("stored") == 1, timeout=10, message="the v2 answer was not stored")
+            third = await client.post("/v1/chat/completions", json=question)
+            assert third.headers["x-goodput-cache"] == "hit; layer=l1; similarity=1.000"
+            assert third.json()["sources"] == second.json()["sources"]
+            # no-cache: no lookup read a version, so the fresh RAG answer is not stored (a store would have been
+            # sent when its stream ended; half a second is more than one takes here)
+            r2 = await client.post("/v1/chat/completions", json=question, headers={"Cache-Control": "no-cache"})
+            assert r2.status_code == 200 and r2.headers["x-goodput-cache"] == "bypass; reason=no-cache"
+            await asyncio.sleep(0.5)
+            assert stores("stored") == 1 and stores("error") == 0
+    finally:
+        await r.aclose()

@@ -9,9 +9,13 @@ sends the answer to the cache once the stream has finished. Every response says 
 chunk of a stream), gRPC in the ``x-goodput-cache`` metadata and ``CacheInfo`` of a hit.
 
 Only greedy requests (temperature 0) are looked up and stored: any other answer is a sample, not the answer.
-Per request, ``Cache-Control: no-cache`` skips the lookup (the fresh answer is still stored) and ``no-store`` skips
-both lookup and store. Fail-open: a cache that is slow (``cache_timeout_s``), down or erroring never fails a
-request; it is served uncached and counted in ``goodput_gateway_cache_total{result="error"}``.
+Per request, ``Cache-Control: no-cache`` skips the lookup (the fresh answer is still stored, unless it is a RAG one)
+and ``no-store`` skips both lookup and store. A RAG answer is stored under the knowledge-base version its lookup was
+answered at (``LookupResponse.kb_version``, read before retrieval): if the knowledge base moves on while the answer
+is retrieved and generated, the cache refuses it rather than file it under the newer version. Without a version from
+a lookup (``no-cache``, a failed lookup, a knowledge base never indexed) a RAG answer is not stored. Fail-open: a
+cache that is slow (``cache_timeout_s``), down or erroring never fails a request; it is served uncached and counted
+in ``goodput_gateway_cache_total{result="error"}``.
 
 Example (inside the service, with a cache server on ``channel``)::
 
@@ -165,7 +169,7 @@ class GatewayCache:
             return CacheStatus("bypass", reason="no-store", store=False), None
         if "no-cache" in directives:
             self.results.labels("bypass").inc()
-            return CacheStatus("bypass", reason="no-cache", key=key), None
+            return CacheStatus("bypass", reason="no-cache", key=key, store=not key.knowledge_base), None
         if request.sampling.temperature != 0 or request.sampling.logprobs is not None or request.sampling.n > 1 \
                 or auto(request):
             # Only greedy answers are stored, so nothing could be found: no lookup, no store. Nor are answers with
@@ -180,16 +184,19 @@ class GatewayCache:
                     timeout=timeout_s or self.settings.cache_timeout_s)
         except Unavailable:  # its breaker is open: not even tried
             self.results.labels("error").inc()
-            return CacheStatus("error", reason="cache breaker open", key=key), None
+            return CacheStatus("error", reason="cache breaker open", key=key, store=not key.knowledge_base), None
         except (grpc.RpcError, asyncio.TimeoutError) as err:
             self.results.labels("error").inc()
             code = err.code().name if isinstance(err, grpc.aio.AioRpcError) else type(err).__name__
             log.warning("cache lookup failed, serving uncached", extra={"code": code})
-            return CacheStatus("error", reason="cache unavailable", key=key), None
+            return CacheStatus("error", reason="cache unavailable", key=key, store=not key.knowledge_base), None
         if not resp.hit:
             self.results.labels("error" if resp.degraded else "miss").inc()
+            # RAG: the answer is stored under the version this lookup read, before retrieval (none: not stored)
+            key.kb_version = resp.kb_version
             return CacheStatus("error" if resp.degraded else "miss", reason=resp.reason, key=key, verdict=resp.verdict,
-                               verifier_probability=resp.verifier_probability), None
+                               verifier_probability=resp.verifier_probability,
+                               store=not key.knowledge_base or resp.kb_version > 0), None
         self.results.labels(f"hit_{resp.layer}").inc()
         return CacheStatus("hit", layer=resp.layer, similarity=resp.similarity, store=False, verdict=resp.verdict,
                            verifier_probability=resp.verifier_probability), resp
