@@ -571,3 +571,15 @@ def test_cross_encoders_mount_from_a_claim_and_are_required_when_enabled(chart: 
     assert subpath["subPath"] == "goodput-reranker-minilm"
     with pytest.raises(Exception, match="claimName is required"):
         chart.docs(sets=("cache.crossEncoder.enabled=true",))
+
+
+def test_the_cache_gets_its_l2_memory_budget_and_the_pod_limit_stays_above_it(chart: Any) -> None:
+    docs = chart.docs()
+    budget = int(_config(docs, "cache")["GOODPUT_CACHE_MAX_L2_BYTES"])
+    assert budget == 256 << 20
+    limit = by_kind(docs, "Deployment")["cache"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limit["memory"] == "1Gi" and budget + (300 << 20) < 1 << 30  # the model and runtime fit beside it
+    assert _config(chart.docs(sets=("cache.config.maxL2Bytes=536870912",)), "cache")[
+        "GOODPUT_CACHE_MAX_L2_BYTES"] == "536870912"
+    with pytest.raises(Exception, match="maxL2Bytes"):
+        chart.docs(sets=("cache.config.maxL2Bytes=1000",))

@@ -515,6 +515,7 @@ HF_HUB_OFFLINE: "1"
 {{ $p }}GUARD: {{ .guard | quote }}
 {{ $p }}AMBIGUITY_MARGIN: {{ include "goodput.num" .ambiguityMargin | quote }}
 {{ $p }}MAX_ENTRIES: {{ include "goodput.num" .maxEntries | quote }}
+{{ $p }}MAX_L2_BYTES: {{ include "goodput.num" .maxL2Bytes | quote }}
 {{- end }}
 {{- end }}
 
