@@ -154,7 +154,7 @@ async def _run(args: argparse.Namespace, vectoriser: Any) -> dict[str, Any]:
         settings = CacheSettings(redis_url=args.redis_url, key_prefix=prefix, kb_key_prefix=prefix,
                                  version_channel=f"{prefix}:kb", max_entries=max(args.sizes) * 2,
                                  max_partition_entries=max(args.sizes) * 2, ann_build_threads=args.build_threads,
-                                 vector_memo_entries=0)
+                                 vector_memo_entries=0, max_l2_bytes=max(args.sizes) * 2 * 8 * 1024)  # ~4 KiB/entry
         redis = Redis.from_url(settings.redis_url, socket_timeout=1.0)
         cache = ResponseCache(settings, redis=redis, vectoriser=vectoriser, metrics=CacheMetrics(CollectorRegistry()))
         try:
