@@ -11,7 +11,7 @@ empty :=
 space := $(empty) $(empty)
 PACKAGES = $(notdir $(filter-out %.egg-info,$(wildcard libs/*/src/goodput_* services/*/src/goodput_*)))
 
-.PHONY: install protos docs run test test-unit lint bench clean
+.PHONY: install protos docs run test test-unit lint bench litellm clean
 
 install:  ## virtualenv, pinned dependencies, vLLM (CPU), the dev model, editable packages; near-instant when done
 	VENV=$(VENV) scripts/install.sh
@@ -37,6 +37,9 @@ lint: install  ## ruff and mypy (part of make test)
 
 bench: install  ## gateway/scheduler overhead benchmark (reports numbers, does not assert)
 	$(PY) -m loadtests.overhead
+
+litellm:  ## the LiteLLM proxy's own venv (.tools/litellm-venv) for `python -m loadtests.overhead --litellm`; not part of install
+	scripts/install-litellm.sh
 
 clean:  ## removes the local platform's state (.goodput/: logs, dev key); stops nothing
 	rm -rf .goodput

