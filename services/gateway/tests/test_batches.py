@@ -15,7 +15,7 @@ from goodput_core.errors import InvalidArgument, NotFound
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.jobs.batch_routes import check_lines
 from goodput_gateway.jobs.batches import BatchStore
-from goodput_gateway.jobs.store import JobQueue
+from goodput_gateway.jobs.store import Job, JobQueue
 
 CHAT = "/v1/chat/completions"
 
@@ -34,7 +34,7 @@ def store(redis_url: str, redis_prefix: str) -> Iterator[BatchStore]:
     client = redis.Redis.from_url(redis_url)
     sent: list[str] = []
     queue = JobQueue(GatewaySettings(redis_url=redis_url, jobs_prefix=redis_prefix), client,
-                     send=lambda job_id, delay_s: sent.append(job_id))
+                     send=lambda job_id, dispatch, delay_s: sent.append(job_id))
     yield BatchStore(queue)
     client.close()
 
@@ -49,10 +49,11 @@ def make_batch(store: BatchStore, *ids: str, tenant: str = "acme") -> str:
 
 def finish(store: BatchStore, job_id: str, state: str, result: dict[str, object] | None = None,
            error: str = "") -> None:
-    job = store.queue.load(job_id)
-    assert job is not None
-    previous, job.state, job.result, job.error = job.state, state, result, error
-    store.queue.save(job, previous=previous)
+    def change(job: Job) -> Job:
+        job.state, job.result, job.error = state, result, error
+        return job
+
+    assert store.queue.update(job_id, change)[1]
 
 
 def test_a_batch_runs_its_lines_as_p2_jobs_and_writes_its_files_once(store: BatchStore) -> None:

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from goodput_testing import async_wait_until, free_port
 from goodput_gateway.__main__ import build as build_gateway
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.jobs import JobQueue
+from goodput_gateway.jobs.store import celery_send
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -55,6 +57,10 @@ class Procs:
                          "GOODPUT_GATEWAY_SCHEDULER_ADDR": self.scheduler_addr,
                          "GOODPUT_GATEWAY_JOB_RETRY_BASE_S": "0.2", "GOODPUT_GATEWAY_JOB_RETRY_CAP_S": "1.0",
                          "GOODPUT_GATEWAY_REQUEST_TIMEOUT_S": "20",
+                         # A killed worker's claim lapses in 2 s; a message not started 3 s after it was due is
+                         # sent again; the worker sweeps twice a second.
+                         "GOODPUT_GATEWAY_JOB_LEASE_S": "2", "GOODPUT_GATEWAY_JOB_LOST_AFTER_S": "3",
+                         "GOODPUT_GATEWAY_JOB_SWEEP_INTERVAL_S": "0.5",
                          "GOODPUT_GATEWAY_JOBS_WORKER_HTTP_PORT": str(free_port())}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -94,6 +100,12 @@ class Procs:
                 proc.kill()
                 proc.wait()
 
+    def kill(self, name: str) -> None:
+        """SIGKILL: the process dies mid-run, releasing nothing."""
+        proc = self.procs.pop(name)
+        proc.kill()
+        proc.wait()
+
     def stop_all(self) -> None:
         for name in list(self.procs):
             self.stop(name)
@@ -115,6 +127,12 @@ def procs(redis_url: str, redis_session_prefix: str, tmp_path_factory: pytest.Te
     client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"_kombu.binding*.{p.jobs_env['GOODPUT_GATEWAY_JOBS_QUEUE']}"):
         client.delete(key)
+    # So is what a killed worker held unacknowledged (Redis would hand it back to the queue in an hour).
+    for tag, raw in client.hscan_iter("unacked"):
+        with contextlib.suppress(ValueError, TypeError):
+            if json.loads(raw)[2] == p.jobs_env["GOODPUT_GATEWAY_JOBS_QUEUE"]:
+                client.hdel("unacked", tag)
+                client.zrem("unacked_index", tag)
     client.close()
 
 
@@ -260,6 +278,76 @@ async def test_rest_sheds_p2_with_429_retry_after_and_a_job_to_fetch(procs: Proc
             assert 'goodput_gateway_deferred_jobs{state="completed"}' in metrics
     finally:
         await runner.stop()
+
+
+def metered_tokens(procs: Procs) -> int:
+    """Completion tokens metered to the jobs' tenant this month (the workers write them to Redis after each job)."""
+    client = redis.Redis.from_url(procs.redis_url)
+    month = time.strftime("%Y-%m", time.gmtime())
+    raw = client.hgetall(f"{procs.jobs_env['GOODPUT_GATEWAY_USAGE_PREFIX']}:batch:{month}")
+    client.close()
+    return sum(int(v) for k, v in raw.items() if k.decode().endswith("|completion_tokens"))
+
+
+def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+
+
+async def scheduler_ready(procs: Procs) -> None:
+    """Until the (just started) scheduler has an idle healthy worker, so a job's first attempt is not shed."""
+    async with aio.insecure_channel(procs.scheduler_addr) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        await async_wait_until(lambda: has_healthy_worker(stub, idle=True), timeout=30, interval=0.1,
+                               message="the scheduler has no idle healthy worker")
+
+
+async def test_celery_runs_a_message_delivered_twice_once(procs: Procs, queue: JobQueue) -> None:
+    await scheduler_ready(procs)
+    messages, attempts, metered = queue.tally("messages"), queue.attempts(), metered_tokens(procs)
+    job = await asyncio.to_thread(queue.submit, tenant="batch", route="chat", body=chat_body())
+    # The broker hands the worker the same dispatch's message twice (a publisher's retry, a redelivery).
+    await asyncio.to_thread(celery_send(procs.settings()), job.id, job.dispatch, 0.0)
+    done = await wait_job(queue, job.id, lambda j: j.state == "completed")
+    await async_wait_until(lambda: sum(delta(queue.tally("messages"), messages).values()) >= 2, timeout=30,
+                           message="the second copy of the message was not handled")
+    # One attempt completed (an earlier one may have been shed while the channel to the just-started scheduler
+    # was still connecting, and parked: a retry, not a second run); the copy ran nothing.
+    handled = delta(queue.tally("messages"), messages)
+    assert handled.get("claimed") == done.attempts and handled.get("duplicate", 0) + handled.get("stale", 0) == 1
+    ended = delta(queue.attempts(), attempts)
+    assert ended.pop("completed") == 1 and ended.get("parked", 0) == done.attempts - 1 and set(ended) <= {"parked"}
+    assert metered_tokens(procs) - metered == 6  # one generation's tokens metered, once
+    assert (await asyncio.to_thread(queue.load, job.id)) == done  # the result was not written again
+
+
+async def test_celery_worker_sweeps_a_lost_message_and_runs_the_job_once(procs: Procs, queue: JobQueue) -> None:
+    await scheduler_ready(procs)
+    recoveries, attempts = queue.tally("recoveries"), queue.attempts()
+    lossy = JobQueue(queue.settings, queue.redis, send=lambda job_id, dispatch, delay_s: None)
+    job = await asyncio.to_thread(lossy.submit, tenant="batch", route="chat", body=chat_body())
+    # No message was sent: the worker's sweeper sends it JOB_LOST_AFTER_S after it was due.
+    done = await wait_job(queue, job.id, lambda j: j.state == "completed", timeout=60)
+    assert done.result["usage"]["completion_tokens"] == 6
+    assert delta(queue.tally("recoveries"), recoveries) == {"lost_message": 1}
+    ended = delta(queue.attempts(), attempts)  # completed once (after attempts parked while it was shed, if any)
+    assert ended.pop("completed") == 1 and ended.get("parked", 0) == done.attempts - 1 and set(ended) <= {"parked"}
+
+
+async def test_a_celery_worker_killed_mid_run_lets_the_job_run_once_more(procs: Procs, queue: JobQueue) -> None:
+    await scheduler_ready(procs)
+    attempts, recoveries = queue.attempts(), queue.tally("recoveries")
+    job = await asyncio.to_thread(queue.submit, tenant="batch", route="chat",
+                                  body={**chat_body("Write a long story."), "max_tokens": 1500})
+    await wait_job(queue, job.id, lambda j: j.state == "running", timeout=60)
+    procs.kill("celery")  # mid-generation: no outcome written, the claim never released
+    procs.start_celery()
+    # The new worker's sweeper finds the claim lapsed (JOB_LEASE_S) and queues the job again; it completes once.
+    done = await wait_job(queue, job.id, lambda j: j.state == "completed", timeout=120)
+    assert done.attempts >= 2 and done.result["usage"]["completion_tokens"] > 0
+    ended = delta(queue.attempts(), attempts)
+    assert ended["lost"] == 1 and ended["completed"] == 1 and set(ended) <= {"lost", "completed", "parked"}
+    assert delta(queue.tally("recoveries"), recoveries).get("lease_expired") == 1
+    assert (await asyncio.to_thread(queue.load, job.id)).result == done.result
 
 
 @contextlib.asynccontextmanager

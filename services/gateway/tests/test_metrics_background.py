@@ -67,7 +67,7 @@ def _settings(**overrides: Any) -> GatewaySettings:
 def _queue(url: str, prefix: str, registry: CollectorRegistry) -> JobQueue:
     settings = _settings(redis_url=url, jobs_prefix=prefix)
     return JobQueue(settings, redis.Redis.from_url(url, socket_timeout=2), registry=registry,
-                    send=lambda job_id, delay_s: None)
+                    send=lambda job_id, dispatch, delay_s: None)
 
 
 async def test_a_scrape_serves_the_last_values_at_once_while_redis_hangs(

@@ -10,15 +10,19 @@
 * **Fetch.** ``GET /v1/jobs/{id}`` (the caller's tenant only) returns the job and, once completed, the same
   OpenAI-shaped body the synchronous call would have returned.
 
-State lives in Redis (a hash per job, a set per state), never in a scheduler or gateway process, so a job survives
-restarts of either; the Celery message is acknowledged late, so it survives a worker crash as well.
+State lives in Redis (a key per job, a sorted set per state), never in a scheduler or gateway process, so a job
+survives restarts of either. Each job runs effectively once (:mod:`.store`): its message is delivered at least once
+(acknowledged late, redelivered after a worker crash) and an attempt starts only by claiming the job atomically, so
+a duplicated or redelivered message runs nothing twice; a worker that dies lets its claim's lease lapse; the
+outcome is written only under the claim; and a sweeper in the jobs workers sends lost messages again, requeues jobs
+whose worker died and expires jobs past their deadline.
 
 A worker serves ``/metrics`` (any other path answers the same, so it doubles as the probes' ``/healthz``) on
-``jobs_worker_http_port`` once it is ready: jobs by state and attempts by outcome, both read from Redis, so they
-cover every worker process (the prefork children run the tasks, the parent serves the metrics).
+``jobs_worker_http_port`` once it is ready: jobs by state, attempts, messages and recoveries, all read from Redis,
+so they cover every worker process (the prefork children run the tasks, the parent serves the metrics and sweeps).
 
 The package: :mod:`.store` (jobs in Redis, the retry policy), :mod:`.parking` (a shed request becomes a job),
-:mod:`.worker` (the Celery app and task, running jobs through the gateway's own composition root) and
+:mod:`.worker` (the Celery app and task, running jobs through the gateway's own composition root; the sweeper) and
 :mod:`.routes` (``POST /v1/jobs``, ``GET /v1/jobs/{id}``).
 """
 

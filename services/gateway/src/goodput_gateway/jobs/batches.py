@@ -186,7 +186,7 @@ class BatchStore:
         keys = [self.queue._key(j) for j in batch.jobs]  # noqa: SLF001 - the queue's own key layout
         out: list[Job | None] = []
         for i in range(0, len(keys), 500):
-            out += [Job(**json.loads(r)) if r is not None else None for r in self.redis.mget(keys[i:i + 500])]
+            out += [Job.from_json(r) if r is not None else None for r in self.redis.mget(keys[i:i + 500])]
         return out
 
     def get(self, batch_id: str, *, tenant: str) -> Batch:
@@ -249,8 +249,7 @@ class BatchStore:
         self._save(batch)
         for job in self._jobs(batch):
             if job is not None and job.state in ("queued", "parked"):
-                previous, job.state, job.error = job.state, "failed", "cancelled"
-                self.queue.save(job, previous=previous)
+                self.queue.cancel(job.id)  # a compare-and-set: a line that started meanwhile finishes
         return self.get(batch_id, tenant=tenant)
 
     def list_batches(self, *, tenant: str, limit: int, after: str | None = None) -> list[Batch]:

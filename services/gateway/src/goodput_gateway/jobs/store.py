@@ -1,4 +1,30 @@
-"""Jobs in Redis: a hash per job, a set per state, attempts per outcome; and the retry policy of parked work.
+"""Jobs in Redis, run effectively once; and the retry policy of parked work.
+
+A job's message is delivered at least once (Celery acknowledges late; Redis redelivers what a dead worker held) and
+may be lost (a crash between storing a job and sending its message, a broker that lost writes). Every change of a
+job is a compare-and-set on its key (``WATCH``/``MULTI``: read, decide, write the job with its indexes and counters
+in one transaction, retried when another writer got in between), so:
+
+* **Claim.** An attempt starts only by moving the job from ``queued``/``parked`` to ``running`` with a fresh claim
+  (a fencing token) and a lease (``job_lease_s``, renewed while the attempt runs). A message that finds the job
+  running under a live lease, finished, or waiting for a later *dispatch* (each hand-over to the queue has a number,
+  and a message carries it) does nothing: a redelivered or duplicated message runs nothing twice.
+* **Finish.** The attempt's outcome (completed with its result, parked again, failed) is written only while the
+  job still holds that claim: a worker that lost it (its lease ran out) cannot overwrite the result of the attempt
+  that replaced it, nor count its own.
+* **Sweep** (:meth:`JobQueue.sweep`, run by one jobs worker at a time): a job whose message is overdue by
+  ``job_lost_after_s`` is sent again (the copy that arrives first runs it); a running job whose lease ran out (its
+  worker died) is queued again under a new dispatch; a job past its deadline expires.
+
+Keys, under ``jobs_prefix`` (``<p>``):
+
+* ``<p>:job:<id>``: the job (JSON), kept ``job_result_ttl_s`` past its deadline;
+* ``<p>:index:<state>``: a sorted set per state, written in the same transaction as the job: waiting jobs scored by
+  when their message is due, running ones by when their lease ends, finished ones by when their key expires. They
+  are what the gauges count and what the sweeper reads;
+* ``<p>:deadlines``: unfinished jobs by deadline;
+* ``<p>:attempts`` (by outcome), ``<p>:messages`` (by verdict), ``<p>:recoveries`` (by reason): counters every
+  process adds to.
 
 Example (with a Redis at ``settings.redis_url``)::
 
@@ -15,30 +41,47 @@ What ``GET /v1/jobs/{id}`` answers for a job, in OpenAI's shape:
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import random
 import time
 import uuid
+from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.exceptions import WatchError
 
 from goodput_core.errors import DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from goodput_core.metrics import SharedCounter, StoreReadings
 
-__all__ = ["ENDPOINTS", "JOB_HEADER", "JOB_ID_KEY", "OUTCOMES", "RETRYABLE", "ROUTES", "SHED_CODES", "STATES",
-           "TERMINAL", "Job", "JobQueue", "JobsMetrics", "celery_send", "retry_delay"]
+__all__ = ["ENDPOINTS", "JOB_HEADER", "JOB_ID_KEY", "OUTCOMES", "RECOVERIES", "RETRYABLE", "ROUTES", "SHED_CODES",
+           "STATES", "TERMINAL", "VERDICTS", "Job", "JobQueue", "JobsMetrics", "Send", "celery_send", "retry_delay"]
+
+log = logging.getLogger("goodput.gateway.jobs")
 
 STATES = ("queued", "running", "parked", "completed", "failed", "expired")
 TERMINAL = ("completed", "failed", "expired")
-OUTCOMES = ("completed", "parked", "failed")  # where an attempt (a "running" job) ends
+WAITING = ("queued", "parked")
+# How an attempt (a claim on a "running" job) ends; "lost": its worker died and the claim lapsed.
+OUTCOMES = ("completed", "parked", "failed", "lost")
+# What a delivered message did: started an attempt, expired the job, or nothing (a duplicate: the job is running
+# under a live claim or finished; stale: an earlier dispatch's message; missing: no such job).
+VERDICTS = ("claimed", "expired", "duplicate", "stale", "missing")
+# Why the sweeper (or a redelivered message) stepped in.
+RECOVERIES = ("lost_message", "lease_expired", "deadline")
 JOB_HEADER = "X-Goodput-Job-Id"
 JOB_ID_KEY = "x-goodput-job-id"  # gRPC trailing metadata of a shed request that was parked
 # Worth retrying later: shed, scheduler or workers unreachable, expired in the queue.
 RETRYABLE = (ResourceExhausted, Unavailable, DeadlineExceeded)
 SHED_CODES = ("overloaded", "queue_full")
+CAS_TRIES = 20
+
+Send = Callable[[str, int, float], None]
+"""Sends a job's message: ``send(job_id, dispatch, delay_s)``."""
 
 
 def retry_delay(attempt: int, retry_after_s: float | None, *, base_s: float = 1.0, cap_s: float = 60.0,
@@ -70,6 +113,18 @@ class Job:
     next_attempt_at: float = 0.0
     error: str = ""
     result: dict[str, Any] | None = None
+    # Each hand-over to the queue (submitted, parked again, requeued after its worker died) is a new dispatch; its
+    # message carries the number, and only a message of the current dispatch may start an attempt.
+    dispatch: int = 0
+    due_at: float = 0.0  # when the current dispatch's message is due (or was last sent again)
+    claim: str = ""  # the running attempt's fencing token ("" when none runs)
+    lease_until: float = 0.0  # the claim lapses then unless renewed
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Job:
+        """A stored job; fields this version does not know (written by a newer one) are ignored."""
+        data = json.loads(raw)
+        return cls(**{k: v for k, v in data.items() if k in _FIELDS})
 
     def public(self) -> dict[str, Any]:
         """The REST shape (an OpenAI-style object)."""
@@ -85,14 +140,16 @@ class Job:
         return out
 
 
+_FIELDS = {f.name for f in dataclasses.fields(Job)}
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 ROUTES = {v: k for k, v in ENDPOINTS.items()}
 
 
 class JobsMetrics:
-    """Transitions counted in this process; jobs by state and attempts by outcome read from Redis off the scrape
-    path (``readings``: the gateway starts them on its event loop; a worker's metrics thread reads on a scrape,
-    waiting ``scrape_wait_s`` at most), so that a scrape never waits on Redis."""
+    """Transitions counted in this process; jobs by state, attempts by outcome, messages by verdict and recoveries
+    by reason read from Redis off the scrape path (``readings``: the gateway starts them on its event loop; a
+    worker's metrics thread reads on a scrape, waiting ``scrape_wait_s`` at most), so that a scrape never waits on
+    Redis."""
 
     def __init__(self, registry: CollectorRegistry | None, queue: JobQueue | None = None, *,
                  scrape_wait_s: float = 0.0) -> None:
@@ -105,14 +162,24 @@ class JobsMetrics:
                          "NaN until first read).", ["state"], registry=registry)
             for state in STATES:
                 jobs.labels(state).set_function(_last_count(self.readings.add(state, _counter(queue, state))))
-            attempts = self.readings.add("attempts", queue.attempts)
-            registry.register(SharedCounter("goodput_gateway_deferred_job_attempts",
-                                            "Attempts of deferred jobs by outcome (from Redis, all processes).",
-                                            "outcome", read=attempts, known=OUTCOMES))
+            for name, key, label, known, doc in (
+                    ("attempts", "attempts", "outcome", OUTCOMES, "Attempts of deferred jobs by outcome (lost: its "
+                     "worker died and its claim lapsed)"),
+                    ("messages", "messages", "verdict", VERDICTS, "Deferred jobs' messages by what they did "
+                     "(duplicate, stale: nothing, the job had run or was running)"),
+                    ("recoveries", "recoveries", "reason", RECOVERIES, "Deferred jobs the sweeper sent again "
+                     "(lost_message), requeued after their worker died (lease_expired) or expired (deadline)")):
+                read = self.readings.add(name, _tally(queue, key))
+                registry.register(SharedCounter(f"goodput_gateway_deferred_job_{name}",
+                                                f"{doc} (from Redis, all processes).", label, read=read, known=known))
 
 
 def _counter(queue: JobQueue, state: str) -> Callable[[], int]:
     return lambda: queue.count(state)
+
+
+def _tally(queue: JobQueue, name: str) -> Callable[[], dict[str, int]]:
+    return lambda: queue.tally(name)
 
 
 def _last_count(last: Callable[[], Any]) -> Callable[[], float]:
@@ -123,49 +190,44 @@ def _last_count(last: Callable[[], Any]) -> Callable[[], float]:
 
 
 class JobQueue:
-    """Jobs in Redis and their Celery task. ``send`` enqueues the task (defaults to this module's Celery app)."""
+    """Jobs in Redis and their messages. ``send`` sends a job's message (default: the Celery task of
+    :mod:`.worker`); a message that could not be sent is sent again by the sweeper."""
 
     def __init__(self, settings: Any, redis_client: Any, *, registry: CollectorRegistry | None = None,
-                 send: Callable[[str, float], None] | None = None) -> None:
+                 send: Send | None = None) -> None:
         self.settings = settings
         self.redis = redis_client
         self.prefix = settings.jobs_prefix
         self._send = send or celery_send(settings)
         self.metrics = JobsMetrics(registry, self)
 
+    # ---- keys and counters ----
     def _key(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}"
 
-    def _state_key(self, state: str) -> str:
-        return f"{self.prefix}:state:{state}"
+    def _index(self, state: str) -> str:
+        return f"{self.prefix}:index:{state}"
+
+    def _deadlines(self) -> str:
+        return f"{self.prefix}:deadlines"
 
     def count(self, state: str) -> int:
-        return int(self.redis.scard(self._state_key(state)))
+        """Jobs in ``state`` (finished ones until their key expires)."""
+        return int(self.redis.zcard(self._index(state)))
 
-    def attempts(self) -> dict[str, int]:
-        """Attempts ever ended per outcome (completed, parked, failed), over every worker."""
-        raw = self.redis.hgetall(f"{self.prefix}:attempts")
+    def tally(self, name: str) -> dict[str, int]:
+        """A shared counter: ``attempts`` (by outcome), ``messages`` (by verdict), ``recoveries`` (by reason)."""
+        raw = self.redis.hgetall(f"{self.prefix}:{name}")
         return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
 
-    def save(self, job: Job, *, previous: str | None = None) -> None:
-        job.updated_at = time.time()
-        ttl = int(max(job.deadline_at - time.time(), 0) + self.settings.job_result_ttl_s)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.set(self._key(job.id), json.dumps(asdict(job)), ex=max(ttl, 60))
-        if previous and previous != job.state:
-            pipe.srem(self._state_key(previous), job.id)
-        pipe.sadd(self._state_key(job.state), job.id)
-        if previous == "running" and job.state in OUTCOMES:
-            pipe.hincrby(f"{self.prefix}:attempts", job.state, 1)
-        pipe.execute()
-        if previous != job.state:
-            self.metrics.transitions.labels(job.state).inc()
+    def attempts(self) -> dict[str, int]:
+        """Attempts ever ended per outcome (completed, parked, failed, lost), over every worker."""
+        return self.tally("attempts")
 
+    # ---- reads ----
     def load(self, job_id: str) -> Job | None:
         raw = self.redis.get(self._key(job_id))
-        if raw is None:
-            return None
-        return Job(**json.loads(raw))
+        return None if raw is None else Job.from_json(raw)
 
     def get(self, job_id: str, *, tenant: str) -> Job:
         job = self.load(job_id)
@@ -173,9 +235,68 @@ class JobQueue:
             raise NotFound(f"no job {job_id!r}", param="job_id", code="job_not_found")
         return job
 
+    # ---- writes: every one a compare-and-set ----
+    def _write(self, pipe: Any, job: Job, *, old: Job | None, count: tuple[str, str] | None = None) -> None:
+        """Queues the writes of ``job`` (and of its indexes and counters) on ``pipe``, inside its MULTI."""
+        now = time.time()
+        job.updated_at = now
+        ttl = max(int(max(job.deadline_at - now, 0) + self.settings.job_result_ttl_s), 60)
+        pipe.set(self._key(job.id), json.dumps(asdict(job)), ex=ttl)
+        if old is not None and old.state != job.state:
+            pipe.zrem(self._index(old.state), job.id)
+        score = now + ttl if job.state in TERMINAL else job.lease_until if job.state == "running" else job.due_at
+        pipe.zadd(self._index(job.state), {job.id: score})
+        if job.state in TERMINAL:
+            pipe.zrem(self._deadlines(), job.id)
+        else:
+            pipe.zadd(self._deadlines(), {job.id: job.deadline_at})
+        if old is not None and old.state == "running" and old.claim and job.claim != old.claim:
+            # The attempt under old.claim has ended: with the state it wrote, or lost (the claim lapsed).
+            outcome = job.state if job.state in ("completed", "parked", "failed") else "lost"
+            pipe.hincrby(f"{self.prefix}:attempts", outcome, 1)
+        if count is not None:
+            pipe.hincrby(f"{self.prefix}:{count[0]}", count[1], 1)
+
+    def update(self, job_id: str, change: Callable[[Job], Job | None], *,
+               count: tuple[str, str] | None = None) -> tuple[Job | None, bool]:
+        """Compare-and-set on one job: ``change`` gets a copy of the stored job and returns it changed, or None to
+        leave it; the change is written with the job's indexes and counters in one transaction, and decided again
+        on what another writer stored meanwhile. Returns (the job as stored now, whether this call changed it);
+        (None, False) when there is no such job. ``count``: a counter (name, field) added to with the change.
+        """
+        key = self._key(job_id)
+        for _ in range(CAS_TRIES):
+            with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(key)
+                    raw = pipe.get(key)
+                    if raw is None:
+                        return None, False
+                    old = Job.from_json(raw)
+                    new = change(dataclasses.replace(old))
+                    if new is None:
+                        return old, False
+                    pipe.multi()
+                    self._write(pipe, new, old=old, count=count)
+                    pipe.execute()
+                except WatchError:
+                    continue
+            if new.state != old.state:
+                self.metrics.transitions.labels(new.state).inc()
+            return new, True
+        raise Unavailable(f"job {job_id} is changing too often to update; try again", code="job_busy")
+
+    def _dispatch(self, job: Job, delay_s: float) -> None:
+        """Sends the message of the job's current dispatch; if that fails, the sweeper sends it later."""
+        try:
+            self._send(job.id, job.dispatch, delay_s)
+        except Exception as err:  # noqa: BLE001 - the job is stored; a lost message is the sweeper's to recover
+            log.warning("job message not sent; the sweeper sends it again",
+                        extra={"job": job.id, "dispatch": job.dispatch, "error": repr(err)[:200]})
+
     def submit(self, *, tenant: str, route: str, body: dict[str, Any], delay_s: float = 0.0,
                error: str = "", deadline_at: float | None = None) -> Job:
-        """Stores a new job and schedules its first attempt in ``delay_s`` seconds; it expires at ``deadline_at``
+        """Stores a new job and sends its message, due in ``delay_s`` seconds; it expires at ``deadline_at``
         (default: ``job_deadline_s`` from now)."""
         if route not in ENDPOINTS:
             raise InvalidArgument(f"unknown route {route!r}", param="endpoint")
@@ -184,19 +305,178 @@ class JobQueue:
         job = Job(id=f"job-{uuid.uuid4().hex}", tenant=tenant, route=route, body=body,
                   state="parked" if delay_s > 0 else "queued",
                   deadline_at=deadline_at if deadline_at is not None else now + self.settings.job_deadline_s,
-                  next_attempt_at=now + delay_s, error=error)
-        self.save(job)
-        self._send(job.id, delay_s)
+                  next_attempt_at=now + delay_s, due_at=now + delay_s, dispatch=1, error=error)
+        with self.redis.pipeline(transaction=True) as pipe:
+            self._write(pipe, job, old=None)
+            pipe.execute()
+        self.metrics.transitions.labels(job.state).inc()
+        self._dispatch(job, delay_s)
         return job
 
-    def reschedule(self, job: Job, delay_s: float) -> None:
-        self._send(job.id, delay_s)
+    def claim(self, job_id: str, dispatch: int | None) -> tuple[str, Job | None]:
+        """What a delivered message of ``dispatch`` (None: a message from before dispatches were numbered) does:
+        ``claimed`` (the job is now running under a fresh claim and lease: run it), ``expired`` (its deadline had
+        passed), or nothing: ``duplicate``, ``stale``, ``missing`` (see :data:`VERDICTS`). Returns the verdict and
+        the job as stored now."""
+        now = time.time()
+        verdict = "missing"
+        recovered = False
+
+        def change(job: Job) -> Job | None:
+            nonlocal verdict, recovered
+            if job.state in TERMINAL:
+                verdict = "duplicate"
+                return None
+            if dispatch is not None and dispatch != job.dispatch:
+                verdict = "stale"
+                return None
+            if job.state == "running" and job.lease_until > now:
+                verdict = "duplicate"
+                return None
+            recovered = job.state == "running"  # redelivered after its worker died: the claim lapsed
+            if now >= job.deadline_at:
+                verdict = "expired"
+                job.state, job.claim, job.error = "expired", "", job.error or "the job's deadline passed"
+                return job
+            verdict = "claimed"
+            job.state, job.claim, job.lease_until = "running", uuid.uuid4().hex, now + self.settings.job_lease_s
+            job.attempts += 1
+            return job
+
+        job, changed = self.update(job_id, change)
+        self.redis.hincrby(f"{self.prefix}:messages", verdict, 1)
+        if changed and recovered:
+            self.redis.hincrby(f"{self.prefix}:recoveries", "lease_expired", 1)
+        return verdict, job
+
+    def renew(self, job: Job) -> bool:
+        """Extends the lease of ``job``'s claim; False when the claim is no longer the job's."""
+        def change(current: Job) -> Job | None:
+            if current.state != "running" or current.claim != job.claim:
+                return None
+            current.lease_until = time.time() + self.settings.job_lease_s
+            return current
+        return self.update(job.id, change)[1]
+
+    def finish(self, job: Job, state: str, *, result: dict[str, Any] | None = None, error: str = "",
+               delay_s: float = 0.0) -> tuple[Job | None, bool]:
+        """Ends the attempt that holds ``job.claim`` as ``completed`` (with ``result``), ``parked`` (its next
+        attempt in ``delay_s``, under a new dispatch) or ``failed``; only while the job still holds that claim.
+        Returns (the job as stored now, whether this attempt's outcome was written)."""
+        if state not in ("completed", "parked", "failed"):
+            raise ValueError(f"an attempt does not end as {state!r}")
+        now = time.time()
+
+        def change(current: Job) -> Job | None:
+            if current.state != "running" or current.claim != job.claim:
+                return None
+            current.state, current.error, current.claim = state, error, ""
+            if state == "completed":
+                current.result = result
+            if state == "parked":
+                current.dispatch += 1
+                current.next_attempt_at = current.due_at = now + delay_s
+            return current
+
+        stored, changed = self.update(job.id, change)
+        if changed and stored is not None and state == "parked":
+            self._dispatch(stored, delay_s)
+        if not changed:
+            log.warning("job attempt ended after its claim was lost; its outcome is dropped",
+                        extra={"job": job.id, "outcome": state, "now": stored.state if stored else "missing"})
+        return stored, changed
+
+    def cancel(self, job_id: str, *, error: str = "cancelled") -> Job | None:
+        """Fails the job if it has not started (queued or parked); a running one finishes."""
+        def change(job: Job) -> Job | None:
+            if job.state not in WAITING:
+                return None
+            job.state, job.error = "failed", error
+            return job
+        return self.update(job_id, change)[0]
+
+    # ---- the sweeper ----
+    def lead(self, hold_s: float, owner: str) -> bool:
+        """True when ``owner`` may sweep now: one sweep per ``hold_s`` over every process (others that ask
+        meanwhile get False). Sweeping twice at once would be safe too: every step is a compare-and-set."""
+        ok = self.redis.set(f"{self.prefix}:sweeper", owner, nx=True, px=max(int(hold_s * 1000), 1))
+        return bool(ok)
+
+    def _due(self, index: str, before: float, limit: int) -> list[str]:
+        ids = self.redis.zrangebyscore(index, "-inf", before, start=0, num=limit)
+        return [i.decode() if isinstance(i, bytes) else i for i in ids]
+
+    def _forget(self, job_id: str) -> None:
+        """Drops a job whose key has expired from every index."""
+        pipe = self.redis.pipeline(transaction=True)
+        for state in STATES:
+            pipe.zrem(self._index(state), job_id)
+        pipe.zrem(self._deadlines(), job_id)
+        pipe.execute()
+
+    def sweep(self, *, now: float | None = None) -> dict[str, int]:
+        """One pass of the sweeper; returns how many jobs it expired (``deadline``), requeued after their worker
+        died (``lease_expired``) and sent again (``lost_message``). At most ``job_sweep_batch`` of each."""
+        now = time.time() if now is None else now
+        limit = int(self.settings.job_sweep_batch)
+        done: Tally[str] = Tally()
+
+        def sweep_one(job_id: str, reason: str, change: Callable[[Job], Job | None]) -> Job | None:
+            job, changed = self.update(job_id, change, count=("recoveries", reason))
+            if job is None:
+                self._forget(job_id)
+            elif changed:
+                done[reason] += 1
+                return job
+            return None
+
+        def expire(job: Job) -> Job | None:
+            if job.state in TERMINAL or (job.state == "running" and job.lease_until > now):
+                return None  # a live attempt past the deadline may finish
+            job.state, job.claim, job.error = "expired", "", job.error or "the job's deadline passed"
+            return job
+
+        for job_id in self._due(self._deadlines(), now, limit):
+            if sweep_one(job_id, "deadline", expire) is None and (job := self.load(job_id)) is not None \
+                    and job.state in TERMINAL:
+                self.redis.zrem(self._deadlines(), job_id)  # repair: a finished job is never due
+
+        def requeue(job: Job) -> Job | None:  # its worker died: the claim lapsed
+            if job.state != "running" or job.lease_until > now:
+                return None
+            job.state, job.claim, job.dispatch = "queued", "", job.dispatch + 1
+            job.due_at = job.next_attempt_at = now
+            return job
+
+        for job_id in self._due(self._index("running"), now, limit):
+            if (job := sweep_one(job_id, "lease_expired", requeue)) is not None:
+                self._dispatch(job, 0.0)
+
+        lost_before = now - self.settings.job_lost_after_s
+
+        def resend(job: Job) -> Job | None:  # the same dispatch: whichever of its messages comes first runs it
+            if job.state not in WAITING or job.due_at > lost_before:
+                return None
+            job.state, job.due_at = "queued", now
+            return job
+
+        for state in WAITING:
+            for job_id in self._due(self._index(state), lost_before, limit):
+                if (job := sweep_one(job_id, "lost_message", resend)) is not None:
+                    self._dispatch(job, 0.0)
+
+        for state in TERMINAL:  # finished jobs whose keys have expired
+            self.redis.zremrangebyscore(self._index(state), "-inf", now)
+        if done:
+            log.info("jobs swept", extra=dict(done))
+        return dict(done)
 
 
-def celery_send(settings: Any) -> Callable[[str, float], None]:
-    def send(job_id: str, delay_s: float) -> None:
+def celery_send(settings: Any) -> Send:
+    def send(job_id: str, dispatch: int, delay_s: float) -> None:
         from goodput_gateway.jobs.worker import celery_app  # lazy: only processes that park or run jobs need Celery
 
         app = celery_app(settings)
-        app.send_task("goodput.jobs.run", args=[job_id], countdown=max(delay_s, 0.0), queue=settings.jobs_queue)
+        app.send_task("goodput.jobs.run", args=[job_id, dispatch], countdown=max(delay_s, 0.0),
+                      queue=settings.jobs_queue)
     return send

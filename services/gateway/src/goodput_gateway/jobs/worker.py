@@ -2,13 +2,16 @@
 own composition root (:func:`goodput_gateway.__main__.compose`, built once per worker process on one event loop
 that lives as long as the process) at P2, as the tenant that submitted it.
 
-Shed again, or the scheduler unreachable (restarting), a job is re-parked with :func:`retry_delay` until it
-completes or its deadline passes.
+A message starts an attempt only by claiming the job (:meth:`JobQueue.claim`), so a redelivered or duplicated
+message runs nothing twice; the claim's lease is renewed while the attempt runs (:class:`Heartbeat`), and the
+outcome is written only under that claim. Shed again, or the scheduler unreachable (restarting), a job is re-parked
+with :func:`retry_delay` until it completes or its deadline passes. The worker's main process also runs the
+:class:`Sweeper` (lost messages, dead workers' claims, deadlines).
 
 Example (in a worker process, with the scheduler and the jobs' Redis up)::
 
     runner = JobRunner(settings)
-    run_job(queue, "job-1f2e...", runner=runner)     # one attempt: completed, parked again or failed
+    run_job(queue, "job-1f2e...", runner=runner, dispatch=1)   # one attempt: completed, parked again or failed
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
+import threading
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,12 +29,12 @@ from prometheus_client import CollectorRegistry
 
 from goodput_core.errors import GoodputError
 
-from goodput_gateway.jobs.store import RETRYABLE, TERMINAL, Job, JobQueue, JobsMetrics, celery_send, retry_delay
+from goodput_gateway.jobs.store import RETRYABLE, Job, JobQueue, JobsMetrics, celery_send, retry_delay
 
 if TYPE_CHECKING:
     from goodput_gateway.__main__ import Wiring
 
-__all__ = ["JobRunner", "celery_app", "run_job", "serve_metrics"]
+__all__ = ["Heartbeat", "JobRunner", "Sweeper", "celery_app", "run_job", "serve_metrics"]
 
 log = logging.getLogger("goodput.gateway.jobs")
 
@@ -80,41 +84,106 @@ class JobRunner:
         self._loop.close()
 
 
-def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, Any]],
+def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, Any]], dispatch: int | None = None,
             rng: random.Random | None = None) -> Job | None:
-    """One attempt of a job (the Celery task's body): completed, re-parked with a delay, or failed for good."""
-    job = queue.load(job_id)
-    if job is None or job.state in TERMINAL:
+    """What one delivered message of the job's ``dispatch`` does (the Celery task's body): claims the job and runs
+    one attempt (completed, re-parked with a delay, or failed for good), or, when the job is running under a live
+    claim, finished or waiting for a later dispatch, nothing. Returns the job as stored afterwards."""
+    verdict, job = queue.claim(job_id, dispatch)
+    if verdict != "claimed" or job is None:
+        if verdict in ("duplicate", "stale"):
+            log.info("job message ignored", extra={"job": job_id, "dispatch": dispatch, "verdict": verdict})
         return job
-    now = time.time()
-    if now >= job.deadline_at:
-        previous, job.state, job.error = job.state, "expired", job.error or "the job's deadline passed"
-        queue.save(job, previous=previous)
-        return job
-    previous, job.state = job.state, "running"
-    job.attempts += 1
-    queue.save(job, previous=previous)
     try:
-        job.result = runner(job)
+        with Heartbeat(queue, job):  # renews the claim's lease while the attempt runs
+            result = runner(job)
     except RETRYABLE as err:
+        error = f"{type(err).__name__}: {err.message}"
         if err.code == "insufficient_quota":  # the tenant's monthly budget is spent: no retry helps this month
-            job.state, job.error = "failed", f"{type(err).__name__}: {err.message}"
-            queue.save(job, previous="running")
-            return job
+            return queue.finish(job, "failed", error=error)[0]
         delay = retry_delay(job.attempts, err.retry_after_s, base_s=queue.settings.job_retry_base_s,
                             cap_s=queue.settings.job_retry_cap_s, rng=rng)
-        job.state, job.error, job.next_attempt_at = "parked", f"{type(err).__name__}: {err.message}", now + delay
-        queue.save(job, previous="running")
-        log.info("job parked", extra={"job": job.id, "delay_s": round(delay, 2), "error": job.error})
-        queue.reschedule(job, delay)
-        return job
+        log.info("job parked", extra={"job": job.id, "delay_s": round(delay, 2), "error": error})
+        return queue.finish(job, "parked", error=error, delay_s=delay)[0]
     except GoodputError as err:
-        job.state, job.error = "failed", f"{type(err).__name__}: {err.message}"
-        queue.save(job, previous="running")
-        return job
-    job.state, job.error = "completed", ""
-    queue.save(job, previous="running")
-    return job
+        return queue.finish(job, "failed", error=f"{type(err).__name__}: {err.message}")[0]
+    except Exception as err:  # a fault of this worker (not of the request): retried later, like a shed attempt
+        log.exception("job attempt failed", extra={"job": job.id})
+        delay = retry_delay(job.attempts, None, base_s=queue.settings.job_retry_base_s,
+                            cap_s=queue.settings.job_retry_cap_s, rng=rng)
+        return queue.finish(job, "parked", error=f"Internal: {type(err).__name__}", delay_s=delay)[0]
+    return queue.finish(job, "completed", result=result)[0]
+
+
+class Heartbeat:
+    """Renews a claim's lease every third of ``job_lease_s`` while the attempt runs (a thread of its own, so a
+    long generation keeps its claim); a worker that dies stops renewing, and the claim lapses."""
+
+    def __init__(self, queue: JobQueue, job: Job) -> None:
+        self.queue, self.job = queue, job
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{job.id}", daemon=True)
+
+    def _run(self) -> None:
+        every = max(self.queue.settings.job_lease_s / 3, 0.05)
+        while not self._stop.wait(every):
+            try:
+                if not self.queue.renew(self.job):
+                    self.lost = True
+                    log.warning("job claim lost while running; its outcome will be dropped",
+                                extra={"job": self.job.id})
+                    return
+            except Exception as err:  # noqa: BLE001 - Redis blinked: the lease has room for the next try
+                log.warning("job lease not renewed", extra={"job": self.job.id, "error": repr(err)[:200]})
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Sweeper:
+    """Runs :meth:`JobQueue.sweep` every ``job_sweep_interval_s`` in a thread of the jobs worker's main process,
+    when this process holds the turn (:meth:`JobQueue.lead`): one sweep per interval over every worker replica.
+
+    It lives in the jobs workers because they are what the sweep feeds (a message sent again is theirs to run),
+    and off the gateway's request path; any replica may sweep, and overlapping sweeps would be harmless (every step
+    is a compare-and-set), so there is no leader to elect or lose.
+    """
+
+    def __init__(self, queue: JobQueue, *, interval_s: float) -> None:
+        self.queue, self.interval_s = queue, interval_s
+        self.owner = f"sweeper-{uuid.uuid4().hex[:12]}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sweep_once(self) -> dict[str, int] | None:
+        """One turn: the sweep's counts, or None when another process holds this interval's turn."""
+        if not self.queue.lead(self.interval_s * 0.9, self.owner):
+            return None
+        return self.queue.sweep()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.sweep_once()
+            except Exception as err:  # noqa: BLE001 - Redis blinked: the next turn tries again
+                log.warning("jobs sweep failed", extra={"error": repr(err)[:200]})
+
+    def start(self) -> None:
+        if self.interval_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="jobs-sweeper", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
 
 
 # ---- Celery ----------------------------------------------------------------------------------------------------
@@ -146,18 +215,29 @@ def _register(app: Any, settings: Any) -> None:
     client = redis.Redis.from_url(settings.redis_url)
     runners: list[JobRunner] = []  # one per process that runs tasks (a prefork child), made on its first task
 
+    sweepers: list[Sweeper] = []  # the worker's main process sweeps (it also serves the metrics)
+
     @app.task(name="goodput.jobs.run", ignore_result=True)
-    def run(job_id: str) -> str:
+    def run(job_id: str, dispatch: int | None = None) -> str:
         if not runners:
             runners.append(JobRunner(settings))
         queue = JobQueue(settings, client, send=celery_send(settings))
-        job = run_job(queue, job_id, runner=runners[0])
+        job = run_job(queue, job_id, runner=runners[0], dispatch=dispatch)
         return job.state if job else "missing"
 
     @signals.worker_ready.connect(weak=False)
-    def _metrics(sender: Any = None, **_: Any) -> None:
+    def _ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", app) is app:  # signals are process-wide; only this app's worker serves
             serve_metrics(settings, client)
+            sweeper = Sweeper(JobQueue(settings, client, send=celery_send(settings)),
+                              interval_s=settings.job_sweep_interval_s)
+            sweeper.start()
+            sweepers.append(sweeper)
+
+    @signals.worker_shutdown.connect(weak=False)
+    def _shutdown(sender: Any = None, **_: Any) -> None:
+        while sweepers:
+            sweepers.pop().stop()
 
     @signals.worker_process_shutdown.connect(weak=False)
     def _close(**_: Any) -> None:

@@ -1,0 +1,303 @@
+"""Deferred jobs run effectively once, against a real Redis: messages are delivered here by calling the Celery task's
+body (:func:`run_job`) as a broker would, twice, late, or never, and workers "die" mid-run. A duplicated or
+redelivered message runs nothing twice; a lost message is sent again by the sweeper and runs once; a dead worker's
+claim lapses and the job runs exactly once more, with one result; the counters agree with the jobs after each.
+The same with a real Celery worker is in test_jobs.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from goodput_core.errors import ResourceExhausted
+
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.jobs.store import STATES, TERMINAL, Job, JobQueue
+from goodput_gateway.jobs.worker import Sweeper, run_job
+
+LEASE_S = 0.4
+LOST_AFTER_S = 30.0  # the sweeps below pass ``now`` to look past it
+
+
+class Broker:
+    """Records the messages a queue sends; a test delivers them (in any order, any number of times) or loses them."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int, float]] = []
+        self.lose = False
+
+    def send(self, job_id: str, dispatch: int, delay_s: float) -> None:
+        if not self.lose:
+            self.sent.append((job_id, dispatch, delay_s))
+
+    def last(self, job_id: str) -> int:
+        return [d for j, d, _ in self.sent if j == job_id][-1]
+
+
+class Runs:
+    """The attempt's work (the gateway's pipeline in a worker): counts runs, answers, or fails as told."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.hold_s = 0.0
+        self.fail: list[BaseException] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, job: Job) -> dict[str, Any]:
+        with self.lock:
+            self.count += 1
+            n = self.count
+        time.sleep(self.hold_s)
+        if self.fail:
+            raise self.fail.pop(0)
+        return {"object": "chat.completion", "run": n}
+
+
+class WorkerDied(BaseException):
+    """The worker process is gone mid-run: nothing after this line of its code runs (not even an except Exception)."""
+
+
+@pytest.fixture
+def broker() -> Broker:
+    return Broker()
+
+
+@pytest.fixture
+def queue(redis_url: str, redis_prefix: str, broker: Broker) -> Iterator[JobQueue]:
+    settings = GatewaySettings(redis_url=redis_url, jobs_prefix=redis_prefix, job_lease_s=LEASE_S,
+                               job_lost_after_s=LOST_AFTER_S, job_retry_base_s=0.1, job_retry_cap_s=0.2)
+    client = redis.Redis.from_url(redis_url)
+    yield JobQueue(settings, client, registry=CollectorRegistry(), send=broker.send)
+    client.close()
+
+
+def submit(queue: JobQueue, **kw: Any) -> Job:
+    return queue.submit(tenant="acme", route="chat", body={"messages": [{"role": "user", "content": "hi"}]}, **kw)
+
+
+def assert_consistent(queue: JobQueue, *job_ids: str) -> None:
+    """Every job is in the index of its state and no other, unfinished ones are due by their deadline, and the
+    attempts counted by outcome are the attempts that have ended."""
+    ended = 0
+    for job_id in job_ids:
+        job = queue.load(job_id)
+        assert job is not None
+        indexes = [s for s in STATES if queue.redis.zscore(queue._index(s), job_id) is not None]  # noqa: SLF001
+        assert indexes == [job.state], (job_id, indexes, job.state)
+        assert (queue.redis.zscore(queue._deadlines(), job_id) is not None) == (job.state not in TERMINAL)  # noqa: SLF001
+        ended += job.attempts - (1 if job.state == "running" else 0)
+    assert sum(queue.count(s) for s in STATES) == len(job_ids)
+    assert sum(queue.attempts().values()) == ended
+
+
+def test_a_message_delivered_twice_runs_the_job_once(queue: JobQueue, broker: Broker) -> None:
+    runs = Runs()
+    runs.hold_s = 0.2
+    job = submit(queue)
+    [(job_id, dispatch, _)] = broker.sent
+    # The same message delivered four times at once (a broker's redelivery racing the first delivery): one claims.
+    barrier = threading.Barrier(4)
+    outcomes: list[Job | None] = []
+
+    def deliver() -> None:
+        barrier.wait()
+        outcomes.append(run_job(queue, job_id, runner=runs, dispatch=dispatch))
+
+    threads = [threading.Thread(target=deliver) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert runs.count == 1
+    done = queue.load(job.id)
+    assert done is not None and done.state == "completed" and done.attempts == 1 and done.result == {
+        "object": "chat.completion", "run": 1}
+    # ... and once more after it finished: nothing runs, the result stays.
+    assert run_job(queue, job_id, runner=runs, dispatch=dispatch) == done
+    assert runs.count == 1 and queue.load(job.id) == done
+    assert queue.tally("messages") == {"claimed": 1, "duplicate": 4}
+    assert queue.attempts() == {"completed": 1}
+    assert queue.count("completed") == 1 and queue.count("running") == 0
+    assert queue.metrics.transitions.labels("completed")._value.get() == 1  # noqa: SLF001 - one transition
+    assert_consistent(queue, job.id)
+
+
+def test_a_lost_message_is_sent_again_by_the_sweeper_and_runs_once(queue: JobQueue, broker: Broker) -> None:
+    runs = Runs()
+    broker.lose = True  # stored, but its message never reaches the broker
+    job = submit(queue)
+    broker.lose = False
+    assert broker.sent == [] and queue.load(job.id).state == "queued"  # type: ignore[union-attr]
+    assert queue.sweep() == {}  # not overdue yet: a message in a long queue is not taken for lost
+    assert queue.sweep(now=time.time() + LOST_AFTER_S + 1) == {"lost_message": 1}
+    [(job_id, dispatch, delay)] = broker.sent
+    assert (job_id, dispatch, delay) == (job.id, 1, 0.0)
+    run_job(queue, job_id, runner=runs, dispatch=dispatch)
+    # the first message was only late after all, and arrives too: nothing runs twice
+    assert run_job(queue, job.id, runner=runs, dispatch=1) is not None
+    assert runs.count == 1
+    done = queue.load(job.id)
+    assert done is not None and done.state == "completed" and done.attempts == 1
+    assert queue.sweep(now=time.time() + LOST_AFTER_S + 1) == {}  # finished: nothing to recover
+    assert queue.tally("recoveries") == {"lost_message": 1}
+    assert queue.tally("messages") == {"claimed": 1, "duplicate": 1}
+    assert queue.attempts() == {"completed": 1}
+    assert_consistent(queue, job.id)
+
+
+def test_a_parked_jobs_lost_message_is_recovered_and_old_messages_are_stale(queue: JobQueue, broker: Broker) -> None:
+    runs = Runs()
+    runs.fail = [ResourceExhausted("scheduler queue is full", code="queue_full", retry_after_s=0.1)]
+    job = submit(queue)
+    broker.lose = True  # the parked attempt's message (dispatch 2) is lost
+    parked = run_job(queue, job.id, runner=runs, dispatch=1)
+    broker.lose = False
+    assert parked is not None and parked.state == "parked" and parked.dispatch == 2
+    # a copy of dispatch 1's message turns up: stale, the job waits for its second dispatch
+    assert run_job(queue, job.id, runner=runs, dispatch=1) is not None and runs.count == 1
+    assert queue.sweep(now=time.time() + LOST_AFTER_S + 1) == {"lost_message": 1}
+    assert broker.sent[-1] == (job.id, 2, 0.0)
+    done = run_job(queue, job.id, runner=runs, dispatch=2)
+    assert done is not None and done.state == "completed" and done.attempts == 2 and runs.count == 2
+    assert queue.attempts() == {"parked": 1, "completed": 1}
+    assert queue.tally("messages") == {"claimed": 2, "stale": 1}
+    assert_consistent(queue, job.id)
+
+
+def test_a_worker_that_dies_mid_run_lets_its_claim_lapse_and_the_job_runs_once_more(
+        queue: JobQueue, broker: Broker) -> None:
+    runs = Runs()
+    job = submit(queue)
+    runs.fail = [WorkerDied()]
+    with pytest.raises(WorkerDied):  # the first worker dies mid-run: its claim is never released
+        run_job(queue, job.id, runner=runs, dispatch=1)
+    orphan = queue.load(job.id)
+    assert orphan is not None and orphan.state == "running" and orphan.claim
+    assert_consistent(queue, job.id)
+    # While its lease runs, nothing takes the job: not the sweeper, not a copy of the message.
+    assert queue.sweep() == {}
+    assert run_job(queue, job.id, runner=runs, dispatch=1) is not None and runs.count == 1
+    time.sleep(LEASE_S + 0.1)
+    assert queue.sweep() == {"lease_expired": 1}  # lapsed: queued again under a new dispatch
+    assert broker.sent[-1] == (job.id, 2, 0.0)
+    assert queue.attempts() == {"lost": 1}
+    assert_consistent(queue, job.id)
+    # Redis redelivers the dead worker's message later: stale, the new dispatch's message runs the job.
+    run_job(queue, job.id, runner=runs, dispatch=1)
+    done = run_job(queue, job.id, runner=runs, dispatch=2)
+    assert done is not None and done.state == "completed" and done.attempts == 2 and runs.count == 2
+    assert done.result == {"object": "chat.completion", "run": 2}
+    # The first worker was only frozen, not dead, and ends its attempt now: refused; the result stays the one.
+    stored, written = queue.finish(orphan, "completed", result={"object": "chat.completion", "run": 1})
+    assert not written and stored is not None and stored.result == done.result
+    assert queue.attempts() == {"lost": 1, "completed": 1}
+    assert queue.tally("recoveries") == {"lease_expired": 1}
+    assert queue.tally("messages") == {"claimed": 2, "duplicate": 1, "stale": 1}
+    assert_consistent(queue, job.id)
+
+
+def test_a_redelivered_message_takes_over_a_dead_workers_lapsed_claim(queue: JobQueue, broker: Broker) -> None:
+    runs = Runs()
+    job = submit(queue)
+    runs.fail = [WorkerDied()]
+    with pytest.raises(WorkerDied):
+        run_job(queue, job.id, runner=runs, dispatch=1)
+    time.sleep(LEASE_S + 0.1)
+    # Celery's redelivery of the unacknowledged message comes before the sweeper does: it claims the job afresh.
+    done = run_job(queue, job.id, runner=runs, dispatch=1)
+    assert done is not None and done.state == "completed" and done.attempts == 2 and runs.count == 2
+    assert queue.sweep() == {}
+    assert queue.attempts() == {"lost": 1, "completed": 1}
+    assert queue.tally("recoveries") == {"lease_expired": 1}
+    assert_consistent(queue, job.id)
+
+
+def test_a_live_worker_keeps_its_claim_past_the_lease(queue: JobQueue, broker: Broker) -> None:
+    runs = Runs()
+    runs.hold_s = LEASE_S * 4  # a long generation: its heartbeat renews the lease
+    job = submit(queue)
+    worker = threading.Thread(target=run_job, args=(queue, job.id), kwargs={"runner": runs, "dispatch": 1})
+    worker.start()
+    while worker.is_alive():  # meanwhile the sweeper and copies of the message find the claim live
+        assert queue.sweep() == {}
+        run_job(queue, job.id, runner=runs, dispatch=1)
+        time.sleep(0.05)
+    worker.join()
+    done = queue.load(job.id)
+    assert done is not None and done.state == "completed" and done.attempts == 1 and runs.count == 1
+    assert queue.attempts() == {"completed": 1} and queue.tally("recoveries") == {}
+    assert_consistent(queue, job.id)
+
+
+def test_the_sweeper_expires_jobs_past_their_deadline(queue: JobQueue, broker: Broker) -> None:
+    runs = Runs()
+    soon = time.time() + 0.3
+    queued = submit(queue, deadline_at=soon)
+    parked = submit(queue, deadline_at=soon, delay_s=5.0)
+    running = submit(queue, deadline_at=soon)
+    runs.fail = [WorkerDied()]
+    with pytest.raises(WorkerDied):
+        run_job(queue, running.id, runner=runs, dispatch=1)
+    alive = submit(queue, deadline_at=soon)
+    runs.hold_s = 1.0
+    worker = threading.Thread(target=run_job, args=(queue, alive.id), kwargs={"runner": runs, "dispatch": 1})
+    worker.start()
+    time.sleep(0.6)  # past the deadline, and past the dead worker's lease
+    # Three expire (the dead worker's attempt counted lost); the live attempt past its deadline may finish.
+    assert queue.sweep() == {"deadline": 3}
+    for job in (queued, parked, running):
+        expired = queue.load(job.id)
+        assert expired is not None and expired.state == "expired" and "deadline" in expired.error
+    worker.join()
+    assert queue.load(alive.id).state == "completed"  # type: ignore[union-attr]
+    # their messages arrive later: nothing runs
+    for job in (queued, parked, running):
+        run_job(queue, job.id, runner=runs, dispatch=1)
+    assert runs.count == 2
+    assert queue.count("expired") == 3 and queue.redis.zcard(queue._deadlines()) == 0  # noqa: SLF001
+    assert queue.tally("recoveries") == {"deadline": 3}
+    assert queue.attempts() == {"lost": 1, "completed": 1}
+    assert_consistent(queue, queued.id, parked.id, running.id, alive.id)
+
+
+def test_one_sweep_per_interval_over_every_worker(queue: JobQueue, broker: Broker) -> None:
+    a, b = Sweeper(queue, interval_s=0.3), Sweeper(queue, interval_s=0.3)
+    assert a.sweep_once() == {} and b.sweep_once() is None  # b's turn is taken this interval
+    time.sleep(0.3)
+    assert b.sweep_once() == {}
+
+
+def test_the_counters_are_exported_from_redis(queue: JobQueue, broker: Broker) -> None:
+    runs = Runs()
+    job = submit(queue)
+    run_job(queue, job.id, runner=runs, dispatch=1)
+    run_job(queue, job.id, runner=runs, dispatch=1)
+    registry = CollectorRegistry()
+    from goodput_gateway.jobs.store import JobsMetrics
+
+    JobsMetrics(registry, queue, scrape_wait_s=2.0)
+    sample = registry.get_sample_value
+    assert sample("goodput_gateway_deferred_jobs", {"state": "completed"}) == 1
+    assert sample("goodput_gateway_deferred_job_attempts_total", {"outcome": "completed"}) == 1
+    assert sample("goodput_gateway_deferred_job_attempts_total", {"outcome": "lost"}) == 0
+    assert sample("goodput_gateway_deferred_job_messages_total", {"verdict": "duplicate"}) == 1
+    assert sample("goodput_gateway_deferred_job_recoveries_total", {"reason": "lost_message"}) == 0
+
+
+def test_cancelling_a_batch_line_never_touches_a_running_one(queue: JobQueue, broker: Broker) -> None:
+    runs = Runs()
+    waiting, started = submit(queue), submit(queue)
+    runs.fail = [WorkerDied()]
+    with pytest.raises(WorkerDied):
+        run_job(queue, started.id, runner=runs, dispatch=1)
+    assert queue.cancel(waiting.id).state == "failed"  # type: ignore[union-attr]
+    assert queue.cancel(started.id).state == "running"  # type: ignore[union-attr]
+    assert run_job(queue, waiting.id, runner=runs, dispatch=1).state == "failed"  # type: ignore[union-attr]
+    assert runs.count == 1
+    assert_consistent(queue, waiting.id, started.id)
