@@ -69,7 +69,7 @@ class SchedulerHarness:
     def __init__(self, settings: SchedulerSettings) -> None:
         self.registry = CollectorRegistry()
         self.clock = ManualClock(start=1000.0)
-        self.runner, self.workers, self.leases = build(settings, self.registry, None, clock=self.clock)
+        self.runner, self.workers, self.leases, self.elector = build(settings, self.registry, None, clock=self.clock)
         self.channel: aio.Channel | None = None
         self._changed = asyncio.Event()
         self.workers.on_change.append(self._changed.set)

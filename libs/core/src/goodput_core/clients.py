@@ -9,6 +9,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,17 +38,37 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
+def replicated(address: str, service: str) -> tuple[str, list[tuple[str, Any]]]:
+    """The target and channel options for a service run as replicas of which only some serve at a time (the
+    scheduler's leader): ``address`` is one address, a comma-separated list of ``ip:port`` or a ``dns:///`` name
+    resolving to every replica; the channel balances over the replicas whose gRPC health for ``service`` is SERVING
+    (client-side health checking), so calls reach the leader and move with it when it changes.
+
+    >>> replicated("127.0.0.1:50052,127.0.0.1:50152", "pkg.Svc")[0]
+    'ipv4:127.0.0.1:50052,127.0.0.1:50152'
+    """
+    target = address
+    if "," in address and "://" not in address and not address.startswith(("ipv4:", "ipv6:")):
+        target = "ipv4:" + ",".join(a.strip() for a in address.split(",") if a.strip())
+    config = {"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": service}}
+    return target, [("grpc.service_config", json.dumps(config))]
+
+
 def make_channel(address: str, provider: TracerProvider | None, *, traced: bool = True,
-                 credentials: grpc.ChannelCredentials | None = None) -> aio.Channel:
+                 credentials: grpc.ChannelCredentials | None = None, health_service: str = "") -> aio.Channel:
     """A channel to another Goodput service: mutual TLS with ``credentials`` (the caller's own certificate, from
-    :func:`goodput_core.tls.channel_credentials`), plaintext when they are None (``insecure_internal``)."""
+    :func:`goodput_core.tls.channel_credentials`), plaintext when they are None (``insecure_internal``). With
+    ``health_service``, to the replicas of ``address`` that serve it (:func:`replicated`)."""
     interceptors = client_interceptors(provider) if traced else []
+    extra: list[tuple[str, Any]] = []
+    if health_service:
+        address, extra = replicated(address, health_service)
     if credentials is not None:
         # Peers are dialled by address (a worker by its pod IP): the server's certificate is checked for the
         # platform's name instead (goodput_core.tls.PLATFORM_NAME), signed by the platform's CA.
-        options = [*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", PLATFORM_NAME)]
+        options = [*CHANNEL_OPTIONS, *extra, ("grpc.ssl_target_name_override", PLATFORM_NAME)]
         return aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
-    return aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
+    return aio.insecure_channel(address, options=[*CHANNEL_OPTIONS, *extra], interceptors=interceptors)
 
 
 @dataclass(frozen=True)

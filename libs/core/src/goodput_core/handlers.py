@@ -7,7 +7,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -21,10 +22,29 @@ _STREAM = (("unary_stream", grpc.unary_stream_rpc_method_handler),
 
 def rewrap(handler: grpc.RpcMethodHandler, *, unary: Wrap, stream: Wrap) -> grpc.RpcMethodHandler:
     """The same handler with its behaviour wrapped: ``unary`` for calls that return one response, ``stream`` for
-    calls that yield responses (async generators)."""
+    calls that stream responses. ``stream`` always gets an async generator function: a handler that writes its
+    responses with ``context.write`` instead of yielding them (the standard health service's ``Watch``) is adapted
+    first, so a wrapper's ``async for`` does not break it."""
     for kinds, wrap in ((_UNARY, unary), (_STREAM, stream)):
         for kind, factory in kinds:
             fn = getattr(handler, kind)
             if fn:
+                if kinds is _STREAM:
+                    fn = as_async_generator(fn)
                 return factory(wrap(fn), handler.request_deserializer, handler.response_serializer)
     return handler
+
+
+def as_async_generator(fn: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
+    """A streaming handler as an async generator function, whether it yields its responses or writes them."""
+    if inspect.isasyncgenfunction(fn):
+        return fn
+
+    async def generator(request: Any, context: Any) -> AsyncIterator[Any]:
+        result = fn(request, context)
+        if inspect.isawaitable(result):  # it writes with context.write and returns when done
+            await result
+            return
+        async for item in result:
+            yield item
+    return generator

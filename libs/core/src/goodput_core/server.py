@@ -159,6 +159,7 @@ class ServiceRunner:
         )
         self._http_options = dict(http_options or {})
         self.health = HealthServicer()
+        self._gates: dict[str, bool] = {}
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names: list[str] = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
         self._http_app = http_app
@@ -181,11 +182,18 @@ class ServiceRunner:
         return self._ready
 
     async def set_serving(self, serving: bool) -> None:
-        """Marks every service (and the overall "" entry) SERVING or NOT_SERVING."""
+        """Marks every service (and the overall "" entry) SERVING or NOT_SERVING; a gated service (:meth:`set_gate`)
+        is SERVING only while its gate is open too."""
         self._ready = serving
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for svc in ["", *self._service_names[1:]]:
-            await self.health.set(svc, status)
+            await self.health.set(svc, _status(serving and self._gates.get(svc, True)))
+
+    async def set_gate(self, service: str, open_: bool) -> None:
+        """One service's health also follows a condition of its own (the scheduler's leadership): while closed it is
+        NOT_SERVING, which gRPC clients checking its health see at once (they then call only a replica where it is
+        open); the process itself stays SERVING ("" entry) for probes."""
+        self._gates[service] = open_
+        await self.health.set(service, _status(self._ready and open_))
 
     async def start(self, *, serving: bool = True) -> None:
         reflection.enable_server_reflection([*self._service_names, reflection.SERVICE_NAME], self.server)
@@ -287,6 +295,10 @@ async def wait_channel_ready(channel: aio.Channel, timeout_s: float) -> bool:
         return True
     except (asyncio.TimeoutError, grpc.RpcError):
         return False
+
+
+def _status(serving: bool) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
+    return health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 EVENT_LOOP_ENV = "GOODPUT_EVENT_LOOP"

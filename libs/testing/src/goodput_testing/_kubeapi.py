@@ -1,4 +1,6 @@
-"""A stand-in for kube-apiserver, which cannot run on this machine: the list/watch protocol of EndpointSlices.
+"""A stand-in for kube-apiserver, which cannot run on this machine: the list/watch protocol of EndpointSlices, and
+the read/create/replace of coordination.k8s.io Leases (leader election: a replace at a stale resourceVersion gets
+409 Conflict, as from the real server).
 
 It serves ``GET /apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices`` the way the API server does, so the
 official ``kubernetes`` client talks to it unchanged:
@@ -36,6 +38,7 @@ from aiohttp import web
 __all__ = ["KubeApiStandIn", "endpoint_slice"]
 
 _PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+_LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 
 def endpoint_slice(namespace: str, service: str, *, name: str, address: str, port: int, ready: bool = True,
@@ -71,6 +74,7 @@ class KubeApiStandIn:
         self.history: list[tuple[int, str, dict[str, Any]]] = []
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.outage = False
+        self.leases: dict[tuple[str, str], dict[str, Any]] = {}  # coordination.k8s.io Leases (leader election)
         self._tick = asyncio.Event()  # replaced at every change; setting it wakes the open watches
         self._generation = 0  # open watches end when it moves
         self._bookmark: int | None = None
@@ -80,6 +84,9 @@ class KubeApiStandIn:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         app = web.Application()
         app.router.add_get(_PATH, self._handle)
+        app.router.add_post(_LEASES, self._create_lease)
+        app.router.add_get(_LEASES + "/{name}", self._read_lease)
+        app.router.add_put(_LEASES + "/{name}", self._replace_lease)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
@@ -202,3 +209,43 @@ class KubeApiStandIn:
     @staticmethod
     async def _send(response: web.StreamResponse, kind: str, obj: dict[str, Any]) -> None:
         await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+    # ---- coordination.k8s.io/v1 Leases: read, create, replace (optimistic concurrency on resourceVersion) ----------
+
+    async def _read_lease(self, request: web.Request) -> web.Response:
+        if self.outage:
+            return web.json_response(_status(503, "ServiceUnavailable", "outage"), status=503)
+        lease = self.leases.get((request.match_info["namespace"], request.match_info["name"]))
+        if lease is None:
+            return web.json_response(_status(404, "NotFound", "leases not found"), status=404)
+        return web.json_response(lease)
+
+    async def _create_lease(self, request: web.Request) -> web.Response:
+        if self.outage:
+            return web.json_response(_status(503, "ServiceUnavailable", "outage"), status=503)
+        body = await request.json()
+        key = (request.match_info["namespace"], body["metadata"]["name"])
+        if key in self.leases:
+            return web.json_response(_status(409, "AlreadyExists", "leases already exists"), status=409)
+        return web.json_response(self._store_lease(key, body), status=201)
+
+    async def _replace_lease(self, request: web.Request) -> web.Response:
+        if self.outage:
+            return web.json_response(_status(503, "ServiceUnavailable", "outage"), status=503)
+        body = await request.json()
+        key = (request.match_info["namespace"], request.match_info["name"])
+        current = self.leases.get(key)
+        if current is None:
+            return web.json_response(_status(404, "NotFound", "leases not found"), status=404)
+        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            return web.json_response(_status(409, "Conflict", "the object has been modified"), status=409)
+        return web.json_response(self._store_lease(key, body))
+
+    def _store_lease(self, key: tuple[str, str], body: dict[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        lease = json.loads(json.dumps(body))
+        lease["metadata"].update(namespace=key[0], name=key[1], resourceVersion=str(self.rv))
+        lease.setdefault("kind", "Lease")
+        lease.setdefault("apiVersion", "coordination.k8s.io/v1")
+        self.leases[key] = lease
+        return lease

@@ -74,6 +74,9 @@ class Wiring:
             await self._redis.aclose()
 
 
+SCHEDULER_SERVICE = "goodput.scheduler.v1.Scheduler"
+
+
 def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: TracerProvider | None, *,
             jobs: JobQueue | None = None) -> Wiring:
     """The one composition root: the gateway's service with its clients, for the server and the jobs worker."""
@@ -84,7 +87,9 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
     def dial(addr: str) -> aio.Channel:
         return make_channel(addr, provider, credentials=credentials)
 
-    scheduler_channel = dial(settings.scheduler_addr)
+    # to the scheduler replica that leads (its Scheduler health SERVING), following it when it changes
+    scheduler_channel = make_channel(settings.scheduler_addr, provider, credentials=credentials,
+                                     health_service=SCHEDULER_SERVICE)
     channels = [scheduler_channel]
     metrics = GatewayMetrics(registry)
     breakers = gateway_breakers(settings.breakers, registry)  # one per dependency (goodput_gateway.dependencies)

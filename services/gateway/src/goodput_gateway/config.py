@@ -18,7 +18,9 @@ class GatewaySettings(ServiceSettings):
 
     grpc_port: int = 50051
     http_port: int = Field(8080, description="REST API (OpenAI-compatible), /metrics and /healthz.")
-    scheduler_addr: str = Field("127.0.0.1:50052", description="Scheduler gRPC address.")
+    scheduler_addr: str = Field("127.0.0.1:50052", description="Scheduler gRPC address: one, a comma-separated list "
+                                                            "of its replicas' ip:port, or a dns:/// name resolving "
+                                                            "to them (calls go to the leader).")
     api_keys_file: str = Field("", description="JSON file of API keys (mount a Secret here).")
     api_keys: str = Field("", description="The same JSON inline (from a secretKeyRef). Merged with the file.")
     api_keys_reload_s: float = Field(2.0, ge=0, description="How often the keys file is checked for changes and "

@@ -1,13 +1,24 @@
 """The gateway's fast path to the scheduler: every request's lease over one long-lived ``Scheduler/Leases`` stream
 (``LEASE_MUX``, on by default), instead of a ``Lease`` stream set up and torn down per request.
 
-One stream per gateway process, opened on first use and again after it breaks. Messages go out through one queue
-that gRPC drains in order (a stream takes one write at a time); events come back through one reader task that hands
-each to its lease by ``lease_id``. A lease is the same conversation as on ``Lease``: admit, then ``granted`` (or a
-``LeaseError``, turned back into the same :class:`~goodput_core.errors.GoodputError` a failed ``Lease`` call
-gives), first token, release. A caller that goes away while it waits sends ``cancel``. When the stream breaks, the
-scheduler gives back everything it held (as abandoned); the gateway fails the admissions still waiting with
-UNAVAILABLE (a retry opens a new stream) and forgets the held leases (their releases have nothing left to do).
+One stream per gateway process, opened on first use. Messages go out through one queue that gRPC drains in order (a
+stream takes one write at a time); events come back through one reader task that hands each to its lease by
+``lease_id``. A lease is the same conversation as on ``Lease``: admit, then ``granted`` (or a ``LeaseError``, turned
+back into the same :class:`~goodput_core.errors.GoodputError` a failed ``Lease`` call gives), first token, release.
+A caller that goes away while it waits sends ``cancel``.
+
+**Failover.** The scheduler runs active-passive (``goodput_scheduler.leader``); the channel reaches the replica that
+leads. When the stream breaks (the leader died, stepped down or restarted), the scheduler side has given back
+everything the stream held, and the gateway:
+
+* opens a new stream (retrying with a short backoff while no replica leads yet, for up to ``FAILOVER_WINDOW_S``)
+  and *attaches* every lease it still holds (the request is still streaming from its worker), so the new leader's
+  counts are right again;
+* re-admits every admission that was still waiting, within its own deadline and the same window: a request a retry
+  can save is not lost (it joins the new leader's queue at the back).
+
+A scheduler that was never reachable is not a failover: the admission fails at once with UNAVAILABLE (503), as a
+``Lease`` call would.
 
 Example (in a coroutine)::
 
@@ -21,7 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -35,17 +47,30 @@ log = logging.getLogger("goodput.gateway.leases")
 
 _Request = scheduler_pb2.LeaseMuxRequest
 _CLOSE = object()  # ends the outgoing messages (the stream's write side)
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
+FAILOVER_WINDOW_S = 30.0  # how long a failover is waited out (re-admission, re-attachment) before giving up
+
+
+class _Broken(Exception):
+    """The stream an admission waited on broke (not the scheduler's answer to it): it may be admitted again."""
+
+    def __init__(self, err: GoodputError, *, answered: bool) -> None:
+        super().__init__(err.message)
+        self.err = err
+        self.answered = answered
 
 
 class _Stream:
     """One open ``Leases`` call: its outgoing queue, its reader, the leases waiting for a grant or a release."""
 
-    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub) -> None:
+    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub, on_broken: Callable[[_Stream], None]) -> None:
         self.out: asyncio.Queue[object] = asyncio.Queue()
         self.waiting: dict[str, asyncio.Future[scheduler_pb2.LeaseMuxEvent]] = {}  # admits awaiting their answer
         self.releasing: dict[str, asyncio.Future[None]] = {}  # releases awaiting the scheduler's `released`
         self.call: aio.StreamStreamCall = stub.Leases(self._requests())
         self.broken: GoodputError | None = None
+        self.answered = False  # a scheduler answered on it (so its end is a failover, not an absent scheduler)
+        self._on_broken = on_broken
         self.reader = asyncio.get_running_loop().create_task(self._read(), name="lease-stream-reader")
 
     async def _requests(self) -> AsyncIterator[_Request]:
@@ -59,18 +84,19 @@ class _Stream:
         try:
             async for event in self.call:
                 self._route(event)
-            self._break(Unavailable("the scheduler closed the lease stream", retry_after_s=1.0))
+            self._break(Unavailable("the scheduler closed the lease stream", retry_after_s=0.5))
         except grpc.RpcError as err:
             self._break(from_rpc_error(err) if err.code() != grpc.StatusCode.CANCELLED else
-                        Unavailable("the lease stream was closed", retry_after_s=1.0))
+                        Unavailable("the lease stream was closed", retry_after_s=0.5))
         except asyncio.CancelledError:
-            self._break(Unavailable("the lease stream was closed", retry_after_s=1.0))
+            self._break(Unavailable("the lease stream was closed", retry_after_s=0.5))
             raise
         except Exception as exc:  # a reader that dies silently would leave every admission hanging
             log.exception("lease stream reader failed")
-            self._break(Unavailable(f"the lease stream failed: {exc}", retry_after_s=1.0))
+            self._break(Unavailable(f"the lease stream failed: {exc}", retry_after_s=0.5))
 
     def _route(self, event: scheduler_pb2.LeaseMuxEvent) -> None:
+        self.answered = True
         kind = event.WhichOneof("kind")
         if kind == "queued":
             return
@@ -82,22 +108,36 @@ class _Stream:
         waiter = self.waiting.pop(event.lease_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(event)
+        elif kind == "error":  # an attach the new leader could not take (e.g. it does not know the worker)
+            log.info("lease not attached", extra={"lease": event.lease_id, "error": event.error.message})
 
     def _break(self, err: GoodputError) -> None:
-        if self.broken is None:
-            self.broken = err
+        if self.broken is not None:
+            return
+        self.broken = err
         for waiter in self.waiting.values():
             if not waiter.done():
-                waiter.set_exception(err)
+                waiter.set_exception(_Broken(err, answered=self.answered))
         for released in self.releasing.values():  # the scheduler gave them back as abandoned
             if not released.done():
                 released.set_result(None)
         self.waiting.clear()
         self.releasing.clear()
+        self._on_broken(self)
 
     def close(self) -> None:
         self.out.put_nowait(_CLOSE)
         self.call.cancel()
+
+
+@dataclass
+class _Held:
+    """A granted lease: what the gateway needs to bring it to a new leader."""
+
+    stream: _Stream
+    admit: scheduler_pb2.Admit
+    worker_id: str
+    first_token_seen: bool = False
 
 
 class LeaseStream:
@@ -106,35 +146,92 @@ class LeaseStream:
     def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub) -> None:
         self._stub = stub
         self._stream: _Stream | None = None
-        self._held: dict[str, _Stream] = {}  # granted leases, by id, on the stream that holds them
+        self._held: dict[str, _Held] = {}
+        self._closed = False
+        self._reattacher: asyncio.Task[None] | None = None
+        self.failovers = 0  # streams that broke with leases on them (a metric)
 
     def _open(self) -> _Stream:
         stream = self._stream
         if stream is None or stream.broken is not None or stream.call.done():
-            stream = self._stream = _Stream(self._stub)
+            stream = self._stream = _Stream(self._stub, self._broken)
         return stream
 
+    def _broken(self, stream: _Stream) -> None:
+        """A stream broke: the leases it held are attached to a new one (in the background, while no replica leads
+        yet), before new work needs it."""
+        if self._closed or not any(held.stream is stream for held in self._held.values()):
+            return
+        if self._reattacher is None or self._reattacher.done():
+            self.failovers += 1
+            log.warning("lease stream broke with leases held: attaching them at the leader",
+                        extra={"error": stream.broken.message if stream.broken else ""})
+            self._reattacher = asyncio.get_running_loop().create_task(self._reattach(), name="lease-reattach")
+
+    async def _reattach(self) -> None:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + FAILOVER_WINDOW_S
+        backoff = _RETRY_FIRST_S
+        while not self._closed:
+            orphans = [(lease_id, held) for lease_id, held in self._held.items() if held.stream.broken is not None]
+            if not orphans:
+                return
+            if loop.time() >= give_up:
+                log.warning("no scheduler leads: leases left unattached", extra={"leases": len(orphans)})
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _RETRY_MAX_S)
+            stream = self._open()
+            for lease_id, held in orphans:
+                if self._held.get(lease_id) is held:  # not released meanwhile
+                    held.stream = stream
+                    stream.send(_Request(lease_id=lease_id, attach=scheduler_pb2.Attach(
+                        admit=held.admit, worker_id=held.worker_id, first_token_seen=held.first_token_seen)))
+            # done once a scheduler answers on it; a stream that breaks first (no leader yet) is tried again
+            while not (stream.answered or stream.broken is not None or self._closed):
+                await asyncio.sleep(_RETRY_FIRST_S)
+
     async def acquire(self, lease_id: str, admit: scheduler_pb2.Admit, *, timeout_s: float) -> scheduler_pb2.Granted:
-        """Admits the request and waits for its grant (at most ``timeout_s``). Raises what the scheduler refused
-        it with (ResourceExhausted, DeadlineExceeded, Unavailable, ...); on cancellation the lease is withdrawn."""
-        stream = self._open()
-        waiter: asyncio.Future[scheduler_pb2.LeaseMuxEvent] = asyncio.get_running_loop().create_future()
-        stream.waiting[lease_id] = waiter
-        stream.send(_Request(lease_id=lease_id, admit=admit, timeout_s=max(timeout_s, 0.001)))
-        try:
-            event = await asyncio.wait_for(waiter, timeout=max(timeout_s, 0.001))
-        except asyncio.CancelledError:
-            self._withdraw(stream, lease_id)
-            raise
-        except TimeoutError:
-            self._withdraw(stream, lease_id)
-            raise DeadlineExceeded("the request's deadline passed while it waited for a worker") from None
+        """Admits the request and waits for its grant (at most ``timeout_s``), admitting it again when the stream
+        breaks meanwhile. Raises what the scheduler refused it with (ResourceExhausted, DeadlineExceeded,
+        Unavailable, ...); on cancellation the lease is withdrawn."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_s, 0.001)
+        backoff = _RETRY_FIRST_S
+        failover_until: float | None = None  # set once a failover is being waited out
+        while True:
+            stream = self._open()
+            waiter: asyncio.Future[scheduler_pb2.LeaseMuxEvent] = loop.create_future()
+            stream.waiting[lease_id] = waiter
+            left = max(deadline - loop.time(), 0.001)
+            stream.send(_Request(lease_id=lease_id, admit=admit, timeout_s=left))
+            try:
+                event = await asyncio.wait_for(waiter, timeout=left)
+                break
+            except asyncio.CancelledError:
+                self._withdraw(stream, lease_id)
+                raise
+            except TimeoutError:
+                self._withdraw(stream, lease_id)
+                raise DeadlineExceeded("the request's deadline passed while it waited for a worker") from None
+            except _Broken as broken:  # a failover: admitted again at the new leader while its deadline allows
+                if failover_until is None:
+                    if not broken.answered:  # no scheduler ever answered on that stream: it is absent, not failing over
+                        raise broken.err from None
+                    failover_until = loop.time() + FAILOVER_WINDOW_S
+                if min(deadline, failover_until) - loop.time() <= backoff:
+                    raise broken.err from None
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _RETRY_MAX_S)
+                reattacher = self._reattacher
+                if reattacher is not None and not reattacher.done():  # the leases held go back first: the new
+                    await asyncio.wait({reattacher}, timeout=max(min(deadline, failover_until) - loop.time(), 0))
         if event.HasField("error"):
             e = event.error
             raise from_status(getattr(grpc.StatusCode, e.status, grpc.StatusCode.UNKNOWN), e.message,
                               code=e.code or None, param=e.param or None,
                               retry_after_s=e.retry_after_s if e.retry_after_s > 0 else None)
-        self._held[lease_id] = stream
+        self._held[lease_id] = _Held(stream=stream, admit=admit, worker_id=event.granted.worker_id)
         return event.granted
 
     @staticmethod
@@ -144,16 +241,20 @@ class LeaseStream:
             stream.send(_Request(lease_id=lease_id, cancel=scheduler_pb2.Cancel()))
 
     def first_token(self, lease_id: str, ttft_s: float) -> None:
-        stream = self._held.get(lease_id)
-        if stream is not None and stream.broken is None:
-            stream.send(_Request(lease_id=lease_id, first_token=scheduler_pb2.FirstToken(ttft_s=ttft_s)))
+        held = self._held.get(lease_id)
+        if held is None:
+            return
+        held.first_token_seen = True
+        if held.stream.broken is None:
+            held.stream.send(_Request(lease_id=lease_id, first_token=scheduler_pb2.FirstToken(ttft_s=ttft_s)))
 
     async def release(self, lease_id: str, release: scheduler_pb2.Release, *, timeout_s: float = 5.0) -> None:
         """Releases the lease and waits (at most ``timeout_s``) for the scheduler to confirm; a lease whose stream
-        broke was already given back there."""
-        stream = self._held.pop(lease_id, None)
-        if stream is None or stream.broken is not None:
+        broke and could not be attached elsewhere was already given back there."""
+        held = self._held.pop(lease_id, None)
+        if held is None or held.stream.broken is not None:
             return
+        stream = held.stream
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         stream.releasing[lease_id] = done
         stream.send(_Request(lease_id=lease_id, release=release))
@@ -162,7 +263,14 @@ class LeaseStream:
         except TimeoutError:
             stream.releasing.pop(lease_id, None)
 
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
     async def close(self) -> None:
+        self._closed = True
+        if self._reattacher is not None:
+            self._reattacher.cancel()
         stream, self._stream = self._stream, None
         if stream is not None:
             stream.close()

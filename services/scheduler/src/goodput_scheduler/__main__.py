@@ -16,17 +16,32 @@ from goodput_core.tls import channel_credentials
 from goodput_scheduler.clock import Clock, SystemClock
 from goodput_scheduler.config import SchedulerSettings
 from goodput_scheduler.guard import LatencyGuard
+from goodput_scheduler.leader import Election, KubernetesLease, LeaderElector, RedisLock, identity, pod_namespace
 from goodput_scheduler.leases import LeaseManager
 from goodput_scheduler.metrics import SchedulerMetrics
 from goodput_scheduler.placement import Profile, build_pipeline
 from goodput_scheduler.registry import WorkerRegistry
 from goodput_scheduler.servicer import SchedulerServicer
 
+SERVICE = "goodput.scheduler.v1.Scheduler"
+
 
 class Scheduler(NamedTuple):
     runner: ServiceRunner
     workers: WorkerRegistry
     leases: LeaseManager
+    elector: LeaderElector
+
+
+def election(settings: SchedulerSettings) -> Election | None:
+    """The leader election the settings ask for (None: this replica always leads)."""
+    me = identity()
+    if settings.leader_election == "redis":
+        return RedisLock(settings.leader_redis_url, key=settings.leader_key, me=me, ttl_s=settings.leader_ttl_s)
+    if settings.leader_election == "kubernetes":
+        return KubernetesLease(namespace=settings.leader_namespace or pod_namespace(), name=settings.leader_lease_name,
+                               me=me, ttl_s=settings.leader_ttl_s, api_url=settings.kube_api_url)
+    return None
 
 
 def build(settings: SchedulerSettings, registry: CollectorRegistry, provider: TracerProvider | None, *,
@@ -45,17 +60,37 @@ def build(settings: SchedulerSettings, registry: CollectorRegistry, provider: Tr
     servicer = SchedulerServicer(leases, workers, admit_timeout_s=settings.admit_timeout_s,
                                  mux_max_leases=settings.mux_max_leases)
     runner = ServiceRunner(name="scheduler", settings=settings, registry=registry, provider=provider)
-    runner.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, "goodput.scheduler.v1.Scheduler")
+    runner.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, SERVICE)
+    metrics = leases.metrics
+
+    async def elected() -> None:
+        servicer.leading = True
+        metrics.leader.set(1)
+        metrics.leader_changes.inc()
+        await runner.set_gate(SERVICE, True)
+
+    async def lost() -> None:
+        metrics.leader.set(0)
+        await runner.set_gate(SERVICE, False)  # first: the gateways' channels stop sending calls here
+        servicer.step_down()
+
+    elect = election(settings)
+    elector = LeaderElector(elect, ttl_s=settings.leader_ttl_s, renew_s=settings.leader_renew_s,
+                            retry_s=settings.leader_retry_s, on_elected=elected, on_lost=lost)
+    if elect is not None:  # a standby until elected
+        servicer.leading = False
+        runner._gates[SERVICE] = False  # noqa: SLF001 - before the server starts: never SERVING as a standby
+    runner.on_drain.insert(0, elector.stop)  # step down (and free the lock) first on SIGTERM: a standby takes over
     runner.on_drain.append(leases.stop)
     runner.on_stop.append(workers.stop)
-    return Scheduler(runner, workers, leases)
+    return Scheduler(runner, workers, leases, elector)
 
 
 async def serve() -> None:
     rt = bootstrap("scheduler", SchedulerSettings)
-    runner, workers, _ = build(rt.settings, rt.registry, rt.provider)
+    runner, workers, _, elector = build(rt.settings, rt.registry, rt.provider)
     await workers.start()
-    await runner.run()
+    await runner.run(after_start=elector.start)
 
 
 def main() -> None:

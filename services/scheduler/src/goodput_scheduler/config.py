@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from goodput_contracts.speed import SpeedEstimate
@@ -142,6 +142,22 @@ class SchedulerSettings(ServiceSettings):
     no_worker_wait_s: float = Field(10.0, ge=0, description="How long a request waits for a healthy worker "
                                                             "to appear before UNAVAILABLE.")
     admit_timeout_s: float = Field(5.0, gt=0, description="How long the first (admit) message may take.")
+    leader_election: Literal["none", "redis", "kubernetes"] = Field(
+        "none", description="Active-passive replicas (goodput_scheduler.leader): `none` = this replica always leads "
+                            "(run one); `redis` = a lock key in LEADER_REDIS_URL; `kubernetes` = a "
+                            "coordination.k8s.io Lease (LEADER_LEASE_NAME in LEADER_NAMESPACE).")
+    leader_redis_url: str = Field("", description="leader_election=redis: the Redis holding the lock.")
+    leader_key: str = Field("goodput:scheduler:leader", min_length=1, description="leader_election=redis: the "
+                                                                                 "lock's key.")
+    leader_lease_name: str = Field("goodput-scheduler", min_length=1, description="leader_election=kubernetes: "
+                                                                                 "the Lease's name.")
+    leader_namespace: str = Field("", description="leader_election=kubernetes: the Lease's namespace; empty = the "
+                                                  "pod's own (POD_NAMESPACE, or the service account's).")
+    leader_ttl_s: float = Field(3.0, gt=0, le=60, description="A leader that has not renewed for this long is "
+                                                             "replaced (the failover time after a crash).")
+    leader_renew_s: float = Field(1.0, gt=0, le=20, description="How often the leader renews; it steps down when "
+                                                               "it cannot renew within leader_ttl_s minus this.")
+    leader_retry_s: float = Field(0.5, gt=0, le=20, description="How often a standby tries to take the lead.")
     mux_max_leases: int = Field(10_000, ge=1, description="Leases one multiplexed lease stream (Leases, the "
                                                           "gateway's fast path) may hold open at once.")
     kv_weight: float = Field(0.1, ge=0, description="Placement: weight of KV-cache usage in the load score (it is "
@@ -162,3 +178,11 @@ class SchedulerSettings(ServiceSettings):
             if entry.startswith(SCHEME):
                 ServiceTarget.parse(entry)  # ValueError names the expected form
         return value
+
+    @model_validator(mode="after")
+    def _check_election(self) -> SchedulerSettings:
+        if self.leader_election != "none" and not self.leader_renew_s < self.leader_ttl_s:
+            raise ValueError("leader_renew_s must be shorter than leader_ttl_s")
+        if self.leader_election == "redis" and not self.leader_redis_url:
+            raise ValueError("leader_election=redis needs leader_redis_url")
+        return self

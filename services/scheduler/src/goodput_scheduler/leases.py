@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 from goodput.scheduler.v1 import scheduler_pb2
 
-from goodput_core.errors import DeadlineExceeded, GoodputError, ResourceExhausted, Unavailable
+from goodput_core.errors import DeadlineExceeded, GoodputError, NotFound, ResourceExhausted, Unavailable
 from goodput_core.priority import priority_name
 
 from goodput_scheduler.clock import Clock, SystemClock
@@ -265,6 +265,36 @@ class LeaseManager:
         ticket.claimed = True
         self.book.undo(ticket.future.result())
         self._dispatch()
+
+    def attach(self, req: PlacementRequest, worker_id: str, *, prefilling: bool) -> Lease:
+        """A lease a previous leader granted, still running on ``worker_id``, that a gateway brings to this one after a
+        failover: booked on its worker as it is (no queue, no cap: the request is already there), so this leader's
+        counts are right again, and released like any other. NotFound when this scheduler does not know the
+        worker (the gateway's release of it then has nothing to give back here)."""
+        worker = self.registry.get(worker_id)
+        if worker is None or worker.removed:
+            raise NotFound(f"no worker {worker_id!r} here to attach the lease to")
+        prio = req.priority if req.priority in CLASSES else P1
+        grant = self.book.hold(Decision(worker=worker, reason="attached", score=0.0), req, prio)
+        lease = self.book.open(req, grant, priority=prio, queue_wait_s=0.0, now=self.clock.now())
+        if not prefilling:
+            self.book.first_token(lease)
+            lease.first_token_at = lease.granted_at
+        self.metrics.attached.inc()
+        self._notify()
+        return lease
+
+    def step_down(self) -> None:
+        """This replica is no longer the leader: every request waiting in its queues fails UNAVAILABLE (a gateway
+        re-admits it at the new leader). The leases it holds stay booked until their streams close."""
+        for queue in self.queues:
+            for ticket in list(queue):
+                self._unqueue(ticket)
+                if not ticket.done:
+                    self._fail(ticket, "not_leader", Unavailable(
+                        "this scheduler is no longer the leader; the request is re-admitted at the new one",
+                        retry_after_s=0.5))
+        self._notify()
 
     async def acquire(self, req: PlacementRequest, *, deadline: float | None) -> Lease:
         """enqueue + wait."""

@@ -40,6 +40,12 @@ class SchedulerMetrics:
                                   ["worker", "reason"], registry=registry)
         self.releases = Counter("goodput_scheduler_releases_total", "Leases released, by outcome.", ["outcome"],
                                 registry=registry)
+        self.attached = Counter("goodput_scheduler_leases_attached_total", "Leases a previous leader granted that "
+                                "gateways brought to this one after a failover.", registry=registry)
+        self.leader = Gauge("goodput_scheduler_leader", "1 while this replica is the leader (admits and places).",
+                            registry=registry)
+        self.leader_changes = Counter("goodput_scheduler_leader_elections_total", "Times this replica became the "
+                                      "leader.", registry=registry)
         self.saturation = Gauge("goodput_scheduler_saturation", "Overload signal (1 = P2 shed by default).",
                                 registry=registry)
         self.shedding = Gauge("goodput_scheduler_shedding", "1 while new requests of the class are shed.",

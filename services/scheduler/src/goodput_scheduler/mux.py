@@ -75,6 +75,9 @@ class LeaseMux:
         if kind == "admit":
             self._admit(lease_id, msg.admit, msg.timeout_s)
             return
+        if kind == "attach":
+            self._attach(lease_id, msg.attach)
+            return
         entry = self._open.get(lease_id)
         if entry is None:  # released already, or never admitted: nothing to do (a late message is harmless)
             return
@@ -103,10 +106,7 @@ class LeaseMux:
                 if not (math.isfinite(timeout_s) and timeout_s >= 0):
                     raise InvalidArgument("timeout_s must be a finite number of seconds, 0 or more", param="timeout_s")
                 now = self.leases.clock.now()
-                req = PlacementRequest(request_id=lease_id, tenant=a.tenant, priority=int(a.priority), model=a.model,
-                                       prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
-                                       prefix_hint=a.prefix_hint, session_id=a.session_id,
-                                       tenant_weight=self._parse_weight(a.tenant_weight))
+                req = self._request(lease_id, a)
                 ticket = self.leases.enqueue(req, deadline=now + timeout_s if timeout_s > 0 else None,
                                              queue_deadline=now + a.max_queue_wait_s if a.max_queue_wait_s > 0
                                              else None)
@@ -120,6 +120,29 @@ class LeaseMux:
                     position=self.leases.position(ticket))))
             entry.waiter = asyncio.get_running_loop().create_task(self._wait(lease_id, entry, ticket),
                                                                   name=f"lease-{lease_id}")
+
+    def _request(self, lease_id: str, a: scheduler_pb2.Admit) -> PlacementRequest:
+        return PlacementRequest(request_id=lease_id, tenant=a.tenant, priority=int(a.priority), model=a.model,
+                                prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
+                                prefix_hint=a.prefix_hint, session_id=a.session_id,
+                                tenant_weight=self._parse_weight(a.tenant_weight))
+
+    def _attach(self, lease_id: str, a: scheduler_pb2.Attach) -> None:
+        """A lease the previous leader granted, brought here after a failover (see LeaseManager.attach)."""
+        if lease_id in self._open or len(self._open) >= self.max_leases:
+            self.emit(error_event(lease_id, InvalidArgument(f"lease {lease_id!r} cannot be attached here (already "
+                                                            "open, or the stream is full)", param="lease_id")))
+            return
+        with request_context(request_id=lease_id, tenant=a.admit.tenant or None):
+            try:
+                lease = self.leases.attach(self._request(lease_id, a.admit), a.worker_id,
+                                           prefilling=not a.first_token_seen)
+            except GoodputError as err:
+                self.emit(error_event(lease_id, err))
+                return
+        self._open[lease_id] = _Open(lease=lease, tenant=a.admit.tenant)
+        self.emit(Event(lease_id=lease_id, granted=scheduler_pb2.Granted(
+            worker_id=lease.worker.worker_id, address=lease.worker.address, reason=lease.reason)))
 
     async def _wait(self, lease_id: str, entry: _Open, ticket: Ticket) -> None:
         try:
@@ -163,7 +186,7 @@ class LeaseMux:
 
 
 async def serve(mux: LeaseMux, requests: AsyncIterator[scheduler_pb2.LeaseMuxRequest],
-                events: asyncio.Queue[Event | None]) -> None:
+                events: asyncio.Queue[Event | None | Exception]) -> None:
     """Reads the stream's requests into ``mux`` until the caller closes its side; then gives everything back."""
     try:
         async for msg in requests:

@@ -10,7 +10,7 @@ from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 
 from goodput_core.context import request_context
-from goodput_core.errors import InvalidArgument, NotFound
+from goodput_core.errors import InvalidArgument, NotFound, Unavailable
 
 from goodput_scheduler.leases import LeaseManager
 from goodput_scheduler.mux import LeaseMux, serve
@@ -60,22 +60,42 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.registry = registry
         self.admit_timeout_s = admit_timeout_s
         self.mux_max_leases = mux_max_leases
+        self.leading = True  # a standby (leader election) admits nothing
+        self._streams: set[asyncio.Queue[scheduler_pb2.LeaseMuxEvent | None | Exception]] = set()
+
+    def _check_leading(self) -> None:
+        if not self.leading:
+            raise Unavailable("this scheduler replica is a standby; the leader admits requests", retry_after_s=0.5)
+
+    def step_down(self) -> None:
+        """No longer the leader: its queued requests fail UNAVAILABLE and its lease streams end UNAVAILABLE, so the
+        gateways re-admit and re-attach at the new leader (the leases those streams held are released here)."""
+        self.leading = False
+        self.leases.step_down()
+        for events in list(self._streams):
+            events.put_nowait(Unavailable("this scheduler is no longer the leader", retry_after_s=0.5))
 
     async def Leases(self, request_iterator: AsyncIterator[scheduler_pb2.LeaseMuxRequest],
                      context: aio.ServicerContext) -> AsyncIterator[scheduler_pb2.LeaseMuxEvent]:
         """Many leases over one stream (:mod:`goodput_scheduler.mux`)."""
-        events: asyncio.Queue[scheduler_pb2.LeaseMuxEvent | None] = asyncio.Queue()
+        self._check_leading()
+        events: asyncio.Queue[scheduler_pb2.LeaseMuxEvent | None | Exception] = asyncio.Queue()
         mux = LeaseMux(self.leases, events.put_nowait, max_leases=self.mux_max_leases, parse_weight=tenant_weight)
         reader = asyncio.get_running_loop().create_task(serve(mux, request_iterator, events), name="lease-mux")
+        self._streams.add(events)
         try:
             while (event := await events.get()) is not None:
+                if isinstance(event, Exception):
+                    raise event
                 yield event
         finally:
+            self._streams.discard(events)
             reader.cancel()
             mux.close()  # idempotent: whatever the reader had not given back yet
 
     async def Lease(self, request_iterator: AsyncIterator[scheduler_pb2.LeaseRequest],
                     context: aio.ServicerContext) -> AsyncIterator[scheduler_pb2.LeaseEvent]:
+        self._check_leading()
         try:
             first = await asyncio.wait_for(anext(request_iterator), self.admit_timeout_s)
         except (StopAsyncIteration, asyncio.TimeoutError):

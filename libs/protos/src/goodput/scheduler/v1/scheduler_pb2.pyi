@@ -77,20 +77,32 @@ class Release(_message.Message):
     def __init__(self, outcome: _Optional[_Union[Outcome, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ...) -> None: ...
 
 class LeaseMuxRequest(_message.Message):
-    __slots__ = ("lease_id", "admit", "first_token", "release", "cancel", "timeout_s")
+    __slots__ = ("lease_id", "admit", "first_token", "release", "cancel", "attach", "timeout_s")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     ADMIT_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     admit: Admit
     first_token: FirstToken
     release: Release
     cancel: Cancel
+    attach: Attach
     timeout_s: float
-    def __init__(self, lease_id: _Optional[str] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, lease_id: _Optional[str] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., attach: _Optional[_Union[Attach, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class Attach(_message.Message):
+    __slots__ = ("admit", "worker_id", "first_token_seen")
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_SEEN_FIELD_NUMBER: _ClassVar[int]
+    admit: Admit
+    worker_id: str
+    first_token_seen: bool
+    def __init__(self, admit: _Optional[_Union[Admit, _Mapping]] = ..., worker_id: _Optional[str] = ..., first_token_seen: _Optional[bool] = ...) -> None: ...
 
 class Cancel(_message.Message):
     __slots__ = ()
