@@ -173,3 +173,38 @@ async def test_bad_input_is_a_clear_error(make_cache: Any) -> None:
     with pytest.raises(InvalidArgument, match="say what"):
         await cache.invalidate()
     await cache.stop()
+
+
+async def test_kb_versions_come_from_the_indexers_redis_when_entries_have_their_own(
+        redis_url: str, redis_prefix: str, vectoriser: Any) -> None:
+    """KB_REDIS_URL (the chart's external.cacheRedis): entries in one Redis, the indexer's versions read and followed
+    in another (here another database of the same server)."""
+    from goodput_cache.__main__ import build
+    from goodput_cache.config import CacheSettings
+
+    kb_url = redis_url.rsplit("/", 1)[0] + "/1"
+    settings = CacheSettings(redis_url=redis_url, kb_redis_url=kb_url, key_prefix=redis_prefix,
+                             kb_key_prefix=redis_prefix, version_channel=f"{redis_prefix}:kb-version")
+    cache = build(settings, CollectorRegistry(), None, vectoriser=vectoriser).cache
+    versions = sync_redis.Redis.from_url(kb_url)
+    version = f"{redis_prefix}:kb:acme:manuals:version"
+    versions.set(version, 3)
+    await cache.start()
+    try:
+        question = ask("What does the warranty cover?", kb="manuals")
+        stored = await cache.store(question, ANSWER)
+        assert stored.stored and (await cache.lookup(question)).hit
+        # stored at the version read from the indexer's Redis (3), which it says is published
+        assert (await cache.lookup(ask("What does the warranty cover?", kb="manuals", kb_version=3))).hit
+        entries = sync_redis.Redis.from_url(redis_url)
+        assert entries.get(version) is None  # not where the entries are
+        versions.incr(version)  # what the indexer does after a write, in its own Redis
+        versions.publish(settings.version_channel, '{"tenant": "acme", "knowledge_base": "manuals", "version": 4}')
+        await async_wait_until(lambda: not entries.exists(f"{redis_prefix}:e:{stored.key}"), timeout=5,
+                               message="the stale entry was not dropped")
+        assert not (await cache.lookup(question)).hit
+        entries.close()
+    finally:
+        await cache.stop()
+        versions.delete(version)
+        versions.close()

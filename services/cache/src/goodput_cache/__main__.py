@@ -31,6 +31,8 @@ def build(settings: CacheSettings, registry: CollectorRegistry, provider: Tracer
     """Wires the cache (also used by tests to run it in-process; they may pass a shared vectoriser)."""
     redis = Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s,
                            socket_connect_timeout=settings.redis_timeout_s)
+    versions = (Redis.from_url(settings.kb_redis_url, socket_timeout=settings.redis_timeout_s,
+                               socket_connect_timeout=settings.redis_timeout_s) if settings.kb_redis_url else None)
     if vectoriser is None and settings.semantic:
         vectoriser = (RemoteVectoriser(make_channel(settings.embedder_addr, provider,
                                                     credentials=channel_credentials(settings)),
@@ -38,7 +40,7 @@ def build(settings: CacheSettings, registry: CollectorRegistry, provider: Tracer
                       else LocalVectoriser(model_path=settings.embedder_model_path, threads=settings.embedder_threads,
                                            spin=settings.embedder_spin))
     cache = ResponseCache(settings, redis=redis, vectoriser=vectoriser, metrics=CacheMetrics(registry),
-                          verifier=load_verifier(settings) if vectoriser is not None else None)
+                          verifier=load_verifier(settings) if vectoriser is not None else None, versions=versions)
     runner = ServiceRunner(name="cache", settings=settings, registry=registry, provider=provider)
     runner.add(cache_pb2_grpc.add_CacheServicer_to_server, CacheServicer(cache), "goodput.cache.v1.Cache")
     runner.on_stop.append(cache.stop)

@@ -53,9 +53,11 @@ CANDIDATES = 4
 
 class ResponseCache:
     def __init__(self, settings: CacheSettings, *, redis: Redis, vectoriser: Vectoriser | None,
-                 metrics: CacheMetrics, index: VectorIndex | None = None, verifier: Verifier | None = None) -> None:
+                 metrics: CacheMetrics, index: VectorIndex | None = None, verifier: Verifier | None = None,
+                 versions: Redis | None = None) -> None:
         self.settings = settings
         self.redis = redis
+        self.versions = versions or redis  # the indexer's KB versions (keys and channel): KB_REDIS_URL or this one
         self.l1 = ExactStore(redis, prefix=settings.key_prefix)
         self.vectoriser = vectoriser
         self.index: VectorIndex = index or NumpyIndex(
@@ -88,7 +90,7 @@ class ResponseCache:
         stored at the version it names: an older one ("stale knowledge base"), or one not published yet."""
         if not req.rag:
             return req, ""
-        raw = await self.redis.get(version_key(req.tenant, req.knowledge_base, prefix=self.settings.kb_key_prefix))
+        raw = await self.versions.get(version_key(req.tenant, req.knowledge_base, prefix=self.settings.kb_key_prefix))
         current = int(raw) if raw is not None else 0
         if not req.kb_version:
             return replace(req, kb_version=current), ""
@@ -415,7 +417,7 @@ class ResponseCache:
         """Follows the indexer's version channel until cancelled (reconnecting after Redis failures)."""
         while True:
             try:
-                pubsub = self.redis.pubsub()
+                pubsub = self.versions.pubsub()
                 await pubsub.subscribe(self.settings.version_channel)
                 try:
                     while True:
@@ -474,6 +476,8 @@ class ResponseCache:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
         await self.redis.aclose()
+        if self.versions is not self.redis:
+            await self.versions.aclose()
 
     async def stats(self, tenant: str = "") -> dict[str, object]:
         tallies = [self._tally[tenant]] if tenant else list(self._tally.values())

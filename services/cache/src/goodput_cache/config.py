@@ -32,6 +32,8 @@ class CacheSettings(ServiceSettings):
     http_port: int = 9105
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding the cache entries (they "
                                                                    "survive a restart of this service).")
+    kb_redis_url: str = Field("", description="Redis of the indexer's knowledge-base versions (their keys and "
+                              "the version channel) when the entries have a Redis of their own; empty = redis_url.")
     redis_timeout_s: float = Field(0.25, gt=0, description="Timeout of one Redis call; slower counts as down "
                                                            "and the request is served uncached.")
     breaker_s: float = Field(2.0, ge=0, description="After a Redis failure, lookups skip Redis (answer a "
