@@ -1,6 +1,8 @@
-"""How the rendered scheduler finds the inference workers: by default it watches their Service's EndpointSlices,
-with a ServiceAccount of its own allowed only to read EndpointSlices in the release namespace (and the only pod
-with an API token), and a NetworkPolicy egress to the API server; ``scheduler.discovery=dns`` renders none of it."""
+"""How the rendered scheduler finds the inference workers and elects its leader: by default it watches their
+Service's EndpointSlices and holds a coordination.k8s.io Lease, with a ServiceAccount of its own allowed only to read
+EndpointSlices and to read, create and update Leases in the release namespace (and the only pod with an API token),
+and a NetworkPolicy egress to the API server; ``scheduler.discovery=dns`` with ``leaderElection=none`` renders none
+of it. Its replicas sit behind a headless Service, so the gateways see each and call the leader."""
 
 from __future__ import annotations
 
@@ -21,13 +23,17 @@ def _pod(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
     return dict(deploy["spec"]["template"]["spec"])
 
 
+ENDPOINTSLICES = {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+LEASES = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+
+
 @pytest.mark.parametrize("values", SCENARIOS)
-def test_the_scheduler_may_read_endpointslices_and_nothing_else(chart: Any, values: str | None) -> None:
+def test_the_scheduler_may_read_endpointslices_and_hold_its_lease_and_nothing_else(chart: Any,
+                                                                                   values: str | None) -> None:
     docs = chart.docs(values)
     (role,) = _kinds(docs, "Role").values()
     assert role["metadata"] == {**role["metadata"], "name": "goodput-scheduler", "namespace": "goodput"}
-    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                              "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [ENDPOINTSLICES, LEASES]
     assert not _kinds(docs, "ClusterRole") and not _kinds(docs, "ClusterRoleBinding")
     (binding,) = _kinds(docs, "RoleBinding").values()
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "goodput-scheduler"}
@@ -67,8 +73,22 @@ def test_api_server_peers_come_from_values(chart: Any) -> None:
             "ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]} in egress
 
 
-def test_dns_discovery_needs_no_api_access(chart: Any) -> None:
-    docs = chart.docs(sets=("scheduler.discovery=dns",))
+def test_scheduler_replicas_elect_a_leader_behind_a_headless_service(chart: Any) -> None:
+    docs = chart.docs()
+    assert _kinds(docs, "Deployment")["goodput-scheduler"]["spec"]["replicas"] == 2
+    config = _kinds(docs, "ConfigMap")["goodput-scheduler"]["data"]
+    assert (config["GOODPUT_SCHEDULER_LEADER_ELECTION"], config["GOODPUT_SCHEDULER_LEADER_LEASE_NAME"],
+            config["GOODPUT_SCHEDULER_LEADER_NAMESPACE"]) == ("kubernetes", "goodput-scheduler", "goodput")
+    assert _kinds(docs, "Service")["goodput-scheduler"]["spec"]["clusterIP"] == "None"
+    gateway = _kinds(docs, "ConfigMap")["goodput-gateway"]["data"]
+    assert gateway["GOODPUT_GATEWAY_SCHEDULER_ADDR"] == "goodput-scheduler:50052"  # resolves to every replica
+    # DNS discovery still needs the Lease: only that rule is left
+    (role,) = _kinds(chart.docs(sets=("scheduler.discovery=dns",)), "Role").values()
+    assert role["rules"] == [LEASES]
+
+
+def test_dns_discovery_and_one_replica_need_no_api_access(chart: Any) -> None:
+    docs = chart.docs(sets=("scheduler.discovery=dns", "scheduler.leaderElection=none", "scheduler.replicas=1"))
     assert not _kinds(docs, "Role") and not _kinds(docs, "RoleBinding")
     assert set(_kinds(docs, "ServiceAccount")) == {"goodput"}
     scheduler = _pod(docs, "scheduler")

@@ -218,7 +218,7 @@ pool itself under `pool` (name, classes, engine, aliases). dict "root" "pool" */
 {{/* The scheduler's own ServiceAccount when it watches EndpointSlices (scheduler.discovery kubernetes): the only
 pod that talks to the API server, so the only one with a token and a Role. Empty otherwise. */}}
 {{- define "goodput.schedulerServiceAccountName" -}}
-{{- if and .Values.scheduler.enabled (eq .Values.scheduler.discovery "kubernetes") }}
+{{- if and .Values.scheduler.enabled (or (eq .Values.scheduler.discovery "kubernetes") (eq .Values.scheduler.leaderElection "kubernetes")) }}
 {{- include "goodput.componentName" (dict "root" . "svc" "scheduler") }}
 {{- end }}
 {{- end }}
@@ -417,6 +417,9 @@ its settings (empty = the app's default queue). ctx: root, svc */}}
 {{ $p }}UNHEALTHY_AFTER: {{ include "goodput.num" $v.config.unhealthyAfter | quote }}
 {{ $p }}HEALTHY_AFTER: {{ include "goodput.num" $v.config.healthyAfter | quote }}
 {{ $p }}MAX_INFLIGHT_PER_WORKER: {{ include "goodput.num" $v.config.maxInflightPerWorker | quote }}
+{{ $p }}LEADER_ELECTION: {{ $v.leaderElection | quote }}
+{{ $p }}LEADER_LEASE_NAME: {{ include "goodput.componentName" (dict "root" .root "svc" "scheduler") | quote }}
+{{ $p }}LEADER_NAMESPACE: {{ .root.Release.Namespace | quote }}
 {{- range $cls, $c := $v.config.classes }}
 {{ $p }}{{ upper $cls }}_MAX_QUEUE: {{ include "goodput.num" $c.maxQueue | quote }}
 {{ $p }}{{ upper $cls }}_TIMEOUT_S: {{ include "goodput.num" $c.timeoutSeconds | quote }}

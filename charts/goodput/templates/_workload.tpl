@@ -273,6 +273,11 @@ spec:
   # on each worker and the gateway can stream from the one it was granted.
   clusterIP: None
   publishNotReadyAddresses: false
+  {{- else if eq .svc "scheduler" }}
+  # Headless: DNS returns every replica, leader and standby; the gateways' channels health-check each for the
+  # Scheduler service and call only the one that serves it (the leader), following it when it changes.
+  clusterIP: None
+  publishNotReadyAddresses: false
   {{- else }}
   type: {{ $v.service.type }}
   {{- end }}
