@@ -534,18 +534,24 @@ expansion, which envFrom does not do. ctx: root, svc
 {{- $usesRedis := has "redis" $meta.external }}
 {{- if eq .svc "gateway" }}{{ $usesRedis = $root.Values.gateway.config.useRedis }}{{ end }}
 {{- if $usesRedis }}
-{{- if $ext.redis.existingSecret }}
-{{- $u := urlParse $ext.redis.url }}
-- name: GOODPUT_REDIS_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ $ext.redis.existingSecret }}
-      key: {{ $ext.redis.passwordKey }}
-- name: {{ $p }}REDIS_URL
-  value: {{ printf "%s://:$(GOODPUT_REDIS_PASSWORD)@%s%s" $u.scheme $u.host $u.path | quote }}
+{{- /* Each service's REDIS_URL is its role's Redis (docs/operations.md, "Redis"): the cache's entries on
+external.cacheRedis, the Celery queues and job stores (gateway, jobsWorker, embedder, indexWorker) on
+external.queueRedis; external.redis where that is empty. */}}
+{{- $role := ternary "CACHE" "QUEUE" (eq .svc "cache") }}
+{{- $own := ternary $ext.cacheRedis $ext.queueRedis (eq .svc "cache") }}
+{{- if $own.url }}
+{{- include "goodput.redisUrlEnv" (dict "redis" $own "name" (printf "%sREDIS_URL" $p) "password" (printf "GOODPUT_REDIS_%s_PASSWORD" $role)) }}
 {{- else }}
-- name: {{ $p }}REDIS_URL
-  value: {{ $ext.redis.url | quote }}
+{{- include "goodput.redisUrlEnv" (dict "redis" $ext.redis "name" (printf "%sREDIS_URL" $p) "password" "GOODPUT_REDIS_PASSWORD") }}
+{{- end }}
+{{- if and (eq .svc "cache") (or $ext.cacheRedis.url $ext.queueRedis.url) }}
+{{- /* The cache's entries and the knowledge-base versions apart: it reads and follows the versions where the
+indexer (the embedder, on the queues' Redis) writes them. */}}
+{{- if $ext.queueRedis.url }}
+{{- include "goodput.redisUrlEnv" (dict "redis" $ext.queueRedis "name" (printf "%sKB_REDIS_URL" $p) "password" "GOODPUT_REDIS_QUEUE_PASSWORD") }}
+{{- else }}
+{{- include "goodput.redisUrlEnv" (dict "redis" $ext.redis "name" (printf "%sKB_REDIS_URL" $p) "password" "GOODPUT_REDIS_PASSWORD") }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- if and (has "qdrant" $meta.external) $ext.qdrant.existingSecret }}
@@ -585,6 +591,28 @@ expansion, which envFrom does not do. ctx: root, svc
 - name: {{ $p }}QUOTA_REDIS_URL
   value: {{ $qr.url | quote }}
 {{- end }}
+{{- else if and (eq $p "GOODPUT_GATEWAY_") $usesRedis $ext.queueRedis.url }}
+{{- /* REDIS_URL is the queues' Redis: quotas, usage and stored responses stay on external.redis. */}}
+{{- include "goodput.redisUrlEnv" (dict "redis" $ext.redis "name" (printf "%sQUOTA_REDIS_URL" $p) "password" "GOODPUT_REDIS_PASSWORD") }}
+{{- end }}
+{{- end }}
+
+{{/* One Redis URL setting, its password (when the Redis has an existingSecret) substituted by Kubernetes from an
+env entry defined just before it. ctx: redis (url, existingSecret, passwordKey), name (the setting's env name),
+password (the password's env name) */}}
+{{- define "goodput.redisUrlEnv" -}}
+{{- if .redis.existingSecret }}
+{{- $u := urlParse .redis.url }}
+- name: {{ .password }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .redis.existingSecret }}
+      key: {{ .redis.passwordKey }}
+- name: {{ .name }}
+  value: {{ printf "%s://:$(%s)@%s%s" $u.scheme .password $u.host $u.path | quote }}
+{{- else }}
+- name: {{ .name }}
+  value: {{ .redis.url | quote }}
 {{- end }}
 {{- end }}
 
@@ -636,6 +664,12 @@ ctx: root, svc */}}
 {{- end }}
 {{- if and $v.autoscaling.enabled (gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) }}
 {{- fail (printf "%s.autoscaling.minReplicas must not exceed maxReplicas" .svc) }}
+{{- end }}
+{{- range $r := list "cacheRedis" "queueRedis" }}
+{{- $e := index $.root.Values.external $r }}
+{{- if and $e.existingSecret (not $e.url) }}
+{{- fail (printf "external.%s.existingSecret is set but external.%s.url is empty (empty = external.redis, whose password is external.redis.existingSecret)" $r $r) }}
+{{- end }}
 {{- end }}
 {{- $qr := .root.Values.tenancy.quotas.redis }}
 {{- if and (eq .svc "gateway") $qr.existingSecret (not $qr.url) }}
