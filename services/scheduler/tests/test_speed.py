@@ -134,3 +134,11 @@ async def test_the_scheduler_learns_a_workers_speed_from_the_gateways_releases()
             assert speed.prefill_s_per_token > 0
     finally:
         await w.server.stop(None)
+
+
+def test_nothing_is_placed_on_a_worker_whose_engine_reports_a_stall() -> None:
+    """A hung engine (no output while generating; the worker reports stalled_s and turns NOT_SERVING itself)."""
+    w = worker("w", max_num_seqs=8)
+    assert w.placeable
+    w.load = inference_pb2.WorkerLoad(max_num_seqs=8, stalled_s=31.0)
+    assert not w.placeable

@@ -17,7 +17,7 @@ SYSTEM = "You are the support assistant of a bank; answer only questions about a
 
 
 def fleet(n: int = 4) -> list[Worker]:
-    load = SimpleNamespace(max_num_seqs=8, waiting=0, kv_cache_usage=0.0)
+    load = SimpleNamespace(max_num_seqs=8, waiting=0, kv_cache_usage=0.0, stalled_s=0.0)
     return [Worker(worker_id=f"w{i}", address=f"w{i}", channel=None, healthy=True, load=load)  # type: ignore[arg-type]
             for i in range(n)]
 

@@ -74,6 +74,10 @@ class InferenceSettings(ServiceSettings):
     pool_classes: str = Field("", description='Priority classes the pool serves, e.g. "P0,P1" or "P2"; the '
                                               "scheduler grants only those here while a healthy worker's pool serves "
                                               "the class (its serves_class filter). Empty = every class.")
+    stall_after_s: float = Field(30.0, ge=0, description="A worker whose generations have produced no output for this "
+                                                         "long is stalled (a hung engine): NOT_SERVING until tokens "
+                                                         "come again, so no new work is placed on it; 0 = off. Keep "
+                                                         "it above the longest prefill.")
     pool_cost_per_hour: float = Field(0.0, ge=0, description="What one worker of this pool costs per hour (e.g. its "
                                                              "GPUs' price), in a unit used alike for every pool; "
                                                              "0 = unknown. The gateway's model \"auto\" picks the "

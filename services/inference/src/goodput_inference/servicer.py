@@ -22,6 +22,7 @@ from goodput_core.errors import Unavailable
 from goodput_core.sampling import logprobs_to_proto, sampling_from_proto
 
 from goodput_inference.engine import ChatTurn, Delta, Engine, Finished, GenRequest, Started, ToolCall
+from goodput_inference.progress import Progress
 
 log = logging.getLogger("goodput.inference")
 
@@ -247,7 +248,8 @@ def _load_reader(engine: Engine, attr: str) -> Callable[[], float]:
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def __init__(self, engine: Engine, *, worker_id: str, metrics: WorkerMetrics, pool: str = "default",
-                 pool_classes: str = "", aliases: str = "", cost_per_hour: float = 0.0) -> None:
+                 pool_classes: str = "", aliases: str = "", cost_per_hour: float = 0.0,
+                 progress: Progress | None = None) -> None:
         self.engine = engine
         self.worker_id = worker_id
         self.metrics = metrics
@@ -255,6 +257,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self.pool_classes = [f"PRIORITY_{c}" for c in pool_classes.split(",") if c]  # "P0,P1" -> enum names
         self.aliases = [a.strip() for a in aliases.split(",") if a.strip()]  # other names of the model (ModelInfo)
         self.cost_per_hour = cost_per_hour  # the pool's price (ModelInfo): what model "auto" weighs
+        self.progress = progress or Progress(stall_after_s=0.0)  # tokens coming, or a hung engine
         self.draining = False
 
     async def Generate(self, request: inference_pb2.GenerateRequest,
@@ -266,8 +269,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         counted = 0  # of this request's output tokens, those the peak token rate has seen
         with request_context(request_id=gen.request_id, tenant=gen.tenant or None):
             self.metrics.busy.enter()
+            self.progress.begin()
             try:
                 async for event in self.engine.generate(gen):
+                    self.progress.advance()
                     if isinstance(event, Delta):
                         counted = self.metrics.generated(event.completion_tokens, counted)
                         yield inference_pb2.GenerateChunk(delta=inference_pb2.Delta(
@@ -297,6 +302,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 outcome = "error"
                 raise
             finally:
+                self.progress.end()
                 self.metrics.busy.leave()
                 self.metrics.requests.labels(outcome).inc()
                 if outcome == "aborted":
@@ -309,7 +315,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             running=load.running, waiting=load.waiting, kv_cache_usage=load.kv_cache_usage,
             gpu_utilization=load.gpu_utilization, max_num_seqs=load.max_num_seqs,
             aborted_total=load.aborted_total, finished_total=load.finished_total,
-            ready=load.ready and not self.draining)
+            ready=load.ready and not self.draining, stalled_s=self.progress.stalled_s())
 
     async def GetModelInfo(self, request: inference_pb2.GetModelInfoRequest,
                            context: aio.ServicerContext) -> inference_pb2.ModelInfo:

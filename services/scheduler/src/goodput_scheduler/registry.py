@@ -72,8 +72,9 @@ class Worker:
 
     @property
     def placeable(self) -> bool:
-        """New grants may go here: it passes its checks, is not draining and is still registered."""
-        return self.healthy and not self.draining and not self.removed
+        """New grants may go here: it passes its checks, is not draining, is still registered and its engine is making
+        progress (a worker reporting ``stalled_s`` has a hung engine; it also turns NOT_SERVING itself)."""
+        return self.healthy and not self.draining and not self.removed and self.load.stalled_s <= 0
 
     @property
     def capacity(self) -> int:

@@ -19,7 +19,7 @@ Example:
     >>> profile = Profile.parse('{"scorers": [{"name": "least_loaded", "weight": 1}, '
     ...                         '{"name": "session_affinity", "weight": 3}]}')
     >>> pipeline = build_pipeline(profile, SchedulerSettings())
-    >>> load = SimpleNamespace(max_num_seqs=8, waiting=0, kv_cache_usage=0.0)
+    >>> load = SimpleNamespace(max_num_seqs=8, waiting=0, kv_cache_usage=0.0, stalled_s=0.0)
     >>> workers = [Worker(worker_id=f"w{i}", address=f"w{i}", channel=None, healthy=True, load=load)
     ...            for i in range(3)]
     >>> request = PlacementRequest("r1", "tenant", 2, "", 100, 10, session_id="chat-42")

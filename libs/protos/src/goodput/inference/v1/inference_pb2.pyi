@@ -92,7 +92,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("running", "waiting", "kv_cache_usage", "gpu_utilization", "max_num_seqs", "aborted_total", "finished_total", "ready")
+    __slots__ = ("running", "waiting", "kv_cache_usage", "gpu_utilization", "max_num_seqs", "aborted_total", "finished_total", "ready", "stalled_s")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class WorkerLoad(_message.Message):
     ABORTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     FINISHED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
+    STALLED_S_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     kv_cache_usage: float
@@ -109,7 +110,8 @@ class WorkerLoad(_message.Message):
     aborted_total: int
     finished_total: int
     ready: bool
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., gpu_utilization: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., aborted_total: _Optional[int] = ..., finished_total: _Optional[int] = ..., ready: _Optional[bool] = ...) -> None: ...
+    stalled_s: float
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., gpu_utilization: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., aborted_total: _Optional[int] = ..., finished_total: _Optional[int] = ..., ready: _Optional[bool] = ..., stalled_s: _Optional[float] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()
