@@ -317,3 +317,82 @@ def test_a_platform_on_its_own_redis_database_gets_its_own_keys_queues_and_versi
     assert specs["embedder"].env["GOODPUT_EMBEDDER_VERSION_CHANNEL"] == "goodput:kb-version:db3"
     assert specs["cache"].env["GOODPUT_CACHE_VERSION_CHANNEL"] == "goodput:kb-version:db3"
     assert Platform(workdir=tmp_path).plan()[-2].env.get("GOODPUT_GATEWAY_REDIS_URL", "").endswith("/0")
+
+
+# --- scheduler replicas, the simulated engine, faults on purpose ------------------------------------------------------
+
+def test_scheduler_replicas_elect_a_leader_in_the_platforms_redis_and_every_caller_knows_them_all(tmp_path):
+    p = Platform(workdir=tmp_path, workers=1, port_offset=100, scheduler_replicas=2, gateways=2,
+                 env={"GOODPUT_REDIS_URL": "redis://127.0.0.1:6379/2"})
+    specs = {s.name: s for s in p.plan()}
+
+    assert [p.scheduler_grpc_at(0), p.scheduler_grpc_at(1)] == ["127.0.0.1:50152", "127.0.0.1:50202"]
+    assert p.endpoints()["scheduler-1"] == "127.0.0.1:50202"
+    replicas = [specs["scheduler"], specs["scheduler-1"]]
+    assert [s.env["GOODPUT_SCHEDULER_GRPC_PORT"] for s in replicas] == ["50152", "50202"]
+    assert [s.env["GOODPUT_SCHEDULER_HTTP_PORT"] for s in replicas] == ["9202", "9252"]
+    for s in replicas:  # one lock per platform, in its own Redis database
+        assert s.env["GOODPUT_SCHEDULER_LEADER_ELECTION"] == "redis"
+        assert s.env["GOODPUT_SCHEDULER_LEADER_REDIS_URL"] == "redis://127.0.0.1:6379/2"
+        assert s.env["GOODPUT_SCHEDULER_LEADER_KEY"] == "goodput:scheduler:leader:50152"
+    for caller in ("gateway", "gateway-1", "jobs-worker"):
+        assert specs[caller].env["GOODPUT_GATEWAY_SCHEDULER_ADDR"] == "127.0.0.1:50152,127.0.0.1:50202", caller
+    # one replica: no election, one address (as before)
+    single = {s.name: s for s in Platform(workdir=tmp_path, workers=1).plan()}
+    assert "GOODPUT_SCHEDULER_LEADER_ELECTION" not in single["scheduler"].env
+    assert single["gateway"].env["GOODPUT_GATEWAY_SCHEDULER_ADDR"] == "127.0.0.1:50052"
+
+
+def test_the_engine_option_reaches_every_worker_unless_its_pool_names_one(tmp_path):
+    from goodput_cli.pools import Pool
+
+    sim = {s.name: s.env for s in Platform(workdir=tmp_path, workers=2, engine="sim").plan()}
+    assert sim["worker-0"]["GOODPUT_INFERENCE_ENGINE"] == sim["worker-1"]["GOODPUT_INFERENCE_ENGINE"] == "sim"
+    pooled = {s.name: s.env for s in Platform(workdir=tmp_path, engine="sim",
+                                              pools=[Pool(name="a"), Pool(name="b", engine="vllm")]).plan()}
+    assert [pooled["worker-0"]["GOODPUT_INFERENCE_ENGINE"], pooled["worker-1"]["GOODPUT_INFERENCE_ENGINE"]] == \
+        ["sim", "vllm"]
+    assert "GOODPUT_INFERENCE_ENGINE" not in {s.name: s.env for s in Platform(workdir=tmp_path).plan()}["worker-0"]
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (T: stopped)."""
+    return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None or not Path("/proc").is_dir(),
+                    reason="needs redis-server (make install) and /proc")
+def test_any_child_can_be_killed_frozen_thawed_stopped_and_restarted_and_a_persistent_redis_keeps_its_data(
+        tmp_path, fake_services):
+    import redis
+
+    platform = _platform(tmp_path, fake_services)
+    platform.redis_persistent = True
+    platform.start(timeout_s=60)
+    try:
+        assert platform.names()[0] == "redis" and "scheduler" in platform.names()
+        # SIGSTOP / SIGCONT: alive but doing nothing, then going on
+        (pid,) = platform.freeze("scheduler")
+        wait_until(lambda: _state(pid) == "T", timeout=5, message="the scheduler was not stopped")
+        platform.thaw("scheduler")
+        wait_until(lambda: _state(pid) != "T", timeout=5, message="the scheduler did not resume")
+        # SIGKILL, then the same spec again: it serves once restart returns
+        before = platform.pid("gateway")
+        platform.kill("gateway")
+        assert platform.exited() == {"gateway": -9}
+        platform.restart("gateway", timeout_s=30)
+        assert platform.exited() == {} and platform.pid("gateway") not in (None, before)
+        with pytest.raises(PlatformError, match="still running"):
+            platform.restart("gateway")
+        with pytest.raises(PlatformError, match="not a child of this platform"):
+            platform.kill("nothing")
+        # Redis stopped as Kubernetes stops a pod and started again: its append-only file brings the data back
+        client = redis.Redis.from_url(platform.redis_url)
+        client.set("chaos:kept", "yes")
+        platform.terminate("redis")
+        assert platform.exited() == {"redis": 0}
+        platform.restart("redis", timeout_s=30)
+        assert client.get("chaos:kept") == b"yes"
+        client.close()
+    finally:
+        platform.stop(grace_s=5)

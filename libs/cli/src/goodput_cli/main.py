@@ -176,6 +176,15 @@ def up(
     gateways: Annotated[int, typer.Option("--gateways", min=1,
                                           help="Gateway replicas (the n-th on the first's ports + 20n); they share "
                                                "the scheduler, the keys file and the quota counters.")] = 1,
+    scheduler_replicas: Annotated[int, typer.Option(
+        "--scheduler-replicas", min=1,
+        help="Scheduler replicas (the n-th on the first's ports + 50n), active-passive: they elect their leader "
+             "through Redis (a lock key per platform) and the gateways follow it, as the chart's replicas do "
+             "through a Lease.")] = 1,
+    engine: Annotated[str | None, typer.Option(
+        "--engine", envvar="GOODPUT_INFERENCE_ENGINE", show_default=False,
+        help="The workers' engine: vllm (default), sim (simulated: no model, starts in seconds) or triton; a pool "
+             "that names its own engine keeps it.")] = None,
     port_offset: Annotated[int, typer.Option("--port-offset", help="Added to every port (run two platforms).")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for every service to serve.")] = 900,
     state_dir: StateDir = None,
@@ -209,7 +218,8 @@ def up(
         raise _fail(str(err)) from None
     extra_env = cross_encoder_env(models_dir, dict(os.environ), use={u.strip() for u in use_models.split(",")})
     platform = Platform(workdir=workdir, workers=workers, port_offset=port_offset, redis_db=redis_db,
-                        insecure_internal=insecure_internal, gateways=gateways, env=extra_env, pools=pools)
+                        insecure_internal=insecure_internal, gateways=gateways, env=extra_env, pools=pools,
+                        scheduler_replicas=scheduler_replicas, engine=engine)
     for name, value in extra_env.items():
         console.print(f"{name}={value}", style="dim", highlight=False)
     for note in notes:
@@ -230,6 +240,10 @@ def up(
         ready = True
         more = "".join(f"; replica {i}: REST {platform.gateway_http_at(i)}, gRPC {platform.gateway_grpc_at(i)}"
                        for i in range(1, gateways))
+        if scheduler_replicas > 1:
+            more += (f"; {scheduler_replicas} scheduler replicas ("
+                     + ", ".join(platform.scheduler_grpc_at(i) for i in range(scheduler_replicas))
+                     + f"), replica {platform.leader()} leads")
         print(f"\nGoodput is up: REST {platform.gateway_http}, gRPC {platform.gateway_grpc}{more}. "
               f"Dev API key: {platform.dev_key} (also in {workdir / 'dev-key'})\n")
         models = _served_models(platform)

@@ -24,6 +24,19 @@ are consecutive: ``worker-0`` is the first pool's first), and each gets its pool
     ...                 redis_url="redis://127.0.0.1:6379/0", pools=tuple(default_pools()))
     >>> [(s.name, s.env["GOODPUT_INFERENCE_POOL"], s.env["GOODPUT_INFERENCE_POOL_CLASSES"]) for s in plan(pooled)[:2]]
     [('worker-0', 'interactive', 'P0,P1'), ('worker-1', 'batch', 'P2')]
+
+Scheduler replicas (``scheduler_replicas`` > 1) run active-passive as in the chart: each on its own ports
+(``SCHEDULER_PORT_STRIDE`` apart), electing their leader through a lock key in the platform's Redis (one key per
+platform: it names the first replica's port); the gateways and the jobs worker get every replica's address and follow
+the leader (client-side health checking):
+
+    >>> ha = Wiring(workdir=Path(".goodput"), workers=1, port_offset=0, python="python3",
+    ...             redis_url="redis://127.0.0.1:6379/0", scheduler_replicas=2)
+    >>> specs = {s.name: s for s in plan(ha)}
+    >>> specs["scheduler-1"].grpc_addr, specs["scheduler-1"].env["GOODPUT_SCHEDULER_LEADER_KEY"]
+    ('127.0.0.1:50102', 'goodput:scheduler:leader:50052')
+    >>> specs["gateway"].env["GOODPUT_GATEWAY_SCHEDULER_ADDR"]
+    '127.0.0.1:50052,127.0.0.1:50102'
 """
 
 from __future__ import annotations
@@ -39,7 +52,8 @@ from goodput_core.tls import tls_files
 from goodput_cli.pools import Pool, worker_pools
 from goodput_cli.procs import ServiceSpec, cpu_bindings
 
-__all__ = ["HOST", "Wiring", "grpc_addr", "http_port", "plan", "redis_db_url", "version_channel"]
+__all__ = ["HOST", "SCHEDULER_PORT_STRIDE", "Wiring", "grpc_addr", "http_port", "plan", "redis_db_url",
+           "version_channel"]
 
 HOST = "127.0.0.1"
 DEFAULT_KV_CACHE_SPACE_GB = "1"
@@ -53,20 +67,25 @@ _CELERY_FLAGS = ["--pool", "solo", "--loglevel", "INFO", "--without-gossip", "--
 # A gateway replica's ports are the first's plus this many per replica (the workers' ports follow theirs one by one,
 # so a stride of 1 would land a second gateway on the scheduler's port).
 GATEWAY_PORT_STRIDE = 20
+# A scheduler replica's likewise: 50 lands between the gateways' (+20n) and clear of the workers' HTTP ports
+# (9161 + n), and of the platforms other tests run at offsets a multiple of 100 away.
+SCHEDULER_PORT_STRIDE = 50
+STRIDES = {"gateway": GATEWAY_PORT_STRIDE, "scheduler": SCHEDULER_PORT_STRIDE}
+LEADER_KEY_PREFIX = "goodput:scheduler:leader"
 # The latency profile of a local platform (goodput_gateway.profile): SLOs for the dev model on CPU cores.
 LOCAL_LATENCY_PROFILE = ('{"P0": {"slo": {"ttft_s": 30, "tpot_s": 1.0}}, "P1": {"slo": {"ttft_s": 60, "tpot_s": 2.0}}, '
                          '"P2": {"slo": {"ttft_s": 240, "tpot_s": 4.0}}}')
 
 
 def _shift(key: str, instance: int) -> int:
-    return instance * (GATEWAY_PORT_STRIDE if key == "gateway" else 1)
+    return instance * STRIDES.get(key, 1)
 
 
 def grpc_addr(key: str, port_offset: int, instance: int = 0) -> str:
     """The local address of the ``instance``-th process of ``key``.
 
-    >>> grpc_addr("inference", 0, 1), grpc_addr("gateway", 0, 1)
-    ('127.0.0.1:50062', '127.0.0.1:50071')
+    >>> grpc_addr("inference", 0, 1), grpc_addr("gateway", 0, 1), grpc_addr("scheduler", 0, 1)
+    ('127.0.0.1:50062', '127.0.0.1:50071', '127.0.0.1:50102')
     """
     return f"{HOST}:{SERVICES[key].grpc_port + port_offset + _shift(key, instance)}"
 
@@ -119,10 +138,18 @@ class Wiring:
     # Model pools (goodput_cli.pools): their replicas add up to ``workers``; empty = ``workers`` identical workers of
     # the worker's own default pool (every class).
     pools: tuple[Pool, ...] = ()
+    # Scheduler replicas (the first on the topology's ports, the n-th SCHEDULER_PORT_STRIDE * n above); more than one
+    # elect their leader through Redis.
+    scheduler_replicas: int = 1
+    # The workers' engine (GOODPUT_INFERENCE_ENGINE: vllm, sim, triton) unless their pool names one; empty = the
+    # worker's default (or what the environment says).
+    engine: str = ""
 
     def __post_init__(self) -> None:
         if self.pools and sum(p.replicas for p in self.pools) != self.workers:
             raise ValueError(f"the pools have {sum(p.replicas for p in self.pools)} workers, not {self.workers}")
+        if self.scheduler_replicas < 1:
+            raise ValueError("scheduler_replicas must be at least 1")
 
     def worker_pool(self, i: int) -> Pool | None:
         """The pool of worker ``i`` (None without pools)."""
@@ -153,6 +180,8 @@ def _peers(key: str, w: Wiring, running: list[str]) -> dict[str, str]:
             continue
         if peer.service == "inference":
             value = ",".join(grpc_addr("inference", w.port_offset, i) for i in range(w.workers))
+        elif peer.service == "scheduler":  # every replica: the callers' channels follow the leader
+            value = ",".join(grpc_addr("scheduler", w.port_offset, i) for i in range(w.scheduler_replicas))
         else:
             value = grpc_addr(peer.service, w.port_offset)
         env[svc.env(peer.setting)] = value
@@ -187,6 +216,16 @@ def _tls_env(key: str, w: Wiring) -> dict[str, str]:
             svc.env("TLS_KEY_FILE"): str(files.key), svc.env("TLS_CA_FILE"): str(files.ca)}
 
 
+def _leader_env(w: Wiring) -> dict[str, str]:
+    """Leader election of scheduler replicas: a lock key in the platform's Redis, named after the first replica's
+    port so that two platforms on one Redis database never share it (an explicit LEADER_KEY is kept)."""
+    svc = SERVICES["scheduler"]
+    env = {svc.env("LEADER_ELECTION"): "redis", svc.env("LEADER_REDIS_URL"): w.redis_url}
+    if svc.env("LEADER_KEY") not in w.inherited:
+        env[svc.env("LEADER_KEY")] = f"{LEADER_KEY_PREFIX}:{svc.grpc_port + w.port_offset}"
+    return env
+
+
 def _spec(name: str, argv: list[str], env: dict[str, str], grpc: str | None, w: Wiring, *,
           public: bool = False) -> ServiceSpec:
     return ServiceSpec(name=name, argv=argv, env=env, grpc_addr=grpc, log_path=w.log_path(name),
@@ -205,6 +244,8 @@ def plan(w: Wiring) -> list[ServiceSpec]:
                 pool = w.worker_pool(i)
                 own = pool.worker_env() if pool else {}  # the pool's settings win over inherited ones
                 env = {**own, **_service_env(key, w, running, i), svc.env("WORKER_ID"): f"worker-{i}"}
+                if w.engine and svc.env("ENGINE") not in own:
+                    env[svc.env("ENGINE")] = w.engine
                 explicit = {**w.inherited, **own}
                 if svc.env("ENFORCE_EAGER") not in explicit:
                     # On CPU, vLLM's graph compilation makes engine start ~4x slower (about 145 s instead of 35 s
@@ -226,6 +267,14 @@ def plan(w: Wiring) -> list[ServiceSpec]:
                     env[svc.env("LATENCY_PROFILE")] = LOCAL_LATENCY_PROFILE
                 specs.append(_spec("gateway" if i == 0 else f"gateway-{i}", [w.python, "-m", svc.package], env,
                                    grpc_addr(key, w.port_offset, i), w, public=True))
+            continue
+        if key == "scheduler":
+            for i in range(w.scheduler_replicas):
+                env = _service_env(key, w, running, i)
+                if w.scheduler_replicas > 1:
+                    env.update(_leader_env(w))
+                specs.append(_spec("scheduler" if i == 0 else f"scheduler-{i}", [w.python, "-m", svc.package], env,
+                                   grpc_addr(key, w.port_offset, i), w))
             continue
         env = _service_env(key, w, running)
         name = _NAMES.get(key, key)

@@ -16,8 +16,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-__all__ = ["PlatformError", "Proc", "ServiceSpec", "check_health", "cpu_bindings", "die_with_parent", "log_tail",
-           "redis_ping", "signal_group"]
+__all__ = ["PlatformError", "Proc", "ServiceSpec", "check_health", "cpu_bindings", "descendants", "die_with_parent",
+           "log_tail", "redis_ping", "signal_group"]
 
 LOG_TAIL_LINES = 40
 
@@ -109,6 +109,38 @@ def signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(popen.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """Every process below ``pid`` (children first, then theirs), each with its command line; Linux only (empty
+    elsewhere, or once ``pid`` is gone).
+
+    >>> import sys
+    >>> child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    >>> try:
+    ...     [p for p, _ in descendants(os.getpid())].count(child.pid)
+    ... finally:
+    ...     child.kill(); _ = child.wait()
+    1
+    """
+    out: list[tuple[int, str]] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop(0)
+        children: list[int] = []
+        try:
+            for task in Path(f"/proc/{parent}/task").iterdir():
+                children += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        for child in children:
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            out.append((child, cmdline.strip()))
+            todo.append(child)
+    return out
 
 
 def die_with_parent() -> None:  # pragma: no cover - runs in the forked child

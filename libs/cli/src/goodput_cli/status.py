@@ -115,8 +115,11 @@ def collect(endpoints: dict[str, str], *, timeout_s: float = 2.0,
     """``credentials``: the operator's, for the internal services (None: they serve plaintext)."""
     report = StatusReport()
     for name in GRPC_SERVICES:
-        if name in endpoints:
-            report.services.append(grpc_health(name, endpoints[name], timeout_s,
+        # the service, then its replicas (``scheduler-1``, ``gateway-1``...)
+        replicas = sorted((n for n in endpoints if n.startswith(f"{name}-") and n[len(name) + 1:].isdigit()),
+                          key=lambda n: int(n[len(name) + 1:]))
+        for replica in [name, *replicas] if name in endpoints else replicas:
+            report.services.append(grpc_health(replica, endpoints[replica], timeout_s,
                                                None if name == "gateway" else credentials))
         if name == "gateway" and "gateway_http" in endpoints:
             report.services.append(http_health("gateway (HTTP)", endpoints["gateway_http"].rstrip("/") + "/healthz",

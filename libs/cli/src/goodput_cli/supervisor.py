@@ -28,6 +28,18 @@ Example::
     platform.kill_worker(1)               # SIGKILL, like a crashed pod
     platform.stop()
 
+Faults on purpose (the chaos suite, failure tests): ``kill(name)`` SIGKILLs a child and whatever it started,
+``terminate(name)`` stops it as Kubernetes would (SIGTERM, then SIGKILL after a grace), ``restart(name)`` starts it
+again from the same spec and waits until it serves, ``freeze(name)`` / ``thaw(name)`` SIGSTOP / SIGCONT it (a hung
+process, e.g. a worker's engine: ``pids`` names a process of its group, see ``descendants``). Names are those of
+``names()``: ``worker-0``, ``scheduler``, ``scheduler-1``, ``gateway-1``, ``jobs-worker``, ``redis``...
+
+Scheduler replicas: ``Platform(scheduler_replicas=2)`` runs two schedulers electing their leader through the
+platform's Redis (``leader()`` says which leads); the gateways and the jobs worker follow it. ``engine="sim"`` runs
+the workers on the simulated engine (no model, starts in seconds). ``redis_persistent=True`` has the Redis the
+platform starts itself keep an append-only file in the state folder, so that a restarted Redis comes back with its
+data, as a production Redis does.
+
 Model pools (:mod:`goodput_cli.pools`) replace ``workers``: ``Platform(workdir=..., pools=default_pools())`` runs each
 pool's replicas, numbered in pool order (``pool_workers("batch")`` says which).
 
@@ -54,6 +66,7 @@ from urllib.parse import urlsplit
 
 import grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
 from goodput_contracts.access import IDENTITIES, OPERATOR
@@ -71,6 +84,10 @@ __all__ = ["DEFAULT_REDIS_URL", "Platform", "PlatformError", "ServiceSpec", "cpu
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 LOCK_FILE = "platform.lock"  # held by the running supervisor of a state folder
 TLS_DIR = "tls"  # the development CA and every identity's certificate, in the state folder
+REDIS_DIR = "redis"  # the append-only file of a persistent Redis the platform started, in the state folder
+SCHEDULER_SERVICE = "goodput.scheduler.v1.Scheduler"  # SERVING only at the leading replica
+# Celery workers serve no gRPC: their readiness is /healthz on their metrics port.
+_HTTP_READY = {"index-worker": "indexWorker", "jobs-worker": "jobsWorker"}
 
 # Short reconnect backoff: the default grows to minutes, which would hide a server that just came up.
 _PROBE_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
@@ -87,21 +104,28 @@ class Platform:
     ``insecure_internal`` runs internal gRPC in plaintext (every service warns at start); the default is mTLS.
     ``pools``: model pools whose replicas are the workers (``workers``, when given too, must be their sum); without,
     ``workers`` (default 1) identical workers of one pool serving every class.
+    ``scheduler_replicas``: schedulers electing a leader through Redis (1: one scheduler, no election).
+    ``engine``: the workers' engine (``sim``: simulated, no model); None: the worker's default or the environment's.
+    ``redis_persistent``: a Redis the platform starts keeps an append-only file (survives ``restart("redis")``).
     """
 
     def __init__(self, *, workdir: Path, workers: int | None = None, port_offset: int = 0,
                  env: dict[str, str] | None = None, api_keys: list[dict[str, Any]] | dict[str, Any] | None = None,
                  python: str | None = None, knowledge: bool | None = None, cache: bool | None = None,
                  jobs: bool | None = None, redis_db: int | None = None, insecure_internal: bool = False,
-                 gateways: int = 1, pools: Sequence[Pool] | None = None) -> None:
+                 gateways: int = 1, pools: Sequence[Pool] | None = None, scheduler_replicas: int = 1,
+                 engine: str | None = None, redis_persistent: bool = False) -> None:
         self.pools = tuple(pools or ())
         replicas = sum(p.replicas for p in self.pools)
         if self.pools and workers is not None and workers != replicas:
             raise ValueError(f"workers={workers}, but the pools have {replicas} workers")
         workers = replicas if self.pools else (1 if workers is None else workers)
-        if workers < 1 or gateways < 1:
-            raise ValueError("workers and gateways must be at least 1")
+        if workers < 1 or gateways < 1 or scheduler_replicas < 1:
+            raise ValueError("workers, gateways and scheduler_replicas must be at least 1")
         self.gateways = gateways
+        self.scheduler_replicas = scheduler_replicas
+        self.engine = engine or ""
+        self.redis_persistent = redis_persistent
         self.workdir = Path(workdir).resolve()
         self.workers = workers
         self.port_offset = port_offset
@@ -149,6 +173,21 @@ class Platform:
     @property
     def scheduler_grpc(self) -> str:
         return grpc_addr("scheduler", self.port_offset)
+
+    def scheduler_grpc_at(self, i: int) -> str:
+        """The address of scheduler replica ``i`` (0 is :attr:`scheduler_grpc`)."""
+        if not 0 <= i < self.scheduler_replicas:
+            raise IndexError(f"scheduler {i} does not exist (replicas: 0..{self.scheduler_replicas - 1})")
+        return grpc_addr("scheduler", self.port_offset, i)
+
+    @staticmethod
+    def scheduler_name(i: int) -> str:
+        """The process name of scheduler replica ``i`` (for kill, restart...)."""
+        return "scheduler" if i == 0 else f"scheduler-{i}"
+
+    @staticmethod
+    def gateway_name(i: int) -> str:
+        return "gateway" if i == 0 else f"gateway-{i}"
 
     @property
     def scheduler_http(self) -> str:
@@ -249,7 +288,8 @@ class Platform:
         return plan(Wiring(workdir=self.workdir, workers=self.workers, port_offset=self.port_offset,
                            python=self.python, redis_url=self.redis_url, knowledge=self.knowledge, cache=self.cache,
                            jobs=self.jobs, gateways=self.gateways, inherited={**os.environ, **self.env},
-                           tls_dir=self.tls_dir, pools=self.pools))
+                           tls_dir=self.tls_dir, pools=self.pools, scheduler_replicas=self.scheduler_replicas,
+                           engine=self.engine))
 
     def child_env(self, spec: ServiceSpec) -> dict[str, str]:
         """The full environment of a child: the supervisor's, then ``env``, then the spec's wiring."""
@@ -288,6 +328,8 @@ class Platform:
             for spec in self.plan():
                 self._spawn(spec)
             self._wait_ready(deadline, timeout_s, console)
+            if self.scheduler_replicas > 1:
+                self.wait_leader(timeout_s=max(1.0, deadline - time.monotonic()))
         except BaseException:
             self.stop(grace_s=5)
             raise
@@ -300,6 +342,7 @@ class Platform:
             self._order.clear()
         for p in running:
             if p.popen.poll() is None:
+                signal_group(p.popen, signal.SIGCONT)  # a frozen child would not act on SIGTERM
                 signal_group(p.popen, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for p in running:
@@ -317,25 +360,112 @@ class Platform:
     def kill_worker(self, i: int) -> None:
         """SIGKILLs worker ``i`` and its engine process at once (a crash, not a drain)."""
         self._check_worker(i)
-        with self._lock:
-            proc = self._procs.get(f"worker-{i}")
-        if proc is None:
-            raise PlatformError(f"worker-{i} is not running")
-        signal_group(proc.popen, signal.SIGKILL)
-        proc.popen.wait()
-        proc.state = "killed"
+        self.kill(f"worker-{i}")
 
     def restart_worker(self, i: int, timeout_s: float = 900) -> None:
         """Starts worker ``i`` again (after ``kill_worker``) and waits until it serves."""
         self._check_worker(i)
-        name = f"worker-{i}"
+        self.restart(f"worker-{i}", timeout_s=timeout_s)
+
+    def names(self) -> list[str]:
+        """The children's names, in start order (``redis`` first when the platform started it)."""
         with self._lock:
-            old = self._procs.get(name)
-        if old is not None and old.popen.poll() is None:
+            return list(self._order)
+
+    def kill(self, name: str) -> None:
+        """SIGKILLs child ``name`` and every process of its group (a crash: no drain, no goodbye)."""
+        proc = self._proc(name)
+        signal_group(proc.popen, signal.SIGCONT)  # a frozen group dies all the same; this keeps its state tidy
+        signal_group(proc.popen, signal.SIGKILL)
+        proc.popen.wait()
+        proc.state = "killed"
+
+    def terminate(self, name: str, grace_s: float = 20) -> None:
+        """Stops child ``name`` as Kubernetes stops a pod: SIGTERM, up to ``grace_s`` to exit, then SIGKILL."""
+        proc = self._proc(name)
+        signal_group(proc.popen, signal.SIGCONT)
+        signal_group(proc.popen, signal.SIGTERM)
+        try:
+            proc.popen.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        signal_group(proc.popen, signal.SIGKILL)
+        proc.popen.wait()
+        proc.state = "stopped"
+
+    def restart(self, name: str, timeout_s: float = 900) -> None:
+        """Starts child ``name`` again (after it was killed, stopped or exited) from the same spec, its log appended
+        to, and waits until it serves: a gRPC service's health SERVING, a Celery worker's /healthz, Redis's PING."""
+        old = self._proc(name)
+        if old.popen.poll() is None:
             raise PlatformError(f"{name} is still running")
-        spec = next(s for s in self.plan() if s.name == name)
-        self._spawn(spec, append_log=True)
-        self._wait_ready(time.monotonic() + timeout_s, timeout_s, None, only=[name], check_scheduler=False)
+        signal_group(old.popen, signal.SIGKILL)  # whatever it left behind in its group (vLLM's engine core)
+        self._spawn(old.spec, append_log=True)
+        deadline = time.monotonic() + timeout_s
+        if name == "redis":
+            self._wait_redis(deadline)
+        elif old.spec.grpc_addr:
+            self._wait_ready(deadline, timeout_s, None, only=[name], check_scheduler=False)
+        elif name in _HTTP_READY:
+            self._wait_http(name, f"http://{HOST}:{http_port(_HTTP_READY[name], self.port_offset)}/healthz",
+                            deadline)
+
+    def freeze(self, name: str, *, pids: Sequence[int] | None = None) -> list[int]:
+        """SIGSTOPs child ``name``'s whole process group, or only ``pids`` (a worker's engine process: see
+        :meth:`descendants`): a hung process, alive but doing nothing. Returns the pids stopped; ``thaw`` resumes
+        them (``stop`` and ``kill`` too)."""
+        return self._signal(name, signal.SIGSTOP, pids)
+
+    def thaw(self, name: str, *, pids: Sequence[int] | None = None) -> list[int]:
+        """SIGCONTs what ``freeze`` stopped."""
+        return self._signal(name, signal.SIGCONT, pids)
+
+    def descendants(self, name: str) -> list[tuple[int, str]]:
+        """The processes child ``name`` started (pid, command line), e.g. vLLM's engine core (``VLLM::EngineCore``)
+        under a worker; empty for a service that runs in one process (a worker on the simulated engine)."""
+        return procs.descendants(self._proc(name).popen.pid)
+
+    def _signal(self, name: str, sig: signal.Signals, pids: Sequence[int] | None) -> list[int]:
+        proc = self._proc(name)
+        if pids is None:
+            signal_group(proc.popen, sig)
+            return [proc.popen.pid]
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return list(pids)
+
+    def _proc(self, name: str) -> Proc:
+        with self._lock:
+            proc = self._procs.get(name)
+        if proc is None:
+            raise PlatformError(f"{name} is not a child of this platform (children: {', '.join(self.names())})")
+        return proc
+
+    def leader(self, timeout_s: float = 1.0) -> int | None:
+        """The scheduler replica that leads now (its Scheduler service SERVING), or None while none does."""
+        for i in range(self.scheduler_replicas):
+            with self.internal_channel(self.scheduler_grpc_at(i)) as channel:
+                try:
+                    reply = health_pb2_grpc.HealthStub(channel).Check(
+                        health_pb2.HealthCheckRequest(service=SCHEDULER_SERVICE), timeout=timeout_s)
+                except grpc.RpcError:
+                    continue
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                return i
+        return None
+
+    def wait_leader(self, timeout_s: float = 30) -> int:
+        """Waits until a scheduler replica leads; returns which."""
+        deadline = time.monotonic() + timeout_s
+        while (i := self.leader()) is None:
+            if time.monotonic() > deadline:
+                raise PlatformError(f"no scheduler replica leads after {timeout_s:.0f} s; see "
+                                    f"{self.log_path('scheduler')}")
+            time.sleep(0.2)
+        return i
 
     def pid(self, name: str) -> int | None:
         with self._lock:
@@ -399,20 +529,44 @@ class Platform:
         if binary is None:
             raise PlatformError(f"no Redis answers at {self.redis_url} and redis-server is not installed "
                                 "(make install installs it; or set GOODPUT_REDIS_URL)")
-        spec = ServiceSpec(
-            name="redis", env={},
-            argv=[binary, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no",
-                  "--daemonize", "no"],
-            grpc_addr=None, log_path=self.log_path("redis"))
+        argv = [binary, "--bind", host, "--port", str(port), "--save", "", "--daemonize", "no"]
+        if self.redis_persistent:  # an append-only file in the state folder: a restart keeps the data
+            (self.workdir / REDIS_DIR).mkdir(parents=True, exist_ok=True)
+            argv += ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(self.workdir / REDIS_DIR)]
+        else:
+            argv += ["--appendonly", "no"]
+        spec = ServiceSpec(name="redis", env={}, argv=argv, grpc_addr=None, log_path=self.log_path("redis"))
         self._spawn(spec)
-        proc = self._procs["redis"]
-        limit = min(deadline, time.monotonic() + 15)
+        self._wait_redis(min(deadline, time.monotonic() + 15))
+
+    def _wait_redis(self, deadline: float) -> None:
+        proc = self._proc("redis")
+        url = urlsplit(self.redis_url)
+        host, port = url.hostname or HOST, url.port or 6379
         while not procs.redis_ping(host, port):
-            if proc.popen.poll() is not None or time.monotonic() > limit:
+            if proc.popen.poll() is not None or time.monotonic() > deadline:
                 raise PlatformError(f"redis-server did not start on port {port}; last lines of "
-                                    f"{spec.log_path}:\n{log_tail(spec.log_path)}")
+                                    f"{proc.spec.log_path}:\n{log_tail(proc.spec.log_path)}")
             time.sleep(0.1)
         proc.state = "serving"
+
+    def _wait_http(self, name: str, url: str, deadline: float) -> None:
+        import httpx
+
+        proc = self._proc(name)
+        while True:
+            try:
+                if httpx.get(url, timeout=1.0).status_code == 200:
+                    proc.state = "serving"
+                    return
+            except httpx.HTTPError:
+                pass
+            if proc.popen.poll() is not None:
+                raise PlatformError(f"{name} exited with code {proc.popen.returncode} while starting; last lines of "
+                                    f"{proc.spec.log_path}:\n{log_tail(proc.spec.log_path)}")
+            if time.monotonic() > deadline:
+                raise PlatformError(f"{name} did not answer {url} in time; see {proc.spec.log_path}")
+            time.sleep(0.2)
 
     def _wait_ready(self, deadline: float, timeout_s: float, console: Console | None, *,
                     only: list[str] | None = None, check_scheduler: bool = True) -> None:
