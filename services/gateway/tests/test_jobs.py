@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import httpx
@@ -284,9 +284,9 @@ def metered_tokens(procs: Procs) -> int:
     """Completion tokens metered to the jobs' tenant this month (the workers write them to Redis after each job)."""
     client = redis.Redis.from_url(procs.redis_url)
     month = time.strftime("%Y-%m", time.gmtime())
-    raw = client.hgetall(f"{procs.jobs_env['GOODPUT_GATEWAY_USAGE_PREFIX']}:batch:{month}")
+    raw = cast(dict[bytes, bytes], client.hgetall(f"{procs.jobs_env['GOODPUT_GATEWAY_USAGE_PREFIX']}:batch:{month}"))
     client.close()
-    return sum(int(v) for k, v in raw.items() if k.decode().endswith("|completion_tokens"))
+    return sum(int(v) for k, v in raw.items() if k.endswith(b"|completion_tokens"))
 
 
 def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
@@ -347,7 +347,8 @@ async def test_a_celery_worker_killed_mid_run_lets_the_job_run_once_more(procs: 
     ended = delta(queue.attempts(), attempts)
     assert ended["lost"] == 1 and ended["completed"] == 1 and set(ended) <= {"lost", "completed", "parked"}
     assert delta(queue.tally("recoveries"), recoveries).get("lease_expired") == 1
-    assert (await asyncio.to_thread(queue.load, job.id)).result == done.result
+    stored = await asyncio.to_thread(queue.load, job.id)
+    assert stored is not None and stored.result == done.result
 
 
 @contextlib.asynccontextmanager

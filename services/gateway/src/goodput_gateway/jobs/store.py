@@ -250,7 +250,7 @@ class JobQueue:
             pipe.zrem(self._deadlines(), job.id)
         else:
             pipe.zadd(self._deadlines(), {job.id: job.deadline_at})
-        if old is not None and old.state == "running" and old.claim and job.claim != old.claim:
+        if old is not None and old.state == "running" and (job.state != "running" or job.claim != old.claim):
             # The attempt under old.claim has ended: with the state it wrote, or lost (the claim lapsed).
             outcome = job.state if job.state in ("completed", "parked", "failed") else "lost"
             pipe.hincrby(f"{self.prefix}:attempts", outcome, 1)
@@ -467,9 +467,30 @@ class JobQueue:
 
         for state in TERMINAL:  # finished jobs whose keys have expired
             self.redis.zremrangebyscore(self._index(state), "-inf", now)
+        self._migrate(now, limit)
         if done:
             log.info("jobs swept", extra=dict(done))
         return dict(done)
+
+
+    def _migrate(self, now: float, limit: int) -> None:
+        """Jobs stored before the state indexes (listed in a plain set per state, ``<p>:state:<state>``) join them,
+        so that the counters and the sweeper see them; their messages (no dispatch) still start them."""
+        for state in STATES:
+            legacy = f"{self.prefix}:state:{state}"
+            for raw in self.redis.spop(legacy, limit) or ():
+                job_id = raw.decode() if isinstance(raw, bytes) else raw
+
+                def adopt(job: Job) -> Job:
+                    # A grace period: its message may still be queued, or an older worker still running it.
+                    if job.state in WAITING and not job.due_at:
+                        job.due_at = max(job.next_attempt_at, now)
+                    if job.state == "running" and not job.claim:
+                        job.lease_until = max(job.lease_until, now + self.settings.job_lost_after_s)
+                    return job
+
+                if self.update(job_id, adopt)[0] is None:
+                    self._forget(job_id)
 
 
 def celery_send(settings: Any) -> Send:
