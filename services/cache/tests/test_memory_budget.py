@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from goodput_cache.ann import AnnPartition
 from goodput_cache.cache import Answer
 from goodput_cache.exact import Entry
 from goodput_cache.memory import PARTITION_BYTES
@@ -117,6 +118,22 @@ def test_a_large_partition_gives_its_evicted_rows_back_and_stays_within_the_budg
     assert index.bytes_used() <= budget and index._transient == 0  # noqa: SLF001 - rebuilt: no tombstones left
     assert index.search("big", v[-1], k=1, min_similarity=0.99)[0].key == f"k{len(v) - 1}"
     assert index.search("big", v[0], k=1, min_similarity=0.99) == []
+
+
+def test_a_large_partition_that_shrank_is_scanned_exactly_again() -> None:
+    rng = np.random.default_rng(7)
+    small = AnnConfig(min_entries=200, m=16, ef_construction=40, ef_search=64, rebuild_fraction=0.1)
+    index = NumpyIndex(dim=64, max_per_partition=100_000, ann=small, max_bytes=8 * MiB)
+    v = unit(rng, 300, 64)
+    for i in range(300):
+        index.add("p", f"k{i}", v[i], question="q", expires=time.time() + 60)
+    assert index.settle(60, complete=True)
+    big = index.bytes_used()
+    assert isinstance(index._parts["p"], AnnPartition)  # noqa: SLF001
+    assert index.remove([f"k{i}" for i in range(250)]) == 250  # below half of min_entries: packed rows, no graph
+    assert not isinstance(index._parts["p"], AnnPartition)  # noqa: SLF001
+    assert index.bytes_used() < big / 4 and index._transient == 0  # noqa: SLF001
+    assert all(index.search("p", v[i], k=1, min_similarity=0.99)[0].key == f"k{i}" for i in range(250, 300))
 
 
 @pytest.mark.slow

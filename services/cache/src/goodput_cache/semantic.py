@@ -317,6 +317,7 @@ class NumpyIndex:
                 part = self._parts.get(partition)
                 if isinstance(part, AnnPartition):
                     self._maybe_build(part)
+            self._enforce()  # a rebuild that swapped in since the last charge may have grown its partition's spare
         return removed
 
     def search(self, partition: str, vector: np.ndarray, *, k: int, min_similarity: float) -> list[Candidate]:
