@@ -3,15 +3,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Every lib's and service's folder: its tests/ and, as doctests (--doctest-modules in pyproject.toml), the examples
-# in its src/ docstrings; loadtests/ likewise (its tests/ and its modules' examples).
-TEST_DIRS = libs services loadtests tests
+# in its src/ docstrings; loadtests/ likewise (its tests/ and its modules' examples); chaos/: the chaos suite's short
+# mode (chaos/tests, marked integration: a few minutes, the whole platform on the simulated engine) and its examples.
+TEST_DIRS = libs services loadtests tests chaos
 # mypy checks the packages by name, found through MYPYPATH (some services are namespace packages).
 SRC_DIRS = $(wildcard libs/*/src services/*/src)
 empty :=
 space := $(empty) $(empty)
 PACKAGES = $(notdir $(filter-out %.egg-info,$(wildcard libs/*/src/goodput_* services/*/src/goodput_*)))
 
-.PHONY: install protos docs run test test-unit lint bench litellm clean
+.PHONY: install protos docs run test test-unit lint chaos bench litellm clean
 
 install:  ## virtualenv, pinned dependencies, vLLM (CPU), the dev model, editable packages; near-instant when done
 	VENV=$(VENV) scripts/install.sh
@@ -32,8 +33,12 @@ test-unit: install  ## everything except the tests that start the platform
 	$(PY) -m pytest $(TEST_DIRS) --ignore=tests/integration -m "not integration and not e2e" $(PYTEST_ARGS)
 
 lint: install  ## ruff and mypy (part of make test)
-	$(VENV)/bin/ruff check libs services scripts tests loadtests
+	$(VENV)/bin/ruff check libs services scripts tests loadtests chaos
 	MYPYPATH=$(subst $(space),:,$(SRC_DIRS)) $(VENV)/bin/mypy $(addprefix -p ,$(PACKAGES))
+	MYPYPATH=$(subst $(space),:,$(SRC_DIRS)) $(VENV)/bin/mypy --follow-imports=silent -p chaos
+
+chaos: install  ## the chaos suite in full (vLLM workers): chaos/reports/chaos-full.{json,md}; `make test` runs its short mode
+	$(PY) -m chaos --mode full
 
 bench: install  ## gateway/scheduler overhead benchmark (reports numbers, does not assert)
 	$(PY) -m loadtests.overhead
