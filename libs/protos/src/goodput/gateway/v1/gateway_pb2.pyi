@@ -68,16 +68,26 @@ class GenerateResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_types_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[Source, _Mapping]]] = ..., logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[_types_pb2.ToolCall, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
-    __slots__ = ("start", "delta", "end", "logprobs")
+    __slots__ = ("start", "delta", "end", "logprobs", "seq")
     START_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     start: StreamStart
     delta: str
     end: StreamEnd
     logprobs: TokenLogprobs
-    def __init__(self, start: _Optional[_Union[StreamStart, _Mapping]] = ..., delta: _Optional[str] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ...) -> None: ...
+    seq: int
+    def __init__(self, start: _Optional[_Union[StreamStart, _Mapping]] = ..., delta: _Optional[str] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class ResumeStreamRequest(_message.Message):
+    __slots__ = ("resume_token", "from_seq")
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    resume_token: str
+    from_seq: int
+    def __init__(self, resume_token: _Optional[str] = ..., from_seq: _Optional[int] = ...) -> None: ...
 
 class TokenLogprobs(_message.Message):
     __slots__ = ("tokens",)
@@ -86,18 +96,20 @@ class TokenLogprobs(_message.Message):
     def __init__(self, tokens: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class StreamStart(_message.Message):
-    __slots__ = ("request_id", "model", "cache", "sources", "degraded")
+    __slots__ = ("request_id", "model", "cache", "sources", "degraded", "resume_token")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     cache: CacheInfo
     sources: _containers.RepeatedCompositeFieldContainer[Source]
     degraded: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[Source, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ...) -> None: ...
+    resume_token: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[Source, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ..., resume_token: _Optional[str] = ...) -> None: ...
 
 class StreamEnd(_message.Message):
     __slots__ = ("finish_reason", "usage", "tool_calls")

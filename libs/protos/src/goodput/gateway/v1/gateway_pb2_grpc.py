@@ -44,6 +44,11 @@ class GatewayStub:
                 request_serializer=goodput_dot_gateway_dot_v1_dot_gateway__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=goodput_dot_gateway_dot_v1_dot_gateway__pb2.GenerateStreamResponse.FromString,
                 _registered_method=True)
+        self.ResumeStream = channel.unary_stream(
+                '/goodput.gateway.v1.Gateway/ResumeStream',
+                request_serializer=goodput_dot_gateway_dot_v1_dot_gateway__pb2.ResumeStreamRequest.SerializeToString,
+                response_deserializer=goodput_dot_gateway_dot_v1_dot_gateway__pb2.GenerateStreamResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/goodput.gateway.v1.Gateway/ListModels',
                 request_serializer=goodput_dot_gateway_dot_v1_dot_gateway__pb2.ListModelsRequest.SerializeToString,
@@ -82,6 +87,21 @@ class GatewayServicer:
         Errors before the first token: INVALID_ARGUMENT (bad input, prompt too long), RESOURCE_EXHAUSTED (shed under
         overload; `retry-after` trailing metadata says when to retry), UNAVAILABLE (no healthy worker).
         A worker lost mid-stream ends the stream with UNAVAILABLE.
+        With stream resume on (GOODPUT_GATEWAY_RESUME_WINDOW_S > 0), the start message carries a `resume_token` and
+        every message its `seq`, and a caller that goes away does not stop the generation (see ResumeStream).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeStream(self, request, context):
+        """Continues a GenerateStream the caller lost (a dropped connection), on any gateway replica, without a second
+        generation: its messages from `from_seq` on, following the generation live while it runs, to its `end` (or the
+        error it ended with). Only the stream's tenant may resume it, within GOODPUT_GATEWAY_RESUME_WINDOW_S after it
+        ended or was last followed (a generation nobody follows for that long is stopped). NOT_FOUND: unknown, another
+        tenant's, or its window passed; OUT_OF_RANGE: the messages from `from_seq` were dropped (the stream passed
+        RESUME_MAX_EVENTS or RESUME_MAX_BYTES) or the stream was abandoned; UNIMPLEMENTED: resume is off; UNAVAILABLE
+        mid-stream: the replica producing it stopped before its end.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -126,6 +146,11 @@ def add_GatewayServicer_to_server(servicer, server):
             'GenerateStream': grpc.unary_stream_rpc_method_handler(
                     servicer.GenerateStream,
                     request_deserializer=goodput_dot_gateway_dot_v1_dot_gateway__pb2.GenerateRequest.FromString,
+                    response_serializer=goodput_dot_gateway_dot_v1_dot_gateway__pb2.GenerateStreamResponse.SerializeToString,
+            ),
+            'ResumeStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ResumeStream,
+                    request_deserializer=goodput_dot_gateway_dot_v1_dot_gateway__pb2.ResumeStreamRequest.FromString,
                     response_serializer=goodput_dot_gateway_dot_v1_dot_gateway__pb2.GenerateStreamResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
@@ -202,6 +227,33 @@ class Gateway:
             target,
             '/goodput.gateway.v1.Gateway/GenerateStream',
             goodput_dot_gateway_dot_v1_dot_gateway__pb2.GenerateRequest.SerializeToString,
+            goodput_dot_gateway_dot_v1_dot_gateway__pb2.GenerateStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/goodput.gateway.v1.Gateway/ResumeStream',
+            goodput_dot_gateway_dot_v1_dot_gateway__pb2.ResumeStreamRequest.SerializeToString,
             goodput_dot_gateway_dot_v1_dot_gateway__pb2.GenerateStreamResponse.FromString,
             options,
             channel_credentials,

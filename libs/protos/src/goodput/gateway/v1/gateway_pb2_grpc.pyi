@@ -44,6 +44,17 @@ class GatewayStub:
     Errors before the first token: INVALID_ARGUMENT (bad input, prompt too long), RESOURCE_EXHAUSTED (shed under
     overload; `retry-after` trailing metadata says when to retry), UNAVAILABLE (no healthy worker).
     A worker lost mid-stream ends the stream with UNAVAILABLE.
+    With stream resume on (GOODPUT_GATEWAY_RESUME_WINDOW_S > 0), the start message carries a `resume_token` and
+    every message its `seq`, and a caller that goes away does not stop the generation (see ResumeStream).
+    """
+    ResumeStream: _grpc.UnaryStreamMultiCallable[_gateway_pb2.ResumeStreamRequest, _gateway_pb2.GenerateStreamResponse]
+    """Continues a GenerateStream the caller lost (a dropped connection), on any gateway replica, without a second
+    generation: its messages from `from_seq` on, following the generation live while it runs, to its `end` (or the
+    error it ended with). Only the stream's tenant may resume it, within GOODPUT_GATEWAY_RESUME_WINDOW_S after it
+    ended or was last followed (a generation nobody follows for that long is stopped). NOT_FOUND: unknown, another
+    tenant's, or its window passed; OUT_OF_RANGE: the messages from `from_seq` were dropped (the stream passed
+    RESUME_MAX_EVENTS or RESUME_MAX_BYTES) or the stream was abandoned; UNIMPLEMENTED: resume is off; UNAVAILABLE
+    mid-stream: the replica producing it stopped before its end.
     """
     ListModels: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListModelsRequest, _gateway_pb2.ListModelsResponse]
     """Models served."""
@@ -65,6 +76,17 @@ class GatewayAsyncStub(GatewayStub):
     Errors before the first token: INVALID_ARGUMENT (bad input, prompt too long), RESOURCE_EXHAUSTED (shed under
     overload; `retry-after` trailing metadata says when to retry), UNAVAILABLE (no healthy worker).
     A worker lost mid-stream ends the stream with UNAVAILABLE.
+    With stream resume on (GOODPUT_GATEWAY_RESUME_WINDOW_S > 0), the start message carries a `resume_token` and
+    every message its `seq`, and a caller that goes away does not stop the generation (see ResumeStream).
+    """
+    ResumeStream: _aio.UnaryStreamMultiCallable[_gateway_pb2.ResumeStreamRequest, _gateway_pb2.GenerateStreamResponse]  # type: ignore[assignment]
+    """Continues a GenerateStream the caller lost (a dropped connection), on any gateway replica, without a second
+    generation: its messages from `from_seq` on, following the generation live while it runs, to its `end` (or the
+    error it ended with). Only the stream's tenant may resume it, within GOODPUT_GATEWAY_RESUME_WINDOW_S after it
+    ended or was last followed (a generation nobody follows for that long is stopped). NOT_FOUND: unknown, another
+    tenant's, or its window passed; OUT_OF_RANGE: the messages from `from_seq` were dropped (the stream passed
+    RESUME_MAX_EVENTS or RESUME_MAX_BYTES) or the stream was abandoned; UNIMPLEMENTED: resume is off; UNAVAILABLE
+    mid-stream: the replica producing it stopped before its end.
     """
     ListModels: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListModelsRequest, _gateway_pb2.ListModelsResponse]  # type: ignore[assignment]
     """Models served."""
@@ -95,6 +117,23 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         Errors before the first token: INVALID_ARGUMENT (bad input, prompt too long), RESOURCE_EXHAUSTED (shed under
         overload; `retry-after` trailing metadata says when to retry), UNAVAILABLE (no healthy worker).
         A worker lost mid-stream ends the stream with UNAVAILABLE.
+        With stream resume on (GOODPUT_GATEWAY_RESUME_WINDOW_S > 0), the start message carries a `resume_token` and
+        every message its `seq`, and a caller that goes away does not stop the generation (see ResumeStream).
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeStream(
+        self,
+        request: _gateway_pb2.ResumeStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_gateway_pb2.GenerateStreamResponse], _abc.AsyncIterator[_gateway_pb2.GenerateStreamResponse]]:
+        """Continues a GenerateStream the caller lost (a dropped connection), on any gateway replica, without a second
+        generation: its messages from `from_seq` on, following the generation live while it runs, to its `end` (or the
+        error it ended with). Only the stream's tenant may resume it, within GOODPUT_GATEWAY_RESUME_WINDOW_S after it
+        ended or was last followed (a generation nobody follows for that long is stopped). NOT_FOUND: unknown, another
+        tenant's, or its window passed; OUT_OF_RANGE: the messages from `from_seq` were dropped (the stream passed
+        RESUME_MAX_EVENTS or RESUME_MAX_BYTES) or the stream was abandoned; UNIMPLEMENTED: resume is off; UNAVAILABLE
+        mid-stream: the replica producing it stopped before its end.
         """
 
     @_abc_1.abstractmethod
