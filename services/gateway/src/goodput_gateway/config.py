@@ -185,6 +185,30 @@ class GatewaySettings(ServiceSettings):
                                         "lost messages again, requeues jobs whose worker died, expires jobs past "
                                         "their deadline (0 = no sweeper in this worker).")
     job_sweep_batch: int = Field(1000, ge=1, description="Most jobs of each kind one sweep handles.")
+    # ---- stream resume (goodput_gateway.resume) ----
+    resume_window_s: float = Field(0.0, ge=0, description="Stream resume: a streamed answer's events are numbered "
+                                   "(SSE `id:`, gRPC `seq`) and kept this long after the stream ended or its client "
+                                   "left; a client that reconnects within it (GET /v1/streams/{id} or the same POST "
+                                   "with Last-Event-ID; gRPC ResumeStream) gets the rest without a second "
+                                   "generation. A generation whose client left runs on while a resume is possible "
+                                   "and is cut when nobody has followed it for this long. 0 = off: a client that "
+                                   "goes away cancels its generation.")
+    resume_max_events: int = Field(4096, ge=1, description="Stream resume: most events kept per stream (the oldest "
+                                   "are dropped beyond it; resuming before them is 410).")
+    resume_max_bytes: int = Field(1 << 20, ge=1024, description="Stream resume: most bytes of events kept per "
+                                  "stream (the oldest are dropped beyond it).")
+    resume_flush_s: float = Field(0.05, gt=0, description="Stream resume: how often the events recorded since the "
+                                  "last write go to Redis, every stream's in one pipeline (a stream's first event at "
+                                  "once): a reconnect on another replica lags the stream by about this much.")
+    resume_redis_url: str = Field("", description="Stream resume: Redis of the event buffers, shared by every "
+                                  "replica (short-lived, rewritten at token rate: an instance without persistence "
+                                  "suits it); empty = QUOTA_REDIS_URL, else REDIS_URL; all empty = this process "
+                                  "only (a resume must reach the same replica).")
+    resume_prefix: str = Field("goodput:streams", description="Stream resume: prefix of the event buffers' Redis "
+                               "keys.")
+    resume_local_max_bytes: int = Field(64 << 20, ge=1 << 16, description="Stream resume without Redis: most bytes "
+                                        "of finished streams' events kept in this process (the oldest streams are "
+                                        "dropped first).")
 
     @field_validator("auto_models", mode="before")
     @classmethod

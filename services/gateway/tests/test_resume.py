@@ -1,0 +1,285 @@
+"""Stream resume's buffer (goodput_gateway.resume.StreamBuffer), against a real Redis shared by two "replicas" (two
+buffers on one Redis) and in this process without one: a resume gets exactly the events after the last one
+received, following a running stream live; the bounds drop the oldest events (a resume before them is 410, the
+newest still resume); the window expires a stream; only its tenant sees it; a generation nobody follows is cut after
+the window, one followed from another replica is not; a replica that dies mid-stream is an error, not a wait."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import redis.asyncio as aioredis
+
+from goodput_core.errors import NotFound, Unavailable, Unimplemented
+from goodput_testing import async_wait_until, dead_port
+
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.resume import Frame, StreamBuffer, StreamGone, parse_last_event_id, sse_events
+
+TIMING = {"heartbeat_s": 0.05, "live_ttl_s": 1.0, "block_s": 0.05}
+
+
+class Source:
+    """An API's event stream under the test's control: ``send`` events, ``None`` to end, an exception to fail."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+        self.closed = 0  # the generation's closer calls
+
+    def send(self, *items: bytes | BaseException | None) -> None:
+        for item in items:
+            self.queue.put_nowait(item)
+
+    async def events(self) -> AsyncIterator[bytes]:
+        while True:
+            item = await self.queue.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def closer(self) -> None:
+        self.closed += 1
+
+
+def frames(n: int, start: int = 0) -> list[bytes]:
+    return [f"data: {i}\n\n".encode() for i in range(start, start + n)]
+
+
+async def take(it: AsyncIterator[Frame], n: int | None = None) -> list[Frame]:
+    out: list[Frame] = []
+    async for frame in it:
+        out.append(frame)
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+@pytest.fixture(params=["redis", "local"])
+async def replicas(request: pytest.FixtureRequest, redis_url: str,
+                   redis_prefix: str) -> AsyncIterator[Callable[..., tuple[StreamBuffer, StreamBuffer]]]:
+    """A factory of two buffers: on one Redis (two replicas), or one in-process buffer (a resume must reach the
+    replica that produced the stream)."""
+    made: list[StreamBuffer] = []
+
+    def make(**overrides: object) -> tuple[StreamBuffer, StreamBuffer]:
+        settings = GatewaySettings(**{"resume_window_s": 30.0, "resume_prefix": redis_prefix,
+                                      "resume_flush_s": 0.01, **overrides})  # type: ignore[arg-type]
+        pair = [StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url) if request.param == "redis" else None,
+                             **TIMING) for _ in range(2 if request.param == "redis" else 1)]
+        made.extend(pair)
+        return pair[0], pair[-1]
+
+    yield make
+    await close(*made)
+
+
+async def close(*buffers: StreamBuffer) -> None:
+    for b in buffers:
+        await b.close()
+        if b.redis is not None:
+            await b.redis.aclose()
+
+
+async def test_a_resume_gets_exactly_the_events_after_the_last_one_received(replicas) -> None:  # type: ignore[no-untyped-def]
+    a, b = replicas()
+    source = Source()
+    client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-1", closer=source.closer)
+    source.send(*frames(5))
+    got = await take(client, 3)
+    assert [f.seq for f in got] == [0, 1, 2]
+    await client.aclose()  # the client's connection drops: the generation goes on
+    source.send(*frames(5, start=5))
+    resumed = await b.resume(api="sse", tenant="acme", stream_id="req-1", after=2)
+    first = await take(resumed, 4)  # caught up (from Redis on the other replica), then followed live
+    assert [f.seq for f in first] == [3, 4, 5, 6]
+    source.send(*frames(3, start=10), None)
+    rest = await take(resumed)
+    assert [f.seq for f in rest] == [7, 8, 9, 10, 11, 12]
+    assert b"".join(f.data for f in got + first + rest) == b"".join(frames(13))
+    assert source.closed == 1  # the generation was closed once, at its end, not when the client went away
+    # after its end: the whole stream again, to its end; nothing after the last event
+    assert [f.seq for f in await take(await b.resume(api="sse", tenant="acme", stream_id="req-1", after=-1))] \
+        == list(range(13))
+    assert await take(await b.resume(api="sse", tenant="acme", stream_id="req-1", after=12)) == []
+
+
+async def test_only_its_tenant_may_resume_a_stream_and_unknown_ids_are_404(replicas) -> None:  # type: ignore[no-untyped-def]
+    a, b = replicas()
+    source = Source()
+    client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-2", closer=source.closer)
+    source.send(*frames(2), None)
+    assert len(await take(client)) == 2
+    for api, tenant, sid in (("sse", "globex", "req-2"), ("sse", "acme", "req-unknown"), ("grpc", "acme", "req-2")):
+        with pytest.raises(NotFound) as refused:
+            await b.resume(api=api, tenant=tenant, stream_id=sid, after=-1)
+        assert refused.value.code == "stream_not_found"
+    assert b.metrics.resumes.labels("sse", "not_found")._value.get() == 2  # noqa: SLF001
+
+
+async def test_the_bounds_drop_the_oldest_events_and_a_resume_before_them_is_gone(replicas) -> None:  # type: ignore[no-untyped-def]
+    a, b = replicas(resume_max_events=4, resume_max_bytes=1024)
+    source = Source()
+    client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-3", closer=source.closer)
+    await client.aclose()
+    source.send(*frames(10), None)
+    await async_wait_until(lambda: source.closed == 1, timeout=5)
+    with pytest.raises(StreamGone) as gone:
+        await b.resume(api="sse", tenant="acme", stream_id="req-3", after=2)
+    assert gone.value.code == "stream_events_dropped" and gone.value.http_status == 410
+    assert [f.seq for f in await take(await b.resume(api="sse", tenant="acme", stream_id="req-3", after=5))] \
+        == [6, 7, 8, 9]
+    # bytes bound: 3 events of 400 bytes in 1024
+    big = Source()
+    client = a.stream(big.events(), api="sse", tenant="acme", stream_id="req-4", closer=big.closer)
+    await client.aclose()
+    big.send(*[bytes([65 + i]) * 400 for i in range(5)], None)
+    await async_wait_until(lambda: big.closed == 1, timeout=5)
+    with pytest.raises(StreamGone):
+        await b.resume(api="sse", tenant="acme", stream_id="req-4", after=1)
+    assert [f.data[:1] for f in await take(await b.resume(api="sse", tenant="acme", stream_id="req-4",
+                                                          after=2))] == [b"D", b"E"]
+    assert a.metrics.overflows._value.get() == 2  # noqa: SLF001
+
+
+async def test_a_stream_expires_its_window_after_its_end(replicas) -> None:  # type: ignore[no-untyped-def]
+    a, b = replicas(resume_window_s=0.4)
+    source = Source()
+    client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-5", closer=source.closer)
+    source.send(*frames(3), None)
+    assert len(await take(client)) == 3
+    resumed = await async_wait_until(lambda: _resumable(b, "req-5", after=0), timeout=5)
+    assert len(await take(resumed)) == 2  # type: ignore[arg-type]
+    await asyncio.sleep(0.6)
+    with pytest.raises(NotFound):
+        await b.resume(api="sse", tenant="acme", stream_id="req-5", after=0)
+    if a.redis is not None:
+        assert not await a.redis.keys(f"{a.settings.resume_prefix}:*")  # every key expired
+    else:
+        await async_wait_until(lambda: not a.recordings(), timeout=5)  # forgotten by the flusher
+
+
+async def test_a_generation_nobody_follows_is_cut_after_the_window(replicas) -> None:  # type: ignore[no-untyped-def]
+    a, b = replicas(resume_window_s=0.5)
+    source = Source()
+    client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-6", closer=source.closer)
+    source.send(*frames(2))
+    assert len(await take(client, 2)) == 2
+    await client.aclose()
+    await asyncio.sleep(0.2)
+    assert source.closed == 0  # within the window: it runs on for a reconnect
+    await async_wait_until(lambda: source.closed == 1, timeout=5, message="the abandoned generation still runs")
+
+    async def refused() -> str | None:  # once its end is written (at the flusher's next turn, on another replica)
+        try:
+            await b.resume(api="sse", tenant="acme", stream_id="req-6", after=1)
+        except StreamGone as gone:
+            return gone.code
+        return None
+    assert await async_wait_until(refused, timeout=5) == "stream_abandoned"
+    assert a.metrics.detached.labels("abandoned")._value.get() == 1  # noqa: SLF001
+
+
+async def test_a_follower_on_another_replica_keeps_the_generation_going(redis_url: str, redis_prefix: str) -> None:
+    settings = GatewaySettings(resume_window_s=0.4, resume_prefix=redis_prefix, resume_flush_s=0.01)
+    a = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
+    b = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
+    source = Source()
+    await a.stream(source.events(), api="sse", tenant="acme", stream_id="req-7", closer=source.closer).aclose()
+    source.send(*frames(1))
+    resumed = await async_wait_until(lambda: _resumable(b, "req-7"), timeout=5)
+    received: list[Frame] = []
+
+    async def follow() -> None:
+        received.extend(await take(resumed))
+
+    follower = asyncio.ensure_future(follow())
+    for i in range(1, 9):  # twice the window, an event every 0.1 s: the producer's replica has no follower of its own
+        source.send(*frames(1, start=i))
+        await asyncio.sleep(0.1)
+    assert source.closed == 0
+    source.send(None)
+    await asyncio.wait_for(follower, 5)
+    assert [f.seq for f in received] == list(range(9)) and source.closed == 1
+    await close(a, b)
+
+
+async def test_a_replica_that_dies_mid_stream_is_an_error_not_a_wait(redis_url: str, redis_prefix: str) -> None:
+    settings = GatewaySettings(resume_window_s=30, resume_prefix=redis_prefix, resume_flush_s=0.01)
+    a = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
+    b = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
+    source = Source()
+    await a.stream(source.events(), api="sse", tenant="acme", stream_id="req-8", closer=source.closer).aclose()
+    source.send(*frames(3))
+    resumed = await async_wait_until(lambda: _resumable(b, "req-8"), timeout=5)
+    assert len(await take(resumed, 3)) == 3
+    assert a._flusher is not None  # noqa: SLF001
+    a._flusher.cancel()  # noqa: SLF001 - the replica dies: nothing more is written, its heartbeat lapses
+    with pytest.raises(Unavailable) as lost:
+        await asyncio.wait_for(take(resumed), 5)
+    assert lost.value.code == "stream_lost"
+    source.send(None)
+    await close(a, b)
+
+
+async def _resumable(buffer: StreamBuffer, sid: str, *, api: str = "sse", after: int = -1) -> object:
+    """The stream's events once they reached the store (another replica sees them a flush after they were made)."""
+    try:
+        return await buffer.resume(api=api, tenant="acme", stream_id=sid, after=after)
+    except NotFound:
+        return None
+
+
+async def test_an_error_the_stream_ended_with_reaches_every_follower(replicas) -> None:  # type: ignore[no-untyped-def]
+    a, b = replicas()
+    source = Source()
+    client = a.stream(source.events(), api="grpc", tenant="acme", stream_id="req-9", closer=source.closer)
+    source.send(*frames(2), Unavailable("the inference worker failed mid-stream", code="worker_lost"))
+    with pytest.raises(Unavailable) as failed:
+        await take(client)
+    assert failed.value.code == "worker_lost"
+    resumed = await async_wait_until(lambda: _resumable(b, "req-9", api="grpc", after=0), timeout=5)
+    with pytest.raises(Unavailable):
+        await take(resumed)
+    # on SSE the error is the last event, without an id
+    sse = Source()
+    client = a.stream(sse.events(), api="sse", tenant="acme", stream_id="req-10", closer=sse.closer)
+    sse.send(b"data: {}\n\n", RuntimeError("bug"))
+    body = b"".join([e async for e in sse_events(client, "req-10")])
+    assert body.startswith(b"id: req-10:0\ndata: {}\n\n") and b'"type":"server_error"' in body
+
+
+async def test_without_redis_reachable_the_client_is_still_served() -> None:
+    down = aioredis.Redis.from_url(f"redis://127.0.0.1:{dead_port()}/0", socket_connect_timeout=0.2)
+    a = StreamBuffer(GatewaySettings(resume_window_s=30, resume_flush_s=0.01), redis=down,
+                     **TIMING)
+    source = Source()
+    client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-11", closer=source.closer)
+    source.send(*frames(4), None)
+    assert [f.seq for f in await take(client)] == [0, 1, 2, 3]
+    await async_wait_until(lambda: a.metrics.errors.labels("write")._value.get() >= 1, timeout=5)  # noqa: SLF001
+    # on this replica the recording itself still resumes, until it is written or its window passes
+    assert len(await take(await a.resume(api="sse", tenant="acme", stream_id="req-11", after=1))) == 2
+    await close(a)
+
+
+async def test_resume_off_is_a_clear_refusal() -> None:
+    off = StreamBuffer(GatewaySettings(), redis=None)
+    assert not off.enabled
+    with pytest.raises(Unimplemented):
+        await off.resume(api="sse", tenant="acme", stream_id="req-1", after=-1)
+
+
+def test_last_event_id_is_checked() -> None:
+    assert parse_last_event_id(" req-1:0 ") == ("req-1", 0)
+    assert parse_last_event_id("resp_ab:12", stream_id="resp_ab") == ("resp_ab", 12)
+    from goodput_core.errors import InvalidArgument
+
+    for bad in ("req-1", "req-1:-1", "req-1:x", ":3", "a b:1", "req-1:99999999999999"):
+        with pytest.raises(InvalidArgument):
+            parse_last_event_id(bad)
+    with pytest.raises(InvalidArgument):
+        parse_last_event_id("req-1:3", stream_id="req-2")
