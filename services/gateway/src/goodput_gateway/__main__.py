@@ -34,6 +34,7 @@ from goodput_gateway.pipeline import Pipeline
 from goodput_gateway.quotas import Quotas
 from goodput_gateway.responses import ResponseStore
 from goodput_gateway.rest import create_app
+from goodput_gateway.resume import StreamBuffer
 from goodput_gateway.service import GatewayService
 from goodput_gateway.servicer import GatewayServicer
 from goodput_gateway.tenants import TenantLabels
@@ -49,6 +50,8 @@ class Wiring:
     _channels: list[aio.Channel]
     responses: ResponseStore  # stored Responses API responses (the state Redis, shared by every replica)
     _redis: aioredis.Redis | None = None
+    streams: StreamBuffer | None = None  # streamed answers recorded for resume (goodput_gateway.resume)
+    _stream_redis: aioredis.Redis | None = None  # its own Redis (RESUME_REDIS_URL), when not the state Redis
 
     async def settle(self) -> None:
         """Waits for the work sent off the response path (lease releases, cache stores, quota settlements) and
@@ -60,6 +63,8 @@ class Wiring:
         await self.service.meter.flush()
 
     async def close(self) -> None:
+        if self.streams is not None:  # streams still producing are cut (their followers told), before the pipeline
+            await self.streams.close()
         await self.settle()
         if self.service.trace is not None:
             self.service.trace.close()  # writes the queued trace lines (a bounded wait, at shutdown)
@@ -72,6 +77,8 @@ class Wiring:
             await channel.close(grace=None)
         if self._redis is not None:
             await self._redis.aclose()
+        if self._stream_redis is not None:
+            await self._stream_redis.aclose()
 
 
 SCHEDULER_SERVICE = "goodput.scheduler.v1.Scheduler"
@@ -117,7 +124,12 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
                                            enabled=settings.ladder_enabled, interval_s=settings.ladder_interval_s,
                                            raise_at=settings.ladder_raise_at, lower_at=settings.ladder_lower_at),
                              trace=TraceRecorder.from_settings(settings, registry=registry))
-    return Wiring(service, channels, ResponseStore(settings, redis=usage_redis), usage_redis)
+    # Stream resume's event buffers: rewritten at token rate and short-lived, so they may have a Redis of their own.
+    stream_redis = None
+    if settings.resume_redis_url and settings.resume_redis_url != quota_url:
+        stream_redis = aioredis.Redis.from_url(settings.resume_redis_url, socket_timeout=2, socket_connect_timeout=2)
+    streams = StreamBuffer(settings, redis=stream_redis or usage_redis, registry=registry)
+    return Wiring(service, channels, ResponseStore(settings, redis=usage_redis), usage_redis, streams, stream_redis)
 
 
 def build(settings: GatewaySettings, registry: CollectorRegistry, provider: TracerProvider | None) -> ServiceRunner:
@@ -133,7 +145,8 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     holder: dict[str, ServiceRunner] = {}
     # With a metrics port of its own, /metrics is not on the public REST port.
     app = create_app(wiring.service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready,
-                     jobs=jobs, responses=wiring.responses, serve_metrics=not settings.metrics_port)
+                     jobs=jobs, responses=wiring.responses, serve_metrics=not settings.metrics_port,
+                     streams=wiring.streams)
     # Its gRPC port is the public API (API keys), not an internal one: the key is checked before a message is read,
     # the message's size before it is parsed (guard.py).
     guard = PublicApiGuard(wiring.service.keys, max_message_bytes=settings.max_grpc_message_bytes)
@@ -144,7 +157,7 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
                            grpc_options=[("grpc.max_receive_message_length", settings.max_grpc_message_bytes)],
                            http_options={"http": "h11", "h11_max_incomplete_event_size": settings.max_header_bytes})
     holder["runner"] = runner
-    runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(wiring.service),
+    runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(wiring.service, streams=wiring.streams),
                "goodput.gateway.v1.Gateway")
     if jobs is not None and jobs.metrics.readings is not None:
         # Jobs by state are read from Redis in the background: a scrape never waits on Redis (nor, with it, the

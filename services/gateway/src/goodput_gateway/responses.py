@@ -34,6 +34,7 @@ from goodput_core.priority import parse_priority
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.metrics import StreamEnd, TextDelta
 from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message, Sampling
+from goodput_gateway.resume import LAST_EVENT_ID, STREAM_HEADER, StreamBuffer, resume_response, sse_events
 from goodput_gateway.schemas import Body, parse
 from goodput_gateway.service import Call
 
@@ -168,12 +169,24 @@ def _event(kind: str, seq: int, **fields: Any) -> bytes:
     return f"event: {kind}\ndata: {data}\n\n".encode()
 
 
+def _error_event(err: GoodputError) -> bytes:
+    """A resumed stream's failure as the Responses API's ``error`` event."""
+    data = json.dumps({"type": "error", "code": err.code or err.grpc_code.name.lower(), "message": err.message,
+                       "param": err.param}, separators=(",", ":"), ensure_ascii=False)
+    return f"event: error\ndata: {data}\n\n".encode()
+
+
 def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Awaitable[Any]],
-                   store: ResponseStore) -> None:
-    """Adds ``/v1/responses`` to the gateway's REST app."""
+                   store: ResponseStore, streams: StreamBuffer | None = None) -> None:
+    """Adds ``/v1/responses`` to the gateway's REST app; with ``streams`` on (goodput_gateway.resume), a streamed
+    response is resumable: its stream id is the response's id, and its events' numbers are their
+    ``sequence_number``s."""
+    streams = streams or StreamBuffer(store.settings, redis=None)
 
     @app.post("/v1/responses")
     async def create(request: Request) -> Response:
+        if streams.enabled and request.headers.get(LAST_EVENT_ID):  # an SSE client reconnecting: the rest, not anew
+            return await resume_response(service, streams, request, error=_error_event)
         arrived = time.monotonic()
         request_id = new_request_id()
         principal = service.authenticate(request.headers.get("authorization"))
@@ -254,11 +267,20 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
             finally:
                 await generation.aclose()
 
-        return StreamingResponse(events(), media_type="text/event-stream",
+        stream: AsyncIterator[bytes] = events()
+        if streams.enabled:  # the generation runs to its end on its own, each event numbered, for a resume
+            headers[STREAM_HEADER] = rid
+            stream = sse_events(streams.stream(stream, api="sse", tenant=opened.tenant, stream_id=rid,
+                                               closer=generation.aclose), rid, error=_error_event)
+        return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
     @app.get("/v1/responses/{response_id}")
-    async def retrieve(response_id: str, request: Request) -> JSONResponse:
+    async def retrieve(response_id: str, request: Request, stream: str | None = None,
+                       starting_after: str | None = None) -> Response:
+        if stream == "true":  # OpenAI's resume of a streamed response: its events after `starting_after`
+            return await resume_response(service, streams, request, stream_id=response_id, after=starting_after,
+                                         error=_error_event)
         principal = service.authenticate(request.headers.get("authorization"))
         return JSONResponse((await store.get(principal.tenant, response_id))["response"])
 

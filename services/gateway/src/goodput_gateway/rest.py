@@ -48,6 +48,8 @@ from goodput_gateway.rag import KB_HEADER
 from goodput_gateway.requests import GenerationRequest
 from goodput_gateway.responses import ResponseStore
 from goodput_gateway.responses import install_routes as install_responses_routes
+from goodput_gateway.resume import LAST_EVENT_ID, STREAM_HEADER, StreamBuffer, resume_response, sse_events
+from goodput_gateway.resume import install_routes as install_resume_routes
 from goodput_gateway.schemas import ChatCompletionRequest, CompletionRequest, parse
 from goodput_gateway.service import Call, GatewayService, Generation, Opened
 from goodput_gateway.tools import calling, named, new_call_id, tool_calls
@@ -79,9 +81,11 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: trace.Tracer,
                ready: Callable[[], bool], jobs: JobQueue | None = None, responses: ResponseStore | None = None,
-               serve_metrics: bool = True) -> FastAPI:
+               serve_metrics: bool = True, streams: StreamBuffer | None = None) -> FastAPI:
     """The REST app; ``serve_metrics=False`` leaves `/metrics` off it (served on the metrics port instead);
-    ``responses`` stores the Responses API's responses (default: in this process)."""
+    ``responses`` stores the Responses API's responses (default: in this process); ``streams`` records streamed
+    answers for resume (goodput_gateway.resume; default: in this process, on with RESUME_WINDOW_S)."""
+    streams = streams or StreamBuffer(service.settings, redis=None)
     app = FastAPI(title="Goodput gateway", version="v1", docs_url=None, redoc_url=None)
     app.add_middleware(HeaderLimit, max_bytes=service.settings.max_header_bytes)
     app.state.goodput_service = service  # for in-process tests and debugging
@@ -182,6 +186,8 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
                                   f"{err.colno}", code="invalid_json") from None
 
     async def handle(request: Request, route: str, schema: type[ChatCompletionRequest | CompletionRequest]) -> Response:
+        if streams.enabled and request.headers.get(LAST_EVENT_ID):  # an SSE client reconnecting: the rest, not anew
+            return await resume_response(service, streams, request)
         arrived = time.monotonic()
         request_id = new_request_id()
         span = tracer.start_span(f"POST {request.url.path}", kind=SpanKind.SERVER,
@@ -219,8 +225,12 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
         if opened.timeline is not None and opened.timeline.route is not None:  # model "auto": what it chose
             headers[ROUTE_HEADER] = opened.timeline.route.header()
         if opened.request.stream:
-            return StreamingResponse(_stream_events(generation, route, span), media_type="text/event-stream",
-                                     headers={**SSE_HEADERS, **headers})
+            events = _stream_events(generation, route, span)
+            if streams.enabled:  # the generation runs to its end on its own, each event numbered, for a resume
+                headers[STREAM_HEADER] = request_id
+                events = sse_events(streams.stream(events, api="sse", tenant=opened.tenant, stream_id=request_id,
+                                                   closer=generation.aclose), request_id)
+            return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
         try:
             with trace.use_span(span, end_on_exit=False):
                 async with generation:
@@ -248,7 +258,9 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
         return await handle(request, "completions", CompletionRequest)
 
     install_knowledge_routes(app, service, read_json)
-    install_responses_routes(app, service, read_json, responses or ResponseStore(service.settings, redis=None))
+    install_responses_routes(app, service, read_json, responses or ResponseStore(service.settings, redis=None),
+                             streams)
+    install_resume_routes(app, service, streams)
     if jobs is not None:
         install_job_routes(app, service, read_json, jobs)
         install_batch_routes(app, service, read_json, BatchStore(jobs))

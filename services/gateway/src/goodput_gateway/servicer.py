@@ -26,7 +26,8 @@ from goodput_core.sampling import logprobs_to_proto, sampling_from_proto
 from goodput_gateway.knowledge import grpc_embed, grpc_index, grpc_search
 from goodput_gateway.metrics import StreamEnd, TextDelta
 from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message
-from goodput_gateway.service import Call, GatewayService, Opened
+from goodput_gateway.resume import StreamBuffer
+from goodput_gateway.service import Call, GatewayService, Generation, Opened
 from goodput_gateway.tools import resolve, tool_calls
 
 __all__ = ["GatewayServicer", "from_proto"]
@@ -119,9 +120,23 @@ def _response_metadata(opened: Opened) -> tuple[tuple[str, str], ...]:
     return (*cache, *opened.rate_limits.items())
 
 
+async def _numbered(messages: AsyncIterator[gateway_pb2.GenerateStreamResponse],
+                   stream_id: str) -> AsyncIterator[bytes]:
+    """A stream's messages as recorded for resume (goodput_gateway.resume): each with its ``seq``, the start with
+    its ``resume_token``."""
+    seq = 0
+    async for message in messages:
+        message.seq = seq
+        seq += 1
+        if message.HasField("start"):
+            message.start.resume_token = stream_id
+        yield message.SerializeToString()
+
+
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, service: GatewayService) -> None:
+    def __init__(self, service: GatewayService, *, streams: StreamBuffer | None = None) -> None:
         self.service = service
+        self.streams = streams or StreamBuffer(service.settings, redis=None)  # stream resume (RESUME_WINDOW_S)
 
     def _call(self, request: gateway_pb2.GenerateRequest, context: aio.ServicerContext, *, stream: bool,
               request_id: str) -> Call:
@@ -146,35 +161,73 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             except GoodputError as err:
                 self._count("grpc_stream", err.grpc_code.name)
                 raise
+            if self.streams.enabled:  # the generation runs to its end on its own, for a ResumeStream
+                try:
+                    messages = await self._started(generation, context, request_id)
+                except BaseException:
+                    await generation.aclose()
+                    raise
+                frames = self.streams.stream(_numbered(messages, request_id), api="grpc",
+                                             tenant=generation.opened.tenant, stream_id=request_id,
+                                             closer=generation.aclose)
+                try:  # a caller that goes away only stops following it
+                    async for frame in frames:
+                        yield gateway_pb2.GenerateStreamResponse.FromString(frame.data)
+                finally:
+                    await frames.aclose()
+                return
             # A caller that cancels after the start message never iterates the stream: close it (worker call
             # and lease) whatever happens, as the REST path does.
             async with generation:
-                opened = generation.opened
-                metadata = _response_metadata(opened)  # x-goodput-cache, x-ratelimit-*
-                if metadata:
-                    await context.send_initial_metadata(metadata)
-                    context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *metadata))
-                self._count("grpc_stream", "OK", opened.priority)
-                yield gateway_pb2.GenerateStreamResponse(start=gateway_pb2.StreamStart(
-                    request_id=request_id, model=opened.model, sources=_sources(opened), cache=_cache_info(opened),
-                    degraded=_degraded(opened)))
-                parts: list[str] = []  # the text a tool call is read from at the end
-                async for event in generation:
-                    if isinstance(event, TextDelta):
-                        if event.text:
-                            parts.append(event.text)
-                            yield gateway_pb2.GenerateStreamResponse(delta=event.text)
-                        if event.logprobs:  # right after the text they belong to
-                            yield gateway_pb2.GenerateStreamResponse(logprobs=gateway_pb2.TokenLogprobs(
-                                tokens=logprobs_to_proto(event.logprobs)))
-                    else:
-                        timeline = generation.timing()
-                        if timeline is not None:  # where the time went: trailing metadata, with the others
-                            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *metadata,
-                                                           (TIMING_KEY, timeline.server_timing())))
-                        yield gateway_pb2.GenerateStreamResponse(end=gateway_pb2.StreamEnd(
-                            finish_reason=_FINISH[event.finish_reason], usage=_usage(event),
-                            tool_calls=_tool_calls(opened, "".join(parts), event)))
+                async for message in await self._started(generation, context, request_id):
+                    yield message
+
+    async def _started(self, generation: Generation, context: aio.ServicerContext,
+                       request_id: str) -> AsyncIterator[gateway_pb2.GenerateStreamResponse]:
+        """Sends the response metadata; the stream's messages: the start, deltas, the end."""
+        opened = generation.opened
+        metadata = _response_metadata(opened)  # x-goodput-cache, x-ratelimit-*
+        if metadata:
+            await context.send_initial_metadata(metadata)
+            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *metadata))
+        self._count("grpc_stream", "OK", opened.priority)
+        return self._messages(generation, context, request_id, metadata)
+
+    async def _messages(self, generation: Generation, context: aio.ServicerContext, request_id: str,
+                        metadata: tuple[tuple[str, str], ...]) -> AsyncIterator[gateway_pb2.GenerateStreamResponse]:
+        opened = generation.opened
+        yield gateway_pb2.GenerateStreamResponse(start=gateway_pb2.StreamStart(
+            request_id=request_id, model=opened.model, sources=_sources(opened), cache=_cache_info(opened),
+            degraded=_degraded(opened)))
+        parts: list[str] = []  # the text a tool call is read from at the end
+        async for event in generation:
+            if isinstance(event, TextDelta):
+                if event.text:
+                    parts.append(event.text)
+                    yield gateway_pb2.GenerateStreamResponse(delta=event.text)
+                if event.logprobs:  # right after the text they belong to
+                    yield gateway_pb2.GenerateStreamResponse(logprobs=gateway_pb2.TokenLogprobs(
+                        tokens=logprobs_to_proto(event.logprobs)))
+            else:
+                timeline = generation.timing()
+                if timeline is not None:  # where the time went: trailing metadata, with the others
+                    context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *metadata,
+                                                   (TIMING_KEY, timeline.server_timing())))
+                yield gateway_pb2.GenerateStreamResponse(end=gateway_pb2.StreamEnd(
+                    finish_reason=_FINISH[event.finish_reason], usage=_usage(event),
+                    tool_calls=_tool_calls(opened, "".join(parts), event)))
+
+    async def ResumeStream(self, request: gateway_pb2.ResumeStreamRequest,
+                           context: aio.ServicerContext) -> AsyncIterator[gateway_pb2.GenerateStreamResponse]:
+        """A GenerateStream continued from ``from_seq`` (goodput_gateway.resume), for the stream's tenant only."""
+        principal = self.service.authenticate(_authorization(context))
+        frames = await self.streams.resume(api="grpc", tenant=principal.tenant, stream_id=request.resume_token,
+                                           after=request.from_seq - 1)
+        try:
+            async for frame in frames:
+                yield gateway_pb2.GenerateStreamResponse.FromString(frame.data)
+        finally:
+            await frames.aclose()
 
     async def Generate(self, request: gateway_pb2.GenerateRequest,
                        context: aio.ServicerContext) -> gateway_pb2.GenerateResponse:
