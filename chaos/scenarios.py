@@ -150,7 +150,10 @@ def _freeze_worker(ctx: Ctx) -> Notes:
     server goes on answering, as with a hung GPU), else the whole worker (the simulated engine runs inside it)."""
     i, inflight = _busiest_worker(ctx)
     name = f"worker-{i}"
-    engines = [pid for pid, cmd in ctx.platform.descendants(name) if "EngineCore" in cmd or "engine_core" in cmd]
+    below = ctx.platform.descendants(name)
+    engines = [pid for pid, cmd in below if "EngineCore" in cmd or "engine_core" in cmd]
+    if not engines:  # an engine process without its title: the worker's spawned child (not the resource tracker)
+        engines = [pid for pid, cmd in below if "multiprocessing" in cmd and "resource_tracker" not in cmd][:1]
     if engines:
         ctx.platform.freeze(name, pids=engines)
         target = "engine core process"

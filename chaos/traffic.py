@@ -222,11 +222,33 @@ class Traffic:
         finally:
             loop.close()
 
-    async def _main(self, ready: threading.Event) -> None:
+    def _open_clients(self) -> None:
         # No keep-alive: every request on a fresh connection (see the module's docstring).
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=0)
         self._clients = [httpx.AsyncClient(base_url=g, limits=limits, timeout=httpx.Timeout(10.0, connect=2.0))
                          for g in self.gateways]
+
+    async def once(self, kind: str) -> Outcome:
+        """One request of ``kind``, in the caller's event loop, and what became of it (also recorded in
+        ``outcomes``); for tests of the client itself. Call :meth:`aclose` when done."""
+        if not self._clients:
+            self._open_clients()
+        outcome = Outcome(kind=kind, arrival=time.monotonic())
+        self.outcomes.append(outcome)
+        await self._guarded(outcome, self._runner(kind))
+        return outcome
+
+    async def aclose(self) -> None:
+        for c in self._clients:
+            await c.aclose()
+        self._clients = []
+
+    def _runner(self, kind: str) -> Callable[[Outcome], Awaitable[None]]:
+        return {"chat": self._chat, "cached": self._cached, "rag": self._rag, "embed": self._embed,
+                "batch": self._batch}[kind]
+
+    async def _main(self, ready: threading.Event) -> None:
+        self._open_clients()
         ready.set()
         arrivals = [asyncio.create_task(self._arrivals(kind, rate)) for kind, rate in self.mix.rates().items()
                     if rate > 0]
@@ -242,16 +264,14 @@ class Traffic:
         for t in left:
             t.cancel()
         await asyncio.gather(*left, return_exceptions=True)
-        for c in self._clients:
-            await c.aclose()
+        await self.aclose()
 
     async def _arrivals(self, kind: str, rate: float) -> None:
         """Fixed intervals (a random phase per kind), so the rate is steady and buckets compare."""
         interval = 1.0 / rate
         loop = asyncio.get_running_loop()
         due = loop.time() + self._rng.uniform(0, interval)
-        runner = {"chat": self._chat, "cached": self._cached, "rag": self._rag, "embed": self._embed,
-                  "batch": self._batch}[kind]
+        runner = self._runner(kind)
         while True:
             await asyncio.sleep(max(0.0, due - loop.time()))
             outcome = Outcome(kind=kind, arrival=time.monotonic())
