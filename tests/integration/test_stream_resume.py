@@ -19,12 +19,14 @@ from pathlib import Path
 
 import grpc
 import httpx
+import openai
 import pytest
 from goodput.common.v1 import types_pb2
 from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from goodput_testing import ServiceProcess, async_wait_until, free_port, sim_worker_env
+from goodput_testing import ServiceProcess, async_wait_until, free_port, sim_worker_env, wait_until
 
 from goodput_gateway.__main__ import build
 from goodput_gateway.config import GatewaySettings
@@ -56,10 +58,21 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
         "GOODPUT_SCHEDULER_GRPC_PORT": str(scheduler_port), "GOODPUT_SCHEDULER_HTTP_PORT": str(free_port()),
         "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.2"}, logs / "scheduler.log")
     try:
+        with grpc.insecure_channel(f"127.0.0.1:{scheduler_port}") as channel:  # the scheduler sees the worker
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            wait_until(lambda: _healthy(stub), timeout=60, interval=0.2, message=f"no healthy worker (logs in {logs})")
         yield Backend(f"127.0.0.1:{scheduler_port}", f"http://127.0.0.1:{worker_http}/metrics", logs)
     finally:
         scheduler.stop()
         worker.stop()
+
+
+def _healthy(stub: scheduler_pb2_grpc.SchedulerStub) -> bool:
+    try:
+        listed = stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=1)
+    except grpc.RpcError:
+        return False
+    return any(w.healthy for w in listed.workers)
 
 
 @dataclass
@@ -215,6 +228,14 @@ async def test_a_dropped_sse_stream_resumes_on_another_replica_from_its_last_eve
         async with a.http.stream("POST", "/v1/chat/completions", json=chat()) as resp:
             whole = [e async for e in events(resp.aiter_lines())]
         assert text(whole) == answer and len(whole) == len(first) + len(rest)
+        # the official SDK, unchanged, reads the numbered events as before
+        sdk = openai.AsyncOpenAI(base_url=f"{str(a.http.base_url).rstrip('/')}/v1", api_key=KEY)
+        parts = []
+        async for chunk in await sdk.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}],
+                                                             max_tokens=20, stream=True):
+            parts += [c.delta.content or "" for c in chunk.choices]
+        assert "".join(parts) == " tok" * 20
+        await sdk.close()
 
 
 async def test_an_sse_client_reconnects_with_the_same_post_and_others_are_refused(

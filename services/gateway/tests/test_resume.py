@@ -266,6 +266,16 @@ async def test_without_redis_reachable_the_client_is_still_served() -> None:
     await close(a)
 
 
+async def test_with_redis_unreachable_a_generation_nobody_follows_is_still_cut() -> None:
+    down = aioredis.Redis.from_url(f"redis://127.0.0.1:{dead_port()}/0", socket_connect_timeout=0.2)
+    a = StreamBuffer(GatewaySettings(resume_window_s=0.3, resume_flush_s=0.01), redis=down, **TIMING)
+    source = Source()
+    await a.stream(source.events(), api="sse", tenant="acme", stream_id="req-12", closer=source.closer).aclose()
+    source.send(*frames(2))
+    await async_wait_until(lambda: source.closed == 1, timeout=5, message="the abandoned generation still runs")
+    await close(a)
+
+
 async def test_resume_off_is_a_clear_refusal() -> None:
     off = StreamBuffer(GatewaySettings(), redis=None)
     assert not off.enabled

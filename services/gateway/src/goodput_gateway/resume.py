@@ -317,10 +317,7 @@ class StreamBuffer:
         rec = _Recording(key, stream_id, max_events=self.settings.resume_max_events,
                          max_bytes=self.settings.resume_max_bytes, shared=self.redis is not None, now=self._clock())
         rec.source, rec.closer = source, closer
-        previous = self._recordings.get(key)
-        if previous is not None and previous.end is None:
-            raise InvalidArgument(f"stream '{stream_id}' is already running", param="stream_id")
-        self._recordings[key] = rec
+        self._recordings[key] = rec  # stream ids are unique (request and response ids)
         self._finished.pop(key, None)
         rec.task = asyncio.get_running_loop().create_task(self._produce(rec), name=f"stream {stream_id}")
         if self._flusher is None or self._flusher.done():
@@ -538,7 +535,7 @@ class StreamBuffer:
 
     async def _run(self) -> None:
         """Writes recorded events to Redis in batches, beats for the producers, and cuts abandoned generations."""
-        next_beat = 0.0
+        next_beat, warned = 0.0, float("-inf")
         while True:
             if not self._dirty:
                 try:
@@ -550,15 +547,21 @@ class StreamBuffer:
             beat = now >= next_beat
             if beat:
                 next_beat = now + self.heartbeat_s
+            failed = False
             try:
                 await self._write(beat=beat, now=now)
             except (RedisError, OSError) as err:
+                failed = True
                 self.metrics.errors.labels("write").inc()
-                log.warning("writing stream events to Redis failed; retrying", extra={"error": repr(err)})
+                if now - warned >= 10.0:  # once in a while, not every retry
+                    warned = now
+                    log.warning("writing stream events to Redis failed; retrying", extra={"error": repr(err)})
             except Exception:  # noqa: BLE001 - the flusher must outlive a bug in one turn
+                failed = True
                 log.exception("the stream flusher failed a turn")
-            self._sweep(now)
-            await asyncio.sleep(self.settings.resume_flush_s)
+            # Redis unreachable: no follower elsewhere can read these streams either, so this process judges alone
+            self._sweep(now, alone=self.redis is None or failed)
+            await asyncio.sleep(self.heartbeat_s if failed else self.settings.resume_flush_s)
 
     def _idle_too_long(self, rec: _Recording, now: float) -> bool:
         return rec.end is None and rec.readers == 0 and rec.idle_since is not None \
@@ -626,12 +629,12 @@ class StreamBuffer:
         rec.pending = [p for p in batch + rec.pending if p[0] >= rec.first]
         self._dirty.add(rec)
 
-    def _sweep(self, now: float) -> None:
-        """Without Redis: cuts the generations nobody follows and forgets finished streams after the window; with
-        it, forgets finished streams whose end could not be written within the window."""
+    def _sweep(self, now: float, *, alone: bool) -> None:
+        """``alone`` (no Redis, or it failed): cuts the generations nobody here follows. Forgets finished streams
+        after the window (with Redis: those whose end could not be written)."""
         for key, rec in list(self._recordings.items()):
             if rec.end is None:
-                if self.redis is None and self._idle_too_long(rec, now):
+                if alone and self._idle_too_long(rec, now):
                     self._abandon(rec)
             elif now - rec.ended_at >= self.window_s:
                 del self._recordings[key]
