@@ -14,7 +14,7 @@ from grpc import aio
 from prometheus_client import CollectorRegistry
 
 from goodput_inference.config import InferenceSettings
-from goodput_inference.engine import GenEvent, GenRequest
+from goodput_inference.engine import GenEvent, GenRequest, Started
 from goodput_inference.progress import Progress
 from goodput_inference.servicer import InferenceServicer, WorkerMetrics
 from goodput_inference.sim_engine import SimEngine, SimParams
@@ -71,6 +71,57 @@ async def test_a_frozen_engine_is_reported_stalled_and_the_worker_stops_serving_
         call.cancel()
     finally:
         watchdog.cancel()
+        await channel.close()
+        await server.stop(None)
+        await engine.shutdown()
+
+
+class FrozenCore(Freezable):
+    """Like vLLM's adapter: a request is accepted (``Started``) by the worker's process before the engine core sees
+    it, so while only the core is frozen new requests still start."""
+
+    async def generate(self, req: GenRequest) -> AsyncIterator[GenEvent]:
+        async for event in SimEngine.generate(self, req):
+            if not isinstance(event, Started):
+                await self.running.wait()
+            yield event
+
+
+async def test_requests_that_keep_arriving_at_a_frozen_engine_do_not_count_as_its_progress() -> None:
+    engine = FrozenCore()
+    progress = Progress(stall_after_s=0.5)
+    servicer = InferenceServicer(engine, worker_id="w1", metrics=WorkerMetrics(CollectorRegistry(), engine),
+                                 progress=progress)
+    server = aio.server()
+    inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await engine.start()
+    await server.start()
+    channel = aio.insecure_channel(f"127.0.0.1:{port}")
+    stub = inference_pb2_grpc.InferenceStub(channel)
+    calls = []
+
+    def generate(request_id: str) -> aio.UnaryStreamCall:
+        call = stub.Generate(inference_pb2.GenerateRequest(request_id=request_id, prompt="hello " * 20,
+                                                           sampling=types_pb2.SamplingParams(max_tokens=400)))
+        calls.append(call)
+        return call
+
+    try:
+        first = generate("r0")
+        await first.read()  # started
+        await first.read()  # a token
+        engine.running.clear()  # the engine core freezes; the worker goes on accepting requests
+        for i in range(1, 8):  # steady traffic: a new request every 0.2 s, each answered with its Started
+            await generate(f"r{i}").read()
+            await asyncio.sleep(0.2)
+        assert progress.stalled(), "new requests' Started events hid the frozen engine"
+        engine.running.set()
+        await first.read()
+        assert not progress.stalled()
+    finally:
+        for call in calls:
+            call.cancel()
         await channel.close()
         await server.stop(None)
         await engine.shutdown()

@@ -272,7 +272,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             self.progress.begin()
             try:
                 async for event in self.engine.generate(gen):
-                    self.progress.advance()
+                    if not isinstance(event, Started):  # the adapter's, before the engine sees it: no progress
+                        self.progress.advance()
                     if isinstance(event, Delta):
                         counted = self.metrics.generated(event.completion_tokens, counted)
                         yield inference_pb2.GenerateChunk(delta=inference_pb2.Delta(
