@@ -23,6 +23,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ class RequestSpec:
     retry_shed: bool = False  # park and retry when shed (deferred P2 work)
     send_priority: bool = True  # False: the worker sees no priority (a FIFO baseline)
     give_up_after_s: float = 3600.0
+    model: str = ""  # the served model name asked for (Admit.model, GenerateRequest.model); empty = any
 
 
 @dataclass
@@ -80,18 +82,29 @@ class Result:
     worker: str = ""
     reason: str = ""
     error: str = ""
+    granted_s: float | None = None  # from arrival to the grant of the attempt that ran
+    prompt_tokens: int = 0  # as the worker counted them (its Finished usage)
+    completion_tokens: int = 0
 
 
 class LeaseClient:
-    """Does for one request what the gateway's pipeline does, against the scheduler and the granted worker."""
+    """Does for one request what the gateway's pipeline does, against the scheduler and the granted worker.
 
-    def __init__(self, scheduler_addr: str, *, rng: random.Random | None = None) -> None:
+    ``report_usage``: the release carries the request's prompt and completion tokens, as the gateway's does, so the
+    scheduler learns each worker's speed (and its service-time predictor learns) from the finished leases; off by
+    default, as the benchmarks written before that measured without it. ``on_grant(spec, granted)`` is called at
+    each grant (the gateway's model ``auto`` observes the grant's queue wait there)."""
+
+    def __init__(self, scheduler_addr: str, *, rng: random.Random | None = None, report_usage: bool = False,
+                 on_grant: Callable[[RequestSpec, scheduler_pb2.Granted], None] | None = None) -> None:
         options = [("grpc.max_concurrent_streams", 10_000)]
         self._channel = aio.insecure_channel(scheduler_addr, options=options)
         self.scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._workers: dict[str, inference_pb2_grpc.InferenceStub] = {}
         self._channels: list[aio.Channel] = [self._channel]
         self.rng = rng or random.Random(0)
+        self.report_usage = report_usage
+        self.on_grant = on_grant
 
     def _worker(self, address: str) -> inference_pb2_grpc.InferenceStub:
         stub = self._workers.get(address)
@@ -124,7 +137,7 @@ class LeaseClient:
         prio = PRIORITY[spec.priority]
         call = self.scheduler.Lease(timeout=spec.deadline_s)
         admit = scheduler_pb2.Admit(request_id=f"{spec.request_id}.{result.attempts}", tenant=spec.tenant,
-                                    priority=prio,  # type: ignore[arg-type]
+                                    priority=prio, model=spec.model,  # type: ignore[arg-type]
                                     prompt_tokens_estimate=len(spec.prompt) // 4, max_tokens=spec.max_tokens,
                                     prefix_hint=spec.prompt[:spec.prefix_chars])
         try:
@@ -147,11 +160,14 @@ class LeaseClient:
             result.error = f"{err.code().name}: {err.details()}"
             return "error"
         result.queue_wait_s = event.granted.queue_wait_s
+        result.granted_s = time.monotonic() - result.arrival
+        if self.on_grant is not None:
+            self.on_grant(spec, event.granted)
         result.worker, result.reason = event.granted.worker_id, event.granted.reason
         outcome = scheduler_pb2.OUTCOME_ERROR
         try:
             gen = inference_pb2.GenerateRequest(
-                request_id=admit.request_id, prompt=spec.prompt, tenant=spec.tenant,
+                request_id=admit.request_id, model=spec.model, prompt=spec.prompt, tenant=spec.tenant,
                 priority=prio if spec.send_priority else types_pb2.PRIORITY_UNSPECIFIED,  # type: ignore[arg-type]
                 sampling=types_pb2.SamplingParams(max_tokens=spec.max_tokens))
             async for chunk in self._worker(event.granted.address).Generate(gen, timeout=spec.deadline_s):
@@ -165,6 +181,8 @@ class LeaseClient:
                         pass  # advisory; the release below settles the lease
                 elif chunk.HasField("finished"):
                     result.e2e_s = time.monotonic() - result.arrival
+                    result.prompt_tokens = chunk.finished.usage.prompt_tokens
+                    result.completion_tokens = chunk.finished.usage.completion_tokens
             outcome = scheduler_pb2.OUTCOME_OK
             return "ok" if result.e2e_s is not None else "error"
         except aio.AioRpcError as err:
@@ -172,8 +190,10 @@ class LeaseClient:
             return "error"
         finally:
             try:
+                usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens} \
+                    if self.report_usage and outcome == scheduler_pb2.OUTCOME_OK else {}
                 await call.write(scheduler_pb2.LeaseRequest(release=scheduler_pb2.Release(
-                    outcome=outcome, ttft_s=result.ttft_s or 0.0)))  # type: ignore[arg-type]
+                    outcome=outcome, ttft_s=result.ttft_s or 0.0, **usage)))  # type: ignore[arg-type]
                 await call.done_writing()
                 while await call.read() is not aio.EOF:
                     pass
