@@ -1,12 +1,16 @@
 """From what became of every request to the report: counts, losses and recovery time per scenario, JSON and Markdown.
 
-A request belongs to the window it *arrived* in. The baseline window (steady traffic, no fault) sets, per kind of
+A request belongs to the window it *arrived* in, unless a later fault hit it while it was in flight: then it is that
+fault's (``owner``), so that a slow answer that arrived before a scenario began is not blamed on the one before. The
+baseline window (steady traffic, no fault) sets, per kind of
 request, how long a normal answer takes: ``slow_after = max(3 x p50, p99 + 1 s, 1 s)``. A request is *good* when it
 completed within that. Recovery is measured on arrivals after the fault, in one-second buckets: a bucket is good when
 the share of good requests in it is at least the baseline's share minus 0.1; the recovery time is the end of the
 last bad bucket after the fault (0 when none was bad), or none when the window ended still bad. It counts the
 requests that came while the fault lasted and were refused, failed or served late, until the platform answered new
-requests as before; requests already in flight at the fault are counted apart (``in_flight_at_fault``).
+requests as before; requests already in flight at the fault are counted apart (``in_flight_at_fault``). Buckets
+are ``bucket_s`` long: one second, or as long as it takes the traffic to bring about eight requests, so that one
+slow answer does not make a bucket bad on its own.
 
 Example:
     >>> from chaos.traffic import Outcome
@@ -18,6 +22,8 @@ Example:
     ...                  end=10 + t / 10 + 1.0) for t in range(60)]
     >>> recovery(after, fault=10.0, end=16.0, bounds=bounds, baseline_good=1.0)
     (2.0, True)
+    >>> bucket_seconds(5.25), bucket_seconds(2.0)
+    (2.0, 4.0)
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ from typing import Any
 from chaos.traffic import KINDS, Outcome
 from loadtests.common import cpu_label, markdown_table, percentile
 
-__all__ = ["latency_bounds", "markdown", "recovery", "summarize_window"]
+__all__ = ["bucket_seconds", "latency_bounds", "markdown", "owner", "recovery", "summarize_window"]
 
 BUCKET_S = 1.0
+BUCKET_REQUESTS = 8  # a bucket lasts long enough for about this many arrivals
 TOLERANCE = 0.1  # a bucket is good at the baseline's share of good requests minus this
 
 
@@ -62,15 +69,39 @@ def good_share(outcomes: Sequence[Outcome], bounds: dict[str, float]) -> float:
     return sum(good(o, bounds) for o in outcomes) / len(outcomes) if outcomes else 1.0
 
 
+def bucket_seconds(rate: float) -> float:
+    """A bucket's length for traffic arriving at ``rate`` per second: whole seconds, at least one."""
+    return max(BUCKET_S, float(math.ceil(BUCKET_REQUESTS / rate))) if rate > 0 else BUCKET_S
+
+
+def owner(o: Outcome, windows: Sequence[tuple[float, float, float | None]]) -> int:
+    """The index of the window ``o`` belongs to: the first whose fault hit it in flight, else the one it arrived in
+    (-1: none). ``windows``: (start, end, fault), in time order.
+
+    >>> w = [(0.0, 10.0, None), (10.0, 20.0, 12.0)]
+    >>> owner(Outcome("chat", arrival=9.0, status="completed", end=13.0), w), owner(Outcome("chat", arrival=9.0), w)
+    (1, 1)
+    >>> owner(Outcome("chat", arrival=9.0, status="completed", end=11.0), w)
+    0
+    """
+    for i, (_, _, fault) in enumerate(windows):
+        if fault is not None and o.arrival < fault and (o.end is None or o.end > fault):
+            return i
+    for i, (start, end, _) in enumerate(windows):
+        if start <= o.arrival < end:
+            return i
+    return -1
+
+
 def recovery(outcomes: Sequence[Outcome], *, fault: float, end: float, bounds: dict[str, float],
-             baseline_good: float) -> tuple[float | None, bool]:
+             baseline_good: float, bucket_s: float = BUCKET_S) -> tuple[float | None, bool]:
     """(seconds from the fault to the end of the last bad bucket, whether any bucket was bad); None when the last
     bucket of the window is still bad."""
     threshold = max(0.0, baseline_good - TOLERANCE)
-    buckets = max(1, math.ceil((end - fault) / BUCKET_S))
+    buckets = max(1, math.ceil((end - fault) / bucket_s))
     last_bad = -1
     for b in range(buckets):
-        lo, hi = fault + b * BUCKET_S, fault + (b + 1) * BUCKET_S
+        lo, hi = fault + b * bucket_s, fault + (b + 1) * bucket_s
         inside = [o for o in outcomes if lo <= o.arrival < hi]
         if inside and good_share(inside, bounds) < threshold:
             last_bad = b
@@ -78,7 +109,7 @@ def recovery(outcomes: Sequence[Outcome], *, fault: float, end: float, bounds: d
         return 0.0, False
     if last_bad == buckets - 1:
         return None, True
-    return (last_bad + 1) * BUCKET_S, True
+    return min((last_bad + 1) * bucket_s, end - fault), True
 
 
 def _counts(outcomes: Sequence[Outcome]) -> dict[str, int]:
@@ -97,9 +128,9 @@ def _reasons(outcomes: Iterable[Outcome], status: str, top: int = 6) -> list[dic
 
 
 def summarize_window(outcomes: Sequence[Outcome], *, start: float, end: float, fault: float | None,
-                     bounds: dict[str, float], baseline_good: float) -> dict[str, Any]:
-    """Counts, reasons and recovery of the requests that arrived in ``[start, end)``."""
-    inside = [o for o in outcomes if start <= o.arrival < end]
+                     bounds: dict[str, float], baseline_good: float, bucket_s: float = BUCKET_S) -> dict[str, Any]:
+    """Counts, reasons and recovery of ``outcomes``: the requests of the window ``[start, end)`` (see :func:`owner`)."""
+    inside = list(outcomes)
     out: dict[str, Any] = _counts(inside)
     out["by_kind"] = {k: _counts([o for o in inside if o.kind == k]) for k in KINDS}
     out["failed_reasons"] = _reasons(inside, "failed")
@@ -109,6 +140,7 @@ def summarize_window(outcomes: Sequence[Outcome], *, start: float, end: float, f
     out["late"] = sum(1 for o in inside if o.status == "completed" and not good(o, bounds))
     out["cache_hits"] = sum(1 for o in inside if o.cache == "hit")
     out["degraded"] = sum(1 for o in inside if o.degraded)
+    out["jobs_retried"] = sum(1 for o in inside if o.kind == "batch" and o.attempts > 1)
     # by arrival second from the window's start: [second, requests, good, failed, lost]
     out["timeline"] = [[b, len(got), sum(good(o, bounds) for o in got), sum(o.status == "failed" for o in got),
                         sum(o.status == "lost" for o in got)]
@@ -116,10 +148,11 @@ def summarize_window(outcomes: Sequence[Outcome], *, start: float, end: float, f
                        if (got := [o for o in inside if start + b <= o.arrival < start + b + 1])]
     if fault is not None:
         after = [o for o in inside if o.arrival >= fault]
-        seconds, hit = recovery(after, fault=fault, end=end, bounds=bounds, baseline_good=baseline_good)
+        seconds, hit = recovery(after, fault=fault, end=end, bounds=bounds, baseline_good=baseline_good,
+                                bucket_s=bucket_s)
         out["recovery_s"] = seconds
         out["impact_seen"] = hit
-        flying = [o for o in outcomes if o.arrival < fault and (o.end is None or o.end > fault)]
+        flying = [o for o in inside if o.arrival < fault]  # hit in flight (it is this window's: see owner)
         out["in_flight_at_fault"] = {**_counts(flying), "late": sum(1 for o in flying if o.status == "completed"
                                                                      and not good(o, bounds))}
         before = [o for o in inside if o.arrival < fault]
@@ -156,8 +189,9 @@ def markdown(report: dict[str, Any]) -> str:
         "Outcomes: **completed** (a whole answer), **failed** (a clear error: OpenAI-shaped HTTP error, an SSE error "
         "event, a job that ended failed/expired), **lost** (hung past its deadline, connection reset with no "
         "error, a stream truncated without an error, a job the gateway forgot). Goal: lost = 0. **Recovery**: "
-        "from the fault until requests arriving are answered as in the baseline again (one-second buckets, "
-        "within the baseline's latency and share of good answers); **detected**: until the platform noticed "
+        f"from the fault until requests arriving are answered as in the baseline again (buckets of "
+        f"{report.get('recovery_bucket_s', 1):g} s, within the baseline's latency and share of good answers; a "
+        "request in flight at a fault counts in that fault's scenario); **detected**: until the platform noticed "
         "by itself (a new leader, the worker ejected); **back**: until the faulty component served again "
         "after its restart / thaw.",
         "",
@@ -195,8 +229,8 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{flying['late']} of them late; {flying['failed']} failed, {flying['lost']} lost). "
                      f"Good share of answers before the fault {s['good_share_before']:.0%}, after it "
                      f"{s['good_share_after']:.0%}; served late {s['late']}; client failovers {s['failovers']}; "
-                     f"streams resumed {s['resumed']}; cache hits {s['cache_hits']}; degraded answers "
-                     f"{s['degraded']}.")
+                     f"streams resumed {s['resumed']}; jobs that took more than one attempt {s['jobs_retried']}; cache "
+                     f"hits {s['cache_hits']}; degraded answers {s['degraded']}.")
         if row.get("health_after"):
             lines.append(f"Platform after the scenario: {row['health_after']}.")
         lines.append("")

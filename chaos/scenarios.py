@@ -101,6 +101,21 @@ def _kill(name: str) -> Callable[[Ctx], Notes]:
     return inject
 
 
+def _kill_jobs_worker(ctx: Ctx, wait_s: float = 5.0) -> Notes:
+    """kill -9 the jobs worker while it runs a job (waiting a little for the client to see one running)."""
+    deadline = time.monotonic() + wait_s
+    running: list[Any] = []
+    while time.monotonic() < deadline:
+        running = [o for o in list(ctx.traffic.outcomes) if o.kind == "batch" and o.status == "pending"
+                   and o.job_state == "running"]
+        if running:
+            break
+        time.sleep(0.05)
+    notes = _kill("jobs-worker")(ctx)
+    notes["jobs_running"] = len(running)
+    return notes
+
+
 def _restart(ctx: Ctx, notes: Notes) -> None:
     ctx.platform.restart(notes["process"], timeout_s=120)
 
@@ -195,7 +210,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("cache-kill", "kill -9 the response cache, restart it", _kill("cache"), _restart),
     Scenario("embedder-kill", "kill -9 the embedder, restart it", _kill("embedder"), _restart),
     Scenario("jobs-worker-kill", "kill -9 the Celery jobs worker (deferred P2 jobs), restart it",
-             _kill("jobs-worker"), _restart),
+             _kill_jobs_worker, _restart),
     Scenario("redis-restart", "stop Redis (SIGTERM), keep it down, start it again (append-only file)",
              _stop_redis, _start_redis),
     Scenario("worker-freeze", "SIGSTOP the busiest worker's engine, SIGCONT it later", _freeze_worker,

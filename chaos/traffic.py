@@ -105,6 +105,8 @@ class Outcome:
     cache: str = ""  # cached: what the response cache did (hit / miss / error...)
     degraded: str = ""  # X-Goodput-Degraded
     detail: str = ""
+    job_state: str = ""  # batch: the job's state at the last poll
+    attempts: int = 0  # batch: the job's attempts when it ended
 
     @property
     def latency(self) -> float | None:
@@ -115,7 +117,7 @@ class Outcome:
                 "latency_s": None if self.latency is None else round(self.latency, 4), "gateway": self.gateway,
                 "http_status": self.http_status, "failovers": self.failovers, "resumed": self.resumed,
                 "ttft_s": None if self.ttft is None else round(self.ttft, 4), "cache": self.cache,
-                "degraded": self.degraded, "detail": self.detail[:300]}
+                "degraded": self.degraded, "detail": self.detail[:300], "attempts": self.attempts}
 
 
 class _Done(Exception):
@@ -416,6 +418,7 @@ class Traffic:
                 continue  # e.g. 503 while Redis restarts: the job's state is not known yet
             job = r.json()
             state = job.get("status")
+            o.job_state, o.attempts = str(state), int(job.get("attempts") or 0)
             if state == "completed":
                 if not (job.get("response") or {}).get("choices"):
                     self._end(o, "lost", "truncated", f"{job_id}: completed without a response")
