@@ -2,7 +2,8 @@
 on the simulated engine serves, and the gateway's lease client reaches the leader through a channel that follows it
 (client-side gRPC health checking over both addresses). Killing the leader with SIGKILL mid-traffic: the standby
 leads within the lease's time to live, the leases the gateway holds are attached there (the new leader's counts are
-right: the worker's cap still holds), the admission that was waiting is admitted again and granted, nothing is lost.
+right: the worker's cap still holds), the admission that was waiting is admitted again and granted, one that arrives
+while no replica leads waits for the next leader, and nothing is lost.
 Stopping a leader with SIGTERM (a rolling update) hands over at once."""
 
 from __future__ import annotations
@@ -90,16 +91,19 @@ async def test_the_standby_takes_over_and_nothing_is_lost(service_processes, red
         # SIGKILL the leader: no goodbye, its Redis lock lapses after its TTL
         killed_at = time.monotonic()
         procs[first].kill()
+        # a request that arrives while no replica leads yet waits for the next leader instead of failing
+        arriving = asyncio.ensure_future(leases.acquire("n", admit, timeout_s=60))
         await until(lambda: leading(ports[1 - first]), "the standby leads")
         await until(lambda: _equals(held_on_worker(), 2), "the held leases are attached at the new leader")
         failover_s = time.monotonic() - killed_at
         assert failover_s < 5.0, f"failover took {failover_s:.1f} s"
         assert not waiting.done()  # still waiting: the cap holds at the new leader too
         await leases.release("a", scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_OK))
-        granted = await asyncio.wait_for(waiting, 10)
-        assert granted.address == worker
         await leases.release("b", scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_OK))
+        assert (await asyncio.wait_for(waiting, 10)).address == worker
+        assert (await asyncio.wait_for(arriving, 10)).address == worker
         await leases.release("w", scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_OK))
+        await leases.release("n", scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_OK))
         await until(lambda: _equals(held_on_worker(), 0), "every lease released")
 
         # the killed replica comes back as a standby; SIGTERM on the leader (a rolling update) hands over at once

@@ -149,6 +149,9 @@ class LeaseStream:
         self._held: dict[str, _Held] = {}
         self._closed = False
         self._reattacher: asyncio.Task[None] | None = None
+        # until when a failover is waited out: a stream that a scheduler had answered on broke (new admissions then
+        # wait for the next leader too, instead of failing while none is elected yet)
+        self._failover_until = 0.0
         self.failovers = 0  # streams that broke with leases on them (a metric)
 
     def _open(self) -> _Stream:
@@ -160,6 +163,8 @@ class LeaseStream:
     def _broken(self, stream: _Stream) -> None:
         """A stream broke: the leases it held are attached to a new one (in the background, while no replica leads
         yet), before new work needs it."""
+        if stream.answered:
+            self._failover_until = asyncio.get_running_loop().time() + FAILOVER_WINDOW_S
         if self._closed or not any(held.stream is stream for held in self._held.values()):
             return
         if self._reattacher is None or self._reattacher.done():
@@ -216,7 +221,8 @@ class LeaseStream:
                 raise DeadlineExceeded("the request's deadline passed while it waited for a worker") from None
             except _Broken as broken:  # a failover: admitted again at the new leader while its deadline allows
                 if failover_until is None:
-                    if not broken.answered:  # no scheduler ever answered on that stream: it is absent, not failing over
+                    # no scheduler ever answered on that stream, and none failed over lately: it is absent
+                    if not broken.answered and loop.time() >= self._failover_until:
                         raise broken.err from None
                     failover_until = loop.time() + FAILOVER_WINDOW_S
                 if min(deadline, failover_until) - loop.time() <= backoff:
@@ -232,6 +238,7 @@ class LeaseStream:
                               code=e.code or None, param=e.param or None,
                               retry_after_s=e.retry_after_s if e.retry_after_s > 0 else None)
         self._held[lease_id] = _Held(stream=stream, admit=admit, worker_id=event.granted.worker_id)
+        self._failover_until = 0.0  # a leader answers again
         return event.granted
 
     @staticmethod
