@@ -3,11 +3,12 @@ it still answers health checks must stop receiving work.
 
 The servicer tells :class:`Progress` when a generation starts and ends and when any of them produces output from
 the engine (a token, the end; not ``Started``, which the worker answers before the engine sees the request: new
-requests still arriving at a hung engine must not pass for its progress). While generations are running and none has made progress for ``stall_after_s``, the worker
-is *stalled*: the watchdog turns its health NOT_SERVING (the scheduler ejects it at its next check and places
-nothing there; in a cluster the readiness probe takes it out of its Service, so the EndpointSlice watch drains it),
-logs it and sets ``goodput_worker_stalled``; ``GetLoad`` reports the seconds without progress
-(``WorkerLoad.stalled_s``). When a token comes again it turns SERVING. Idle is not stalled.
+requests still arriving at a hung engine must not pass for its progress). While generations are running and none
+has made progress for ``stall_after_s``, the worker is *stalled*: the watchdog turns its health NOT_SERVING (the
+scheduler ejects it at its next check and places nothing there; in a cluster the readiness probe takes it out of its
+Service, so the EndpointSlice watch drains it), logs it and sets ``goodput_worker_stalled``; ``GetLoad`` reports the
+seconds without progress (``WorkerLoad.stalled_s``). When a token comes again it turns SERVING. Idle is not
+stalled.
 
     >>> t = [0.0]
     >>> p = Progress(stall_after_s=10.0, now=lambda: t[0])
