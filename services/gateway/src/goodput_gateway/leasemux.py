@@ -123,6 +123,8 @@ class _Stream:
                 released.set_result(None)
         self.waiting.clear()
         self.releasing.clear()
+        self.out.put_nowait(_CLOSE)  # ends the request generator, so grpc's task consuming it is not left pending
+        self.call.cancel()
         self._on_broken(self)
 
     def close(self) -> None:

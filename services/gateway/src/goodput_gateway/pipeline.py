@@ -236,7 +236,11 @@ class Pipeline:
     async def _fetch_models(self) -> list[ModelEntry]:
         try:
             async with self.breaker.guard():
-                resp = await self.scheduler.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)
+                # a refresh behind a known list (no request waits for it) waits out a scheduler failover (no replica
+                # leads for a few seconds) instead of failing at once and opening the scheduler's breaker; the first
+                # fetch, which a request waits for, fails fast
+                resp = await self.scheduler.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5,
+                                                        wait_for_ready=bool(self._models[1]))
         except grpc.RpcError as err:
             raise Unavailable(f"scheduler unavailable: {err.details() if hasattr(err, 'details') else err}") \
                 from None
