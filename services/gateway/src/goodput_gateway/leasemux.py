@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
+from opentelemetry import propagate
 
 from goodput_core.errors import DeadlineExceeded, GoodputError, Unavailable, from_rpc_error, from_status
 
@@ -211,7 +212,9 @@ class LeaseStream:
             waiter: asyncio.Future[scheduler_pb2.LeaseMuxEvent] = loop.create_future()
             stream.waiting[lease_id] = waiter
             left = max(deadline - loop.time(), 0.001)
-            stream.send(_Request(lease_id=lease_id, admit=admit, timeout_s=left))
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)  # the request's trace continues at the scheduler, stream shared or not
+            stream.send(_Request(lease_id=lease_id, admit=admit, timeout_s=left, trace_context=carrier))
             try:
                 event = await asyncio.wait_for(waiter, timeout=left)
                 break

@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 from goodput.scheduler.v1 import scheduler_pb2
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Status, StatusCode
 
 from goodput_core.context import request_context
 from goodput_core.errors import GoodputError, Internal, InvalidArgument
@@ -31,6 +33,8 @@ from goodput_scheduler.queues import Ticket
 __all__ = ["LeaseMux", "error_event"]
 
 log = logging.getLogger("goodput.scheduler.mux")
+_tracer = trace.get_tracer("goodput.scheduler")
+_EMPTY: Mapping[str, str] = {}
 
 Event = scheduler_pb2.LeaseMuxEvent
 
@@ -48,6 +52,7 @@ class _Open:
     waiter: asyncio.Task[None] | None = None
     tenant: str = ""
     done: bool = field(default=False)
+    span: trace.Span | None = None  # the admission, in the request's trace (ended at the grant or the refusal)
 
 
 class LeaseMux:
@@ -73,7 +78,7 @@ class LeaseMux:
                                                                   "256 characters)", param="lease_id")))
             return
         if kind == "admit":
-            self._admit(lease_id, msg.admit, msg.timeout_s)
+            self._admit(lease_id, msg.admit, msg.timeout_s, msg.trace_context)
             return
         if kind == "attach":
             self._attach(lease_id, msg.attach)
@@ -91,7 +96,8 @@ class LeaseMux:
             elif kind == "cancel":
                 self._finish(lease_id, entry, scheduler_pb2.OUTCOME_CANCELLED)
 
-    def _admit(self, lease_id: str, a: scheduler_pb2.Admit, timeout_s: float) -> None:
+    def _admit(self, lease_id: str, a: scheduler_pb2.Admit, timeout_s: float,
+               trace_context: Mapping[str, str] = _EMPTY) -> None:
         if lease_id in self._open:
             self.emit(error_event(lease_id, InvalidArgument(f"lease {lease_id!r} is already open on this stream",
                                                             param="lease_id")))
@@ -113,7 +119,11 @@ class LeaseMux:
             except GoodputError as err:
                 self.emit(error_event(lease_id, err))
                 return
-            entry = _Open(ticket=ticket, tenant=a.tenant)
+            entry = _Open(ticket=ticket, tenant=a.tenant,
+                          span=_tracer.start_span("goodput.scheduler.Lease",
+                                                  context=propagate.extract(dict(trace_context)),
+                                                  attributes={"goodput.lease_id": lease_id,
+                                                              "goodput.priority": int(a.priority)}))
             self._open[lease_id] = entry
             if not ticket.done:
                 self.emit(Event(lease_id=lease_id, queued=scheduler_pb2.Queued(
@@ -150,8 +160,10 @@ class LeaseMux:
         except GoodputError as err:
             self._open.pop(lease_id, None)
             self.emit(error_event(lease_id, err))
+            _end(entry, error=err.message)
             return
         except asyncio.CancelledError:
+            _end(entry, error="cancelled")
             raise
         except Exception as exc:  # never leave the caller waiting on a lease that will not come
             log.exception("lease wait failed")
@@ -159,6 +171,9 @@ class LeaseMux:
             self.emit(error_event(lease_id, Internal(f"the scheduler failed to place the request: {exc}")))
             return
         entry.lease = lease
+        if entry.span is not None:
+            entry.span.set_attribute("goodput.worker", lease.worker.worker_id)
+        _end(entry)
         self.emit(Event(lease_id=lease_id, granted=scheduler_pb2.Granted(
             worker_id=lease.worker.worker_id, address=lease.worker.address, reason=lease.reason,
             queue_wait_s=lease.queue_wait_s)))
@@ -183,6 +198,15 @@ class LeaseMux:
             log.info("lease stream closed with leases open: released as abandoned", extra={"leases": len(self._open)})
         for lease_id, entry in list(self._open.items()):
             self._finish(lease_id, entry, scheduler_pb2.OUTCOME_ABANDONED, emit=False)
+
+
+def _end(entry: _Open, *, error: str = "") -> None:
+    if entry.span is None:
+        return
+    if error:
+        entry.span.set_status(Status(StatusCode.ERROR, error))
+    entry.span.end()
+    entry.span = None
 
 
 async def serve(mux: LeaseMux, requests: AsyncIterator[scheduler_pb2.LeaseMuxRequest],

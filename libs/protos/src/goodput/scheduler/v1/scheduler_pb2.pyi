@@ -77,7 +77,14 @@ class Release(_message.Message):
     def __init__(self, outcome: _Optional[_Union[Outcome, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ...) -> None: ...
 
 class LeaseMuxRequest(_message.Message):
-    __slots__ = ("lease_id", "admit", "first_token", "release", "cancel", "attach", "timeout_s")
+    __slots__ = ("lease_id", "admit", "first_token", "release", "cancel", "attach", "timeout_s", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     ADMIT_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +92,7 @@ class LeaseMuxRequest(_message.Message):
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     ATTACH_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     admit: Admit
     first_token: FirstToken
@@ -92,7 +100,8 @@ class LeaseMuxRequest(_message.Message):
     cancel: Cancel
     attach: Attach
     timeout_s: float
-    def __init__(self, lease_id: _Optional[str] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., attach: _Optional[_Union[Attach, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, lease_id: _Optional[str] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., attach: _Optional[_Union[Attach, _Mapping]] = ..., timeout_s: _Optional[float] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Attach(_message.Message):
     __slots__ = ("admit", "worker_id", "first_token_seen")
