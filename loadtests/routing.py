@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -384,7 +385,8 @@ async def run_config(name: str, layout: list[WorkerSpec], *, scheduler: dict[str
           f"{time.monotonic() - started:.0f} s", flush=True)
     return {"rows": rows, "kinds": kinds, "busy_s": busy, "lease_caps": caps, "warmup_ok": warm,
             "speed_after_warmup": learned,
-            "speed_at_end": {labels.get(w.address, w.address): _speed(w) for w in final}, "wall_s": wall}
+            "speed_at_end": {labels.get(w.address, w.address): _speed(w) for w in final}, "wall_s": wall,
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None}
 
 
 # ---- analysis ------------------------------------------------------------------------------------------------------
@@ -581,7 +583,8 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
             run = await run_config(name, layout, scheduler=env, plan=plan, router="sim-7b", args=args, sim=sim,
                                    port=args.base_port)
             stats = analyse_placement(run["rows"], run["kinds"])
-            stats.update({k: run[k] for k in ("speed_after_warmup", "speed_at_end", "warmup_ok", "wall_s")})
+            stats.update({k: run[k] for k in ("speed_after_warmup", "speed_at_end", "warmup_ok", "wall_s",
+                                              "loadavg_end")})
             part["configs"][name] = stats
             print(f"  TTFT p50 {stats['ttft']['p50_ms'] or 0:.0f} p99 {stats['ttft']['p99_ms'] or 0:.0f} ms, e2e p50 "
                   f"{stats['e2e']['p50_ms'] or 0:.0f} p99 {stats['e2e']['p99_ms'] or 0:.0f} ms, share "
@@ -613,7 +616,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
             stats = analyse_auto(run["rows"], layout=layout, lease_caps=run["lease_caps"], busy_s=run["busy_s"],
                                  slo=SLO_B, time_scale=args.time_scale)
             stats.update({k: run[k] for k in ("speed_after_warmup", "speed_at_end", "warmup_ok", "wall_s",
-                                              "lease_caps")})
+                                              "lease_caps", "loadavg_end")})
             part["configs"][name] = stats
             print(f"  cost {stats['cost']['batch_share']:.4f} (busy {stats['cost']['busy'] or 0:.4f}), SLO "
                   + ", ".join(f"{c} {v['slo_attainment'] or 0:.0%}" for c, v in stats["classes"].items())
@@ -669,6 +672,8 @@ def _pct(v: float | None) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     s, m = report["setup"], report["machine"]
     ts = s["sim"]["time_scale"]
+    loads = ", ".join(f"{name} {c['loadavg_end'][0]:g}" for part in ("placement", "auto")
+                      for name, c in report.get(part, {}).get("configs", {}).items() if c.get("loadavg_end"))
     smoke = (f" --smoke (a smoke run: too short to read numbers into; every max_tokens below x{s.get('out_scale')})"
              if report.get("smoke") else "")
     lines = [
@@ -679,7 +684,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"engine** (`goodput_inference.sim_engine`; no model runs, every worker its own `SimParams`), simulated time "
         f"x{ts:g}: every latency below is wall-clock, so x{ts:g} the simulated GPU's; real scheduler and worker "
         f"processes over gRPC on {m.get('cores_usable')} CPU cores ({cpu_label(m)}; load average at start "
-        f"{' / '.join(str(x) for x in m.get('loadavg_1_5_15', []))}, other work shared the cores). The client does "
+        f"{' / '.join(str(x) for x in m.get('loadavg_1_5_15', []))}, at the end of each configuration "
+        f"{loads or '—'}; other work shared the cores). The client does "
         "what the gateway does: lease, stream from the granted worker, release with the request's tokens (from which "
         "the scheduler learns each worker's speed).",
         "",
@@ -783,10 +789,12 @@ def _speeds_md(part: dict[str, Any], ts: float) -> list[str]:
         markdown_table(["", "worker", "prefill ms/token", "TPOT base ms", "TPOT ms per sequence",
                         "leases learned from"], rows),
         "",
-        "The learned prefill rate has no per-request intercept: the fixed part of a TTFT (the engine step already "
-        "under way when the request arrives, the RPCs) is divided by the prompt's tokens, so short prompts teach a "
-        "higher rate than the engine's, which then over-predicts long prompts. The learned slope per sequence also "
-        "takes in the other requests' prefill chunks that share the decode steps, which grow with the batch.",
+        "How the learned numbers can differ from the engine's (compare the rows): the prefill rate has no "
+        "per-request intercept, so the fixed part of a TTFT (the engine step already under way when the request "
+        "arrives, the RPCs) is spread over the prompt's tokens and the rate comes out above the engine's, most after "
+        "short prompts; the TPOT line is fitted against the leases held, and the other requests' prefill chunks that "
+        "share the decode steps grow with the batch too, so the fitted slope can be steeper and the base lower than "
+        "the engine's: right where the batches were, too fast when extrapolated to a nearly empty worker.",
         "",
     ]
 
@@ -876,7 +884,9 @@ def _auto_md(part: dict[str, Any], ts: float) -> list[str]:
         "Its TTFT in two parts: the queue wait it added (the recent mean of the grants' queue waits for the model "
         "and class, `QueueWaits`) against the request's own, and the time from the grant to the first token against "
         "the rest of the prediction (the worker's learned speed applied to its batch and to the prompt tokens "
-        "still prefilling there, as the snapshot said):",
+        "still prefilling there, as the snapshot said). The second part is predicted as prefill rate x (pending + "
+        "prompt tokens) + one TPOT: the pending tokens are those of a snapshot up to 2 s old, often prefilled by the "
+        "time the request is granted, and the TPOT adds a decode step on top of the step that finishes the prefill.",
         "",
         markdown_table(["model", "queue wait added p50 / p95 ms", "actual queue wait p50 / p95 ms",
                         "grant -> first token: median abs error", "bias", "pending prefill tokens p50 / p90"],
