@@ -62,6 +62,7 @@ class RequestSpec:
     max_tokens: int
     deadline_s: float  # per attempt, like the gateway's request timeout
     prefix_chars: int = 512  # how much of the prompt goes to the scheduler as the prefix hint (the gateway's cut)
+    session_id: str = ""  # the conversation it belongs to (Admit.session_id: session affinity); empty = none
     retry_shed: bool = False  # park and retry when shed (deferred P2 work)
     send_priority: bool = True  # False: the worker sees no priority (a FIFO baseline)
     give_up_after_s: float = 3600.0
@@ -78,6 +79,8 @@ class Result:
     attempts: int = 0
     sheds: int = 0
     retry_after_s: list[float] = field(default_factory=list)
+    deltas: list[tuple[float, int]] = field(default_factory=list)  # per Delta: (s from arrival, tokens so far)
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache served (its Finished usage)
     queue_wait_s: float = 0.0
     worker: str = ""
     reason: str = ""
@@ -139,7 +142,7 @@ class LeaseClient:
         admit = scheduler_pb2.Admit(request_id=f"{spec.request_id}.{result.attempts}", tenant=spec.tenant,
                                     priority=prio, model=spec.model,  # type: ignore[arg-type]
                                     prompt_tokens_estimate=len(spec.prompt) // 4, max_tokens=spec.max_tokens,
-                                    prefix_hint=spec.prompt[:spec.prefix_chars])
+                                    prefix_hint=spec.prompt[:spec.prefix_chars], session_id=spec.session_id)
         try:
             await call.write(scheduler_pb2.LeaseRequest(admit=admit))
             while True:
@@ -171,6 +174,8 @@ class LeaseClient:
                 priority=prio if spec.send_priority else types_pb2.PRIORITY_UNSPECIFIED,  # type: ignore[arg-type]
                 sampling=types_pb2.SamplingParams(max_tokens=spec.max_tokens))
             async for chunk in self._worker(event.granted.address).Generate(gen, timeout=spec.deadline_s):
+                if chunk.HasField("delta"):
+                    result.deltas.append((time.monotonic() - result.arrival, chunk.delta.completion_tokens))
                 if chunk.HasField("delta") and result.ttft_s is None:
                     result.ttft_s = time.monotonic() - result.arrival
                     # as the gateway does: the scheduler's prefill gate and latency guard act on it
@@ -181,6 +186,7 @@ class LeaseClient:
                         pass  # advisory; the release below settles the lease
                 elif chunk.HasField("finished"):
                     result.e2e_s = time.monotonic() - result.arrival
+                    result.cached_tokens = chunk.finished.usage.cached_tokens
                     result.prompt_tokens = chunk.finished.usage.prompt_tokens
                     result.completion_tokens = chunk.finished.usage.completion_tokens
             outcome = scheduler_pb2.OUTCOME_OK

@@ -1,0 +1,274 @@
+"""Stair-step concurrency: closed-loop P0 streams added in steps (1 -> 256 on the simulated fleet), each step held
+for ``--step-s``; per step TTFT and TPOT p50/p95/p99, the share within the P0 SLO, goodput (requests and output
+tokens within the SLO per second) and the **knee**: the largest concurrency whose step still meets the P0 SLO
+(at least ``--attainment`` of its requests within both TTFT and TPOT, and every step below it too).
+
+A stream sends a request, waits for its last token and sends the next (no think time), so the concurrency is the
+number of requests in the system. Every prompt is unique (no prefix-cache hits), ``--prompt-tokens`` long, with
+``--max-tokens`` output tokens. Streams are added at the start of each step and never removed; a step's requests are
+those that arrive in it after ``--settle-s`` (the ramp's transient), whenever they finish.
+
+    python -m loadtests.stairstep --out loadtests/reports/stairstep-sim      # 4 simulated workers, ~10 min
+    python -m loadtests.stairstep --engine vllm --out loadtests/reports/stairstep-vllm   # 1 CPU worker, ~5 min
+    python -m loadtests.stairstep --smoke          # 2 simulated workers, 2 short steps (the test)
+    python -m loadtests.stairstep --render loadtests/reports/stairstep-sim.json   # re-render report + plot
+
+A benchmark reports numbers; it does not fail on a missed goal (only when nothing could be served).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from loadtests.common import machine_info, markdown_table, produce, pyplot, summarize
+from loadtests.simfleet import LeaseClient, RequestSpec, Result
+from loadtests.suite import (
+    LOGS,
+    Slo,
+    add_common_args,
+    closed_loop,
+    describe_run,
+    engine_for,
+    finish_args,
+    fleet,
+    fmt,
+    latency_stats,
+    p0_slo,
+    pct,
+    prompt_of,
+    samples,
+    save_figure,
+    worker_info,
+)
+
+NAME = "stairstep"
+PRESETS: dict[str, dict[str, Any]] = {
+    "sim": {"workers": 4, "max_num_seqs": 128, "max_model_len": 4096, "max_batched_tokens": 2048,
+            "stream_every": 16,
+            "steps": "1,2,4,8,16,32,64,96,128,160,192,224,256", "step_s": 40.0, "settle_s": 12.0,
+            "prompt_tokens": 1024, "max_tokens": 64},
+    "vllm": {"workers": 1, "max_num_seqs": 8, "max_model_len": 2048, "max_batched_tokens": 0, "stream_every": 1,
+             "steps": "1,2,4,8,16,24,32", "step_s": 40.0, "settle_s": 15.0, "prompt_tokens": 256, "max_tokens": 32},
+    "smoke": {"workers": 2, "max_num_seqs": 8, "max_model_len": 2048, "stream_every": 8, "steps": "1,4", "step_s": 3.0,
+              "settle_s": 0.5, "prompt_tokens": 256, "max_tokens": 16, "time_scale": 1.0},
+}
+
+
+def knee(steps: list[dict[str, Any]], target: float) -> int | None:
+    """The largest concurrency before the first step under ``target`` attainment (None: the first step misses).
+
+    >>> knee([{"concurrency": 1, "attainment": 1.0}, {"concurrency": 8, "attainment": 0.99},
+    ...       {"concurrency": 16, "attainment": 0.5}, {"concurrency": 32, "attainment": 1.0}], 0.99)
+    8
+    """
+    out = None
+    for st in steps:
+        if st["attainment"] is None or st["attainment"] < target:
+            break
+        out = st["concurrency"]
+    return out
+
+
+def analyse_steps(results: list[Result], windows: list[tuple[int, float, float]], slo: Slo,
+                  scale: float) -> list[dict[str, Any]]:
+    """Per step (concurrency, window start, end on the wall clock): the requests that arrived in the window."""
+    out = []
+    for c, t0, t1 in windows:
+        rs = [r for r in results if t0 <= r.arrival < t1]
+        stats = latency_stats(samples(rs, scale), slo, window_s=(t1 - t0) / scale, offered=len(rs))
+        waits = [r.queue_wait_s / scale for r in rs if r.outcome == "ok"]
+        # requests in the system on average over the window (all of them, whenever they arrived): below the step's
+        # streams when the client, starved of CPU, sends the next request late
+        inflight = sum(max(0.0, min(r.arrival + r.e2e_s, t1) - max(r.arrival, t0))
+                       for r in results if r.e2e_s is not None) / (t1 - t0)
+        per_worker = {}
+        for w in sorted({r.worker for r in rs if r.outcome == "ok"}):
+            mine = samples([r for r in rs if r.worker == w], scale)
+            per_worker[w] = {"n": len(mine),
+                             "tpot_p50_ms": summarize([x.tpot_s for x in mine if x.tpot_s is not None])["p50_ms"]}
+        out.append({"concurrency": c, **stats, "failed": sum(1 for r in rs if r.outcome != "ok"),
+                    "in_flight_mean": inflight, "per_worker": per_worker,
+                    "queue_wait": summarize(waits),
+                    "errors": sorted({(r.error or r.outcome)[:120] for r in rs if r.outcome != "ok"})[:5]})
+    return out
+
+
+async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    engine = engine_for(args, max_batched_tokens=args.max_batched_tokens, stream_every=args.stream_every)
+    slo = p0_slo(args.engine)
+    steps = [int(x) for x in args.steps.split(",")]
+    report: dict[str, Any] = {
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "benchmark": NAME, "machine": machine_info(), "engine": engine.describe(), "slo": asdict(slo),
+        "setup": {"steps": steps, "step_s_wall": args.step_s, "settle_s_wall": args.settle_s,
+                  "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
+                  "attainment_target": args.attainment, "seed": args.seed},
+    }
+    results: list[Result] = []
+    windows: list[tuple[int, float, float]] = []
+    stop_at = [float("inf")]
+
+    def stream(sid: int) -> Any:
+        rng = random.Random(f"{args.seed}-{sid}")
+
+        def make(i: int) -> RequestSpec:
+            # the head makes every prompt's first block unique: no prefix-cache hit anywhere
+            return RequestSpec(request_id=f"s{sid}-{i}", priority="P0", tenant="stairstep",
+                               prompt=prompt_of(rng, args.prompt_tokens, engine, head=f"stream {sid} request {i}: "),
+                               max_tokens=args.max_tokens, deadline_s=300.0)
+
+        return closed_loop(client, make, until=lambda: time.monotonic() >= stop_at[0], sink=results)
+
+    async with fleet(engine, base_port=args.base_port, logdir=LOGS / NAME) as f:
+        report["workers"] = await worker_info(f)
+        client = LeaseClient(f.scheduler_addr, rng=random.Random(args.seed))
+        warm = [RequestSpec(f"warm-{i}", "P0", "warm", prompt_of(random.Random(i), 64, engine), 4, 300.0)
+                for i in range(2 * engine.workers)]
+        await asyncio.gather(*(client.run(s) for s in warm))  # connections open, engines warm; not measured
+        tasks: list[asyncio.Task[None]] = []
+        for c in steps:
+            begin = time.monotonic()
+            while len(tasks) < c:
+                tasks.append(asyncio.create_task(stream(len(tasks))))
+            await asyncio.sleep(args.step_s)
+            windows.append((c, begin + args.settle_s, begin + args.step_s))
+            done = [r for r in results if begin + args.settle_s <= r.arrival]
+            ttft = summarize([s.ttft_s for s in samples(done, engine.scale)])
+            print(f"[{c} streams] {len(done)} finished so far, TTFT p99 {ttft['p99_ms'] or 0:.0f} ms", flush=True)
+        stop_at[0] = time.monotonic()
+        await asyncio.wait(tasks, timeout=args.drain_timeout_s)
+        await client.close()
+    report["steps"] = analyse_steps(results, windows, slo, engine.scale)
+    report["knee"] = knee(report["steps"], args.attainment)
+    return report
+
+
+# ---- report ----------------------------------------------------------------------------------------------------
+
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    s, steps = report["setup"], report["steps"]
+    k = report["knee"]
+    after = next((st for st in steps if k is None or st["concurrency"] > k), None)
+    if k is None:
+        verdict = f"**no knee**: already the first step ({steps[0]['concurrency']} stream) misses the P0 SLO"
+    elif after is None:
+        verdict = f"**≥ {k} streams**: every step met the P0 SLO (the knee lies beyond the last step)"
+    else:
+        verdict = (f"**{k} streams**; at {after['concurrency']} only {pct(after['attainment'], '{:.1f}%')} "
+                   f"of the requests met the P0 SLO (TTFT p99 {fmt(after['ttft']['p99_ms'])} ms, TPOT p99 "
+                   f"{fmt(after['tpot']['p99_ms'])} ms)")
+    best = max(steps, key=lambda st: st["goodput_rps"] or 0)
+    rows = [[st["concurrency"], fmt(st.get("in_flight_mean"), "{:.1f}"), st["offered"], st["failed"],
+             fmt(st["ttft"]["p50_ms"]), fmt(st["ttft"]["p95_ms"]), fmt(st["ttft"]["p99_ms"]),
+             fmt(st["tpot"]["p50_ms"], "{:.1f}"), fmt(st["tpot"]["p95_ms"], "{:.1f}"),
+             fmt(st["tpot"]["p99_ms"], "{:.1f}"), fmt(st["queue_wait"]["p99_ms"]), pct(st["attainment"], "{:.1f}%"),
+             fmt(st["goodput_rps"], "{:.2f}"), fmt(st["goodput_tokens_per_s"]), fmt(st["output_tokens_per_s"])]
+            for st in steps]
+    lines = [
+        "# Stair-step concurrency",
+        "",
+        describe_run(report),
+        "",
+        f"- Closed-loop P0 streams (no think time), unique prompts of ~{s['prompt_tokens']} tokens (no prefix-cache "
+        f"hits), {s['max_tokens']} output tokens; steps of {', '.join(str(c) for c in s['steps'])} streams, each "
+        f"held {s['step_s_wall']:g} s (wall); a step's requests are those arriving after its first "
+        f"{s['settle_s_wall']:g} s. The scheduler runs its defaults.",
+        f"- A step *meets the SLO* when ≥ {s['attainment_target'] * 100:g}% of its requests meet both TTFT and TPOT "
+        "(TPOT: first to last token / (tokens - 1)). *Goodput*: requests (and their output tokens) within the SLO "
+        "per second.",
+        "",
+        f"**Knee** (the largest concurrency that still meets the P0 SLO, every step below it too): {verdict}. "
+        f"Goodput peaks at {best['concurrency']} streams: {fmt(best['goodput_rps'], '{:.2f}')} req/s, "
+        f"{fmt(best['goodput_tokens_per_s'])} output tokens/s within the SLO.",
+        "",
+        markdown_table(["streams", "in flight", "requests", "failed", "TTFT p50 ms", "p95", "p99", "TPOT p50 ms",
+                        "p95", "p99", "queue wait p99 ms", "within SLO", "goodput req/s", "goodput tok/s",
+                        "output tok/s"], rows),
+        "",
+    ]
+    errors = [f"- {st['concurrency']} streams: {'; '.join(st['errors'])}" for st in steps if st["errors"]]
+    if errors:
+        lines += ["Requests not served:", "", *errors, ""]
+    lines += [
+        "## Reading it",
+        "",
+        "- Below the knee every stream's request is in a running batch at once: TTFT is a prefill, TPOT one engine "
+        "step, and both grow with the batch (each sequence adds its KV reads to a step, and every new prompt's "
+        "prefill shares the steps of everyone decoding). Past the knee the step time (TPOT) or the wait for a slot "
+        "(queue wait, TTFT) leaves the SLO; throughput still grows for a while, goodput does not.",
+        "- *Queue wait* is the time a request waited in the scheduler for a lease (every worker at its "
+        "`max_num_seqs`). *In flight*: the requests in the system on average over the step's window; below the "
+        "step's streams by more than a little, the client (sharing the CPU cores with the fleet) sent its next "
+        "requests late, and the step measured less load than its name says.",
+        f"- The plot `{NAME}-{report['engine']['engine']}.png` shows TTFT and TPOT percentiles and goodput against "
+        "concurrency, the SLO and the knee marked.",
+    ]
+    return "\n".join(lines)
+
+
+def render_plot(report: dict[str, Any], path: Path) -> Path | None:
+    plt = pyplot()
+    if plt is None:
+        return None
+    steps, slo, k = report["steps"], report["slo"], report["knee"]
+    labels = [st["concurrency"] for st in steps]
+    xs = list(range(len(steps)))  # one slot per step, labelled with its streams
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
+    for ax, key, limit, title in ((axes[0], "ttft", slo["ttft_s"], "TTFT"), (axes[1], "tpot", slo["tpot_s"], "TPOT")):
+        for q, style in (("p50", "-"), ("p95", "--"), ("p99", ":")):
+            ax.plot(xs, [st[key][f"{q}_ms"] for st in steps], style, marker="o", markersize=3, label=q)
+        ax.axhline(limit * 1000, color="red", linewidth=1, label="P0 SLO")
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{title} (ms, log)")
+        ax.set_title(f"{title} percentiles")
+    axes[2].plot(xs, [st["goodput_rps"] for st in steps], marker="o", color="tab:green", label="goodput")
+    axes[2].plot(xs, [st["throughput_rps"] for st in steps], marker=".", color="grey", linestyle="--",
+                 label="throughput")
+    axes[2].set_ylabel("requests/s")
+    axes[2].set_title("goodput (within the P0 SLO)")
+    for ax in axes:
+        if k is not None:
+            ax.axvline(labels.index(k), color="tab:purple", linestyle="-.", linewidth=1, label=f"knee: {k}")
+        ax.set_xticks(xs, [str(x) for x in labels], fontsize=7)
+        ax.set_xlabel("concurrent streams")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return save_figure(plt, fig, path, report, "Stair-step concurrency")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog=f"python -m loadtests.{NAME}", description=__doc__.split("\n\n")[0])
+    add_common_args(ap, name=NAME, base_port=31000)
+    ap.add_argument("--max-batched-tokens", type=int, default=None,
+                    help="the engine's token budget per step (sim 2048; vllm 0 = its default)")
+    ap.add_argument("--steps", default=None, help="concurrency steps, comma-separated")
+    ap.add_argument("--step-s", type=float, default=None, help="wall-clock seconds per step")
+    ap.add_argument("--settle-s", type=float, default=None, help="wall-clock seconds of each step not measured")
+    ap.add_argument("--prompt-tokens", type=int, default=None)
+    ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--stream-every", type=int, default=None,
+                    help="sim: the worker streams every this many tokens (sim 16: fewer messages for 2 cores)")
+    ap.add_argument("--attainment", type=float, default=0.99, help="share within the SLO for a step to meet it")
+    ap.add_argument("--drain-timeout-s", type=float, default=300.0)
+    return finish_args(ap.parse_args(argv), name=NAME, presets=PRESETS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = produce(args, benchmark, render_markdown, render_plot)
+    print(f"  knee: {report['knee']} streams")
+    return 0 if any(st["served"] for st in report["steps"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
