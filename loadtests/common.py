@@ -15,6 +15,8 @@ import asyncio
 import json
 import os
 import platform
+import random
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timezone
@@ -25,11 +27,40 @@ from typing import Any
 from goodput_core.cpu import cpu_info
 
 __all__ = [
-    "PERCENTILES", "bootstrap_diff_ci", "cpu_label", "fmt_ms", "machine_info", "markdown_table", "package_versions",
-    "percentile", "produce", "pyplot", "summarize", "write_report",
+    "PERCENTILES", "bootstrap_diff_ci", "cpu_label", "fmt_ms", "free_port_block", "machine_info", "markdown_table",
+    "package_versions", "percentile", "produce", "pyplot", "summarize", "write_report",
 ]
 
 PERCENTILES = (50, 95, 99)
+
+# Below Linux's ephemeral range (32768-60999): an outgoing connection of another process never holds these.
+PORT_RANGE = (20000, 32700)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(span: int = 100, *, rng: random.Random | None = None, tries: int = 200) -> int:
+    """The first of ``span`` consecutive ports that are free now, below the ephemeral range: the base port for a
+    benchmark's fleet (the scheduler at the base, workers and metrics above it), so that a test run never collides
+    with a fixed port that another test or an outgoing connection holds.
+
+    >>> base = free_port_block(10)
+    >>> PORT_RANGE[0] <= base and base + 10 <= PORT_RANGE[1]
+    True
+    """
+    rng = rng or random.Random()
+    for _ in range(tries):
+        base = rng.randrange(PORT_RANGE[0], PORT_RANGE[1] - span)
+        if all(_port_free(base + i) for i in range(span)):
+            return base
+    raise RuntimeError(f"no {span} consecutive free ports in {PORT_RANGE}")
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -454,7 +454,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--capacity-s", type=float, default=15.0)
     ap.add_argument("--capacity-warmup-s", type=float, default=8.0)
     ap.add_argument("--drain-timeout-s", type=float, default=400.0)
-    ap.add_argument("--base-port", type=int, default=56100)
+    ap.add_argument("--base-port", type=int, default=26100)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", type=Path, default=Path("loadtests/out/overload"))
     ap.add_argument("--quick", action="store_true", help="2 workers, 2 levels, short phases (a smoke run)")

@@ -378,7 +378,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--time-scale", type=float, default=4.0, help="simulated time multiplier")
     ap.add_argument("--max-batched-tokens", type=int, default=512, help="the engines' token budget per step")
     ap.add_argument("--drain-timeout-s", type=float, default=240.0)
-    ap.add_argument("--base-port", type=int, default=56300)
+    ap.add_argument("--base-port", type=int, default=26300)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--out", type=Path, default=Path("loadtests/out/pools"))
     ap.add_argument("--smoke", action="store_true", help="2 workers, a few seconds of light arrivals (the test)")

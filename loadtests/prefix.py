@@ -181,7 +181,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--system-chars", type=int, default=8000)
     ap.add_argument("--question-chars", type=int, default=400)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--base-port", type=int, default=56300)
+    ap.add_argument("--base-port", type=int, default=26500)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--out", type=Path, default=Path("loadtests/out/prefix"))
     ap.add_argument("--scenarios", default="shared,no_reuse")

@@ -8,7 +8,7 @@ over gRPC. Only the GPU is simulated.
 
 Example::
 
-    with SimFleet(workers=4, base_port=56100, sim={"time_scale": 2}) as fleet:
+    with SimFleet(workers=4, base_port=26100, sim={"time_scale": 2}) as fleet:
         fleet.start_scheduler({"QUEUE_POLICY": "fifo"})
         client = LeaseClient(fleet.scheduler_addr)
         result = await client.run(RequestSpec(...))

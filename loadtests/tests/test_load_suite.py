@@ -12,17 +12,15 @@ from typing import Any
 import pytest
 
 from loadtests import long_context, multiturn, shared_prefix, stairstep
+from loadtests.common import free_port_block
 
 pytestmark = pytest.mark.integration
 
-# Beside the benchmarks' own 31000-31300 (below the ephemeral range, where an outgoing connection could hold a port):
-# a smoke test can run while a benchmark does.
-PORTS = {"stairstep": 31500, "long_context": 31600, "multiturn": 31700, "shared_prefix": 31800}
 
 
 def _run(module: Any, name: str, tmp_path: Path) -> tuple[dict[str, Any], str]:
     out = tmp_path / name
-    assert module.main(["--smoke", "--out", str(out), "--base-port", str(PORTS[name])]) == 0
+    assert module.main(["--smoke", "--out", str(out), "--base-port", str(free_port_block())]) == 0
     report = json.loads(out.with_suffix(".json").read_text())
     markdown = out.with_suffix(".md").read_text()
     assert report["engine"]["engine"] == "sim" and "Simulated fleet" in markdown and "P0 SLO" in markdown

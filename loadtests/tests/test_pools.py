@@ -7,11 +7,12 @@ import json
 from pathlib import Path
 
 from loadtests import pools
+from loadtests.common import free_port_block
 
 
 def test_the_smoke_run_serves_both_fleets_and_reports_both_numbers(tmp_path: Path) -> None:
     out = tmp_path / "pools"
-    assert pools.main(["--smoke", "--out", str(out), "--base-port", "56500"]) == 0
+    assert pools.main(["--smoke", "--out", str(out), "--base-port", str(free_port_block())]) == 0
     report = json.loads(out.with_suffix(".json").read_text())
     for name in ("shared", "pools"):
         conf = report["configs"][name]

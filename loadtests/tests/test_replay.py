@@ -13,6 +13,7 @@ import pytest
 from goodput_contracts.trace import TraceRecord
 
 from loadtests import replay
+from loadtests.common import free_port_block
 
 
 def test_sim_prompts_have_the_recorded_length_and_share_the_cached_prefix() -> None:
@@ -37,7 +38,7 @@ def test_cache_hits_are_left_out_and_arrivals_counted_from_the_first() -> None:
 @pytest.mark.integration
 def test_the_smoke_run_and_a_recorded_trace_replay_on_a_simulated_fleet(tmp_path: Path) -> None:
     out = tmp_path / "smoke"
-    assert replay.main(["--smoke", "--out", str(out), "--base-port", "57100"]) == 0
+    assert replay.main(["--smoke", "--out", str(out), "--base-port", str(free_port_block())]) == 0
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["outcomes"] == {"ok": 30} and report["replayed"]["all"]["ttft"]["p99_ms"]
     assert report["replayed"]["all"]["output_tokens"] == report["output_tokens_asked"]
@@ -48,7 +49,7 @@ def test_the_smoke_run_and_a_recorded_trace_replay_on_a_simulated_fleet(tmp_path
                                             "tpot_s": 0.015, "e2e_s": 0.05 + 0.015 * r.output_tokens,
                                             "sample": 0.5}).to_json_line() + "\n" for r in recs), encoding="utf-8")
     out = tmp_path / "trace"
-    assert replay.main(["--trace", str(trace), "--out", str(out), "--base-port", "57100"]) == 0
+    assert replay.main(["--trace", str(trace), "--out", str(out), "--base-port", str(free_port_block())]) == 0
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["outcomes"] == {"ok": 12} and report["trace_sample"] == 0.5
     assert {c["metric"] for c in report["comparison"]} >= {"TTFT p50", "TPOT p99", "throughput (output tokens/s)"}

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from loadtests import routing
+from loadtests.common import free_port_block
 
 
 @pytest.mark.integration
 def test_the_smoke_run_serves_every_configuration_and_reports_cost_slo_and_prediction_error(tmp_path: Path) -> None:
     out = tmp_path / "routing"
-    assert routing.main(["--smoke", "--out", str(out), "--base-port", "19900"]) == 0
+    assert routing.main(["--smoke", "--out", str(out), "--base-port", str(free_port_block())]) == 0
     report = json.loads(out.with_suffix(".json").read_text())
     placement, auto = report["placement"], report["auto"]
     for conf in placement["configs"].values():
