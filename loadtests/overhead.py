@@ -403,8 +403,10 @@ def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: 
     if cores is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
     # No response cache: the same greedy prompts repeat, and the benchmark measures the generation path.
-    platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=env, cache=False,
-                        api_keys=[{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}],
+    # No knowledge services and no jobs worker either: only what a chat request passes through runs (fewer ports to
+    # bind and fewer processes sharing the cores).
+    platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=env, cache=False, knowledge=False,
+                        jobs=False, api_keys=[{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}],
                         insecure_internal=insecure_internal)
     platform.dev_key = BENCH_KEY
     console.print(f"starting the platform (one worker, port offset {port_offset}); vLLM takes a minute or two")
@@ -876,6 +878,37 @@ def _explain(levels: list[dict[str, Any]]) -> list[str]:
         "engine's step loop and the gateway's per-message work slow each other down, which inflates the overhead "
         "at higher concurrency.",
     ]
+    out += _explain_litellm(levels)
+    return out
+
+
+def _explain_litellm(levels: list[dict[str, Any]]) -> list[str]:
+    """What LiteLLM's numbers say, from the levels that measured it."""
+    measured = [lv for lv in levels if "litellm_proxy" in lv["overhead"]]
+    if not measured:
+        return []
+    out = []
+    ttft = ", ".join(f"{_signed(lv['overhead']['litellm_proxy']['ttft']['p50_diff_ms'])} ms at {lv['concurrency']}"
+                     for lv in measured)
+    out.append(f"- LiteLLM adds to TTFT p50: {ttft}. Its proxy is one Python process too, but does more per "
+               "request before it calls its upstream (the OpenAI SDK's request building, the router, its logging "
+               "object) and re-serialises every chunk through the SDK's types; once the streams' demand passes what "
+               "one core can relay, requests queue inside the proxy, and the added TTFT grows with the queue rather "
+               "than staying a constant cost.")
+    bursty = [lv for lv in measured if (lv["overhead"]["litellm_proxy"]["itl"]["p50_diff_ms"] or 0) < -1.0
+              and (lv["overhead"]["litellm_proxy"]["itl"]["p99_diff_ms"] or 0) > 1.0]
+    if bursty:
+        out.append("- Where LiteLLM's ITL p50 is well *below* its direct path's (" + ", ".join(
+            f"{lv['concurrency']} streams" for lv in bursty) + ") while its p99 is far above, the proxy has fallen "
+            "behind the engine and hands the client several chunks at once: many gaps near zero, then a long one. "
+            "That is not faster streaming; read ITL p99 there. The same queueing also holds requests back from the "
+            "mock, so the mock's own batch, and with it its direct path's ITL, is smaller in LiteLLM's phase than "
+            "the worker's in Goodput's.")
+    errors = [(lv["concurrency"], lv["paths"]["litellm_proxy"]["errors"]) for lv in measured
+              if lv["paths"]["litellm_proxy"]["errors"]]
+    if errors:
+        out.append("- LiteLLM failed " + ", ".join(f"{n} request(s) at {c} streams" for c, n in errors) + " (see the "
+                   "errors under each level): its upstream connection to the mock broke under that load.")
     return out
 
 
@@ -1045,7 +1078,8 @@ def main(argv: list[str] | None = None) -> int:
                             worker=platform.worker_grpc(0), api_key=BENCH_KEY, priority=args.priority,
                             worker_credentials=platform.credentials("gateway"), litellm=stack)
             platform_desc = ("started by the benchmark: one worker, the scheduler and the gateway, each its own "
-                             "process, default settings except the engine flags")
+                             "process (no cache, knowledge services or jobs worker), default settings except the "
+                             "engine flags")
             cores = engine_cores(args.engine_cores)
             flags = {**ENGINE_ENV, **(SIM_ENGINE_ENV if args.engine == "sim" else {})}
             engine_flags = ", ".join(f"{k.removeprefix('GOODPUT_INFERENCE_').lower()}={v}"

@@ -102,6 +102,7 @@ class SimPrompts:
     def __init__(self, *, chars_per_token: float = 4.0) -> None:
         self.cpt = chars_per_token
         self._prefix: dict[str, str] = {}
+        self._calls = 0  # every prompt unique, also across replays sharing this object
 
     def _shared(self, tenant: str, chars: int) -> str:
         text = self._prefix.get(tenant, "")
@@ -114,7 +115,8 @@ class SimPrompts:
         chars = max(int(rec.prompt_tokens * self.cpt), 1)
         cached = min(rec.cached_tokens or 0, max(rec.prompt_tokens - 1, 0))
         shared = self._shared(rec.tenant or "-", int(cached * self.cpt))
-        unique = f" request {index}: " + random_text(random.Random(index), chars)
+        self._calls += 1
+        unique = f" request {index}.{self._calls}: " + random_text(random.Random(index), chars)
         return (shared + unique)[:chars].ljust(chars, "x")
 
 
@@ -128,6 +130,7 @@ class TokenizerPrompts:
         self.tok = AutoTokenizer.from_pretrained(str(model_dir))
         self.template_tokens = self.chat_tokens("")
         self._prefix: dict[str, list[int]] = {}
+        self._calls = 0  # every prompt unique, also across replays sharing this object
 
     def chat_tokens(self, content: str) -> int:
         """Tokens of one user message with the chat template around it (what the engine counts)."""
@@ -147,7 +150,9 @@ class TokenizerPrompts:
         if len(self._prefix.get(tenant, [])) < cached:
             self._prefix[tenant] = self._ids(f"Notes of {tenant}: " + random_text(random.Random(tenant),
                                                                                   max(cached * 6, 4096)))
-        unique = self._ids(f" Request {index}. Continue the list: " + random_text(random.Random(index), want * 6))
+        self._calls += 1
+        unique = self._ids(f" Request {self._calls}. Continue the list: "
+                           + random_text(random.Random(self._calls), want * 6))
         ids = self._prefix.get(tenant, [])[:cached] + unique[:want - cached]
         return str(self.tok.decode(ids))
 
@@ -493,6 +498,10 @@ def _pct(v: float | None) -> str:
     return "—" if v is None else f"{v * 100:+.1f}%"
 
 
+def _apct(v: float | None) -> str:
+    return "—" if v is None else f"{v * 100:.1f}%"
+
+
 def class_table(block: dict[str, Any]) -> str:
     rows = []
     for name, s in block.items():
@@ -531,9 +540,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["## Replayed versus recorded", "",
                   markdown_table(["metric", "recorded", "replayed", "error"], rows), ""]
         p = report["paired"]
-        lines += [f"Request by request: median |error| TTFT {_pct(p['ttft']['median_abs_rel'])}, TPOT "
-                  f"{_pct(p['tpot']['median_abs_rel'])} (p90 {_pct(p['ttft']['p90_abs_rel'])}, "
-                  f"{_pct(p['tpot']['p90_abs_rel'])}).", ""]
+        lines += [f"Request by request: median |error| TTFT {_apct(p['ttft']['median_abs_rel'])}, TPOT "
+                  f"{_apct(p['tpot']['median_abs_rel'])} (p90 {_apct(p['ttft']['p90_abs_rel'])}, "
+                  f"{_apct(p['tpot']['p90_abs_rel'])}).", ""]
     lines += ["## Machine", "", f"{cpu_label(m)}, {m.get('cores_usable')} usable cores; 1-min load average "
               f"{(m.get('loadavg_1_5_15') or ['?'])[0]} at the start.", ""]
     return "\n".join(lines)
@@ -553,7 +562,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=1, help="workers of the fleet (sim or vllm)")
     ap.add_argument("--max-num-seqs", type=int, default=64, help="sim: sequences per worker (the worker default)")
     ap.add_argument("--sim-config", default="", help="sim: SimParams overrides (JSON) or a calibration report")
-    ap.add_argument("--base-port", type=int, default=57100, help="sim: the fleet's first port")
+    ap.add_argument("--base-port", type=int, default=27100, help="sim: the fleet's first port")
     ap.add_argument("--port-offset", type=int, default=400, help="vllm: the platform's port offset")
     ap.add_argument("--keep-requests", action="store_true", help="every request's numbers in the JSON report")
     ap.add_argument("--out", type=Path, default=Path("loadtests/out/replay"))

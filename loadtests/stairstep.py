@@ -62,6 +62,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def spread(rng: random.Random, mean: int, width: float) -> int:
+    """A length drawn uniformly within ``mean`` x (1 +- ``width``): requests of one fixed size in a closed loop fall
+    into step with each other (their prefills all at once, then their decodes), which real traffic does not.
+
+    >>> spread(random.Random(1), 100, 0.0), 50 <= spread(random.Random(1), 100, 0.5) <= 150
+    (100, True)
+    """
+    return max(1, round(mean * rng.uniform(1 - width, 1 + width)))
+
+
 def knee(steps: list[dict[str, Any]], target: float) -> int | None:
     """The largest concurrency before the first step under ``target`` attainment (None: the first step misses).
 
@@ -109,7 +119,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "benchmark": NAME, "machine": machine_info(), "engine": engine.describe(), "slo": asdict(slo),
         "setup": {"steps": steps, "step_s_wall": args.step_s, "settle_s_wall": args.settle_s,
-                  "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
+                  "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "spread": args.spread,
                   "attainment_target": args.attainment, "seed": args.seed},
     }
     results: list[Result] = []
@@ -122,8 +132,9 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         def make(i: int) -> RequestSpec:
             # the head makes every prompt's first block unique: no prefix-cache hit anywhere
             return RequestSpec(request_id=f"s{sid}-{i}", priority="P0", tenant="stairstep",
-                               prompt=prompt_of(rng, args.prompt_tokens, engine, head=f"stream {sid} request {i}: "),
-                               max_tokens=args.max_tokens, deadline_s=300.0)
+                               prompt=prompt_of(rng, spread(rng, args.prompt_tokens, args.spread), engine,
+                                                head=f"stream {sid} request {i}: "),
+                               max_tokens=spread(rng, args.max_tokens, args.spread), deadline_s=300.0)
 
         return closed_loop(client, make, until=lambda: time.monotonic() >= stop_at[0], sink=results)
 
@@ -180,7 +191,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         describe_run(report),
         "",
         f"- Closed-loop P0 streams (no think time), unique prompts of ~{s['prompt_tokens']} tokens (no prefix-cache "
-        f"hits), {s['max_tokens']} output tokens; steps of {', '.join(str(c) for c in s['steps'])} streams, each "
+        f"hits), {s['max_tokens']} output tokens (each drawn within ±{s.get('spread', 0) * 100:g}% of that, so that "
+        f"the streams do not fall into step); steps of {', '.join(str(c) for c in s['steps'])} streams, each "
         f"held {s['step_s_wall']:g} s (wall); a step's requests are those arriving after its first "
         f"{s['settle_s_wall']:g} s. The scheduler runs its defaults.",
         f"- A step *meets the SLO* when ≥ {s['attainment_target'] * 100:g}% of its requests meet both TTFT and TPOT "
@@ -206,6 +218,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         "step, and both grow with the batch (each sequence adds its KV reads to a step, and every new prompt's "
         "prefill shares the steps of everyone decoding). Past the knee the step time (TPOT) or the wait for a slot "
         "(queue wait, TTFT) leaves the SLO; throughput still grows for a while, goodput does not.",
+        "- *Requests* counts every attempt; a request the scheduler sheds (its P0 queue full: "
+        "`GOODPUT_SCHEDULER_P0_MAX_QUEUE`, 20 waiting by default) is *failed*, and its stream sends the next after "
+        "the Retry-After it was given.",
         "- *Queue wait* is the time a request waited in the scheduler for a lease (every worker at its "
         "`max_num_seqs`). *In flight*: the requests in the system on average over the step's window; below the "
         "step's streams by more than a little, the client (sharing the CPU cores with the fleet) sent its next "
@@ -258,6 +273,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--stream-every", type=int, default=None,
                     help="sim: the worker streams every this many tokens (sim 16: fewer messages for 2 cores)")
+    ap.add_argument("--spread", type=float, default=0.5,
+                    help="prompt and output lengths drawn within (1 +- this) x their mean; 0 = all the same")
     ap.add_argument("--attainment", type=float, default=0.99, help="share within the SLO for a step to meet it")
     ap.add_argument("--drain-timeout-s", type=float, default=300.0)
     return finish_args(ap.parse_args(argv), name=NAME, presets=PRESETS)

@@ -224,15 +224,15 @@ def prompt_of(rng: random.Random, tokens: int, engine: Engine, *, head: str = ""
 async def closed_loop(client: LeaseClient, make: Callable[[int], RequestSpec], *, until: Callable[[], bool],
                       sink: list[Result], retry_s: float = 0.5) -> None:
     """One stream: requests back to back (``make(i)`` the i-th) until ``until()``, each result appended to ``sink``
-    as it finishes; a request not served is followed by the next after ``retry_s`` (a closed loop must not spin on
-    refusals)."""
+    as it finishes; a request not served is followed by the next after the scheduler's Retry-After, else
+    ``retry_s`` (a closed loop must not spin on refusals)."""
     i = 0
     while not until():
         r = await client.run(make(i))
         sink.append(r)
         i += 1
         if r.outcome != "ok":
-            await asyncio.sleep(retry_s)
+            await asyncio.sleep(r.retry_after_s[-1] if r.retry_after_s else retry_s)
 
 
 async def open_loop(client: LeaseClient, specs: Iterator[RequestSpec], *, rate: float, duration_s: float,
