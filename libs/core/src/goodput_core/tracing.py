@@ -30,8 +30,11 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-# Health checks and load polls run every second: tracing them would drown the request traces.
+# Health checks and load polls run every second: tracing them would drown the request traces. The scheduler's
+# multiplexed lease stream lives as long as its gateway and carries many requests: each lease is a span of its own
+# request's trace (goodput_scheduler.mux), and one span for the whole stream would say nothing but cost every message.
 _NOT_TRACED = filters.negate(filters.any_of(filters.health_check(), filters.method_name("GetLoad"),
+                                            filters.full_method_name("/goodput.scheduler.v1.Scheduler/Leases"),
                                             filters.service_prefix("grpc.reflection")))
 
 

@@ -95,13 +95,18 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
         return make_channel(addr, provider, credentials=credentials)
 
     # to the scheduler replica that leads (its Scheduler health SERVING), following it when it changes
+    # untraced: a lease carries its request's trace context itself (per admit on the shared stream, in the call's
+    # metadata on the per-request one), and an intercepted stream costs every lease message two more hops
     scheduler_channel = make_channel(settings.scheduler_addr, provider, credentials=credentials,
-                                     health_service=SCHEDULER_SERVICE)
+                                     health_service=SCHEDULER_SERVICE, traced=False)
     channels = [scheduler_channel]
     metrics = GatewayMetrics(registry)
     breakers = gateway_breakers(settings.breakers, registry)  # one per dependency (goodput_gateway.dependencies)
+    def dial_worker(addr: str) -> aio.Channel:  # the token path: its call's span is the pipeline's own
+        return make_channel(addr, provider, credentials=credentials, traced=False)
+
     pipeline = Pipeline(settings, scheduler=scheduler_pb2_grpc.SchedulerStub(scheduler_channel),
-                        channel_factory=dial, metrics=metrics, breaker=breakers["scheduler"])
+                        channel_factory=dial_worker, metrics=metrics, breaker=breakers["scheduler"])
     knowledge = Knowledge(settings, channel_factory=dial, breakers=breakers)
     cache = None
     if settings.cache_addr:

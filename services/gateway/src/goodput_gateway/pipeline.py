@@ -30,6 +30,8 @@ from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from goodput_core.breaker import CircuitBreaker
 from goodput_core.errors import DeadlineExceeded, GoodputError, InvalidArgument, Unavailable, from_rpc_error
@@ -47,6 +49,8 @@ from goodput_gateway.tools import worker_tools
 __all__ = ["GenerationStream", "ModelEntry", "Pipeline", "StreamEnd", "StreamStart", "TextDelta"]
 
 log = logging.getLogger("goodput.gateway.pipeline")
+_tracer = trace.get_tracer("goodput.gateway")
+_GENERATE = "goodput.inference.v1.Inference/Generate"
 
 _WORKER_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
                 grpc.StatusCode.CANCELLED}
@@ -88,8 +92,9 @@ class GenerationStream:
     :meth:`aclose` (always called, also after the last event) stops the worker call and releases the lease."""
 
     def __init__(self, pipeline: Pipeline, *, lease: _Lease, call: aio.UnaryStreamCall, start: StreamStart,
-                 arrived: float, timeline: Timeline | None = None) -> None:
+                 arrived: float, timeline: Timeline | None = None, span: Span | None = None) -> None:
         self.pipeline = pipeline
+        self._span = span  # the worker call's client span, ended with the call
         self._timeline = timeline
         self.start = start
         self._lease = lease
@@ -175,6 +180,10 @@ class GenerationStream:
         self._closed = True
         if not self._call.done():
             self._call.cancel()
+        if self._span is not None:
+            if self._outcome not in (scheduler_pb2.OUTCOME_OK, scheduler_pb2.OUTCOME_CANCELLED):
+                self._span.set_status(Status(StatusCode.ERROR))
+            self._span.end()
         self.pipeline.release(self._lease, self._outcome, prompt_tokens=self.start.prompt_tokens,
                               completion_tokens=self._completion_tokens, ttft_s=self._ttft_s)
 
@@ -313,9 +322,10 @@ class Pipeline:
             try:
                 if time.monotonic() >= deadline:  # granted too late: the worker is never called
                     raise DeadlineExceeded("the request's deadline passed while it waited for a worker")
-                call, start = await self._start_worker(principal, request, lease, request_id=request_id,
-                                                       model=model, deadline=deadline)
-                return GenerationStream(self, lease=lease, call=call, start=start, arrived=arrived, timeline=timeline)
+                call, start, span = await self._start_worker(principal, request, lease, request_id=request_id,
+                                                             model=model, deadline=deadline)
+                return GenerationStream(self, lease=lease, call=call, start=start, arrived=arrived, timeline=timeline,
+                                        span=span)
             except _WorkerLost as lost:
                 self.metrics.worker_failures.labels("before_first_token").inc()
                 self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
@@ -344,7 +354,9 @@ class Pipeline:
             self.metrics.stage.labels("schedule").observe(time.monotonic() - started)
             self.queue_waits.observe(model, req.priority, granted.queue_wait_s)
             return _Lease(call=None, worker_id=granted.worker_id, address=granted.address, mux_id=lease_id)
-        call = self.scheduler.Lease(timeout=deadline - time.monotonic())
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)  # the scheduler's span of this lease joins the request's trace
+        call = self.scheduler.Lease(timeout=deadline - time.monotonic(), metadata=tuple(carrier.items()))
         try:
             async with self.breaker.guard():
                 await call.write(scheduler_pb2.LeaseRequest(admit=admit))
@@ -371,30 +383,42 @@ class Pipeline:
         return _Lease(call=call, worker_id=event.granted.worker_id, address=event.granted.address)
 
     async def _start_worker(self, principal: Principal, req: GenerationRequest, lease: _Lease, *, request_id: str,
-                            model: str, deadline: float) -> tuple[aio.UnaryStreamCall, StreamStart]:
+                            model: str, deadline: float) -> tuple[aio.UnaryStreamCall, StreamStart, Span]:
         tools, parallel = worker_tools(req)  # tool_choice auto: the worker's template and tool parser take them
         gen = inference_pb2.GenerateRequest(
             request_id=request_id, model=model, prompt=req.prompt, sampling=sampling_to_proto(req.sampling),
             priority=cast(Any, req.priority), tenant=principal.tenant, tools=tools, parallel_tool_calls=parallel,
             messages=[types_pb2.ChatMessage(role=m.role, content=m.content, name=m.name, tool_call_id=m.tool_call_id,
                                             tool_calls=_calls_proto(m.tool_calls)) for m in req.messages])
-        call = self._worker(lease.address).Generate(gen, timeout=max(deadline - time.monotonic(), 0.001))
+        # The worker call's client span, made here rather than by a channel interceptor: an intercepted grpc.aio
+        # call starts its interceptors in a task of their own and passes every token through two more async
+        # generators, which the token path should not pay. The worker continues the trace from the metadata.
+        span = _tracer.start_span(_GENERATE, kind=SpanKind.CLIENT, attributes={
+            "rpc.system": "grpc", "rpc.service": "goodput.inference.v1.Inference", "rpc.method": "Generate",
+            "server.address": lease.address, "goodput.worker": lease.worker_id})
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=trace.set_span_in_context(span))
+        call = self._worker(lease.address).Generate(gen, timeout=max(deadline - time.monotonic(), 0.001),
+                                                    metadata=tuple(carrier.items()))
         try:
             first = await call.read()
         except grpc.RpcError as err:
             call.cancel()
+            _end_failed(span, err)
             code = err.code() if isinstance(err, aio.AioRpcError) else grpc.StatusCode.UNKNOWN
             if code in _WORKER_LOST:
                 raise _WorkerLost(err.details() if isinstance(err, aio.AioRpcError) else str(err)) from None
             raise from_rpc_error(err) from None
         except BaseException:
             call.cancel()
+            _end_failed(span)
             raise
         if first is aio.EOF or first.WhichOneof("kind") != "started":
             call.cancel()
+            _end_failed(span)
             raise _WorkerLost("the worker did not acknowledge the request")
         return call, StreamStart(request_id=request_id, model=model, worker_id=lease.worker_id,
-                                 prompt_tokens=first.started.prompt_tokens)
+                                 prompt_tokens=first.started.prompt_tokens), span
 
     def report_first_token(self, lease: _Lease, ttft_s: float) -> None:
         """Tells the scheduler the prompt's prefill is done (off the caller's path): its prefill gate and latency
@@ -432,6 +456,14 @@ class Pipeline:
             await asyncio.wait_for(_release_call(lease.call, release), timeout=5)
         except (grpc.RpcError, asyncio.TimeoutError, asyncio.CancelledError):
             lease.call.cancel()  # the scheduler then releases it as abandoned
+
+
+def _end_failed(span: Span, err: grpc.RpcError | None = None) -> None:
+    code = err.code() if isinstance(err, aio.AioRpcError) else None
+    if code is not None:
+        span.set_attribute("rpc.grpc.status_code", code.value[0])
+    span.set_status(Status(StatusCode.ERROR, code.name if code is not None else None))
+    span.end()
 
 
 async def _write_quietly(call: aio.StreamStreamCall, message: scheduler_pb2.LeaseRequest) -> None:

@@ -243,10 +243,16 @@ class LeaseManager:
         """Waits for the grant. Raises DeadlineExceeded or Unavailable when the request is dropped; on
         cancellation (the caller went away) the request leaves the queue, or a grant made meanwhile is undone."""
         try:
-            grant = await asyncio.shield(ticket.future)
+            await asyncio.shield(ticket.future)
         except asyncio.CancelledError:
             self.abandon(ticket)
             raise
+        return self.claim(ticket)
+
+    def claim(self, ticket: Ticket) -> Lease:
+        """The lease of a ticket whose grant is made (``ticket.done``, no error): :meth:`wait` without the wait, for a
+        request placed as it was enqueued. Raises what the ticket failed with, as :meth:`wait` does."""
+        grant = ticket.future.result()
         ticket.claimed = True
         now = self.clock.now()
         return self.book.open(ticket.request, grant, priority=ticket.priority, queue_wait_s=now - ticket.enqueued_at,

@@ -125,6 +125,9 @@ class LeaseMux:
                                                   attributes={"goodput.lease_id": lease_id,
                                                               "goodput.priority": int(a.priority)}))
             self._open[lease_id] = entry
+            if ticket.done and not ticket.future.cancelled() and ticket.future.exception() is None:
+                self._granted(lease_id, entry, self.leases.claim(ticket))  # placed at once: granted without a task
+                return
             if not ticket.done:
                 self.emit(Event(lease_id=lease_id, queued=scheduler_pb2.Queued(
                     position=self.leases.position(ticket))))
@@ -170,6 +173,9 @@ class LeaseMux:
             self._open.pop(lease_id, None)
             self.emit(error_event(lease_id, Internal(f"the scheduler failed to place the request: {exc}")))
             return
+        self._granted(lease_id, entry, lease)
+
+    def _granted(self, lease_id: str, entry: _Open, lease: Lease) -> None:
         entry.lease = lease
         if entry.span is not None:
             entry.span.set_attribute("goodput.worker", lease.worker.worker_id)
