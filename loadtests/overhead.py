@@ -54,6 +54,7 @@ import httpx
 from goodput.common.v1 import types_pb2
 from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
+from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -66,6 +67,7 @@ from loadtests.common import (
     machine_info,
     markdown_table,
     package_versions,
+    percentile,
     pyplot,
     summarize,
     write_report,
@@ -169,6 +171,7 @@ class Target:
     # gateway does; None = plaintext (a platform run with INSECURE_INTERNAL).
     worker_credentials: grpc.ChannelCredentials | None = None
     litellm: LiteLLMStack | None = None  # --litellm: the mock endpoint and the proxy in front of it
+    scheduler: str | None = None  # --start: the round trips below the overhead are measured on it
 
 
 def _messages(prompt: str) -> list[dict[str, str]]:
@@ -503,6 +506,101 @@ class LiteLLMStack:
 
 # ---- the run ----------------------------------------------------------------------------------------------------
 
+ROUND_TRIPS = 40
+IDLE_GAP_S = 0.03
+_ECHO = ("import asyncio, sys\n"
+         "async def h(r, w):\n"
+         "    while (d := await r.read(256)):\n"
+         "        w.write(d); await w.drain()\n"
+         "async def main():\n"
+         "    s = await asyncio.start_server(h, '127.0.0.1', 0)\n"
+         "    print(s.sockets[0].getsockname()[1], flush=True)\n"
+         "    await s.serve_forever()\n"
+         "asyncio.run(main())\n")
+
+
+async def _timed(step: Callable[[int], Awaitable[float]], *, idle_s: float) -> float | None:
+    """p50 of the seconds ``step`` measured, over ROUND_TRIPS calls ``idle_s`` apart (0: back to back); the first 5
+    not counted."""
+    times = []
+    for i in range(ROUND_TRIPS + 5):
+        times.append(await step(i))
+        if idle_s:
+            await asyncio.sleep(idle_s)
+    return percentile(times[5:], 50)
+
+
+async def lease_round_trips(address: str, credentials: grpc.ChannelCredentials | None) -> dict[str, float | None]:
+    """Admit -> granted on the scheduler's lease stream, measured alone (what the gateway's ``schedule`` stage costs
+    at least), back to back and after an idle gap, on a connection of its own with the gateway's certificate."""
+    channel = (aio.secure_channel(address, credentials) if credentials is not None
+               else aio.insecure_channel(address))
+    out: asyncio.Queue[scheduler_pb2.LeaseMuxRequest | None] = asyncio.Queue()
+
+    async def requests() -> Any:
+        while (msg := await out.get()) is not None:
+            yield msg
+
+    try:
+        call = scheduler_pb2_grpc.SchedulerStub(channel).Leases(requests())
+        run = uuid.uuid4().hex[:8]
+
+        async def lease(i: int, tag: str) -> float:
+            lease_id = f"rtt-{run}-{tag}-{i}"
+            started = time.perf_counter()
+            out.put_nowait(scheduler_pb2.LeaseMuxRequest(lease_id=lease_id, timeout_s=10, admit=scheduler_pb2.Admit(
+                request_id=lease_id, tenant=BENCH_TENANT, priority=types_pb2.PRIORITY_P0, prompt_tokens_estimate=16,
+                max_tokens=1)))
+            while (await call.read()).WhichOneof("kind") != "granted":
+                pass
+            took = time.perf_counter() - started  # the grant: what a request waits for (the release is not waited)
+            out.put_nowait(scheduler_pb2.LeaseMuxRequest(lease_id=lease_id, release=scheduler_pb2.Release(
+                outcome=scheduler_pb2.OUTCOME_CANCELLED)))
+            while (await call.read()).WhichOneof("kind") != "released":
+                pass
+            return took
+
+        busy = await _timed(lambda i: lease(i, "busy"), idle_s=0)
+        idle = await _timed(lambda i: lease(i, "idle"), idle_s=IDLE_GAP_S)
+        out.put_nowait(None)
+        call.cancel()
+        return {"busy_p50_ms": busy * 1000 if busy else None, "idle_p50_ms": idle * 1000 if idle else None}
+    finally:
+        await channel.close(grace=None)
+
+
+async def tcp_round_trips() -> dict[str, float | None]:
+    """A raw asyncio TCP echo between two processes, the same pattern: the floor of any hop between processes."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _ECHO, stdout=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        port = int((await asyncio.wait_for(proc.stdout.readline(), 10)).decode())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+        async def echo(i: int) -> float:
+            started = time.perf_counter()
+            writer.write(b"x" * 64)
+            await writer.drain()
+            await reader.readexactly(64)
+            return time.perf_counter() - started
+
+        busy = await _timed(echo, idle_s=0)
+        idle = await _timed(echo, idle_s=IDLE_GAP_S)
+        writer.close()
+        return {"busy_p50_ms": busy * 1000 if busy else None, "idle_p50_ms": idle * 1000 if idle else None}
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+async def round_trips(target: Target) -> dict[str, Any] | None:
+    """The floor under the gateway's overhead on this machine (with --start, where the scheduler is known)."""
+    if target.scheduler is None:
+        return None
+    return {"lease": await lease_round_trips(target.scheduler, target.worker_credentials),
+            "tcp": await tcp_round_trips(), "idle_gap_ms": IDLE_GAP_S * 1000, "samples": ROUND_TRIPS}
+
+
 async def describe_worker(clients: Clients) -> dict[str, Any]:
     info = await clients.worker.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=10)
     load = await clients.worker.GetLoad(inference_pb2.GetLoadRequest(), timeout=10)
@@ -544,6 +642,9 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
             if len(errors) == warmup_prompts * len(paths):
                 raise SystemExit(f"every warm-up request failed, e.g. {errors[0]}")
             warm_errors += errors
+        floor = await round_trips(target)
+        if floor is not None:
+            out["round_trips"] = floor
         results = []
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console) as progress:
@@ -812,7 +913,36 @@ def render_markdown(report: dict[str, Any]) -> str:
         ]
     lines += [""]
     lines += ["## Why the platform costs what it costs", "", *_explain(levels), ""]
+    lines += _round_trip_lines(report.get("round_trips"), levels)
     return "\n".join(lines)
+
+
+def _round_trip_lines(rt: dict[str, Any] | None, levels: list[dict[str, Any]]) -> list[str]:
+    """The floor under the overhead: one lease and one raw TCP round trip on this machine, measured alone."""
+    if not rt:
+        return []
+    gap = f"after {rt['idle_gap_ms']:g} ms idle"
+    rows = [["lease on the scheduler's stream (admit -> granted), gRPC", _ms(rt["lease"]["busy_p50_ms"], 3),
+             _ms(rt["lease"]["idle_p50_ms"], 3)],
+            ["raw asyncio TCP echo between two processes", _ms(rt["tcp"]["busy_p50_ms"], 3),
+             _ms(rt["tcp"]["idle_p50_ms"], 3)]]
+    out = ["## The floor: round trips on this machine", "",
+           markdown_table(["round trip (p50 of " + str(rt["samples"]) + ", ms)", "back to back", gap], rows), ""]
+    one = next((lv for lv in levels if lv["concurrency"] == 1), None)
+    lease_idle = rt["lease"]["idle_p50_ms"]
+    if one is not None and lease_idle:
+        added = one["overhead"]["gateway_grpc"]["ttft"]["p50_diff_ms"]
+        sched = (one.get("gateway_stage_mean_ms") or {}).get("schedule")
+        out.append(
+            f"At 1 stream every request arrives at an idle platform: the gateway's lease costs what the lease round "
+            f"trip costs after idle ({lease_idle:.2f} ms alone; the `schedule` stage measured "
+            + (f"{sched:.2f} ms" if sched is not None else "—") + f"), out of the {_signed(added)} ms added. A gRPC "
+            "message in Python crosses several threads (grpc's event engine, the completion-queue poller, the event "
+            "loop), each asleep on an idle machine; raw TCP between the same processes shows what the hop itself "
+            "costs. Below the lease's idle round trip no placement that asks the scheduler can go; what is left "
+            "for the goal is the gateway's own hop (the client's request in, the first token out).")
+        out.append("")
+    return out
 
 
 def _verdict_lines(levels: list[dict[str, Any]]) -> list[str]:
@@ -1076,7 +1206,8 @@ def main(argv: list[str] | None = None) -> int:
                                       insecure_internal=args.insecure_internal)
             target = Target(gateway_url=platform.gateway_http, gateway_grpc=platform.gateway_grpc,
                             worker=platform.worker_grpc(0), api_key=BENCH_KEY, priority=args.priority,
-                            worker_credentials=platform.credentials("gateway"), litellm=stack)
+                            worker_credentials=platform.credentials("gateway"), litellm=stack,
+                            scheduler=platform.scheduler_grpc)
             platform_desc = ("started by the benchmark: one worker, the scheduler and the gateway, each its own "
                              "process (no cache, knowledge services or jobs worker), default settings except the "
                              "engine flags")
