@@ -26,7 +26,7 @@ docs:  ## regenerate the README's configuration reference from the settings clas
 run: install  ## the whole platform on this machine (Ctrl-C stops it)
 	$(VENV)/bin/goodput up
 
-test: lint  ## ruff, mypy, then the whole suite, integration and end-to-end tests included
+test: lint litellm  ## ruff, mypy, then the whole suite, integration and end-to-end tests included (LiteLLM's too)
 	$(PY) -m pytest $(TEST_DIRS) $(PYTEST_ARGS)
 
 test-unit: install  ## everything except the tests that start the platform
@@ -43,7 +43,7 @@ chaos: install  ## the chaos suite in full (vLLM workers): chaos/reports/chaos-f
 bench: install  ## gateway/scheduler overhead benchmark (reports numbers, does not assert)
 	$(PY) -m loadtests.overhead
 
-litellm:  ## the LiteLLM proxy's own venv (.tools/litellm-venv) for `python -m loadtests.overhead --litellm`; not part of install
+litellm:  ## the LiteLLM proxy's own venv (.tools/litellm-venv) for `python -m loadtests.overhead --litellm` and its test
 	scripts/install-litellm.sh
 
 clean:  ## removes the local platform's state (.goodput/: logs, dev key); stops nothing

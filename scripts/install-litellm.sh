@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The LiteLLM proxy venv for the overhead benchmark's --litellm (`make litellm`; the benchmark calls it too; not part
-# of `make install`, and `make test` does not need it: the LiteLLM smoke test skips, saying why, without it):
+# The LiteLLM proxy venv for the overhead benchmark's --litellm (`make litellm`; the benchmark calls it too, and
+# `make test` does, so that the LiteLLM smoke test runs; not part of `make install`, which `make run` needs):
 #   - a venv of its own, so litellm[proxy]'s ~120 packages never touch .venv's pinned ones,
 #   - requirements/litellm.txt (pinned: litellm 1.108.7 with its proxy extra), installed from the package index.
 # Where: LITELLM_VENV (default .tools/litellm-venv); the interpreter: PYTHON (default python3.11). Idempotent: a stamp

@@ -38,7 +38,7 @@ async def test_the_mock_streams_chat_chunks_with_usage_and_done() -> None:
 
 @pytest.mark.integration
 @pytest.mark.skipif(not (overhead.LITELLM_VENV / "bin" / "litellm").exists(),
-                    reason="the LiteLLM venv is not installed (make litellm: scripts/install-litellm.sh)")
+                    reason="the LiteLLM venv is not installed (`make test` installs it; alone: make litellm)")
 async def test_litellm_proxies_the_mock_token_by_token(tmp_path: Path) -> None:
     stack = overhead.LiteLLMStack(tmp_path, mock_port=free_port(), proxy_port=free_port())
     try:
