@@ -135,6 +135,17 @@ class GatewaySettings(ServiceSettings):
     lease_mux: bool = Field(True, description="Every request's scheduler lease over one long-lived multiplexed "
                                               "stream (Scheduler/Leases: the fast path); false = a Lease stream "
                                               "per request.")
+    speculative_start: bool = Field(True, description="On a nearly idle gateway, start the worker call on the "
+                                                      "worker the scheduler granted last for the same model and "
+                                                      "class while the lease is being granted, so the lease's round "
+                                                      "trip overlaps the worker's start; a grant elsewhere or a "
+                                                      "refusal cancels it (the worker aborts it) before the caller "
+                                                      "sees anything. false = the worker is called after the grant.")
+    speculative_start_max_inflight: int = Field(2, ge=0, le=1024,
+                                                description="Speculative starts only while the gateway has at most "
+                                                            "this many requests in flight (the new one included): "
+                                                            "the idle regime, where the lease's round trip is "
+                                                            "slowest and a wrong guess costs least.")
     worker_retry: bool = Field(True, description="Retry once on another worker when a worker fails before "
                                                  "the first token.")
     embedder_addr: str = Field("", description="Embedder gRPC address (embeddings, indexing); empty = off.")

@@ -78,6 +78,10 @@ class GatewayMetrics:
                                          "error (1 = exact).", ["quantity"],
                                          buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0),
                                          registry=registry)
+        self.speculative_starts = Counter(
+            "goodput_gateway_speculative_starts_total", "Worker calls started while their lease was being granted "
+            "(SPECULATIVE_START), by result: hit (granted on that worker), miss (granted elsewhere: cancelled), "
+            "refused (the lease was not granted: cancelled).", ["result"], registry=registry)
         self.worker_failures = Counter("goodput_gateway_worker_failures_total",
                                        "Worker calls lost (before or after the first token).", ["phase"],
                                        registry=registry)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
+from cachetools import TTLCache
 from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -56,6 +57,25 @@ _WORKER_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.Statu
                 grpc.StatusCode.CANCELLED}
 _FINISH = {types_pb2.FINISH_REASON_STOP: "stop", types_pb2.FINISH_REASON_LENGTH: "length",
            types_pb2.FINISH_REASON_ABORT: "abort"}
+
+
+# Speculative start: a grant older than this is no guess for the next one (the fleet may have changed); at most this
+# many guesses kept (one per model and class, and per session with SESSION affinity); a (model, class) is guessed
+# for while its recent hit rate (an exponential average, weight _HIT_WEIGHT) is at least _HIT_FLOOR, and below it
+# one eligible request in _PROBE_EVERY still is (so a guess that turned good again is found again).
+_HINT_TTL_S = 30.0
+_HINTS_MAX = 10_000
+_HIT_WEIGHT = 0.2
+_HIT_FLOOR = 0.7
+_PROBE_EVERY = 10
+
+
+@dataclass
+class _Early:
+    """A worker call started before its grant (speculative_start), on ``address``."""
+
+    address: str
+    task: asyncio.Task[tuple[aio.UnaryStreamCall, StreamStart, Span]]
 
 
 @dataclass(frozen=True)
@@ -95,6 +115,7 @@ class GenerationStream:
                  arrived: float, timeline: Timeline | None = None, span: Span | None = None) -> None:
         self.pipeline = pipeline
         self._span = span  # the worker call's client span, ended with the call
+        pipeline.streams += 1
         self._timeline = timeline
         self.start = start
         self._lease = lease
@@ -178,6 +199,7 @@ class GenerationStream:
         if self._closed:
             return
         self._closed = True
+        self.pipeline.streams -= 1
         if not self._call.done():
             self._call.cancel()
         if self._span is not None:
@@ -203,6 +225,13 @@ class Pipeline:
         self._workers: list[scheduler_pb2.WorkerStatus] = []  # the same ListWorkers answer, for model "auto"
         self.queue_waits = QueueWaits()  # measured per (model, class): what model "auto" expects to wait
         self.lease_stream = LeaseStream(scheduler) if settings.lease_mux else None  # the fast path
+        # (model, class, session) -> the last grant's (worker id, address); the hit rate and probe count per
+        # (model, class)
+        self._hints: TTLCache[tuple[str, int, str], tuple[str, str]] = TTLCache(maxsize=_HINTS_MAX, ttl=_HINT_TTL_S)
+        self._hit_rate: dict[tuple[str, int], float] = {}
+        self._probes: dict[tuple[str, int], int] = {}
+        self._opening = 0  # requests between open() and their stream
+        self.streams = 0  # generation streams open
         self._lease_seq = itertools.count()
         self._models_refresh: asyncio.Task[list[ModelEntry]] | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -312,31 +341,98 @@ class Pipeline:
                    timeline: Timeline | None = None) -> GenerationStream:
         """Leases a worker for ``request`` (its priority resolved, its cost estimated) and starts generation;
         returns once the worker accepted the request, so errors surface before any response bytes are sent. A
-        worker that fails before accepting is retried once on another (``worker_retry``)."""
+        worker that fails before accepting is retried once on another (``worker_retry``).
+
+        On a nearly idle gateway the worker call starts while the lease is being granted, on the worker the
+        scheduler granted last for the same model and class (``speculative_start``): the scheduler still decides,
+        and a grant elsewhere (or a refusal) cancels the early call before anything is sent to the caller."""
         attempts = 2 if self.settings.worker_retry else 1
-        for attempt in range(attempts):
-            lease = await self._lease(principal, request, cost, request_id=request_id, model=model,
-                                      deadline=deadline, max_queue_wait_s=max_queue_wait_s)
-            if timeline is not None:
-                timeline.mark("queue_wait")
-            try:
-                if time.monotonic() >= deadline:  # granted too late: the worker is never called
-                    raise DeadlineExceeded("the request's deadline passed while it waited for a worker")
-                call, start, span = await self._start_worker(principal, request, lease, request_id=request_id,
-                                                             model=model, deadline=deadline)
-                return GenerationStream(self, lease=lease, call=call, start=start, arrived=arrived, timeline=timeline,
-                                        span=span)
-            except _WorkerLost as lost:
-                self.metrics.worker_failures.labels("before_first_token").inc()
-                self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
-                if attempt + 1 == attempts:
-                    raise Unavailable(f"the inference worker failed: {lost}") from None
-                log.warning("worker failed before the first token; retrying on another",
-                            extra={"worker": lease.worker_id})
-            except BaseException:
-                self.release(lease, scheduler_pb2.OUTCOME_ERROR)
+        self._opening += 1
+        try:
+            for attempt in range(attempts):
+                early = self._speculate(principal, request, request_id=request_id, model=model, deadline=deadline) \
+                    if attempt == 0 else None
+                try:
+                    lease = await self._lease(principal, request, cost, request_id=request_id, model=model,
+                                              deadline=deadline, max_queue_wait_s=max_queue_wait_s)
+                except BaseException:
+                    if early is not None:
+                        await self._drop_early(early, "refused")
+                    raise
+                self._hints[(model, request.priority, request.session_id)] = (lease.worker_id, lease.address)
+                if timeline is not None:
+                    timeline.mark("queue_wait")
+                try:
+                    if time.monotonic() >= deadline:  # granted too late: the worker is never called
+                        raise DeadlineExceeded("the request's deadline passed while it waited for a worker")
+                    started = None
+                    if early is not None:
+                        guessed, early = early, None
+                        hit = guessed.address == lease.address
+                        key = (model, request.priority)
+                        self._hit_rate[key] = (1 - _HIT_WEIGHT) * self._hit_rate.get(key, 1.0) + _HIT_WEIGHT * hit
+                        if hit:
+                            self.metrics.speculative_starts.labels("hit").inc()
+                            started = await guessed.task  # its failure is this worker's, as below
+                        else:
+                            await self._drop_early(guessed, "miss")
+                    call, start, span = started or await self._start_worker(
+                        principal, request, lease, request_id=request_id, model=model, deadline=deadline)
+                    return GenerationStream(self, lease=lease, call=call, start=start, arrived=arrived,
+                                            timeline=timeline, span=span)
+                except _WorkerLost as lost:
+                    self.metrics.worker_failures.labels("before_first_token").inc()
+                    self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
+                    if attempt + 1 == attempts:
+                        raise Unavailable(f"the inference worker failed: {lost}") from None
+                    log.warning("worker failed before the first token; retrying on another",
+                                extra={"worker": lease.worker_id})
+                except BaseException:
+                    if early is not None:
+                        await self._drop_early(early, "refused")
+                    self.release(lease, scheduler_pb2.OUTCOME_ERROR)
+                    raise
+            raise Unavailable("no worker could take the request")
+        finally:
+            self._opening -= 1
+
+    def _speculate(self, principal: Principal, req: GenerationRequest, *, request_id: str, model: str,
+                   deadline: float) -> _Early | None:
+        """The worker call started early on the last granted worker of (model, class, session), when the gateway is
+        nearly idle, that grant is recent and such guesses have lately been right; None otherwise."""
+        if not self.settings.speculative_start or \
+                self._opening + self.streams > self.settings.speculative_start_max_inflight:
+            return None
+        hint = self._hints.get((model, req.priority, req.session_id))
+        if hint is None:
+            return None
+        key = (model, req.priority)
+        if self._hit_rate.get(key, 1.0) < _HIT_FLOOR:  # lately wrong (an idle fleet of equals, spread at random)
+            self._probes[key] = self._probes.get(key, 0) + 1
+            if self._probes[key] % _PROBE_EVERY:
+                return None
+        worker_id, address = hint
+        guess = _Lease(call=None, worker_id=worker_id, address=address)
+        task = asyncio.get_running_loop().create_task(
+            self._start_worker(principal, req, guess, request_id=request_id, model=model, deadline=deadline),
+            name=f"early-start-{request_id}")
+        return _Early(address=address, task=task)
+
+    async def _drop_early(self, early: _Early, why: str) -> None:
+        """Cancels an early worker call that the grant did not confirm: the worker aborts it."""
+        self.metrics.speculative_starts.labels(why).inc()
+        if not early.task.done():
+            early.task.cancel()  # _start_worker cancels its call and ends its span on the way out
+        try:
+            call, _, span = await early.task
+        except (asyncio.CancelledError, Exception):  # whatever the early call met, nobody waits for it
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():  # this request itself is being cancelled
                 raise
-        raise Unavailable("no worker could take the request")
+            return
+        call.cancel()
+        span.set_attribute("goodput.speculative", why)
+        span.end()
 
     async def _lease(self, principal: Principal, req: GenerationRequest, cost: Cost, *, request_id: str,
                      model: str, deadline: float, max_queue_wait_s: float = 0.0) -> _Lease:
