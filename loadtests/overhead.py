@@ -934,13 +934,15 @@ def _round_trip_lines(rt: dict[str, Any] | None, levels: list[dict[str, Any]]) -
         added = one["overhead"]["gateway_grpc"]["ttft"]["p50_diff_ms"]
         sched = (one.get("gateway_stage_mean_ms") or {}).get("schedule")
         out.append(
-            f"At 1 stream every request arrives at an idle platform: the gateway's lease costs what the lease round "
-            f"trip costs after idle ({lease_idle:.2f} ms alone; the `schedule` stage measured "
-            + (f"{sched:.2f} ms" if sched is not None else "—") + f"), out of the {_signed(added)} ms added. A gRPC "
+            f"At 1 stream every request arrives at an idle platform, where a lease costs what its round trip costs "
+            f"after idle ({lease_idle:.2f} ms alone; the `schedule` stage measured "
+            + (f"{sched:.2f} ms" if sched is not None else "—") + f"; {_signed(added)} ms added in all). A gRPC "
             "message in Python crosses several threads (grpc's event engine, the completion-queue poller, the event "
             "loop), each asleep on an idle machine; raw TCP between the same processes shows what the hop itself "
-            "costs. Below the lease's idle round trip no placement that asks the scheduler can go; what is left "
-            "for the goal is the gateway's own hop (the client's request in, the first token out).")
+            "costs. With `SPECULATIVE_START` (on by default) a nearly idle gateway starts the worker call while the "
+            "lease is granted, on the worker granted last: the lease's round trip overlaps the worker's start "
+            "instead of adding to TTFT, and what is left is the gateway's own hop (the client's request in, the "
+            "first token out) and its checks (auth, validation, quotas).")
         out.append("")
     return out
 
@@ -997,8 +999,8 @@ def _explain(levels: list[dict[str, Any]]) -> list[str]:
         "- Before the first token the gateway does work the direct path does not: authenticate the key, validate, "
         "look up the served model (a scheduler `ListWorkers` call every couple of seconds, cached in between), a "
         "lease from the scheduler (over the gateway's multiplexed lease stream, or a stream per request with "
-        "LEASE_MUX off), and only then the worker `Generate` call. Each is a Python gRPC hop; the stage means above "
-        "show what they cost on this machine. The lease (`schedule`) grows with the number of streams the gateway's "
+        "LEASE_MUX off), and the worker `Generate` call: after the grant, or beside it on a nearly idle gateway "
+        "(SPECULATIVE_START). Each is a Python gRPC hop; the stage means above show what they cost on this machine. The lease (`schedule`) grows with the number of streams the gateway's "
         "event loop is already relaying.",
         "- For every token the gateway receives one protobuf message from the worker and sends one to the client "
         "(gRPC) or serialises one JSON SSE event (REST). That extra receive + send in Python adds latency to every "
