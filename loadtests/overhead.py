@@ -1000,7 +1000,8 @@ def _explain(levels: list[dict[str, Any]]) -> list[str]:
         "look up the served model (a scheduler `ListWorkers` call every couple of seconds, cached in between), a "
         "lease from the scheduler (over the gateway's multiplexed lease stream, or a stream per request with "
         "LEASE_MUX off), and the worker `Generate` call: after the grant, or beside it on a nearly idle gateway "
-        "(SPECULATIVE_START). Each is a Python gRPC hop; the stage means above show what they cost on this machine. The lease (`schedule`) grows with the number of streams the gateway's "
+        "(SPECULATIVE_START). Each is a Python gRPC hop; the stage means above show what they cost on this "
+        "machine. The lease (`schedule`) grows with the number of streams the gateway's "
         "event loop is already relaying.",
         "- For every token the gateway receives one protobuf message from the worker and sends one to the client "
         "(gRPC) or serialises one JSON SSE event (REST). That extra receive + send in Python adds latency to every "
