@@ -1,10 +1,12 @@
 """The gateway's speculative start (SPECULATIVE_START): on a nearly idle gateway the worker call starts while the
 lease is being granted, on the worker the scheduler granted last. Against a scheduler process and simulated worker
 processes (no model loads), over gRPC on localhost: a right guess serves the answer from the early call, a wrong one
-is cancelled and the worker aborts it, and neither leaves a lease held or a request running anywhere."""
+is cancelled and the worker aborts it, so is one whose lease waits in the scheduler's queue or is refused, and none
+leaves a lease held or a request running anywhere."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -59,7 +61,8 @@ async def fleet(service_processes) -> AsyncIterator[tuple[scheduler_pb2_grpc.Sch
     service_processes("goodput_inference", "stranger", **sim_worker_env(unknown))
     service_processes("goodput_scheduler", "scheduler", GOODPUT_SCHEDULER_WORKERS=f"127.0.0.1:{known}",
                       GOODPUT_SCHEDULER_INSECURE_INTERNAL="true", GOODPUT_SCHEDULER_GRPC_PORT=str(port),
-                      GOODPUT_SCHEDULER_HTTP_PORT=str(free_port()), GOODPUT_SCHEDULER_HEALTH_INTERVAL_S="0.2")
+                      GOODPUT_SCHEDULER_HTTP_PORT=str(free_port()), GOODPUT_SCHEDULER_HEALTH_INTERVAL_S="0.2",
+                      GOODPUT_SCHEDULER_MAX_INFLIGHT_PER_WORKER="2")
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
 
@@ -83,7 +86,7 @@ async def load(address: str) -> inference_pb2.GetLoadResponse:
 async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_nothing_leaked(fleet) -> None:  # type: ignore[no-untyped-def]
     stub, known, stranger = fleet
     metrics = GatewayMetrics(CollectorRegistry())
-    pipeline = Pipeline(GatewaySettings(speculative_start=True, speculative_start_max_inflight=2), scheduler=stub,
+    pipeline = Pipeline(GatewaySettings(speculative_start=True, speculative_start_max_inflight=3), scheduler=stub,
                         channel_factory=grpc.aio.insecure_channel, metrics=metrics)
     async with grpc.aio.insecure_channel(known) as channel:
         model = (await inference_pb2_grpc.InferenceStub(channel).GetModelInfo(
@@ -93,6 +96,23 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
         for i in range(4):
             assert await answer(pipeline, model, i)
         assert counted(metrics, "hit") == 3 and counted(metrics, "miss") == 0
+
+        # the worker holds its two leases (its cap), so the next request's lease waits in the scheduler's queue: its
+        # early call is cancelled when the scheduler says so, and the request starts on its grant (nothing ran
+        # unadmitted)
+        now = time.monotonic()
+        held = [await pipeline.open(PRINCIPAL, GenerationRequest(
+            model=model, messages=(Message("user", f"held {k}"),), priority=P0, sampling=Sampling(max_tokens=4)),
+            Cost(prompt_tokens=8, max_tokens=4), request_id=f"held-{k}", model=model, arrived=now,
+            deadline=now + 30, speculate=False) for k in range(2)]
+        waiting = asyncio.ensure_future(answer(pipeline, model, 5))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        for stream in held:
+            async for _ in stream.events():
+                pass
+        assert await waiting
+        assert counted(metrics, "queued") == 1 and counted(metrics, "hit") == 3
 
         # a wrong guess (a worker the scheduler never grants): the answer comes from the granted worker, and the
         # early call is cancelled
@@ -118,11 +138,11 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
 
         # a busy gateway does not guess
         hits = counted(metrics, "hit")
-        pipeline._opening += 2  # as if two more requests were being opened
+        pipeline._opening += 3  # as if three more requests were being opened
         try:
             assert await answer(pipeline, model, 30)
         finally:
-            pipeline._opening -= 2
+            pipeline._opening -= 3
         assert counted(metrics, "hit") == hits
 
         # a lease not granted (no worker serves the model: its deadline passes waiting) cancels the early call too

@@ -68,6 +68,7 @@ class _Stream:
         self.out: asyncio.Queue[object] = asyncio.Queue()
         self.waiting: dict[str, asyncio.Future[scheduler_pb2.LeaseMuxEvent]] = {}  # admits awaiting their answer
         self.releasing: dict[str, asyncio.Future[None]] = {}  # releases awaiting the scheduler's `released`
+        self.on_queued: dict[str, Callable[[], None]] = {}  # admits whose caller wants to know they wait
         self.call: aio.StreamStreamCall = stub.Leases(self._requests())
         self.broken: GoodputError | None = None
         self.answered = False  # a scheduler answered on it (so its end is a failover, not an absent scheduler)
@@ -100,6 +101,9 @@ class _Stream:
         self.answered = True
         kind = event.WhichOneof("kind")
         if kind == "queued":
+            queued = self.on_queued.pop(event.lease_id, None)
+            if queued is not None:
+                queued()
             return
         if kind == "released":
             done = self.releasing.pop(event.lease_id, None)
@@ -199,10 +203,12 @@ class LeaseStream:
             while not (stream.answered or stream.broken is not None or self._closed):
                 await asyncio.sleep(_RETRY_FIRST_S)
 
-    async def acquire(self, lease_id: str, admit: scheduler_pb2.Admit, *, timeout_s: float) -> scheduler_pb2.Granted:
+    async def acquire(self, lease_id: str, admit: scheduler_pb2.Admit, *, timeout_s: float,
+                      on_queued: Callable[[], None] | None = None) -> scheduler_pb2.Granted:
         """Admits the request and waits for its grant (at most ``timeout_s``), admitting it again when the stream
         breaks meanwhile. Raises what the scheduler refused it with (ResourceExhausted, DeadlineExceeded,
-        Unavailable, ...); on cancellation the lease is withdrawn."""
+        Unavailable, ...); on cancellation the lease is withdrawn. ``on_queued`` is called if the scheduler queues
+        it rather than granting it at once."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_s, 0.001)
         backoff = _RETRY_FIRST_S
@@ -211,12 +217,17 @@ class LeaseStream:
             stream = self._open()
             waiter: asyncio.Future[scheduler_pb2.LeaseMuxEvent] = loop.create_future()
             stream.waiting[lease_id] = waiter
+            if on_queued is not None:
+                stream.on_queued[lease_id] = on_queued
             left = max(deadline - loop.time(), 0.001)
             carrier: dict[str, str] = {}
             propagate.inject(carrier)  # the request's trace continues at the scheduler, stream shared or not
             stream.send(_Request(lease_id=lease_id, admit=admit, timeout_s=left, trace_context=carrier))
             try:
-                event = await asyncio.wait_for(waiter, timeout=left)
+                try:
+                    event = await asyncio.wait_for(waiter, timeout=left)
+                finally:
+                    stream.on_queued.pop(lease_id, None)
                 break
             except asyncio.CancelledError:
                 self._withdraw(stream, lease_id)

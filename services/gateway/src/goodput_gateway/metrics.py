@@ -81,7 +81,8 @@ class GatewayMetrics:
         self.speculative_starts = Counter(
             "goodput_gateway_speculative_starts_total", "Worker calls started while their lease was being granted "
             "(SPECULATIVE_START), by result: hit (granted on that worker), miss (granted elsewhere: cancelled), "
-            "refused (the lease was not granted: cancelled).", ["result"], registry=registry)
+            "queued (the lease waited in the scheduler's queue: cancelled then), refused (the lease was not "
+            "granted: cancelled).", ["result"], registry=registry)
         self.worker_failures = Counter("goodput_gateway_worker_failures_total",
                                        "Worker calls lost (before or after the first token).", ["phase"],
                                        registry=registry)

@@ -76,6 +76,11 @@ class _Early:
 
     address: str
     task: asyncio.Task[tuple[aio.UnaryStreamCall, StreamStart, Span]]
+    queued: bool = False  # the scheduler queued the lease: the early call was cancelled then (never run unadmitted)
+
+    def on_queued(self) -> None:
+        self.queued = True
+        self.task.cancel()
 
 
 @dataclass(frozen=True)
@@ -338,23 +343,25 @@ class Pipeline:
 
     async def open(self, principal: Principal, request: GenerationRequest, cost: Cost, *, request_id: str,
                    model: str, arrived: float, deadline: float, max_queue_wait_s: float = 0.0,
-                   timeline: Timeline | None = None) -> GenerationStream:
+                   timeline: Timeline | None = None, speculate: bool = True) -> GenerationStream:
         """Leases a worker for ``request`` (its priority resolved, its cost estimated) and starts generation;
         returns once the worker accepted the request, so errors surface before any response bytes are sent. A
         worker that fails before accepting is retried once on another (``worker_retry``).
 
         On a nearly idle gateway the worker call starts while the lease is being granted, on the worker the
-        scheduler granted last for the same model and class (``speculative_start``): the scheduler still decides,
-        and a grant elsewhere (or a refusal) cancels the early call before anything is sent to the caller."""
+        scheduler granted last for the same model and class (``speculative_start``; ``speculate=False`` for a
+        request the scheduler may well refuse): the scheduler still decides, and a grant elsewhere, a refusal or a
+        place in its queue cancels the early call before anything is sent to the caller."""
         attempts = 2 if self.settings.worker_retry else 1
         self._opening += 1
         try:
             for attempt in range(attempts):
                 early = self._speculate(principal, request, request_id=request_id, model=model, deadline=deadline) \
-                    if attempt == 0 else None
+                    if attempt == 0 and speculate else None
                 try:
                     lease = await self._lease(principal, request, cost, request_id=request_id, model=model,
-                                              deadline=deadline, max_queue_wait_s=max_queue_wait_s)
+                                              deadline=deadline, max_queue_wait_s=max_queue_wait_s,
+                                              on_queued=early.on_queued if early is not None else None)
                 except BaseException:
                     if early is not None:
                         await self._drop_early(early, "refused")
@@ -366,6 +373,9 @@ class Pipeline:
                     if time.monotonic() >= deadline:  # granted too late: the worker is never called
                         raise DeadlineExceeded("the request's deadline passed while it waited for a worker")
                     started = None
+                    if early is not None and early.queued:  # cancelled when its lease was queued
+                        guessed, early = early, None
+                        await self._drop_early(guessed, "queued")
                     if early is not None:
                         guessed, early = early, None
                         hit = guessed.address == lease.address
@@ -435,7 +445,8 @@ class Pipeline:
         span.end()
 
     async def _lease(self, principal: Principal, req: GenerationRequest, cost: Cost, *, request_id: str,
-                     model: str, deadline: float, max_queue_wait_s: float = 0.0) -> _Lease:
+                     model: str, deadline: float, max_queue_wait_s: float = 0.0,
+                     on_queued: Callable[[], None] | None = None) -> _Lease:
         started = time.monotonic()
         admit = scheduler_pb2.Admit(request_id=request_id, tenant=principal.tenant, priority=cast(Any, req.priority),
                                     model=model, prompt_tokens_estimate=cost.prompt_tokens,
@@ -446,7 +457,8 @@ class Pipeline:
             # unique on the stream even when a caller reuses its request id (or the worker retry leases again)
             lease_id = f"{request_id}/{next(self._lease_seq)}"
             async with self.breaker.guard():
-                granted = await self.lease_stream.acquire(lease_id, admit, timeout_s=deadline - time.monotonic())
+                granted = await self.lease_stream.acquire(lease_id, admit, timeout_s=deadline - time.monotonic(),
+                                                          on_queued=on_queued)
             self.metrics.stage.labels("schedule").observe(time.monotonic() - started)
             self.queue_waits.observe(model, req.priority, granted.queue_wait_s)
             return _Lease(call=None, worker_id=granted.worker_id, address=granted.address, mux_id=lease_id)
@@ -460,8 +472,12 @@ class Pipeline:
                     event = await call.read()
                     if event is aio.EOF:
                         raise Unavailable("the scheduler closed the lease without a grant")
-                    if event.WhichOneof("kind") == "granted":
+                    kind = event.WhichOneof("kind")
+                    if kind == "granted":
                         break
+                    if kind == "queued" and on_queued is not None:
+                        on_queued()
+                        on_queued = None
         except grpc.RpcError as err:
             call.cancel()
             raise from_rpc_error(err) from None

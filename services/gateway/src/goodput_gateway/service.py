@@ -398,15 +398,18 @@ class GatewayService:
             timeline.retrieval_legs.update(rag.legs)  # inside retrieval, in parallel: reported, not summed
             timeline.retrieval_outcome.update(rag.outcome)
 
-        # cost, once, on the final prompt; then admission: the scheduler leases a worker (or sheds)
+        # cost, once, on the final prompt; then admission: the scheduler leases a worker (or sheds). A caller's
+        # deadline shorter than its class's is where the scheduler refuses what it predicts late: such a request is
+        # not started on a worker before its grant (speculative start), so a refused one reaches no worker.
         final, cost = resolve_cost(grounded, self.settings, max_model_len=model.max_model_len)
+        speculate = not call.timeout_s or call.timeout_s >= cls.deadline_s
         timeline.mark("prompt_assembly")
         deadline.check("admission")
         try:
             stream = await self.pipeline.open(principal, final, cost, request_id=request_id, model=model.id,
                                               arrived=arrived, deadline=deadline.deadline,
                                               max_queue_wait_s=deadline.cap(cls.budgets.queue_wait),
-                                              timeline=timeline)
+                                              timeline=timeline, speculate=speculate)
         except (ResourceExhausted, Unavailable) as err:
             lighter = self._fallback_for(principal, model.id)
             try:
@@ -434,7 +437,7 @@ class GatewayService:
                 stream = await self.pipeline.open(principal, final, cost, request_id=request_id, model=model.id,
                                                   arrived=arrived, deadline=deadline.deadline,
                                                   max_queue_wait_s=deadline.cap(cls.budgets.queue_wait),
-                                                  timeline=timeline)
+                                                  timeline=timeline, speculate=speculate)
             except ResourceExhausted as refused:
                 await self._park(refused, principal, asked)  # batch work is parked as asked for, not lost
                 raise
