@@ -408,6 +408,8 @@ def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: 
     # No response cache: the same greedy prompts repeat, and the benchmark measures the generation path.
     # No knowledge services and no jobs worker either: only what a chat request passes through runs (fewer ports to
     # bind and fewer processes sharing the cores).
+    # The gateway's speculative start on (opt-in): with it the lease's round trip overlaps the worker's start.
+    env["GOODPUT_GATEWAY_SPECULATIVE_START"] = "true"
     platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=env, cache=False, knowledge=False,
                         jobs=False, api_keys=[{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}],
                         insecure_internal=insecure_internal)
@@ -939,9 +941,9 @@ def _round_trip_lines(rt: dict[str, Any] | None, levels: list[dict[str, Any]]) -
             + (f"{sched:.2f} ms" if sched is not None else "—") + f"; {_signed(added)} ms added in all). A gRPC "
             "message in Python crosses several threads (grpc's event engine, the completion-queue poller, the event "
             "loop), each asleep on an idle machine; raw TCP between the same processes shows what the hop itself "
-            "costs. With `SPECULATIVE_START` (on by default) a nearly idle gateway starts the worker call while the "
-            "lease is granted, on the worker granted last: the lease's round trip overlaps the worker's start "
-            "instead of adding to TTFT, and what is left is the gateway's own hop (the client's request in, the "
+            "costs. With `SPECULATIVE_START` (opt-in, on in this run) a nearly idle gateway starts the worker call "
+            "while the lease is granted, on the worker granted last: the lease's round trip overlaps the worker's "
+            "start instead of adding to TTFT, and what is left is the gateway's own hop (the client's request in, the "
             "first token out) and its checks (auth, validation, quotas).")
         out.append("")
     return out
@@ -1213,7 +1215,7 @@ def main(argv: list[str] | None = None) -> int:
                             scheduler=platform.scheduler_grpc)
             platform_desc = ("started by the benchmark: one worker, the scheduler and the gateway, each its own "
                              "process (no cache, knowledge services or jobs worker), default settings except the "
-                             "engine flags")
+                             "engine flags and the gateway's SPECULATIVE_START=true (opt-in)")
             cores = engine_cores(args.engine_cores)
             flags = {**ENGINE_ENV, **(SIM_ENGINE_ENV if args.engine == "sim" else {})}
             engine_flags = ", ".join(f"{k.removeprefix('GOODPUT_INFERENCE_').lower()}={v}"

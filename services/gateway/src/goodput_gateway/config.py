@@ -135,12 +135,15 @@ class GatewaySettings(ServiceSettings):
     lease_mux: bool = Field(True, description="Every request's scheduler lease over one long-lived multiplexed "
                                               "stream (Scheduler/Leases: the fast path); false = a Lease stream "
                                               "per request.")
-    speculative_start: bool = Field(True, description="On a nearly idle gateway, start the worker call on the "
+    speculative_start: bool = Field(False, description="Opt-in. On a nearly idle gateway, start the worker call on "
+                                                       "the "
                                                       "worker the scheduler granted last for the same model and "
                                                       "class while the lease is being granted, so the lease's round "
                                                       "trip overlaps the worker's start; a grant elsewhere or a "
                                                       "refusal cancels it (the worker aborts it) before the caller "
-                                                      "sees anything. false = the worker is called after the grant.")
+                                                      "sees anything (a wrong guess costs the guessed worker what "
+                                                      "it did before the cancel, up to a prefill step). false = the "
+                                                      "worker is called after the grant.")
     speculative_start_max_inflight: int = Field(2, ge=0, le=1024,
                                                 description="Speculative starts only while the gateway has at most "
                                                             "this many requests in flight (the new one included): "
