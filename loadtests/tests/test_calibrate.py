@@ -40,7 +40,6 @@ def test_the_fit_recovers_prefill_and_step_times() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(not REPORT.exists(), reason="no committed calibration report (python -m loadtests.calibrate)")
 def test_the_smoke_run_fits_the_committed_traces_and_reports_the_error(tmp_path: Path) -> None:
     out = tmp_path / "calibration"
     argv = ["--smoke", "--from-report", str(REPORT), "--out", str(out), "--base-port", str(free_port_block())]

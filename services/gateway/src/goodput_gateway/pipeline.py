@@ -373,19 +373,20 @@ class Pipeline:
                     if time.monotonic() >= deadline:  # granted too late: the worker is never called
                         raise DeadlineExceeded("the request's deadline passed while it waited for a worker")
                     started = None
-                    if early is not None and early.queued:  # cancelled when its lease was queued
-                        guessed, early = early, None
-                        await self._drop_early(guessed, "queued")
                     if early is not None:
                         guessed, early = early, None
-                        hit = guessed.address == lease.address
-                        key = (model, request.priority)
-                        self._hit_rate[key] = (1 - _HIT_WEIGHT) * self._hit_rate.get(key, 1.0) + _HIT_WEIGHT * hit
-                        if hit:
-                            self.metrics.speculative_starts.labels("hit").inc()
-                            started = await guessed.task  # its failure is this worker's, as below
+                        if guessed.queued:  # cancelled when its lease was queued
+                            await self._drop_early(guessed, "queued")
                         else:
-                            await self._drop_early(guessed, "miss")
+                            hit = guessed.address == lease.address
+                            key = (model, request.priority)
+                            self._hit_rate[key] = ((1 - _HIT_WEIGHT) * self._hit_rate.get(key, 1.0)
+                                                   + _HIT_WEIGHT * hit)
+                            if hit:
+                                self.metrics.speculative_starts.labels("hit").inc()
+                                started = await guessed.task  # its failure is this worker's, as below
+                            else:
+                                await self._drop_early(guessed, "miss")
                     call, start, span = started or await self._start_worker(
                         principal, request, lease, request_id=request_id, model=model, deadline=deadline)
                     return GenerationStream(self, lease=lease, call=call, start=start, arrived=arrived,
@@ -462,9 +463,8 @@ class Pipeline:
             self.metrics.stage.labels("schedule").observe(time.monotonic() - started)
             self.queue_waits.observe(model, req.priority, granted.queue_wait_s)
             return _Lease(call=None, worker_id=granted.worker_id, address=granted.address, mux_id=lease_id)
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier)  # the scheduler's span of this lease joins the request's trace
-        call = self.scheduler.Lease(timeout=deadline - time.monotonic(), metadata=tuple(carrier.items()))
+        # the scheduler's span of this lease joins the request's trace
+        call = self.scheduler.Lease(timeout=deadline - time.monotonic(), metadata=_trace_metadata())
         try:
             async with self.breaker.guard():
                 await call.write(scheduler_pb2.LeaseRequest(admit=admit))
@@ -508,10 +508,8 @@ class Pipeline:
         span = _tracer.start_span(_GENERATE, kind=SpanKind.CLIENT, attributes={
             "rpc.system": "grpc", "rpc.service": "goodput.inference.v1.Inference", "rpc.method": "Generate",
             "server.address": lease.address, "goodput.worker": lease.worker_id})
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
         call = self._worker(lease.address).Generate(gen, timeout=max(deadline - time.monotonic(), 0.001),
-                                                    metadata=tuple(carrier.items()))
+                                                    metadata=_trace_metadata(span))
         try:
             first = await call.read()
         except grpc.RpcError as err:
@@ -568,6 +566,14 @@ class Pipeline:
             await asyncio.wait_for(_release_call(lease.call, release), timeout=5)
         except (grpc.RpcError, asyncio.TimeoutError, asyncio.CancelledError):
             lease.call.cancel()  # the scheduler then releases it as abandoned
+
+
+def _trace_metadata(span: Span | None = None) -> tuple[tuple[str, str], ...]:
+    """The trace context (of ``span``, else the current one) as a call's metadata, for a channel without the
+    tracing interceptor."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span) if span is not None else None)
+    return tuple(carrier.items())
 
 
 def _end_failed(span: Span, err: grpc.RpcError | None = None) -> None:
