@@ -533,19 +533,24 @@ async def _timed(step: Callable[[int], Awaitable[float]], *, idle_s: float) -> f
 
 
 async def lease_round_trips(address: str, credentials: grpc.ChannelCredentials | None) -> dict[str, float | None]:
-    """Admit -> granted on the scheduler's lease stream, measured alone (what the gateway's ``schedule`` stage costs
-    at least), back to back and after an idle gap, on a connection of its own with the gateway's certificate."""
+    """Admit -> granted on the scheduler's lease stream (LeaseBatches, as the gateway), measured alone (what the
+    gateway's ``schedule`` stage costs at least), back to back and after an idle gap, on a connection of its own with
+    the gateway's certificate."""
     channel = (aio.secure_channel(address, credentials) if credentials is not None
                else aio.insecure_channel(address))
     out: asyncio.Queue[scheduler_pb2.LeaseMuxRequest | None] = asyncio.Queue()
 
     async def requests() -> Any:
         while (msg := await out.get()) is not None:
-            yield msg
+            yield scheduler_pb2.LeaseMuxBatch(requests=[msg])
 
     try:
-        call = scheduler_pb2_grpc.SchedulerStub(channel).Leases(requests())
+        call = scheduler_pb2_grpc.SchedulerStub(channel).LeaseBatches(requests())
         run = uuid.uuid4().hex[:8]
+
+        async def until(kind: str) -> None:
+            while not any(e.WhichOneof("kind") == kind for e in (await call.read()).events):
+                pass
 
         async def lease(i: int, tag: str) -> float:
             lease_id = f"rtt-{run}-{tag}-{i}"
@@ -553,13 +558,11 @@ async def lease_round_trips(address: str, credentials: grpc.ChannelCredentials |
             out.put_nowait(scheduler_pb2.LeaseMuxRequest(lease_id=lease_id, timeout_s=10, admit=scheduler_pb2.Admit(
                 request_id=lease_id, tenant=BENCH_TENANT, priority=types_pb2.PRIORITY_P0, prompt_tokens_estimate=16,
                 max_tokens=1)))
-            while (await call.read()).WhichOneof("kind") != "granted":
-                pass
+            await until("granted")
             took = time.perf_counter() - started  # the grant: what a request waits for (the release is not waited)
             out.put_nowait(scheduler_pb2.LeaseMuxRequest(lease_id=lease_id, release=scheduler_pb2.Release(
                 outcome=scheduler_pb2.OUTCOME_CANCELLED)))
-            while (await call.read()).WhichOneof("kind") != "released":
-                pass
+            await until("released")
             return took
 
         busy = await _timed(lambda i: lease(i, "busy"), idle_s=0)

@@ -107,3 +107,38 @@ async def test_the_open_leases_of_one_stream_are_bounded(workers) -> None:  # ty
         event = await s.next("error")
         assert (event.lease_id, event.error.code) == ("r2", "too_many_leases")
         s.call.cancel()
+
+
+async def test_lease_batches_carry_many_lease_messages_each_way_in_order(workers) -> None:  # type: ignore[no-untyped-def]
+    """LeaseBatches: one message with several leases' admits is answered lease by lease (the grants of a batch come
+    back together), a release in the same batch as its lease's first token is taken in order, and the stream's end
+    gives back what it held, as on Leases."""
+    (a,) = await workers(1)
+    async with SchedulerHarness(scheduler_settings([a.address])) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        out: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def batches():  # type: ignore[no-untyped-def]
+            while (msg := await out.get()) is not None:
+                yield msg
+
+        call = h.stub.LeaseBatches(batches())
+        out.put_nowait(scheduler_pb2.LeaseMuxBatch(requests=[admit(f"r{i}") for i in range(5)]))
+        granted: list[str] = []
+        while len(granted) < 5:
+            batch = await asyncio.wait_for(call.read(), 5)
+            granted += [e.lease_id for e in batch.events if e.WhichOneof("kind") == "granted"]
+        assert granted == [f"r{i}" for i in range(5)]  # in the order admitted
+        assert h.workers.all()[0].inflight == 5
+        out.put_nowait(scheduler_pb2.LeaseMuxBatch(requests=[
+            scheduler_pb2.LeaseMuxRequest(lease_id="r0", first_token=scheduler_pb2.FirstToken(ttft_s=0.1)),
+            scheduler_pb2.LeaseMuxRequest(lease_id="r0", release=scheduler_pb2.Release(
+                outcome=scheduler_pb2.OUTCOME_OK, completion_tokens=3)),
+            scheduler_pb2.LeaseMuxRequest(lease_id="r1", cancel=scheduler_pb2.Cancel())]))
+        released: set[str] = set()
+        while released != {"r0", "r1"}:
+            batch = await asyncio.wait_for(call.read(), 5)
+            released |= {e.lease_id for e in batch.events if e.WhichOneof("kind") == "released"}
+        assert h.workers.all()[0].inflight == 3
+        out.put_nowait(None)  # the gateway closes its side: the three still held go back
+        await h.until(lambda: h.workers.all()[0].inflight == 0)

@@ -71,6 +71,7 @@ ACCESS: dict[str, dict[str, Rule]] = {
         _SCHED + "Lease": _r(*_GW, tenant="admit.tenant"),
         # Many leases on one stream: each admit's tenant is believed because only tenant actors may open it.
         _SCHED + "Leases": _r(*_GW),
+        _SCHED + "LeaseBatches": _r(*_GW),
         _SCHED + "ListWorkers": _r(*_GW, OPERATOR),
         _SCHED + "RegisterWorker": _r("inference"),
         _SCHED + "DeregisterWorker": _r("inference", OPERATOR),

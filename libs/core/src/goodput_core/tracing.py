@@ -35,6 +35,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 # request's trace (goodput_scheduler.mux), and one span for the whole stream would say nothing but cost every message.
 _NOT_TRACED = filters.negate(filters.any_of(filters.health_check(), filters.method_name("GetLoad"),
                                             filters.full_method_name("/goodput.scheduler.v1.Scheduler/Leases"),
+                                            filters.full_method_name("/goodput.scheduler.v1.Scheduler/LeaseBatches"),
                                             filters.service_prefix("grpc.reflection")))
 
 

@@ -133,7 +133,7 @@ class GatewaySettings(ServiceSettings):
                                           "request's class SLO (goodput_gateway.autoroute); list only models whose "
                                           "answers are good enough for what is sent as auto.")
     lease_mux: bool = Field(True, description="Every request's scheduler lease over one long-lived multiplexed "
-                                              "stream (Scheduler/Leases: the fast path); false = a Lease stream "
+                                              "stream (Scheduler/LeaseBatches: the fast path); false = a Lease stream "
                                               "per request.")
     speculative_start: bool = Field(False, description="Opt-in. On a nearly idle gateway, start the worker call on "
                                                        "the "

@@ -1,9 +1,11 @@
-"""The gateway's fast path to the scheduler: every request's lease over one long-lived ``Scheduler/Leases`` stream
-(``LEASE_MUX``, on by default), instead of a ``Lease`` stream set up and torn down per request.
+"""The gateway's fast path to the scheduler: every request's lease over one long-lived ``Scheduler/LeaseBatches``
+stream (``LEASE_MUX``, on by default), instead of a ``Lease`` stream set up and torn down per request.
 
 One stream per gateway process, opened on first use. Messages go out through one queue that gRPC drains in order (a
-stream takes one write at a time); events come back through one reader task that hands each to its lease by
-``lease_id``. A lease is the same conversation as on ``Lease``: admit, then ``granted`` (or a ``LeaseError``, turned
+stream takes one write at a time): what queued up while the previous write was in flight goes out as one batch
+message (``goodput_core.batching``), so under load an admit waits for at most one write, not for every message ahead
+of it. Events come back, batched the same way by the scheduler, through one reader task that hands each to its lease
+by ``lease_id``. A lease is the same conversation as on ``Lease``: admit, then ``granted`` (or a ``LeaseError``, turned
 back into the same :class:`~goodput_core.errors.GoodputError` a failed ``Lease`` call gives), first token, release.
 A caller that goes away while it waits sends ``cancel``.
 
@@ -34,12 +36,14 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import cast
 
 import grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 from opentelemetry import propagate
 
+from goodput_core.batching import take_batch
 from goodput_core.errors import DeadlineExceeded, GoodputError, Unavailable, from_rpc_error, from_status
 
 __all__ = ["LeaseStream"]
@@ -48,6 +52,7 @@ log = logging.getLogger("goodput.gateway.leases")
 
 _Request = scheduler_pb2.LeaseMuxRequest
 _CLOSE = object()  # ends the outgoing messages (the stream's write side)
+MAX_BATCH = 512  # lease messages in one LeaseBatches message (a few hundred bytes each)
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
 FAILOVER_WINDOW_S = 30.0  # how long a failover is waited out (re-admission, re-attachment) before giving up
 
@@ -62,30 +67,39 @@ class _Broken(Exception):
 
 
 class _Stream:
-    """One open ``Leases`` call: its outgoing queue, its reader, the leases waiting for a grant or a release."""
+    """One open ``LeaseBatches`` call: its outgoing queue, its reader, the leases waiting for a grant or a release."""
 
     def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub, on_broken: Callable[[_Stream], None]) -> None:
         self.out: asyncio.Queue[object] = asyncio.Queue()
         self.waiting: dict[str, asyncio.Future[scheduler_pb2.LeaseMuxEvent]] = {}  # admits awaiting their answer
         self.releasing: dict[str, asyncio.Future[None]] = {}  # releases awaiting the scheduler's `released`
         self.on_queued: dict[str, Callable[[], None]] = {}  # admits whose caller wants to know they wait
-        self.call: aio.StreamStreamCall = stub.Leases(self._requests())
+        self.call: aio.StreamStreamCall = stub.LeaseBatches(self._requests())
         self.broken: GoodputError | None = None
         self.answered = False  # a scheduler answered on it (so its end is a failover, not an absent scheduler)
         self._on_broken = on_broken
         self.reader = asyncio.get_running_loop().create_task(self._read(), name="lease-stream-reader")
 
-    async def _requests(self) -> AsyncIterator[_Request]:
-        while (msg := await self.out.get()) is not _CLOSE:
-            yield msg  # type: ignore[misc]
+    async def _requests(self) -> AsyncIterator[scheduler_pb2.LeaseMuxBatch]:
+        """What queued up while the previous message was being written, as one message (goodput_core.batching)."""
+        while True:
+            batch = await take_batch(self.out, limit=MAX_BATCH, is_end=lambda msg: msg is _CLOSE)
+            closing = batch[-1] is _CLOSE
+            if closing:
+                batch.pop()
+            if batch:
+                yield scheduler_pb2.LeaseMuxBatch(requests=cast(list[_Request], batch))
+            if closing:
+                return
 
     def send(self, msg: _Request) -> None:
         self.out.put_nowait(msg)
 
     async def _read(self) -> None:
         try:
-            async for event in self.call:
-                self._route(event)
+            async for batch in self.call:
+                for event in batch.events:
+                    self._route(event)
             self._break(Unavailable("the scheduler closed the lease stream", retry_after_s=0.5))
         except grpc.RpcError as err:
             self._break(from_rpc_error(err) if err.code() != grpc.StatusCode.CANCELLED else

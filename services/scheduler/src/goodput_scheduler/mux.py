@@ -1,6 +1,7 @@
-"""Many leases over one stream (``Scheduler/Leases``): the gateway's fast path. A per-request ``Lease`` stream costs
-a stream's setup and teardown on both sides for every request; on one long-lived stream a lease is two small
-messages (admit, granted) on a connection already open.
+"""Many leases over one stream (``Scheduler/LeaseBatches``, or ``Scheduler/Leases`` unbatched): the gateway's fast
+path. A per-request ``Lease`` stream costs a stream's setup and teardown on both sides for every request; on one
+long-lived stream a lease is two small messages (admit, granted) on a connection already open, and on
+``LeaseBatches`` the messages that queued up behind a write go out together (``goodput_core.batching``).
 
 Each message names its lease (``lease_id``). A lease goes through the same steps as on ``Lease`` (admitted into its
 class queue, granted, first token, released) through the same :class:`~goodput_scheduler.leases.LeaseManager`; a

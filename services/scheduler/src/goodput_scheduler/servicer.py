@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import cast
 
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 
+from goodput_core.batching import take_batch
 from goodput_core.context import request_context
 from goodput_core.errors import InvalidArgument, NotFound, Unavailable
 
@@ -18,6 +21,8 @@ from goodput_scheduler.placement import PlacementRequest
 from goodput_scheduler.registry import Worker, WorkerRegistry
 
 log = logging.getLogger("goodput.scheduler")
+
+MAX_BATCH = 512  # lease events in one LeaseBatches message (a few hundred bytes each)
 
 
 def worker_status(w: Worker, *, max_inflight: int = 0) -> scheduler_pb2.WorkerStatus:
@@ -35,6 +40,18 @@ def worker_status(w: Worker, *, max_inflight: int = 0) -> scheduler_pb2.WorkerSt
     if w.model is not None:
         status.model.CopyFrom(w.model)
     return status
+
+
+def _ends_stream(event: object) -> bool:
+    return event is None or isinstance(event, Exception)
+
+
+async def unbatched(batches: AsyncIterator[scheduler_pb2.LeaseMuxBatch]
+                    ) -> AsyncIterator[scheduler_pb2.LeaseMuxRequest]:
+    """A LeaseBatches stream's lease messages, one by one, in order."""
+    async for batch in batches:
+        for request in batch.requests:
+            yield request
 
 
 MAX_TENANT_WEIGHT = 1e6  # far beyond any ratio between tenants that means something; keeps the weights' sum finite
@@ -77,17 +94,39 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def Leases(self, request_iterator: AsyncIterator[scheduler_pb2.LeaseMuxRequest],
                      context: aio.ServicerContext) -> AsyncIterator[scheduler_pb2.LeaseMuxEvent]:
-        """Many leases over one stream (:mod:`goodput_scheduler.mux`)."""
+        """Many leases over one stream (:mod:`goodput_scheduler.mux`), a message per lease message."""
+        async with aclosing(self._mux(request_iterator)) as batches:  # given back at once, however the call ends
+            async for events in batches:
+                for event in events:
+                    yield event
+
+    async def LeaseBatches(self, request_iterator: AsyncIterator[scheduler_pb2.LeaseMuxBatch],
+                           context: aio.ServicerContext) -> AsyncIterator[scheduler_pb2.LeaseMuxEventBatch]:
+        """``Leases`` with batched messages each way: the events that queued up while the previous message was being
+        written go out as one (:mod:`goodput_core.batching`)."""
+        async with aclosing(self._mux(unbatched(request_iterator))) as batches:
+            async for events in batches:
+                yield scheduler_pb2.LeaseMuxEventBatch(events=events)
+
+    async def _mux(self, requests: AsyncIterator[scheduler_pb2.LeaseMuxRequest]
+                   ) -> AsyncGenerator[list[scheduler_pb2.LeaseMuxEvent], None]:
         self._check_leading()
         events: asyncio.Queue[scheduler_pb2.LeaseMuxEvent | None | Exception] = asyncio.Queue()
         mux = LeaseMux(self.leases, events.put_nowait, max_leases=self.mux_max_leases, parse_weight=tenant_weight)
-        reader = asyncio.get_running_loop().create_task(serve(mux, request_iterator, events), name="lease-mux")
+        reader = asyncio.get_running_loop().create_task(serve(mux, requests, events), name="lease-mux")
         self._streams.add(events)
         try:
-            while (event := await events.get()) is not None:
-                if isinstance(event, Exception):
-                    raise event
-                yield event
+            while True:
+                batch = await take_batch(events, limit=MAX_BATCH, is_end=_ends_stream)
+                last = batch[-1]
+                if _ends_stream(last):
+                    batch.pop()
+                if batch:
+                    yield cast(list[scheduler_pb2.LeaseMuxEvent], batch)
+                if isinstance(last, Exception):
+                    raise last
+                if last is None:  # the caller closed its side
+                    return
         finally:
             self._streams.discard(events)
             reader.cancel()

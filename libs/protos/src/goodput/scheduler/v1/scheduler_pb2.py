@@ -26,7 +26,7 @@ from goodput.common.v1 import types_pb2 as goodput_dot_common_dot_v1_dot_types__
 from goodput.inference.v1 import inference_pb2 as goodput_dot_inference_dot_v1_dot_inference__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$goodput/scheduler/v1/scheduler.proto\x12\x14goodput.scheduler.v1\x1a\x1dgoodput/common/v1/types.proto\x1a$goodput/inference/v1/inference.proto\"\xaf\x01\n\x0cLeaseRequest\x12,\n\x05\x61\x64mit\x18\x01 \x01(\x0b\x32\x1b.goodput.scheduler.v1.AdmitH\x00\x12\x30\n\x07release\x18\x02 \x01(\x0b\x32\x1d.goodput.scheduler.v1.ReleaseH\x00\x12\x37\n\x0b\x66irst_token\x18\x03 \x01(\x0b\x32 .goodput.scheduler.v1.FirstTokenH\x00\x42\x06\n\x04kind\"\x1c\n\nFirstToken\x12\x0e\n\x06ttft_s\x18\x01 \x01(\x01\"\xf7\x01\n\x05\x41\x64mit\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12-\n\x08priority\x18\x03 \x01(\x0e\x32\x1b.goodput.common.v1.Priority\x12\r\n\x05model\x18\x04 \x01(\t\x12\x1e\n\x16prompt_tokens_estimate\x18\x05 \x01(\x05\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x13\n\x0bprefix_hint\x18\x07 \x01(\t\x12\x12\n\nsession_id\x18\x08 \x01(\t\x12\x15\n\rtenant_weight\x18\t \x01(\x01\x12\x18\n\x10max_queue_wait_s\x18\n \x01(\x01\"{\n\x07Release\x12.\n\x07outcome\x18\x01 \x01(\x0e\x32\x1d.goodput.scheduler.v1.Outcome\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\x05\x12\x0e\n\x06ttft_s\x18\x04 \x01(\x01\"\xbc\x03\n\x0fLeaseMuxRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12,\n\x05\x61\x64mit\x18\x02 \x01(\x0b\x32\x1b.goodput.scheduler.v1.AdmitH\x00\x12\x37\n\x0b\x66irst_token\x18\x03 \x01(\x0b\x32 .goodput.scheduler.v1.FirstTokenH\x00\x12\x30\n\x07release\x18\x04 \x01(\x0b\x32\x1d.goodput.scheduler.v1.ReleaseH\x00\x12.\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x1c.goodput.scheduler.v1.CancelH\x00\x12.\n\x06\x61ttach\x18\x07 \x01(\x0b\x32\x1c.goodput.scheduler.v1.AttachH\x00\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12N\n\rtrace_context\x18\x08 \x03(\x0b\x32\x37.goodput.scheduler.v1.LeaseMuxRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04kind\"a\n\x06\x41ttach\x12*\n\x05\x61\x64mit\x18\x01 \x01(\x0b\x32\x1b.goodput.scheduler.v1.Admit\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x18\n\x10\x66irst_token_seen\x18\x03 \x01(\x08\"\x08\n\x06\x43\x61ncel\"\xf2\x01\n\rLeaseMuxEvent\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12.\n\x06queued\x18\x02 \x01(\x0b\x32\x1c.goodput.scheduler.v1.QueuedH\x00\x12\x30\n\x07granted\x18\x03 \x01(\x0b\x32\x1d.goodput.scheduler.v1.GrantedH\x00\x12\x32\n\x08released\x18\x04 \x01(\x0b\x32\x1e.goodput.scheduler.v1.ReleasedH\x00\x12\x31\n\x05\x65rror\x18\x05 \x01(\x0b\x32 .goodput.scheduler.v1.LeaseErrorH\x00\x42\x06\n\x04kind\"a\n\nLeaseError\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x15\n\rretry_after_s\x18\x04 \x01(\x01\x12\r\n\x05param\x18\x05 \x01(\t\"\xaa\x01\n\nLeaseEvent\x12.\n\x06queued\x18\x01 \x01(\x0b\x32\x1c.goodput.scheduler.v1.QueuedH\x00\x12\x30\n\x07granted\x18\x02 \x01(\x0b\x32\x1d.goodput.scheduler.v1.GrantedH\x00\x12\x32\n\x08released\x18\x03 \x01(\x0b\x32\x1e.goodput.scheduler.v1.ReleasedH\x00\x42\x06\n\x04kind\"\x1a\n\x06Queued\x12\x10\n\x08position\x18\x01 \x01(\x05\"S\n\x07Granted\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x14\n\x0cqueue_wait_s\x18\x04 \x01(\x01\"\n\n\x08Released\"\x14\n\x12ListWorkersRequest\"\xe0\x02\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12.\n\x04load\x18\x04 \x01(\x0b\x32 .goodput.inference.v1.WorkerLoad\x12\x10\n\x08inflight\x18\x05 \x01(\x05\x12.\n\x05model\x18\x06 \x01(\x0b\x32\x1f.goodput.inference.v1.ModelInfo\x12\x12\n\nlast_error\x18\x07 \x01(\t\x12\x1c\n\x14\x63onsecutive_failures\x18\x08 \x01(\x05\x12\x10\n\x08\x64raining\x18\t \x01(\x08\x12\x32\n\x05speed\x18\n \x01(\x0b\x32#.goodput.scheduler.v1.SpeedEstimate\x12\x11\n\tlease_cap\x18\x0b \x01(\x05\x12\x1e\n\x16pending_prefill_tokens\x18\x0c \x01(\x05\"j\n\rSpeedEstimate\x12\x1b\n\x13prefill_s_per_token\x18\x01 \x01(\x01\x12\x13\n\x0btpot_base_s\x18\x02 \x01(\x01\x12\x16\n\x0etpot_per_seq_s\x18\x03 \x01(\x01\x12\x0f\n\x07samples\x18\x04 \x01(\x05\"J\n\x13ListWorkersResponse\x12\x33\n\x07workers\x18\x01 \x03(\x0b\x32\".goodput.scheduler.v1.WorkerStatus\"(\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"+\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\",\n\x17\x44\x65registerWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65registerWorkerResponse*\x8e\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0e\n\nOUTCOME_OK\x10\x01\x12\x15\n\x11OUTCOME_CANCELLED\x10\x02\x12\x19\n\x15OUTCOME_WORKER_FAILED\x10\x03\x12\x11\n\rOUTCOME_ERROR\x10\x04\x12\x15\n\x11OUTCOME_ABANDONED\x10\x05\x32\xfc\x03\n\tScheduler\x12Q\n\x05Lease\x12\".goodput.scheduler.v1.LeaseRequest\x1a .goodput.scheduler.v1.LeaseEvent(\x01\x30\x01\x12X\n\x06Leases\x12%.goodput.scheduler.v1.LeaseMuxRequest\x1a#.goodput.scheduler.v1.LeaseMuxEvent(\x01\x30\x01\x12\x62\n\x0bListWorkers\x12(.goodput.scheduler.v1.ListWorkersRequest\x1a).goodput.scheduler.v1.ListWorkersResponse\x12k\n\x0eRegisterWorker\x12+.goodput.scheduler.v1.RegisterWorkerRequest\x1a,.goodput.scheduler.v1.RegisterWorkerResponse\x12q\n\x10\x44\x65registerWorker\x12-.goodput.scheduler.v1.DeregisterWorkerRequest\x1a..goodput.scheduler.v1.DeregisterWorkerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$goodput/scheduler/v1/scheduler.proto\x12\x14goodput.scheduler.v1\x1a\x1dgoodput/common/v1/types.proto\x1a$goodput/inference/v1/inference.proto\"\xaf\x01\n\x0cLeaseRequest\x12,\n\x05\x61\x64mit\x18\x01 \x01(\x0b\x32\x1b.goodput.scheduler.v1.AdmitH\x00\x12\x30\n\x07release\x18\x02 \x01(\x0b\x32\x1d.goodput.scheduler.v1.ReleaseH\x00\x12\x37\n\x0b\x66irst_token\x18\x03 \x01(\x0b\x32 .goodput.scheduler.v1.FirstTokenH\x00\x42\x06\n\x04kind\"\x1c\n\nFirstToken\x12\x0e\n\x06ttft_s\x18\x01 \x01(\x01\"\xf7\x01\n\x05\x41\x64mit\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12-\n\x08priority\x18\x03 \x01(\x0e\x32\x1b.goodput.common.v1.Priority\x12\r\n\x05model\x18\x04 \x01(\t\x12\x1e\n\x16prompt_tokens_estimate\x18\x05 \x01(\x05\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x13\n\x0bprefix_hint\x18\x07 \x01(\t\x12\x12\n\nsession_id\x18\x08 \x01(\t\x12\x15\n\rtenant_weight\x18\t \x01(\x01\x12\x18\n\x10max_queue_wait_s\x18\n \x01(\x01\"{\n\x07Release\x12.\n\x07outcome\x18\x01 \x01(\x0e\x32\x1d.goodput.scheduler.v1.Outcome\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\x05\x12\x0e\n\x06ttft_s\x18\x04 \x01(\x01\"\xbc\x03\n\x0fLeaseMuxRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12,\n\x05\x61\x64mit\x18\x02 \x01(\x0b\x32\x1b.goodput.scheduler.v1.AdmitH\x00\x12\x37\n\x0b\x66irst_token\x18\x03 \x01(\x0b\x32 .goodput.scheduler.v1.FirstTokenH\x00\x12\x30\n\x07release\x18\x04 \x01(\x0b\x32\x1d.goodput.scheduler.v1.ReleaseH\x00\x12.\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x1c.goodput.scheduler.v1.CancelH\x00\x12.\n\x06\x61ttach\x18\x07 \x01(\x0b\x32\x1c.goodput.scheduler.v1.AttachH\x00\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12N\n\rtrace_context\x18\x08 \x03(\x0b\x32\x37.goodput.scheduler.v1.LeaseMuxRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04kind\"a\n\x06\x41ttach\x12*\n\x05\x61\x64mit\x18\x01 \x01(\x0b\x32\x1b.goodput.scheduler.v1.Admit\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x18\n\x10\x66irst_token_seen\x18\x03 \x01(\x08\"\x08\n\x06\x43\x61ncel\"\xf2\x01\n\rLeaseMuxEvent\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12.\n\x06queued\x18\x02 \x01(\x0b\x32\x1c.goodput.scheduler.v1.QueuedH\x00\x12\x30\n\x07granted\x18\x03 \x01(\x0b\x32\x1d.goodput.scheduler.v1.GrantedH\x00\x12\x32\n\x08released\x18\x04 \x01(\x0b\x32\x1e.goodput.scheduler.v1.ReleasedH\x00\x12\x31\n\x05\x65rror\x18\x05 \x01(\x0b\x32 .goodput.scheduler.v1.LeaseErrorH\x00\x42\x06\n\x04kind\"H\n\rLeaseMuxBatch\x12\x37\n\x08requests\x18\x01 \x03(\x0b\x32%.goodput.scheduler.v1.LeaseMuxRequest\"I\n\x12LeaseMuxEventBatch\x12\x33\n\x06\x65vents\x18\x01 \x03(\x0b\x32#.goodput.scheduler.v1.LeaseMuxEvent\"a\n\nLeaseError\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x15\n\rretry_after_s\x18\x04 \x01(\x01\x12\r\n\x05param\x18\x05 \x01(\t\"\xaa\x01\n\nLeaseEvent\x12.\n\x06queued\x18\x01 \x01(\x0b\x32\x1c.goodput.scheduler.v1.QueuedH\x00\x12\x30\n\x07granted\x18\x02 \x01(\x0b\x32\x1d.goodput.scheduler.v1.GrantedH\x00\x12\x32\n\x08released\x18\x03 \x01(\x0b\x32\x1e.goodput.scheduler.v1.ReleasedH\x00\x42\x06\n\x04kind\"\x1a\n\x06Queued\x12\x10\n\x08position\x18\x01 \x01(\x05\"S\n\x07Granted\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x14\n\x0cqueue_wait_s\x18\x04 \x01(\x01\"\n\n\x08Released\"\x14\n\x12ListWorkersRequest\"\xe0\x02\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12.\n\x04load\x18\x04 \x01(\x0b\x32 .goodput.inference.v1.WorkerLoad\x12\x10\n\x08inflight\x18\x05 \x01(\x05\x12.\n\x05model\x18\x06 \x01(\x0b\x32\x1f.goodput.inference.v1.ModelInfo\x12\x12\n\nlast_error\x18\x07 \x01(\t\x12\x1c\n\x14\x63onsecutive_failures\x18\x08 \x01(\x05\x12\x10\n\x08\x64raining\x18\t \x01(\x08\x12\x32\n\x05speed\x18\n \x01(\x0b\x32#.goodput.scheduler.v1.SpeedEstimate\x12\x11\n\tlease_cap\x18\x0b \x01(\x05\x12\x1e\n\x16pending_prefill_tokens\x18\x0c \x01(\x05\"j\n\rSpeedEstimate\x12\x1b\n\x13prefill_s_per_token\x18\x01 \x01(\x01\x12\x13\n\x0btpot_base_s\x18\x02 \x01(\x01\x12\x16\n\x0etpot_per_seq_s\x18\x03 \x01(\x01\x12\x0f\n\x07samples\x18\x04 \x01(\x05\"J\n\x13ListWorkersResponse\x12\x33\n\x07workers\x18\x01 \x03(\x0b\x32\".goodput.scheduler.v1.WorkerStatus\"(\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"+\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\",\n\x17\x44\x65registerWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65registerWorkerResponse*\x8e\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0e\n\nOUTCOME_OK\x10\x01\x12\x15\n\x11OUTCOME_CANCELLED\x10\x02\x12\x19\n\x15OUTCOME_WORKER_FAILED\x10\x03\x12\x11\n\rOUTCOME_ERROR\x10\x04\x12\x15\n\x11OUTCOME_ABANDONED\x10\x05\x32\xdf\x04\n\tScheduler\x12Q\n\x05Lease\x12\".goodput.scheduler.v1.LeaseRequest\x1a .goodput.scheduler.v1.LeaseEvent(\x01\x30\x01\x12X\n\x06Leases\x12%.goodput.scheduler.v1.LeaseMuxRequest\x1a#.goodput.scheduler.v1.LeaseMuxEvent(\x01\x30\x01\x12\x61\n\x0cLeaseBatches\x12#.goodput.scheduler.v1.LeaseMuxBatch\x1a(.goodput.scheduler.v1.LeaseMuxEventBatch(\x01\x30\x01\x12\x62\n\x0bListWorkers\x12(.goodput.scheduler.v1.ListWorkersRequest\x1a).goodput.scheduler.v1.ListWorkersResponse\x12k\n\x0eRegisterWorker\x12+.goodput.scheduler.v1.RegisterWorkerRequest\x1a,.goodput.scheduler.v1.RegisterWorkerResponse\x12q\n\x10\x44\x65registerWorker\x12-.goodput.scheduler.v1.DeregisterWorkerRequest\x1a..goodput.scheduler.v1.DeregisterWorkerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LEASEMUXREQUEST_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_LEASEMUXREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_OUTCOME']._serialized_start=2635
-  _globals['_OUTCOME']._serialized_end=2777
+  _globals['_OUTCOME']._serialized_start=2784
+  _globals['_OUTCOME']._serialized_end=2926
   _globals['_LEASEREQUEST']._serialized_start=132
   _globals['_LEASEREQUEST']._serialized_end=307
   _globals['_FIRSTTOKEN']._serialized_start=309
@@ -55,32 +55,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCEL']._serialized_end=1268
   _globals['_LEASEMUXEVENT']._serialized_start=1271
   _globals['_LEASEMUXEVENT']._serialized_end=1513
-  _globals['_LEASEERROR']._serialized_start=1515
-  _globals['_LEASEERROR']._serialized_end=1612
-  _globals['_LEASEEVENT']._serialized_start=1615
-  _globals['_LEASEEVENT']._serialized_end=1785
-  _globals['_QUEUED']._serialized_start=1787
-  _globals['_QUEUED']._serialized_end=1813
-  _globals['_GRANTED']._serialized_start=1815
-  _globals['_GRANTED']._serialized_end=1898
-  _globals['_RELEASED']._serialized_start=1900
-  _globals['_RELEASED']._serialized_end=1910
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1912
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1932
-  _globals['_WORKERSTATUS']._serialized_start=1935
-  _globals['_WORKERSTATUS']._serialized_end=2287
-  _globals['_SPEEDESTIMATE']._serialized_start=2289
-  _globals['_SPEEDESTIMATE']._serialized_end=2395
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=2397
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=2471
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=2473
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=2513
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=2515
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=2558
-  _globals['_DEREGISTERWORKERREQUEST']._serialized_start=2560
-  _globals['_DEREGISTERWORKERREQUEST']._serialized_end=2604
-  _globals['_DEREGISTERWORKERRESPONSE']._serialized_start=2606
-  _globals['_DEREGISTERWORKERRESPONSE']._serialized_end=2632
-  _globals['_SCHEDULER']._serialized_start=2780
-  _globals['_SCHEDULER']._serialized_end=3288
+  _globals['_LEASEMUXBATCH']._serialized_start=1515
+  _globals['_LEASEMUXBATCH']._serialized_end=1587
+  _globals['_LEASEMUXEVENTBATCH']._serialized_start=1589
+  _globals['_LEASEMUXEVENTBATCH']._serialized_end=1662
+  _globals['_LEASEERROR']._serialized_start=1664
+  _globals['_LEASEERROR']._serialized_end=1761
+  _globals['_LEASEEVENT']._serialized_start=1764
+  _globals['_LEASEEVENT']._serialized_end=1934
+  _globals['_QUEUED']._serialized_start=1936
+  _globals['_QUEUED']._serialized_end=1962
+  _globals['_GRANTED']._serialized_start=1964
+  _globals['_GRANTED']._serialized_end=2047
+  _globals['_RELEASED']._serialized_start=2049
+  _globals['_RELEASED']._serialized_end=2059
+  _globals['_LISTWORKERSREQUEST']._serialized_start=2061
+  _globals['_LISTWORKERSREQUEST']._serialized_end=2081
+  _globals['_WORKERSTATUS']._serialized_start=2084
+  _globals['_WORKERSTATUS']._serialized_end=2436
+  _globals['_SPEEDESTIMATE']._serialized_start=2438
+  _globals['_SPEEDESTIMATE']._serialized_end=2544
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=2546
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=2620
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=2622
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=2662
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=2664
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=2707
+  _globals['_DEREGISTERWORKERREQUEST']._serialized_start=2709
+  _globals['_DEREGISTERWORKERREQUEST']._serialized_end=2753
+  _globals['_DEREGISTERWORKERRESPONSE']._serialized_start=2755
+  _globals['_DEREGISTERWORKERRESPONSE']._serialized_end=2781
+  _globals['_SCHEDULER']._serialized_start=2929
+  _globals['_SCHEDULER']._serialized_end=3536
 # @@protoc_insertion_point(module_scope)

@@ -131,6 +131,18 @@ class LeaseMuxEvent(_message.Message):
     error: LeaseError
     def __init__(self, lease_id: _Optional[str] = ..., queued: _Optional[_Union[Queued, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ..., released: _Optional[_Union[Released, _Mapping]] = ..., error: _Optional[_Union[LeaseError, _Mapping]] = ...) -> None: ...
 
+class LeaseMuxBatch(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[LeaseMuxRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[LeaseMuxRequest, _Mapping]]] = ...) -> None: ...
+
+class LeaseMuxEventBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[LeaseMuxEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[LeaseMuxEvent, _Mapping]]] = ...) -> None: ...
+
 class LeaseError(_message.Message):
     __slots__ = ("status", "message", "code", "retry_after_s", "param")
     STATUS_FIELD_NUMBER: _ClassVar[int]

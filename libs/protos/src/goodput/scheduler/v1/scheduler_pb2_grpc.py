@@ -44,6 +44,11 @@ class SchedulerStub:
                 request_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxRequest.SerializeToString,
                 response_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxEvent.FromString,
                 _registered_method=True)
+        self.LeaseBatches = channel.stream_stream(
+                '/goodput.scheduler.v1.Scheduler/LeaseBatches',
+                request_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxBatch.SerializeToString,
+                response_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxEventBatch.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/goodput.scheduler.v1.Scheduler/ListWorkers',
                 request_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersRequest.SerializeToString,
@@ -90,6 +95,17 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LeaseBatches(self, request_iterator, context):
+        """`Leases` with every message a batch: the lease messages that queued up while the previous message was being
+        written go out together (one under light load, many under load), in order, each side. A gRPC stream takes one
+        message at a time and a message is not sent before the previous one's write completes, so a busy gateway's
+        admits (and a busy scheduler's grants) would otherwise wait behind each other's writes. The same conversation,
+        lease by lease, as on `Leases`, which stays for gateways of earlier releases.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListWorkers(self, request, context):
         """Workers known to the scheduler with their health and load.
         """
@@ -123,6 +139,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Leases,
                     request_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxRequest.FromString,
                     response_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxEvent.SerializeToString,
+            ),
+            'LeaseBatches': grpc.stream_stream_rpc_method_handler(
+                    servicer.LeaseBatches,
+                    request_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxBatch.FromString,
+                    response_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxEventBatch.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -194,6 +215,33 @@ class Scheduler:
             '/goodput.scheduler.v1.Scheduler/Leases',
             goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxRequest.SerializeToString,
             goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaseBatches(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/goodput.scheduler.v1.Scheduler/LeaseBatches',
+            goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxBatch.SerializeToString,
+            goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxEventBatch.FromString,
             options,
             channel_credentials,
             insecure,

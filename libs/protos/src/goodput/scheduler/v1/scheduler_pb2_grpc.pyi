@@ -51,6 +51,13 @@ class SchedulerStub:
     caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the stream ends or
     breaks, every lease it holds is released as ABANDONED and every queued one withdrawn.
     """
+    LeaseBatches: _grpc.StreamStreamMultiCallable[_scheduler_pb2.LeaseMuxBatch, _scheduler_pb2.LeaseMuxEventBatch]
+    """`Leases` with every message a batch: the lease messages that queued up while the previous message was being
+    written go out together (one under light load, many under load), in order, each side. A gRPC stream takes one
+    message at a time and a message is not sent before the previous one's write completes, so a busy gateway's
+    admits (and a busy scheduler's grants) would otherwise wait behind each other's writes. The same conversation,
+    lease by lease, as on `Leases`, which stays for gateways of earlier releases.
+    """
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkersRequest, _scheduler_pb2.ListWorkersResponse]
     """Workers known to the scheduler with their health and load."""
     RegisterWorker: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.RegisterWorkerRequest, _scheduler_pb2.RegisterWorkerResponse]
@@ -78,6 +85,13 @@ class SchedulerAsyncStub(SchedulerStub):
     admit (`timeout_s`), as the call's deadline does on `Lease`. `cancel` withdraws a lease not yet released (its
     caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the stream ends or
     breaks, every lease it holds is released as ABANDONED and every queued one withdrawn.
+    """
+    LeaseBatches: _aio.StreamStreamMultiCallable[_scheduler_pb2.LeaseMuxBatch, _scheduler_pb2.LeaseMuxEventBatch]  # type: ignore[assignment]
+    """`Leases` with every message a batch: the lease messages that queued up while the previous message was being
+    written go out together (one under light load, many under load), in order, each side. A gRPC stream takes one
+    message at a time and a message is not sent before the previous one's write completes, so a busy gateway's
+    admits (and a busy scheduler's grants) would otherwise wait behind each other's writes. The same conversation,
+    lease by lease, as on `Leases`, which stays for gateways of earlier releases.
     """
     ListWorkers: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkersRequest, _scheduler_pb2.ListWorkersResponse]  # type: ignore[assignment]
     """Workers known to the scheduler with their health and load."""
@@ -115,6 +129,19 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         admit (`timeout_s`), as the call's deadline does on `Lease`. `cancel` withdraws a lease not yet released (its
         caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the stream ends or
         breaks, every lease it holds is released as ABANDONED and every queued one withdrawn.
+        """
+
+    @_abc_1.abstractmethod
+    def LeaseBatches(
+        self,
+        request_iterator: _MaybeAsyncIterator[_scheduler_pb2.LeaseMuxBatch],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.LeaseMuxEventBatch], _abc.AsyncIterator[_scheduler_pb2.LeaseMuxEventBatch]]:
+        """`Leases` with every message a batch: the lease messages that queued up while the previous message was being
+        written go out together (one under light load, many under load), in order, each side. A gRPC stream takes one
+        message at a time and a message is not sent before the previous one's write completes, so a busy gateway's
+        admits (and a busy scheduler's grants) would otherwise wait behind each other's writes. The same conversation,
+        lease by lease, as on `Leases`, which stays for gateways of earlier releases.
         """
 
     @_abc_1.abstractmethod
