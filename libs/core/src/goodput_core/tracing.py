@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 # Health checks and load polls run every second: tracing them would drown the request traces. The scheduler's
@@ -80,7 +82,13 @@ def setup_tracing(*, service: str, exporter: str = "none", file: str = "",
 
     ``span_exporter`` overrides the exporter chosen by name (tests pass an in-memory exporter).
     """
-    provider = TracerProvider(resource=Resource.create({"service.name": f"goodput-{service}"}))
+    exporting = span_exporter is not None or exporter != "none"
+    # No exporter: a span is recorded only where the caller's trace is sampled (it still gets ids, for the logs, and
+    # passes the trace on); recording spans nobody exports costs every request for nothing. OTEL_TRACES_SAMPLER
+    # (OpenTelemetry's standard variable, e.g. parentbased_traceidratio with OTEL_TRACES_SAMPLER_ARG=0.01 under heavy
+    # traffic) chooses otherwise, exporter or not.
+    sampler = None if exporting or os.environ.get("OTEL_TRACES_SAMPLER") else ParentBased(ALWAYS_OFF)
+    provider = TracerProvider(resource=Resource.create({"service.name": f"goodput-{service}"}), sampler=sampler)
     if span_exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(span_exporter))
     elif exporter == "otlp":

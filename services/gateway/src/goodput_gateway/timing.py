@@ -217,7 +217,7 @@ class Timeline:
             metrics.stage.labels(stage, prio).observe(seconds)
         for stage in self.over_budget(cls, stages):
             metrics.breaches.labels(stage, prio).inc()
-        if tracer is not None:
+        if tracer is not None and trace.get_current_span().is_recording():  # else its children are not sampled either
             self._spans(tracer, stages)
         return stages
 
