@@ -58,6 +58,14 @@ async def take(it: AsyncIterator[Frame], n: int | None = None) -> list[Frame]:
     return out
 
 
+async def stored(buffer: StreamBuffer, api: str, tenant: str, stream_id: str) -> None:
+    """Waits for the stream's first events in Redis (a loaded machine may run the flusher late)."""
+    if buffer.redis is not None:
+        key = buffer._key(api, tenant, stream_id)
+        await async_wait_until(lambda: buffer.redis.exists(key), timeout=5, interval=0.01,  # type: ignore[union-attr]
+                               message=f"{key} was never written")
+
+
 @pytest.fixture(params=["redis", "local"])
 async def replicas(request: pytest.FixtureRequest, redis_url: str,
                    redis_prefix: str) -> AsyncIterator[Callable[..., tuple[StreamBuffer, StreamBuffer]]]:
@@ -93,6 +101,7 @@ async def test_a_resume_gets_exactly_the_events_after_the_last_one_received(repl
     assert [f.seq for f in got] == [0, 1, 2]
     await client.aclose()  # the client's connection drops: the generation goes on
     source.send(*frames(5, start=5))
+    await stored(a, "sse", "acme", "req-1")  # written every resume_flush_s: the other replica finds it from then on
     resumed = await b.resume(api="sse", tenant="acme", stream_id="req-1", after=2)
     first = await take(resumed, 4)  # caught up (from Redis on the other replica), then followed live
     assert [f.seq for f in first] == [3, 4, 5, 6]
