@@ -68,6 +68,8 @@ _HINTS_MAX = 10_000
 _HIT_WEIGHT = 0.2
 _HIT_FLOOR = 0.7
 _PROBE_EVERY = 10
+# An early worker call is given this long (at most) to be accepted by its worker before the lease is asked for.
+_HEAD_START_S = 0.005
 
 
 @dataclass
@@ -359,6 +361,10 @@ class Pipeline:
                 early = self._speculate(principal, request, request_id=request_id, model=model, deadline=deadline) \
                     if attempt == 0 and speculate else None
                 try:
+                    if early is not None:
+                        # the worker call first: the lease only has to come before the first token, and sent at the
+                        # same moment the two wake the scheduler and the worker together, which then share the cores
+                        await asyncio.wait({early.task}, timeout=_HEAD_START_S)
                     lease = await self._lease(principal, request, cost, request_id=request_id, model=model,
                                               deadline=deadline, max_queue_wait_s=max_queue_wait_s,
                                               on_queued=early.on_queued if early is not None else None)
