@@ -1,8 +1,9 @@
-"""The gateway's speculative start (SPECULATIVE_START): on a nearly idle gateway the worker call starts while the
-lease is being granted, on the worker the scheduler granted last. Against a scheduler process and simulated worker
-processes (no model loads), over gRPC on localhost: a right guess serves the answer from the early call, a wrong one
-is cancelled and the worker aborts it, so is one whose lease waits in the scheduler's queue or is refused, and none
-leaves a lease held or a request running anywhere."""
+"""The gateway's speculative start (SPECULATIVE_START): the worker call starts while the lease is being granted, on
+the worker the scheduler granted last, where its latest grant left lease slots to spare. Against a scheduler process
+and simulated worker processes (no model loads), over gRPC on localhost: a right guess serves the answer from the
+early call, a wrong one is cancelled and the worker aborts it, so is one whose lease waits in the scheduler's queue
+or is refused, a worker with no slot left is not guessed, and none leaves a lease held or a request running
+anywhere."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from goodput_gateway.requests import Cost, GenerationRequest, Message
 pytestmark = [pytest.mark.integration]
 
 P0 = types_pb2.PRIORITY_P0
+CAP = 3  # the scheduler's worker's lease slots
 PRINCIPAL = Principal(tenant="t", max_priority=P0, default_priority=P0)
 
 
@@ -62,7 +64,7 @@ async def fleet(service_processes) -> AsyncIterator[tuple[scheduler_pb2_grpc.Sch
     service_processes("goodput_scheduler", "scheduler", GOODPUT_SCHEDULER_WORKERS=f"127.0.0.1:{known}",
                       GOODPUT_SCHEDULER_INSECURE_INTERNAL="true", GOODPUT_SCHEDULER_GRPC_PORT=str(port),
                       GOODPUT_SCHEDULER_HTTP_PORT=str(free_port()), GOODPUT_SCHEDULER_HEALTH_INTERVAL_S="0.2",
-                      GOODPUT_SCHEDULER_MAX_INFLIGHT_PER_WORKER="2")
+                      GOODPUT_SCHEDULER_MAX_INFLIGHT_PER_WORKER=str(CAP))
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
 
@@ -86,7 +88,10 @@ async def load(address: str) -> inference_pb2.GetLoadResponse:
 async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_nothing_leaked(fleet) -> None:  # type: ignore[no-untyped-def]
     stub, known, stranger = fleet
     metrics = GatewayMetrics(CollectorRegistry())
-    pipeline = Pipeline(GatewaySettings(speculative_start=True, speculative_start_max_inflight=3), scheduler=stub,
+    # the scheduler's worker has CAP lease slots (MAX_INFLIGHT_PER_WORKER): one to spare is enough to guess here (a
+    # finished request's release may reach the scheduler after the next grant)
+    pipeline = Pipeline(GatewaySettings(speculative_start=True, speculative_start_max_inflight=CAP + 1,
+                                        speculative_start_min_free_slots=1), scheduler=stub,
                         channel_factory=grpc.aio.insecure_channel, metrics=metrics)
     async with grpc.aio.insecure_channel(known) as channel:
         model = (await inference_pb2_grpc.InferenceStub(channel).GetModelInfo(
@@ -97,28 +102,12 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
             assert await answer(pipeline, model, i)
         assert counted(metrics, "hit") == 3 and counted(metrics, "miss") == 0
 
-        # the worker holds its two leases (its cap), so the next request's lease waits in the scheduler's queue: its
-        # early call is cancelled when the scheduler says so, and the request starts on its grant (nothing ran
-        # unadmitted)
-        now = time.monotonic()
-        held = [await pipeline.open(PRINCIPAL, GenerationRequest(
-            model=model, messages=(Message("user", f"held {k}"),), priority=P0, sampling=Sampling(max_tokens=4)),
-            Cost(prompt_tokens=8, max_tokens=4), request_id=f"held-{k}", model=model, arrived=now,
-            deadline=now + 30, speculate=False) for k in range(2)]
-        waiting = asyncio.ensure_future(answer(pipeline, model, 5))
-        await asyncio.sleep(0.3)
-        assert not waiting.done()
-        for stream in held:
-            async for _ in stream.events():
-                pass
-        assert await waiting
-        assert counted(metrics, "queued") == 1 and counted(metrics, "hit") == 3
-
         # a wrong guess (a worker the scheduler never grants): the answer comes from the granted worker, and the
         # early call is cancelled
         await pipeline._worker(stranger).GetLoad(inference_pb2.GetLoadRequest(), timeout=5)  # its channel open
         aborted = (await load(stranger)).aborted_total
         pipeline._hints[(model, P0, "")] = ("stranger", stranger)
+        pipeline._free_slots[stranger] = 2
         assert await answer(pipeline, model, 10)
         assert counted(metrics, "miss") == 1 and counted(metrics, "hit") == 3
         # the early call was cancelled before it reached the worker, or reached it and was aborted there
@@ -128,6 +117,7 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
 
         # wrong twice in a row: the gateway stops guessing, but for one request in ten (a probe, which hits here)
         pipeline._hints[(model, P0, "")] = ("stranger", stranger)
+        pipeline._free_slots[stranger] = 2
         assert await answer(pipeline, model, 11)
         assert counted(metrics, "miss") == 2
         for i in range(9):
@@ -138,15 +128,50 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
 
         # a busy gateway does not guess
         hits = counted(metrics, "hit")
-        pipeline._opening += 3  # as if three more requests were being opened
+        pipeline._opening += CAP + 1  # as if that many more requests were being opened
         try:
             assert await answer(pipeline, model, 30)
         finally:
-            pipeline._opening -= 3
+            pipeline._opening -= CAP + 1
         assert counted(metrics, "hit") == hits
+
+        # the worker holds all its leases (its cap): its latest grant said no slot was left, so the next request is
+        # not started early (it waits in the scheduler's queue and starts on its grant)
+        async def held_pair(tag: str) -> list:  # type: ignore[type-arg]
+            now = time.monotonic()
+            return [await pipeline.open(PRINCIPAL, GenerationRequest(
+                model=model, messages=(Message("user", f"{tag} {k}"),), priority=P0, sampling=Sampling(max_tokens=4)),
+                Cost(prompt_tokens=8, max_tokens=4), request_id=f"{tag}-{k}", model=model, arrived=now,
+                deadline=now + 30, speculate=False) for k in range(CAP)]
+
+        async def finish(streams: list) -> None:  # type: ignore[type-arg]
+            for stream in streams:
+                async for _ in stream.events():
+                    pass
+
+        held = await held_pair("held")
+        assert pipeline._free_slots[known] == 0
+        waiting = asyncio.ensure_future(answer(pipeline, model, 31))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await finish(held)
+        assert await waiting
+        assert counted(metrics, "hit") == hits and counted(metrics, "queued") == 0
+
+        # the same with a stale word of spare slots: the early call starts, the scheduler queues the lease, and the
+        # early call is cancelled the moment it says so; the request starts on its grant (nothing ran unadmitted)
+        held = await held_pair("again")
+        pipeline._free_slots[known] = 2
+        waiting = asyncio.ensure_future(answer(pipeline, model, 32))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await finish(held)
+        assert await waiting
+        assert counted(metrics, "queued") == 1 and counted(metrics, "hit") == hits
 
         # a lease not granted (no worker serves the model: its deadline passes waiting) cancels the early call too
         pipeline._hints[("no-such-model", P0, "")] = ("worker", known)
+        pipeline._free_slots[known] = CAP  # slots to spare there (the last grant's word may predate a release)
         with pytest.raises(GoodputError):
             await answer(pipeline, "no-such-model", 40, deadline_s=1.0)
         assert counted(metrics, "refused") == 1

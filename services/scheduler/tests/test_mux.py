@@ -124,12 +124,16 @@ async def test_lease_batches_carry_many_lease_messages_each_way_in_order(workers
 
         call = h.stub.LeaseBatches(batches())
         out.put_nowait(scheduler_pb2.LeaseMuxBatch(requests=[admit(f"r{i}") for i in range(5)]))
-        granted: list[str] = []
-        while len(granted) < 5:
+        grants: list[scheduler_pb2.LeaseMuxEvent] = []
+        while len(grants) < 5:
             batch = await asyncio.wait_for(call.read(), 5)
-            granted += [e.lease_id for e in batch.events if e.WhichOneof("kind") == "granted"]
-        assert granted == [f"r{i}" for i in range(5)]  # in the order admitted
-        assert h.workers.all()[0].inflight == 5
+            grants += [e for e in batch.events if e.WhichOneof("kind") == "granted"]
+        assert [g.lease_id for g in grants] == [f"r{i}" for i in range(5)]  # in the order admitted
+        worker = h.workers.all()[0]
+        assert worker.inflight == 5
+        # each grant says how many lease slots its worker had left (what a gateway's speculative start weighs)
+        cap = worker.lease_cap(h.leases.settings.max_inflight_per_worker)
+        assert [g.granted.free_slots for g in grants] == [cap - n for n in range(1, 6)]
         out.put_nowait(scheduler_pb2.LeaseMuxBatch(requests=[
             scheduler_pb2.LeaseMuxRequest(lease_id="r0", first_token=scheduler_pb2.FirstToken(ttft_s=0.1)),
             scheduler_pb2.LeaseMuxRequest(lease_id="r0", release=scheduler_pb2.Release(

@@ -135,20 +135,25 @@ class GatewaySettings(ServiceSettings):
     lease_mux: bool = Field(True, description="Every request's scheduler lease over one long-lived multiplexed "
                                               "stream (Scheduler/LeaseBatches: the fast path); false = a Lease stream "
                                               "per request.")
-    speculative_start: bool = Field(False, description="Opt-in. On a nearly idle gateway, start the worker call on "
-                                                       "the "
-                                                      "worker the scheduler granted last for the same model and "
-                                                      "class while the lease is being granted, so the lease's round "
-                                                      "trip overlaps the worker's start; a grant elsewhere or a "
-                                                      "refusal cancels it (the worker aborts it) before the caller "
-                                                      "sees anything (a wrong guess costs the guessed worker what "
-                                                      "it did before the cancel, up to a prefill step). false = the "
-                                                      "worker is called after the grant.")
-    speculative_start_max_inflight: int = Field(2, ge=0, le=1024,
+    speculative_start: bool = Field(False, description="Opt-in. Start the worker call on the worker the scheduler "
+                                                       "granted last for the same model, class and session while "
+                                                       "the lease is being granted, where that worker had slots to "
+                                                       "spare (SPECULATIVE_START_MIN_FREE_SLOTS), so the lease's "
+                                                       "round trip overlaps the worker's start; a grant elsewhere, a "
+                                                       "queued lease or a refusal cancels it (the worker aborts it) "
+                                                       "before the caller sees anything (a wrong guess costs the "
+                                                       "guessed worker what it did before the cancel, up to a "
+                                                       "prefill step). false = the worker is called after the grant.")
+    speculative_start_min_free_slots: int = Field(4, ge=1, le=1_000_000,
+                                                  description="Speculative starts only on a worker that had at least "
+                                                              "this many lease slots left at its latest grant (the "
+                                                              "scheduler says so in every grant): where the lease "
+                                                              "will very likely be granted there at once, not "
+                                                              "queued.")
+    speculative_start_max_inflight: int = Field(256, ge=0, le=1_000_000,
                                                 description="Speculative starts only while the gateway has at most "
-                                                            "this many requests in flight (the new one included): "
-                                                            "the idle regime, where the lease's round trip is "
-                                                            "slowest and a wrong guess costs least.")
+                                                            "this many requests in flight (the new one included): a "
+                                                            "bound on the work wrong guesses can cost at once.")
     worker_retry: bool = Field(True, description="Retry once on another worker when a worker fails before "
                                                  "the first token.")
     embedder_addr: str = Field("", description="Embedder gRPC address (embeddings, indexing); empty = off.")

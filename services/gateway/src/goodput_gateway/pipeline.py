@@ -108,6 +108,7 @@ class _Lease:
     call: aio.StreamStreamCall | None  # its own Lease stream; None: on the shared stream (mux)
     worker_id: str
     address: str
+    free_slots: int = 0  # the lease slots its worker had left once it was granted (the scheduler's word)
     released: bool = False
     first_token: asyncio.Task[None] | None = None  # the first-token report, sent before the release
     mux_id: str = ""  # its id on the shared lease stream
@@ -236,6 +237,9 @@ class Pipeline:
         # (model, class)
         self._hints: TTLCache[tuple[str, int, str], tuple[str, str]] = TTLCache(maxsize=_HINTS_MAX, ttl=_HINT_TTL_S)
         self._hit_rate: dict[tuple[str, int], float] = {}
+        # worker address -> the lease slots it had left at its latest grant (any request's): a speculative start goes
+        # only where the scheduler will very likely grant the lease at once
+        self._free_slots: TTLCache[str, int] = TTLCache(maxsize=_HINTS_MAX, ttl=_HINT_TTL_S)
         self._probes: dict[tuple[str, int], int] = {}
         self._opening = 0  # requests between open() and their stream
         self.streams = 0  # generation streams open
@@ -350,10 +354,11 @@ class Pipeline:
         returns once the worker accepted the request, so errors surface before any response bytes are sent. A
         worker that fails before accepting is retried once on another (``worker_retry``).
 
-        On a nearly idle gateway the worker call starts while the lease is being granted, on the worker the
-        scheduler granted last for the same model and class (``speculative_start``; ``speculate=False`` for a
-        request the scheduler may well refuse): the scheduler still decides, and a grant elsewhere, a refusal or a
-        place in its queue cancels the early call before anything is sent to the caller."""
+        With ``speculative_start`` the worker call starts while the lease is being granted, on the worker the
+        scheduler granted last for the same model, class and session where it had slots to spare
+        (``speculate=False`` for a request the scheduler may well refuse): the scheduler still decides, and a grant
+        elsewhere, a refusal or a place in its queue cancels the early call before anything is sent to the
+        caller."""
         attempts = 2 if self.settings.worker_retry else 1
         self._opening += 1
         try:
@@ -368,11 +373,14 @@ class Pipeline:
                     lease = await self._lease(principal, request, cost, request_id=request_id, model=model,
                                               deadline=deadline, max_queue_wait_s=max_queue_wait_s,
                                               on_queued=early.on_queued if early is not None else None)
-                except BaseException:
+                except BaseException as err:
                     if early is not None:
+                        if isinstance(err, GoodputError):  # the scheduler refused it (not the caller going away)
+                            self._judge(model, request.priority, hit=False)
                         await self._drop_early(early, "refused")
                     raise
                 self._hints[(model, request.priority, request.session_id)] = (lease.worker_id, lease.address)
+                self._free_slots[lease.address] = lease.free_slots
                 if timeline is not None:
                     timeline.mark("queue_wait")
                 try:
@@ -382,12 +390,11 @@ class Pipeline:
                     if early is not None:
                         guessed, early = early, None
                         if guessed.queued:  # cancelled when its lease was queued
+                            self._judge(model, request.priority, hit=False)
                             await self._drop_early(guessed, "queued")
                         else:
                             hit = guessed.address == lease.address
-                            key = (model, request.priority)
-                            self._hit_rate[key] = ((1 - _HIT_WEIGHT) * self._hit_rate.get(key, 1.0)
-                                                   + _HIT_WEIGHT * hit)
+                            self._judge(model, request.priority, hit=hit)
                             if hit:
                                 self.metrics.speculative_starts.labels("hit").inc()
                                 started = await guessed.task  # its failure is this worker's, as below
@@ -413,15 +420,21 @@ class Pipeline:
         finally:
             self._opening -= 1
 
+    def _judge(self, model: str, priority: int, *, hit: bool) -> None:
+        """A guess's outcome in its (model, class)'s hit rate: granted elsewhere, queued or refused is a miss."""
+        key = (model, priority)
+        self._hit_rate[key] = (1 - _HIT_WEIGHT) * self._hit_rate.get(key, 1.0) + _HIT_WEIGHT * hit
+
     def _speculate(self, principal: Principal, req: GenerationRequest, *, request_id: str, model: str,
                    deadline: float) -> _Early | None:
-        """The worker call started early on the last granted worker of (model, class, session), when the gateway is
-        nearly idle, that grant is recent and such guesses have lately been right; None otherwise."""
+        """The worker call started early on the last granted worker of (model, class, session), when that grant is
+        recent, the worker had slots to spare at its latest grant, the gateway's in-flight requests are within
+        bounds and such guesses have lately been right; None otherwise."""
         if not self.settings.speculative_start or \
                 self._opening + self.streams > self.settings.speculative_start_max_inflight:
             return None
         hint = self._hints.get((model, req.priority, req.session_id))
-        if hint is None:
+        if hint is None or self._free_slots.get(hint[1], 0) < self.settings.speculative_start_min_free_slots:
             return None
         key = (model, req.priority)
         if self._hit_rate.get(key, 1.0) < _HIT_FLOOR:  # lately wrong (an idle fleet of equals, spread at random)
@@ -468,7 +481,8 @@ class Pipeline:
                                                           on_queued=on_queued)
             self.metrics.stage.labels("schedule").observe(time.monotonic() - started)
             self.queue_waits.observe(model, req.priority, granted.queue_wait_s)
-            return _Lease(call=None, worker_id=granted.worker_id, address=granted.address, mux_id=lease_id)
+            return _Lease(call=None, worker_id=granted.worker_id, address=granted.address, mux_id=lease_id,
+                          free_slots=granted.free_slots)
         # the scheduler's span of this lease joins the request's trace
         call = self.scheduler.Lease(timeout=deadline - time.monotonic(), metadata=_trace_metadata())
         try:
@@ -498,7 +512,8 @@ class Pipeline:
             raise
         self.metrics.stage.labels("schedule").observe(time.monotonic() - started)
         self.queue_waits.observe(model, req.priority, event.granted.queue_wait_s)
-        return _Lease(call=call, worker_id=event.granted.worker_id, address=event.granted.address)
+        return _Lease(call=call, worker_id=event.granted.worker_id, address=event.granted.address,
+                      free_slots=event.granted.free_slots)
 
     async def _start_worker(self, principal: Principal, req: GenerationRequest, lease: _Lease, *, request_id: str,
                             model: str, deadline: float) -> tuple[aio.UnaryStreamCall, StreamStart, Span]:

@@ -147,6 +147,13 @@ class LeaseManager:
     def position(self, ticket: Ticket) -> int:
         return self.queues.position(ticket)
 
+    def granted(self, lease: Lease) -> scheduler_pb2.Granted:
+        """What a ``granted`` event says of ``lease``: its worker, why, its wait, and the slots left there."""
+        worker = lease.worker
+        free = max(worker.lease_cap(self.settings.max_inflight_per_worker) - worker.inflight, 0)
+        return scheduler_pb2.Granted(worker_id=worker.worker_id, address=worker.address, reason=lease.reason,
+                                     queue_wait_s=lease.queue_wait_s, free_slots=free)
+
     # ---- admission -------------------------------------------------------------------------------------------
 
     def _update_overload(self) -> None:

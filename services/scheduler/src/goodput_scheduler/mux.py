@@ -155,8 +155,7 @@ class LeaseMux:
                 self.emit(error_event(lease_id, err))
                 return
         self._open[lease_id] = _Open(lease=lease, tenant=a.admit.tenant)
-        self.emit(Event(lease_id=lease_id, granted=scheduler_pb2.Granted(
-            worker_id=lease.worker.worker_id, address=lease.worker.address, reason=lease.reason)))
+        self.emit(Event(lease_id=lease_id, granted=self.leases.granted(lease)))
 
     async def _wait(self, lease_id: str, entry: _Open, ticket: Ticket) -> None:
         try:
@@ -181,9 +180,7 @@ class LeaseMux:
         if entry.span is not None:
             entry.span.set_attribute("goodput.worker", lease.worker.worker_id)
         _end(entry)
-        self.emit(Event(lease_id=lease_id, granted=scheduler_pb2.Granted(
-            worker_id=lease.worker.worker_id, address=lease.worker.address, reason=lease.reason,
-            queue_wait_s=lease.queue_wait_s)))
+        self.emit(Event(lease_id=lease_id, granted=self.leases.granted(lease)))
 
     def _finish(self, lease_id: str, entry: _Open, outcome: int, *, ttft_s: float = 0.0, prompt_tokens: int = 0,
                 completion_tokens: int = 0, emit: bool = True) -> None:

@@ -166,9 +166,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             outcome = scheduler_pb2.OUTCOME_ABANDONED
             ttft_s, prompt_tokens, completion_tokens = 0.0, 0, 0
             try:
-                yield scheduler_pb2.LeaseEvent(granted=scheduler_pb2.Granted(
-                    worker_id=lease.worker.worker_id, address=lease.worker.address, reason=lease.reason,
-                    queue_wait_s=lease.queue_wait_s))
+                yield scheduler_pb2.LeaseEvent(granted=self.leases.granted(lease))
                 async for msg in request_iterator:
                     if msg.HasField("first_token"):
                         self.leases.first_token(lease, msg.first_token.ttft_s)

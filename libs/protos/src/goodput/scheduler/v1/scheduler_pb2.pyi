@@ -174,16 +174,18 @@ class Queued(_message.Message):
     def __init__(self, position: _Optional[int] = ...) -> None: ...
 
 class Granted(_message.Message):
-    __slots__ = ("worker_id", "address", "reason", "queue_wait_s")
+    __slots__ = ("worker_id", "address", "reason", "queue_wait_s", "free_slots")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    FREE_SLOTS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     reason: str
     queue_wait_s: float
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., reason: _Optional[str] = ..., queue_wait_s: _Optional[float] = ...) -> None: ...
+    free_slots: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., reason: _Optional[str] = ..., queue_wait_s: _Optional[float] = ..., free_slots: _Optional[int] = ...) -> None: ...
 
 class Released(_message.Message):
     __slots__ = ()
