@@ -368,6 +368,20 @@ async def scrape_stages(http: httpx.AsyncClient) -> dict[str, tuple[float, float
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+async def scrape_speculative(http: httpx.AsyncClient) -> dict[str, float]:
+    """``goodput_gateway_speculative_starts_total`` by result from the gateway's /metrics; {} if absent."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        resp = await http.get("/metrics", timeout=5)
+        resp.raise_for_status()
+    except (ImportError, httpx.HTTPError):
+        return {}
+    return {s.labels.get("result", "?"): s.value for family in text_string_to_metric_families(resp.text)
+            if family.name == "goodput_gateway_speculative_starts" for s in family.samples
+            if s.name.endswith("_total")}
+
+
 def stage_means(before: dict[str, tuple[float, float]] | None,
                 after: dict[str, tuple[float, float]] | None) -> dict[str, float]:
     """Mean seconds per stage between two scrapes."""
@@ -664,18 +678,22 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                 samples: list[Sample] = []
                 walls: dict[str, float] = {}
                 stages: dict[str, float] = {}
+                speculative: dict[str, float] = {}
                 load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
                 for paths in phases:
                     jobs = schedule(n, rng, paths)
                     before = await scrape_stages(clients.http) if paths is GOODPUT_PATHS else None
+                    guessed = await scrape_speculative(clients.http) if paths is GOODPUT_PATHS else {}
                     started = time.perf_counter()
                     samples += await run_level(clients, concurrency, jobs, max_tokens=max_tokens,
                                                timeout_s=timeout_s, progress=progress, task=tasks[concurrency])
                     walls["goodput" if paths is GOODPUT_PATHS else "litellm"] = time.perf_counter() - started
                     if paths is GOODPUT_PATHS:
                         stages = stage_means(before, await scrape_stages(clients.http))
+                        speculative = {k: v - guessed.get(k, 0.0)
+                                       for k, v in (await scrape_speculative(clients.http)).items()}
                 results.append(analyse_level(concurrency, samples, wall_s=sum(walls.values()), stages=stages,
-                                             load_before=load_before, phase_walls=walls))
+                                             load_before=load_before, phase_walls=walls, speculative=speculative))
         return {**out, "worker": worker, "warmup_errors": warm_errors[:5], "levels": results}
     finally:
         await clients.close()
@@ -683,7 +701,8 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
 
 def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, stages: dict[str, float],
                   load_before: tuple[float, float, float] | None,
-                  phase_walls: dict[str, float] | None = None) -> dict[str, Any]:
+                  phase_walls: dict[str, float] | None = None,
+                  speculative: dict[str, float] | None = None) -> dict[str, Any]:
     """Per-path TTFT/ITL summaries, each path minus its direct path (gateway minus worker, LiteLLM proxy minus its
     mock), ratios and the verdict against the goal for one level; only the paths that were run."""
     paths: dict[str, Any] = {}
@@ -726,6 +745,7 @@ def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, sta
     return {"concurrency": concurrency, "wall_s": wall_s, "phase_wall_s": phase_walls or {"goodput": wall_s},
             "paths": paths, "overhead": overhead,
             "gateway_stage_mean_ms": {k: v * 1000 for k, v in sorted(stages.items())},
+            "speculative_starts": {k: int(v) for k, v in sorted((speculative or {}).items())},
             "loadavg_before": None if load_before is None else [round(x, 2) for x in load_before]}
 
 
@@ -849,6 +869,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         if lv["gateway_stage_mean_ms"]:
             stages = ", ".join(f"{k} {v:.2f} ms" for k, v in lv["gateway_stage_mean_ms"].items())
             lines += [f"Gateway-side stage means (its own `goodput_gateway_hop_seconds`): {stages}.", ""]
+        guesses = lv.get("speculative_starts") or {}
+        if any(guesses.values()):
+            lines += ["Speculative starts (`goodput_gateway_speculative_starts_total`, this level's gateway requests): "
+                      + ", ".join(f"{k} {v}" for k, v in guesses.items()) + ".", ""]
         errs = [e for path in lv["paths"] for e in lv["paths"][path]["error_examples"]]
         if errs:
             lines += ["Errors seen: " + "; ".join(f"`{e}`" for e in errs), ""]
@@ -952,8 +976,9 @@ def _round_trip_lines(rt: dict[str, Any] | None, levels: list[dict[str, Any]]) -
             + (f"{sched:.2f} ms" if sched is not None else "—") + f"; {_signed(added)} ms added in all). A gRPC "
             "message in Python crosses several threads (grpc's event engine, the completion-queue poller, the event "
             "loop), each asleep on an idle machine; raw TCP between the same processes shows what the hop itself "
-            "costs. With `SPECULATIVE_START` (opt-in, on in this run) a nearly idle gateway starts the worker call "
-            "while the lease is granted, on the worker granted last: the lease's round trip overlaps the worker's "
+            "costs. With `SPECULATIVE_START` (opt-in, on in this run) the gateway starts the worker call while the "
+            "lease is granted, on the worker granted last where it has slots to spare: the lease's round trip "
+            "overlaps the worker's "
             "start instead of adding to TTFT, and what is left is the gateway's own hop (the client's request in, the "
             "first token out) and its checks (auth, validation, quotas).")
         out.append("")
@@ -1012,10 +1037,10 @@ def _explain(levels: list[dict[str, Any]]) -> list[str]:
         "- Before the first token the gateway does work the direct path does not: authenticate the key, validate, "
         "look up the served model (a scheduler `ListWorkers` call every couple of seconds, cached in between), a "
         "lease from the scheduler (over the gateway's multiplexed lease stream, or a stream per request with "
-        "LEASE_MUX off), and the worker `Generate` call: after the grant, or beside it on a nearly idle gateway "
-        "(SPECULATIVE_START). Each is a Python gRPC hop; the stage means above show what they cost on this "
-        "machine. The lease (`schedule`) grows with the number of streams the gateway's "
-        "event loop is already relaying.",
+        "LEASE_MUX off), and the worker `Generate` call: after the grant, or beside it where the guessed worker "
+        "has slots to spare (SPECULATIVE_START). Each is a Python gRPC hop; the stage means above show what they "
+        "cost on this machine. The lease (`schedule`) grows with the number of streams the gateway's event loop is "
+        "already relaying.",
         "- For every token the gateway receives one protobuf message from the worker and sends one to the client "
         "(gRPC) or serialises one JSON SSE event (REST). That extra receive + send in Python adds latency to every "
         "delta but mostly a constant one, so it shifts TTFT more than it widens ITL; ITL differences grow when the "
