@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import grpc
+import pytest
 from goodput.common.v1 import types_pb2
 from goodput.scheduler.v1 import scheduler_pb2
 
@@ -146,3 +148,27 @@ async def test_lease_batches_carry_many_lease_messages_each_way_in_order(workers
         assert h.workers.all()[0].inflight == 3
         out.put_nowait(None)  # the gateway closes its side: the three still held go back
         await h.until(lambda: h.workers.all()[0].inflight == 0)
+
+
+async def test_a_batch_over_the_bound_ends_the_stream_invalid_and_gives_back_what_it_held(workers) -> None:  # type: ignore[no-untyped-def]
+    (a,) = await workers(1)
+    async with SchedulerHarness(scheduler_settings([a.address], mux_max_batch=2)) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        out: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def batches():  # type: ignore[no-untyped-def]
+            while (msg := await out.get()) is not None:
+                yield msg
+
+        call = h.stub.LeaseBatches(batches())
+        out.put_nowait(scheduler_pb2.LeaseMuxBatch(requests=[admit("r0"), admit("r1")]))  # at the bound: taken
+        granted = 0
+        while granted < 2:
+            granted += sum(e.WhichOneof("kind") == "granted" for e in (await asyncio.wait_for(call.read(), 5)).events)
+        out.put_nowait(scheduler_pb2.LeaseMuxBatch(requests=[admit(f"x{i}") for i in range(3)]))
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            while True:
+                await asyncio.wait_for(call.read(), 5)
+        assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "at most 2 lease messages" in (ended.value.details() or "")
+        await h.until(lambda: h.workers.all()[0].inflight == 0)  # the two it held went back

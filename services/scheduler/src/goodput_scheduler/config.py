@@ -160,6 +160,10 @@ class SchedulerSettings(ServiceSettings):
     leader_retry_s: float = Field(0.5, gt=0, le=20, description="How often a standby tries to take the lead.")
     mux_max_leases: int = Field(10_000, ge=1, description="Leases one multiplexed lease stream (LeaseBatches, "
                                                           "the gateway's fast path, or Leases) may hold open at once.")
+    mux_max_batch: int = Field(4096, ge=1, le=1_000_000,
+                               description="Lease messages one LeaseBatches message may carry (a gateway sends what "
+                                           "queued up behind its previous write, 512 at most); a larger batch ends "
+                                           "the stream INVALID_ARGUMENT.")
     kv_weight: float = Field(0.1, ge=0, description="Placement: weight of KV-cache usage in the load score (it is "
                              "polled, so stale between checks: a tie-break next to the live lease count).")
     queue_weight: float = Field(0.25, ge=0, description="Placement: weight of the engine's waiting queue (polled).")

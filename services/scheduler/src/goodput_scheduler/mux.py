@@ -215,10 +215,14 @@ def _end(entry: _Open, *, error: str = "") -> None:
 
 async def serve(mux: LeaseMux, requests: AsyncIterator[scheduler_pb2.LeaseMuxRequest],
                 events: asyncio.Queue[Event | None | Exception]) -> None:
-    """Reads the stream's requests into ``mux`` until the caller closes its side; then gives everything back."""
+    """Reads the stream's requests into ``mux`` until the caller closes its side; then gives everything back. A
+    refusal of the stream's messages themselves (a batch too large) ends the stream with that error."""
+    end: Exception | None = None
     try:
         async for msg in requests:
             mux.handle(msg)
+    except GoodputError as err:
+        end = err
     finally:
         mux.close()
-        events.put_nowait(None)
+        events.put_nowait(end)

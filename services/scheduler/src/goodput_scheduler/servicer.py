@@ -46,10 +46,14 @@ def _ends_stream(event: object) -> bool:
     return event is None or isinstance(event, Exception)
 
 
-async def unbatched(batches: AsyncIterator[scheduler_pb2.LeaseMuxBatch]
+async def unbatched(batches: AsyncIterator[scheduler_pb2.LeaseMuxBatch], *, limit: int
                     ) -> AsyncIterator[scheduler_pb2.LeaseMuxRequest]:
-    """A LeaseBatches stream's lease messages, one by one, in order."""
+    """A LeaseBatches stream's lease messages, one by one, in order; a batch of more than ``limit`` ends the stream
+    (INVALID_ARGUMENT: the stream's leases are given back, as when it breaks)."""
     async for batch in batches:
+        if len(batch.requests) > limit:
+            raise InvalidArgument(f"a LeaseBatches message carries at most {limit} lease messages "
+                                  f"(MUX_MAX_BATCH); this one carried {len(batch.requests)}", param="requests")
         for request in batch.requests:
             yield request
 
@@ -72,11 +76,12 @@ def tenant_weight(sent: float) -> float:
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, leases: LeaseManager, registry: WorkerRegistry, *, admit_timeout_s: float,
-                 mux_max_leases: int = 10_000) -> None:
+                 mux_max_leases: int = 10_000, mux_max_batch: int = 4096) -> None:
         self.leases = leases
         self.registry = registry
         self.admit_timeout_s = admit_timeout_s
         self.mux_max_leases = mux_max_leases
+        self.mux_max_batch = mux_max_batch
         self.leading = True  # a standby (leader election) admits nothing
         self._streams: set[asyncio.Queue[scheduler_pb2.LeaseMuxEvent | None | Exception]] = set()
 
@@ -104,7 +109,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                            context: aio.ServicerContext) -> AsyncIterator[scheduler_pb2.LeaseMuxEventBatch]:
         """``Leases`` with batched messages each way: the events that queued up while the previous message was being
         written go out as one (:mod:`goodput_core.batching`)."""
-        async with aclosing(self._mux(unbatched(request_iterator))) as batches:
+        async with aclosing(self._mux(unbatched(request_iterator, limit=self.mux_max_batch))) as batches:
             async for events in batches:
                 yield scheduler_pb2.LeaseMuxEventBatch(events=events)
 
