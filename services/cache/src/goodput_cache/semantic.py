@@ -181,6 +181,7 @@ class NumpyIndex:
         self._transient = 0  # of which tombstones and builds in flight (not held against the budget)
         self._lock = threading.RLock()
         self._trim = trimmer()
+        self._builds = 0  # build threads not yet done (a graph swapped in, then its memory charged and enforced)
 
     def __len__(self) -> int:
         return len(self._where)
@@ -284,15 +285,20 @@ class NumpyIndex:
             part.building = True
             part.reserved = part.build_bytes()
             self._recharge(part)
+            self._builds += 1
             threading.Thread(target=self._build, args=(part,), name="l2-index-build", daemon=True).start()
 
     def _build(self, part: AnnPartition) -> None:
-        part.rebuild()
-        with self._lock:  # what arrived during the build may call for the next one
-            if self._parts.get(part.name) is part:
-                self._recharge(part)
-                self._maybe_build(part)
-                self._enforce()
+        try:
+            part.rebuild()
+            with self._lock:  # what arrived during the build may call for the next one
+                if self._parts.get(part.name) is part:
+                    self._recharge(part)
+                    self._maybe_build(part)
+                    self._enforce()
+        finally:
+            with self._lock:  # done only once its memory is charged (settle() waits for this, not for the swap)
+                self._builds -= 1
         self._trim()  # the old rows and graph go back to the OS, so the RSS follows the budget
 
     def _remove(self, partition: str, part: _Partition | AnnPartition, key: str) -> None:
@@ -331,8 +337,9 @@ class NumpyIndex:
                     if sim >= min_similarity]
 
     def settle(self, timeout_s: float = 600.0, *, complete: bool = False) -> bool:
-        """Waits until no partition's graph is being built or due for a build (benchmarks, tests); True if so.
-        ``complete``: until every large partition's graph holds all its entries and no tombstone."""
+        """Waits until no partition's graph is being built or due for a build, and every finished build's memory is
+        charged (benchmarks, tests); True if so. ``complete``: until every large partition's graph holds all its
+        entries and no tombstone."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
@@ -342,8 +349,11 @@ class NumpyIndex:
                         self._maybe_build(p, complete=complete)
                         if p.building and p not in busy:
                             busy.append(p)
-            if not busy:
+                settled = not busy and not self._builds
+            if settled:
                 return True
             for p in busy:
                 p.wait_until(deadline)
+            if not busy:  # a build swapped its graph in and is charging its memory
+                time.sleep(0.001)
         return False
