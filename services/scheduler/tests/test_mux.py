@@ -24,18 +24,28 @@ def admit(lease_id: str, *, priority: int = P0, timeout_s: float = 30.0) -> sche
 
 
 class Stream:
-    """A raw Leases stream: messages in, events out (by lease)."""
+    """A raw Leases stream: messages in, events out (by lease); ``LeaseBatches``: batches each way."""
 
-    def __init__(self, h: SchedulerHarness) -> None:
+    def __init__(self, h: SchedulerHarness, method: str = "Leases") -> None:
         self.out: asyncio.Queue[Any] = asyncio.Queue()
-        self.call = h.stub.Leases(self._requests())
+        self.call = getattr(h.stub, method)(self._requests())
 
     async def _requests(self):  # type: ignore[no-untyped-def]
         while (msg := await self.out.get()) is not None:
             yield msg
 
-    def send(self, msg: scheduler_pb2.LeaseMuxRequest) -> None:
+    def send(self, msg: scheduler_pb2.LeaseMuxRequest | scheduler_pb2.LeaseMuxBatch) -> None:
         self.out.put_nowait(msg)
+
+    def close(self) -> None:
+        self.out.put_nowait(None)
+
+    async def batched(self, kind: str, n: int) -> list[scheduler_pb2.LeaseMuxEvent]:
+        """On LeaseBatches: the next ``n`` events of ``kind``, from as many batches as they come in."""
+        found: list[scheduler_pb2.LeaseMuxEvent] = []
+        while len(found) < n:
+            found += [e for e in (await asyncio.wait_for(self.call.read(), 5)).events if e.WhichOneof("kind") == kind]
+        return found
 
     async def next(self, kind: str | None = None) -> scheduler_pb2.LeaseMuxEvent:
         while True:
@@ -118,35 +128,23 @@ async def test_lease_batches_carry_many_lease_messages_each_way_in_order(workers
     (a,) = await workers(1)
     async with SchedulerHarness(scheduler_settings([a.address])) as h:
         await h.until(lambda: len(h.workers.healthy()) == 1)
-        out: asyncio.Queue[Any] = asyncio.Queue()
-
-        async def batches():  # type: ignore[no-untyped-def]
-            while (msg := await out.get()) is not None:
-                yield msg
-
-        call = h.stub.LeaseBatches(batches())
-        out.put_nowait(scheduler_pb2.LeaseMuxBatch(requests=[admit(f"r{i}") for i in range(5)]))
-        grants: list[scheduler_pb2.LeaseMuxEvent] = []
-        while len(grants) < 5:
-            batch = await asyncio.wait_for(call.read(), 5)
-            grants += [e for e in batch.events if e.WhichOneof("kind") == "granted"]
+        s = Stream(h, "LeaseBatches")
+        s.send(scheduler_pb2.LeaseMuxBatch(requests=[admit(f"r{i}") for i in range(5)]))
+        grants = await s.batched("granted", 5)
         assert [g.lease_id for g in grants] == [f"r{i}" for i in range(5)]  # in the order admitted
         worker = h.workers.all()[0]
         assert worker.inflight == 5
         # each grant says how many lease slots its worker had left (what a gateway's speculative start weighs)
         cap = worker.lease_cap(h.leases.settings.max_inflight_per_worker)
         assert [g.granted.free_slots for g in grants] == [cap - n for n in range(1, 6)]
-        out.put_nowait(scheduler_pb2.LeaseMuxBatch(requests=[
+        s.send(scheduler_pb2.LeaseMuxBatch(requests=[
             scheduler_pb2.LeaseMuxRequest(lease_id="r0", first_token=scheduler_pb2.FirstToken(ttft_s=0.1)),
             scheduler_pb2.LeaseMuxRequest(lease_id="r0", release=scheduler_pb2.Release(
                 outcome=scheduler_pb2.OUTCOME_OK, completion_tokens=3)),
             scheduler_pb2.LeaseMuxRequest(lease_id="r1", cancel=scheduler_pb2.Cancel())]))
-        released: set[str] = set()
-        while released != {"r0", "r1"}:
-            batch = await asyncio.wait_for(call.read(), 5)
-            released |= {e.lease_id for e in batch.events if e.WhichOneof("kind") == "released"}
+        assert {e.lease_id for e in await s.batched("released", 2)} == {"r0", "r1"}
         assert h.workers.all()[0].inflight == 3
-        out.put_nowait(None)  # the gateway closes its side: the three still held go back
+        s.close()  # the gateway closes its side: the three still held go back
         await h.until(lambda: h.workers.all()[0].inflight == 0)
 
 
@@ -154,21 +152,13 @@ async def test_a_batch_over_the_bound_ends_the_stream_invalid_and_gives_back_wha
     (a,) = await workers(1)
     async with SchedulerHarness(scheduler_settings([a.address], mux_max_batch=2)) as h:
         await h.until(lambda: len(h.workers.healthy()) == 1)
-        out: asyncio.Queue[Any] = asyncio.Queue()
-
-        async def batches():  # type: ignore[no-untyped-def]
-            while (msg := await out.get()) is not None:
-                yield msg
-
-        call = h.stub.LeaseBatches(batches())
-        out.put_nowait(scheduler_pb2.LeaseMuxBatch(requests=[admit("r0"), admit("r1")]))  # at the bound: taken
-        granted = 0
-        while granted < 2:
-            granted += sum(e.WhichOneof("kind") == "granted" for e in (await asyncio.wait_for(call.read(), 5)).events)
-        out.put_nowait(scheduler_pb2.LeaseMuxBatch(requests=[admit(f"x{i}") for i in range(3)]))
+        s = Stream(h, "LeaseBatches")
+        s.send(scheduler_pb2.LeaseMuxBatch(requests=[admit("r0"), admit("r1")]))  # at the bound: taken
+        await s.batched("granted", 2)
+        s.send(scheduler_pb2.LeaseMuxBatch(requests=[admit(f"x{i}") for i in range(3)]))
         with pytest.raises(grpc.aio.AioRpcError) as ended:
             while True:
-                await asyncio.wait_for(call.read(), 5)
+                await asyncio.wait_for(s.call.read(), 5)
         assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "at most 2 lease messages" in (ended.value.details() or "")
         await h.until(lambda: h.workers.all()[0].inflight == 0)  # the two it held went back
