@@ -116,6 +116,20 @@ async def test_a_resume_gets_exactly_the_events_after_the_last_one_received(repl
     assert await take(await b.resume(api="sse", tenant="acme", stream_id="req-1", after=12)) == []
 
 
+async def test_a_resume_on_another_replica_before_the_first_flush_waits_for_it(replicas) -> None:  # type: ignore[no-untyped-def]
+    """A client reconnects to another replica before the producing one has written anything of the stream to Redis
+    (its first events are written at its next flush): the stream is looked for again for a moment, not answered
+    404."""
+    a, b = replicas(resume_flush_s=0.1)
+    source = Source()
+    client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-early", closer=source.closer)
+    resuming = asyncio.ensure_future(b.resume(api="sse", tenant="acme", stream_id="req-early", after=-1))
+    await asyncio.sleep(0.05)  # b has looked once: nothing there yet
+    source.send(*frames(2), None)
+    assert [f.seq for f in await take(await resuming)] == [0, 1]
+    await client.aclose()
+
+
 async def test_only_its_tenant_may_resume_a_stream_and_unknown_ids_are_404(replicas) -> None:  # type: ignore[no-untyped-def]
     a, b = replicas()
     source = Source()

@@ -90,6 +90,9 @@ STREAM_HEADER = "X-Goodput-Stream-Id"
 SSE_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 _STREAM_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _MAX_SEQ = 10**12
+# A stream id not (yet) in Redis is looked for this long (at least four flushes) before it is answered 404: the replica
+# producing it writes its first events at its next flush.
+_UNKNOWN_AFTER_S = 0.25
 # outcomes of a resume by the error code that refused it (goodput_gateway_stream_resumes_total)
 _OUTCOMES = {"resume_disabled": "disabled", "stream_not_found": "not_found", "stream_events_dropped": "evicted",
              "stream_abandoned": "abandoned", "store_unavailable": "error"}
@@ -454,14 +457,21 @@ class StreamBuffer:
 
     async def _open_shared(self, key: str, stream_id: str, after: int) -> AsyncGenerator[Frame, None]:
         assert self.redis is not None
-        try:
-            info = await self.redis.xinfo_stream(key)
-        except ResponseError as err:
-            if "no such key" in str(err).lower():
-                raise _not_found(stream_id) from None
-            raise self._read_error(err) from None
-        except (RedisError, OSError) as err:
-            raise self._read_error(err) from None
+        # a stream that began a moment ago on another replica may not be written yet (every resume_flush_s): it is
+        # looked for again for a little while before it is called unknown
+        give_up = time.monotonic() + max(4 * self.settings.resume_flush_s, _UNKNOWN_AFTER_S)
+        while True:
+            try:
+                info = await self.redis.xinfo_stream(key)
+                break
+            except ResponseError as err:
+                if "no such key" not in str(err).lower():
+                    raise self._read_error(err) from None
+                if time.monotonic() >= give_up:
+                    raise _not_found(stream_id) from None
+            except (RedisError, OSError) as err:
+                raise self._read_error(err) from None
+            await asyncio.sleep(self.settings.resume_flush_s)
         last = info.get("last-entry")
         if last and b"e" in last[1] and _End.decode(last[1][b"e"]).status == "abandoned":
             raise _abandoned(stream_id)
