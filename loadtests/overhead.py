@@ -345,8 +345,17 @@ async def run_level(clients: Clients, concurrency: int, jobs: list[tuple[str, in
 
 # ---- gateway-side stage timings ----------------------------------------------------------------------------------
 
-async def scrape_stages(http: httpx.AsyncClient) -> dict[str, tuple[float, float]] | None:
-    """(sum, count) of ``goodput_gateway_hop_seconds`` per stage from the gateway's /metrics; None if absent."""
+@dataclass(frozen=True)
+class GatewayScrape:
+    """One read of the gateway's /metrics: (sum, count) of ``goodput_gateway_hop_seconds`` per stage, and
+    ``goodput_gateway_speculative_starts_total`` by result."""
+
+    stages: dict[str, tuple[float, float]]
+    speculative: dict[str, float]
+
+
+async def scrape_gateway(http: httpx.AsyncClient) -> GatewayScrape | None:
+    """The gateway's stage timings and speculative starts, from one GET of its /metrics; None if absent."""
     try:
         from prometheus_client.parser import text_string_to_metric_families
 
@@ -354,32 +363,20 @@ async def scrape_stages(http: httpx.AsyncClient) -> dict[str, tuple[float, float
         resp.raise_for_status()
     except (ImportError, httpx.HTTPError):
         return None
-    out: dict[str, list[float]] = {}
+    stages: dict[str, list[float]] = {}
+    speculative: dict[str, float] = {}
     for family in text_string_to_metric_families(resp.text):
-        if family.name != "goodput_gateway_hop_seconds":
-            continue
-        for s in family.samples:
-            stage = s.labels.get("stage", "?")
-            slot = out.setdefault(stage, [0.0, 0.0])
-            if s.name.endswith("_sum"):
-                slot[0] += s.value
-            elif s.name.endswith("_count"):
-                slot[1] += s.value
-    return {k: (v[0], v[1]) for k, v in out.items()}
-
-
-async def scrape_speculative(http: httpx.AsyncClient) -> dict[str, float]:
-    """``goodput_gateway_speculative_starts_total`` by result from the gateway's /metrics; {} if absent."""
-    try:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        resp = await http.get("/metrics", timeout=5)
-        resp.raise_for_status()
-    except (ImportError, httpx.HTTPError):
-        return {}
-    return {s.labels.get("result", "?"): s.value for family in text_string_to_metric_families(resp.text)
-            if family.name == "goodput_gateway_speculative_starts" for s in family.samples
-            if s.name.endswith("_total")}
+        if family.name == "goodput_gateway_hop_seconds":
+            for s in family.samples:
+                slot = stages.setdefault(s.labels.get("stage", "?"), [0.0, 0.0])
+                if s.name.endswith("_sum"):
+                    slot[0] += s.value
+                elif s.name.endswith("_count"):
+                    slot[1] += s.value
+        elif family.name == "goodput_gateway_speculative_starts":
+            speculative.update({s.labels.get("result", "?"): s.value for s in family.samples
+                                if s.name.endswith("_total")})
+    return GatewayScrape(stages={k: (v[0], v[1]) for k, v in stages.items()}, speculative=speculative)
 
 
 def stage_means(before: dict[str, tuple[float, float]] | None,
@@ -682,16 +679,17 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                 load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
                 for paths in phases:
                     jobs = schedule(n, rng, paths)
-                    before = await scrape_stages(clients.http) if paths is GOODPUT_PATHS else None
-                    guessed = await scrape_speculative(clients.http) if paths is GOODPUT_PATHS else {}
+                    before = await scrape_gateway(clients.http) if paths is GOODPUT_PATHS else None
                     started = time.perf_counter()
                     samples += await run_level(clients, concurrency, jobs, max_tokens=max_tokens,
                                                timeout_s=timeout_s, progress=progress, task=tasks[concurrency])
                     walls["goodput" if paths is GOODPUT_PATHS else "litellm"] = time.perf_counter() - started
                     if paths is GOODPUT_PATHS:
-                        stages = stage_means(before, await scrape_stages(clients.http))
-                        speculative = {k: v - guessed.get(k, 0.0)
-                                       for k, v in (await scrape_speculative(clients.http)).items()}
+                        after = await scrape_gateway(clients.http)
+                        if before is not None and after is not None:
+                            stages = stage_means(before.stages, after.stages)
+                            speculative = {k: v - before.speculative.get(k, 0.0)
+                                           for k, v in after.speculative.items()}
                 results.append(analyse_level(concurrency, samples, wall_s=sum(walls.values()), stages=stages,
                                              load_before=load_before, phase_walls=walls, speculative=speculative))
         return {**out, "worker": worker, "warmup_errors": warm_errors[:5], "levels": results}
