@@ -29,6 +29,73 @@ class GenerateRequest(_message.Message):
     parallel_tool_calls: bool
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., tenant: _Optional[str] = ..., tools: _Optional[str] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
 
+class GenerateMuxRequest(_message.Message):
+    __slots__ = ("stream_id", "start", "cancel", "timeout_s", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    start: GenerateRequest
+    cancel: GenerateCancel
+    timeout_s: float
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, stream_id: _Optional[str] = ..., start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[_Union[GenerateCancel, _Mapping]] = ..., timeout_s: _Optional[float] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class GenerateCancel(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GenerateMuxBatch(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[GenerateMuxRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[GenerateMuxRequest, _Mapping]]] = ...) -> None: ...
+
+class GenerateMuxEvent(_message.Message):
+    __slots__ = ("stream_id", "chunk", "error", "end")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    chunk: GenerateChunk
+    error: GenerateError
+    end: GenerateEnd
+    def __init__(self, stream_id: _Optional[str] = ..., chunk: _Optional[_Union[GenerateChunk, _Mapping]] = ..., error: _Optional[_Union[GenerateError, _Mapping]] = ..., end: _Optional[_Union[GenerateEnd, _Mapping]] = ...) -> None: ...
+
+class GenerateError(_message.Message):
+    __slots__ = ("status", "message", "code", "param", "retry_after_s")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    PARAM_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    message: str
+    code: str
+    param: str
+    retry_after_s: float
+    def __init__(self, status: _Optional[str] = ..., message: _Optional[str] = ..., code: _Optional[str] = ..., param: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+
+class GenerateEnd(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GenerateMuxEventBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[GenerateMuxEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[GenerateMuxEvent, _Mapping]]] = ...) -> None: ...
+
 class GenerateChunk(_message.Message):
     __slots__ = ("started", "delta", "finished")
     STARTED_FIELD_NUMBER: _ClassVar[int]
