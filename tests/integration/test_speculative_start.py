@@ -104,7 +104,9 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
 
         # a wrong guess (a worker the scheduler never grants): the answer comes from the granted worker, and the
         # early call is cancelled
-        await pipeline._worker(stranger).GetLoad(inference_pb2.GetLoadRequest(), timeout=5)  # its channel open
+        # its channel open
+        await inference_pb2_grpc.InferenceStub(pipeline._channel(stranger)).GetLoad(inference_pb2.GetLoadRequest(),
+                                                                                   timeout=5)
         aborted = (await load(stranger)).aborted_total
         pipeline._hints[(model, P0, "")] = ("stranger", stranger)
         pipeline._free_slots[stranger] = 2

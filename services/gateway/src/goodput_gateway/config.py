@@ -135,6 +135,22 @@ class GatewaySettings(ServiceSettings):
     lease_mux: bool = Field(True, description="Every request's scheduler lease over one long-lived multiplexed "
                                               "stream (Scheduler/LeaseBatches: the fast path); false = a Lease stream "
                                               "per request.")
+    worker_mux: bool = Field(True, description="Requests' generations as messages on long-lived multiplexed "
+                                               "streams to each worker (Inference/GenerateBatches: the fast path, "
+                                               "no call set up per request; tokens that queue up behind a write go "
+                                               "out together) while few run there (WORKER_MUX_MAX_OPEN); false = a "
+                                               "Generate call per request.")
+    worker_mux_max_open: int = Field(8, ge=0, le=100_000,
+                                     description="With WORKER_MUX: most generations to one worker on its "
+                                                 "GenerateBatches streams at once; past that, requests get a "
+                                                 "Generate call each. A stream saves a call's setup (most of the "
+                                                 "gateway's added time when idle) but writes one message at a time, "
+                                                 "while calls write in parallel: under load calls keep tokens "
+                                                 "flowing sooner (loadtests/reports/overhead-sim.md).")
+    worker_mux_streams: int = Field(8, ge=1, le=1024,
+                                    description="With WORKER_MUX: most GenerateBatches streams to one worker (a "
+                                                "new one opens while every open one carries generations; each "
+                                                "request goes to the least busy); an idle gateway keeps one.")
     speculative_start: bool = Field(False, description="Opt-in. Start the worker call on the worker the scheduler "
                                                        "granted last for the same model, class and session while "
                                                        "the lease is being granted, where that worker had slots to "

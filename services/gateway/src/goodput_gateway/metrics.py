@@ -83,6 +83,11 @@ class GatewayMetrics:
             "(SPECULATIVE_START), by result: hit (granted on that worker), miss (granted elsewhere: cancelled), "
             "queued (the lease waited in the scheduler's queue: cancelled then), refused (the lease was not "
             "granted: cancelled).", ["result"], registry=registry)
+        self.worker_starts = Counter(
+            "goodput_gateway_worker_starts_total", "Generations started at a worker, by how: stream (on a "
+            "multiplexed GenerateBatches stream, WORKER_MUX) or call (a Generate call of its own: past "
+            "WORKER_MUX_MAX_OPEN, a worker of an earlier release, or WORKER_MUX off).", ["transport"],
+            registry=registry)
         self.worker_failures = Counter("goodput_gateway_worker_failures_total",
                                        "Worker calls lost (before or after the first token).", ["phase"],
                                        registry=registry)

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 import grpc
 from cachetools import TTLCache
@@ -46,6 +46,7 @@ from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta
 from goodput_gateway.requests import Cost, GenerationRequest
 from goodput_gateway.timing import EngineTimes, Timeline
 from goodput_gateway.tools import worker_tools
+from goodput_gateway.workermux import MuxCall, WorkerStreams
 
 __all__ = ["GenerationStream", "ModelEntry", "Pipeline", "StreamEnd", "StreamStart", "TextDelta"]
 
@@ -71,13 +72,16 @@ _PROBE_EVERY = 10
 # An early worker call is given this long (at most) to be accepted by its worker before the lease is asked for.
 _HEAD_START_S = 0.005
 
+# A worker call: a Generate call, or a generation on the worker's shared stream (read alike).
+WorkerCall: TypeAlias = aio.UnaryStreamCall | MuxCall
+
 
 @dataclass
 class _Early:
     """A worker call started before its grant (speculative_start), on ``address``."""
 
     address: str
-    task: asyncio.Task[tuple[aio.UnaryStreamCall, StreamStart, Span]]
+    task: asyncio.Task[tuple[WorkerCall, StreamStart, Span]]
     queued: bool = False  # the scheduler queued the lease: the early call was cancelled then (never run unadmitted)
 
     def on_queued(self) -> None:
@@ -119,7 +123,7 @@ class GenerationStream:
     """One request on a worker, under a lease. Iterate :meth:`events` for TextDelta events and a final StreamEnd;
     :meth:`aclose` (always called, also after the last event) stops the worker call and releases the lease."""
 
-    def __init__(self, pipeline: Pipeline, *, lease: _Lease, call: aio.UnaryStreamCall, start: StreamStart,
+    def __init__(self, pipeline: Pipeline, *, lease: _Lease, call: WorkerCall, start: StreamStart,
                  arrived: float, timeline: Timeline | None = None, span: Span | None = None) -> None:
         self.pipeline = pipeline
         self._span = span  # the worker call's client span, ended with the call
@@ -233,6 +237,8 @@ class Pipeline:
         self._workers: list[scheduler_pb2.WorkerStatus] = []  # the same ListWorkers answer, for model "auto"
         self.queue_waits = QueueWaits()  # measured per (model, class): what model "auto" expects to wait
         self.lease_stream = LeaseStream(scheduler) if settings.lease_mux else None  # the fast path
+        self.worker_streams = WorkerStreams(self._channel, per_worker=settings.worker_mux_streams) \
+            if settings.worker_mux else None  # the fast path
         # (model, class, session) -> the last grant's (worker id, address); the hit rate and probe count per
         # (model, class)
         self._hints: TTLCache[tuple[str, int, str], tuple[str, str]] = TTLCache(maxsize=_HINTS_MAX, ttl=_HINT_TTL_S)
@@ -247,11 +253,25 @@ class Pipeline:
         self._models_refresh: asyncio.Task[list[ModelEntry]] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
-    def _worker(self, address: str) -> inference_pb2_grpc.InferenceStub:
+    def _channel(self, address: str) -> aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = self._channel_factory(address)
-        return inference_pb2_grpc.InferenceStub(channel)
+        return channel
+
+    def _call_worker(self, address: str, gen: inference_pb2.GenerateRequest, *, deadline: float,
+                     span: Span) -> WorkerCall:
+        """Starts ``gen`` at the worker: on a shared stream (WORKER_MUX) while few of this gateway's requests run
+        there (WORKER_MUX_MAX_OPEN) and the worker knows GenerateBatches; else as a Generate call of its own."""
+        timeout = max(deadline - time.monotonic(), 0.001)
+        streams = self.worker_streams
+        if streams is not None and streams.open_to(address) < self.settings.worker_mux_max_open and \
+                streams.supported(address):
+            self.metrics.worker_starts.labels("stream").inc()
+            return streams.generate(address, gen, timeout_s=timeout, trace_context=dict(_trace_metadata(span)))
+        self.metrics.worker_starts.labels("call").inc()
+        return inference_pb2_grpc.InferenceStub(self._channel(address)).Generate(
+            gen, timeout=timeout, metadata=_trace_metadata(span))
 
     async def settle(self) -> None:
         """Waits (up to 5 s) for the releases sent off the response path."""
@@ -262,6 +282,8 @@ class Pipeline:
         await self.settle()
         if self.lease_stream is not None:
             await self.lease_stream.close()
+        if self.worker_streams is not None:
+            await self.worker_streams.close()
         for channel in self._channels.values():
             await channel.close(grace=None)
 
@@ -516,7 +538,7 @@ class Pipeline:
                       free_slots=event.granted.free_slots)
 
     async def _start_worker(self, principal: Principal, req: GenerationRequest, lease: _Lease, *, request_id: str,
-                            model: str, deadline: float) -> tuple[aio.UnaryStreamCall, StreamStart, Span]:
+                            model: str, deadline: float) -> tuple[WorkerCall, StreamStart, Span]:
         tools, parallel = worker_tools(req)  # tool_choice auto: the worker's template and tool parser take them
         gen = inference_pb2.GenerateRequest(
             request_id=request_id, model=model, prompt=req.prompt, sampling=sampling_to_proto(req.sampling),
@@ -529,10 +551,15 @@ class Pipeline:
         span = _tracer.start_span(_GENERATE, kind=SpanKind.CLIENT, attributes={
             "rpc.system": "grpc", "rpc.service": "goodput.inference.v1.Inference", "rpc.method": "Generate",
             "server.address": lease.address, "goodput.worker": lease.worker_id})
-        call = self._worker(lease.address).Generate(gen, timeout=max(deadline - time.monotonic(), 0.001),
-                                                    metadata=_trace_metadata(span))
+        call = self._call_worker(lease.address, gen, deadline=deadline, span=span)
         try:
-            first = await call.read()
+            try:
+                first = await call.read()
+            except aio.AioRpcError as err:
+                if not (isinstance(call, MuxCall) and err.code() == grpc.StatusCode.UNIMPLEMENTED):
+                    raise
+                call = self._call_worker(lease.address, gen, deadline=deadline, span=span)  # an earlier release
+                first = await call.read()
         except grpc.RpcError as err:
             call.cancel()
             _end_failed(span, err)
