@@ -347,11 +347,13 @@ async def run_level(clients: Clients, concurrency: int, jobs: list[tuple[str, in
 
 @dataclass(frozen=True)
 class GatewayScrape:
-    """One read of the gateway's /metrics: (sum, count) of ``goodput_gateway_hop_seconds`` per stage, and
-    ``goodput_gateway_speculative_starts_total`` by result."""
+    """One read of the gateway's /metrics: (sum, count) of ``goodput_gateway_hop_seconds`` per stage,
+    ``goodput_gateway_speculative_starts_total`` by result and ``goodput_gateway_worker_starts_total`` by
+    transport."""
 
     stages: dict[str, tuple[float, float]]
     speculative: dict[str, float]
+    transports: dict[str, float] = field(default_factory=dict)
 
 
 async def scrape_gateway(http: httpx.AsyncClient) -> GatewayScrape | None:
@@ -365,6 +367,7 @@ async def scrape_gateway(http: httpx.AsyncClient) -> GatewayScrape | None:
         return None
     stages: dict[str, list[float]] = {}
     speculative: dict[str, float] = {}
+    transports: dict[str, float] = {}
     for family in text_string_to_metric_families(resp.text):
         if family.name == "goodput_gateway_hop_seconds":
             for s in family.samples:
@@ -376,7 +379,11 @@ async def scrape_gateway(http: httpx.AsyncClient) -> GatewayScrape | None:
         elif family.name == "goodput_gateway_speculative_starts":
             speculative.update({s.labels.get("result", "?"): s.value for s in family.samples
                                 if s.name.endswith("_total")})
-    return GatewayScrape(stages={k: (v[0], v[1]) for k, v in stages.items()}, speculative=speculative)
+        elif family.name == "goodput_gateway_worker_starts":
+            transports.update({s.labels.get("transport", "?"): s.value for s in family.samples
+                               if s.name.endswith("_total")})
+    return GatewayScrape(stages={k: (v[0], v[1]) for k, v in stages.items()}, speculative=speculative,
+                         transports=transports)
 
 
 def stage_means(before: dict[str, tuple[float, float]] | None,
@@ -676,6 +683,7 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                 walls: dict[str, float] = {}
                 stages: dict[str, float] = {}
                 speculative: dict[str, float] = {}
+                transports: dict[str, float] = {}
                 load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
                 for paths in phases:
                     jobs = schedule(n, rng, paths)
@@ -690,8 +698,10 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                             stages = stage_means(before.stages, after.stages)
                             speculative = {k: v - before.speculative.get(k, 0.0)
                                            for k, v in after.speculative.items()}
+                            transports = {k: v - before.transports.get(k, 0.0) for k, v in after.transports.items()}
                 results.append(analyse_level(concurrency, samples, wall_s=sum(walls.values()), stages=stages,
-                                             load_before=load_before, phase_walls=walls, speculative=speculative))
+                                             load_before=load_before, phase_walls=walls, speculative=speculative,
+                                             transports=transports))
         return {**out, "worker": worker, "warmup_errors": warm_errors[:5], "levels": results}
     finally:
         await clients.close()
@@ -700,7 +710,8 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
 def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, stages: dict[str, float],
                   load_before: tuple[float, float, float] | None,
                   phase_walls: dict[str, float] | None = None,
-                  speculative: dict[str, float] | None = None) -> dict[str, Any]:
+                  speculative: dict[str, float] | None = None,
+                  transports: dict[str, float] | None = None) -> dict[str, Any]:
     """Per-path TTFT/ITL summaries, each path minus its direct path (gateway minus worker, LiteLLM proxy minus its
     mock), ratios and the verdict against the goal for one level; only the paths that were run."""
     paths: dict[str, Any] = {}
@@ -744,6 +755,7 @@ def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, sta
             "paths": paths, "overhead": overhead,
             "gateway_stage_mean_ms": {k: v * 1000 for k, v in sorted(stages.items())},
             "speculative_starts": {k: int(v) for k, v in sorted((speculative or {}).items())},
+            "worker_starts": {k: int(v) for k, v in sorted((transports or {}).items())},
             "loadavg_before": None if load_before is None else [round(x, 2) for x in load_before]}
 
 
@@ -871,6 +883,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         if any(guesses.values()):
             lines += ["Speculative starts (`goodput_gateway_speculative_starts_total`, this level's gateway requests): "
                       + ", ".join(f"{k} {v}" for k, v in guesses.items()) + ".", ""]
+        starts = lv.get("worker_starts") or {}
+        if any(starts.values()):
+            lines += ["Worker starts (`goodput_gateway_worker_starts_total`, this level's gateway requests): "
+                      + ", ".join(f"{k} {v}" for k, v in starts.items())
+                      + " (stream: on a multiplexed `GenerateBatches` stream; call: a `Generate` call of its own, "
+                        "past `WORKER_MUX_MAX_OPEN` open generations).", ""]
         errs = [e for path in lv["paths"] for e in lv["paths"][path]["error_examples"]]
         if errs:
             lines += ["Errors seen: " + "; ".join(f"`{e}`" for e in errs), ""]
@@ -1035,14 +1053,18 @@ def _explain(levels: list[dict[str, Any]]) -> list[str]:
         "- Before the first token the gateway does work the direct path does not: authenticate the key, validate, "
         "look up the served model (a scheduler `ListWorkers` call every couple of seconds, cached in between), a "
         "lease from the scheduler (over the gateway's multiplexed lease stream, or a stream per request with "
-        "LEASE_MUX off), and the worker `Generate` call: after the grant, or beside it where the guessed worker "
-        "has slots to spare (SPECULATIVE_START). Each is a Python gRPC hop; the stage means above show what they "
-        "cost on this machine. The lease (`schedule`) grows with the number of streams the gateway's event loop is "
-        "already relaying.",
-        "- For every token the gateway receives one protobuf message from the worker and sends one to the client "
-        "(gRPC) or serialises one JSON SSE event (REST). That extra receive + send in Python adds latency to every "
-        "delta but mostly a constant one, so it shifts TTFT more than it widens ITL; ITL differences grow when the "
-        "gateway's event loop is busy with many streams at once and falls behind the engine's step rate.",
+        "LEASE_MUX off), and the request's start at the worker: after the grant, or beside it where the guessed "
+        "worker has slots to spare (SPECULATIVE_START). The start goes as a message on one of the gateway's open "
+        "`GenerateBatches` streams to that worker (WORKER_MUX: no call set up per request, which is most of what an "
+        "idle gateway adds) while at most `WORKER_MUX_MAX_OPEN` of its generations run there, else as a `Generate` "
+        "call of its own (a stream writes one message at a time; under load parallel calls keep tokens flowing "
+        "sooner). Each is a Python gRPC hop; the stage means above show what they cost on this machine. The lease "
+        "(`schedule`) grows with the number of streams the gateway's event loop is already relaying.",
+        "- For every token the gateway receives it from the worker (on a stream, batched with other requests' "
+        "tokens that queued up behind the previous write) and sends one message to the client (gRPC) or serialises "
+        "one JSON SSE event (REST). That extra receive + send in Python adds latency to every delta but mostly a "
+        "constant one, so it shifts TTFT more than it widens ITL; ITL differences grow when the gateway's event "
+        "loop is busy with many streams at once and falls behind the engine's step rate.",
         "- On this CPU-only machine the gateway, scheduler, engine and client compete for the same cores; the "
         "engine's step loop and the gateway's per-message work slow each other down, which inflates the overhead "
         "at higher concurrency.",
