@@ -160,5 +160,5 @@ async def test_a_batch_over_the_bound_ends_the_stream_invalid_and_gives_back_wha
             while True:
                 await asyncio.wait_for(s.call.read(), 5)
         assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "at most 2 lease messages" in (ended.value.details() or "")
+        assert "at most 2 messages" in (ended.value.details() or "")
         await h.until(lambda: h.workers.all()[0].inflight == 0)  # the two it held went back

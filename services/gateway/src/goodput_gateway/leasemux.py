@@ -36,15 +36,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import cast
 
 import grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 from opentelemetry import propagate
 
-from goodput_core.batching import take_batch
+from goodput_core.batching import batched
 from goodput_core.errors import DeadlineExceeded, GoodputError, Unavailable, from_rpc_error, from_status
 
 __all__ = ["LeaseStream"]
@@ -92,15 +92,10 @@ class _Stream:
 
     async def _requests(self) -> AsyncIterator[scheduler_pb2.LeaseMuxBatch]:
         """What queued up while the previous message was being written, as one message (goodput_core.batching)."""
-        while True:
-            batch = await take_batch(self.out, limit=MAX_BATCH, is_end=lambda msg: msg is _CLOSE)
-            closing = batch[-1] is _CLOSE
-            if closing:
-                batch.pop()
-            if batch:
-                yield scheduler_pb2.LeaseMuxBatch(requests=cast(list[_Request], batch))
-            if closing:
-                return
+        async with aclosing(batched(self.out, limit=MAX_BATCH, end=_CLOSE,
+                                    wrap=lambda batch: scheduler_pb2.LeaseMuxBatch(requests=batch))) as messages:
+            async for message in messages:
+                yield message
 
     def send(self, msg: _Request) -> None:
         self.out.put_nowait(msg)

@@ -36,13 +36,14 @@ import itertools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, cast
+from contextlib import aclosing
+from typing import Any
 
 import grpc
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from grpc import aio
 
-from goodput_core.batching import take_batch
+from goodput_core.batching import batched
 from goodput_core.errors import ERROR_CODE_KEY, ERROR_PARAM_KEY, RETRY_AFTER_KEY
 
 __all__ = ["MuxCall", "WorkerStreams"]
@@ -158,15 +159,10 @@ class _Stream:
         self.reader = asyncio.get_running_loop().create_task(self._read(), name=f"worker-stream-{address}")
 
     async def _requests(self) -> AsyncIterator[inference_pb2.GenerateMuxBatch]:
-        while True:
-            batch = await take_batch(self.out, limit=MAX_BATCH, is_end=lambda msg: msg is _CLOSE)
-            closing = batch[-1] is _CLOSE
-            if closing:
-                batch.pop()
-            if batch:
-                yield inference_pb2.GenerateMuxBatch(requests=cast(list[_Request], batch))
-            if closing:
-                return
+        async with aclosing(batched(self.out, limit=MAX_BATCH, end=_CLOSE,
+                                    wrap=lambda batch: inference_pb2.GenerateMuxBatch(requests=batch))) as messages:
+            async for message in messages:
+                yield message
 
     def start(self, stream_id: str, request: inference_pb2.GenerateRequest, *, timeout_s: float,
               trace_context: Mapping[str, str]) -> MuxCall:

@@ -30,7 +30,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from goodput_core.errors import DeadlineExceeded, GoodputError, Internal, InvalidArgument, ResourceExhausted
 
-__all__ = ["MAX_BATCH", "GenerateMux", "error_event", "serve", "unbatched"]
+__all__ = ["MAX_BATCH", "GenerateMux", "error_event"]
 
 log = logging.getLogger("goodput.inference.mux")
 _tracer = trace.get_tracer("goodput.inference")
@@ -137,30 +137,3 @@ class GenerateMux:
         tasks, self._open = list(self._open.values()), {}
         for task in tasks:
             task.cancel()
-
-
-async def unbatched(batches: AsyncIterator[inference_pb2.GenerateMuxBatch], *,
-                    limit: int) -> AsyncIterator[inference_pb2.GenerateMuxRequest]:
-    """A stream's request messages, one by one, in order; a batch of more than ``limit`` ends the stream
-    (INVALID_ARGUMENT: its generations are aborted, as when it breaks)."""
-    async for batch in batches:
-        if len(batch.requests) > limit:
-            raise InvalidArgument(f"a GenerateBatches message carries at most {limit} messages (MUX_MAX_BATCH); "
-                                  f"this one carried {len(batch.requests)}", param="requests")
-        for request in batch.requests:
-            yield request
-
-
-async def serve(mux: GenerateMux, requests: AsyncIterator[inference_pb2.GenerateMuxRequest],
-                events: asyncio.Queue[Event | None | Exception]) -> None:
-    """Reads the stream's requests into ``mux`` until the caller closes its side; then aborts what is still running
-    and ends the stream (with the error that refused the stream's own messages, if any)."""
-    end: Exception | None = None
-    try:
-        async for msg in requests:
-            mux.handle(msg)
-    except GoodputError as err:
-        end = err
-    finally:
-        mux.close()
-        events.put_nowait(end)

@@ -8,8 +8,8 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing
 from dataclasses import asdict
-from typing import cast
 
 from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
@@ -19,14 +19,14 @@ from prometheus_client.core import CounterMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from goodput_core.batching import take_batch
+from goodput_core.batching import event_batches, feed, unbatched
 from goodput_core.context import request_context
 from goodput_core.errors import Unavailable
 from goodput_core.sampling import logprobs_to_proto, sampling_from_proto
 
 from goodput_inference.engine import ChatTurn, Delta, Engine, Finished, GenRequest, Started, ToolCall
 from goodput_inference.mux import MAX_BATCH as MUX_EVENTS_PER_MESSAGE
-from goodput_inference.mux import GenerateMux, serve, unbatched
+from goodput_inference.mux import GenerateMux
 from goodput_inference.progress import Progress
 
 log = logging.getLogger("goodput.inference")
@@ -247,10 +247,6 @@ class PeakRate:
             self._peak = max(self._peak, self._sum)
 
 
-def _ends_stream(event: object) -> bool:
-    return event is None or isinstance(event, Exception)
-
-
 def _load_reader(engine: Engine, attr: str) -> Callable[[], float]:
     return lambda: float(getattr(engine.load(), attr))
 
@@ -285,21 +281,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         events: asyncio.Queue[inference_pb2.GenerateMuxEvent | None | Exception] = asyncio.Queue()
         mux = GenerateMux(self.generate, events.put_nowait, max_open=self.mux_max_generations,
                           refuse=lambda: Unavailable("worker is draining") if self.draining else None)
-        reader = asyncio.get_running_loop().create_task(
-            serve(mux, unbatched(request_iterator, limit=self.mux_max_batch), events), name="generate-mux")
+        requests = unbatched(request_iterator, items=lambda b: b.requests, limit=self.mux_max_batch,
+                             method="GenerateBatches")
+        reader = asyncio.get_running_loop().create_task(feed(requests, mux.handle, close=mux.close, events=events),
+                                                        name="generate-mux")
         try:
-            while True:
-                batch = await take_batch(events, limit=MUX_EVENTS_PER_MESSAGE, is_end=_ends_stream)
-                last = batch[-1]
-                if _ends_stream(last):
-                    batch.pop()
-                if batch:
-                    yield inference_pb2.GenerateMuxEventBatch(
-                        events=cast(list[inference_pb2.GenerateMuxEvent], batch))
-                if isinstance(last, Exception):
-                    raise last
-                if last is None:  # the caller closed its side
-                    return
+            async with aclosing(event_batches(events, limit=MUX_EVENTS_PER_MESSAGE,
+                                              wrap=lambda e: inference_pb2.GenerateMuxEventBatch(events=e))) as out:
+                async for batch in out:
+                    yield batch
         finally:
             reader.cancel()
             mux.close()  # idempotent: whatever the reader had not aborted yet

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from goodput.scheduler.v1 import scheduler_pb2
@@ -211,18 +211,3 @@ def _end(entry: _Open, *, error: str = "") -> None:
         entry.span.set_status(Status(StatusCode.ERROR, error))
     entry.span.end()
     entry.span = None
-
-
-async def serve(mux: LeaseMux, requests: AsyncIterator[scheduler_pb2.LeaseMuxRequest],
-                events: asyncio.Queue[Event | None | Exception]) -> None:
-    """Reads the stream's requests into ``mux`` until the caller closes its side; then gives everything back. A
-    refusal of the stream's messages themselves (a batch too large) ends the stream with that error."""
-    end: Exception | None = None
-    try:
-        async for msg in requests:
-            mux.handle(msg)
-    except GoodputError as err:
-        end = err
-    finally:
-        mux.close()
-        events.put_nowait(end)

@@ -6,17 +6,16 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import cast
 
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 
-from goodput_core.batching import take_batch
+from goodput_core.batching import event_batches, feed, unbatched
 from goodput_core.context import request_context
 from goodput_core.errors import InvalidArgument, NotFound, Unavailable
 
 from goodput_scheduler.leases import LeaseManager
-from goodput_scheduler.mux import LeaseMux, serve
+from goodput_scheduler.mux import LeaseMux
 from goodput_scheduler.placement import PlacementRequest
 from goodput_scheduler.registry import Worker, WorkerRegistry
 
@@ -40,22 +39,6 @@ def worker_status(w: Worker, *, max_inflight: int = 0) -> scheduler_pb2.WorkerSt
     if w.model is not None:
         status.model.CopyFrom(w.model)
     return status
-
-
-def _ends_stream(event: object) -> bool:
-    return event is None or isinstance(event, Exception)
-
-
-async def unbatched(batches: AsyncIterator[scheduler_pb2.LeaseMuxBatch], *, limit: int
-                    ) -> AsyncIterator[scheduler_pb2.LeaseMuxRequest]:
-    """A LeaseBatches stream's lease messages, one by one, in order; a batch of more than ``limit`` ends the stream
-    (INVALID_ARGUMENT: the stream's leases are given back, as when it breaks)."""
-    async for batch in batches:
-        if len(batch.requests) > limit:
-            raise InvalidArgument(f"a LeaseBatches message carries at most {limit} lease messages "
-                                  f"(MUX_MAX_BATCH); this one carried {len(batch.requests)}", param="requests")
-        for request in batch.requests:
-            yield request
 
 
 MAX_TENANT_WEIGHT = 1e6  # far beyond any ratio between tenants that means something; keeps the weights' sum finite
@@ -109,7 +92,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                            context: aio.ServicerContext) -> AsyncIterator[scheduler_pb2.LeaseMuxEventBatch]:
         """``Leases`` with batched messages each way: the events that queued up while the previous message was being
         written go out as one (:mod:`goodput_core.batching`)."""
-        async with aclosing(self._mux(unbatched(request_iterator, limit=self.mux_max_batch))) as batches:
+        requests = unbatched(request_iterator, items=lambda b: b.requests, limit=self.mux_max_batch,
+                             method="LeaseBatches")
+        async with aclosing(self._mux(requests)) as batches:
             async for events in batches:
                 yield scheduler_pb2.LeaseMuxEventBatch(events=events)
 
@@ -118,20 +103,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._check_leading()
         events: asyncio.Queue[scheduler_pb2.LeaseMuxEvent | None | Exception] = asyncio.Queue()
         mux = LeaseMux(self.leases, events.put_nowait, max_leases=self.mux_max_leases, parse_weight=tenant_weight)
-        reader = asyncio.get_running_loop().create_task(serve(mux, requests, events), name="lease-mux")
+        reader = asyncio.get_running_loop().create_task(feed(requests, mux.handle, close=mux.close, events=events),
+                                                        name="lease-mux")
         self._streams.add(events)
         try:
-            while True:
-                batch = await take_batch(events, limit=MAX_BATCH, is_end=_ends_stream)
-                last = batch[-1]
-                if _ends_stream(last):
-                    batch.pop()
-                if batch:
-                    yield cast(list[scheduler_pb2.LeaseMuxEvent], batch)
-                if isinstance(last, Exception):
-                    raise last
-                if last is None:  # the caller closed its side
-                    return
+            async with aclosing(event_batches(events, limit=MAX_BATCH, wrap=lambda events: events)) as batches:
+                async for batch in batches:
+                    yield batch
         finally:
             self._streams.discard(events)
             reader.cancel()
