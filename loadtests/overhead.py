@@ -544,6 +544,38 @@ _ECHO = ("import asyncio, sys\n"
          "asyncio.run(main())\n")
 
 
+# One SSE event (uvicorn with h11, as the gateway serves REST) and one gRPC server-stream message (grpc.aio, as the
+# worker and the gateway serve gRPC), each answering a fresh request at once: the two APIs' own floor.
+_FIRST_EVENT = ("import asyncio, sys, grpc, uvicorn\n"
+                "from grpc import aio\n"
+                "async def app(scope, receive, send):\n"
+                "    if scope['type'] != 'http':\n"
+                "        return\n"
+                "    await receive()\n"
+                "    await send({'type': 'http.response.start', 'status': 200,\n"
+                "                'headers': [(b'content-type', b'text/event-stream')]})\n"
+                "    await send({'type': 'http.response.body', 'body': b'data: x\\n\\n', 'more_body': True})\n"
+                "    await send({'type': 'http.response.body', 'body': b'', 'more_body': False})\n"
+                "async def stream(request, context):\n"
+                "    yield b'x'\n"
+                "async def main():\n"
+                "    server = aio.server()\n"
+                "    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler('floor.Floor', {\n"
+                "        'Stream': grpc.unary_stream_rpc_method_handler(stream)}),))\n"
+                "    grpc_port = server.add_insecure_port('127.0.0.1:0')\n"
+                "    await server.start()\n"
+                "    config = uvicorn.Config(app, host='127.0.0.1', port=0, http='h11', log_level='error')\n"
+                "    web = uvicorn.Server(config)\n"
+                "    asyncio.get_running_loop().create_task(web.serve())\n"
+                "    while not web.started:\n"
+                "        await asyncio.sleep(0.01)\n"
+                "    http_port = web.servers[0].sockets[0].getsockname()[1]\n"
+                "    print(http_port, grpc_port, flush=True)\n"
+                "    await server.wait_for_termination()\n"
+                "import uvloop\n"
+                "uvloop.run(main())\n")
+
+
 async def _timed(step: Callable[[int], Awaitable[float]], *, idle_s: float) -> float | None:
     """p50 of the seconds ``step`` measured, over ROUND_TRIPS calls ``idle_s`` apart (0: back to back); the first 5
     not counted."""
@@ -621,12 +653,56 @@ async def tcp_round_trips() -> dict[str, float | None]:
         await proc.wait()
 
 
+async def first_events() -> dict[str, dict[str, float | None]]:
+    """A fresh request to its first event, alone: an SSE event from uvicorn (h11) read with httpx (the REST path's
+    server and client stacks) and a gRPC server-stream message (the direct path's and the gRPC path's), both from one
+    server process that answers at once. Their difference is what the REST path pays for HTTP/1.1 and SSE before any
+    gateway work, which the gRPC direct path it is compared with does not."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _FIRST_EVENT, stdout=asyncio.subprocess.PIPE)
+    http = channel = None
+    try:
+        assert proc.stdout is not None
+        http_port, grpc_port = (int(x) for x in (await asyncio.wait_for(proc.stdout.readline(), 30)).split())
+        http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}")
+        channel = aio.insecure_channel(f"127.0.0.1:{grpc_port}")
+        stream = channel.unary_stream("/floor.Floor/Stream")
+
+        async def sse(i: int) -> float:
+            started = time.perf_counter()
+            async with http.stream("POST", "/", content=b"{}") as resp:
+                async for line in resp.aiter_lines():
+                    if line.startswith("data:"):
+                        break
+            return time.perf_counter() - started
+
+        async def message(i: int) -> float:
+            started = time.perf_counter()
+            async for _ in stream(b"q"):
+                break
+            return time.perf_counter() - started
+
+        out: dict[str, dict[str, float | None]] = {}
+        for name, step in (("sse", sse), ("grpc", message)):
+            busy = await _timed(step, idle_s=0)
+            idle = await _timed(step, idle_s=IDLE_GAP_S)
+            out[name] = {"busy_p50_ms": busy * 1000 if busy else None, "idle_p50_ms": idle * 1000 if idle else None}
+        return out
+    finally:
+        if http is not None:
+            await http.aclose()
+        if channel is not None:
+            await channel.close(grace=None)
+        proc.kill()
+        await proc.wait()
+
+
 async def round_trips(target: Target) -> dict[str, Any] | None:
     """The floor under the gateway's overhead on this machine (with --start, where the scheduler is known)."""
     if target.scheduler is None:
         return None
     return {"lease": await lease_round_trips(target.scheduler, target.worker_credentials),
-            "tcp": await tcp_round_trips(), "idle_gap_ms": IDLE_GAP_S * 1000, "samples": ROUND_TRIPS}
+            "tcp": await tcp_round_trips(), "first_event": await first_events(), "idle_gap_ms": IDLE_GAP_S * 1000,
+            "samples": ROUND_TRIPS}
 
 
 async def describe_worker(clients: Clients) -> dict[str, Any]:
@@ -979,6 +1055,12 @@ def _round_trip_lines(rt: dict[str, Any] | None, levels: list[dict[str, Any]]) -
              _ms(rt["lease"]["idle_p50_ms"], 3)],
             ["raw asyncio TCP echo between two processes", _ms(rt["tcp"]["busy_p50_ms"], 3),
              _ms(rt["tcp"]["idle_p50_ms"], 3)]]
+    first = rt.get("first_event") or {}
+    if first:
+        rows += [["a fresh request to its first SSE event: uvicorn (h11) server, httpx client (the REST path's stacks)",
+                  _ms(first["sse"]["busy_p50_ms"], 3), _ms(first["sse"]["idle_p50_ms"], 3)],
+                 ["a fresh gRPC call to its first stream message, grpc.aio both sides (the direct path's stacks)",
+                  _ms(first["grpc"]["busy_p50_ms"], 3), _ms(first["grpc"]["idle_p50_ms"], 3)]]
     out = ["## The floor: round trips on this machine", "",
            markdown_table(["round trip (p50 of " + str(rt["samples"]) + ", ms)", "back to back", gap], rows), ""]
     one = next((lv for lv in levels if lv["concurrency"] == 1), None)
@@ -998,6 +1080,15 @@ def _round_trip_lines(rt: dict[str, Any] | None, levels: list[dict[str, Any]]) -
             "start instead of adding to TTFT, and what is left is the gateway's own hop (the client's request in, the "
             "first token out) and its checks (auth, validation, quotas).")
         out.append("")
+        sse, call = (first.get("sse") or {}).get("idle_p50_ms"), (first.get("grpc") or {}).get("idle_p50_ms")
+        rest = one["overhead"].get("gateway_rest", {}).get("ttft", {}).get("p50_diff_ms")
+        if sse and call and rest is not None:
+            out.append(
+                f"The REST path is compared with the same gRPC direct path: it pays HTTP/1.1 and SSE on both ends "
+                f"(uvicorn's h11 in the gateway, httpx in the client) where the direct path pays a gRPC call, "
+                f"{sse - call:+.2f} ms on this machine before any gateway work (the first-event rows above); of its "
+                f"{_signed(rest)} ms added at 1 stream, {_signed(rest - (sse - call))} ms is the gateway's own.")
+            out.append("")
     return out
 
 

@@ -142,11 +142,13 @@ async def test_the_floor_under_the_overhead_is_measured_on_a_scheduler_and_repor
         floor = await round_trips(Target(gateway_url="", gateway_grpc="", worker="", api_key="",
                                          scheduler=fleet.scheduler_addr))
     assert floor is not None
-    for hop in ("lease", "tcp"):  # a round trip takes time, back to back and after an idle gap
-        assert floor[hop]["busy_p50_ms"] > 0 and floor[hop]["idle_p50_ms"] > 0
+    for hop in (floor["lease"], floor["tcp"], *floor["first_event"].values()):  # back to back and after idle
+        assert hop["busy_p50_ms"] > 0 and hop["idle_p50_ms"] > 0
+    assert set(floor["first_event"]) == {"sse", "grpc"}
     level = analyse_level(1, [Sample(p, 0, ttft_s=0.05, itl_s=[0.02], e2e_s=0.1, deltas=2) for p in GOODPUT_PATHS],
                           wall_s=1.0, stages={"schedule": 0.0015}, load_before=None)
     md = render_markdown({"generated_at": "now", "config": {"max_tokens": 8, "priority": "P0", "timeout_s": 60},
                           "levels": [level], "machine": machine_info(), "worker": {}, "engine_flags": "x",
                           "platform": "y", "packages": {}, "round_trips": floor})
     assert "## The floor: round trips on this machine" in md and "lease on the scheduler's stream" in md
+    assert "first SSE event" in md and "The REST path is compared with the same gRPC direct path" in md
