@@ -237,7 +237,8 @@ class Pipeline:
         self._workers: list[scheduler_pb2.WorkerStatus] = []  # the same ListWorkers answer, for model "auto"
         self.queue_waits = QueueWaits()  # measured per (model, class): what model "auto" expects to wait
         self.lease_stream = LeaseStream(scheduler) if settings.lease_mux else None  # the fast path
-        self.worker_streams = WorkerStreams(self._channel, per_worker=settings.worker_mux_streams) \
+        self.worker_streams = WorkerStreams(self._channel, per_worker=settings.worker_mux_streams,
+                                            max_open=settings.worker_mux_max_open) \
             if settings.worker_mux else None  # the fast path
         # (model, class, session) -> the last grant's (worker id, address); the hit rate and probe count per
         # (model, class)
@@ -264,11 +265,12 @@ class Pipeline:
         """Starts ``gen`` at the worker: on a shared stream (WORKER_MUX) while few of this gateway's requests run
         there (WORKER_MUX_MAX_OPEN) and the worker knows GenerateBatches; else as a Generate call of its own."""
         timeout = max(deadline - time.monotonic(), 0.001)
-        streams = self.worker_streams
-        if streams is not None and streams.open_to(address) < self.settings.worker_mux_max_open and \
-                streams.supported(address):
-            self.metrics.worker_starts.labels("stream").inc()
-            return streams.generate(address, gen, timeout_s=timeout, trace_context=dict(_trace_metadata(span)))
+        if self.worker_streams is not None:
+            started = self.worker_streams.generate(address, gen, timeout_s=timeout,
+                                                   trace_context=dict(_trace_metadata(span)))
+            if started is not None:
+                self.metrics.worker_starts.labels("stream").inc()
+                return started
         self.metrics.worker_starts.labels("call").inc()
         return inference_pb2_grpc.InferenceStub(self._channel(address)).Generate(
             gen, timeout=timeout, metadata=_trace_metadata(span))

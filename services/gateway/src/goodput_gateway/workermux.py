@@ -24,7 +24,7 @@ request opens a new stream. A worker of an earlier release answers ``UNIMPLEMENT
 Example (in a coroutine)::
 
     streams = WorkerStreams(channel_for=lambda address: channels[address])
-    call = streams.generate("10.0.0.7:50061", request, timeout_s=30)
+    call = streams.generate("10.0.0.7:50061", request, timeout_s=30)  # None: make a Generate call
     while (chunk := await call.read()) is not grpc.aio.EOF:
         ...
 """
@@ -222,9 +222,11 @@ class WorkerStreams:
     """This gateway's multiplexed generation streams, up to ``per_worker`` per worker address (see the module's
     docstring)."""
 
-    def __init__(self, channel_for: Callable[[str], aio.Channel], *, per_worker: int = 8) -> None:
+    def __init__(self, channel_for: Callable[[str], aio.Channel], *, per_worker: int = 8,
+                 max_open: int = 8) -> None:
         self._channel_for = channel_for
         self.per_worker = per_worker
+        self.max_open = max_open  # generations on a worker's streams at once (WORKER_MUX_MAX_OPEN)
         self._streams: dict[str, list[_Stream]] = {}
         self._legacy: set[str] = set()  # addresses whose worker does not know GenerateBatches
         self._ids = itertools.count()
@@ -247,22 +249,22 @@ class WorkerStreams:
             streams[:] = [s for s in streams if s not in ended]
         return streams
 
-    def _stream(self, address: str) -> _Stream:
-        """The least busy open stream to ``address``; a new one while every open one carries generations and there
-        are fewer than ``per_worker`` (a stream writes one message at a time: several keep a busy worker's tokens
-        flowing in parallel, batched within each)."""
+    def generate(self, address: str, request: inference_pb2.GenerateRequest, *, timeout_s: float,
+                 trace_context: Mapping[str, str] = _NO_CONTEXT) -> MuxCall | None:
+        """Starts ``request`` on the least busy open stream to the worker at ``address`` (a new one while every
+        open one carries generations and there are fewer than ``per_worker``: a stream writes one message at a
+        time); read the returned call like a ``Generate`` call. None, and nothing started, when ``max_open``
+        generations already run on that worker's streams or the worker does not know GenerateBatches: the
+        caller makes a ``Generate`` call instead."""
         streams = self._prune(address)
+        if address in self._legacy or sum(len(s.calls) for s in streams) >= self.max_open:
+            return None
         best = min(streams, key=lambda s: len(s.calls), default=None)
         if best is None or (best.calls and len(streams) < self.per_worker):
             best = _Stream(inference_pb2_grpc.InferenceStub(self._channel_for(address)), address)
             streams.append(best)
-        return best
-
-    def generate(self, address: str, request: inference_pb2.GenerateRequest, *, timeout_s: float,
-                 trace_context: Mapping[str, str] = _NO_CONTEXT) -> MuxCall:
-        """Starts ``request`` on the worker at ``address``; read the returned call like a ``Generate`` call."""
-        return self._stream(address).start(f"{next(self._ids)}/{request.request_id}"[:256], request,
-                                           timeout_s=timeout_s, trace_context=trace_context)
+        return best.start(f"{next(self._ids)}/{request.request_id}"[:256], request, timeout_s=timeout_s,
+                          trace_context=trace_context)
 
     def open_to(self, address: str) -> int:
         """Generations open on the streams to ``address``."""
