@@ -18,7 +18,7 @@ from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
-from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor, filters
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -35,10 +35,20 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 # Health checks and load polls run every second: tracing them would drown the request traces. The scheduler's
 # multiplexed lease stream lives as long as its gateway and carries many requests: each lease is a span of its own
 # request's trace (goodput_scheduler.mux), and one span for the whole stream would say nothing but cost every message.
-_NOT_TRACED = filters.negate(filters.any_of(filters.health_check(), filters.method_name("GetLoad"),
-                                            filters.full_method_name("/goodput.scheduler.v1.Scheduler/Leases"),
-                                            filters.full_method_name("/goodput.scheduler.v1.Scheduler/LeaseBatches"),
-                                            filters.service_prefix("grpc.reflection")))
+_UNTRACED_METHODS = frozenset({"/goodput.scheduler.v1.Scheduler/Leases",
+                               "/goodput.scheduler.v1.Scheduler/LeaseBatches"})
+_UNTRACED_SERVICES = ("grpc.health.v1.Health", "grpc.reflection")
+
+
+def traced(details: Any) -> bool:
+    """Whether a call (a server's HandlerCallDetails or a channel's ClientCallDetails) gets a span. The same test as
+    the instrumentation's composed ``filters`` (health checks, ``GetLoad``, the lease streams, reflection), in one
+    function: those check the details' type against a typing Protocol once per filter, on every call."""
+    method = details.method
+    if isinstance(method, bytes):  # a channel's details carry bytes (grpc/grpc#31092)
+        method = method.decode()
+    service, _, name = method.lstrip("/").rpartition("/")
+    return not (name == "GetLoad" or method in _UNTRACED_METHODS or service.startswith(_UNTRACED_SERVICES))
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -108,9 +118,9 @@ def setup_tracing(*, service: str, exporter: str = "none", file: str = "",
 
 def client_interceptors(provider: TracerProvider | None) -> list[Any]:
     """Interceptors for a ``grpc.aio`` channel: a client span per call and the trace context in the metadata."""
-    return list(aio_client_interceptors(tracer_provider=provider, filter_=_NOT_TRACED))
+    return list(aio_client_interceptors(tracer_provider=provider, filter_=traced))
 
 
 def server_interceptor(provider: TracerProvider | None) -> Any:
     """Interceptor for a ``grpc.aio`` server: a server span per call, child of the caller's span."""
-    return aio_server_interceptor(tracer_provider=provider, filter_=_NOT_TRACED)
+    return aio_server_interceptor(tracer_provider=provider, filter_=traced)
