@@ -60,6 +60,8 @@ class Wiring:
         if self.service.cache is not None:
             await self.service.cache.settle()
         await self.service.quotas.settle_all()
+        if self.service.feedback is not None:
+            await self.service.feedback.settle()
         await self.service.meter.flush()
 
     async def close(self) -> None:

@@ -97,6 +97,9 @@ class GatewaySettings(ServiceSettings):
     feedback_max_local: int = Field(100_000, ge=1, description="Answers remembered for feedback in this process "
                                                                "when there is no Redis (QUOTA_REDIS_URL/REDIS_URL).")
     feedback_prefix: str = Field("goodput:feedback", description="Prefix of the feedback store's Redis keys.")
+    feedback_flush_s: float = Field(0.05, gt=0, le=5, description="How often the answers kept for feedback are "
+                                    "written to Redis, together in one pipeline (not one write per answer); this "
+                                    "replica knows its own at once, the others within this long.")
     # ---- workload trace (goodput_gateway.trace_recorder): capacity planning and simulator calibration ----
     trace_path: str = Field("", description="File of the workload trace: one JSON line per sampled finished answer "
                                             "(arrival, class, model, prompt/cached/output tokens, max_tokens, "

@@ -2,9 +2,11 @@
 ``discarded``, ``regenerated``); an answer thrown away was no goodput after all, whatever its latency.
 
 Each answered request is remembered for ``feedback_ttl_s`` (tenant, model, class, and its goodput tokens: its
-output tokens when it met its SLO, else 0) in Redis when one is configured, so feedback may reach any replica; in
-this process otherwise (bounded). Feedback is tenant-scoped (another tenant's request id is unknown, 404) and
-counted once per request: a discarded answer's tokens go to ``goodput_gateway_goodput_discarded_tokens_total``.
+output tokens when it met its SLO, else 0) in this process (bounded) and, when Redis is configured, in Redis too, so
+feedback may reach any replica: written every ``feedback_flush_s`` in one pipeline with the others answered
+meanwhile, off the response path (a write per answer cost every request a Redis round trip of the event loop).
+Feedback is tenant-scoped (another tenant's request id is unknown, 404) and counted once per request: a discarded
+answer's tokens go to ``goodput_gateway_goodput_discarded_tokens_total``.
 
     >>> import asyncio
     >>> from goodput_gateway.config import GatewaySettings
@@ -67,7 +69,9 @@ class FeedbackStore:
         self.metrics = metrics
         self._local: TTLCache[str, _Answer] = TTLCache(maxsize=settings.feedback_max_local,
                                                        ttl=settings.feedback_ttl_s)
-        self._background: set[asyncio.Task[None]] = set()
+        # key -> its JSON, on its way to Redis with the next flush (a verdict taken meanwhile replaces it)
+        self._pending: dict[str, str] = {}
+        self._flush: asyncio.Task[None] | None = None
 
     def _key(self, tenant: str, request_id: str) -> str:
         return f"{self.settings.feedback_prefix}:{tenant}:{request_id}"
@@ -78,20 +82,35 @@ class FeedbackStore:
                           priority=opened.priority, tokens=tokens))
 
     def keep(self, answer: _Answer) -> None:
-        """Kept here (this replica answers its own callers at once) and in Redis (for every other replica)."""
-        self._local[self._key(answer.tenant, answer.request_id)] = answer
+        """Kept here (this replica answers its own callers at once) and, with the next flush, in Redis (for every
+        other replica)."""
+        key = self._key(answer.tenant, answer.request_id)
+        self._local[key] = answer
         if self.redis is None:
             return
-        task = asyncio.get_running_loop().create_task(self._keep(answer))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        if len(self._pending) >= self.settings.feedback_max_local:  # Redis is far behind: the oldest goes local-only
+            self._pending.pop(next(iter(self._pending)))
+        self._pending[key] = json.dumps(asdict(answer))
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.get_running_loop().create_task(self._write())
 
-    async def _keep(self, answer: _Answer) -> None:
-        try:
-            await self.redis.set(self._key(answer.tenant, answer.request_id), json.dumps(asdict(answer)),
-                                 ex=int(self.settings.feedback_ttl_s))
-        except RedisError as err:
-            log.warning("could not keep an answer for feedback", extra={"error": repr(err)})
+    async def _write(self) -> None:
+        """Writes what was kept since the last flush, every ``feedback_flush_s`` while there is any."""
+        while self._pending:
+            await asyncio.sleep(self.settings.feedback_flush_s)
+            batch, self._pending = self._pending, {}
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for key, value in batch.items():
+                        pipe.set(key, value, ex=int(self.settings.feedback_ttl_s))
+                    await pipe.execute()
+            except RedisError as err:
+                log.warning("could not keep answers for feedback", extra={"answers": len(batch), "error": repr(err)})
+
+    async def settle(self) -> None:
+        """Waits (up to 5 s) for the answers still to be written (at shutdown)."""
+        if self._flush is not None and not self._flush.done():
+            await asyncio.wait({self._flush}, timeout=5)
 
     async def _take(self, tenant: str, request_id: str) -> tuple[bool, _Answer | None]:
         """(known, the answer if its goodput is still to be judged); a second verdict finds it taken."""
@@ -100,7 +119,9 @@ class FeedbackStore:
         if local is not None:
             if local.tokens:
                 self._local[key] = _Answer(**{**asdict(local), "tokens": 0})
-            if self.redis is not None:  # taken for the other replicas too
+            if key in self._pending:  # not in Redis yet: it goes there taken
+                self._pending[key] = json.dumps({"taken": True})
+            elif self.redis is not None:  # taken for the other replicas too
                 await self._redis_take(key)
             return True, local if local.tokens else None
         if self.redis is None:
