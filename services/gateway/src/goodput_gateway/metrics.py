@@ -96,6 +96,7 @@ class GatewayMetrics:
 async def timed(events: AsyncIterator[TextDelta | StreamEnd], metrics: GatewayMetrics, *, priority: str,
                 arrived: float) -> AsyncIterator[TextDelta | StreamEnd]:
     """``events`` unchanged, observing time to first token, time between tokens and time to the end."""
+    itl = metrics.itl.labels(priority)  # once per request, not per token
     last: float | None = None
     async for event in events:
         now = time.monotonic()
@@ -103,7 +104,7 @@ async def timed(events: AsyncIterator[TextDelta | StreamEnd], metrics: GatewayMe
             if last is None:
                 metrics.ttft.labels(priority).observe(now - arrived)
             else:
-                metrics.itl.labels(priority).observe(now - last)
+                itl.observe(now - last)
             last = now
         else:
             metrics.e2e.labels(priority).observe(now - arrived)

@@ -157,8 +157,10 @@ class GenerationStream:
                         self._ttft_s = max(time.monotonic() - self._arrived, 1e-6)
                         self.pipeline.report_first_token(self._lease, self._ttft_s)
                     self._completion_tokens = chunk.delta.completion_tokens
-                    yield TextDelta(chunk.delta.text, logprobs_from_proto(chunk.delta.logprobs), chunk.delta.index,
-                                    logprobs_from_proto(chunk.delta.prompt_logprobs))
+                    delta = chunk.delta
+                    yield TextDelta(delta.text, logprobs_from_proto(delta.logprobs) if delta.logprobs else (),
+                                    delta.index,
+                                    logprobs_from_proto(delta.prompt_logprobs) if delta.prompt_logprobs else ())
                 elif kind == "finished":
                     f = chunk.finished
                     if self._timeline is not None:
