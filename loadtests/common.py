@@ -143,6 +143,25 @@ def package_versions(names: Iterable[str]) -> dict[str, str | None]:
     return out
 
 
+def cpu_seconds(pids: Iterable[int]) -> float | None:
+    """User + system CPU seconds these processes (and the processes below them) have used so far; Linux only (None
+    elsewhere, or when one is gone). The difference of two reads is what they spent in between: steadier than any
+    latency on shared cores, because time spent waiting for a core is not counted."""
+    from goodput_cli.procs import descendants
+
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in pids:
+            for each in (pid, *(child for child, _ in descendants(pid))):
+                with open(f"/proc/{each}/stat", encoding="ascii") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    except (OSError, ValueError, AttributeError, IndexError):
+        return None
+    return total / tick
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

@@ -64,6 +64,7 @@ from loadtests.common import (
     PERCENTILES,
     bootstrap_diff_ci,
     cpu_label,
+    cpu_seconds,
     machine_info,
     markdown_table,
     package_versions,
@@ -177,6 +178,9 @@ class Target:
     worker_credentials: grpc.ChannelCredentials | None = None
     litellm: LiteLLMStack | None = None  # --litellm: the mock endpoint and the proxy in front of it
     scheduler: str | None = None  # --start: the round trips below the overhead are measured on it
+    # --start: the platform's own processes on the request path (gateway, scheduler) by name, whose CPU per request
+    # the report shows beside the LiteLLM proxy's
+    platform_pids: dict[str, int] = field(default_factory=dict)
 
 
 def _messages(prompt: str) -> list[dict[str, str]]:
@@ -761,13 +765,18 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                 speculative: dict[str, float] = {}
                 transports: dict[str, float] = {}
                 load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+                cpu: dict[str, Any] = {}
                 for paths in phases:
                     jobs = schedule(n, rng, paths)
                     before = await scrape_gateway(clients.http) if paths is GOODPUT_PATHS else None
+                    watched = cpu_watch(target, paths)
+                    cpu_before = {name: cpu_seconds([pid]) for name, pid in watched.items()}
                     started = time.perf_counter()
-                    samples += await run_level(clients, concurrency, jobs, max_tokens=max_tokens,
-                                               timeout_s=timeout_s, progress=progress, task=tasks[concurrency])
+                    level = await run_level(clients, concurrency, jobs, max_tokens=max_tokens,
+                                            timeout_s=timeout_s, progress=progress, task=tasks[concurrency])
                     walls["goodput" if paths is GOODPUT_PATHS else "litellm"] = time.perf_counter() - started
+                    samples += level
+                    cpu.update(cpu_per_request(watched, cpu_before, level))
                     if paths is GOODPUT_PATHS:
                         after = await scrape_gateway(clients.http)
                         if before is not None and after is not None:
@@ -777,17 +786,43 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                             transports = {k: v - before.transports.get(k, 0.0) for k, v in after.transports.items()}
                 results.append(analyse_level(concurrency, samples, wall_s=sum(walls.values()), stages=stages,
                                              load_before=load_before, phase_walls=walls, speculative=speculative,
-                                             transports=transports))
+                                             transports=transports, cpu=cpu))
         return {**out, "worker": worker, "warmup_errors": warm_errors[:5], "levels": results}
     finally:
         await clients.close()
+
+
+def cpu_watch(target: Target, paths: tuple[str, ...]) -> dict[str, int]:
+    """The processes whose CPU a phase's requests are charged with: Goodput's gateway and scheduler (the worker
+    serves the direct path too), or the LiteLLM proxy (not its mock, which serves its direct path)."""
+    if paths is GOODPUT_PATHS:
+        return dict(target.platform_pids)
+    stack = target.litellm
+    return {"litellm_proxy": stack.procs[1].pid} if stack is not None and len(stack.procs) > 1 else {}
+
+
+def cpu_per_request(watched: dict[str, int], before: dict[str, float | None],
+                    samples: list[Sample]) -> dict[str, Any]:
+    """Each watched process's CPU over a phase, per request it served (the gateway and scheduler serve both gateway
+    paths; the proxy, its own), in ms; a process not measured is left out."""
+    served = sum(1 for s in samples if s.path in (GATEWAY_PATHS if "litellm_proxy" not in watched
+                                                   else ("litellm_proxy",)))
+    out: dict[str, Any] = {}
+    for name, pid in watched.items():
+        start, end = before.get(name), cpu_seconds([pid])
+        if start is None or end is None or not served:
+            continue
+        out[name] = {"cpu_s": round(end - start, 3), "requests": served,
+                     "ms_per_request": (end - start) * 1000 / served}
+    return out
 
 
 def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, stages: dict[str, float],
                   load_before: tuple[float, float, float] | None,
                   phase_walls: dict[str, float] | None = None,
                   speculative: dict[str, float] | None = None,
-                  transports: dict[str, float] | None = None) -> dict[str, Any]:
+                  transports: dict[str, float] | None = None,
+                  cpu: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per-path TTFT/ITL summaries, each path minus its direct path (gateway minus worker, LiteLLM proxy minus its
     mock), ratios and the verdict against the goal for one level; only the paths that were run."""
     paths: dict[str, Any] = {}
@@ -832,6 +867,7 @@ def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, sta
             "gateway_stage_mean_ms": {k: v * 1000 for k, v in sorted(stages.items())},
             "speculative_starts": {k: int(v) for k, v in sorted((speculative or {}).items())},
             "worker_starts": {k: int(v) for k, v in sorted((transports or {}).items())},
+            "cpu_per_request": cpu or {},
             "loadavg_before": None if load_before is None else [round(x, 2) for x in load_before]}
 
 
@@ -872,6 +908,31 @@ def _cell(lv: dict[str, Any], path: str, metric: str) -> str:
         return "—"
     m = o[metric]
     return f"**{_signed(m['p50_diff_ms'])}** ({_ci(m)})"
+
+
+def _cpu_lines(levels: list[dict[str, Any]], *, max_tokens: int | None) -> list[str]:
+    """CPU per request of each platform's own processes, per level (what they cost, apart from the waiting)."""
+    if not any(lv.get("cpu_per_request") for lv in levels):
+        return []
+    names = [n for n in ("gateway", "scheduler", "litellm_proxy") if any(n in lv.get("cpu_per_request", {})
+                                                                          for lv in levels)]
+    label = {"gateway": "Goodput gateway", "scheduler": "Goodput scheduler", "litellm_proxy": "LiteLLM proxy"}
+    rows = []
+    for lv in levels:
+        cpu = lv.get("cpu_per_request") or {}
+        cells = [_ms(cpu[n]["ms_per_request"]) if n in cpu else "—" for n in names]
+        goodput = [cpu[n]["ms_per_request"] for n in ("gateway", "scheduler") if n in cpu]
+        ratio = (f"{cpu['litellm_proxy']['ms_per_request'] / sum(goodput):.1f}×"
+                 if goodput and "litellm_proxy" in cpu and sum(goodput) > 0 else "—")
+        rows.append([lv["concurrency"], *cells, _ms(sum(goodput)) if goodput else "—", ratio])
+    headers = ["streams", *(f"{label[n]} ms/request" for n in names), "Goodput in all", "LiteLLM / Goodput"]
+    return ["## CPU per request", "",
+            "CPU time (user + system) each platform's own processes spent over a level's phase, per request they "
+            f"served ({max_tokens or '?'} tokens each): Goodput's gateway (both gateway paths, gRPC and REST) and "
+            "its scheduler (the lease), LiteLLM's proxy. The worker and the mock serve the direct paths too and are "
+            "left out. Unlike latency, CPU time does not count the waiting for a core, so it is the steadier "
+            "measure of what each platform costs on these shared cores.", "",
+            markdown_table(headers, rows), ""]
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -921,6 +982,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                   "configured as in the section below. For reference, gateway overheads published for a localhost "
                   "mock (other machines, mocks and loads, not measured here): Bifrost 0.44 ms, Portkey 2.37 ms, "
                   "LiteLLM 4.34 ms median.", ""]
+    lines += _cpu_lines(levels, max_tokens=cfg.get("max_tokens"))
     lines += ["## Overhead (each path minus its direct path, ms; ratio = path / direct)", ""]
     rows = []
     for lv in levels:
@@ -1359,7 +1421,9 @@ def main(argv: list[str] | None = None) -> int:
             target = Target(gateway_url=platform.gateway_http, gateway_grpc=platform.gateway_grpc,
                             worker=platform.worker_grpc(0), api_key=BENCH_KEY, priority=args.priority,
                             worker_credentials=platform.credentials("gateway"), litellm=stack,
-                            scheduler=platform.scheduler_grpc)
+                            scheduler=platform.scheduler_grpc,
+                            platform_pids={name: pid for name in ("gateway", "scheduler")
+                                           if (pid := platform.pid(name)) is not None})
             platform_desc = ("started by the benchmark: one worker, the scheduler and the gateway, each its own "
                              "process (no cache, knowledge services or jobs worker), default settings except the "
                              "engine flags and the gateway's SPECULATIVE_START=true (opt-in)")

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
+import time
 
 import pytest
 
 from loadtests.common import (
     bootstrap_diff_ci,
     cpu_label,
+    cpu_seconds,
     fmt_ms,
     machine_info,
     markdown_table,
@@ -109,7 +114,10 @@ def test_analyse_level_computes_overhead_and_verdict() -> None:
         samples.append(Sample("gateway_grpc", i, ttft_s=0.0515 + i * 1e-4, itl_s=[0.0201] * 5, e2e_s=0.2, deltas=6))
         samples.append(Sample("gateway_rest", i, ttft_s=0.060 + i * 1e-4, itl_s=[0.022] * 5, e2e_s=0.2, deltas=6))
     samples.append(Sample("gateway_rest", 0, error="HTTP 503: busy"))
-    level = analyse_level(8, samples, wall_s=1.0, stages={"schedule": 0.001}, load_before=(1.0, 1.0, 1.0))
+    cpu = {"gateway": {"cpu_s": 0.4, "requests": 40, "ms_per_request": 10.0},
+           "scheduler": {"cpu_s": 0.08, "requests": 40, "ms_per_request": 2.0},
+           "litellm_proxy": {"cpu_s": 0.9, "requests": 20, "ms_per_request": 45.0}}
+    level = analyse_level(8, samples, wall_s=1.0, stages={"schedule": 0.001}, load_before=(1.0, 1.0, 1.0), cpu=cpu)
     grpc_ttft = level["overhead"]["gateway_grpc"]["ttft"]
     assert grpc_ttft["p50_diff_ms"] == pytest.approx(1.5)
     assert grpc_ttft["pass"] is True  # within the 2 ms goal
@@ -128,6 +136,22 @@ def test_analyse_level_computes_overhead_and_verdict() -> None:
     md = render_markdown(report)
     assert "**The goal is missed**" in md
     assert "**FAIL**" in md and "PASS" in md
+    # CPU per request side by side: Goodput's gateway + scheduler (12 ms) against the proxy's 45 ms
+    assert "| 8 | 10.00 | 2.00 | 45.00 | 12.00 | 3.8× |" in md
+
+
+def test_cpu_seconds_counts_a_process_and_the_processes_below_it() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.3\n"
+                              "while time.process_time() < end: pass\ntime.sleep(30)"])
+    try:
+        before = cpu_seconds([os.getpid()])
+        time.sleep(1.0)  # the child spends its 0.3 s of CPU meanwhile, counted under this process
+        after = cpu_seconds([os.getpid()])
+        assert before is not None and after is not None and after - before >= 0.2
+    finally:
+        child.kill()
+        child.wait()
+    assert cpu_seconds([2 ** 22 + 12345]) is None  # no such process
 
 
 @pytest.mark.integration

@@ -14,6 +14,7 @@ import pytest
 from goodput_testing import free_port
 
 from loadtests import overhead
+from loadtests.common import cpu_seconds
 from loadtests.openai_mock import build_app
 
 
@@ -48,7 +49,10 @@ async def test_litellm_proxies_the_mock_token_by_token(tmp_path: Path) -> None:
         clients = overhead.Clients(target, max_streams=4)
         try:
             jobs = overhead.schedule(4, random.Random(0), overhead.LITELLM_PATHS)
+            watched = overhead.cpu_watch(target, overhead.LITELLM_PATHS)
+            before = {name: cpu_seconds([pid]) for name, pid in watched.items()}
             samples = await overhead.run_level(clients, 2, jobs, max_tokens=8, timeout_s=60)
+            cpu = overhead.cpu_per_request(watched, before, samples)
         finally:
             await clients.close()
         assert all(s.error is None for s in samples), [s.error for s in samples]
@@ -57,5 +61,8 @@ async def test_litellm_proxies_the_mock_token_by_token(tmp_path: Path) -> None:
         level = overhead.analyse_level(2, samples, wall_s=1.0, stages={}, load_before=None)
         assert set(level["overhead"]) == {"litellm_proxy"} and level["overhead"]["litellm_proxy"]["ttft"]["p50_diff_ms"]
         assert stack.version == "1.108.7"
+        # the proxy's own CPU, per request it served (its mock, which serves the direct path, is not counted)
+        assert set(cpu) == {"litellm_proxy"} and cpu["litellm_proxy"]["requests"] == 4
+        assert cpu["litellm_proxy"]["ms_per_request"] > 0
     finally:
         stack.stop()
