@@ -1274,6 +1274,19 @@ def _explain(levels: list[dict[str, Any]]) -> list[str]:
         "engine's step loop and the gateway's per-message work slow each other down, which inflates the overhead "
         "at higher concurrency.",
     ]
+    busiest = levels[-1]
+    cpu = (busiest.get("cpu_per_request") or {}).get("gateway")
+    if cpu is not None:
+        replicas = len(busiest.get("gateway_requests_by_replica") or []) or 1
+        out.append(
+            f"- Each gateway process serves its streams on one event loop ({replicas} process"
+            f"{'es' if replicas > 1 else ''} here). At {busiest['concurrency']} streams it spent "
+            f"{cpu['ms_per_request']:.1f} ms of CPU per request (the CPU table): the tokens of an engine step for "
+            "every stream and the requests of a wave that start together queue on that loop behind each other, and "
+            "a request's first token waits its turn. Most of that CPU is grpc's own per-message work (a completion "
+            "per message sent or received, handed from grpc's poller thread to the event loop), not the gateway's "
+            "logic: what shortens the queue is fewer messages per token (the worker streams' batches) and more "
+            "processes, one per core (`--gateways N`, replicas in production).")
     out += _explain_litellm(levels)
     return out
 
