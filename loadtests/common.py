@@ -149,14 +149,21 @@ def cpu_seconds(pids: Iterable[int]) -> float | None:
     latency on shared cores, because time spent waiting for a core is not counted."""
     from goodput_cli.procs import descendants
 
+    def ticks(pid: int) -> int:
+        with open(f"/proc/{pid}/stat", "rb") as f:  # bytes: a process may name itself in any encoding
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+
     try:
         tick = os.sysconf("SC_CLK_TCK")
         total = 0
         for pid in pids:
-            for each in (pid, *(child for child, _ in descendants(pid))):
-                with open(f"/proc/{each}/stat", encoding="ascii") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+            total += ticks(pid)
+            for child, _ in descendants(pid):
+                try:
+                    total += ticks(child)
+                except OSError:  # a short-lived child that ended since it was listed (its parent collects its time)
+                    continue
     except (OSError, ValueError, AttributeError, IndexError):
         return None
     return total / tick

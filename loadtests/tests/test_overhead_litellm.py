@@ -50,7 +50,7 @@ async def test_litellm_proxies_the_mock_token_by_token(tmp_path: Path) -> None:
         try:
             jobs = overhead.schedule(4, random.Random(0), overhead.LITELLM_PATHS)
             watched = overhead.cpu_watch(target, overhead.LITELLM_PATHS)
-            before = {name: cpu_seconds([pid]) for name, pid in watched.items()}
+            before = {name: cpu_seconds(pids) for name, pids in watched.items()}
             samples = await overhead.run_level(clients, 2, jobs, max_tokens=8, timeout_s=60)
             cpu = overhead.cpu_per_request(watched, before, samples)
         finally:
