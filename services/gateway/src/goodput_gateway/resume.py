@@ -93,6 +93,8 @@ _MAX_SEQ = 10**12
 # A stream id not (yet) in Redis is looked for this long (at least four flushes) before it is answered 404: the replica
 # producing it writes its first events at its next flush.
 _UNKNOWN_AFTER_S = 0.25
+# close() waits this long (at most) for the producers and the flusher it cancelled
+_CLOSE_WAIT_S = 5.0
 # outcomes of a resume by the error code that refused it (goodput_gateway_stream_resumes_total)
 _OUTCOMES = {"resume_disabled": "disabled", "stream_not_found": "not_found", "stream_events_dropped": "evicted",
              "stream_abandoned": "abandoned", "store_unavailable": "error"}
@@ -656,7 +658,12 @@ class StreamBuffer:
         tasks = [r.task for r in running if r.task is not None and not r.task.done()]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:  # bounded: a producer that does not stop must not hold the gateway's shutdown
+            done, stuck = await asyncio.wait(tasks, timeout=_CLOSE_WAIT_S)
+            for task in done:  # their errors are their streams' (recorded as their ends), not this close's
+                _ = task.cancelled() or task.exception()
+            if stuck:
+                log.warning("stream producers did not stop on close", extra={"streams": len(stuck)})
         for rec in running:  # a producer cancelled before it ran closed nothing
             if rec.end is None:
                 await self._close_source(rec)
@@ -664,7 +671,9 @@ class StreamBuffer:
                                                       "incomplete: retry the request", code="gateway_stopped")))
         if self._flusher is not None:  # its turn in flight gives its batches back
             self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
+            done, _ = await asyncio.wait({self._flusher}, timeout=_CLOSE_WAIT_S)
+            for task in done:
+                _ = task.cancelled() or task.exception()
             self._flusher = None
         if self.redis is not None and self._dirty:
             try:
