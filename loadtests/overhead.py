@@ -815,7 +815,8 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                                             timeout_s=timeout_s, progress=progress, task=tasks[concurrency])
                     walls["goodput" if paths is GOODPUT_PATHS else "litellm"] = time.perf_counter() - started
                     samples += level
-                    cpu.update(cpu_per_request(watched, cpu_before, level))
+                    served = GATEWAY_PATHS if paths is GOODPUT_PATHS else ("litellm_proxy",)
+                    cpu.update(cpu_per_request(watched, cpu_before, [s for s in level if s.path in served]))
                     if paths is GOODPUT_PATHS:
                         after = await scrape_gateways(clients.https)
                         if before is not None and after is not None:
@@ -842,18 +843,16 @@ def cpu_watch(target: Target, paths: tuple[str, ...]) -> dict[str, list[int]]:
 
 
 def cpu_per_request(watched: dict[str, list[int]], before: dict[str, float | None],
-                    samples: list[Sample]) -> dict[str, Any]:
-    """Each watched process's CPU over a phase, per request it served (the gateway and scheduler serve both gateway
-    paths; the proxy, its own), in ms; a process not measured is left out."""
-    served = sum(1 for s in samples if s.path in (GATEWAY_PATHS if "litellm_proxy" not in watched
-                                                   else ("litellm_proxy",)))
+                    served: list[Sample]) -> dict[str, Any]:
+    """Each watched process's CPU over a phase, per request it ``served`` (the gateway and scheduler: both gateway
+    paths' requests; the proxy: its own), in ms; a process not measured is left out."""
     out: dict[str, Any] = {}
     for name, pids in watched.items():
         start, end = before.get(name), cpu_seconds(pids)
         if start is None or end is None or not served:
             continue
-        out[name] = {"cpu_s": round(end - start, 3), "requests": served,
-                     "ms_per_request": (end - start) * 1000 / served}
+        out[name] = {"cpu_s": round(end - start, 3), "requests": len(served),
+                     "ms_per_request": (end - start) * 1000 / len(served)}
     return out
 
 

@@ -658,12 +658,9 @@ class StreamBuffer:
         tasks = [r.task for r in running if r.task is not None and not r.task.done()]
         for task in tasks:
             task.cancel()
-        if tasks:  # bounded: a producer that does not stop must not hold the gateway's shutdown
-            done, stuck = await asyncio.wait(tasks, timeout=_CLOSE_WAIT_S)
-            for task in done:  # their errors are their streams' (recorded as their ends), not this close's
-                _ = task.cancelled() or task.exception()
-            if stuck:
-                log.warning("stream producers did not stop on close", extra={"streams": len(stuck)})
+        stuck = await _stopped(tasks)  # bounded: a producer that does not stop must not hold the shutdown
+        if stuck:
+            log.warning("stream producers did not stop on close", extra={"streams": stuck})
         for rec in running:  # a producer cancelled before it ran closed nothing
             if rec.end is None:
                 await self._close_source(rec)
@@ -671,15 +668,24 @@ class StreamBuffer:
                                                       "incomplete: retry the request", code="gateway_stopped")))
         if self._flusher is not None:  # its turn in flight gives its batches back
             self._flusher.cancel()
-            done, _ = await asyncio.wait({self._flusher}, timeout=_CLOSE_WAIT_S)
-            for task in done:
-                _ = task.cancelled() or task.exception()
+            await _stopped([self._flusher])
             self._flusher = None
         if self.redis is not None and self._dirty:
             try:
                 await asyncio.wait_for(self._write(beat=False, now=self._clock()), timeout=2)
             except (RedisError, OSError, TimeoutError) as err:
                 log.warning("writing the last stream events failed", extra={"error": repr(err)})
+
+
+async def _stopped(tasks: list[asyncio.Task[Any]]) -> int:
+    """Waits up to ``_CLOSE_WAIT_S`` for cancelled tasks to end; how many did not. Their errors are their streams'
+    (recorded as their ends), not the caller's: they are retrieved here, not logged as lost."""
+    if not tasks:
+        return 0
+    done, stuck = await asyncio.wait(tasks, timeout=_CLOSE_WAIT_S)
+    for task in done:
+        _ = task.cancelled() or task.exception()
+    return len(stuck)
 
 
 # ---- REST --------------------------------------------------------------------------------------------------------
