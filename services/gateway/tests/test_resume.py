@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from goodput_core.errors import NotFound, Unavailable, Unimplemented
 from goodput_testing import async_wait_until, dead_port
 
+from goodput_gateway import resume
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.resume import Frame, StreamBuffer, StreamGone, parse_last_event_id, sse_events
 
@@ -297,6 +298,47 @@ async def test_with_redis_unreachable_a_generation_nobody_follows_is_still_cut()
     source.send(*frames(2))
     await async_wait_until(lambda: source.closed == 1, timeout=5, message="the abandoned generation still runs")
     await close(a)
+
+
+async def test_closing_ends_every_stream_even_one_whose_producer_does_not_stop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway stops: a stream still producing ends with a clear error for its client, and its generation is
+    closed; one whose source ignores the cancel (a bug) cannot hold the shutdown: close() returns after the bounded
+    wait and that stream's client gets the same error."""
+    monkeypatch.setattr(resume, "_CLOSE_WAIT_S", 0.2)
+
+    released = asyncio.Event()
+
+    async def stubborn() -> AsyncIterator[bytes]:
+        yield b"data: 0\n\n"
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if released.is_set():
+                    raise
+                # else: does not stop when asked
+
+    a = StreamBuffer(GatewaySettings(resume_window_s=30, resume_flush_s=0.01), redis=None, **TIMING)
+    polite, stuck = Source(), Source()
+    clients = [a.stream(polite.events(), api="sse", tenant="acme", stream_id="req-13", closer=polite.closer),
+               a.stream(stubborn(), api="sse", tenant="acme", stream_id="req-14", closer=stuck.closer)]
+    (producer,) = [t for t in asyncio.all_tasks() if t.get_name() == "stream req-14"]
+    try:
+        polite.send(*frames(1))
+        for client in clients:
+            assert [f.seq for f in await take(client, 1)] == [0]
+        await asyncio.wait_for(a.close(), timeout=5)
+        for client in clients:
+            with pytest.raises(Unavailable) as stopped:
+                await take(client)
+            assert stopped.value.code == "gateway_stopped"
+        assert polite.closed == 1
+        assert stuck.closed == 0  # its source still in use: not closed under it
+    finally:  # the test's own cleanup, pass or fail: the stuck producer stops at its next cancel
+        released.set()
+        producer.cancel()
+        await asyncio.gather(producer, return_exceptions=True)
 
 
 async def test_resume_off_is_a_clear_refusal() -> None:

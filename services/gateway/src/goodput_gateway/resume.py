@@ -661,9 +661,11 @@ class StreamBuffer:
         stuck = await _stopped(tasks)  # bounded: a producer that does not stop must not hold the shutdown
         if stuck:
             log.warning("stream producers did not stop on close", extra={"streams": stuck})
-        for rec in running:  # a producer cancelled before it ran closed nothing
+        for rec in running:
             if rec.end is None:
-                await self._close_source(rec)
+                if rec.task is None or rec.task.done():  # cancelled before it ran: it closed nothing
+                    await self._close_source(rec)
+                # else it is stuck, its source in use: closing it from here would fail or wait with it
                 self._finish(rec, _End.of(Unavailable("the gateway stopped while streaming; the answer is "
                                                       "incomplete: retry the request", code="gateway_stopped")))
         if self._flusher is not None:  # its turn in flight gives its batches back
