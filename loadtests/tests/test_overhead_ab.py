@@ -1,0 +1,43 @@
+"""The setting-against-setting runner of the overhead benchmark, end to end on the simulated engine: two variants,
+one run each, the second's setting reaching its platform (every request a Generate call, none on the worker
+streams), and the comparison naming both with each one's numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadtests import overhead_ab
+
+# no other test or benchmark uses it (see test_overhead_smoke.py's list; chaos: 4700)
+PORT_OFFSET = 4800
+
+
+@pytest.mark.integration
+def test_two_variants_side_by_side(tmp_path: Path) -> None:
+    out = tmp_path / "ab"
+    assert overhead_ab.main(["--variant", "default", "--variant", "calls:GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0",
+                             "--rounds", "1", "--concurrency", "2", "--requests-per-level", "4", "--max-tokens", "4",
+                             "--port-offset", str(PORT_OFFSET), "--out", str(out)]) == 0
+    report = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+    assert [v["name"] for v in report["variants"]] == ["default", "calls"]
+    assert [r["variant"] for r in report["runs"]] == ["default", "calls"]
+    (level,) = report["levels"]
+    for name in ("default", "calls"):
+        cpu = level["variants"][name]["gateway CPU ms/request"]
+        assert cpu is not None and cpu["n"] == 1 and cpu["median"] > 0
+    assert level["variants"]["calls"]["gRPC ΔTTFT p50 ms"]["vs_baseline"] is not None
+    runs = {r["variant"]: json.loads(Path(r["report"]).read_text(encoding="utf-8"))
+            for r in report["runs"]}
+    assert runs["calls"]["levels"][0]["worker_starts"].get("stream", 0) == 0
+    assert runs["default"]["levels"][0]["worker_starts"]["stream"] > 0  # an idle gateway's requests use a stream
+    assert not list((tmp_path / "ab-runs").glob("*-platform"))  # the runs' scratch folders are gone
+    md = out.with_suffix(".md").read_text(encoding="utf-8")
+    assert "default (the baseline), calls" in md and "`GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0`" in md
+    assert "## 2 streams" in md
+    # the comparison re-renders from its JSON alone
+    out.with_suffix(".md").unlink()
+    assert overhead_ab.main(["--render", str(out.with_suffix(".json"))]) == 0
+    assert out.with_suffix(".md").read_text(encoding="utf-8") == md
