@@ -147,9 +147,13 @@ class GatewaySettings(ServiceSettings):
                                      description="With WORKER_MUX: most generations to one worker on its "
                                                  "GenerateBatches streams at once; past that, requests get a "
                                                  "Generate call each. A stream saves a call's setup (most of the "
-                                                 "gateway's added time when idle) but writes one message at a time, "
-                                                 "while calls write in parallel: under load calls keep tokens "
-                                                 "flowing sooner (loadtests/reports/overhead-sim.md).")
+                                                 "gateway's added time when idle) and cuts the gateway's CPU per "
+                                                 "request under load (-20 to -30% at 32-128 streams), but each token "
+                                                 "takes one more event-loop turn on each side (the stream's reader "
+                                                 "hands it to the request's task; the worker's generation to the "
+                                                 "stream's writer): at 128 streams every generation on streams "
+                                                 "added ~5 ms to TTFT p50 (loadtests/reports/worker-mux-ab.md; "
+                                                 "0 was within the runs' spread of 8).")
     worker_mux_streams: int = Field(8, ge=1, le=1024,
                                     description="With WORKER_MUX: most GenerateBatches streams to one worker (a "
                                                 "new one opens while every open one carries generations; each "

@@ -6,10 +6,11 @@ Streams to a worker open on use, up to ``WORKER_MUX_STREAMS``: a request goes to
 opens only while every open one carries generations (an idle gateway keeps one, so a request after a pause pays no
 call setup: that setup is most of what an idle gateway adds to TTFT). Starts and cancels go out through each stream's
 queue, and the worker's events come back, batched the same way (``goodput_core.batching``: what queued up while the
-previous write was in flight goes out as one message). A stream writes one message at a time, while separate calls
-write in parallel; under load, parallel calls keep tokens flowing sooner, so past ``WORKER_MUX_MAX_OPEN`` generations
-on a worker's streams the pipeline gives new requests a ``Generate`` call of their own (measured:
-``loadtests/reports/overhead-sim.md``). One reader task per stream hands each event to its generation by
+previous write was in flight goes out as one message). That saves the gateway CPU under load, but a token on a stream
+takes one more event-loop turn on each side than on a call (the reader task hands it to the request's task; at the
+worker, the generation to the stream's writer), and a turn of a busy loop waits for everything queued before it; so
+past ``WORKER_MUX_MAX_OPEN`` generations on a worker's streams the pipeline gives new requests a ``Generate`` call of
+their own (measured: ``loadtests/reports/worker-mux-ab.md``). One reader task per stream hands each event to its generation by
 ``stream_id``; each generation buffers its own chunks, so a slow caller holds up nobody else (a generation's buffer is
 at most its ``max_tokens`` chunks).
 
