@@ -10,9 +10,9 @@ previous write was in flight goes out as one message). That saves the gateway CP
 takes one more event-loop turn on each side than on a call (the reader task hands it to the request's task; at the
 worker, the generation to the stream's writer), and a turn of a busy loop waits for everything queued before it; so
 past ``WORKER_MUX_MAX_OPEN`` generations on a worker's streams the pipeline gives new requests a ``Generate`` call of
-their own (measured: ``loadtests/reports/worker-mux-ab.md``). One reader task per stream hands each event to its generation by
-``stream_id``; each generation buffers its own chunks, so a slow caller holds up nobody else (a generation's buffer is
-at most its ``max_tokens`` chunks).
+their own (measured: ``loadtests/reports/worker-mux-ab.md``). One reader task per stream hands each event to its
+generation by ``stream_id``; each generation buffers its own chunks, so a slow caller holds up nobody else (a
+generation's buffer is at most its ``max_tokens`` chunks).
 
 A generation is used like the ``Generate`` call it replaces (:class:`MuxCall`: ``read()`` gives chunks, then
 ``grpc.aio.EOF``; a failure raises the :class:`grpc.aio.AioRpcError` the call would have ended with, its code,
