@@ -150,7 +150,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "Each cell: the median over the runs (smallest … largest), and for the other variants the median's "
               f"difference from {names[0]}'s. Lower is better everywhere.", ""]
     for row in report["levels"]:
-        lines += [f"## {row['concurrency']} streams", ""]
+        lines += [f"## {row['concurrency']} stream{'s' if row['concurrency'] != 1 else ''}", ""]
         lines.append(markdown_table(["metric"] + names,
                                     [[label] + [_cell(row["variants"][n][label], label, baseline=i == 0)
                                                 for i, n in enumerate(names)] for label, _ in METRICS]))
