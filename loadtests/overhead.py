@@ -1090,10 +1090,18 @@ def render_markdown(report: dict[str, Any]) -> str:
     engine = (report.get("worker") or {}).get("engine") or "the engine"
     load = m.get("loadavg_1_5_15") or ["?"]
     end = m.get("loadavg_1_5_15_at_end") or ["?"]
-    lines += [f"Measured on {m.get('cores_usable')} shared CPU cores (client, gateway, scheduler and {engine} "
-              + ("— and in their own phase the LiteLLM proxy and its mock — " if litellm else "")
-              + f"together; 1-min load average {load[0]} at the start, {end[0]} at the end): the numbers are noisy, "
-              "which is why every difference comes with a 95% interval. See the caveats below.", ""]
+    placed = report["config"].get("gateway_cores")
+    if placed:
+        lines += [f"Measured on {m.get('cores_usable')} CPU cores, **the gateway on core(s) {_cores(set(placed))} of "
+                  f"its own** (`--gateway-cores`; its own pod in production), the client, the scheduler and {engine} "
+                  + ("— and in their own phase the LiteLLM mock, the proxy on the gateway's core(s) — " if litellm
+                     else "") + f"on the others (1-min load average {load[0]} at the start, {end[0]} at the end): "
+                  "every difference comes with a 95% interval. See the caveats below.", ""]
+    else:
+        lines += [f"Measured on {m.get('cores_usable')} shared CPU cores (client, gateway, scheduler and {engine} "
+                  + ("— and in their own phase the LiteLLM proxy and its mock — " if litellm else "")
+                  + f"together; 1-min load average {load[0]} at the start, {end[0]} at the end): the numbers are "
+                  "noisy, which is why every difference comes with a 95% interval. See the caveats below.", ""]
     lines += ["## Verdict (Goodput against the goal)", "", *_verdict_lines(levels), ""]
     if litellm:
         lines += ["## Goodput and LiteLLM side by side", "",
@@ -1236,11 +1244,16 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += [markdown_table(["", ""], rows), ""]
     lines += ["## Caveats", ""]
     lines += [
-        f"- Noisy numbers: the client, the gateway, the scheduler and the engine share the same "
-        f"{m.get('cores_usable')} CPU cores, and other work on the machine shares them too (see the load "
-        "averages). The gateway's Python code competes with the engine and the client for CPU, which is not the case "
-        "on a GPU node where the engine runs on the accelerator and the gateway is its own pod. Read the differences "
-        "together with their confidence intervals; rerun on dedicated hardware before drawing firm conclusions.",
+        (f"- The gateway had core(s) {_cores(set(placed))} to itself; the client, the scheduler and the engine shared "
+         "the rest, so the direct paths ran on fewer cores than unplaced (their own numbers are higher) while both "
+         "paths of a level share that same placement. Other work on the machine still shares the cores (see the "
+         "load averages); identical runs here have differed by up to 2x at 128 streams." if placed else
+         f"- Noisy numbers: the client, the gateway, the scheduler and the engine share the same "
+         f"{m.get('cores_usable')} CPU cores, and other work on the machine shares them too (see the load "
+         "averages). The gateway's Python code competes with the engine and the client for CPU, which is not the "
+         "case on a GPU node where the engine runs on the accelerator and the gateway is its own pod (measure that "
+         "with --gateway-cores). Read the differences together with their confidence intervals; rerun on dedicated "
+         "hardware before drawing firm conclusions."),
         "- Every path runs through the same Python gRPC/HTTP client in one event loop; at high stream counts the "
         "client's own per-message cost is part of every path's numbers (it cancels in the difference only to "
         "first order).",
