@@ -1269,7 +1269,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                "engine, more processes than cores only add switching."),
         ]
     lines += [""]
-    lines += ["## Why the platform costs what it costs", "", *_explain(levels), ""]
+    lines += ["## Why the platform costs what it costs", "", *_explain(levels, placed=placed), ""]
     lines += _round_trip_lines(report.get("round_trips"), levels)
     return "\n".join(lines)
 
@@ -1344,7 +1344,7 @@ def _verdict_lines(levels: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _explain(levels: list[dict[str, Any]]) -> list[str]:
+def _explain(levels: list[dict[str, Any]], *, placed: list[int] | None = None) -> list[str]:
     out = []
     for lv in levels:
         stages = lv["gateway_stage_mean_ms"]
@@ -1376,17 +1376,20 @@ def _explain(levels: list[dict[str, Any]]) -> list[str]:
         "worker has slots to spare (SPECULATIVE_START). The start goes as a message on one of the gateway's open "
         "`GenerateBatches` streams to that worker (WORKER_MUX: no call set up per request, which is most of what an "
         "idle gateway adds) while at most `WORKER_MUX_MAX_OPEN` of its generations run there, else as a `Generate` "
-        "call of its own (a stream writes one message at a time; under load parallel calls keep tokens flowing "
-        "sooner). Each is a Python gRPC hop; the stage means above show what they cost on this machine. The lease "
+        "call of its own (a token on a stream takes one more event-loop turn on each side, which a busy loop makes "
+        "late: `loadtests/reports/worker-mux-ab.md`). Each is a Python gRPC hop; the stage means above show what "
+        "they cost on this machine. The lease "
         "(`schedule`) grows with the number of streams the gateway's event loop is already relaying.",
         "- For every token the gateway receives it from the worker (on a stream, batched with other requests' "
         "tokens that queued up behind the previous write) and sends one message to the client (gRPC) or serialises "
         "one JSON SSE event (REST). That extra receive + send in Python adds latency to every delta but mostly a "
         "constant one, so it shifts TTFT more than it widens ITL; ITL differences grow when the gateway's event "
         "loop is busy with many streams at once and falls behind the engine's step rate.",
-        "- On this CPU-only machine the gateway, scheduler, engine and client compete for the same cores; the "
-        "engine's step loop and the gateway's per-message work slow each other down, which inflates the overhead "
-        "at higher concurrency.",
+        (f"- The gateway had core(s) {_cores(set(placed))} to itself here, as a gateway pod has in production: its "
+         "event loop did not wait for the engine's step loop or the client, only for its own queue." if placed else
+         "- On this CPU-only machine the gateway, scheduler, engine and client compete for the same cores; the "
+         "engine's step loop and the gateway's per-message work slow each other down, which inflates the overhead "
+         "at higher concurrency (`--gateway-cores` measures the gateway on a core of its own)."),
     ]
     busiest = levels[-1]
     cpu = (busiest.get("cpu_per_request") or {}).get("gateway")
@@ -1399,8 +1402,8 @@ def _explain(levels: list[dict[str, Any]]) -> list[str]:
             "every stream and the requests of a wave that start together queue on that loop behind each other, and "
             "a request's first token waits its turn. Most of that CPU is grpc's own per-message work (a completion "
             "per message sent or received, handed from grpc's poller thread to the event loop), not the gateway's "
-            "logic: what shortens the queue is fewer messages per token (the worker streams' batches) and more "
-            "processes, one per core (`--gateways N`, replicas in production).")
+            "logic: what shortens the queue is a core of its own (`--gateway-cores`), fewer messages per token and "
+            "more processes, one per core (`--gateways N`, replicas in production).")
     out += _explain_litellm(levels)
     return out
 
