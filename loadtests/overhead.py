@@ -1615,6 +1615,8 @@ def main(argv: list[str] | None = None) -> int:
                                  else (14000 + args.port_offset, 14100 + args.port_offset))
         stack = LiteLLMStack((args.out.parent / f"{args.out.name}-litellm").resolve(), mock_port=mock_port,
                              proxy_port=proxy_port, workers=args.gateways if args.start else 1)
+    machine = machine_info()  # before --gateway-cores narrows this process to the other cores
+    cores_before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     try:
         if args.start:
             workdir = args.out.parent / f"{args.out.name}-platform"
@@ -1658,7 +1660,6 @@ def main(argv: list[str] | None = None) -> int:
                             api_key=args.api_key, priority=args.priority, litellm=stack)
             platform_desc = "already running (started outside the benchmark)"
             engine_flags = "as configured by whoever started the platform"
-        machine = machine_info()
         results = asyncio.run(measure(target, levels, max_tokens=args.max_tokens, timeout_s=args.timeout_s,
                                       console=console,
                                       warmup_prompts=min(len(PROMPTS), max(n for _, n in levels))))
@@ -1668,6 +1669,8 @@ def main(argv: list[str] | None = None) -> int:
         if platform is not None:
             console.print("stopping the platform")
             platform.stop()
+        if args.gateway_cores is not None:  # this process (a caller's, under a test) gets its cores back
+            pin([os.getpid()], cores_before)
     machine["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     report: dict[str, Any] = {
         "benchmark": "overhead",

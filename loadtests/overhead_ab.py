@@ -14,8 +14,9 @@ Usage:
         --rounds 3 --concurrency 32,128 --out loadtests/reports/worker-mux-ab
     python -m loadtests.overhead_ab --render loadtests/reports/worker-mux-ab.json   # rewrite the .md and .png
 
-A variant is ``NAME`` or ``NAME:GOODPUT_X=1,GOODPUT_Y=2`` (the settings given to its platform with ``--set``; the
-first variant is the baseline). Every run's own report (JSON, Markdown, plot) is kept under ``<out>-runs/`` (its JSON
+A variant is ``NAME`` or ``NAME:GOODPUT_X=1,GOODPUT_Y=2`` (the settings given to its platform with ``--set``; an item
+``gateway-cores=1`` runs it with ``--gateway-cores 1``, the gateway on a core of its own; the first variant is the
+baseline). Every run's own report (JSON, Markdown, plot) is kept under ``<out>-runs/`` (its JSON
 alone renders the rest again: ``python -m loadtests.overhead --render``). Writes ``<out>.json``, ``<out>.md`` and
 ``<out>.png``.
 """
@@ -51,22 +52,32 @@ METRICS: list[tuple[str, tuple[str, ...]]] = [
 
 
 class Variant:
-    """A name and the platform settings it runs with."""
+    """A name, the platform settings it runs with, and the cores of the gateway's own (``--gateway-cores``)."""
 
-    def __init__(self, name: str, settings: dict[str, str]) -> None:
-        self.name, self.settings = name, settings
+    def __init__(self, name: str, settings: dict[str, str], gateway_cores: str | None = None) -> None:
+        self.name, self.settings, self.gateway_cores = name, settings, gateway_cores
 
     def __repr__(self) -> str:
-        return f"Variant({self.name!r}, {self.settings!r})"
+        cores = f", gateway_cores={self.gateway_cores!r}" if self.gateway_cores else ""
+        return f"Variant({self.name!r}, {self.settings!r}{cores})"
+
+    def describe(self) -> str:
+        parts = [f"`{k}={v}`" for k, v in self.settings.items()]
+        if self.gateway_cores:
+            parts.append(f"`--gateway-cores {self.gateway_cores}` (the gateway on core(s) of its own)")
+        return ", ".join(parts) or "the defaults"
 
 
 def parse_variant(text: str) -> Variant:
-    """``NAME`` or ``NAME:GOODPUT_X=1,GOODPUT_Y=2``.
+    """``NAME`` or ``NAME:GOODPUT_X=1,GOODPUT_Y=2``, where an item ``gateway-cores=1`` gives the run
+    ``--gateway-cores 1`` instead of a setting.
 
     >>> parse_variant("all-mux:GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=100000")
     Variant('all-mux', {'GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN': '100000'})
     >>> parse_variant("default")
     Variant('default', {})
+    >>> parse_variant("own-core:gateway-cores=1")
+    Variant('own-core', {}, gateway_cores='1')
     >>> parse_variant("a b")
     Traceback (most recent call last):
     ...
@@ -75,8 +86,12 @@ def parse_variant(text: str) -> Variant:
     name, _, rest = text.partition(":")
     if not name or not all(c.isalnum() or c in "-_" for c in name):
         raise argparse.ArgumentTypeError(f"a variant's name is letters, digits, '-' and '_', got {name!r}")
-    settings = dict(overhead.parse_setting(item.strip()) for item in rest.split(",") if item.strip())
-    return Variant(name, settings)
+    items = [item.strip() for item in rest.split(",") if item.strip()]
+    cores = [item.partition("=")[2] for item in items if item.startswith("gateway-cores=")]
+    settings = dict(overhead.parse_setting(item) for item in items if not item.startswith("gateway-cores="))
+    if len(cores) > 1 or (cores and not cores[0]):
+        raise argparse.ArgumentTypeError(f"a variant takes one gateway-cores=CORES, got {text!r}")
+    return Variant(name, settings, cores[0] if cores else None)
 
 
 def _get(level: dict[str, Any], path: tuple[str, ...]) -> float | None:
@@ -145,7 +160,7 @@ def render_markdown(report: dict[str, Any]) -> str:
               "(its own platform and its own direct baseline: every number is that run's gateway minus direct).", ""]
     lines += ["| variant | settings |", "|---|---|"]
     lines += [f"| {v['name']}{' (baseline)' if i == 0 else ''} | "
-              + (", ".join(f"`{k}={val}`" for k, val in v["settings"].items()) or "the defaults") + " |"
+              + Variant(v["name"], v["settings"], v.get("gateway_cores")).describe() + " |"
               for i, v in enumerate(variants)]
     lines += ["", "Each cell: the median over the runs (smallest … largest), and for the other variants the median's "
               f"difference from {names[0]}'s. Lower is better everywhere.", ""]
@@ -196,7 +211,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m loadtests.overhead_ab", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variant", dest="variants", type=parse_variant, action="append", default=[],
-                    help="NAME or NAME:GOODPUT_X=1,... (repeat; the first is the baseline)")
+                    help="NAME or NAME:GOODPUT_X=1,...,gateway-cores=CORES (repeat; the first is the baseline)")
     ap.add_argument("--rounds", type=int, default=3, help="runs per variant (default 3)")
     ap.add_argument("--concurrency", default="32,128", help="the levels of every run (default 32,128)")
     ap.add_argument("--requests-per-level", type=int, default=None, help="per path and level (overhead's default)")
@@ -237,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     argv_run += ["--requests-per-level", str(args.requests_per_level)]
                 for name, value in v.settings.items():
                     argv_run += ["--set", f"{name}={value}"]
+                if v.gateway_cores:
+                    argv_run += ["--gateway-cores", v.gateway_cores]
                 if overhead.main(argv_run) != 0:
                     console.print(f"[red]{v.name} run {rnd}: a path served no request; left out[/red]")
                     continue
@@ -254,7 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "engine": args.engine, "rounds": args.rounds,
                   "concurrency": [int(c) for c in args.concurrency.split(",")], "max_tokens": args.max_tokens,
                   "machine": first.get("machine"),
-                  "variants": [{"name": v.name, "settings": v.settings} for v in args.variants],
+                  "variants": [{"name": v.name, "settings": v.settings, "gateway_cores": v.gateway_cores}
+                               for v in args.variants],
                   "levels": compare(runs), "runs": listed}
         out = args.out
     json_path, md_path = write_report(out, report, render_markdown(report))

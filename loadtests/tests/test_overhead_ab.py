@@ -1,10 +1,12 @@
 """The setting-against-setting runner of the overhead benchmark, end to end on the simulated engine: two variants,
 one run each, the second's setting reaching its platform (every request a Generate call, none on the worker
-streams), and the comparison naming both with each one's numbers."""
+streams) and, where there are two cores, its gateway placed on a core of its own; the comparison names both with each
+one's numbers."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,10 @@ PORT_OFFSET = 4800
 @pytest.mark.integration
 def test_two_variants_side_by_side(tmp_path: Path) -> None:
     out = tmp_path / "ab"
-    assert overhead_ab.main(["--variant", "default", "--variant", "calls:GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0",
+    usable = sorted(os.sched_getaffinity(0))
+    own_core = f",gateway-cores={usable[-1]}" if len(usable) > 1 else ""
+    calls = f"calls:GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0{own_core}"
+    assert overhead_ab.main(["--variant", "default", "--variant", calls,
                              "--rounds", "1", "--concurrency", "2", "--requests-per-level", "4", "--max-tokens", "4",
                              "--port-offset", str(PORT_OFFSET), "--out", str(out)]) == 0
     report = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
@@ -32,6 +37,9 @@ def test_two_variants_side_by_side(tmp_path: Path) -> None:
     runs = {r["variant"]: json.loads(Path(r["report"]).read_text(encoding="utf-8"))
             for r in report["runs"]}
     assert runs["calls"]["levels"][0]["worker_starts"].get("stream", 0) == 0
+    assert runs["calls"]["config"]["gateway_cores"] == ([usable[-1]] if own_core else None)
+    assert runs["default"]["config"]["gateway_cores"] is None
+    assert sorted(os.sched_getaffinity(0)) == usable  # the benchmark gave this process its cores back
     assert runs["default"]["levels"][0]["worker_starts"]["stream"] > 0  # an idle gateway's requests use a stream
     assert not list((tmp_path / "ab-runs").glob("*-platform"))  # the runs' scratch folders are gone
     md = out.with_suffix(".md").read_text(encoding="utf-8")
