@@ -503,26 +503,13 @@ def parse_cores(spec: str) -> set[int]:
     return cores
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (Linux /proc), those that ended since left out."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children", encoding="ascii") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except OSError:
-            continue
-    return out
-
-
 def pin(pids: list[int], cores: set[int]) -> int:
     """Every thread of every process in ``pids`` and of their descendants on ``cores`` (threads and processes they
     start later inherit it); returns how many threads were placed."""
+    from goodput_cli.procs import descendants
+
     placed = 0
-    for pid in {q for p in pids for q in _tree(p)}:
+    for pid in {q for p in pids for q in (p, *(child for child, _ in descendants(p)))}:
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
