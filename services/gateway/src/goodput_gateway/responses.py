@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
+import orjson
 import redis.asyncio as aioredis
 from cachetools import TTLCache
 from fastapi import FastAPI, Request
@@ -165,8 +166,8 @@ def _response(rid: str, body: ResponsesRequest, model: str, created: int, *, sta
 
 
 def _event(kind: str, seq: int, **fields: Any) -> bytes:
-    data = json.dumps({"type": kind, "sequence_number": seq, **fields}, separators=(",", ":"), ensure_ascii=False)
-    return f"event: {kind}\ndata: {data}\n\n".encode()
+    data = orjson.dumps({"type": kind, "sequence_number": seq, **fields})  # one per streamed token
+    return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
 
 def _error_event(err: GoodputError) -> bytes:

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry import trace
@@ -76,7 +77,9 @@ def error_response(err: GoodputError, request_id: str | None = None) -> JSONResp
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    """One server-sent event: compact UTF-8 JSON, as ``json.dumps(payload, separators=(",", ":"),
+    ensure_ascii=False)`` writes it, in about a tenth of the time (orjson; one per streamed token)."""
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: trace.Tracer,
