@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -219,6 +220,8 @@ class ServiceRunner:
         await self._http_bound()
         for hook in self.on_start:
             await hook()
+        if _owns_process:  # a service's own process (run_main), not one of a test's in-process services
+            tune_gc(self.settings)
         log.info("serving", extra={"grpc": address, "http_port": self.settings.http_port,
                                    "metrics_port": metrics_port or self.settings.http_port,
                                    "services": self._service_names})
@@ -255,6 +258,8 @@ class ServiceRunner:
                                          return_when=asyncio.FIRST_COMPLETED)
             if starter in done:
                 starter.result()
+                if _owns_process:  # what the start made too (a worker's engine)
+                    tune_gc(self.settings)
                 await self.set_serving(True)
             else:
                 starter.cancel()
@@ -301,12 +306,30 @@ def _status(serving: bool) -> health_pb2.HealthCheckResponse.ServingStatus.Value
     return health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+def tune_gc(settings: ServiceSettings) -> None:
+    """The garbage collector for a serving process: what start-up made frozen (``gc_freeze``: the oldest generation's
+    collections, which stop the event loop, then walk only what requests made) and the youngest generation's
+    threshold (``gc_gen0_threshold``). Called once the service serves, in a process that :func:`run_main` started (the
+    collector's settings are the whole process's)."""
+    if settings.gc_freeze:
+        gc.collect()  # what start-up left as garbage goes now, not frozen
+        gc.freeze()
+    if settings.gc_gen0_threshold:
+        _, gen1, gen2 = gc.get_threshold()
+        gc.set_threshold(settings.gc_gen0_threshold, gen1, gen2)
+    else:
+        gc.disable()
+
+
 EVENT_LOOP_ENV = "GOODPUT_EVENT_LOOP"
+_owns_process = False  # run_main started this process: its ServiceRunner tunes the collector (tune_gc)
 
 
 def run_main(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Runs a service's main coroutine to its end on uvloop, the faster event loop (``GOODPUT_EVENT_LOOP=asyncio``:
     the standard library's). Every Goodput process starts here."""
+    global _owns_process
+    _owns_process = True
     choice = os.environ.get(EVENT_LOOP_ENV, "uvloop").strip().lower() or "uvloop"
     if choice == "asyncio":
         asyncio.run(main())

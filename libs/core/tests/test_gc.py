@@ -1,0 +1,70 @@
+"""The garbage collector of a service's process (goodput_core.server.tune_gc): once serving, start-up's objects are
+frozen out of the collector's walks and the youngest generation's threshold is the setting's; a test's in-process
+service leaves the test's collector alone."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+
+from prometheus_client import CollectorRegistry
+
+from goodput_core.server import ServiceRunner
+from goodput_core.settings import ServiceSettings
+
+_SERVICE = """
+import asyncio, gc, json
+from prometheus_client import CollectorRegistry
+from goodput_core.server import ServiceRunner, run_main
+from goodput_core.settings import load_settings, ServiceSettings
+
+async def main():
+    before = gc.get_freeze_count()
+    settings = load_settings(ServiceSettings)
+    runner = ServiceRunner(name="probe", settings=settings, registry=CollectorRegistry(), provider=None)
+    await runner.start()
+    print(json.dumps({"frozen_before": before, "frozen": gc.get_freeze_count(), "threshold": gc.get_threshold(),
+                      "enabled": gc.isenabled()}))
+    await runner.stop()
+
+run_main(main)
+"""
+
+
+def _serve(**env: str) -> dict:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GOODPUT_GC_")}
+    environ |= {"GOODPUT_INSECURE_INTERNAL": "true", "GOODPUT_DRAIN_GRACE_S": "0", **env}
+    out = subprocess.run([sys.executable, "-c", _SERVICE], env=environ, capture_output=True, text=True, timeout=120,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_serving_process_freezes_start_up_and_takes_the_threshold() -> None:
+    got = _serve(GOODPUT_GC_GEN0_THRESHOLD="5000")
+    assert got["frozen_before"] == 0
+    assert got["frozen"] > 10_000  # the modules, the server and its clients: out of every collection's walk
+    assert got["threshold"][0] == 5000 and got["enabled"]
+
+
+def test_the_settings_turn_it_off() -> None:
+    got = _serve(GOODPUT_GC_FREEZE="false")
+    assert got["frozen"] == 0
+    assert got["threshold"][0] == 700  # Python's own
+
+    off = _serve(GOODPUT_GC_GEN0_THRESHOLD="0")
+    assert not off["enabled"]
+
+
+async def test_an_in_process_service_leaves_the_callers_collector_alone() -> None:
+    frozen, threshold = gc.get_freeze_count(), gc.get_threshold()
+    runner = ServiceRunner(name="probe", settings=ServiceSettings(insecure_internal=True, drain_grace_s=0,
+                                                                  gc_gen0_threshold=5000),
+                           registry=CollectorRegistry(), provider=None)
+    await runner.start()
+    try:
+        assert gc.get_freeze_count() == frozen and gc.get_threshold() == threshold
+    finally:
+        await runner.stop()
