@@ -38,3 +38,12 @@ def test_responses_event_is_the_stdlib_compact_json() -> None:
                         separators=(",", ":"), ensure_ascii=False)
     assert _event("response.output_text.delta", 7, **fields) == \
         f"event: response.output_text.delta\ndata: {stdlib}\n\n".encode()
+
+
+def test_numbers_the_stdlib_wrote_are_written_too() -> None:
+    """A number of a subclass (numpy's, say) and a non-string key: the stdlib's json wrote them, so must this."""
+    np = pytest.importorskip("numpy")
+    payload = {"score": np.float64(0.25), "count": np.int64(3), 7: "seven"}
+    assert json.loads(_sse(payload)[6:]) == {"score": 0.25, "count": 3, "7": "seven"}
+    with pytest.raises(TypeError):
+        _sse({"not json": object()})

@@ -20,7 +20,6 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
-import orjson
 import redis.asyncio as aioredis
 from cachetools import TTLCache
 from fastapi import FastAPI, Request
@@ -33,6 +32,7 @@ from goodput_core.errors import GoodputError, NotFound, Unavailable
 from goodput_core.priority import parse_priority
 
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.encoding import dumps
 from goodput_gateway.metrics import StreamEnd, TextDelta
 from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message, Sampling
 from goodput_gateway.resume import LAST_EVENT_ID, STREAM_HEADER, StreamBuffer, resume_response, sse_events
@@ -166,7 +166,7 @@ def _response(rid: str, body: ResponsesRequest, model: str, created: int, *, sta
 
 
 def _event(kind: str, seq: int, **fields: Any) -> bytes:
-    data = orjson.dumps({"type": kind, "sequence_number": seq, **fields})  # one per streamed token
+    data = dumps({"type": kind, "sequence_number": seq, **fields})  # one per streamed token (orjson)
     return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
 

@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry import trace
@@ -36,6 +35,7 @@ from goodput_core.priority import priority_name
 from goodput_core.sampling import TokenLogprob
 
 from goodput_gateway.caching import CACHE_HEADER
+from goodput_gateway.encoding import dumps
 from goodput_gateway.feedback import FeedbackRequest
 from goodput_gateway.jobs import JOB_HEADER, JobQueue, Parked
 from goodput_gateway.jobs.batch_routes import install_routes as install_batch_routes
@@ -77,9 +77,8 @@ def error_response(err: GoodputError, request_id: str | None = None) -> JSONResp
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
-    """One server-sent event: compact UTF-8 JSON, as ``json.dumps(payload, separators=(",", ":"),
-    ensure_ascii=False)`` writes it, in about a tenth of the time (orjson; one per streamed token)."""
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
+    """One server-sent event."""
+    return b"data: " + dumps(payload) + b"\n\n"
 
 
 def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: trace.Tracer,
