@@ -54,10 +54,24 @@ __all__ = ["main"]
 GOAL_TTFT_MS, GOAL_ITL_MS = 2.0, 0.2  # the gateway's goals (issue: a gateway fast path)
 
 
+def _serve(servicer: inference_pb2_grpc.InferenceServicer, port: int) -> None:
+    """Serves ``servicer`` in plaintext on ``port`` until the process is killed, on uvloop (as the services run)."""
+    import uvloop
+    from grpc import aio
+
+    async def serve() -> None:
+        server = aio.server()
+        inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    uvloop.run(serve())
+
+
 def _serve_upstream(port: int, step_base_s: float, step_per_stream_s: float, tokens: int, cores: list[int]) -> None:
     """The engine stand-in: each call's tokens at the step boundaries shared by every call, the step as long as the
     calls open make it."""
-    import uvloop
     from grpc import aio
 
     if cores:
@@ -78,19 +92,11 @@ def _serve_upstream(port: int, step_base_s: float, step_per_stream_s: float, tok
             finally:
                 Upstream.open -= 1
 
-    async def serve() -> None:
-        server = aio.server()
-        inference_pb2_grpc.add_InferenceServicer_to_server(Upstream(), server)  # type: ignore[abstract]
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        await server.wait_for_termination()
-
-    uvloop.run(serve())
+    _serve(Upstream(), port)  # type: ignore[abstract]
 
 
 def _serve_relay(port: int, upstream: int, cores: list[int]) -> None:
     """The bare relay: every message of the upstream's call forwarded as it comes."""
-    import uvloop
     from grpc import aio
 
     if cores:
@@ -107,14 +113,7 @@ def _serve_relay(port: int, upstream: int, cores: list[int]) -> None:
             while (message := await call.read()) is not aio.EOF:
                 yield message
 
-    async def serve() -> None:
-        server = aio.server()
-        inference_pb2_grpc.add_InferenceServicer_to_server(Relay(), server)  # type: ignore[abstract]
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        await server.wait_for_termination()
-
-    uvloop.run(serve())
+    _serve(Relay(), port)  # type: ignore[abstract]
 
 
 async def _load(port: int, streams: int, requests: int, tokens: int) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from goodput_gateway.responses import _event
@@ -42,7 +43,6 @@ def test_responses_event_is_the_stdlib_compact_json() -> None:
 
 def test_numbers_the_stdlib_wrote_are_written_too() -> None:
     """A number of a subclass (numpy's, say) and a non-string key: the stdlib's json wrote them, so must this."""
-    np = pytest.importorskip("numpy")
     payload = {"score": np.float64(0.25), "count": np.int64(3), 7: "seven"}
     assert json.loads(_sse(payload)[6:]) == {"score": 0.25, "count": 3, "7": "seven"}
     with pytest.raises(TypeError):
