@@ -34,10 +34,39 @@ run_main(main)
 """
 
 
-def _serve(**env: str) -> dict:
+_STARTING_SERVICE = """
+import asyncio, gc, json
+from prometheus_client import CollectorRegistry
+from goodput_core.server import ServiceRunner, run_main
+from goodput_core.settings import load_settings, ServiceSettings
+
+async def main():
+    runner = ServiceRunner(name="probe", settings=load_settings(ServiceSettings), registry=CollectorRegistry(),
+                           provider=None)
+    seen = {}
+
+    async def started():  # a worker's engine loading: made after the server started, frozen all the same
+        seen["while_starting"] = gc.get_freeze_count()
+        seen["made"] = [[i] for i in range(20_000)]
+
+    async def report():
+        while not runner.ready:
+            await asyncio.sleep(0.01)
+        print(json.dumps({"while_starting": seen["while_starting"], "frozen": gc.get_freeze_count()}))
+        runner.request_stop()
+
+    task = asyncio.create_task(report())
+    await runner.run(after_start=started)
+    await task
+
+run_main(main)
+"""
+
+
+def _serve(script: str = _SERVICE, **env: str) -> dict:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("GOODPUT_GC_")}
     environ |= {"GOODPUT_INSECURE_INTERNAL": "true", "GOODPUT_DRAIN_GRACE_S": "0", **env}
-    out = subprocess.run([sys.executable, "-c", _SERVICE], env=environ, capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=120,
                          check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -47,6 +76,13 @@ def test_a_serving_process_freezes_start_up_and_takes_the_threshold() -> None:
     assert got["frozen_before"] == 0
     assert got["frozen"] > 10_000  # the modules, the server and its clients: out of every collection's walk
     assert got["threshold"][0] == 5000 and got["enabled"]
+
+
+def test_a_service_that_finishes_starting_later_is_frozen_once_it_serves() -> None:
+    """run(after_start=...): nothing is frozen while the start runs; what it made is frozen once it is done."""
+    got = _serve(_STARTING_SERVICE)
+    assert got["while_starting"] == 0
+    assert got["frozen"] > 20_000
 
 
 def test_the_settings_turn_it_off() -> None:

@@ -220,8 +220,8 @@ class ServiceRunner:
         await self._http_bound()
         for hook in self.on_start:
             await hook()
-        if _owns_process:  # a service's own process (run_main), not one of a test's in-process services
-            tune_gc(self.settings)
+        if _owns_process and serving:  # a service's own process (run_main), not a test's in-process service;
+            tune_gc(self.settings)  # one still starting (run's after_start) is tuned once that is done
         log.info("serving", extra={"grpc": address, "http_port": self.settings.http_port,
                                    "metrics_port": metrics_port or self.settings.http_port,
                                    "services": self._service_names})
@@ -258,7 +258,7 @@ class ServiceRunner:
                                          return_when=asyncio.FIRST_COMPLETED)
             if starter in done:
                 starter.result()
-                if _owns_process:  # what the start made too (a worker's engine)
+                if _owns_process:  # after what the start made too (a worker's engine)
                     tune_gc(self.settings)
                 await self.set_serving(True)
             else:
