@@ -129,6 +129,29 @@ async def test_concurrent_requests_share_one_stream_and_answer_as_generate_calls
         await calls.close()
 
 
+async def test_a_token_gate_changes_the_order_of_the_relay_not_the_answers(fleet) -> None:  # type: ignore[no-untyped-def]
+    """TOKEN_GATE_PER_TURN=1: a burst of later tokens is relayed one per event-loop turn; every answer is still
+    whole and the same as without the gate, on streams and on calls alike."""
+    stub, _ = fleet
+    model = (await stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)).workers[0].model.served_model_name
+    gated = Pipeline(GatewaySettings(token_gate_per_turn=1, worker_mux_max_open=4), scheduler=stub,
+                     channel_factory=aio.insecure_channel, metrics=GatewayMetrics(CollectorRegistry()))
+    plain = Pipeline(GatewaySettings(worker_mux_max_open=4), scheduler=stub, channel_factory=aio.insecure_channel,
+                     metrics=GatewayMetrics(CollectorRegistry()))
+    try:
+        assert gated.token_gate is not None and plain.token_gate is None
+        answers = await asyncio.gather(*(_answer(gated, model, i, max_tokens=4 + i % 4) for i in range(16)))
+        expected = await asyncio.gather(*(_answer(plain, model, i, max_tokens=4 + i % 4) for i in range(16)))
+        assert [(text, end.completion_tokens, end.finish_reason) for text, end in answers] == \
+            [(text, end.completion_tokens, end.finish_reason) for text, end in expected]
+        assert all(end.completion_tokens == 4 + i % 4 for i, (_, end) in enumerate(answers))
+        assert gated.token_gate.parked > 0  # sixteen streams' tokens came together: some waited a turn
+        assert gated.metrics.token_gate_parked._value.get() == gated.token_gate.parked
+    finally:
+        await gated.close()
+        await plain.close()
+
+
 async def _aborted_since(worker: str, before: int) -> bool:
     load = await _load(worker)
     return load.aborted_total == before + 1 and load.running == 0

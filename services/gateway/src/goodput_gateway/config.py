@@ -158,6 +158,12 @@ class GatewaySettings(ServiceSettings):
                                     description="With WORKER_MUX: most GenerateBatches streams to one worker (a "
                                                 "new one opens while every open one carries generations; each "
                                                 "request goes to the least busy); an idle gateway keeps one.")
+    token_gate_per_turn: int = Field(0, ge=0, le=100_000,
+                                     description="Most later tokens (every token of a stream after its first) the "
+                                                 "gateway relays per event-loop turn; the rest wait, in order, for "
+                                                 "the turns after, so a new request's start and first token are not "
+                                                 "queued behind a whole engine step's tokens for every stream "
+                                                 "(goodput_gateway.tokengate). 0 = no bound.")
     speculative_start: bool = Field(False, description="Opt-in. Start the worker call on the worker the scheduler "
                                                        "granted last for the same model, class and session while "
                                                        "the lease is being granted, where that worker had slots to "

@@ -88,6 +88,10 @@ class GatewayMetrics:
             "multiplexed GenerateBatches stream, WORKER_MUX) or call (a Generate call of its own: past "
             "WORKER_MUX_MAX_OPEN, a worker of an earlier release, or WORKER_MUX off).", ["transport"],
             registry=registry)
+        self.token_gate_parked = Counter(
+            "goodput_gateway_token_gate_parked_total", "Later tokens (after a stream's first) relayed in a later "
+            "event-loop turn than the one they came in, behind TOKEN_GATE_PER_TURN others (0 with the gate off).",
+            registry=registry)
         self.worker_failures = Counter("goodput_gateway_worker_failures_total",
                                        "Worker calls lost (before or after the first token).", ["phase"],
                                        registry=registry)

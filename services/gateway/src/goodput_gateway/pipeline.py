@@ -45,6 +45,7 @@ from goodput_gateway.leasemux import LeaseStream
 from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta
 from goodput_gateway.requests import Cost, GenerationRequest
 from goodput_gateway.timing import EngineTimes, Timeline
+from goodput_gateway.tokengate import TokenGate
 from goodput_gateway.tools import worker_tools
 from goodput_gateway.workermux import MuxCall, WorkerStreams
 
@@ -150,6 +151,9 @@ class GenerationStream:
                 if chunk is aio.EOF:
                     raise self._fail(Unavailable("the worker ended the stream without finishing"))
                 kind = chunk.WhichOneof("kind")
+                if self._ttft_s and (gate := self.pipeline.token_gate) is not None and \
+                        (turn := gate.wait()) is not None:
+                    await turn  # a later token: after this turn's share (the first token never waits)
                 if kind == "delta":
                     if self._timeline is not None:
                         self._timeline.first_token()
@@ -252,6 +256,9 @@ class Pipeline:
         self._probes: dict[tuple[str, int], int] = {}
         self._opening = 0  # requests between open() and their stream
         self.streams = 0  # generation streams open
+        # later tokens at most TOKEN_GATE_PER_TURN per event-loop turn, so first tokens and new requests go first
+        self.token_gate = TokenGate(settings.token_gate_per_turn, on_park=metrics.token_gate_parked.inc) \
+            if settings.token_gate_per_turn else None
         self._lease_seq = itertools.count()
         self._models_refresh: asyncio.Task[list[ModelEntry]] | None = None
         self._background: set[asyncio.Task[None]] = set()
