@@ -131,13 +131,13 @@ async def test_concurrent_requests_share_one_stream_and_answer_as_generate_calls
 
 async def test_a_token_gate_changes_the_order_of_the_relay_not_the_answers(fleet) -> None:  # type: ignore[no-untyped-def]
     """TOKEN_GATE_PER_TURN=1: a burst of later tokens is relayed one per event-loop turn; every answer is still
-    whole and the same as without the gate, on streams and on calls alike."""
+    whole and the same as without the gate (0), on streams and on calls alike."""
     stub, _ = fleet
     model = (await stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)).workers[0].model.served_model_name
     gated = Pipeline(GatewaySettings(token_gate_per_turn=1, worker_mux_max_open=4), scheduler=stub,
                      channel_factory=aio.insecure_channel, metrics=GatewayMetrics(CollectorRegistry()))
-    plain = Pipeline(GatewaySettings(worker_mux_max_open=4), scheduler=stub, channel_factory=aio.insecure_channel,
-                     metrics=GatewayMetrics(CollectorRegistry()))
+    plain = Pipeline(GatewaySettings(token_gate_per_turn=0, worker_mux_max_open=4), scheduler=stub,
+                     channel_factory=aio.insecure_channel, metrics=GatewayMetrics(CollectorRegistry()))
     try:
         assert gated.token_gate is not None and plain.token_gate is None
         answers = await asyncio.gather(*(_answer(gated, model, i, max_tokens=4 + i % 4) for i in range(16)))
