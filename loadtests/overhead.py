@@ -1452,7 +1452,9 @@ def _explain(levels: list[dict[str, Any]], *, placed: list[int] | None = None) -
             f"{'es' if replicas > 1 else ''} here). At {busiest['concurrency']} streams it spent "
             f"{cpu['ms_per_request']:.1f} ms of CPU per request (the CPU table): the tokens of an engine step for "
             "every stream and the requests of a wave that start together queue on that loop behind each other, and "
-            "a request's first token waits its turn. Most of that CPU is grpc's own per-message work (a completion "
+            "a request's first token waits its turn (later tokens at most `TOKEN_GATE_PER_TURN` per loop turn, so "
+            "first tokens and starts go between them: `loadtests/reports/token-gate-ab.md`). Most of that CPU is "
+            "grpc's own per-message work (a completion "
             "per message sent or received, handed from grpc's poller thread to the event loop), not the gateway's "
             "logic: what shortens the queue is a core of its own (`--gateway-cores`), fewer messages per token and "
             "more processes, one per core (`--gateways N`, replicas in production).")
