@@ -47,7 +47,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -295,30 +295,23 @@ class Clients:
 
     async def _sse(self, sample: Sample, http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str],
                    timeout_s: float) -> Sample:
-        """One streamed chat completion, its SSE ``data:`` lines parsed the same way on every REST path."""
-        if self.http_client == "aiohttp":
-            return await self._sse_aiohttp(sample, str(http.base_url), body, headers, timeout_s)
+        """One streamed chat completion, its SSE ``data:`` lines parsed the same way on every REST path, through
+        aiohttp (the default) or httpx (``--http-client httpx``)."""
         timer = _Timer(sample)
-        async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers,
-                               timeout=timeout_s) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")[:200]
-                sample.error = f"HTTP {resp.status_code}: {text}"
-                return sample
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                event = json.loads(data)
-                if "error" in event:
-                    sample.error = f"SSE error: {event['error'].get('message', event['error'])}"
+        if self.http_client == "aiohttp":
+            async with self._session(str(http.base_url)).post(
+                    "/v1/chat/completions", json=body, headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if resp.status != 200:
+                    sample.error = f"HTTP {resp.status}: {(await resp.read()).decode(errors='replace')[:200]}"
                     return sample
-                for choice in event.get("choices") or ():
-                    timer.delta((choice.get("delta") or {}).get("content") or "")
-        timer.done()
-        return sample
+                return await _read_sse(sample, timer, resp.content)
+        async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers,
+                               timeout=timeout_s) as answer:
+            if answer.status_code != 200:
+                sample.error = f"HTTP {answer.status_code}: {(await answer.aread()).decode(errors='replace')[:200]}"
+                return sample
+            return await _read_sse(sample, timer, (line.encode() async for line in answer.aiter_lines()))
 
     def _session(self, base_url: str) -> aiohttp.ClientSession:
         session = self._sessions.get(base_url)
@@ -327,31 +320,6 @@ class Clients:
             session = self._sessions[base_url] = aiohttp.ClientSession(
                 base_url=base_url.rstrip("/"), connector=connector, timeout=aiohttp.ClientTimeout(total=None))
         return session
-
-    async def _sse_aiohttp(self, sample: Sample, base_url: str, body: dict[str, Any], headers: dict[str, str],
-                           timeout_s: float) -> Sample:
-        """:meth:`_sse` through aiohttp (the default client): the same request, the same parsing."""
-        timer = _Timer(sample)
-        async with self._session(base_url).post("/v1/chat/completions", json=body, headers=headers,
-                                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            if resp.status != 200:
-                text = (await resp.read()).decode(errors="replace")[:200]
-                sample.error = f"HTTP {resp.status}: {text}"
-                return sample
-            async for raw in resp.content:
-                if not raw.startswith(b"data:"):
-                    continue
-                data = raw[5:].strip()
-                if data == b"[DONE]":
-                    break
-                event = json.loads(data)
-                if "error" in event:
-                    sample.error = f"SSE error: {event['error'].get('message', event['error'])}"
-                    return sample
-                for choice in event.get("choices") or ():
-                    timer.delta((choice.get("delta") or {}).get("content") or "")
-        timer.done()
-        return sample
 
     async def run(self, path: str, prompt: int, max_tokens: int, timeout_s: float) -> Sample:
         fn: Callable[[int, int, float], Awaitable[Sample]] = getattr(self, path)
@@ -365,6 +333,24 @@ class Clients:
             return Sample(path, prompt, error=f"gRPC {code}: {details}")
         except (httpx.HTTPError, aiohttp.ClientError, json.JSONDecodeError, OSError) as err:
             return Sample(path, prompt, error=f"{type(err).__name__}: {err}")
+
+
+async def _read_sse(sample: Sample, timer: _Timer, lines: AsyncIterable[bytes]) -> Sample:
+    """A streamed chat completion's SSE lines into ``sample``: text deltas timed, an error event kept."""
+    async for raw in lines:
+        if not raw.startswith(b"data:"):
+            continue
+        data = raw[5:].strip()
+        if data == b"[DONE]":
+            break
+        event = json.loads(data)
+        if "error" in event:
+            sample.error = f"SSE error: {event['error'].get('message', event['error'])}"
+            return sample
+        for choice in event.get("choices") or ():
+            timer.delta((choice.get("delta") or {}).get("content") or "")
+    timer.done()
+    return sample
 
 
 def schedule(requests_per_path: int, rng: random.Random,
