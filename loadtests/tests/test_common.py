@@ -168,14 +168,23 @@ async def test_the_floor_under_the_overhead_is_measured_on_a_scheduler_and_repor
     assert floor is not None
     for hop in (floor["lease"], floor["tcp"], *floor["first_event"].values()):  # back to back and after idle
         assert hop["busy_p50_ms"] > 0 and hop["idle_p50_ms"] > 0
-    assert set(floor["first_event"]) == {"sse", "grpc"}
+    assert set(floor["first_event"]) == {"sse", "sse_aiohttp", "grpc"}  # both HTTP clients the benchmark may use
     level = analyse_level(1, [Sample(p, 0, ttft_s=0.05, itl_s=[0.02], e2e_s=0.1, deltas=2) for p in GOODPUT_PATHS],
                           wall_s=1.0, stages={"schedule": 0.0015}, load_before=None)
-    md = render_markdown({"generated_at": "now", "config": {"max_tokens": 8, "priority": "P0", "timeout_s": 60},
-                          "levels": [level], "machine": machine_info(), "worker": {}, "engine_flags": "x",
-                          "platform": "y", "packages": {}, "round_trips": floor})
-    assert "## The floor: round trips on this machine" in md and "lease on the scheduler's stream" in md
-    assert "first SSE event" in md and "The REST path is compared with the same gRPC direct path" in md
+    for client in ("aiohttp", "httpx"):
+        md = render_markdown({"generated_at": "now", "levels": [level], "machine": machine_info(), "worker": {},
+                              "config": {"max_tokens": 8, "priority": "P0", "timeout_s": 60, "http_client": client},
+                              "engine_flags": "x", "platform": "y", "packages": {}, "round_trips": floor})
+        assert "## The floor: round trips on this machine" in md and "lease on the scheduler's stream" in md
+        assert "first SSE event" in md and "the same, aiohttp client" in md
+        # the REST path's floor is the first event with the client that run used
+        assert f"(uvicorn's h11 in the gateway, {client} in the client)" in md
+    old = {k: v for k, v in floor.items() if k != "first_event"} | {
+        "first_event": {k: v for k, v in floor["first_event"].items() if k != "sse_aiohttp"}}
+    md = render_markdown({"generated_at": "now", "levels": [level], "machine": machine_info(), "worker": {},
+                          "config": {"max_tokens": 8, "priority": "P0", "timeout_s": 60},  # a report from before
+                          "engine_flags": "x", "platform": "y", "packages": {}, "round_trips": old})
+    assert "httpx in the client" in md and "the same, aiohttp client" not in md
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
