@@ -39,7 +39,7 @@ class TokenGate:
     """At most ``per_turn`` passes per event-loop turn; the rest wait, in order, for the turns after. One per event
     loop (its futures belong to the loop that made them)."""
 
-    __slots__ = ("per_turn", "_passed", "_waiting", "_turn_scheduled", "_loop", "parked", "_on_park")
+    __slots__ = ("per_turn", "_passed", "_waiting", "_turn_scheduled", "parked", "_on_park")
 
     def __init__(self, per_turn: int, *, on_park: Callable[[], None] | None = None) -> None:
         if per_turn < 1:
@@ -48,7 +48,6 @@ class TokenGate:
         self._passed = 0  # passes in the current turn
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._turn_scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.parked = 0  # passes that had to wait for a later turn
         self._on_park = on_park  # called for each (the gateway's counter)
 
@@ -60,9 +59,7 @@ class TokenGate:
             self._passed += 1
             self._schedule()
             return None
-        loop = self._loop or asyncio.get_running_loop()
-        self._loop = loop
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
         self.parked += 1
         if self._on_park is not None:
@@ -79,9 +76,8 @@ class TokenGate:
     def _schedule(self) -> None:
         if not self._turn_scheduled:
             self._turn_scheduled = True
-            loop = self._loop or asyncio.get_running_loop()
-            self._loop = loop
-            loop.call_soon(self._next_turn)  # runs after everything ready now: the start of the next turn's work
+            # runs after everything ready now: the start of the next turn's work
+            asyncio.get_running_loop().call_soon(self._next_turn)
 
     def _next_turn(self) -> None:
         self._turn_scheduled = False
