@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import gc
 import logging
 import os
@@ -327,9 +328,13 @@ _owns_process = False  # run_main started this process: its ServiceRunner tunes 
 
 def run_main(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Runs a service's main coroutine to its end on uvloop, the faster event loop (``GOODPUT_EVENT_LOOP=asyncio``:
-    the standard library's). Every Goodput process starts here."""
+    the standard library's). Every Goodput process starts here.
+
+    A native crash (a segfault or abort in grpc's or another extension's C code) writes every thread's Python stack
+    to stderr, the service's log, before the process dies: without it such a crash leaves only an exit status."""
     global _owns_process
     _owns_process = True
+    faulthandler.enable(all_threads=True)
     choice = os.environ.get(EVENT_LOOP_ENV, "uvloop").strip().lower() or "uvloop"
     if choice == "asyncio":
         asyncio.run(main())
