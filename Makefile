@@ -35,7 +35,7 @@ test-unit: install  ## everything except the tests that start the platform
 lint: install  ## ruff and mypy (part of make test)
 	$(VENV)/bin/ruff check libs services scripts tests loadtests chaos
 	MYPYPATH=$(subst $(space),:,$(SRC_DIRS)) $(VENV)/bin/mypy $(addprefix -p ,$(PACKAGES))
-	MYPYPATH=$(subst $(space),:,$(SRC_DIRS)) $(VENV)/bin/mypy --follow-imports=silent -p chaos
+	MYPYPATH=$(subst $(space),:,$(SRC_DIRS)) $(VENV)/bin/mypy --follow-imports=silent -p chaos -p loadtests
 
 chaos: install  ## the chaos suite in full (vLLM workers): chaos/reports/chaos-full.{json,md}; `make test` runs its short mode
 	$(PY) -m chaos --mode full

@@ -78,10 +78,10 @@ def load_sets(data_dir: Path, max_pairs: int, seed: int, part: str = "test") -> 
 
     raw: dict[str, list[tuple[str, str, int]]] = {}
     for name in PAIR_SETS:
-        pairs = load_pairs(data_dir, name)
-        chosen = pairs if part == "all" else split_pairs(pairs)[part]  # type: ignore[index]
+        loaded = load_pairs(data_dir, name)
+        chosen = loaded if part == "all" else split_pairs(loaded)[part]  # type: ignore[index]
         if name == "gptcache_mock" and part != "test":
-            chosen = pairs if part == "all" else []
+            chosen = loaded if part == "all" else []
         raw[name] = [(p.a, p.b, p.label) for p in chosen]
     sets = []
     rng = random.Random(seed)
@@ -168,7 +168,8 @@ def evaluate_goodput(ps: PairSet, emb: MemoEmbedder) -> dict[str, Any]:
         for guarded, margin in variants:
             hits = wrong = correct = 0
             for q in range(len(ps.queries)):
-                e = _decide(sims[q], top[q], t, margin, (lambda e, q=q: guard_ok[(q, e)]) if guarded else None)
+                allowed: Callable[[int], bool] | None = (lambda e, q=q: guard_ok[(q, e)]) if guarded else None
+                e = _decide(sims[q], top[q], t, margin, allowed)
                 if e is None:
                     continue
                 hits += 1

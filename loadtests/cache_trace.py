@@ -57,7 +57,7 @@ TIME_SENSITIVE = ["Is there an outage today?", "What is the latest version of th
 def build_trace(n: int, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     weights = [1.0 / (i + 1) ** 0.8 for i in range(len(QUESTIONS))]
-    trace = []
+    trace: list[dict[str, Any]] = []
     for _ in range(n):
         r = rng.random()
         if r < 0.05:

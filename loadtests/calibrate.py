@@ -393,7 +393,7 @@ async def benchmark(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         probes, workload = read_trace(_probes_path(args.out)), read_trace(_workload_path(args.out))
         report["source"] = "recorded by this run"
     ph = report["phases"]
-    fit = fit_params(probes, prefill_window=tuple(ph["prefill"]), decode_window=tuple(ph["decode"]),  # type: ignore[arg-type]
+    fit = fit_params(probes, prefill_window=tuple(ph["prefill"]), decode_window=tuple(ph["decode"]),
                      max_batched_tokens=report["worker"]["max_num_batched_tokens"] or 2048)
     report["fit"] = fit
     workload = relative(workload)

@@ -18,7 +18,7 @@ import platform
 import random
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -250,7 +250,8 @@ def write_report(out: Path, data: dict[str, Any], markdown: str) -> tuple[Path, 
     return json_path, md_path
 
 
-def produce(args: Any, run: Callable[[Any], Awaitable[dict[str, Any]]], markdown: Callable[[dict[str, Any]], str],
+def produce(args: Any, run: Callable[[Any], Coroutine[Any, Any, dict[str, Any]]],
+            markdown: Callable[[dict[str, Any]], str],
             plot: Callable[[dict[str, Any], Path], Path | None] | None = None) -> dict[str, Any]:
     """A benchmark's report: measured by ``run(args)``, or re-rendered from the JSON ``args.render`` names; written
     as ``<args.out>.json`` / ``.md`` (and ``.png`` with ``plot``), their paths printed; returns it."""

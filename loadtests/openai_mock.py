@@ -25,14 +25,14 @@ import argparse
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, cast
 
 from goodput_core.errors import GoodputError
 from goodput_core.sampling import Sampling
 
 from goodput_inference.config import InferenceSettings
-from goodput_inference.engine import ChatTurn, Delta, Finished, GenRequest
+from goodput_inference.engine import ChatTurn, Delta, Finished, GenEvent, GenRequest
 from goodput_inference.sim_engine import SimEngine, SimParams
 
 __all__ = ["MockApp", "build_app"]
@@ -104,7 +104,9 @@ class MockApp:
                              tenant=TENANT)
         created = int(time.time())
         head = {"id": rid, "created": created, "model": doc.get("model") or self.model}
-        events = self.engine.generate(request)
+        # SimEngine.generate is an async generator function (closed below: aclose aborts the request), though it
+        # is annotated with the Engine protocol's AsyncIterator
+        events = cast("AsyncGenerator[GenEvent, None]", self.engine.generate(request))
         try:
             if doc.get("stream"):
                 usage = bool((doc.get("stream_options") or {}).get("include_usage"))

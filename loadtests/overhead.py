@@ -253,7 +253,7 @@ class Clients:
         req = inference_pb2.GenerateRequest(
             request_id=f"bench-{uuid.uuid4().hex[:16]}", tenant=BENCH_TENANT, sampling=_sampling(max_tokens),
             priority=_PRIORITY[self.target.priority],
-            messages=[types_pb2.ChatMessage(**m) for m in _messages(PROMPTS[prompt])])
+            messages=[types_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in _messages(PROMPTS[prompt])])
         timer = _Timer(sample)
         async for chunk in self.worker.Generate(req, timeout=timeout_s):
             if chunk.WhichOneof("kind") == "delta":
@@ -265,7 +265,7 @@ class Clients:
         sample = Sample("gateway_grpc", prompt)
         req = gateway_pb2.GenerateRequest(
             sampling=_sampling(max_tokens), priority=_PRIORITY[self.target.priority], no_cache=True,
-            messages=[types_pb2.ChatMessage(**m) for m in _messages(PROMPTS[prompt])])
+            messages=[types_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in _messages(PROMPTS[prompt])])
         timer = _Timer(sample)
         async for msg in self.gateway.GenerateStream(req, metadata=self.auth_md, timeout=timeout_s):
             if msg.WhichOneof("kind") == "delta":

@@ -40,7 +40,7 @@ import random
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -136,8 +136,8 @@ class TokenizerPrompts:
         """Tokens of one user message with the chat template around it (what the engine counts)."""
         out = self.tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
                                            tokenize=True)
-        if hasattr(out, "keys"):  # newer transformers return a BatchEncoding
-            out = out["input_ids"]
+        if isinstance(out, Mapping):  # newer transformers return a BatchEncoding
+            return len(out["input_ids"])
         return len(out)
 
     def _ids(self, text: str) -> list[int]:

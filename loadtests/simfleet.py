@@ -140,7 +140,7 @@ class LeaseClient:
         prio = PRIORITY[spec.priority]
         call = self.scheduler.Lease(timeout=spec.deadline_s)
         admit = scheduler_pb2.Admit(request_id=f"{spec.request_id}.{result.attempts}", tenant=spec.tenant,
-                                    priority=prio, model=spec.model,  # type: ignore[arg-type]
+                                    priority=prio, model=spec.model,
                                     prompt_tokens_estimate=len(spec.prompt) // 4, max_tokens=spec.max_tokens,
                                     prefix_hint=spec.prompt[:spec.prefix_chars], session_id=spec.session_id)
         try:
@@ -171,7 +171,7 @@ class LeaseClient:
         try:
             gen = inference_pb2.GenerateRequest(
                 request_id=admit.request_id, model=spec.model, prompt=spec.prompt, tenant=spec.tenant,
-                priority=prio if spec.send_priority else types_pb2.PRIORITY_UNSPECIFIED,  # type: ignore[arg-type]
+                priority=prio if spec.send_priority else types_pb2.PRIORITY_UNSPECIFIED,
                 sampling=types_pb2.SamplingParams(max_tokens=spec.max_tokens))
             async for chunk in self._worker(event.granted.address).Generate(gen, timeout=spec.deadline_s):
                 if chunk.HasField("delta"):
@@ -199,7 +199,7 @@ class LeaseClient:
                 usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens} \
                     if self.report_usage and outcome == scheduler_pb2.OUTCOME_OK else {}
                 await call.write(scheduler_pb2.LeaseRequest(release=scheduler_pb2.Release(
-                    outcome=outcome, ttft_s=result.ttft_s or 0.0, **usage)))  # type: ignore[arg-type]
+                    outcome=outcome, ttft_s=result.ttft_s or 0.0, **usage)))
                 await call.done_writing()
                 while await call.read() is not aio.EOF:
                     pass
