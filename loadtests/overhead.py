@@ -97,6 +97,11 @@ DEFAULT_LEVELS = "1,8,32,128"
 # the p50 (at 128 streams: +15 to +111 ms added TTFT p50 over runs of 256 per path, +9 to +13 ms over runs of 1024);
 # the p95/p99 still show them.
 DEFAULT_REQUESTS = {1: 48, 8: 96, 32: 192, 128: 768}
+# On the simulated engine (--start --engine sim) a request takes well under a second, so a level takes more: with the
+# counts above a run's 95% interval of the added TTFT p50 was still 2 to 25 ms wide at 8 to 128 streams, wider than
+# the 2 ms goal, and runs of the same code disagreed by as much. 48 per stream at 8, 36 at 32 and 18 at 128 narrow it
+# to about 1 to 2 ms (loadtests/reports/grpc-channels-ab.md: 4 runs); a run takes about 4 minutes on 2 cores.
+SIM_REQUESTS = {1: 48, 8: 384, 32: 1152, 128: 2304}
 SEED = 1234
 # Engine settings of the platform --start runs; recorded in the report.
 ENGINE_ENV = {"GOODPUT_INFERENCE_ENFORCE_EAGER": "true"}
@@ -202,23 +207,35 @@ _PRIORITY = {"P0": types_pb2.PRIORITY_P0, "P1": types_pb2.PRIORITY_P1, "P2": typ
 
 
 class Clients:
-    """One long-lived connection per path, shared by every concurrent stream (as a real client would)."""
+    """The paths' long-lived connections: per gRPC path ``grpc_channels`` HTTP/2 connections shared by every
+    concurrent stream, calls taking them in turn (one: as one client process; more: as that many clients); the REST
+    paths a pool of HTTP/1.1 connections, one per concurrent stream."""
 
-    def __init__(self, target: Target, *, max_streams: int, http_client: str = "aiohttp") -> None:
+    def __init__(self, target: Target, *, max_streams: int, http_client: str = "aiohttp",
+                 grpc_channels: int = 1) -> None:
         self.target = target
         self.http_client = http_client
-        options = [("grpc.max_receive_message_length", 16 << 20)]
-        self._worker_channel = (aio.secure_channel(target.worker, target.worker_credentials, options=options)
-                                if target.worker_credentials is not None
-                                else aio.insecure_channel(target.worker, options=options))
-        if target.more_gateways:  # one channel, a subchannel per replica, calls spread round robin
-            addresses = ",".join([target.gateway_grpc, *(g for _, g in target.more_gateways)])
-            self._gateway_channel = aio.insecure_channel(f"ipv4:{addresses}", options=[
-                *options, ("grpc.lb_policy_name", "round_robin")])
-        else:
-            self._gateway_channel = aio.insecure_channel(target.gateway_grpc, options=options)
-        self.worker = inference_pb2_grpc.InferenceStub(self._worker_channel)
-        self.gateway = gateway_pb2_grpc.GatewayStub(self._gateway_channel)
+        self._worker_channels: list[aio.Channel] = []
+        self._gateway_channels: list[aio.Channel] = []
+        for i in range(grpc_channels):
+            # a local subchannel pool: each channel its own connection (channels with the same arguments would
+            # otherwise share one)
+            options = [("grpc.max_receive_message_length", 16 << 20), ("grpc.use_local_subchannel_pool", 1),
+                       ("goodput.bench_channel", i)]
+            self._worker_channels.append(
+                aio.secure_channel(target.worker, target.worker_credentials, options=options)
+                if target.worker_credentials is not None else aio.insecure_channel(target.worker, options=options))
+            if target.more_gateways:  # one channel, a subchannel per replica, calls spread round robin
+                addresses = ",".join([target.gateway_grpc, *(g for _, g in target.more_gateways)])
+                self._gateway_channels.append(aio.insecure_channel(f"ipv4:{addresses}", options=[
+                    *options, ("grpc.lb_policy_name", "round_robin")]))
+            else:
+                self._gateway_channels.append(aio.insecure_channel(target.gateway_grpc, options=options))
+        # calls take the channels in turn (both gRPC paths alike)
+        self._workers = itertools.cycle([inference_pb2_grpc.InferenceStub(c) for c in self._worker_channels])
+        self._gateways = itertools.cycle([gateway_pb2_grpc.GatewayStub(c) for c in self._gateway_channels])
+        self.worker = next(self._workers)
+        self.gateway = next(self._gateways)
         limits = httpx.Limits(max_connections=max_streams + 4, max_keepalive_connections=max_streams + 4)
         self.http = httpx.AsyncClient(base_url=target.gateway_url, timeout=httpx.Timeout(None), limits=limits)
         # every replica's REST client (the first is self.http), taken in turn by the REST path
@@ -245,8 +262,8 @@ class Clients:
         for client in (self.mock_http, self.proxy_http):
             if client is not None:
                 await client.aclose()
-        await self._worker_channel.close(grace=None)
-        await self._gateway_channel.close(grace=None)
+        for channel in (*self._worker_channels, *self._gateway_channels):
+            await channel.close(grace=None)
 
     async def direct(self, prompt: int, max_tokens: int, timeout_s: float) -> Sample:
         sample = Sample("direct", prompt)
@@ -255,7 +272,7 @@ class Clients:
             priority=_PRIORITY[self.target.priority],
             messages=[types_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in _messages(PROMPTS[prompt])])
         timer = _Timer(sample)
-        async for chunk in self.worker.Generate(req, timeout=timeout_s):
+        async for chunk in next(self._workers).Generate(req, timeout=timeout_s):
             if chunk.WhichOneof("kind") == "delta":
                 timer.delta(chunk.delta.text)
         timer.done()
@@ -267,7 +284,7 @@ class Clients:
             sampling=_sampling(max_tokens), priority=_PRIORITY[self.target.priority], no_cache=True,
             messages=[types_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in _messages(PROMPTS[prompt])])
         timer = _Timer(sample)
-        async for msg in self.gateway.GenerateStream(req, metadata=self.auth_md, timeout=timeout_s):
+        async for msg in next(self._gateways).GenerateStream(req, metadata=self.auth_md, timeout=timeout_s):
             if msg.WhichOneof("kind") == "delta":
                 timer.delta(msg.delta)
         timer.done()
@@ -898,11 +915,13 @@ async def warm_up(clients: Clients, prompts: int, *, timeout_s: float, console: 
 
 
 async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: int, timeout_s: float,
-                  console: Console, warmup_prompts: int, http_client: str = "aiohttp") -> dict[str, Any]:
+                  console: Console, warmup_prompts: int, http_client: str = "aiohttp",
+                  grpc_channels: int = 1) -> dict[str, Any]:
     """Every level: Goodput's three paths interleaved, then (with LiteLLM) its two paths interleaved, each phase
     alone on the machine so neither platform's CPU use slows the other's measurement."""
     phases = [GOODPUT_PATHS] + ([LITELLM_PATHS] if target.litellm is not None else [])
-    clients = Clients(target, max_streams=max(c for c, _ in levels), http_client=http_client)
+    clients = Clients(target, max_streams=max(c for c, _ in levels), http_client=http_client,
+                      grpc_channels=grpc_channels)
     rng = random.Random(SEED)
     out: dict[str, Any] = {}
     try:
@@ -1240,6 +1259,12 @@ def render_markdown(report: dict[str, Any]) -> str:
             "platform measured while the other is idle, so neither's CPU use slows the other's numbers.",
         ]
     lines += [
+        "- **Connections**: the REST paths take an HTTP/1.1 connection per concurrent stream (the client's pool, "
+        "as many clients would); the two gRPC paths, the worker's and the gateway's alike, "
+        + (f"{cfg.get('grpc_channels') or 1} HTTP/2 connections each, the calls taking them in turn "
+           "(`--grpc-channels`; as many client processes would)." if (cfg.get("grpc_channels") or 1) > 1 else
+           "one HTTP/2 connection each, every concurrent stream multiplexed on it (as one client process would; "
+           "`--grpc-channels N` spreads them over N)."),
         "- **TTFT**: from sending the request to the first non-empty text delta. **ITL**: every gap between two "
         "consecutive text deltas of one request (pooled over the requests of a level).",
         f"- The same {len(PROMPTS)} short chat prompts on every path, temperature 0, seed {SEED}, "
@@ -1588,6 +1613,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gateways", type=int, default=1, help="with --start: gateway replicas (one process each), "
                     "the client spreading requests over them round robin; LiteLLM then runs as many worker "
                     "processes (default 1: one process each)")
+    ap.add_argument("--grpc-channels", type=int, default=1, metavar="N",
+                    help="connections of each gRPC path (the worker's and the gateway's alike), calls taking them in "
+                         "turn (default 1: every stream on one connection, as one client process; more: as many "
+                         "clients)")
     ap.add_argument("--gateway-cores", default=None, metavar="CORES",
                     help="with --start: the gateway's processes on these cores (taskset's syntax, e.g. 1) and "
                          "everything else the benchmark runs (its client, the worker, the scheduler; with --litellm "
@@ -1650,7 +1679,8 @@ def main(argv: list[str] | None = None) -> int:
         render_plot(saved, prefix.with_name(f"{prefix.name}.png"))
         print_summary(saved, console)
         return 0
-    levels = [(c, args.requests_per_level or DEFAULT_REQUESTS.get(c, 3 * c)) for c in args.concurrency]
+    counts = SIM_REQUESTS if args.start and args.engine == "sim" else DEFAULT_REQUESTS
+    levels = [(c, args.requests_per_level or counts.get(c, 3 * c)) for c in args.concurrency]
     platform = None
     stack = None
     if args.litellm:
@@ -1706,6 +1736,7 @@ def main(argv: list[str] | None = None) -> int:
             engine_flags = "as configured by whoever started the platform"
         results = asyncio.run(measure(target, levels, max_tokens=args.max_tokens, timeout_s=args.timeout_s,
                                       console=console, http_client=args.http_client,
+                                      grpc_channels=args.grpc_channels,
                                       warmup_prompts=min(len(PROMPTS), max(n for _, n in levels))))
     finally:
         if stack is not None:
@@ -1722,7 +1753,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"concurrency": args.concurrency, "requests_per_path": dict(levels), "max_tokens": args.max_tokens,
                    "temperature": 0.0, "seed": SEED, "prompts": len(PROMPTS), "priority": args.priority,
                    "timeout_s": args.timeout_s, "smoke": args.smoke, "litellm": args.litellm,
-                   "http_client": args.http_client,
+                   "http_client": args.http_client, "grpc_channels": args.grpc_channels,
                    "gateways": args.gateways if args.start else None,
                    "settings": changed_settings(os.environ, dict(args.settings)) if args.start else None,
                    "gateway_cores": sorted(args.gateway_cores) if args.gateway_cores is not None else None},

@@ -54,25 +54,31 @@ METRICS: list[tuple[str, tuple[str, ...]]] = [
 
 
 class Variant:
-    """A name, the platform settings it runs with, and the cores of the gateway's own (``--gateway-cores``)."""
+    """A name, the platform settings it runs with, the cores of the gateway's own (``--gateway-cores``) and the
+    client's connections per gRPC path (``--grpc-channels``)."""
 
-    def __init__(self, name: str, settings: dict[str, str], gateway_cores: str | None = None) -> None:
+    def __init__(self, name: str, settings: dict[str, str], gateway_cores: str | None = None,
+                 grpc_channels: int | None = None) -> None:
         self.name, self.settings, self.gateway_cores = name, settings, gateway_cores
+        self.grpc_channels = grpc_channels
 
     def __repr__(self) -> str:
         cores = f", gateway_cores={self.gateway_cores!r}" if self.gateway_cores else ""
-        return f"Variant({self.name!r}, {self.settings!r}{cores})"
+        channels = f", grpc_channels={self.grpc_channels}" if self.grpc_channels else ""
+        return f"Variant({self.name!r}, {self.settings!r}{cores}{channels})"
 
     def describe(self) -> str:
         parts = [f"`{k}={v}`" for k, v in self.settings.items()]
         if self.gateway_cores:
             parts.append(f"`--gateway-cores {self.gateway_cores}` (the gateway on core(s) of its own)")
+        if self.grpc_channels:
+            parts.append(f"`--grpc-channels {self.grpc_channels}` (the client's connections per gRPC path)")
         return ", ".join(parts) or "the defaults"
 
 
 def parse_variant(text: str) -> Variant:
     """``NAME`` or ``NAME:GOODPUT_X=1,GOODPUT_Y=2``, where an item ``gateway-cores=1`` gives the run
-    ``--gateway-cores 1`` instead of a setting.
+    ``--gateway-cores 1`` and ``grpc-channels=16`` gives it ``--grpc-channels 16`` instead of a setting.
 
     >>> parse_variant("all-mux:GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=100000")
     Variant('all-mux', {'GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN': '100000'})
@@ -80,6 +86,8 @@ def parse_variant(text: str) -> Variant:
     Variant('default', {})
     >>> parse_variant("own-core:gateway-cores=1")
     Variant('own-core', {}, gateway_cores='1')
+    >>> parse_variant("clients:gateway-cores=1,grpc-channels=16")
+    Variant('clients', {}, gateway_cores='1', grpc_channels=16)
     >>> parse_variant("a b")
     Traceback (most recent call last):
     ...
@@ -89,11 +97,15 @@ def parse_variant(text: str) -> Variant:
     if not name or not all(c.isalnum() or c in "-_" for c in name):
         raise argparse.ArgumentTypeError(f"a variant's name is letters, digits, '-' and '_', got {name!r}")
     items = [item.strip() for item in rest.split(",") if item.strip()]
+    options = ("gateway-cores=", "grpc-channels=")
     cores = [item.partition("=")[2] for item in items if item.startswith("gateway-cores=")]
-    settings = dict(overhead.parse_setting(item) for item in items if not item.startswith("gateway-cores="))
+    channels = [item.partition("=")[2] for item in items if item.startswith("grpc-channels=")]
+    settings = dict(overhead.parse_setting(item) for item in items if not item.startswith(options))
     if len(cores) > 1 or (cores and not cores[0]):
         raise argparse.ArgumentTypeError(f"a variant takes one gateway-cores=CORES, got {text!r}")
-    return Variant(name, settings, cores[0] if cores else None)
+    if len(channels) > 1 or (channels and not (channels[0].isdigit() and int(channels[0]) > 0)):
+        raise argparse.ArgumentTypeError(f"a variant takes one grpc-channels=N (N > 0), got {text!r}")
+    return Variant(name, settings, cores[0] if cores else None, int(channels[0]) if channels else None)
 
 
 def _get(level: dict[str, Any], path: tuple[str, ...]) -> float | None:
@@ -162,7 +174,7 @@ def render_markdown(report: dict[str, Any]) -> str:
               "(its own platform and its own direct baseline: every number is that run's gateway minus direct).", ""]
     lines += ["| variant | settings |", "|---|---|"]
     lines += [f"| {v['name']}{' (baseline)' if i == 0 else ''} | "
-              + Variant(v["name"], v["settings"], v.get("gateway_cores")).describe() + " |"
+              + Variant(v["name"], v["settings"], v.get("gateway_cores"), v.get("grpc_channels")).describe() + " |"
               for i, v in enumerate(variants)]
     lines += ["", "Each cell: the median over the runs (smallest … largest), and for the other variants the median's "
               f"difference from {names[0]}'s. Lower is better everywhere.", ""]
@@ -257,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     argv_run += ["--set", f"{name}={value}"]
                 if v.gateway_cores:
                     argv_run += ["--gateway-cores", v.gateway_cores]
+                if v.grpc_channels:
+                    argv_run += ["--grpc-channels", str(v.grpc_channels)]
                 if overhead.main(argv_run) != 0:
                     console.print(f"[red]{v.name} run {rnd}: a path served no request; left out[/red]")
                     continue
@@ -274,7 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "engine": args.engine, "rounds": args.rounds,
                   "concurrency": [int(c) for c in args.concurrency.split(",")], "max_tokens": args.max_tokens,
                   "machine": first.get("machine"),
-                  "variants": [{"name": v.name, "settings": v.settings, "gateway_cores": v.gateway_cores}
+                  "variants": [{"name": v.name, "settings": v.settings, "gateway_cores": v.gateway_cores,
+                                "grpc_channels": v.grpc_channels}
                                for v in args.variants],
                   "levels": compare(runs), "runs": listed}
         out = args.out

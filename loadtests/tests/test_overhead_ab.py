@@ -1,6 +1,7 @@
 """The setting-against-setting runner of the overhead benchmark, end to end on the simulated engine: two variants,
 one run each, the second's setting reaching its platform (every request a Generate call, none on the worker
-streams) and, where there are two cores, its gateway placed on a core of its own; the comparison names both with each
+streams), its client's gRPC streams on two connections and, where there are two cores, its gateway placed on a core
+of its own; the comparison names both with each
 one's numbers."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def test_two_variants_side_by_side(tmp_path: Path) -> None:
     out = tmp_path / "ab"
     usable = sorted(os.sched_getaffinity(0))
     own_core = f",gateway-cores={usable[-1]}" if len(usable) > 1 else ""
-    calls = f"calls:GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0{own_core}"
+    calls = f"calls:GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0,grpc-channels=2{own_core}"
     assert overhead_ab.main(["--variant", "default", "--variant", calls,
                              "--rounds", "1", "--concurrency", "2", "--requests-per-level", "4", "--max-tokens", "4",
                              "--port-offset", str(PORT_OFFSET), "--out", str(out)]) == 0
@@ -39,11 +40,13 @@ def test_two_variants_side_by_side(tmp_path: Path) -> None:
     assert runs["calls"]["levels"][0]["worker_starts"].get("stream", 0) == 0
     assert runs["calls"]["config"]["gateway_cores"] == ([usable[-1]] if own_core else None)
     assert runs["default"]["config"]["gateway_cores"] is None
+    assert runs["calls"]["config"]["grpc_channels"] == 2 and runs["default"]["config"]["grpc_channels"] == 1
     assert sorted(os.sched_getaffinity(0)) == usable  # the benchmark gave this process its cores back
     assert runs["default"]["levels"][0]["worker_starts"]["stream"] > 0  # an idle gateway's requests use a stream
     assert not list((tmp_path / "ab-runs").glob("*-platform"))  # the runs' scratch folders are gone
     md = out.with_suffix(".md").read_text(encoding="utf-8")
     assert "default (the baseline), calls" in md and "`GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0`" in md
+    assert "`--grpc-channels 2`" in md
     assert "## 2 streams" in md
     # the comparison re-renders from its JSON alone
     out.with_suffix(".md").unlink()

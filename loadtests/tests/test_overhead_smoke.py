@@ -1,6 +1,7 @@
 """The overhead benchmark's smoke run on a platform of its own (the simulated engine), with two gateway replicas:
 both paths through the gateway answer, the requests spread over both replicas, the report carries the
-platform's CPU per request, and a setting given with ``--set`` reaches the platform and is named in the report."""
+platform's CPU per request, a setting given with ``--set`` reaches the platform and is named in the report, and the
+gRPC paths' streams go over as many connections as ``--grpc-channels`` says."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ def test_smoke_run_with_two_gateway_replicas(tmp_path: Path) -> None:
     out = tmp_path / "overhead"
     assert overhead.main(["--start", "--engine", "sim", "--smoke", "--gateways", "2", "--port-offset",
                           str(PORT_OFFSET), "--out", str(out),
-                          "--set", "GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0"]) == 0
+                          "--set", "GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0", "--grpc-channels", "3"]) == 0
     report = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
-    assert report["config"]["gateways"] == 2
+    assert report["config"]["gateways"] == 2 and report["config"]["grpc_channels"] == 3
     assert report["config"]["settings"]["GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN"] == "0"
     for level in report["levels"]:
         assert all(p["errors"] == 0 and p["ok"] > 0 for p in level["paths"].values()), level["paths"]
@@ -36,3 +37,4 @@ def test_smoke_run_with_two_gateway_replicas(tmp_path: Path) -> None:
     md = out.with_suffix(".md").read_text(encoding="utf-8")
     assert "2 gateway replicas" in md and "## CPU per request" in md and "Gateway requests per replica" in md
     assert "settings changed: " in md and "GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0" in md
+    assert "3 HTTP/2 connections each" in md
