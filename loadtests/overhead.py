@@ -217,11 +217,10 @@ class Clients:
         self.http_client = http_client
         self._worker_channels: list[aio.Channel] = []
         self._gateway_channels: list[aio.Channel] = []
-        for i in range(grpc_channels):
-            # a local subchannel pool: each channel its own connection (channels with the same arguments would
-            # otherwise share one)
-            options = [("grpc.max_receive_message_length", 16 << 20), ("grpc.use_local_subchannel_pool", 1),
-                       ("goodput.bench_channel", i)]
+        # a local subchannel pool: each channel its own connection (channels with the same arguments would otherwise
+        # share one)
+        options = [("grpc.max_receive_message_length", 16 << 20), ("grpc.use_local_subchannel_pool", 1)]
+        for _ in range(grpc_channels):
             self._worker_channels.append(
                 aio.secure_channel(target.worker, target.worker_credentials, options=options)
                 if target.worker_credentials is not None else aio.insecure_channel(target.worker, options=options))
@@ -234,8 +233,7 @@ class Clients:
         # calls take the channels in turn (both gRPC paths alike)
         self._workers = itertools.cycle([inference_pb2_grpc.InferenceStub(c) for c in self._worker_channels])
         self._gateways = itertools.cycle([gateway_pb2_grpc.GatewayStub(c) for c in self._gateway_channels])
-        self.worker = next(self._workers)
-        self.gateway = next(self._gateways)
+        self.worker = next(self._workers)  # the worker's model and load, asked once
         limits = httpx.Limits(max_connections=max_streams + 4, max_keepalive_connections=max_streams + 4)
         self.http = httpx.AsyncClient(base_url=target.gateway_url, timeout=httpx.Timeout(None), limits=limits)
         # every replica's REST client (the first is self.http), taken in turn by the REST path
