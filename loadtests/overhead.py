@@ -215,21 +215,20 @@ class Clients:
                  grpc_channels: int = 1) -> None:
         self.target = target
         self.http_client = http_client
-        self._worker_channels: list[aio.Channel] = []
-        self._gateway_channels: list[aio.Channel] = []
         # a local subchannel pool: each channel its own connection (channels with the same arguments would otherwise
         # share one)
-        options = [("grpc.max_receive_message_length", 16 << 20), ("grpc.use_local_subchannel_pool", 1)]
-        for _ in range(grpc_channels):
-            self._worker_channels.append(
-                aio.secure_channel(target.worker, target.worker_credentials, options=options)
-                if target.worker_credentials is not None else aio.insecure_channel(target.worker, options=options))
-            if target.more_gateways:  # one channel, a subchannel per replica, calls spread round robin
-                addresses = ",".join([target.gateway_grpc, *(g for _, g in target.more_gateways)])
-                self._gateway_channels.append(aio.insecure_channel(f"ipv4:{addresses}", options=[
-                    *options, ("grpc.lb_policy_name", "round_robin")]))
-            else:
-                self._gateway_channels.append(aio.insecure_channel(target.gateway_grpc, options=options))
+        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 16 << 20),
+                                          ("grpc.use_local_subchannel_pool", 1)]
+        gateway, gateway_options = target.gateway_grpc, options
+        if target.more_gateways:  # one channel, a subchannel per replica, calls spread round robin
+            gateway = "ipv4:" + ",".join([target.gateway_grpc, *(g for _, g in target.more_gateways)])
+            gateway_options = [*options, ("grpc.lb_policy_name", "round_robin")]
+        self._worker_channels = [
+            aio.secure_channel(target.worker, target.worker_credentials, options=options)
+            if target.worker_credentials is not None else aio.insecure_channel(target.worker, options=options)
+            for _ in range(grpc_channels)]
+        self._gateway_channels = [aio.insecure_channel(gateway, options=gateway_options)
+                                  for _ in range(grpc_channels)]
         # calls take the channels in turn (both gRPC paths alike)
         self._workers = itertools.cycle([inference_pb2_grpc.InferenceStub(c) for c in self._worker_channels])
         self._gateways = itertools.cycle([gateway_pb2_grpc.GatewayStub(c) for c in self._gateway_channels])
@@ -1256,11 +1255,12 @@ def render_markdown(report: dict[str, Any]) -> str:
             "- At every level Goodput's three paths run first, interleaved, then LiteLLM's two, interleaved: each "
             "platform measured while the other is idle, so neither's CPU use slows the other's numbers.",
         ]
+    channels = cfg.get("grpc_channels") or 1  # reports from before the option: one
     lines += [
         "- **Connections**: the REST paths take an HTTP/1.1 connection per concurrent stream (the client's pool, "
         "as many clients would); the two gRPC paths, the worker's and the gateway's alike, "
-        + (f"{cfg.get('grpc_channels') or 1} HTTP/2 connections each, the calls taking them in turn "
-           "(`--grpc-channels`; as many client processes would)." if (cfg.get("grpc_channels") or 1) > 1 else
+        + (f"{channels} HTTP/2 connections each, the calls taking them in turn "
+           "(`--grpc-channels`; as many client processes would)." if channels > 1 else
            "one HTTP/2 connection each, every concurrent stream multiplexed on it (as one client process would; "
            "`--grpc-channels N` spreads them over N)."),
         "- **TTFT**: from sending the request to the first non-empty text delta. **ITL**: every gap between two "

@@ -97,10 +97,10 @@ def parse_variant(text: str) -> Variant:
     if not name or not all(c.isalnum() or c in "-_" for c in name):
         raise argparse.ArgumentTypeError(f"a variant's name is letters, digits, '-' and '_', got {name!r}")
     items = [item.strip() for item in rest.split(",") if item.strip()]
-    options = ("gateway-cores=", "grpc-channels=")
-    cores = [item.partition("=")[2] for item in items if item.startswith("gateway-cores=")]
-    channels = [item.partition("=")[2] for item in items if item.startswith("grpc-channels=")]
-    settings = dict(overhead.parse_setting(item) for item in items if not item.startswith(options))
+    options = ("gateway-cores", "grpc-channels")  # the benchmark's own options, not settings
+    given: dict[str, list[str]] = {o: [i.partition("=")[2] for i in items if i.startswith(f"{o}=")] for o in options}
+    settings = dict(overhead.parse_setting(i) for i in items if not i.startswith(tuple(f"{o}=" for o in options)))
+    cores, channels = given["gateway-cores"], given["grpc-channels"]
     if len(cores) > 1 or (cores and not cores[0]):
         raise argparse.ArgumentTypeError(f"a variant takes one gateway-cores=CORES, got {text!r}")
     if len(channels) > 1 or (channels and not (channels[0].isdigit() and int(channels[0]) > 0)):
