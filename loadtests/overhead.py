@@ -502,18 +502,22 @@ _SECRET = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL|URL|DSN", re.IGNOREC
 
 
 def parse_setting(text: str) -> tuple[str, str]:
-    """``--set``'s ``NAME=VALUE``: a platform setting as its environment variable.
+    """``--set``'s ``NAME=VALUE``: a platform setting as its environment variable, or one of gRPC's own
+    (``GRPC_EXPERIMENTS``, ``GRPC_POLL_STRATEGY``: every service of the platform reads it when it starts).
 
     >>> parse_setting("GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0")
     ('GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN', '0')
     >>> parse_setting("WORKER_MUX=false")
     Traceback (most recent call last):
     ...
-    argparse.ArgumentTypeError: expected GOODPUT_<SERVICE>_<SETTING>=VALUE, got 'WORKER_MUX=false'
+    argparse.ArgumentTypeError: expected GOODPUT_<SERVICE>_<SETTING>=VALUE or GRPC_<NAME>=VALUE, got 'WORKER_MUX=false'
+    >>> parse_setting("GRPC_EXPERIMENTS=-event_engine_client")
+    ('GRPC_EXPERIMENTS', '-event_engine_client')
     """
     name, sep, value = text.partition("=")
-    if not sep or not re.fullmatch(r"GOODPUT_[A-Z0-9_]+", name):
-        raise argparse.ArgumentTypeError(f"expected GOODPUT_<SERVICE>_<SETTING>=VALUE, got {text!r}")
+    if not sep or not re.fullmatch(r"(GOODPUT|GRPC)_[A-Z0-9_]+", name):
+        raise argparse.ArgumentTypeError(f"expected GOODPUT_<SERVICE>_<SETTING>=VALUE or GRPC_<NAME>=VALUE, "
+                                         f"got {text!r}")
     return name, value
 
 

@@ -38,6 +38,8 @@ from typing import Any
 from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 
+from goodput_core.clients import GRPC_EXPERIMENTS
+
 from loadtests.common import (
     cpu_label,
     cpu_seconds,
@@ -160,13 +162,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     base = free_port_block(2)
     relay_cores, other_cores = _placement()
     mine = os.sched_getaffinity(0)
+    # The relay and the upstream start with the transport the services start with (their launchers set
+    # GRPC_EXPERIMENTS; an environment that sets it wins), read by gRPC once, in each new process.
+    experiments = os.environ.get("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
     spawn = multiprocessing.get_context("spawn")  # no fork of a process that holds grpc and an event loop
     upstream = spawn.Process(target=_serve_upstream, args=(base, args.step_base_ms / 1e3,
                                                            args.step_per_stream_ms / 1e3, args.tokens, other_cores),
                              daemon=True)
     relay = spawn.Process(target=_serve_relay, args=(base + 1, base, relay_cores), daemon=True)
-    upstream.start()
-    relay.start()
+    inherited = os.environ.get("GRPC_EXPERIMENTS")
+    os.environ["GRPC_EXPERIMENTS"] = experiments  # a spawned process takes the environment of its start
+    try:
+        upstream.start()
+        relay.start()
+    finally:
+        if inherited is None:
+            del os.environ["GRPC_EXPERIMENTS"]
     if other_cores:
         os.sched_setaffinity(0, other_cores)
     results: list[dict[str, Any]] = []
@@ -217,7 +228,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "config": {"concurrency": levels, "rounds": args.rounds, "requests_per_stream": args.requests_per_stream,
                        "tokens": args.tokens, "step_base_ms": args.step_base_ms,
                        "step_per_stream_ms": args.step_per_stream_ms, "relay_cores": relay_cores,
-                       "other_cores": other_cores, "smoke": args.smoke},
+                       "other_cores": other_cores, "smoke": args.smoke, "grpc_experiments": experiments},
             "packages": package_versions(["grpcio", "protobuf", "uvloop"]), "levels": results}
 
 
@@ -236,7 +247,9 @@ def render_markdown(report: dict[str, Any]) -> str:
              f"{cfg['requests_per_stream']} requests per stream, {cfg['tokens']} tokens per answer; an engine step "
              f"(every stream's token at the same moment) every {cfg['step_base_ms']:g} ms + "
              f"{cfg['step_per_stream_ms']:g} ms per open stream, as the simulated engine's. grpcio "
-             f"{report.get('packages', {}).get('grpcio')}.", "",
+             f"{report.get('packages', {}).get('grpcio')}"
+             + (f", the relay and the upstream with GRPC_EXPERIMENTS={cfg['grpc_experiments']!r}"
+                if "grpc_experiments" in cfg else "") + ".", "",
              "The relay does nothing but forward: what it adds is the least a Python grpc.aio gateway adds. The "
              f"gateway's goals are at most {GOAL_TTFT_MS:g} ms added TTFT p50 and {GOAL_ITL_MS:g} ms added ITL "
              "p50.", ""]

@@ -583,3 +583,20 @@ def test_the_cache_gets_its_l2_memory_budget_and_the_pod_limit_stays_above_it(ch
         "GOODPUT_CACHE_MAX_L2_BYTES"] == "536870912"
     with pytest.raises(Exception, match="maxL2Bytes"):
         chart.docs(sets=("cache.config.maxL2Bytes=1000",))
+
+
+COMPONENTS = ("gateway", "scheduler", "inference", "embedder", "retriever", "cache", "indexing-worker", "jobs-worker")
+
+
+def test_every_service_starts_with_the_platforms_grpc_experiments(chart: Any) -> None:
+    # gRPC reads GRPC_EXPERIMENTS once, before its first channel: the pods get it from their ConfigMap, the same
+    # value the images and the local supervisor set (goodput_core.clients.GRPC_EXPERIMENTS).
+    from goodput_core.clients import GRPC_EXPERIMENTS
+
+    docs = chart.docs()
+    for component in COMPONENTS:
+        assert _config(docs, component)["GRPC_EXPERIMENTS"] == GRPC_EXPERIMENTS, component
+    # Empty: gRPC's own defaults. The variable is still set (to ""), so the images' ENV does not apply either.
+    plain = chart.docs(sets=("common.grpcExperiments=",))
+    for component in COMPONENTS:
+        assert _config(plain, component)["GRPC_EXPERIMENTS"] == "", component

@@ -281,6 +281,8 @@ the kubelet probes the pod IP. */}}
 {{- with (include "goodput.metricsPort" .) }}
 {{- $_ := set $env (printf "%sMETRICS_PORT" $p) . }}
 {{- end }}
+{{- /* Always set, empty included: an empty value gives gRPC's defaults over the images' ENV. */}}
+{{- $_ := set $env "GRPC_EXPERIMENTS" ($c.grpcExperiments | default "") }}
 {{- if $c.otel.endpoint }}
 {{- $_ := set $env "OTEL_EXPORTER_OTLP_ENDPOINT" $c.otel.endpoint }}
 {{- end }}

@@ -73,6 +73,21 @@ def test_each_service_gets_its_ports_and_peers(tmp_path, monkeypatch):
     assert p.child_env(specs["worker-0"])["GOODPUT_INFERENCE_GRPC_PORT"] == "50161"
 
 
+def test_every_child_starts_with_the_platforms_grpc_experiments_unless_the_environment_sets_them(tmp_path,
+                                                                                             monkeypatch):
+    from goodput_core.clients import GRPC_EXPERIMENTS
+
+    monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)
+    p = Platform(workdir=tmp_path, workers=1)
+    for spec in p.plan():
+        assert p.child_env(spec)["GRPC_EXPERIMENTS"] == GRPC_EXPERIMENTS, spec.name
+    # An operator's (or a benchmark variant's) value wins, an empty one (gRPC's defaults) included.
+    monkeypatch.setenv("GRPC_EXPERIMENTS", "")
+    assert all(p.child_env(s)["GRPC_EXPERIMENTS"] == "" for s in p.plan())
+    given = Platform(workdir=tmp_path, workers=1, env={"GRPC_EXPERIMENTS": "-event_engine_listener"})
+    assert all(given.child_env(s)["GRPC_EXPERIMENTS"] == "-event_engine_listener" for s in given.plan())
+
+
 def test_every_process_gets_its_own_identity_and_mtls_is_on_by_default(tmp_path, monkeypatch):
     monkeypatch.setenv("GOODPUT_INSECURE_INTERNAL", "true")  # the supervisor's own environment does not decide
     specs = {s.name: s for s in Platform(workdir=tmp_path, workers=2).plan()}

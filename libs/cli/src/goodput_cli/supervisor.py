@@ -70,6 +70,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
 from goodput_contracts.access import IDENTITIES, OPERATOR
+from goodput_core.clients import GRPC_EXPERIMENTS
 from goodput_core.tls import TlsFiles, ensure_dev_pki, tls_files
 
 from goodput_cli import procs
@@ -292,8 +293,9 @@ class Platform:
                            engine=self.engine))
 
     def child_env(self, spec: ServiceSpec) -> dict[str, str]:
-        """The full environment of a child: the supervisor's, then ``env``, then the spec's wiring."""
-        return {**os.environ, **self.env, **spec.env}
+        """The full environment of a child: gRPC's experiments (:data:`goodput_core.clients.GRPC_EXPERIMENTS`), then
+        the supervisor's environment, then ``env``, then the spec's wiring."""
+        return {"GRPC_EXPERIMENTS": GRPC_EXPERIMENTS, **os.environ, **self.env, **spec.env}
 
     # --- lifecycle --------------------------------------------------------------------------------------------------
     def __enter__(self) -> Platform:
