@@ -522,15 +522,17 @@ def parse_setting(text: str) -> tuple[str, str]:
 
 
 def changed_settings(environ: Mapping[str, str], given: dict[str, str]) -> dict[str, str]:
-    """The platform settings a report must name: every ``GOODPUT_*`` variable the started platform inherits from the
-    benchmark's environment, and those given with ``--set`` (which win); a value that may be a secret (a key, a URL
-    with credentials) as ``(set)``.
+    """The platform settings a report must name: every ``GOODPUT_*`` and ``GRPC_*`` variable the started platform
+    inherits from the benchmark's environment, and those given with ``--set`` (which win); a value that may be a
+    secret (a key, a URL with credentials) as ``(set)``.
 
     >>> changed_settings({"GOODPUT_API_KEY": "sk-1", "GOODPUT_GATEWAY_WORKER_MUX": "false", "HOME": "/root"},
     ...                  {"GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN": "0"})
     {'GOODPUT_API_KEY': '(set)', 'GOODPUT_GATEWAY_WORKER_MUX': 'false', 'GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN': '0'}
+    >>> changed_settings({"GRPC_EXPERIMENTS": ""}, {})
+    {'GRPC_EXPERIMENTS': ''}
     """
-    merged = {k: v for k, v in environ.items() if k.startswith("GOODPUT_")} | given
+    merged = {k: v for k, v in environ.items() if k.startswith(("GOODPUT_", "GRPC_"))} | given
     return {k: "(set)" if _SECRET.search(k) else v for k, v in sorted(merged.items())}
 
 

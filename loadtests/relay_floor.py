@@ -164,13 +164,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     mine = os.sched_getaffinity(0)
     # The relay and the upstream start with the transport the services start with (their launchers set
     # GRPC_EXPERIMENTS; an environment that sets it wins), read by gRPC once, in each new process.
-    experiments = os.environ.get("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
+    inherited = os.environ.get("GRPC_EXPERIMENTS")
+    experiments = GRPC_EXPERIMENTS if inherited is None else inherited
     spawn = multiprocessing.get_context("spawn")  # no fork of a process that holds grpc and an event loop
     upstream = spawn.Process(target=_serve_upstream, args=(base, args.step_base_ms / 1e3,
                                                            args.step_per_stream_ms / 1e3, args.tokens, other_cores),
                              daemon=True)
     relay = spawn.Process(target=_serve_relay, args=(base + 1, base, relay_cores), daemon=True)
-    inherited = os.environ.get("GRPC_EXPERIMENTS")
     os.environ["GRPC_EXPERIMENTS"] = experiments  # a spawned process takes the environment of its start
     try:
         upstream.start()
