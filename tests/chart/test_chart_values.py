@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from goodput_core.clients import GRPC_EXPERIMENTS
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "goodput"
 K8S = REPO / "k8s"
@@ -591,8 +593,6 @@ COMPONENTS = ("gateway", "scheduler", "inference", "embedder", "retriever", "cac
 def test_every_service_starts_with_the_platforms_grpc_experiments(chart: Any) -> None:
     # gRPC reads GRPC_EXPERIMENTS once, before its first channel: the pods get it from their ConfigMap, the same
     # value the images and the local supervisor set (goodput_core.clients.GRPC_EXPERIMENTS).
-    from goodput_core.clients import GRPC_EXPERIMENTS
-
     docs = chart.docs()
     for component in COMPONENTS:
         assert _config(docs, component)["GRPC_EXPERIMENTS"] == GRPC_EXPERIMENTS, component

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from goodput_core.clients import GRPC_EXPERIMENTS
 from goodput_testing import wait_until
 
 from goodput_cli.supervisor import Platform, PlatformError, cpu_bindings
@@ -75,8 +76,6 @@ def test_each_service_gets_its_ports_and_peers(tmp_path, monkeypatch):
 
 def test_every_child_starts_with_the_platforms_grpc_experiments_unless_the_environment_sets_them(tmp_path,
                                                                                              monkeypatch):
-    from goodput_core.clients import GRPC_EXPERIMENTS
-
     monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)
     p = Platform(workdir=tmp_path, workers=1)
     for spec in p.plan():
