@@ -79,7 +79,13 @@ def test_key_covers_everything_that_changes_the_answer() -> None:
                                                                       json_schema='{"type":"object"}')}),
                 CacheRequest(**{**base.__dict__, "sampling": Sampling(max_tokens=64, temperature=0.0,
                                                                       json_schema='{"type":"array"}')}),
-                ask("hi")]
+                ask("hi"),
+                # vLLM's extensions: each changes the text of a greedy answer too
+                *(CacheRequest(**{**base.__dict__, "sampling": Sampling(max_tokens=64, temperature=0.0, **ext)})
+                  for ext in ({"ignore_eos": True}, {"min_tokens": 8}, {"repetition_penalty": 1.2}, {"min_p": 0.1},
+                              {"stop_token_ids": (2,)}, {"include_stop_str_in_output": True},
+                              {"skip_special_tokens": False}, {"spaces_between_special_tokens": False},
+                              {"truncate_prompt_tokens": 32}))]
     keys = {derive(v).exact for v in variants}
     assert len(keys) == len(variants) and derive(base).exact not in keys
     # greedy decoding ignores top_p and the seed, so they do not split the cache

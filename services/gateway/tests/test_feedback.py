@@ -61,3 +61,18 @@ async def test_answers_kept_while_a_flush_writes_go_with_the_next(redis: aioredi
     store.keep(_Answer(request_id="b", tenant="t", model="m", priority=1, tokens=2))
     await store.settle()
     assert await redis.exists(f"{redis_prefix}:t:a", f"{redis_prefix}:t:b") == 2
+
+
+@pytest.mark.parametrize("answer_id", ["chatcmpl-5e0c2a", "cmpl-5e0c2a", "resp_5e0c2a", "req-5e0c2a"])
+async def test_an_answer_is_named_by_the_id_the_sdk_returns(redis: aioredis.Redis, redis_prefix: str,
+                                                           answer_id: str) -> None:
+    mine, other = _store(redis, redis_prefix), _store(redis, redis_prefix)
+    mine.keep(_Answer(request_id="req-5e0c2a", tenant="acme", model="m", priority=1, tokens=9))
+    await mine.settle()
+    for store in (other, mine):  # from Redis on another replica, then taken here
+        with pytest.raises(Exception, match="no answer"):
+            await store.record("globex", answer_id, "discarded")  # never another tenant's
+    result = await other.record("acme", answer_id, "discarded")
+    assert result["request_id"] == answer_id and result["goodput_tokens_withdrawn"] == 9
+    with pytest.raises(Exception, match="no answer"):
+        await other.record("acme", "chatcmpl-unknown", "used")

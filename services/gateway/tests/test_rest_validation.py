@@ -435,3 +435,48 @@ def test_logit_bias_entries_are_bounded_by_a_setting() -> None:
     with pytest.raises(InvalidArgument) as err:
         validate(req, GatewaySettings(max_logit_bias=4))
     assert err.value.param == "logit_bias"
+
+
+# ---- vLLM's request extensions (what `vllm serve` clients and the field's benchmark tools send) ----------------
+
+
+@pytest.mark.parametrize("overrides", [
+    {"ignore_eos": True, "max_tokens": 32}, {"min_tokens": 4, "max_tokens": 8}, {"repetition_penalty": 1.1},
+    {"min_p": 0.05}, {"stop_token_ids": [2, 7]}, {"include_stop_str_in_output": True},
+    {"skip_special_tokens": False}, {"spaces_between_special_tokens": False}, {"truncate_prompt_tokens": 64},
+    {"top_k": 20}, {"priority": 0},  # vLLM's default integer priority: taken as unset
+    {"use_beam_search": False, "length_penalty": 1.0, "add_generation_prompt": True, "echo": False},
+    {"prompt_cache_key": "faq-v2", "safety_identifier": "user-8c1f"},
+])
+async def test_vllm_extensions_and_openai_cache_fields_are_served(client: httpx.AsyncClient,
+                                                                   overrides: dict[str, object]) -> None:
+    assert_openai_error(await post(client, chat(**overrides)), 503)  # past validation: no backend here
+
+
+async def test_vllm_extensions_are_served_on_completions(client: httpx.AsyncClient) -> None:
+    body = {"model": "m", "prompt": "a", "max_tokens": 16, "ignore_eos": True, "min_tokens": 16,
+            "add_special_tokens": True, "stream": True, "stream_options": {"include_usage": True}}
+    assert_openai_error(await client.post("/v1/completions", json=body, headers=AUTH), 503)
+
+
+@pytest.mark.parametrize("overrides,param,code", [
+    ({"min_tokens": 9, "max_tokens": 8}, "min_tokens", "invalid_value"),
+    ({"min_tokens": -1}, "min_tokens", "invalid_value"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty", "invalid_value"),
+    ({"min_p": 1.5}, "min_p", "invalid_value"),
+    ({"stop_token_ids": [1, 2, 3, 4, 5]}, "stop_token_ids", "invalid_value"),  # MAX_STOP_SEQUENCES (4)
+    ({"stop_token_ids": [-3]}, "stop_token_ids", "invalid_value"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "invalid_value"),
+    ({"ignore_eos": "yes"}, "ignore_eos", "invalid_type"),
+    ({"priority": 5}, "priority", "unsupported_value"),  # vLLM's in-queue order is not Goodput's class
+    ({"use_beam_search": True}, "use_beam_search", "unsupported_parameter"),
+    ({"length_penalty": 0.8}, "length_penalty", "unsupported_parameter"),  # beam search's only
+    ({"cache_salt": "mine"}, "cache_salt", "unsupported_parameter"),  # the gateway salts per tenant itself
+    ({"chat_template": "{{ messages }}"}, "chat_template", "unsupported_parameter"),
+    ({"prompt_cache_key": "k" * 257}, "prompt_cache_key", "string_above_max_length"),
+    ({"safety_identifier": "u" * 257}, "safety_identifier", "string_above_max_length"),
+])
+async def test_vllm_extensions_are_bounded_and_the_unimplemented_refused_by_name(
+        client: httpx.AsyncClient, overrides: dict[str, object], param: str, code: str) -> None:
+    error = assert_openai_error(await post(client, chat(**overrides)), 400, param)
+    assert error["code"] == code and param in str(error["message"])

@@ -88,3 +88,17 @@ async def test_priority_policy_serves_urgent_requests_first_and_kv_capacity_boun
     assert small.load().finished_total == 3 and small.load().kv_cache_usage == 0
     await e.shutdown()
     await small.shutdown()
+
+
+async def test_vllm_extensions_it_can_honour_are_served_and_the_rest_refused_by_name() -> None:
+    e = engine()
+    await e.start()
+    fixed = Sampling(max_tokens=6, ignore_eos=True, min_tokens=6, skip_special_tokens=False)
+    events = [ev async for ev in e.generate(GenRequest(request_id="f", prompt="hello " * 100, sampling=fixed))]
+    assert isinstance(events[-1], Finished) and events[-1].completion_tokens == 6  # its answers run to max_tokens
+    cut = Sampling(max_tokens=2, truncate_prompt_tokens=40)
+    events = [ev async for ev in e.generate(GenRequest(request_id="t", prompt="hello " * 100, sampling=cut))]
+    assert isinstance(events[0], Started) and events[0].prompt_tokens == 40  # the prompt's last 40 tokens
+    with pytest.raises(InvalidArgument, match="stop_token_ids"):  # placeholder text has no token ids
+        await anext(e.generate(GenRequest(request_id="s", prompt="hi", sampling=Sampling(stop_token_ids=(2,)))))
+    await e.shutdown()

@@ -80,5 +80,8 @@ def test_the_predictor_learns_from_finished_requests() -> None:
         p.observe(prompt_tokens=50, completion_tokens=20, ttft_s=0.1, duration_s=0.1 + 19 * 0.05)
     assert p.tpot_s == pytest.approx(0.05, rel=0.01) and p.expected_tokens(400) == 40
     assert p.service_s(prompt_tokens=50, max_tokens=400) == pytest.approx(0.1 + 40 * 0.05, rel=0.02)
+    # an answer that runs to max_tokens (ignore_eos: Admit.fixed_output) is predicted whole, whatever was seen
+    assert p.expected_tokens(400, fixed=True) == 400
+    assert p.service_s(prompt_tokens=50, max_tokens=400, fixed=True) == pytest.approx(0.1 + 400 * 0.05, rel=0.02)
     p.observe(prompt_tokens=50, completion_tokens=20, ttft_s=0, duration_s=1)  # no first token: ignored
     assert p.observed == 30

@@ -115,6 +115,9 @@ def _sampling(s: Sampling) -> dict[str, object]:
         out["logit_bias"] = [list(b) for b in s.logit_bias]
     if s.structured:  # the same question answered as JSON is another answer
         out.update(json_schema=s.json_schema, json_object=s.json_object)
+    extensions = s.vllm_extensions()
+    if extensions:  # vLLM's (ignore_eos, min_tokens, ...): each changes the answer; keys without them stay as they were
+        out["vllm"] = extensions
     if not greedy(s):
         # Greedy decoding ignores top_p, top_k and the seed; any other temperature depends on all of them.
         out.update(top_p=s.top_p, top_k=s.top_k, seed=s.seed)

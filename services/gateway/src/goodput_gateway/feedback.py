@@ -6,7 +6,9 @@ output tokens when it met its SLO, else 0) in this process (bounded) and, when R
 feedback may reach any replica: written every ``feedback_flush_s`` in one pipeline with the others answered
 meanwhile, off the response path (a write per answer cost every request a Redis round trip of the event loop).
 Feedback is tenant-scoped (another tenant's request id is unknown, 404) and counted once per request: a discarded
-answer's tokens go to ``goodput_gateway_goodput_discarded_tokens_total``.
+answer's tokens go to ``goodput_gateway_goodput_discarded_tokens_total``. An answer is named by its request id
+(``X-Request-Id``: ``req-…``) or by the id the client holds, which names the same request: ``chatcmpl-…``,
+``cmpl-…`` or ``resp_…``.
 
     >>> import asyncio
     >>> from goodput_gateway.config import GatewaySettings
@@ -18,6 +20,8 @@ answer's tokens go to ``goodput_gateway_goodput_discarded_tokens_total``.
     {'object': 'feedback', 'request_id': 'r1', 'verdict': 'discarded', 'goodput_tokens_withdrawn': 42}
     >>> asyncio.run(store.record("acme", "r1", "discarded"))["goodput_tokens_withdrawn"]  # once per answer
     0
+    >>> request_ids("chatcmpl-9f2c"), request_ids("req-9f2c")
+    (['chatcmpl-9f2c', 'req-9f2c'], ['req-9f2c'])
 """
 
 from __future__ import annotations
@@ -39,11 +43,21 @@ from goodput_gateway.config import GatewaySettings
 from goodput_gateway.schemas import Body
 from goodput_gateway.timing import TimingMetrics
 
-__all__ = ["FeedbackRequest", "FeedbackStore"]
+__all__ = ["FeedbackRequest", "FeedbackStore", "request_ids"]
 
 log = logging.getLogger("goodput.gateway.feedback")
 
 Verdict = Literal["used", "discarded", "regenerated"]
+# The ids of an answer as the OpenAI SDK returns them: the prefix, then the request id's own part (after "req-").
+ANSWER_PREFIXES = ("chatcmpl-", "cmpl-", "resp_")
+
+
+def request_ids(answer_id: str) -> list[str]:
+    """The request ids an id of ``POST /v1/feedback`` may name: itself, and for an answer's id its request's."""
+    for prefix in ANSWER_PREFIXES:
+        if answer_id.startswith(prefix) and len(answer_id) > len(prefix):
+            return [answer_id, f"req-{answer_id.removeprefix(prefix)}"]
+    return [answer_id]
 
 
 class FeedbackRequest(Body):
@@ -139,7 +153,12 @@ class FeedbackStore:
             raise Unavailable(f"the feedback store is unavailable: {err}", code="store_unavailable") from None
 
     async def record(self, tenant: str, request_id: str, verdict: Verdict) -> dict[str, Any]:
-        known, answer = await self._take(tenant, request_id)
+        """The verdict on the answer ``request_id`` names (its request id, or the answer's own id)."""
+        known, answer = False, None
+        for candidate in request_ids(request_id):
+            known, answer = await self._take(tenant, candidate)
+            if known:
+                break
         if not known:
             raise NotFound(f"no answer {request_id!r} of this tenant in the last {self.settings.feedback_ttl_s:g} s",
                            param="request_id")

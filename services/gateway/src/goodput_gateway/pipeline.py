@@ -412,7 +412,8 @@ class Pipeline:
                             self._judge(model, request.priority, hit=False)
                         await self._drop_early(early, "refused")
                     raise
-                self._hints[(model, request.priority, request.session_id)] = (lease.worker_id, lease.address)
+                self._hints[(model, request.priority, request.affinity(principal.tenant))] = \
+                    (lease.worker_id, lease.address)
                 self._free_slots[lease.address] = lease.free_slots
                 if timeline is not None:
                     timeline.mark("queue_wait")
@@ -466,7 +467,7 @@ class Pipeline:
         if not self.settings.speculative_start or \
                 self._opening + self.streams > self.settings.speculative_start_max_inflight:
             return None
-        hint = self._hints.get((model, req.priority, req.session_id))
+        hint = self._hints.get((model, req.priority, req.affinity(principal.tenant)))
         if hint is None or self._free_slots.get(hint[1], 0) < self.settings.speculative_start_min_free_slots:
             return None
         key = (model, req.priority)
@@ -504,7 +505,8 @@ class Pipeline:
         admit = scheduler_pb2.Admit(request_id=request_id, tenant=principal.tenant, priority=cast(Any, req.priority),
                                     model=model, prompt_tokens_estimate=cost.prompt_tokens,
                                     max_tokens=cost.max_tokens, prefix_hint=req.prefix_hint(),
-                                    session_id=req.session_id, tenant_weight=principal.weight,
+                                    session_id=req.affinity(principal.tenant), fixed_output=cost.fixed_output,
+                                    tenant_weight=principal.weight,
                                     max_queue_wait_s=max_queue_wait_s)
         if self.lease_stream is not None:
             # unique on the stream even when a caller reuses its request id (or the worker retry leases again)

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -37,8 +38,9 @@ ROLE_ALIASES = {"developer": "system"}
 CHARS_PER_TOKEN = 3
 # Sampling ranges (OpenAI's), checked for REST and gRPC alike.
 SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (1e-9, 1.0), "presence_penalty": (-2.0, 2.0),
-                   "frequency_penalty": (-2.0, 2.0)}
-INT_RANGES = {"max_tokens": (0, 2**31 - 1), "top_k": (-(2**31), 2**31 - 1), "seed": (-(2**63), 2**63 - 1)}
+                   "frequency_penalty": (-2.0, 2.0), "repetition_penalty": (1e-6, 2.0), "min_p": (0.0, 1.0)}
+INT_RANGES = {"max_tokens": (0, 2**31 - 1), "top_k": (-(2**31), 2**31 - 1), "seed": (-(2**63), 2**63 - 1),
+              "min_tokens": (0, 2**31 - 1), "truncate_prompt_tokens": (-1, 2**31 - 1)}
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,31 @@ class GenerationRequest:
     knowledge_base: str = ""  # RAG: the tenant's knowledge base to ground the answer on; empty = none
     kind: str = "chat"  # "chat" or "completion"
     tools: str = ""  # the functions the caller offers and its tool_choice (goodput_gateway.tools.tool_spec)
+    cache_key: str = ""  # OpenAI's prompt_cache_key: requests of the tenant sharing it are placed together
+    safety_identifier: str = ""  # OpenAI's: the end user, kept only as a hash (safety_hash)
 
     def prompt_chars(self) -> int:
         return sum(len(m.content) for m in self.messages) + len(self.prompt)
+
+    def affinity(self, tenant: str) -> str:
+        """The key of affine placement (the scheduler's session affinity, the gateway's early start): the
+        prompt_cache_key, else the session id (``user``), hashed with the tenant so that two tenants' equal keys
+        never meet; empty without either.
+
+        >>> r = GenerationRequest(cache_key="faq-v2")
+        >>> r.affinity("acme") == r.affinity("acme") != r.affinity("globex"), len(r.affinity("acme"))
+        (True, 32)
+        >>> GenerationRequest().affinity("acme")
+        ''
+        """
+        key = self.cache_key or self.session_id
+        return hashlib.sha256(f"{tenant}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()[:32] if key else ""
+
+    def safety_hash(self, tenant: str) -> str:
+        """The safety_identifier as logs and traces keep it: a hash with the tenant, never the value."""
+        if not self.safety_identifier:
+            return ""
+        return hashlib.sha256(f"{tenant}\0{self.safety_identifier}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
     def prefix_hint(self, limit: int = 512) -> str:
         """The start of the prompt (system prompt first) for prefix-affinity placement."""
@@ -159,6 +183,17 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
     if len(s.stop) > settings.max_stop_sequences:
         raise InvalidArgument(f"at most {settings.max_stop_sequences} stop sequences", param="stop",
                               code="invalid_value")
+    if len(s.stop_token_ids) > settings.max_stop_sequences:  # one bound for both kinds of stop condition
+        raise InvalidArgument(f"at most {settings.max_stop_sequences} stop_token_ids", param="stop_token_ids",
+                              code="invalid_value")
+    if any(not 0 <= t < 2**31 for t in s.stop_token_ids):
+        raise InvalidArgument("stop_token_ids are token ids, from 0", param="stop_token_ids", code="invalid_value")
+    if s.truncate_prompt_tokens == 0:
+        raise InvalidArgument("'truncate_prompt_tokens' keeps the prompt's last k tokens: k >= 1, or -1 for as many as "
+                              "the context window allows", param="truncate_prompt_tokens", code="invalid_value")
+    if s.max_tokens and s.min_tokens > s.max_tokens:
+        raise InvalidArgument(f"'min_tokens' ({s.min_tokens}) must be at most max_tokens ({s.max_tokens})",
+                              param="min_tokens", code="invalid_value")
     for name, (lo, hi) in INT_RANGES.items():  # the proto's integer widths: a bigger number is a 400, not a 500
         value = getattr(s, name)
         if value is not None and not lo <= value <= hi:
@@ -168,6 +203,8 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
     check_length(req.model, settings.max_name_chars, param="model")
     check_length(req.session_id, settings.max_name_chars, param="user")  # gRPC: session_id
     check_length(req.knowledge_base, settings.max_name_chars, param="knowledge_base")
+    check_length(req.cache_key, settings.max_name_chars, param="prompt_cache_key")
+    check_length(req.safety_identifier, settings.max_name_chars, param="safety_identifier")
 
 
 @dataclass(frozen=True)
@@ -176,6 +213,12 @@ class Cost:
 
     prompt_tokens: int  # estimated (the worker counts them exactly)
     max_tokens: int
+    fixed_output: bool = False  # the answer runs to max_tokens (ignore_eos): its output is known at admission
+
+    @property
+    def known_tokens(self) -> int:
+        """Tokens known to be used at admission: the prompt's, and the output's when it runs to max_tokens."""
+        return self.prompt_tokens + (self.max_tokens if self.fixed_output else 0)
 
 
 def resolve_cost(req: GenerationRequest, settings: GatewaySettings, *,
@@ -184,6 +227,8 @@ def resolve_cost(req: GenerationRequest, settings: GatewaySettings, *,
     cost. Called once per request, on the final prompt (after RAG)."""
     sampling = req.sampling
     prompt_tokens = estimate_tokens(req.prompt_chars())
+    if sampling.truncate_prompt_tokens is not None and sampling.truncate_prompt_tokens > 0:  # the worker cuts it
+        prompt_tokens = min(prompt_tokens, sampling.truncate_prompt_tokens)
     if sampling.max_tokens >= max_model_len:
         raise InvalidArgument(f"max_tokens ({sampling.max_tokens}) must be below the model's context window "
                               f"({max_model_len} tokens, prompt included)", param="max_tokens",
@@ -191,4 +236,8 @@ def resolve_cost(req: GenerationRequest, settings: GatewaySettings, *,
     if sampling.max_tokens == 0:  # leave room for the prompt
         sampling = replace(sampling, max_tokens=min(settings.default_max_tokens,
                                                     max(max_model_len - prompt_tokens - 16, 1)))
-    return replace(req, sampling=sampling), Cost(prompt_tokens=prompt_tokens, max_tokens=sampling.max_tokens)
+    if sampling.min_tokens > sampling.max_tokens:
+        raise InvalidArgument(f"'min_tokens' ({sampling.min_tokens}) must be at most max_tokens "
+                              f"({sampling.max_tokens}, the default here)", param="min_tokens", code="invalid_value")
+    return replace(req, sampling=sampling), Cost(prompt_tokens=prompt_tokens, max_tokens=sampling.max_tokens,
+                                                 fixed_output=sampling.fixed_length)

@@ -68,8 +68,7 @@ class ResponsesRequest(Body):
                    "reasoning": (None,), "include": (None, []), "truncation": (None, "disabled"),
                    "background": (None, False), "prompt": (None,), "text": (None, {"format": {"type": "text"}}),
                    "top_logprobs": (None, 0), "service_tier": (None, "auto", "default"), "conversation": (None,),
-                   "max_tool_calls": (None,), "prompt_cache_key": (None,), "safety_identifier": (None,),
-                   "stream_options": (None,)}
+                   "max_tool_calls": (None,), "stream_options": (None,)}
     model: str | None = None
     input: str | list[InputMessage]
     instructions: str | None = None
@@ -81,6 +80,8 @@ class ResponsesRequest(Body):
     top_p: float | None = None
     metadata: dict[str, str] | None = Field(None, max_length=16)
     user: str | None = None
+    prompt_cache_key: str | None = None  # placement for prefix reuse, within the tenant (as on chat)
+    safety_identifier: str | None = None  # the end user; logs and traces keep only a hash of it
     # Goodput extensions (with the openai SDK: extra_body={...})
     priority: str | None = None
     knowledge_base: str | None = None
@@ -202,6 +203,7 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
             model=body.model or "", messages=messages, kind="chat", stream=bool(body.stream),
             sampling=Sampling(max_tokens=body.max_output_tokens or 0, temperature=body.temperature, top_p=body.top_p),
             priority=parse_priority(priority) if priority else 0, session_id=body.user or "",
+            cache_key=body.prompt_cache_key or "", safety_identifier=body.safety_identifier or "",
             knowledge_base=(body.knowledge_base or request.headers.get("x-goodput-knowledge-base", "")).strip())
 
         async def parse_request() -> GenerationRequest:
@@ -212,11 +214,13 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
                                                  arrived=arrived,
                                                  cache_control=request.headers.get("cache-control", "")))
         opened = generation.opened
-        rid, item_id, created = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}", int(time.time())
+        # the response's id names its request (as chat's chatcmpl-… does): feedback takes either
+        rid, item_id, created = f"resp_{request_id.removeprefix('req-')}", f"msg_{uuid.uuid4().hex}", int(time.time())
         headers = {"x-request-id": request_id, **opened.rate_limits}
         so_far = turns(body, history=history)  # what a continuation gets, with this response's answer
 
         async def finished(text: str, end: StreamEnd) -> dict[str, Any]:
+            generation.timing()  # the answer's accounting: SLO and goodput, the ladder, its feedback record, a trace
             response = _response(rid, body, opened.model, created, status="completed",
                                  output=[_message_item(item_id, text, "completed")], end=end)
             if body.store is not False:

@@ -5,7 +5,9 @@ gateway's own (knowledge bases, jobs), with OpenAI's error shape: ``{"error": {"
 Every field of OpenAI's schema is either carried through or refused by name: a field the gateway does not
 implement (``functions``, ``audio``, ``modalities``, ...) is a 400 with ``code: unsupported_parameter``
 unless its value asks for nothing (``null``, ``n: 1``); a field OpenAI does not have either is a 400 with the same
-code. Nothing is silently dropped.
+code. Nothing is silently dropped. vLLM's own request fields are treated the same way: its sampling extensions
+(``ignore_eos``, ``min_tokens``, ...) are carried to the engine with vLLM's meaning, the rest (beam search, chat
+template overrides, ...) are accepted only at the value that asks for nothing (:data:`VLLM_NEUTRAL_FIELDS`).
 
 Types are strict (``"10"`` is not an integer, ``1`` is not ``true``); ranges and sizes are the domain's checks
 (:func:`goodput_gateway.requests.validate`), which gRPC requests pass as well.
@@ -17,6 +19,9 @@ Example:
     >>> parse(ChatCompletionRequest, {"messages": [], "audio": {"voice": "alloy"}})
     Traceback (most recent call last):
     goodput_core.errors.InvalidArgument: 'audio' is not supported by this gateway (accepted: null)
+    >>> body = parse(CompletionRequest, {"prompt": "Hi", "max_tokens": 32, "ignore_eos": True, "priority": 0})
+    >>> body.to_request().sampling.fixed_length
+    True
 """
 
 from __future__ import annotations
@@ -41,6 +46,16 @@ __all__ = ["ChatCompletionRequest", "CompletionRequest", "EmbeddingsRequest", "I
 
 UNSUPPORTED = "unsupported_parameter"
 M = TypeVar("M", bound="Body")
+# vLLM's request fields that Goodput does not implement -> the values that ask for nothing (vLLM's defaults): a
+# client of `vllm serve` that sends its defaults explicitly is served; anything else is refused by name.
+VLLM_NEUTRAL_FIELDS: dict[str, tuple[Any, ...]] = {
+    "use_beam_search": (None, False), "length_penalty": (None, 1.0, 1),  # length_penalty is beam search's only
+    "truncation_side": (None, "left"), "allowed_token_ids": (None,), "bad_words": (None, []),
+    "prompt_logprobs": (None,), "return_tokens_as_token_ids": (None, False), "return_token_ids": (None, False),
+    "structured_outputs": (None,), "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
+    "guided_grammar": (None,), "watermarking": (None, False), "kv_transfer_params": (None,),
+    "cache_salt": (None,),  # Goodput salts the prefix cache per tenant itself
+    "vllm_xargs": (None,), "request_id": (None,), "thinking_token_budget": (None,)}
 
 
 class Body(BaseModel):
@@ -207,7 +222,7 @@ class _Generation(Body):
     """What chat and completions share: model, sampling, streaming and the Goodput extensions."""
 
     UNSUPPORTED = {"service_tier": (None, "auto", "default"),
-                   "store": (None, False), "metadata": (None, {})}
+                   "store": (None, False), "metadata": (None, {}), **VLLM_NEUTRAL_FIELDS}
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = None
@@ -222,9 +237,34 @@ class _Generation(Body):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # the session id of session-affine placement
+    prompt_cache_key: str | None = None  # placement for prefix reuse, within the tenant (over `user`)
+    safety_identifier: str | None = None  # the end user; logs and traces keep only a hash of it
+    # vLLM's sampling extensions, with vLLM's meaning (types.proto's SamplingParams says what each does)
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    truncate_prompt_tokens: int | None = None
     # Goodput extensions (with the openai SDK: extra_body={...})
-    priority: str | None = None  # "P0" | "P1" | "P2"; or the X-Goodput-Priority header
+    priority: str | int | None = None  # "P0" | "P1" | "P2"; or the X-Goodput-Priority header (see _classes)
     knowledge_base: str | None = None  # RAG; or the X-Goodput-Knowledge-Base header
+
+    @field_validator("priority")
+    @classmethod
+    def _classes(cls, value: str | int | None) -> str | None:
+        """Goodput's priority is a class. vLLM's integer ``priority`` (an order inside its one queue, default 0)
+        has no such meaning here: its default 0 is taken as unset, any other number is refused by name."""
+        if isinstance(value, int):
+            if value != 0:
+                raise PydanticCustomError(
+                    "unsupported_value", "is a class here, \"P0\", \"P1\" or \"P2\" (vLLM's integer priority is "
+                    "not honoured; its default 0 is accepted as unset)")
+            return None
+        return value
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -243,7 +283,7 @@ class _Generation(Body):
 
     def _common(self, *, header_priority: str | None, header_kb: str | None, max_tokens: int | None,
                 structured: dict[str, Any] | None = None) -> dict[str, Any]:
-        priority_value = self.priority if self.priority is not None else header_priority
+        priority_value = str(self.priority) if self.priority is not None else header_priority
         priority = parse_priority(priority_value) if priority_value is not None else types_pb2.PRIORITY_UNSPECIFIED
         kb = self.knowledge_base if self.knowledge_base is not None else (header_kb or "")
         bias: list[tuple[int, float]] = []
@@ -256,10 +296,17 @@ class _Generation(Body):
                             logit_bias=tuple(sorted(bias)), n=self.n or 1,
                             top_k=self.top_k, stop=tuple(self.stop), seed=self.seed,
                             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                            **(structured or {}))
+                            ignore_eos=bool(self.ignore_eos), min_tokens=self.min_tokens or 0,
+                            repetition_penalty=self.repetition_penalty, min_p=self.min_p,
+                            stop_token_ids=tuple(self.stop_token_ids or ()),
+                            include_stop_str_in_output=bool(self.include_stop_str_in_output),
+                            skip_special_tokens=self.skip_special_tokens,
+                            spaces_between_special_tokens=self.spaces_between_special_tokens,
+                            truncate_prompt_tokens=self.truncate_prompt_tokens, **(structured or {}))
         return {"model": self.model or "", "sampling": sampling, "priority": priority, "stream": bool(self.stream),
                 "include_usage": bool(self.stream_options and self.stream_options.include_usage),
-                "session_id": self.user or "", "knowledge_base": kb.strip()}
+                "session_id": self.user or "", "knowledge_base": kb.strip(), "cache_key": self.prompt_cache_key or "",
+                "safety_identifier": self.safety_identifier or ""}
 
 
 class ChatCompletionRequest(_Generation):
@@ -269,7 +316,11 @@ class ChatCompletionRequest(_Generation):
 
                    "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
                    "reasoning_effort": (None,), "verbosity": (None,), "web_search_options": (None,),
-                   "prompt_cache_key": (None,), "safety_identifier": (None,)}
+                   # vLLM's chat-only fields, at their defaults
+                   "echo": (None, False), "add_generation_prompt": (None, True),
+                   "continue_final_message": (None, False), "add_special_tokens": (None, False),
+                   "documents": (None,), "chat_template": (None,), "chat_template_kwargs": (None, {}),
+                   "mm_processor_kwargs": (None, {}), "media_io_kwargs": (None, {}), "include_reasoning": (None, True)}
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(None, ge=1)
     response_format: ResponseFormat | None = None
@@ -313,7 +364,8 @@ class ChatCompletionRequest(_Generation):
 class CompletionRequest(_Generation):
     """``POST /v1/completions``: one prompt (a string, or an array of one string)."""
 
-    UNSUPPORTED = {**_Generation.UNSUPPORTED, "best_of": (None, 1), "suffix": (None, "")}
+    UNSUPPORTED = {**_Generation.UNSUPPORTED, "best_of": (None, 1), "suffix": (None, ""),
+                   "add_special_tokens": (None, True), "prompt_embeds": (None,)}
     prompt: str
     logprobs: int | None = Field(None, ge=0, le=5)  # the legacy API's: how many top tokens per position
     echo: bool | None = None  # the prompt first, in the text (and, with logprobs, its tokens' logprobs)
@@ -361,6 +413,7 @@ def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
         value = getattr(s, name)
         if value is not None:
             body[name] = value
+    body.update({k: list(v) if isinstance(v, tuple) else v for k, v in s.vllm_extensions().items()})
     if s.logit_bias:
         body["logit_bias"] = {str(t): b for t, b in s.logit_bias}
     if s.n > 1:
@@ -376,6 +429,10 @@ def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body.update({"logprobs": True, "top_logprobs": s.logprobs} if req.kind == "chat" else {"logprobs": s.logprobs})
     if req.session_id:
         body["user"] = req.session_id
+    if req.cache_key:
+        body["prompt_cache_key"] = req.cache_key
+    if req.safety_identifier:
+        body["safety_identifier"] = req.safety_identifier
     if req.knowledge_base:
         body["knowledge_base"] = req.knowledge_base
     return ("chat" if req.kind == "chat" else "completions"), body

@@ -289,6 +289,8 @@ class GatewayService:
         timeout = min(call.timeout_s or cls.deadline_s, self.settings.request_timeout_s)
         deadline = arrived + timeout
         validate(request, self.settings)
+        if request.safety_identifier:  # the end user, as traces keep it: a hash, never the value
+            trace.get_current_span().set_attribute("goodput.safety_id", request.safety_hash(principal.tenant))
         if request.model == AUTO_MODEL and not any(AUTO_MODEL == m.id or AUTO_MODEL in m.aliases
                                                    for m in await self.pipeline.models()):
             request = await self._route_auto(request, cls, timeline)
@@ -325,7 +327,8 @@ class GatewayService:
         started = time.monotonic()
         _, estimate = resolve_cost(request, self.settings, max_model_len=model.max_model_len)
         try:
-            admission = await self.quotas.admit(principal, prompt_tokens=estimate.prompt_tokens, timeout_s=timeout)
+            # an answer that runs to max_tokens (ignore_eos) is counted whole at admission: its size is known
+            admission = await self.quotas.admit(principal, prompt_tokens=estimate.known_tokens, timeout_s=timeout)
         except RateLimited:
             self.meter.record(principal.tenant, model.id, Usage(refused=1))
             raise

@@ -65,7 +65,8 @@ def from_proto(req: gateway_pb2.GenerateRequest, *, stream: bool) -> GenerationR
     return GenerationRequest(model=req.model, messages=messages, prompt=req.prompt,
                              sampling=sampling_from_proto(req.sampling), priority=int(req.priority), stream=stream,
                              session_id=req.session_id, knowledge_base=req.knowledge_base.strip(),
-                             kind="completion" if req.prompt and not req.messages else "chat", tools=tools)
+                             kind="completion" if req.prompt and not req.messages else "chat", tools=tools,
+                             cache_key=req.prompt_cache_key, safety_identifier=req.safety_identifier)
 
 
 def _calls_json(calls: Any) -> str:

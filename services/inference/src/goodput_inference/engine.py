@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from goodput_core.errors import InvalidArgument
 from goodput_core.sampling import Sampling, TokenLogprob
 
 __all__ = ["ChatTurn", "Delta", "Engine", "EngineTiming", "Finished", "GenEvent", "GenRequest", "Load",
-           "ModelDescription", "Sampling", "Started", "ToolCall"]
+           "ModelDescription", "Sampling", "Started", "ToolCall", "truncate"]
 
 
 @dataclass(frozen=True)
@@ -132,3 +133,18 @@ class Engine(Protocol):
         ...
 
     async def shutdown(self) -> None: ...
+
+
+def truncate(ids: list[int], keep: int | None, limit: int) -> list[int]:
+    """The prompt's token ids as vLLM's ``truncate_prompt_tokens`` leaves them: the last ``keep`` (-1: as many as
+    the window allows, ``limit``); a ``keep`` above ``limit`` is refused, as vLLM refuses it.
+
+    >>> truncate([1, 2, 3, 4], 2, 10), truncate([1, 2, 3, 4], -1, 3), truncate([1, 2], None, 1)
+    ([3, 4], [2, 3, 4], [1, 2])
+    """
+    if keep is None:
+        return ids
+    if keep > limit:
+        raise InvalidArgument(f"truncate_prompt_tokens ({keep}) must be at most the prompt limit of {limit} tokens",
+                              param="truncate_prompt_tokens", code="invalid_value")
+    return ids[-(limit if keep == -1 else keep):]

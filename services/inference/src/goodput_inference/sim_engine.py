@@ -66,6 +66,7 @@ from goodput_inference.engine import (
     Load,
     ModelDescription,
     Started,
+    truncate,
 )
 from goodput_inference.tenancy import CacheSalts
 
@@ -220,11 +221,18 @@ class SimEngine:
         if request.sampling.logprobs is not None:  # nor has it any probabilities to report
             raise InvalidArgument("the simulated engine does not implement logprobs", param="logprobs",
                                   code="unsupported_parameter")
+        if request.sampling.stop_token_ids:  # nor token ids: its answer is placeholder text
+            raise InvalidArgument("the simulated engine does not implement stop_token_ids", param="stop_token_ids",
+                                  code="unsupported_parameter")
         if request.tools:  # nor a model that could choose to call a function
             raise InvalidArgument("the simulated engine has no tool-call parser: tool_choice 'auto' is not "
                                   "implemented", param="tool_choice", code="unsupported_value")
         text = self._text(request)
         prompt_tokens = max(1, math.ceil(len(text) / self.params.chars_per_token))
+        if request.sampling.truncate_prompt_tokens is not None:  # the prompt's last tokens, as vLLM keeps them
+            prompt_tokens = len(truncate(list(range(prompt_tokens)), request.sampling.truncate_prompt_tokens,
+                                         self._max_prompt_tokens()))
+            text = text[-math.ceil(prompt_tokens * self.params.chars_per_token):]
         if prompt_tokens > self._max_prompt_tokens():
             raise InvalidArgument(f"prompt has {prompt_tokens} tokens; the limit is {self._max_prompt_tokens()}",
                                   param="messages", code="context_length_exceeded")

@@ -77,7 +77,8 @@ _VLLM_SAMPLING = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "
 # The TensorRT-LLM ensemble's tensors for the same values, and their Triton data types.
 _TRTLLM_SAMPLING = {"temperature": ("temperature", "FP32"), "top_p": ("top_p", "FP32"), "top_k": ("top_k", "INT32"),
                     "seed": ("random_seed", "UINT64"), "presence_penalty": ("presence_penalty", "FP32"),
-                    "frequency_penalty": ("frequency_penalty", "FP32")}
+                    "frequency_penalty": ("frequency_penalty", "FP32"), "min_tokens": ("min_length", "INT32"),
+                    "repetition_penalty": ("repetition_penalty", "FP32")}
 _NP_TYPES = {"BYTES": np.object_, "BOOL": np.bool_, "FP32": np.float32, "INT32": np.int32, "UINT64": np.uint64}
 
 
@@ -408,9 +409,15 @@ class TritonEngine:
 
     def _refuse_unsupported(self, request: GenRequest) -> None:
         s = request.sampling
+        # the prompt goes to Triton as text (the server tokenizes it), so its tokens cannot be cut here
+        extensions = s.vllm_extensions()
+        vllm_only = [] if self.settings.triton_protocol == "vllm" else \
+            [name for name in extensions if name not in _TRTLLM_SAMPLING]
         for refused, param in ((bool(request.tools), "tools"), (s.n > 1, "n"), (s.logprobs is not None, "logprobs"),
                                (s.echo, "echo"), (bool(s.logit_bias), "logit_bias"),
-                               (s.structured, "response_format")):
+                               (s.structured, "response_format"),
+                               (s.truncate_prompt_tokens is not None, "truncate_prompt_tokens"),
+                               *((True, name) for name in vllm_only)):
             if refused:
                 raise InvalidArgument(f"{param} is not supported by model {self.served_model_name!r} (served through "
                                       "Triton)", param=param, code="unsupported_value")
@@ -443,6 +450,7 @@ class TritonEngine:
                 f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the context window of "
                 f"{self._max_model_len} tokens", param="max_tokens", code="context_length_exceeded")
         sampling = {k: getattr(s, k) for k in _VLLM_SAMPLING if getattr(s, k) is not None}
+        sampling.update(s.vllm_extensions())  # vLLM's own (its Triton backend takes them in sampling_parameters)
         tensors = request_inputs(self.settings.triton_protocol, prompt=text, sampling=sampling,
                                  max_tokens=max_tokens, stop=list(s.stop), declared=self._inputs,
                                  batched=self._batched)

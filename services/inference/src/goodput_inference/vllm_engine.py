@@ -38,6 +38,7 @@ from goodput_inference.engine import (
     Load,
     ModelDescription,
     Started,
+    truncate,
 )
 from goodput_inference.gpu import GpuMonitor
 from goodput_inference.tenancy import CacheSalts
@@ -284,6 +285,18 @@ class VllmEngine:
                 kwargs[name] = value
         if s.stop:
             kwargs["stop"] = list(s.stop)
+        # vLLM's own extensions, as its OpenAI server passes them (truncate_prompt_tokens was applied to the prompt)
+        kwargs.update({k: v for k, v in s.vllm_extensions().items() if k != "truncate_prompt_tokens"})
+        if s.min_tokens > max_tokens:
+            raise InvalidArgument(f"min_tokens ({s.min_tokens}) must be at most max_tokens ({max_tokens})",
+                                  param="min_tokens", code="invalid_value")
+        if s.stop_token_ids:
+            vocab = len(self._tokenizer)
+            outside = [t for t in s.stop_token_ids if not 0 <= t < vocab]
+            if outside:
+                raise InvalidArgument(f"stop_token_ids names token {outside[0]}, outside the model's vocabulary of "
+                                      f"{vocab}", param="stop_token_ids", code="invalid_value")
+            kwargs["stop_token_ids"] = list(s.stop_token_ids)
         if s.n > 1:
             kwargs["n"] = s.n
         if s.logprobs is not None:
@@ -335,7 +348,7 @@ class VllmEngine:
 
         entered = time.monotonic()
         reader = self._tool_reader(request)
-        ids = self._prompt_ids(request)
+        ids = truncate(self._prompt_ids(request), request.sampling.truncate_prompt_tokens, self._max_prompt_tokens())
         if len(ids) > self._max_prompt_tokens():
             raise InvalidArgument(
                 f"prompt has {len(ids)} tokens; the limit is {self._max_prompt_tokens()} "

@@ -206,8 +206,9 @@ class LeaseManager:
         started and cut. DeadlineExceeded when it cannot finish in time even alone; ResourceExhausted with a
         retry-after when only the queue ahead of it is in the way."""
         label = priority_name(prio)
-        service = self.predictor.service_s(prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens)
-        tokens = self.predictor.expected_tokens(req.max_tokens)
+        service = self.predictor.service_s(prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
+                                           fixed=req.fixed_output)
+        tokens = self.predictor.expected_tokens(req.max_tokens, fixed=req.fixed_output)
         left = deadline - now
         if service > left:
             self.metrics.shed.labels(label, "predicted_late").inc()

@@ -138,7 +138,7 @@ class LeaseMux:
     def _request(self, lease_id: str, a: scheduler_pb2.Admit) -> PlacementRequest:
         return PlacementRequest(request_id=lease_id, tenant=a.tenant, priority=int(a.priority), model=a.model,
                                 prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
-                                prefix_hint=a.prefix_hint, session_id=a.session_id,
+                                prefix_hint=a.prefix_hint, session_id=a.session_id, fixed_output=a.fixed_output,
                                 tenant_weight=self._parse_weight(a.tenant_weight))
 
     def _attach(self, lease_id: str, a: scheduler_pb2.Attach) -> None:

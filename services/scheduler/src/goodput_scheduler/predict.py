@@ -4,7 +4,8 @@
 Service time = prefill (seconds per prompt token x prompt tokens) + decode (seconds per output token x the tokens
 expected), each an exponentially weighted mean over finished leases (the gateway's release carries the tokens and
 the time to first token; the lease's own duration gives the decode time). The tokens expected are max_tokens, or
-twice the mean answer length seen when that is less (most answers end well before a generous max_tokens). Until a
+twice the mean answer length seen when that is less (most answers end well before a generous max_tokens), except
+for an answer that runs to max_tokens (ignore_eos, as benchmarks ask). Until a
 request has finished, the priors (settings) stand: they are optimistic on purpose (a fast GPU's numbers), so nothing
 is refused for want of data.
 
@@ -14,6 +15,8 @@ is refused for want of data.
     >>> p.observe(prompt_tokens=100, completion_tokens=101, ttft_s=0.05, duration_s=2.05)
     >>> round(p.tpot_s, 4), round(p.prefill_s_per_token, 6), p.expected_tokens(400), p.expected_tokens(100)
     (0.0048, 0.00018, 202, 100)
+    >>> p.expected_tokens(400, fixed=True)  # ignore_eos: the answer runs to max_tokens
+    400
 """
 
 from __future__ import annotations
@@ -50,14 +53,16 @@ class ServiceTimePredictor:
             tpot = max(duration_s - ttft_s, 0.0) / (completion_tokens - 1)
             self.tpot_s += self.alpha * (tpot - self.tpot_s)
 
-    def expected_tokens(self, max_tokens: int) -> int:
-        if not self.observed:
+    def expected_tokens(self, max_tokens: int, *, fixed: bool = False) -> int:
+        """Output tokens to expect of a request: max_tokens when its answer runs to it (``fixed``: ignore_eos)."""
+        if fixed or not self.observed:
             return max(max_tokens, 0)
         return max(min(max_tokens, math.ceil(2 * self.mean_completion)), 0)
 
-    def service_s(self, *, prompt_tokens: int, max_tokens: int) -> float:
+    def service_s(self, *, prompt_tokens: int, max_tokens: int, fixed: bool = False) -> float:
         """Predicted seconds from a grant to the last token."""
-        return self.prefill_s_per_token * max(prompt_tokens, 0) + self.tpot_s * self.expected_tokens(max_tokens)
+        return self.prefill_s_per_token * max(prompt_tokens, 0) + \
+            self.tpot_s * self.expected_tokens(max_tokens, fixed=fixed)
 
 
 class WorkerSpeed:

@@ -133,7 +133,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         queue_deadline = now + a.max_queue_wait_s if a.max_queue_wait_s > 0 else None
         req = PlacementRequest(request_id=a.request_id, tenant=a.tenant, priority=int(a.priority), model=a.model,
                                prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
-                               prefix_hint=a.prefix_hint, session_id=a.session_id,
+                               prefix_hint=a.prefix_hint, session_id=a.session_id, fixed_output=a.fixed_output,
                                tenant_weight=tenant_weight(a.tenant_weight))
         with request_context(request_id=a.request_id, tenant=a.tenant or None):
             ticket = self.leases.enqueue(req, deadline=deadline, queue_deadline=queue_deadline)

@@ -54,6 +54,7 @@ class PlacementRequest:
     prefix_hint: str = ""
     session_id: str = ""
     tenant_weight: float = 1.0  # the tenant's weight in each bounded class queue's fair share (> 0)
+    fixed_output: bool = False  # the answer runs to max_tokens (ignore_eos): its expected output is max_tokens
 
 
 class CycleState:

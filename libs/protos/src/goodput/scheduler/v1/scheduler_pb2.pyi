@@ -41,7 +41,7 @@ class FirstToken(_message.Message):
     def __init__(self, ttft_s: _Optional[float] = ...) -> None: ...
 
 class Admit(_message.Message):
-    __slots__ = ("request_id", "tenant", "priority", "model", "prompt_tokens_estimate", "max_tokens", "prefix_hint", "session_id", "tenant_weight", "max_queue_wait_s")
+    __slots__ = ("request_id", "tenant", "priority", "model", "prompt_tokens_estimate", "max_tokens", "prefix_hint", "session_id", "tenant_weight", "max_queue_wait_s", "fixed_output")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class Admit(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    FIXED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     priority: _types_pb2.Priority
@@ -62,7 +63,8 @@ class Admit(_message.Message):
     session_id: str
     tenant_weight: float
     max_queue_wait_s: float
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., model: _Optional[str] = ..., prompt_tokens_estimate: _Optional[int] = ..., max_tokens: _Optional[int] = ..., prefix_hint: _Optional[str] = ..., session_id: _Optional[str] = ..., tenant_weight: _Optional[float] = ..., max_queue_wait_s: _Optional[float] = ...) -> None: ...
+    fixed_output: bool
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., model: _Optional[str] = ..., prompt_tokens_estimate: _Optional[int] = ..., max_tokens: _Optional[int] = ..., prefix_hint: _Optional[str] = ..., session_id: _Optional[str] = ..., tenant_weight: _Optional[float] = ..., max_queue_wait_s: _Optional[float] = ..., fixed_output: _Optional[bool] = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ("outcome", "prompt_tokens", "completion_tokens", "ttft_s")

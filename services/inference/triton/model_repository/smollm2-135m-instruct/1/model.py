@@ -6,8 +6,8 @@ vLLM (or, through the same text interface, TensorRT-LLM) model alike:
 
 * inputs ``text_input`` (the rendered prompt), optional ``stream``, ``sampling_parameters`` (JSON: ``max_tokens``,
   ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``presence_penalty``, ``frequency_penalty``,
-  ``ignore_eos``), ``exclude_input_in_output`` and the flags ``return_finish_reason``, ``return_num_input_tokens``,
-  ``return_num_output_tokens``;
+  ``ignore_eos``, ``min_tokens``; any other is refused by name), ``exclude_input_in_output`` and the flags
+  ``return_finish_reason``, ``return_num_input_tokens``, ``return_num_output_tokens``;
 * outputs ``text_output`` (streaming: the new text of each response), and when asked ``finish_reason`` (``"None"``
   until the last response, then ``stop`` or ``length``), ``num_input_tokens``, ``num_output_tokens`` (tokens of
   this response).
@@ -41,7 +41,7 @@ import triton_python_backend_utils as pb_utils
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 _SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty",
-                  "frequency_penalty", "ignore_eos"}
+                  "frequency_penalty", "ignore_eos", "min_tokens"}
 _DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default, which its Triton backend inherits
 
 
@@ -154,6 +154,7 @@ class TritonPythonModel:
         stops = [stops] if isinstance(stops, str) else [s for s in stops if s]
         picker = _Picker(sampling, self.defaults)
         ignore_eos = bool(sampling.get("ignore_eos", False))
+        min_tokens = int(sampling.get("min_tokens") or 0)  # EOS cannot end the answer before it
 
         def respond(text: str, tokens: int, reason: str | None, final: bool) -> None:
             tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
@@ -181,7 +182,7 @@ class TritonPythonModel:
                     return
                 logits = out.logits[0, -1].float()
                 token = picker.pick(logits, generated)
-                if token in self.eos_ids and not ignore_eos:
+                if token in self.eos_ids and not ignore_eos and len(generated) >= min_tokens:
                     reason = "stop"
                     break
                 generated.append(token)
