@@ -1,9 +1,12 @@
 """Sampling controls through the unchanged SDK on the real vLLM CPU engine: the same seed gives the same sampled
 text; logit_bias bans the token a greedy answer starts with and forces another; a token id outside the vocabulary
-is refused by name. Token ids come from the served model's own tokenizer (the worker reports its folder)."""
+is refused by name; vLLM's own extensions (``extra_body``) do what they do under ``vllm serve``; OpenAI's
+``prompt_cache_key`` shares a prefix between the users of one tenant and never with another tenant. Token ids come
+from the served model's own tokenizer (the worker reports its folder)."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,7 @@ from transformers import AutoTokenizer
 
 from goodput_cli.supervisor import Platform
 
-from .conftest import model_id
+from .conftest import KEY_P2, model_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -71,3 +74,60 @@ def test_n_gives_that_many_choices_streaming_and_not(client: openai.OpenAI) -> N
     assert sorted(texts) == [0, 1] and sorted(finishes) == [0, 1] and all(texts.values())
     # the same seed: the streamed answers are the non-streamed ones
     assert [texts[0], texts[1]] == [c.message.content for c in resp.choices]
+
+
+NO_STORE = {"Cache-Control": "no-store"}  # past the response cache: every request reaches the engine
+
+
+def test_ignore_eos_gives_exactly_max_tokens_streamed_and_not(client: openai.OpenAI) -> None:
+    short = [{"role": "user", "content": "Reply with just the word yes."}]
+    natural = client.chat.completions.create(model=model_id(client), messages=short, max_tokens=40, temperature=0,
+                                             extra_headers=NO_STORE)
+    assert natural.usage is not None and natural.usage.completion_tokens < 40  # it would stop by itself
+    fixed = client.chat.completions.create(model=model_id(client), messages=short, max_tokens=40, temperature=0,
+                                           extra_headers=NO_STORE, extra_body={"ignore_eos": True})
+    assert fixed.usage is not None and fixed.usage.completion_tokens == 40
+    assert fixed.choices[0].finish_reason == "length"
+    stream = client.completions.create(model=model_id(client), prompt="The sea is", max_tokens=24, temperature=0,
+                                       stream=True, stream_options={"include_usage": True}, extra_headers=NO_STORE,
+                                       extra_body={"ignore_eos": True, "min_tokens": 24})
+    usage = [chunk.usage for chunk in stream if chunk.usage is not None]
+    assert usage and usage[-1].completion_tokens == 24
+
+
+def test_min_tokens_stop_token_ids_and_truncation_act_as_in_vllm(client: openai.OpenAI, tokenizer: Any) -> None:
+    short = [{"role": "user", "content": "Reply with just the word yes."}]
+    longer = client.chat.completions.create(model=model_id(client), messages=short, max_tokens=40, temperature=0,
+                                            extra_headers=NO_STORE, extra_body={"min_tokens": 30})
+    assert longer.usage is not None and longer.usage.completion_tokens >= 30  # EOS held off until then
+    greedy = sample(client, temperature=0, max_tokens=12, extra_headers=NO_STORE).choices[0].message.content
+    ids = tokenizer.encode(greedy, add_special_tokens=False)
+    cut = sample(client, temperature=0, max_tokens=12, extra_headers=NO_STORE,
+                 extra_body={"stop_token_ids": [ids[2]]})
+    assert cut.choices[0].finish_reason == "stop" and len(cut.choices[0].message.content) < len(greedy)
+    kept = client.completions.create(model=model_id(client), prompt="one two three four five " * 20, max_tokens=2,
+                                     temperature=0, extra_headers=NO_STORE, extra_body={"truncate_prompt_tokens": 16})
+    assert kept.usage is not None and kept.usage.prompt_tokens == 16
+    with pytest.raises(openai.BadRequestError) as err:  # a stop id outside the vocabulary: refused by name
+        sample(client, temperature=0, extra_headers=NO_STORE, extra_body={"stop_token_ids": [999_999_999]})
+    assert "stop_token_ids" in str(err.value)
+
+
+def test_prompt_cache_key_shares_a_prefix_within_the_tenant_only(client: openai.OpenAI, platform: Platform) -> None:
+    handbook = f"Handbook {uuid.uuid4().hex}: " + "Every request is admitted, placed, streamed and released. " * 40
+    key = f"handbook-{uuid.uuid4().hex[:8]}"
+
+    def ask(c: openai.OpenAI, user: str, question: str) -> Any:
+        return c.chat.completions.create(
+            model=model_id(c), max_tokens=2, temperature=0, user=user, extra_headers=NO_STORE,
+            messages=[{"role": "system", "content": handbook}, {"role": "user", "content": question}],
+            extra_body={"prompt_cache_key": key})
+
+    first = ask(client, "ann", "What is admitted?")
+    second = ask(client, "bob", "What is streamed?")  # another user of the tenant, the same key: the same worker
+    assert first.usage.prompt_tokens > 300
+    assert second.usage.prompt_tokens_details.cached_tokens > 200
+    other_tenant = openai.OpenAI(base_url=platform.gateway_http + "/v1", api_key=KEY_P2, max_retries=0, timeout=120)
+    theirs = ask(other_tenant, "ann", "What is streamed?")  # the same key and prefix, another tenant
+    assert theirs.usage.prompt_tokens == second.usage.prompt_tokens
+    assert (theirs.usage.prompt_tokens_details.cached_tokens or 0) == 0

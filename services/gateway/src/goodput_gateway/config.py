@@ -73,8 +73,9 @@ class GatewaySettings(ServiceSettings):
     max_message_chars: int = Field(32_768, ge=1, description="Longest single message or prompt, in characters "
                                                              "(the whole prompt is bounded by max_prompt_chars).")
     max_name_chars: int = Field(256, ge=1, description="Longest identifier a caller sends: model, user (the session "
-                                                       "id), knowledge base, message name.")
-    max_stop_sequences: int = Field(4, ge=0, description="Most stop sequences in one request.")
+                                                       "id), prompt_cache_key, safety_identifier, knowledge base, "
+                                                       "message name.")
+    max_stop_sequences: int = Field(4, ge=0, description="Most stop sequences in one request, and most stop_token_ids.")
     max_stop_chars: int = Field(256, ge=1, description="Longest stop sequence, in characters.")
     max_query_chars: int = Field(2000, ge=1, description="Longest search query, in characters (longer is refused; "
                                                          "the RAG query is cut to rag_max_query_chars instead).")
