@@ -214,6 +214,13 @@ async def _first(stream: object) -> object:
     ({"messages": [types_pb2.ChatMessage(role="user", content="x")] * 5}, "messages"),
     ({"messages": [types_pb2.ChatMessage(role="user", content="x" * 101)]}, "messages[0].content"),
     ({"sampling": types_pb2.SamplingParams(stop=["123456789"])}, "stop[0]"),
+    ({"prompt_cache_key": "c" * 33}, "prompt_cache_key"),
+    ({"safety_identifier": "u" * 33}, "safety_identifier"),
+    # vLLM's extensions, bounded on gRPC as on REST
+    ({"sampling": types_pb2.SamplingParams(max_tokens=8, min_tokens=9)}, "min_tokens"),
+    ({"sampling": types_pb2.SamplingParams(stop_token_ids=list(range(9)))}, "stop_token_ids"),
+    ({"sampling": types_pb2.SamplingParams(min_p=2.0)}, "min_p"),
+    ({"sampling": types_pb2.SamplingParams(truncate_prompt_tokens=0)}, "truncate_prompt_tokens"),
 ])
 async def test_grpc_fields_above_their_bounds_are_invalid_argument(stub: gateway_pb2_grpc.GatewayStub,
                                                                    fields: dict[str, object], param: str) -> None:
