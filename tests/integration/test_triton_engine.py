@@ -202,6 +202,17 @@ def test_max_tokens_and_stop_strings(worker: Worker) -> None:
     assert chunks[-1].finished.finish_reason == types_pb2.FINISH_REASON_STOP
 
 
+def test_vllm_extensions_reach_the_model_or_are_refused_by_name(worker: Worker) -> None:
+    # the model would end its answer by itself within 24 tokens: ignore_eos / min_tokens keep it going
+    for sampling in ({"ignore_eos": True}, {"min_tokens": 24}):
+        finished = _generate(worker.address, _chat(QUESTION, max_tokens=24, temperature=0.0, **sampling))[-1]
+        assert finished.finished.usage.completion_tokens == 24, sampling
+    for sampling, param in (({"min_p": 0.1}, "min_p"), ({"truncate_prompt_tokens": 8}, "truncate_prompt_tokens")):
+        with pytest.raises(grpc.RpcError) as err:
+            _generate(worker.address, _chat(QUESTION, max_tokens=4, temperature=0.0, **sampling))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and param in err.value.details()
+
+
 def test_model_info_and_load(worker: Worker) -> None:
     channel, stub = _stub(worker.address)
     with channel:
