@@ -15,7 +15,7 @@ Example:
     >>> v = Sampling(max_tokens=32, ignore_eos=True, min_tokens=8, skip_special_tokens=False, repetition_penalty=1.1)
     >>> sampling_from_proto(sampling_to_proto(v)) == v, v.fixed_length
     (True, True)
-    >>> w = replace(v, stop_token_ids=(2, 7))  # a stop condition may end it before max_tokens
+    >>> w = Sampling(max_tokens=32, ignore_eos=True, stop_token_ids=(2, 7))  # a stop id may end it before
     >>> sampling_from_proto(sampling_to_proto(w)) == w, w.fixed_length
     (True, False)
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from goodput.common.v1 import types_pb2
 

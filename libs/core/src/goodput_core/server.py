@@ -75,7 +75,7 @@ class DrainGate:
         await gate.idle(timeout_s=30)   # True when every request in flight has finished
     """
 
-    PASS = ("/healthz", "/metrics")
+    PASS = ("/healthz", "/health", "/metrics")
 
     def __init__(self, app: Any) -> None:
         self.app = app

@@ -125,9 +125,12 @@ def _directives(cache_control: str) -> set[str]:
 
 
 async def replay(answer: cache_pb2.LookupResponse) -> AsyncIterator[TextDelta | StreamEnd]:
-    """A cached answer as the events of a live one."""
+    """A cached answer as the events of a live one (its tokens counted out in proportion to its text)."""
+    total, done = max(len(answer.text), 1), 0
     for piece in _PIECE.findall(answer.text):
-        yield TextDelta(piece)
+        done += len(piece)
+        yield TextDelta(piece, prompt_tokens=answer.usage.prompt_tokens,
+                        completion_tokens=round(answer.usage.completion_tokens * done / total))
     yield StreamEnd(finish_reason=_FINISH.get(answer.finish_reason, "stop"),
                     prompt_tokens=answer.usage.prompt_tokens, completion_tokens=answer.usage.completion_tokens)
 

@@ -42,6 +42,8 @@ class TextDelta:
     logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.logprobs: the tokens the text came from
     index: int = 0  # with Sampling.n > 1: the answer it belongs to
     prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.echo and logprobs: the prompt's, first delta only
+    prompt_tokens: int = 0  # the request's, once the worker counted them (0: not known)
+    completion_tokens: int = 0  # generated so far, every answer together (vLLM's continuous usage stats)
 
 
 @dataclass(frozen=True)

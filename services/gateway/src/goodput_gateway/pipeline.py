@@ -164,7 +164,8 @@ class GenerationStream:
                     delta = chunk.delta
                     yield TextDelta(delta.text, logprobs_from_proto(delta.logprobs) if delta.logprobs else (),
                                     delta.index,
-                                    logprobs_from_proto(delta.prompt_logprobs) if delta.prompt_logprobs else ())
+                                    logprobs_from_proto(delta.prompt_logprobs) if delta.prompt_logprobs else (),
+                                    prompt_tokens=self._prompt_tokens, completion_tokens=delta.completion_tokens)
                 elif kind == "finished":
                     f = chunk.finished
                     if self._timeline is not None:

@@ -61,6 +61,7 @@ class GenerationRequest:
     priority: int = types_pb2.PRIORITY_UNSPECIFIED  # the caller's ask until the service resolves it against the key
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage on every chunk
     session_id: str = ""
     knowledge_base: str = ""  # RAG: the tenant's knowledge base to ground the answer on; empty = none
     kind: str = "chat"  # "chat" or "completion"

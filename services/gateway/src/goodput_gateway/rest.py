@@ -109,6 +109,7 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
                           "code": "not_found" if err.status_code == 404 else "http_error"}}
         return JSONResponse(body, status_code=err.status_code)
 
+    @app.get("/health")  # vLLM's name for it, which the field's benchmark clients probe first
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
         ok = ready()
@@ -445,7 +446,12 @@ async def _stream_events(generation: Generation, route: str, span: trace.Span) -
                 elif calling_now:
                     held.append(event.text)
                 else:
-                    yield _sse(chunk(event.text, None, logprobs=event.logprobs, index=event.index))
+                    message = chunk(event.text, None, logprobs=event.logprobs, index=event.index)
+                    if opened.request.continuous_usage:  # vLLM's continuous usage stats: the usage so far
+                        message["usage"] = {"prompt_tokens": event.prompt_tokens,
+                                            "completion_tokens": event.completion_tokens,
+                                            "total_tokens": event.prompt_tokens + event.completion_tokens}
+                    yield _sse(message)
                 sent[event.index] += len(event.text)
             else:
                 finish = event.finish_reason

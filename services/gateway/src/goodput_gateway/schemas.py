@@ -125,6 +125,7 @@ def _invalid(err: ValidationError) -> InvalidArgument:
 class StreamOptions(Body):
     UNSUPPORTED = {"include_obfuscation": (None, False)}
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM's: with include_usage, the usage so far on every chunk
 
 
 class FunctionCall(Body):
@@ -305,6 +306,8 @@ class _Generation(Body):
                             truncate_prompt_tokens=self.truncate_prompt_tokens, **(structured or {}))
         return {"model": self.model or "", "sampling": sampling, "priority": priority, "stream": bool(self.stream),
                 "include_usage": bool(self.stream_options and self.stream_options.include_usage),
+                "continuous_usage": bool(self.stream_options and self.stream_options.include_usage
+                                         and self.stream_options.continuous_usage_stats),
                 "session_id": self.user or "", "knowledge_base": kb.strip(), "cache_key": self.prompt_cache_key or "",
                 "safety_identifier": self.safety_identifier or ""}
 
