@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+PEERS_ARGS ?=
 # Every lib's and service's folder: its tests/ and, as doctests (--doctest-modules in pyproject.toml), the examples
 # in its src/ docstrings; loadtests/ likewise (its tests/ and its modules' examples); chaos/: the chaos suite's short
 # mode (chaos/tests, marked integration: a few minutes, the whole platform on the simulated engine) and its examples.
@@ -12,7 +13,7 @@ empty :=
 space := $(empty) $(empty)
 PACKAGES = $(notdir $(filter-out %.egg-info,$(wildcard libs/*/src/goodput_* services/*/src/goodput_*)))
 
-.PHONY: install protos docs run test test-unit lint chaos bench litellm clean
+.PHONY: install protos docs run test test-unit lint chaos bench litellm peers clean
 
 install:  ## virtualenv, pinned dependencies, vLLM (CPU), the dev model, editable packages; near-instant when done
 	VENV=$(VENV) scripts/install.sh
@@ -45,6 +46,10 @@ bench: install  ## gateway/scheduler overhead benchmark (reports numbers, does n
 
 litellm:  ## the LiteLLM proxy's own venv (.tools/litellm-venv) for `python -m loadtests.overhead --litellm` and its test
 	scripts/install-litellm.sh
+
+peers: install  ## inference-perf, aiperf and guidellm (own venvs, .tools/peers) unchanged against `goodput up`: loadtests/out/peers/peers.{json,md}
+	scripts/install-peers.sh
+	$(PY) -m loadtests.peers $(PEERS_ARGS)
 
 clean:  ## removes the local platform's state (.goodput/: logs, dev key); stops nothing
 	rm -rf .goodput
