@@ -83,19 +83,21 @@ class GenerationRequest:
         >>> GenerationRequest().affinity("acme")
         ''
         """
-        key = self.cache_key or self.session_id
-        return hashlib.sha256(f"{tenant}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()[:32] if key else ""
+        return _tenant_digest(tenant, self.cache_key or self.session_id, 32)
 
     def safety_hash(self, tenant: str) -> str:
         """The safety_identifier as logs and traces keep it: a hash with the tenant, never the value."""
-        if not self.safety_identifier:
-            return ""
-        return hashlib.sha256(f"{tenant}\0{self.safety_identifier}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        return _tenant_digest(tenant, self.safety_identifier, 16)
 
     def prefix_hint(self, limit: int = 512) -> str:
         """The start of the prompt (system prompt first) for prefix-affinity placement."""
         text = "".join(f"{m.role}:{m.content}\n" for m in self.messages) if self.messages else self.prompt
         return text[:limit]
+
+
+def _tenant_digest(tenant: str, value: str, length: int) -> str:
+    """``value`` as a hash scoped to ``tenant`` (hex, ``length`` digits); empty for an empty value."""
+    return hashlib.sha256(f"{tenant}\0{value}".encode("utf-8", "surrogatepass")).hexdigest()[:length] if value else ""
 
 
 def estimate_tokens(chars: int) -> int:

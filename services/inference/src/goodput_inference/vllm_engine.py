@@ -287,16 +287,8 @@ class VllmEngine:
             kwargs["stop"] = list(s.stop)
         # vLLM's own extensions, as its OpenAI server passes them (truncate_prompt_tokens was applied to the prompt)
         kwargs.update({k: v for k, v in s.vllm_extensions().items() if k != "truncate_prompt_tokens"})
-        if s.min_tokens > max_tokens:
-            raise InvalidArgument(f"min_tokens ({s.min_tokens}) must be at most max_tokens ({max_tokens})",
-                                  param="min_tokens", code="invalid_value")
         if s.stop_token_ids:
-            vocab = len(self._tokenizer)
-            outside = [t for t in s.stop_token_ids if not 0 <= t < vocab]
-            if outside:
-                raise InvalidArgument(f"stop_token_ids names token {outside[0]}, outside the model's vocabulary of "
-                                      f"{vocab}", param="stop_token_ids", code="invalid_value")
-            kwargs["stop_token_ids"] = list(s.stop_token_ids)
+            kwargs["stop_token_ids"] = self._in_vocabulary(list(s.stop_token_ids), "stop_token_ids")
         if s.n > 1:
             kwargs["n"] = s.n
         if s.logprobs is not None:
@@ -304,11 +296,7 @@ class VllmEngine:
             if s.echo:
                 kwargs["prompt_logprobs"] = s.logprobs
         if s.logit_bias:
-            vocab = len(self._tokenizer)
-            outside = [t for t, _ in s.logit_bias if not 0 <= t < vocab]
-            if outside:
-                raise InvalidArgument(f"logit_bias names token {outside[0]}, outside the model's vocabulary of "
-                                      f"{vocab}", param="logit_bias", code="invalid_value")
+            self._in_vocabulary([t for t, _ in s.logit_bias], "logit_bias")
             kwargs["logit_bias"] = dict(s.logit_bias)
         if s.structured:  # constrained decoding by the engine's structured-output backend (xgrammar by default)
             from vllm.sampling_params import StructuredOutputsParams
@@ -319,6 +307,15 @@ class VllmEngine:
             return SamplingParams(**kwargs)
         except (ValueError, TypeError) as err:
             raise InvalidArgument(f"invalid sampling parameters: {err}", param="sampling") from None
+
+    def _in_vocabulary(self, ids: list[int], param: str) -> list[int]:
+        """``ids``, each a token of the model's vocabulary; InvalidArgument naming ``param`` otherwise."""
+        vocab = len(self._tokenizer)
+        outside = [t for t in ids if not 0 <= t < vocab]
+        if outside:
+            raise InvalidArgument(f"{param} names token {outside[0]}, outside the model's vocabulary of {vocab}",
+                                  param=param, code="invalid_value")
+        return ids
 
     def _tool_reader(self, request: GenRequest) -> ToolReader | None:
         """tool_choice auto: a reader of the answer with the model's tool-call parser; refused without one."""
