@@ -356,7 +356,7 @@ def test_celery_workers_run_their_app_and_serve_metrics_on_the_probed_port(chart
     deploys = by_kind(docs, "Deployment")
     # component: (Celery app, env prefix, setting of the metrics port)
     workers = {"indexing-worker": ("goodput_embedder.jobs", "GOODPUT_EMBEDDER_", "WORKER_HTTP_PORT"),
-               "jobs-worker": ("goodput_gateway.jobs", "GOODPUT_GATEWAY_", "JOBS_WORKER_HTTP_PORT")}
+               "jobs-worker": ("goodput_gateway.worker", "GOODPUT_GATEWAY_", "JOBS_WORKER_HTTP_PORT")}
     for component, (app, prefix, port_setting) in workers.items():
         (c,) = deploys[component]["spec"]["template"]["spec"]["containers"]
         assert c["command"][:4] == ["celery", "-A", app, "worker"], component

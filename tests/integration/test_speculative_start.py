@@ -24,7 +24,8 @@ from goodput_testing import async_wait_until, free_port, sim_worker_env
 
 from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta
+from goodput_gateway.events import StreamEnd, TextDelta
+from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipeline import Pipeline
 from goodput_gateway.requests import Cost, GenerationRequest, Message
 

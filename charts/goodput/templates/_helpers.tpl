@@ -112,7 +112,7 @@ jobsWorker:
   grpcPort: 0
   httpPort: 9107
   httpPortSetting: JOBS_WORKER_HTTP_PORT
-  celery: {app: goodput_gateway.jobs, queueSetting: JOBS_QUEUE}
+  celery: {app: goodput_gateway.worker, queueSetting: JOBS_QUEUE}
   ingressFrom: []
   {{- /* A job runs through the gateway's own pipeline, so it calls what the gateway calls. */}}
   egressTo: [scheduler, inference, cache, retriever, embedder]

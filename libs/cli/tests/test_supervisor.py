@@ -41,7 +41,7 @@ def test_each_service_gets_its_ports_and_peers(tmp_path, monkeypatch):
     assert list(specs) == ["worker-0", "worker-1", "scheduler", "embedder", "retriever", "index-worker", "cache",
                            "jobs-worker", "gateway"]
     jobs = specs["jobs-worker"]
-    assert jobs.argv[1:5] == ["-m", "celery", "-A", "goodput_gateway.jobs"] and "goodput-jobs" in jobs.argv
+    assert jobs.argv[1:5] == ["-m", "celery", "-A", "goodput_gateway.worker"] and "goodput-jobs" in jobs.argv
     assert jobs.env["GOODPUT_GATEWAY_REDIS_URL"] == specs["gateway"].env["GOODPUT_GATEWAY_REDIS_URL"]
     assert jobs.env["GOODPUT_GATEWAY_JOBS_WORKER_HTTP_PORT"] == "9207"  # /metrics, shifted like every port
     assert specs["cache"].env["GOODPUT_CACHE_GRPC_PORT"] == "50155"

@@ -25,7 +25,7 @@ from goodput_gateway.__main__ import build
 from goodput_gateway.auth import Principal
 from goodput_gateway.caching import GatewayCache
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.metrics import StreamEnd, TextDelta
+from goodput_gateway.events import StreamEnd, TextDelta
 from goodput_gateway.pipeline import ModelEntry, Pipeline
 from goodput_gateway.schemas import ChatCompletionRequest, parse
 

@@ -86,7 +86,7 @@ class Procs:
         self.stop("scheduler")
 
     def start_celery(self) -> None:
-        self.spawn("celery", ["-m", "celery", "-A", "goodput_gateway.jobs", "worker", "-Q",
+        self.spawn("celery", ["-m", "celery", "-A", "goodput_gateway.worker", "worker", "-Q",
                               self.jobs_env["GOODPUT_GATEWAY_JOBS_QUEUE"], "--pool=solo", "--without-gossip",
                               "--without-mingle", "--without-heartbeat", "-l", "WARNING"], self.jobs_env)
 

@@ -20,7 +20,7 @@ from goodput_core.errors import ResourceExhausted
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.jobs.store import STATES, TERMINAL, Job, JobQueue
-from goodput_gateway.jobs.worker import Sweeper, run_job
+from goodput_gateway.worker import Sweeper, run_job
 
 LEASE_S = 0.4
 LOST_AFTER_S = 30.0  # the sweeps below pass ``now`` to look past it

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from goodput_gateway.responses import _event
-from goodput_gateway.rest import _sse
+from goodput_gateway.wire import sse as _sse
 
 PAYLOADS = [
     {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1733390000, "model": "m",

@@ -18,7 +18,7 @@ from goodput_contracts.trace import TraceRecord, read_trace
 
 from goodput_gateway.__main__ import build
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.metrics import StreamEnd, TextDelta
+from goodput_gateway.events import StreamEnd, TextDelta
 from goodput_gateway.pipeline import ModelEntry, StreamStart
 from goodput_gateway.timing import Timeline
 from goodput_gateway.trace_recorder import TraceRecorder

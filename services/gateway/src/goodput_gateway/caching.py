@@ -69,7 +69,7 @@ from goodput_core.sampling import sampling_to_proto
 
 from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.metrics import StreamEnd, TextDelta
+from goodput_gateway.events import FINISH_PB, StreamEnd, TextDelta, finish_reason
 from goodput_gateway.pipeline import ModelEntry
 from goodput_gateway.rag import Source
 from goodput_gateway.requests import GenerationRequest
@@ -79,8 +79,6 @@ __all__ = ["CACHE_HEADER", "CacheStatus", "GatewayCache", "replay", "sources_of"
 
 log = logging.getLogger("goodput.gateway.cache")
 CACHE_HEADER = "X-Goodput-Cache"
-_FINISH = {types_pb2.FINISH_REASON_STOP: "stop", types_pb2.FINISH_REASON_LENGTH: "length"}
-_FINISH_PB = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REASON_LENGTH}
 # Replay granularity: a word with its leading whitespace, about what a worker's delta carries.
 _PIECE = re.compile(r"\s*\S+|\s+$")
 
@@ -131,7 +129,7 @@ async def replay(answer: cache_pb2.LookupResponse) -> AsyncIterator[TextDelta | 
         done += len(piece)
         yield TextDelta(piece, prompt_tokens=answer.usage.prompt_tokens,
                         completion_tokens=round(answer.usage.completion_tokens * done / total))
-    yield StreamEnd(finish_reason=_FINISH.get(answer.finish_reason, "stop"),
+    yield StreamEnd(finish_reason=finish_reason(answer.finish_reason),
                     prompt_tokens=answer.usage.prompt_tokens, completion_tokens=answer.usage.completion_tokens)
 
 
@@ -216,13 +214,13 @@ class GatewayCache:
         async for event in events:
             if isinstance(event, TextDelta):
                 parts.append(event.text)
-            elif event.finish_reason in _FINISH_PB:
+            elif event.finish_reason in ("stop", "length"):  # an aborted answer is not stored
                 self._store_later(status.key, "".join(parts), event, sources)
             yield event
 
     def _store_later(self, key: cache_pb2.CacheKeyParts, text: str, end: StreamEnd, sources: list[Source]) -> None:
         store = cache_pb2.StoreRequest(
-            key=key, text=text, finish_reason=_FINISH_PB[end.finish_reason],
+            key=key, text=text, finish_reason=FINISH_PB[end.finish_reason],
             usage=types_pb2.Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens,
                                   total_tokens=end.prompt_tokens + end.completion_tokens),
             sources=[cache_pb2.CachedSource(chunk_id=s.chunk_id, document_id=s.document_id, score=s.score,

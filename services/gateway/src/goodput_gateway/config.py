@@ -209,7 +209,7 @@ class GatewaySettings(ServiceSettings):
     redis_url: str = Field("", description="Redis for deferred jobs (store and Celery broker); empty = jobs off: "
                                            "shed P2 requests get their 429 and are not parked.")
     jobs_queue: str = Field("goodput-jobs", description="Celery queue of the job workers "
-                                                        "(`celery -A goodput_gateway.jobs worker -Q <queue>`).")
+                                                        "(`celery -A goodput_gateway.worker worker -Q <queue>`).")
     jobs_prefix: str = Field("goodput:jobs", description="Prefix of the jobs' Redis keys.")
     jobs_worker_http_port: int = Field(9107, ge=0, le=65535, description="/metrics (and the probes' /healthz) of a "
                                                                         "Celery jobs worker (0 = none).")

@@ -23,37 +23,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from goodput_core.metrics import LATENCY_BUCKETS
-from goodput_core.sampling import TokenLogprob
 
-__all__ = ["GatewayMetrics", "StreamEnd", "TextDelta", "timed"]
+from goodput_gateway.events import StreamEnd, TextDelta
+
+__all__ = ["GatewayMetrics", "timed"]
 
 ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    text: str
-    logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.logprobs: the tokens the text came from
-    index: int = 0  # with Sampling.n > 1: the answer it belongs to
-    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.echo and logprobs: the prompt's, first delta only
-    prompt_tokens: int = 0  # the request's, once the worker counted them (0: not known)
-    completion_tokens: int = 0  # generated so far, every answer together (vLLM's continuous usage stats)
-
-
-@dataclass(frozen=True)
-class StreamEnd:
-    finish_reason: str  # "stop", "length" or "abort"
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0  # of prompt_tokens, from the engine's prefix cache
-    finish_reasons: tuple[str, ...] = ()  # with Sampling.n > 1: each answer's, by index
-    tool_calls: tuple[dict[str, Any], ...] = ()  # tool_choice auto: the calls the worker's parser read (OpenAI's)
 
 
 class GatewayMetrics:

@@ -33,11 +33,11 @@ from goodput_core.priority import parse_priority
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.encoding import dumps
-from goodput_gateway.metrics import StreamEnd, TextDelta
+from goodput_gateway.events import StreamEnd, TextDelta
+from goodput_gateway.generation import Call
 from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message, Sampling
 from goodput_gateway.resume import LAST_EVENT_ID, STREAM_HEADER, StreamBuffer, resume_response, sse_events
 from goodput_gateway.schemas import Body, parse
-from goodput_gateway.service import Call
 
 __all__ = ["ResponseStore", "ResponsesRequest", "conversation", "install_routes", "turns"]
 

@@ -79,6 +79,7 @@ from goodput_core.errors import (
 )
 
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.events import SSE_HEADERS
 
 __all__ = ["LAST_EVENT_ID", "STREAM_HEADER", "Frame", "StreamBuffer", "StreamGone", "install_routes",
            "parse_last_event_id", "resume_response", "sse_events"]
@@ -87,7 +88,6 @@ log = logging.getLogger("goodput.gateway.resume")
 
 LAST_EVENT_ID = "last-event-id"
 STREAM_HEADER = "X-Goodput-Stream-Id"
-SSE_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 _STREAM_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _MAX_SEQ = 10**12
 # A stream id not (yet) in Redis is looked for this long (at least four flushes) before it is answered 404: the replica

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
-from types import TracebackType
+from dataclasses import dataclass, replace
 
 from opentelemetry import trace
 
@@ -37,19 +36,20 @@ from goodput_core.errors import (
     Unimplemented,
 )
 from goodput_core.priority import priority_name
-from goodput_core.sampling import TokenLogprob
 
 from goodput_gateway.auth import ApiKeyStore, Principal
 from goodput_gateway.autoroute import AUTO_MODEL
 from goodput_gateway.caching import CacheStatus, GatewayCache, replay, sources_of
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.events import StreamEnd, TextDelta
 from goodput_gateway.feedback import FeedbackStore
+from goodput_gateway.generation import Call, Generation, Opened
 from goodput_gateway.jobs.parking import park
 from goodput_gateway.jobs.store import JobQueue
 from goodput_gateway.knowledge import Knowledge
 from goodput_gateway.ladder import Ladder
 from goodput_gateway.metering import Meter, Usage
-from goodput_gateway.metrics import GatewayMetrics, StreamEnd, TextDelta, timed
+from goodput_gateway.metrics import GatewayMetrics, timed
 from goodput_gateway.pipeline import ModelEntry, Pipeline
 from goodput_gateway.profile import ClassProfile, Deadline
 from goodput_gateway.quotas import Admission, Quotas, RateLimited
@@ -59,104 +59,12 @@ from goodput_gateway.timing import Timeline, TimingMetrics
 from goodput_gateway.tools import apply_tools, auto
 from goodput_gateway.trace_recorder import TraceRecorder
 
-__all__ = ["Call", "Generation", "GatewayService", "Opened"]
+__all__ = ["GatewayService"]
 
 _tracer = trace.get_tracer("goodput.gateway")
 log = logging.getLogger("goodput.gateway")
 # Stages the ladder's steps relieve: one over budget counts as a miss for the ladder, like a missed SLO.
 _LADDER_STAGES = {"cache_lookup", "retrieval", "queue_wait", "prefill"}
-
-
-@dataclass(frozen=True)
-class Call:
-    """One generation call as an API hands it over."""
-
-    parse: Callable[[], Awaitable[GenerationRequest]]  # the wire format to a request; runs after authentication
-    authorization: str | None = None  # "Bearer <key>"
-    principal: Principal | None = None  # already authenticated instead (a parked job runs as its tenant)
-    request_id: str = ""
-    arrived: float = 0.0  # time.monotonic() at arrival; 0 = now
-    timeout_s: float | None = None  # the caller's deadline, if shorter than request_timeout_s
-    cache_control: str = ""  # "no-cache" (skip the lookup), "no-store" (skip lookup and store)
-
-
-@dataclass(frozen=True)
-class Opened:
-    """The first event of a generation: what the caller needs before the first token."""
-
-    request_id: str
-    tenant: str
-    priority: int  # resolved against the API key
-    model: str
-    worker_id: str  # "cache" for a cached answer
-    request: GenerationRequest  # as the caller sent it (stream, include_usage, kind)
-    sources: list[Source]  # RAG: the chunks put in the prompt
-    cache: CacheStatus | None  # what the response cache did; None without a cache
-    rate_limits: dict[str, str] = field(default_factory=dict)  # OpenAI's x-ratelimit-* values at admission
-    timeline: Timeline | None = None  # where the time went (goodput_gateway.timing); finished by the API layer
-    profile: ClassProfile | None = None  # the class's budgets and SLO (goodput_gateway.profile)
-
-
-class Generation:
-    """An opened generation: ``opened``, then its events. Always closed (``async with`` or :meth:`aclose`):
-    closing stops the worker call and releases the lease."""
-
-    def __init__(self, opened: Opened, events: AsyncGenerator[Opened | TextDelta | StreamEnd, None], *,
-                 on_timing: Callable[[Opened, Timeline, StreamEnd | None], None] | None = None) -> None:
-        self.opened = opened
-        self._events = events
-        self._on_timing = on_timing
-        self.end: StreamEnd | None = None  # the final event, once it has passed
-        self.logprobs: list[TokenLogprob] = []  # filled by collect(): the first answer's tokens
-        self.answers: dict[int, tuple[list[str], list[TokenLogprob]]] = {}  # collect(): every answer's, by index
-        self.prompt_logprobs: list[TokenLogprob] = []  # collect(), with echo and logprobs: the prompt's tokens
-
-    async def __aiter__(self) -> AsyncGenerator[TextDelta | StreamEnd, None]:
-        async for event in self._events:
-            assert not isinstance(event, Opened)
-            if isinstance(event, StreamEnd):
-                self.end = event
-            yield event
-
-    async def collect(self) -> tuple[str, StreamEnd]:
-        """The whole answer (for non-streaming callers): its text and its final event; its tokens' log
-        probabilities (when asked for) in :attr:`logprobs`."""
-        parts: list[str] = []
-        end: StreamEnd | None = None
-        async for event in self:
-            if isinstance(event, TextDelta):
-                self.prompt_logprobs.extend(event.prompt_logprobs)
-                texts, logprobs = self.answers.setdefault(event.index, ([], []))
-                texts.append(event.text)
-                logprobs.extend(event.logprobs)
-                if event.index == 0:
-                    parts.append(event.text)
-                    self.logprobs.extend(event.logprobs)
-            else:
-                end = event
-        if end is None:
-            raise Unavailable("the stream ended without a finish")
-        return "".join(parts), end
-
-    async def aclose(self) -> None:
-        await self._events.aclose()
-
-    def timing(self) -> Timeline | None:
-        """The request's breakdown, its post-processing ended now; recorded (metrics, spans) on the first call."""
-        t = self.opened.timeline
-        if t is None or self._on_timing is None:
-            return t
-        if not any(stage == "post_processing" for stage, _ in t.marks):
-            t.mark("post_processing")
-            self._on_timing(self.opened, t, self.end)
-        return t
-
-    async def __aenter__(self) -> Generation:
-        return self
-
-    async def __aexit__(self, kind: type[BaseException] | None, err: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.aclose()
 
 
 @dataclass

@@ -23,19 +23,18 @@ from goodput_core.errors import GoodputError, InvalidArgument
 from goodput_core.priority import priority_name
 from goodput_core.sampling import logprobs_to_proto, sampling_from_proto
 
+from goodput_gateway.events import FINISH_PB, StreamEnd, TextDelta
+from goodput_gateway.generation import Call, Generation, Opened
 from goodput_gateway.knowledge import grpc_embed, grpc_index, grpc_search
-from goodput_gateway.metrics import StreamEnd, TextDelta
 from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message
 from goodput_gateway.resume import StreamBuffer
-from goodput_gateway.service import Call, GatewayService, Generation, Opened
+from goodput_gateway.service import GatewayService
 from goodput_gateway.tools import resolve, tool_calls
 
 __all__ = ["GatewayServicer", "from_proto"]
 
 TIMING_KEY = "goodput-timing"
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_FINISH = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REASON_LENGTH,
-           "abort": types_pb2.FINISH_REASON_ABORT}
 
 
 def from_proto(req: gateway_pb2.GenerateRequest, *, stream: bool) -> GenerationRequest:
@@ -215,7 +214,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                     context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *metadata,
                                                    (TIMING_KEY, timeline.server_timing())))
                 yield gateway_pb2.GenerateStreamResponse(end=gateway_pb2.StreamEnd(
-                    finish_reason=_FINISH[event.finish_reason], usage=_usage(event),
+                    finish_reason=FINISH_PB[event.finish_reason], usage=_usage(event),
                     tool_calls=_tool_calls(opened, "".join(parts), event)))
 
     async def ResumeStream(self, request: gateway_pb2.ResumeStreamRequest,
@@ -253,7 +252,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id), *metadata,
                                                (TIMING_KEY, timeline.server_timing())))
             return gateway_pb2.GenerateResponse(request_id=request_id, model=opened.model, text=text,
-                                                finish_reason=_FINISH[end.finish_reason], usage=_usage(end),
+                                                finish_reason=FINISH_PB[end.finish_reason], usage=_usage(end),
                                                 cache=_cache_info(opened), sources=_sources(opened),
                                                 logprobs=logprobs_to_proto(generation.logprobs),
                                                 tool_calls=_tool_calls(opened, text, end),

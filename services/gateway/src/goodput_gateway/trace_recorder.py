@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -36,11 +36,9 @@ from goodput_contracts.trace import TraceRecord, tenant_hash
 from goodput_core.priority import priority_name
 
 from goodput_gateway.config import GatewaySettings
-
-if TYPE_CHECKING:
-    from goodput_gateway.metrics import StreamEnd
-    from goodput_gateway.service import Opened
-    from goodput_gateway.timing import Timeline
+from goodput_gateway.events import StreamEnd
+from goodput_gateway.generation import Opened
+from goodput_gateway.timing import Timeline
 
 __all__ = ["TraceRecorder", "answer_record"]
 

@@ -3,7 +3,7 @@
 * **Park.** A P2 request the scheduler sheds (RESOURCE_EXHAUSTED, queue full or overloaded) is stored as a job in
   Redis and the caller gets its 429 with ``Retry-After`` plus an ``X-Goodput-Job-Id`` header (and ``job_id`` in the
   error body). ``POST /v1/jobs`` submits batch work directly the same way.
-* **Retry.** A Celery task (``celery -A goodput_gateway.jobs worker -Q goodput-jobs``, Redis broker) runs the job
+* **Retry.** A Celery task (``celery -A goodput_gateway.worker worker -Q goodput-jobs``, Redis broker) runs the job
   through the gateway's own pipeline (lease -> worker -> release) at P2. Shed again, or the scheduler unreachable
   (restarting), it is re-parked with :func:`retry_delay` — the scheduler's retry-after (from its drain rate) or an
   exponential backoff, whichever is longer, with jitter — until it completes or its deadline passes.
@@ -21,27 +21,15 @@ A worker serves ``/metrics`` (any other path answers the same, so it doubles as 
 ``jobs_worker_http_port`` once it is ready: jobs by state, attempts, messages and recoveries, all read from Redis,
 so they cover every worker process (the prefork children run the tasks, the parent serves the metrics and sweeps).
 
-The package: :mod:`.store` (jobs in Redis, the retry policy), :mod:`.parking` (a shed request becomes a job),
-:mod:`.worker` (the Celery app and task, running jobs through the gateway's own composition root; the sweeper) and
+The package: :mod:`.store` (jobs in Redis, the retry policy, the Celery client), :mod:`.parking` (a shed request
+becomes a job), :mod:`.batches` and :mod:`.batch_routes` (OpenAI's Files and Batch APIs) and
 :mod:`.routes` (``POST /v1/jobs``, ``GET /v1/jobs/{id}``).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from goodput_gateway.jobs.parking import Parked, park
 from goodput_gateway.jobs.store import JOB_HEADER, JOB_ID_KEY, STATES, Job, JobQueue, JobsMetrics, retry_delay
 
 __all__ = ["JOB_HEADER", "JOB_ID_KEY", "STATES", "Job", "JobQueue", "JobsMetrics", "Parked", "park", "retry_delay"]
 
-
-def __getattr__(name: str) -> Any:
-    """``celery -A goodput_gateway.jobs worker -Q goodput-jobs`` finds ``app`` here (settings from the
-    environment); a lazy attribute, so importing this package builds no Celery app."""
-    if name in ("app", "celery"):
-        from goodput_gateway.config import GatewaySettings
-        from goodput_gateway.jobs.worker import celery_app
-
-        return celery_app(GatewaySettings())
-    raise AttributeError(name)

@@ -1,4 +1,5 @@
-"""The jobs worker: ``celery -A goodput_gateway.jobs worker -Q goodput-jobs`` runs each job through the gateway's
+"""The jobs worker, the gateway's second entry point beside :mod:`goodput_gateway.__main__`:
+``celery -A goodput_gateway.worker worker -Q goodput-jobs`` runs each job through the gateway's
 own composition root (:func:`goodput_gateway.__main__.compose`, built once per worker process on one event loop
 that lives as long as the process) at P2, as the tenant that submitted it.
 
@@ -22,17 +23,27 @@ import random
 import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from goodput.common.v1 import types_pb2
 from prometheus_client import CollectorRegistry
 
 from goodput_core.errors import GoodputError
 
-from goodput_gateway.jobs.store import RETRYABLE, Job, JobQueue, JobsMetrics, celery_send, retry_delay
-
-if TYPE_CHECKING:
-    from goodput_gateway.__main__ import Wiring
+from goodput_gateway.__main__ import Wiring, compose
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.generation import Call
+from goodput_gateway.jobs.store import (
+    RETRYABLE,
+    Job,
+    JobQueue,
+    JobsMetrics,
+    celery_client,
+    celery_send,
+    retry_delay,
+)
+from goodput_gateway.schemas import ChatCompletionRequest, CompletionRequest, parse
+from goodput_gateway.wire import completion_body
 
 __all__ = ["Heartbeat", "JobRunner", "Sweeper", "celery_app", "run_job", "serve_metrics"]
 
@@ -52,14 +63,8 @@ class JobRunner:
         return self._loop.run(self._execute(job))
 
     async def _execute(self, job: Job) -> dict[str, Any]:
-        from goodput_gateway.rest import completion_body
-        from goodput_gateway.schemas import ChatCompletionRequest, CompletionRequest, parse
-        from goodput_gateway.service import Call
-
-        if self._wiring is None:
-            from goodput_gateway.__main__ import compose
-
-            self._wiring = compose(self.settings, CollectorRegistry(), None)
+        if self._wiring is None:  # the gateway's metrics of the answers (SLO, goodput...) on this worker's /metrics
+            self._wiring = compose(self.settings, REGISTRY, None)
         p2 = types_pb2.PRIORITY_P2
         schema = ChatCompletionRequest if job.route == "chat" else CompletionRequest
 
@@ -188,24 +193,26 @@ class Sweeper:
 
 # ---- Celery ----------------------------------------------------------------------------------------------------
 
-_apps: dict[tuple[str, str], Any] = {}
+REGISTRY = CollectorRegistry()  # this process's metrics: the jobs' (from Redis) and the gateway's of their answers
+_registered: set[int] = set()
 
 
 def celery_app(settings: Any) -> Any:
-    """The Celery app for these settings (Redis broker; one per broker URL and queue in a process)."""
-    key = (settings.redis_url, settings.jobs_queue)
-    app = _apps.get(key)
-    if app is None:
-        from celery import Celery  # lazy: only processes that park or run jobs need Celery
-
-        app = Celery("goodput_gateway.jobs", broker=settings.redis_url)
-        app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
-                        task_default_queue=settings.jobs_queue, broker_connection_retry_on_startup=True,
-                        # An ETA task waits in its worker; on a crash Redis redelivers it after this timeout.
-                        broker_transport_options={"visibility_timeout": 3600})
+    """The Celery app for these settings with the jobs' task and the worker's hooks registered (one per broker URL
+    and queue in a process)."""
+    app = celery_client(settings)
+    if id(app) not in _registered:
         _register(app, settings)
-        _apps[key] = app
+        _registered.add(id(app))
     return app
+
+
+def __getattr__(name: str) -> Any:
+    """``celery -A goodput_gateway.worker worker -Q goodput-jobs`` finds ``app`` here (settings from the
+    environment); a lazy attribute, so importing this module builds no Celery app."""
+    if name in ("app", "celery"):
+        return celery_app(GatewaySettings())
+    raise AttributeError(name)
 
 
 def _register(app: Any, settings: Any) -> None:
@@ -252,9 +259,8 @@ def serve_metrics(settings: Any, redis_client: Any) -> tuple[Any, Any] | None:
         return None
     from prometheus_client import start_http_server
 
-    registry = CollectorRegistry()
     # Its own thread serves the scrape: it reads Redis then, but waits half a second at most (then the last values).
-    JobsMetrics(registry, JobQueue(settings, redis_client, send=celery_send(settings)), scrape_wait_s=0.5)
-    server, thread = start_http_server(settings.jobs_worker_http_port, addr=settings.grpc_host, registry=registry)
+    JobsMetrics(REGISTRY, JobQueue(settings, redis_client, send=celery_send(settings)), scrape_wait_s=0.5)
+    server, thread = start_http_server(settings.jobs_worker_http_port, addr=settings.grpc_host, registry=REGISTRY)
     log.info("jobs worker metrics", extra={"addr": settings.grpc_host, "port": settings.jobs_worker_http_port})
     return server, thread
