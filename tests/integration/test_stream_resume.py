@@ -15,7 +15,6 @@ import json
 import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import httpx
@@ -23,10 +22,10 @@ import openai
 import pytest
 from goodput.common.v1 import types_pb2
 from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from goodput_testing import ServiceProcess, async_wait_until, free_port, sim_worker_env, wait_until
+from goodput_testing import SimBackend as Backend
+from goodput_testing import async_wait_until, free_port, sim_backend
 
 from goodput_gateway.__main__ import build
 from goodput_gateway.config import GatewaySettings
@@ -40,39 +39,10 @@ TOKENS = 150  # ~2 s on the simulated engine at time_scale 1: the client drops a
 DROP_AFTER = 8  # events the client receives before its connection drops
 
 
-@dataclass
-class Backend:
-    scheduler_addr: str
-    worker_metrics: str
-    logs: Path
-
-
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
-    logs = tmp_path_factory.mktemp("resume-logs")
-    worker_port, worker_http, scheduler_port = free_port(), free_port(), free_port()
-    worker = ServiceProcess("goodput_inference", sim_worker_env(worker_port, time_scale=1.0,
-                                                                HTTP_PORT=str(worker_http)), logs / "worker.log")
-    scheduler = ServiceProcess("goodput_scheduler", {
-        "GOODPUT_SCHEDULER_WORKERS": f"127.0.0.1:{worker_port}", "GOODPUT_SCHEDULER_INSECURE_INTERNAL": "true",
-        "GOODPUT_SCHEDULER_GRPC_PORT": str(scheduler_port), "GOODPUT_SCHEDULER_HTTP_PORT": str(free_port()),
-        "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.2"}, logs / "scheduler.log")
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{scheduler_port}") as channel:  # the scheduler sees the worker
-            stub = scheduler_pb2_grpc.SchedulerStub(channel)
-            wait_until(lambda: _healthy(stub), timeout=60, interval=0.2, message=f"no healthy worker (logs in {logs})")
-        yield Backend(f"127.0.0.1:{scheduler_port}", f"http://127.0.0.1:{worker_http}/metrics", logs)
-    finally:
-        scheduler.stop()
-        worker.stop()
-
-
-def _healthy(stub: scheduler_pb2_grpc.SchedulerStub) -> bool:
-    try:
-        listed = stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=1)
-    except grpc.RpcError:
-        return False
-    return any(w.healthy for w in listed.workers)
+    with sim_backend(tmp_path_factory.mktemp("resume-logs"), time_scale=1.0) as running:
+        yield running
 
 
 @dataclass

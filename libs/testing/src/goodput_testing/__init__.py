@@ -16,12 +16,12 @@ Example:
 from typing import TYPE_CHECKING
 
 from goodput_testing._ports import dead_port, free_port
-from goodput_testing._procs import ServiceProcess, sim_worker_env
+from goodput_testing._procs import ServiceProcess, SimBackend, sim_backend, sim_worker_env
 from goodput_testing._redis import RedisServer, delete_keys, redis_answers
 from goodput_testing._wait import async_wait_until, wait_until
 
-__all__ = ["KubeApiStandIn", "RedisServer", "ServiceProcess", "async_wait_until", "dead_port", "delete_keys",
-           "endpoint_slice", "free_port", "redis_answers", "sim_worker_env", "wait_until"]
+__all__ = ["KubeApiStandIn", "RedisServer", "ServiceProcess", "SimBackend", "async_wait_until", "dead_port",
+           "delete_keys", "endpoint_slice", "free_port", "redis_answers", "sim_backend", "sim_worker_env", "wait_until"]
 
 if TYPE_CHECKING:
     from goodput_testing._kubeapi import KubeApiStandIn, endpoint_slice

@@ -4,14 +4,18 @@ processes, a scheduler that outlives or loses its peers, a worker killed mid-str
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from goodput_testing._ports import free_port
+from goodput_testing._wait import wait_until
 
-__all__ = ["ServiceProcess", "sim_worker_env"]
+__all__ = ["ServiceProcess", "SimBackend", "sim_backend", "sim_worker_env"]
 
 
 class ServiceProcess:
@@ -46,3 +50,41 @@ def sim_worker_env(port: int, *, time_scale: float = 0.2, **settings: str) -> di
             "GOODPUT_INFERENCE_HTTP_PORT": str(free_port()), "GOODPUT_INFERENCE_INSECURE_INTERNAL": "true",
             "GOODPUT_INFERENCE_SIM_CONFIG": f'{{"time_scale": {time_scale}}}',
             **{f"GOODPUT_INFERENCE_{k}": v for k, v in settings.items()}}
+
+
+@dataclass(frozen=True)
+class SimBackend:
+    scheduler_addr: str  # host:port of the scheduler, plaintext
+    worker_metrics: str  # the worker's /metrics URL
+    logs: Path
+
+
+@contextlib.contextmanager
+def sim_backend(logs: Path, *, time_scale: float = 0.2) -> Iterator[SimBackend]:
+    """An inference worker on the simulated engine and a scheduler that sees it healthy, each its own process on free
+    ports (plaintext): what a gateway built in the test's own process needs behind it."""
+    import grpc
+    from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+    worker_port, worker_http, scheduler_port = free_port(), free_port(), free_port()
+    worker = ServiceProcess("goodput_inference", sim_worker_env(worker_port, time_scale=time_scale,
+                                                                HTTP_PORT=str(worker_http)), logs / "worker.log")
+    scheduler = ServiceProcess("goodput_scheduler", {
+        "GOODPUT_SCHEDULER_WORKERS": f"127.0.0.1:{worker_port}", "GOODPUT_SCHEDULER_INSECURE_INTERNAL": "true",
+        "GOODPUT_SCHEDULER_GRPC_PORT": str(scheduler_port), "GOODPUT_SCHEDULER_HTTP_PORT": str(free_port()),
+        "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.2"}, logs / "scheduler.log")
+
+    def healthy(stub: scheduler_pb2_grpc.SchedulerStub) -> bool:
+        try:
+            return any(w.healthy for w in stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=1).workers)
+        except grpc.RpcError:
+            return False
+
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{scheduler_port}") as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            wait_until(lambda: healthy(stub), timeout=60, interval=0.2, message=f"no healthy worker (logs in {logs})")
+        yield SimBackend(f"127.0.0.1:{scheduler_port}", f"http://127.0.0.1:{worker_http}/metrics", logs)
+    finally:
+        scheduler.stop()
+        worker.stop()

@@ -29,15 +29,16 @@ from redis.exceptions import RedisError
 
 from goodput_core.context import new_request_id, request_context
 from goodput_core.errors import GoodputError, NotFound, Unavailable
-from goodput_core.priority import parse_priority
+from goodput_core.priority import parse_priority, priority_name
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.encoding import dumps
-from goodput_gateway.events import StreamEnd, TextDelta
+from goodput_gateway.events import SSE_HEADERS, StreamEnd, TextDelta
 from goodput_gateway.generation import Call
 from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message, Sampling
 from goodput_gateway.resume import LAST_EVENT_ID, STREAM_HEADER, StreamBuffer, resume_response, sse_events
 from goodput_gateway.schemas import Body, parse
+from goodput_gateway.wire import deadline_header
 
 __all__ = ["ResponseStore", "ResponsesRequest", "conversation", "install_routes", "turns"]
 
@@ -189,6 +190,13 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
     async def create(request: Request) -> Response:
         if streams.enabled and request.headers.get(LAST_EVENT_ID):  # an SSE client reconnecting: the rest, not anew
             return await resume_response(service, streams, request, error=_error_event)
+        try:
+            return await respond(request)
+        except GoodputError as err:  # counted like chat's and completions' refusals
+            service.metrics.requests.labels("responses", str(err.http_status), "unspecified").inc()
+            raise
+
+    async def respond(request: Request) -> Response:
         arrived = time.monotonic()
         request_id = new_request_id()
         principal = service.authenticate(request.headers.get("authorization"))
@@ -211,9 +219,10 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
 
         with request_context(request_id=request_id):
             generation = await service.open(Call(parse=parse_request, principal=principal, request_id=request_id,
-                                                 arrived=arrived,
+                                                 arrived=arrived, timeout_s=deadline_header(request.headers),
                                                  cache_control=request.headers.get("cache-control", "")))
         opened = generation.opened
+        service.metrics.requests.labels("responses", "200", priority_name(opened.priority)).inc()
         # the response's id names its request (as chat's chatcmpl-… does): feedback takes either
         rid, item_id, created = f"resp_{request_id.removeprefix('req-')}", f"msg_{uuid.uuid4().hex}", int(time.time())
         headers = {"x-request-id": request_id, **opened.rate_limits}
@@ -278,7 +287,7 @@ def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Aw
             stream = sse_events(streams.stream(stream, api="sse", tenant=opened.tenant, stream_id=rid,
                                                closer=generation.aclose), rid, error=_error_event)
         return StreamingResponse(stream, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+                                 headers={**SSE_HEADERS, **headers})
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str, request: Request, stream: str | None = None,

@@ -54,8 +54,9 @@ class JobRunner:
     """Runs one job at a time through the gateway's composition root, built on first use. Its event loop stays
     open between jobs, so the channels to the scheduler, workers, cache and retriever are reused."""
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: Any, *, registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
+        self.registry = REGISTRY if registry is None else registry  # the gateway's metrics of the answers
         self._loop = asyncio.Runner()
         self._wiring: Wiring | None = None
 
@@ -63,8 +64,8 @@ class JobRunner:
         return self._loop.run(self._execute(job))
 
     async def _execute(self, job: Job) -> dict[str, Any]:
-        if self._wiring is None:  # the gateway's metrics of the answers (SLO, goodput...) on this worker's /metrics
-            self._wiring = compose(self.settings, REGISTRY, None)
+        if self._wiring is None:  # SLO, goodput and the rest of its answers' metrics: on this worker's /metrics
+            self._wiring = compose(self.settings, self.registry, None)
         p2 = types_pb2.PRIORITY_P2
         schema = ChatCompletionRequest if job.route == "chat" else CompletionRequest
 
