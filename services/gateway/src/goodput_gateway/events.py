@@ -41,7 +41,7 @@ class StreamEnd:
 # The finish reasons as the protos carry them (workers, the cache, the gateway's gRPC API) and as OpenAI spells them.
 FINISH_PB = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REASON_LENGTH,
              "abort": types_pb2.FINISH_REASON_ABORT}
-_FINISH_NAMES = {value: name for name, value in FINISH_PB.items()}
+_FINISH_NAMES: dict[int, str] = {value: name for name, value in FINISH_PB.items()}
 
 
 def finish_reason(value: int) -> str:

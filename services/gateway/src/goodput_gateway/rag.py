@@ -33,15 +33,17 @@ answers the search with two chunks, and both fit the budget:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from goodput_core.errors import InvalidArgument
 
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.profile import ClassProfile
 from goodput_gateway.requests import CHARS_PER_TOKEN, GenerationRequest, Message, estimate_tokens
 
-__all__ = ["KB_HEADER", "Source", "augment"]
+__all__ = ["KB_HEADER", "Retrieval", "Source", "augment", "retrieval_for"]
 
 KB_HEADER = "x-goodput-knowledge-base"
 INSTRUCTION = ("Answer the question using the context below. Each context passage starts with its number; cite "
@@ -69,6 +71,25 @@ class Retrieval:
     legs: dict[str, float] = field(default_factory=dict, compare=False)  # filled: each leg's seconds
     # filled: what the retriever did with the rerank asked for ("applied", "skipped: deadline", ...)
     outcome: dict[str, str] = field(default_factory=dict, compare=False)
+
+
+def retrieval_for(cls: ClassProfile, settings: GatewaySettings, *, steps: Sequence[str],
+                  remaining_s: float) -> tuple[Retrieval, list[str]]:
+    """How a request of class ``cls`` retrieves, and the ladder steps that takes: the RAG steps in force
+    (``steps``), or taken for this request alone when the time it has left cannot cover its retrieval and prefill
+    budgets."""
+    at_risk = remaining_s < cls.budgets.retrieval + cls.budgets.ttft
+    take = {s for s in ("skip_rerank", "fewer_chunks") if s in cls.ladder and (s in steps or at_risk)}
+    rerank, taken = settings.rag_rerank, []
+    if rerank and "skip_rerank" in take:
+        rerank = False
+        taken.append("skip_rerank")
+    legs, rerank_s = cls.budgets.retrieval_leg, cls.budgets.rerank
+    if "fewer_chunks" in take:
+        taken.append("fewer_chunks")
+        return Retrieval(top_k=max(settings.rag_top_k // 2, 1), rerank=rerank, context_share=0.5,
+                         leg_budget_s=legs, rerank_budget_s=rerank_s), taken
+    return Retrieval(rerank=rerank, leg_budget_s=legs, rerank_budget_s=rerank_s), taken
 
 
 def _query(request: GenerationRequest) -> str:

@@ -1,17 +1,16 @@
-"""The request path behind both APIs, in one function: :meth:`GatewayService.generate`.
+"""The request path behind every API, in one method: :meth:`GatewayService.generate`, which reads as its steps.
 
-REST (:mod:`goodput_gateway.rest`), gRPC (:mod:`goodput_gateway.servicer`) and the jobs worker hand over a
-:class:`Call` (credentials, a parser for their wire format, the caller's options) and shape the events that come
-back; everything between is here, in the order it happens: authenticate -> parse -> quotas (the tenant's and the
-key's limits) -> cache lookup -> RAG -> admit (lease a worker) -> stream -> release -> cache store -> settle the
-quotas and meter the usage. Cross-cutting work wraps the token stream (timing, the cache
-store); it does not live inside it.
+REST (:mod:`goodput_gateway.rest`, :mod:`goodput_gateway.responses`), gRPC (:mod:`goodput_gateway.servicer`) and the
+jobs worker (:mod:`goodput_gateway.worker`) hand over a :class:`~goodput_gateway.generation.Call` and shape the
+events that come back (:mod:`goodput_gateway.wire`); between them, in order: parse (authenticate, check, the class
+and its deadline) -> choose the model -> apply the degradation ladder -> admit under the quotas -> answer (cache
+lookup or retrieval, lease a worker and start, stream) -> settle (:mod:`goodput_gateway.accounting`). Cross-cutting
+work wraps the token stream (timing, the cache store); it does not live inside it.
 
 Example (the service composed by :func:`goodput_gateway.__main__.compose`, inside a coroutine)::
 
     generation = await service.open(Call(parse=parse_body, authorization="Bearer k"))
-    generation.opened.model, generation.opened.sources
-    async with generation:
+    async with generation:                 # closing releases the worker and records the answer
         async for event in generation:     # TextDelta ..., then StreamEnd
             ...
 """
@@ -20,10 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 
+from goodput.cache.v1 import cache_pb2
 from opentelemetry import trace
 
 from goodput_core.context import new_request_id, tenant_id_var
@@ -37,6 +37,7 @@ from goodput_core.errors import (
 )
 from goodput_core.priority import priority_name
 
+from goodput_gateway.accounting import Accounting, Used
 from goodput_gateway.auth import ApiKeyStore, Principal
 from goodput_gateway.autoroute import AUTO_MODEL
 from goodput_gateway.caching import CacheStatus, GatewayCache, replay, sources_of
@@ -48,12 +49,12 @@ from goodput_gateway.jobs.parking import park
 from goodput_gateway.jobs.store import JobQueue
 from goodput_gateway.knowledge import Knowledge
 from goodput_gateway.ladder import Ladder
-from goodput_gateway.metering import Meter, Usage
+from goodput_gateway.metering import Meter
 from goodput_gateway.metrics import GatewayMetrics, timed
-from goodput_gateway.pipeline import ModelEntry, Pipeline
+from goodput_gateway.pipeline import GenerationStream, ModelEntry, Pipeline
 from goodput_gateway.profile import ClassProfile, Deadline
-from goodput_gateway.quotas import Admission, Quotas, RateLimited
-from goodput_gateway.rag import Retrieval, Source, augment
+from goodput_gateway.quotas import Admission, Quotas
+from goodput_gateway.rag import Source, augment, retrieval_for
 from goodput_gateway.requests import GenerationRequest, estimate_tokens, resolve_cost, validate
 from goodput_gateway.timing import Timeline, TimingMetrics
 from goodput_gateway.tools import apply_tools, auto
@@ -61,24 +62,37 @@ from goodput_gateway.trace_recorder import TraceRecorder
 
 __all__ = ["GatewayService"]
 
-_tracer = trace.get_tracer("goodput.gateway")
 log = logging.getLogger("goodput.gateway")
-# Stages the ladder's steps relieve: one over budget counts as a miss for the ladder, like a missed SLO.
-_LADDER_STAGES = {"cache_lookup", "retrieval", "queue_wait", "prefill"}
 
 
 @dataclass
-class _Tokens:
-    """What one admitted request used, filled in as it runs."""
+class _Request:
+    """One generation as it goes through the steps: who asks, what (its model resolved as the steps go), by when."""
 
-    inference: bool = False  # a worker ran it
-    finished: bool = False  # its stream reached its end
-    cache_hit: bool = False
-    saved: int = 0  # tokens a cache hit did not compute
-    model: str = ""  # the model that answered, when a lighter one stood in for the one asked for
-    prompt: int = 0
-    completion: int = 0
-    cached: int = 0  # prompt tokens from the engine's prefix cache
+    call: Call
+    principal: Principal
+    request: GenerationRequest  # as the caller sent it, its priority resolved, its model the served one
+    cls: ClassProfile  # its class's budgets and SLO
+    timeline: Timeline
+    deadline: Deadline
+    request_id: str
+    model: ModelEntry | None = None  # chosen by _choose_model
+    steps: tuple[str, ...] = ()  # the degradation ladder's steps in force for its class
+
+    @property
+    def served(self) -> ModelEntry:
+        assert self.model is not None, "the model is chosen before anything is spent"
+        return self.model
+
+    @property
+    def prio(self) -> str:
+        return priority_name(self.request.priority)
+
+    def opened(self, *, worker_id: str, sources: list[Source], cache: CacheStatus | None,
+               admission: Admission) -> Opened:
+        return Opened(request_id=self.request_id, tenant=self.principal.tenant, priority=self.request.priority,
+                      model=self.served.id, worker_id=worker_id, request=self.request, sources=sources, cache=cache,
+                      rate_limits=admission.headers, timeline=self.timeline, profile=self.cls)
 
 
 class GatewayService:
@@ -89,8 +103,6 @@ class GatewayService:
                  ladder: Ladder | None = None, feedback: FeedbackStore | None = None,
                  trace: TraceRecorder | None = None) -> None:
         self.settings = settings
-        self.trace = trace  # the workload trace (TRACE_PATH); None = off
-        self.feedback = feedback  # what became of each answer (POST /v1/feedback); None = not taken
         self.timing_metrics = timing_metrics or TimingMetrics(None, settings.latency_profile)
         self.ladder = ladder or Ladder(settings.latency_profile, enabled=settings.ladder_enabled,
                                        interval_s=settings.ladder_interval_s, raise_at=settings.ladder_raise_at,
@@ -99,37 +111,21 @@ class GatewayService:
         self.keys = keys
         self.quotas = quotas or Quotas(settings, redis_url="")
         self.meter = meter or Meter(settings, redis=None)
+        self.accounting = Accounting(metrics, self.timing_metrics, self.ladder, self.quotas, self.meter,
+                                     feedback=feedback, trace=trace)
         self.pipeline = pipeline
         self.metrics = metrics
         self.knowledge = knowledge
         self.cache = cache
         self.jobs = jobs  # where shed P2 work is parked; None = not parked
 
-    def _timed(self, opened: Opened, timeline: Timeline, end: StreamEnd | None = None) -> None:
-        """A finished answer's breakdown: recorded (histograms, budget breaches, spans), judged against its class's
-        SLO (goodput), fed to the degradation ladder, and offered to the workload trace (a sample, off this path)."""
-        if self.trace is not None:
-            self.trace.offer_answer(opened, timeline, end)
-        cls = opened.profile
-        if cls is None:
-            return
-        m = self.timing_metrics
-        stages = timeline.finish(m, cls, opened.priority, tracer=_tracer)
-        met = timeline.met(cls)
-        ttft, route = timeline.ttft(), timeline.route
-        if route is not None and ttft is not None:  # the auto predictor's error, measured on what it routed
-            self.metrics.auto_prediction.labels("ttft").observe(ttft / max(route.prediction.ttft_s, 1e-6))
-            if timeline.completion_tokens > 1:
-                self.metrics.auto_prediction.labels("tpot").observe(timeline.tpot() / max(route.prediction.tpot_s,
-                                                                                           1e-6))
-        prio, tenant = priority_name(opened.priority), m.tenant_label(opened.tenant)
-        m.slo.labels(prio, tenant, opened.model, "met" if met else "missed").inc()
-        if met:
-            m.goodput_tokens.labels(prio, tenant, opened.model).inc(timeline.completion_tokens)
-        over = set(timeline.over_budget(cls, stages)) & _LADDER_STAGES
-        self.ladder.observe(opened.priority, missed=not met or bool(over))
-        if self.feedback is not None:
-            self.feedback.remember(opened, tokens=timeline.completion_tokens if met else 0)
+    @property
+    def feedback(self) -> FeedbackStore | None:
+        return self.accounting.feedback
+
+    @property
+    def trace(self) -> TraceRecorder | None:
+        return self.accounting.trace
 
     def authenticate(self, authorization: str | None) -> Principal:
         started = time.monotonic()
@@ -138,34 +134,9 @@ class GatewayService:
         self.metrics.stage.labels("auth").observe(time.monotonic() - started)
         return principal
 
-    @asynccontextmanager
-    async def metered(self, principal: Principal, *, what: str, tokens: int) -> AsyncIterator[Admission]:
-        """A call that is not a generation (embeddings, search, indexing: ``what``) under the caller's quotas,
-        admitted with ``tokens`` estimated input tokens and metered; the block may set ``admission.used`` to the
-        tokens really used. Its ``headers`` are the x-ratelimit-* values for the response.
-
-        Example::
-
-            async with service.metered(principal, what="embeddings", tokens=estimate) as admission:
-                result = await knowledge.embed(texts)
-                admission.used = result.tokens
-        """
-        try:
-            admission = await self.quotas.admit(principal, prompt_tokens=tokens,
-                                                timeout_s=self.settings.request_timeout_s)
-        except RateLimited:
-            self.meter.record(principal.tenant, what, Usage(refused=1))
-            raise
-        done = False
-        try:
-            yield admission
-            done = True
-        finally:
-            used = tokens if admission.used is None else admission.used
-            admission.settle(prompt_tokens=used, completion_tokens=0, inference=done)
-            self.meter.record(principal.tenant, what, Usage(requests=1, prompt_tokens=used if done else 0,
-                                                            gpu_seconds=self.meter.gpu_seconds(used, 0) if done
-                                                            else 0.0), outcome="ok" if done else "error")
+    def metered(self, principal: Principal, *, what: str, tokens: int) -> AbstractAsyncContextManager[Admission]:
+        """A call that is not a generation under the caller's quotas (:meth:`Accounting.metered`)."""
+        return self.accounting.metered(principal, what=what, tokens=tokens, timeout_s=self.settings.request_timeout_s)
 
     async def open(self, call: Call) -> Generation:
         """Runs :meth:`generate` up to its first event; errors before it (bad input, shed, no worker) raise here,
@@ -177,212 +148,215 @@ class GatewayService:
             await events.aclose()
             raise
         assert isinstance(opened, Opened)
-        return Generation(opened, events, on_timing=self._timed)
+        return Generation(opened, events, on_timing=self.accounting.answered)
 
     async def generate(self, call: Call) -> AsyncGenerator[Opened | TextDelta | StreamEnd, None]:
         """One request, top to bottom: an :class:`Opened` event, then TextDelta events, then a StreamEnd."""
+        req = await self._parse(call)  # authenticate, parse and check; its class and deadline
+        await self._choose_model(req)  # auto, an alias, a lighter model where the one asked for is down
+        await self._apply_ladder(req)  # the class's degradation steps in force (its last: shed a share)
+        admission = await self._admit(req)  # the tenant's and the key's quotas, before anything is spent
+        used = Used()
+        answer = self._answer(req, admission, used)  # cache or retrieve, admit and start a worker, stream
+        try:
+            async for event in answer:
+                yield event
+        except GoodputError as err:
+            self._refused(req, admission, err)
+            raise
+        finally:
+            try:
+                await answer.aclose()  # now, not when collected: its stream's release fills in `used`
+            finally:  # whatever happened: the place goes back and the usage is metered (under who answered)
+                self.accounting.settle(req.principal, used.model or req.served.id, admission, used)
+
+    # ---- the steps, in order ---------------------------------------------------------------------------------------
+
+    async def _parse(self, call: Call) -> _Request:
         arrived = call.arrived or time.monotonic()
-        request_id = call.request_id or new_request_id()
-        timeline = Timeline(arrived=arrived)
-
-        # authenticate, before anything is parsed
-        principal = call.principal or self.authenticate(call.authorization)
-
-        # parse and check; the priority is resolved against the key here, once, before anything is spent
+        principal = call.principal or self.authenticate(call.authorization)  # before anything is parsed
         started = time.monotonic()
         asked = await call.parse()
-        request = replace(asked, priority=principal.resolve_priority(asked.priority))
+        request = replace(asked, priority=principal.resolve_priority(asked.priority))  # once, against the key
         # the deadline: the caller's (gRPC deadline, or a REST header), else its class's; never past the longest
         cls = self.settings.latency_profile.of(request.priority)
         timeout = min(call.timeout_s or cls.deadline_s, self.settings.request_timeout_s)
-        deadline = arrived + timeout
         validate(request, self.settings)
         if request.safety_identifier:  # the end user, as traces keep it: a hash, never the value
             trace.get_current_span().set_attribute("goodput.safety_id", request.safety_hash(principal.tenant))
+        self.metrics.stage.labels("validate").observe(time.monotonic() - started)
+        return _Request(call, principal, request, cls, Timeline(arrived=arrived),
+                        Deadline(arrived, arrived + timeout), call.request_id or new_request_id())
+
+    async def _choose_model(self, req: _Request) -> None:
+        request = req.request
         if request.model == AUTO_MODEL and not any(AUTO_MODEL == m.id or AUTO_MODEL in m.aliases
                                                    for m in await self.pipeline.models()):
-            request = await self._route_auto(request, cls, timeline)
+            request = req.request = await self._route_auto(request, req.cls, req.timeline)
         try:
-            model = await self.pipeline.resolve_model(request.model)
+            req.model = await self.pipeline.resolve_model(request.model)
         except InvalidArgument as err:  # no healthy worker serves it: its lighter model, where configured and allowed
-            lighter = self._fallback_for(principal, request.model)
-            if err.code != "model_not_found" or lighter is None:
+            if err.code != "model_not_found" or not await self._fall_back(req, "down", asked=request.model):
                 raise
-            model = await self.pipeline.resolve_model(lighter)
-            self._fell_back(timeline, request.model, model.id, "down")
-        if request.model and request.model != model.id:  # an alias: from here on the model's served name (cache
-            request = replace(request, model=model.id)  # keys, quotas, metering and the answer's `model` agree)
-        steps = self.ladder.active(request.priority)  # the degradation ladder's steps in force for the class
-        if "shed" in steps and self.ladder.sheds(request.priority):
-            self.ladder.taken("shed", request.priority)
-            raise ResourceExhausted(f"{priority_name(request.priority)} is degraded to its last step: a share of its "
-                                    "requests is shed so the rest meet their SLO; retry shortly",
-                                    code="degraded_shed", retry_after_s=self.ladder.retry_after_s())
-        if "fallback_model" in steps and cls.fallback_model and cls.fallback_model != model.id:
-            model = await self.pipeline.resolve_model(cls.fallback_model)
-            request = replace(request, model=model.id)
-            timeline.degraded.append("fallback_model")
-            self.ladder.taken("fallback_model", request.priority)
-        if auto(request) and not model.tool_call_parser:
+        if request.model and request.model != req.served.id:  # an alias: from here on the served name (cache
+            req.request = replace(req.request, model=req.served.id)  # keys, quotas, metering and the answer agree)
+        if auto(req.request) and not req.served.tool_call_parser:
             raise InvalidArgument(f"tool_choice 'auto' (the default with tools) needs the model's tool-call parser, "
-                                  f"and {model.id!r} is served without one; use 'required' or a named function "
+                                  f"and {req.served.id!r} is served without one; use 'required' or a named function "
                                   "(enforced for any model) or 'none'", param="tool_choice", code="unsupported_value")
-        self.metrics.stage.labels("validate").observe(time.monotonic() - started)
-        prio = priority_name(request.priority)
-        timeline.mark("auth_parse")
 
-        # quotas: the tenant's and the key's limits, before anything is spent (a refusal is a 429 with the limits)
+    async def _apply_ladder(self, req: _Request) -> None:
+        """The ladder's steps in force for the class: shed a share, answer with the class's fallback model, skip the
+        semantic cache here; the RAG steps are taken at retrieval (:func:`~goodput_gateway.rag.retrieval_for`), which
+        knows the time left."""
+        priority, steps = req.request.priority, self.ladder.active(req.request.priority)
+        req.steps = steps
+        if "shed" in steps and self.ladder.sheds(priority):
+            self.ladder.taken("shed", priority)
+            raise ResourceExhausted(f"{req.prio} is degraded to its last step: a share of its requests is shed so the "
+                                    "rest meet their SLO; retry shortly", code="degraded_shed",
+                                    retry_after_s=self.ladder.retry_after_s())
+        fallback = req.cls.fallback_model
+        if "fallback_model" in steps and fallback and fallback != req.served.id:
+            req.model = await self.pipeline.resolve_model(fallback)
+            req.request = replace(req.request, model=req.served.id)
+            self._degrade(req.timeline, "fallback_model", priority)
+        if "exact_cache_only" in steps and self._step_applies(priority, "exact_cache_only"):
+            self._degrade(req.timeline, "exact_cache_only", priority)
+        req.timeline.mark("auth_parse")
+
+    async def _admit(self, req: _Request) -> Admission:
         started = time.monotonic()
-        _, estimate = resolve_cost(request, self.settings, max_model_len=model.max_model_len)
-        try:
-            # an answer that runs to max_tokens (ignore_eos) is counted whole at admission: its size is known
-            admission = await self.quotas.admit(principal, prompt_tokens=estimate.known_tokens, timeout_s=timeout)
-        except RateLimited:
-            self.meter.record(principal.tenant, model.id, Usage(refused=1))
-            raise
+        _, estimate = resolve_cost(req.request, self.settings, max_model_len=req.served.max_model_len)
+        # an answer that runs to max_tokens (ignore_eos) is counted whole at admission: its size is known
+        admission = await self.accounting.admit(req.principal, what=req.served.id, tokens=estimate.known_tokens,
+                                                timeout_s=req.deadline.deadline - req.timeline.arrived)
         self.metrics.stage.labels("quota").observe(time.monotonic() - started)
-        timeline.mark("quota")
-        tokens = _Tokens()
-        admitted = self._admitted(call, principal, request, model, admission, tokens, request_id=request_id,
-                                  arrived=arrived, deadline=Deadline(arrived, deadline), prio=prio,
-                                  timeline=timeline, cls=cls, steps=steps)
-        try:
-            async for event in admitted:
-                yield event
-        except GoodputError as err:
-            for name, value in admission.headers.items():  # a later refusal (shed, no worker) shows the limits too
-                err.headers.setdefault(name, value)
-            if isinstance(err, DeadlineExceeded):
-                self.timing_metrics.deadline_refusals.labels(
-                    prio, "predicted_late" if err.code == "deadline_unreachable" else "expired").inc()
-            elif err.code == "deadline_unreachable_now":
-                self.timing_metrics.deadline_refusals.labels(prio, "predicted_late").inc()
-            raise
-        finally:
-            try:
-                await admitted.aclose()  # now, not when collected: its stream's release fills in `tokens`
-            finally:
-                # whatever happened: the place goes back (under the model that answered)
-                self._account(principal, tokens.model or model.id, admission, tokens)
+        req.timeline.mark("quota")
+        return admission
 
-    async def _admitted(self, call: Call, principal: Principal, request: GenerationRequest, model: ModelEntry,
-                        admission: Admission, tokens: _Tokens, *, request_id: str, arrived: float,
-                        deadline: Deadline, prio: str, timeline: Timeline, cls: ClassProfile,
-                        steps: tuple[str, ...] = ()) -> AsyncGenerator[Opened | TextDelta | StreamEnd, None]:
-        """The request once its quotas admitted it; ``tokens`` records what it used, for the accounting."""
+    async def _answer(self, req: _Request, admission: Admission,
+                      used: Used) -> AsyncGenerator[Opened | TextDelta | StreamEnd, None]:
+        """The request once its quotas admitted it; ``used`` records what it used, for the accounting."""
         # what the engine sees: tools described and a call's schema enforced (the caller's request is what an
         # answer is shaped from and what a parked job stores)
-        engine = apply_tools(request)
-        # cache lookup: a hit needs no retrieval and no worker
+        engine = apply_tools(req.request)
         status: CacheStatus | None = None
-        if self.cache is not None:
-            deadline.check("cache_lookup")
-            started = time.monotonic()
-            semantic = "exact_cache_only" not in steps
-            if not semantic and self.settings.cache_semantic:
-                self._degrade(timeline, "exact_cache_only", request.priority)
-            status, hit = await self.cache.lookup(principal, engine, model, cache_control=call.cache_control,
-                                                  timeout_s=deadline.cap(min(cls.budgets.cache_lookup,
-                                                                             self.settings.cache_timeout_s)),
-                                                  semantic=semantic)
-            self.metrics.stage.labels("cache").observe(time.monotonic() - started)
-            timeline.mark("cache_lookup")
+        if self.cache is not None:  # a hit needs no retrieval and no worker
+            status, hit = await self._lookup(req, engine)
             if hit is not None:
-                tokens.cache_hit = True
-                tokens.saved = hit.usage.prompt_tokens + hit.usage.completion_tokens
-                yield Opened(request_id=request_id, tenant=principal.tenant, priority=request.priority, model=model.id,
-                             worker_id="cache", request=request, sources=sources_of(hit), cache=status,
-                             rate_limits=admission.headers, timeline=timeline, profile=cls)
-                async for event in timed(replay(hit), self.metrics, priority=prio, arrived=arrived):
+                used.cache_hit, used.saved = True, hit.usage.prompt_tokens + hit.usage.completion_tokens
+                yield req.opened(worker_id="cache", sources=sources_of(hit), cache=status, admission=admission)
+                async for event in timed(replay(hit), self.metrics, priority=req.prio, arrived=req.timeline.arrived):
                     yield event
                 return
-
-        # RAG: the knowledge base's best chunks in front of the conversation
-        rag = Retrieval()
-        if engine.knowledge_base:
-            deadline.check("retrieval")
-            rag = self._rag_steps(steps, deadline, cls, timeline, request.priority)
-        grounded, sources = await self._retrieve(principal, engine, max_model_len=model.max_model_len,
-                                                 timeout_s=deadline.cap(cls.budgets.retrieval), rag=rag)
-        if engine.knowledge_base:
-            timeline.mark("retrieval")
-            timeline.retrieval_legs.update(rag.legs)  # inside retrieval, in parallel: reported, not summed
-            timeline.retrieval_outcome.update(rag.outcome)
-
-        # cost, once, on the final prompt; then admission: the scheduler leases a worker (or sheds). A caller's
-        # deadline shorter than its class's is where the scheduler refuses what it predicts late: such a request is
-        # not started on a worker before its grant (speculative start), so a refused one reaches no worker.
-        final, cost = resolve_cost(grounded, self.settings, max_model_len=model.max_model_len)
-        speculate = not call.timeout_s or call.timeout_s >= cls.deadline_s
-        timeline.mark("prompt_assembly")
-        deadline.check("admission")
-        try:
-            stream = await self.pipeline.open(principal, final, cost, request_id=request_id, model=model.id,
-                                              arrived=arrived, deadline=deadline.deadline,
-                                              max_queue_wait_s=deadline.cap(cls.budgets.queue_wait),
-                                              timeline=timeline, speculate=speculate)
-        except (ResourceExhausted, Unavailable) as err:
-            lighter = self._fallback_for(principal, model.id)
-            try:
-                fallback = await self.pipeline.resolve_model(lighter) if lighter else None
-                if fallback is not None:  # and the prompt must fit its context window
-                    resolve_cost(replace(grounded, model=fallback.id), self.settings,
-                                 max_model_len=fallback.max_model_len)
-            except GoodputError:  # the lighter model is not served, or cannot take it: the original refusal stands
-                fallback = None
-            if fallback is None or fallback.id == model.id:
-                if isinstance(err, ResourceExhausted):
-                    await self._park(err, principal, request)  # batch work is parked, not lost (raises Parked)
-                raise
-            # the model's pool is saturated or down: its lighter model answers (never stored under the asked one)
-            self._fell_back(timeline, model.id, fallback.id, "saturated" if isinstance(err, ResourceExhausted)
-                            else "down")
-            asked = request
-            model, request = fallback, replace(request, model=fallback.id)
-            tokens.model = fallback.id
-            if status is not None:
-                status.store = False
-            final, cost = resolve_cost(replace(grounded, model=fallback.id), self.settings,
-                                       max_model_len=model.max_model_len)
-            try:
-                stream = await self.pipeline.open(principal, final, cost, request_id=request_id, model=model.id,
-                                                  arrived=arrived, deadline=deadline.deadline,
-                                                  max_queue_wait_s=deadline.cap(cls.budgets.queue_wait),
-                                                  timeline=timeline, speculate=speculate)
-            except ResourceExhausted as refused:
-                await self._park(refused, principal, asked)  # batch work is parked as asked for, not lost
-                raise
-
-        # stream: tokens flow worker -> caller; the cache store and the timing wrap the stream
-        try:
-            tokens.inference = True
-            yield Opened(request_id=request_id, tenant=principal.tenant, priority=request.priority, model=model.id,
-                         worker_id=stream.start.worker_id, request=request, sources=sources, cache=status,
-                         rate_limits=admission.headers, timeline=timeline, profile=cls)
-            events = timed(stream.events(), self.metrics, priority=prio, arrived=arrived)
+        grounded, sources = await self._ground(req, engine)
+        stream = await self._start(req, grounded, used, status)
+        try:  # tokens flow worker -> caller; the cache store and the timing wrap the stream
+            used.inference = True
+            yield req.opened(worker_id=stream.start.worker_id, sources=sources, cache=status, admission=admission)
+            events = timed(stream.events(), self.metrics, priority=req.prio, arrived=req.timeline.arrived)
             if self.cache is not None and status is not None:
                 events = self.cache.storing(events, status, sources)
             async for event in events:
-                if isinstance(event, StreamEnd):
-                    tokens.finished = True
+                used.finished = used.finished or isinstance(event, StreamEnd)
                 yield event
         finally:
             await stream.aclose()  # release: the worker call stops and the lease goes back, whatever happened
-            tokens.prompt, tokens.completion, tokens.cached = stream.usage()
+            used.prompt, used.completion, used.cached = stream.usage()
 
-    def _account(self, principal: Principal, model: str, admission: Admission, tokens: _Tokens) -> None:
-        """The request's quotas settled with what it really used, and its usage metered (off the response path)."""
-        admission.settle(prompt_tokens=tokens.prompt, completion_tokens=tokens.completion,
-                         inference=tokens.inference)
-        if tokens.cache_hit:
-            usage = Usage(requests=1, cache_hits=1, saved_tokens=tokens.saved)
-        else:
-            usage = Usage(requests=1, prompt_tokens=tokens.prompt, completion_tokens=tokens.completion,
-                          cached_tokens=tokens.cached,
-                          gpu_seconds=self.meter.gpu_seconds(tokens.prompt - tokens.cached, tokens.completion)
-                          if tokens.inference else 0.0)
-        outcome = "ok" if tokens.finished or tokens.cache_hit else "error" if not tokens.inference else "cancelled"
-        self.meter.record(principal.tenant, model, usage, outcome=outcome)
+    async def _lookup(self, req: _Request,
+                      engine: GenerationRequest) -> tuple[CacheStatus, cache_pb2.LookupResponse | None]:
+        assert self.cache is not None
+        req.deadline.check("cache_lookup")
+        started = time.monotonic()
+        status, hit = await self.cache.lookup(
+            req.principal, engine, req.served, cache_control=req.call.cache_control,
+            timeout_s=req.deadline.cap(min(req.cls.budgets.cache_lookup, self.settings.cache_timeout_s)),
+            semantic="exact_cache_only" not in req.steps)
+        self.metrics.stage.labels("cache").observe(time.monotonic() - started)
+        req.timeline.mark("cache_lookup")
+        return status, hit
+
+    async def _ground(self, req: _Request, engine: GenerationRequest) -> tuple[GenerationRequest, list[Source]]:
+        """RAG: the knowledge base's best chunks in front of the conversation (the request as it is without one)."""
+        if not engine.knowledge_base:
+            return engine, []
+        if self.knowledge is None or not self.knowledge.retrieval_enabled:
+            raise Unimplemented("knowledge_base needs the retriever service, which this gateway is not configured "
+                                "with")
+        req.deadline.check("retrieval")
+        rag, taken = retrieval_for(req.cls, self.settings, steps=req.steps, remaining_s=req.deadline.remaining())
+        for step in taken:
+            self._degrade(req.timeline, step, req.request.priority)
+        started = time.monotonic()
+        grounded = await augment(self.knowledge, self.settings, tenant=req.principal.tenant, request=engine,
+                                 max_model_len=req.served.max_model_len,
+                                 timeout_s=req.deadline.cap(req.cls.budgets.retrieval), how=rag)  # and its sources
+        self.metrics.stage.labels("retrieve").observe(time.monotonic() - started)
+        req.timeline.mark("retrieval")
+        req.timeline.retrieval_legs.update(rag.legs)  # inside retrieval, in parallel: reported, not summed
+        req.timeline.retrieval_outcome.update(rag.outcome)
+        return grounded
+
+    async def _start(self, req: _Request, grounded: GenerationRequest, used: Used,
+                     status: CacheStatus | None) -> GenerationStream:
+        """Cost, once, on the final prompt; then the scheduler leases a worker (or sheds) and the worker starts. A
+        saturated or down pool's lighter model answers where one is configured and allowed; batch work the
+        scheduler sheds is parked. A caller's deadline shorter than its class's is where the scheduler refuses what
+        it predicts late: such a request is not started before its grant (speculative start), so it reaches no
+        worker."""
+        speculate = not req.call.timeout_s or req.call.timeout_s >= req.cls.deadline_s
+        req.timeline.mark("prompt_assembly")
+        req.deadline.check("admission")
+        asked = req.request
+
+        async def lease() -> GenerationStream:
+            final, cost = resolve_cost(replace(grounded, model=req.served.id), self.settings,
+                                       max_model_len=req.served.max_model_len)
+            return await self.pipeline.open(req.principal, final, cost, request_id=req.request_id,
+                                            model=req.served.id, arrived=req.timeline.arrived,
+                                            deadline=req.deadline.deadline,
+                                            max_queue_wait_s=req.deadline.cap(req.cls.budgets.queue_wait),
+                                            timeline=req.timeline, speculate=speculate)
+        try:
+            return await lease()
+        except (ResourceExhausted, Unavailable) as err:
+            reason = "saturated" if isinstance(err, ResourceExhausted) else "down"
+            if not await self._fall_back(req, reason, asked=asked.model, grounded=grounded):
+                if isinstance(err, ResourceExhausted):  # batch work is parked, not lost
+                    raise await park(self.jobs, err, tenant=req.principal.tenant, request=asked)  # noqa: B904
+                raise
+        used.model = req.served.id  # never stored under the model asked for
+        if status is not None:
+            status.store = False
+        try:
+            return await lease()
+        except ResourceExhausted as refused:  # batch work is parked as asked for, not lost
+            raise await park(self.jobs, refused, tenant=req.principal.tenant, request=asked)  # noqa: B904
+
+    # ---- degradation and fallback ---------------------------------------------------------------------------------
+
+    async def _fall_back(self, req: _Request, reason: str, *, asked: str,
+                         grounded: GenerationRequest | None = None) -> bool:
+        """The lighter model MODEL_FALLBACKS names for ``asked`` answers instead (the pool asked for is ``reason``:
+        saturated or down), where the key allows it, it is served and the prompt fits its window. False: none."""
+        lighter = self.settings.model_fallbacks.get(asked) if req.principal.model_fallback else None
+        if not lighter:
+            return False
+        try:
+            fallback = await self.pipeline.resolve_model(lighter)
+            if grounded is not None:  # the prompt must fit its context window
+                resolve_cost(replace(grounded, model=fallback.id), self.settings, max_model_len=fallback.max_model_len)
+        except GoodputError:  # the lighter model is not served, or cannot take it: the original refusal stands
+            return False
+        if req.model is not None and fallback.id == req.model.id:
+            return False
+        req.model, req.request = fallback, replace(req.request, model=fallback.id)
+        req.timeline.degraded.append("model_fallback")
+        self.metrics.model_fallbacks.labels(asked, fallback.id, reason).inc()
+        log.info("model fallback", extra={"asked": asked, "served": fallback.id, "reason": reason})
+        return True
 
     def _step_applies(self, priority: int, step: str) -> bool:
         """Whether a ladder step can change anything on this gateway (else the ladder passes over it)."""
@@ -393,6 +367,10 @@ class GatewayService:
         if step == "fallback_model":
             return bool(self.settings.latency_profile.of(priority).fallback_model)
         return True
+
+    def _degrade(self, timeline: Timeline, step: str, priority: int) -> None:
+        timeline.degraded.append(step)
+        self.ladder.taken(step, priority)
 
     async def _route_auto(self, request: GenerationRequest, cls: ClassProfile,
                           timeline: Timeline) -> GenerationRequest:
@@ -406,62 +384,13 @@ class GatewayService:
         self.metrics.auto_choices.labels(route.model, route.pool, route.reason).inc()
         return replace(request, model=route.model)
 
-    def _fallback_for(self, principal: Principal, model: str) -> str | None:
-        """The lighter model that may answer for ``model``: configured for it (MODEL_FALLBACKS) and allowed for the
-        key (its model_fallback); None otherwise."""
-        if not principal.model_fallback:
-            return None
-        return self.settings.model_fallbacks.get(model)
+    # ---- refusals ---------------------------------------------------------------------------------------------------
 
-    def _fell_back(self, timeline: Timeline, asked: str, served: str, reason: str) -> None:
-        timeline.degraded.append("model_fallback")
-        self.metrics.model_fallbacks.labels(asked, served, reason).inc()
-        log.info("model fallback", extra={"asked": asked, "served": served, "reason": reason})
-
-    def _degrade(self, timeline: Timeline, step: str, priority: int) -> None:
-        timeline.degraded.append(step)
-        self.ladder.taken(step, priority)
-
-    def _rag_steps(self, steps: tuple[str, ...], deadline: Deadline, cls: ClassProfile, timeline: Timeline,
-                   priority: int) -> Retrieval:
-        """How this request retrieves: the ladder's RAG steps in force, or taken for this request alone when the
-        time it has left cannot cover its retrieval and prefill budgets."""
-        at_risk = deadline.remaining() < cls.budgets.retrieval + cls.budgets.ttft
-        take = {s for s in ("skip_rerank", "fewer_chunks") if s in cls.ladder and (s in steps or at_risk)}
-        rerank = self.settings.rag_rerank
-        if rerank and "skip_rerank" in take:
-            rerank = False
-            self._degrade(timeline, "skip_rerank", priority)
-        legs, rerank_s = cls.budgets.retrieval_leg, cls.budgets.rerank
-        if "fewer_chunks" in take:
-            self._degrade(timeline, "fewer_chunks", priority)
-            return Retrieval(top_k=max(self.settings.rag_top_k // 2, 1), rerank=rerank, context_share=0.5,
-                             leg_budget_s=legs, rerank_budget_s=rerank_s)
-        return Retrieval(rerank=rerank, leg_budget_s=legs, rerank_budget_s=rerank_s)
-
-    async def _retrieve(self, principal: Principal, request: GenerationRequest, *, max_model_len: int,
-                        timeout_s: float | None = None,
-                        rag: Retrieval | None = None) -> tuple[GenerationRequest, list[Source]]:
-        if not request.knowledge_base:
-            return request, []
-        if self.knowledge is None or not self.knowledge.retrieval_enabled:
-            raise Unimplemented("knowledge_base needs the retriever service, which this gateway is not configured "
-                                "with")
-        started = time.monotonic()
-        grounded = await augment(self.knowledge, self.settings, tenant=principal.tenant, request=request,
-                                 max_model_len=max_model_len, timeout_s=timeout_s, how=rag or Retrieval())
-        self.metrics.stage.labels("retrieve").observe(time.monotonic() - started)
-        return grounded
-
-    async def _park(self, err: ResourceExhausted, principal: Principal, request: GenerationRequest) -> None:
-        """A shed P2 request (the caller's, as parsed) becomes a job; the error then names it. Best effort: the
-        caller gets its honest 429 either way."""
-        if self.jobs is None:
-            return
-        try:
-            parked = await park(self.jobs, err, tenant=principal.tenant, request=request)
-        except Exception:  # noqa: BLE001
-            log.exception("could not park a shed P2 request")
-            return
-        if parked is not None:
-            raise parked from err
+    def _refused(self, req: _Request, admission: Admission, err: GoodputError) -> None:
+        for name, value in admission.headers.items():  # a later refusal (shed, no worker) shows the limits too
+            err.headers.setdefault(name, value)
+        if isinstance(err, DeadlineExceeded):
+            self.timing_metrics.deadline_refusals.labels(
+                req.prio, "predicted_late" if err.code == "deadline_unreachable" else "expired").inc()
+        elif err.code == "deadline_unreachable_now":
+            self.timing_metrics.deadline_refusals.labels(req.prio, "predicted_late").inc()

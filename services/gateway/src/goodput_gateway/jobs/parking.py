@@ -6,8 +6,7 @@ the error body; gRPC with RESOURCE_EXHAUSTED, ``retry-after`` and ``x-goodput-jo
 
 Example (in the service, with the jobs' Redis behind ``queue``)::
 
-    parked = await park(queue, shed_error, tenant="acme", request=request)   # None: not parked
-    raise parked from shed_error
+    raise await park(queue, shed_error, tenant="acme", request=request)   # Parked, or shed_error when not parked
 
 The error a parked request answers with is the shed one, naming the job:
 
@@ -22,6 +21,7 @@ The error a parked request answers with is the shed one, naming the job:
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from goodput.common.v1 import types_pb2
@@ -31,6 +31,8 @@ from goodput_core.errors import GoodputError, ResourceExhausted
 from goodput_gateway.jobs.store import JOB_ID_KEY, SHED_CODES, JobQueue, retry_delay
 from goodput_gateway.requests import GenerationRequest
 from goodput_gateway.schemas import to_body
+
+log = logging.getLogger("goodput.gateway.jobs")
 
 __all__ = ["Parked", "park"]
 
@@ -49,14 +51,20 @@ class Parked(ResourceExhausted):
         return body
 
 
-async def park(queue: JobQueue, err: ResourceExhausted, *, tenant: str, request: GenerationRequest) -> Parked | None:
-    """Parks ``request`` (parsed, its priority resolved) when it is batch (P2) work the scheduler shed for load
-    (queue full or overloaded); returns the error to raise in place of ``err``, or None when it is not parked."""
-    if err.code not in SHED_CODES or request.priority != types_pb2.PRIORITY_P2:
-        return None
+async def park(queue: JobQueue | None, err: ResourceExhausted, *, tenant: str,
+               request: GenerationRequest) -> ResourceExhausted:
+    """Parks ``request`` (the caller's, parsed, its priority resolved) when it is batch (P2) work the scheduler shed
+    for load (queue full or overloaded) and jobs are configured; returns the error to raise: :class:`Parked`
+    naming the job, else ``err``. Best effort: the caller gets its honest 429 either way."""
+    if queue is None or err.code not in SHED_CODES or request.priority != types_pb2.PRIORITY_P2:
+        return err
     route, body = to_body(request)
     delay = retry_delay(1, err.retry_after_s, base_s=queue.settings.job_retry_base_s,
                         cap_s=queue.settings.job_retry_cap_s)
-    job = await asyncio.to_thread(queue.submit, tenant=tenant, route=route, body=body, delay_s=delay,
-                                  error=f"ResourceExhausted: {err.message}")
+    try:
+        job = await asyncio.to_thread(queue.submit, tenant=tenant, route=route, body=body, delay_s=delay,
+                                      error=f"ResourceExhausted: {err.message}")
+    except Exception:  # noqa: BLE001
+        log.exception("could not park a shed P2 request")
+        return err
     return Parked(err, job.id)
