@@ -12,8 +12,8 @@ import redis
 
 from goodput_core.errors import InvalidArgument, NotFound
 
+from goodput_gateway.api.batches import check_lines
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.jobs.batch_routes import check_lines
 from goodput_gateway.jobs.batches import BatchStore
 from goodput_gateway.jobs.store import Job, JobQueue
 

@@ -24,7 +24,7 @@ async def gateway() -> AsyncIterator[tuple[httpx.AsyncClient, object, CollectorR
     registry = CollectorRegistry()
     settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1")
     runner = build(settings, registry, None)
-    service = runner._http_app.state.goodput_service  # noqa: SLF001
+    service = runner._http_app.state.service  # noqa: SLF001
     service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
     transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:

@@ -29,7 +29,7 @@ async def gateway() -> AsyncIterator[tuple[httpx.AsyncClient, object, CollectorR
     settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1",
                                model_fallbacks={"big": "small"})
     runner = build(settings, registry, None)
-    service = runner._http_app.state.goodput_service  # noqa: SLF001
+    service = runner._http_app.state.service  # noqa: SLF001
     service.pipeline._models = (1e18, [ModelEntry(id="small", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=runner._http_app),  # noqa: SLF001
                                  base_url="http://gw") as c:

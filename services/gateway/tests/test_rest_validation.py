@@ -117,7 +117,7 @@ async def test_scheduler_down_with_a_known_model_is_503(client: httpx.AsyncClien
     """With the model list cached, the first contact with the scheduler is the lease itself."""
     from goodput_gateway.pipeline import ModelEntry
 
-    service = client._transport.app.state.goodput_service  # type: ignore[attr-defined]  # noqa: SLF001
+    service = client._transport.app.state.service  # type: ignore[attr-defined]  # noqa: SLF001
     service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
     assert_openai_error(await post(client, chat()), 503)
 
@@ -377,7 +377,7 @@ async def test_auto_tools_need_the_models_tool_parser(client: httpx.AsyncClient,
     model whose workers run no tool-call parser; it reaches the scheduler for one that does."""
     from goodput_gateway.pipeline import ModelEntry
 
-    service = client._transport.app.state.goodput_service  # type: ignore[attr-defined]  # noqa: SLF001
+    service = client._transport.app.state.service  # type: ignore[attr-defined]  # noqa: SLF001
     service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
     error = assert_openai_error(await post(client, chat(**overrides)), 400, "tool_choice")
     assert error["code"] == "unsupported_value" and "parser" in str(error["message"])

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from goodput_gateway.responses import _event
+from goodput_gateway.responses import event as _event
 from goodput_gateway.wire import sse as _sse
 
 PAYLOADS = [

@@ -89,7 +89,7 @@ async def test_each_answer_is_recorded_without_its_text_or_tenant(tmp_path: Path
     settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1",
                                trace_path=str(path), trace_sample=1.0)
     runner = build(settings, CollectorRegistry(), None)
-    service = runner._http_app.state.goodput_service  # noqa: SLF001
+    service = runner._http_app.state.service  # noqa: SLF001
     service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
 
     async def fake_open(*_a: Any, timeline: Timeline | None = None, **_k: Any) -> _FakeStream:

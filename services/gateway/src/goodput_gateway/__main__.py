@@ -19,6 +19,7 @@ from goodput_core.clients import make_channel
 from goodput_core.server import ServiceRunner, run_main
 from goodput_core.tls import channel_credentials
 
+from goodput_gateway.api import create_app
 from goodput_gateway.auth import ApiKeyStore, KeysFileWatcher
 from goodput_gateway.caching import GatewayCache
 from goodput_gateway.config import GatewaySettings
@@ -33,7 +34,6 @@ from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipeline import Pipeline
 from goodput_gateway.quotas import Quotas
 from goodput_gateway.responses import ResponseStore
-from goodput_gateway.rest import create_app
 from goodput_gateway.resume import StreamBuffer
 from goodput_gateway.service import GatewayService
 from goodput_gateway.servicer import GatewayServicer
@@ -152,8 +152,8 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     holder: dict[str, ServiceRunner] = {}
     # With a metrics port of its own, /metrics is not on the public REST port.
     app = create_app(wiring.service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready,
-                     jobs=jobs, responses=wiring.responses, serve_metrics=not settings.metrics_port,
-                     streams=wiring.streams)
+                     jobs_queue=jobs, responses_store=wiring.responses, serve_metrics=not settings.metrics_port,
+                     stream_buffer=wiring.streams)
     # Its gRPC port is the public API (API keys), not an internal one: the key is checked before a message is read,
     # the message's size before it is parsed (guard.py).
     guard = PublicApiGuard(wiring.service.keys, max_message_bytes=settings.max_grpc_message_bytes)

@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,8 @@ from goodput_core.errors import PermissionDenied, Unauthenticated
 from goodput_core.periodic import Periodic
 from goodput_core.priority import check_priority, more_urgent, parse_priority, priority_name
 
-__all__ = ["ApiKeyStore", "KeysFileWatcher", "Principal", "Quota", "parse_keys_document", "sha256_hex"]
+__all__ = ["ApiKeyStore", "KeysFileWatcher", "Principal", "Quota", "caller", "caller_var", "parse_keys_document",
+           "sha256_hex"]
 
 log = logging.getLogger("goodput.gateway.auth")
 
@@ -91,6 +93,18 @@ class Principal:
                 f"priority {priority_name(requested)} is above this API key's allowance "
                 f"({priority_name(self.max_priority)})", param="priority")
         return requested
+
+
+caller_var: ContextVar[Principal | None] = ContextVar("goodput_caller", default=None)
+
+
+def caller() -> Principal:
+    """The principal the gRPC API's guard authenticated for the call being served
+    (:class:`goodput_gateway.guard.PublicApiGuard`)."""
+    principal = caller_var.get()
+    if principal is None:
+        raise Unauthenticated("the call was not authenticated", code="invalid_api_key")
+    return principal
 
 
 def sha256_hex(key: str) -> str:

@@ -7,7 +7,7 @@ request-streaming handler in its place: a call without a valid ``authorization``
 its message being read at all (an unauthenticated caller costs the gateway its metadata, which gRPC bounds, and
 what flow control lets in); an authenticated call's message is taken as raw bytes, refused RESOURCE_EXHAUSTED when
 larger than ``max_message_bytes``, and only then parsed and handed to the servicer, which sees the usual
-(request, context) call. The servicer still authenticates on its own (it needs the principal).
+(request, context) call, its caller's principal in :func:`goodput_gateway.auth.caller` (authenticated once, here).
 
 What gRPC's transport receives before that is bounded by the server's ``grpc.max_receive_message_length``.
 
@@ -24,9 +24,10 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from goodput_core.context import tenant_id_var
 from goodput_core.errors import GoodputError, InvalidArgument, abort_with
 
-from goodput_gateway.auth import ApiKeyStore
+from goodput_gateway.auth import ApiKeyStore, Principal, caller_var
 from goodput_gateway.limits import PayloadTooLarge
 
 __all__ = ["GUARDED_SERVICE", "PublicApiGuard"]
@@ -56,17 +57,21 @@ class PublicApiGuard(aio.ServerInterceptor):
         if handler is None or method.rpartition("/")[0].lstrip("/") != GUARDED_SERVICE:
             return handler
         try:
-            self.keys.authenticate(_authorization(handler_call_details))
+            principal = self.keys.authenticate(_authorization(handler_call_details))
         except GoodputError as err:
             return _refusal(handler, err)
-        # A request stream's messages are each bounded by the transport's limit alone (the API has none today).
-        return handler if handler.request_streaming else self._bounded(handler)
+        if handler.request_streaming:  # the API has no request-streaming method
+            return _refusal(handler, InvalidArgument("request streams are not served on the public API"))
+        return self._bounded(handler, principal)
 
-    def _bounded(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """The same unary-request method, its message read as bytes and checked for size before it is parsed."""
+    def _bounded(self, handler: grpc.RpcMethodHandler, principal: Principal) -> grpc.RpcMethodHandler:
+        """The same unary-request method, its message read as bytes and checked for size before it is parsed, run
+        as ``principal``."""
         limit, parse = self.max_message_bytes, handler.request_deserializer
 
         async def message(requests: AsyncIterator[bytes]) -> Any:
+            caller_var.set(principal)  # the handler runs in this task: the servicer reads it (auth.caller)
+            tenant_id_var.set(principal.tenant)
             async for raw in requests:
                 if len(raw) > limit:
                     raise PayloadTooLarge(f"request message is {len(raw)} bytes; the limit is {limit}")

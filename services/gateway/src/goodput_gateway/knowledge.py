@@ -1,9 +1,9 @@
-"""The knowledge path of the gateway: embeddings, search and indexing, over gRPC (``Embed``, ``Search``,
-``Index``) and REST (``POST /v1/embeddings`` in OpenAI's shape, ``POST /v1/knowledge-bases/{kb}/search``,
-``POST /v1/knowledge-bases/{kb}/documents``). Every call is scoped to the caller's tenant (from its API key).
+"""The knowledge path of the gateway: embeddings, search and indexing, which its gRPC API (``Embed``, ``Search``,
+``Index``, :mod:`goodput_gateway.servicer`) and REST API (:mod:`goodput_gateway.api.knowledge`) call. Every call is
+scoped to the caller's tenant (from its API key).
 
 A feature whose backend address is not configured (``GOODPUT_GATEWAY_EMBEDDER_ADDR``, ``..._RETRIEVER_ADDR``)
-answers UNIMPLEMENTED / 501, as before. REST bodies are the pydantic models of :mod:`goodput_gateway.schemas`.
+answers UNIMPLEMENTED / 501.
 
 Example (with the embedder and retriever up, inside a coroutine)::
 
@@ -13,17 +13,12 @@ Example (with the embedder and retriever up, inside a coroutine)::
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-import numpy as np
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from goodput.embedder.v1 import embedder_pb2, embedder_pb2_grpc
-from goodput.gateway.v1 import gateway_pb2
 from goodput.retriever.v1 import retriever_pb2, retriever_pb2_grpc
 from grpc import aio
 
@@ -32,10 +27,9 @@ from goodput_core.clients import EmbeddingClient, Embeddings
 from goodput_core.errors import GoodputError, InvalidArgument, Unimplemented, from_rpc_error
 
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.requests import check_length, estimate_tokens
-from goodput_gateway.schemas import EmbeddingsRequest, IndexRequest, SearchRequest, parse
+from goodput_gateway.requests import check_length
 
-__all__ = ["Knowledge", "install_routes"]
+__all__ = ["Knowledge", "chars", "require"]
 
 _FUSION = {"": retriever_pb2.FUSION_UNSPECIFIED, "rrf": retriever_pb2.FUSION_RRF,
            "weighted": retriever_pb2.FUSION_WEIGHTED}
@@ -144,101 +138,12 @@ class Knowledge:
         return await self._call(self._indexer.IndexDocuments, request, breaker=self.embedder_breaker)
 
 
-def _knowledge(service: Any) -> Knowledge:
-    k = getattr(service, "knowledge", None)
-    if k is None:
+def require(knowledge: Knowledge | None) -> Knowledge:
+    """The knowledge path, or UNIMPLEMENTED / 501 on a gateway configured without it."""
+    if knowledge is None:
         raise Unimplemented(NO_RETRIEVER)
-    return k
+    return knowledge
 
 
-# ---- gRPC -----------------------------------------------------------------------------------------------------
-
-
-def _chars(texts: Any) -> int:
+def chars(texts: Any) -> int:
     return sum(len(t) for t in texts)
-
-
-async def grpc_embed(service: Any, principal: Any, request: gateway_pb2.EmbedRequest) -> gateway_pb2.EmbedResponse:
-    async with service.metered(principal, what="embeddings", tokens=estimate_tokens(_chars(request.texts))) as adm:
-        r = await _knowledge(service).embed(list(request.texts), request.model)
-        adm.used = r.tokens
-    return gateway_pb2.EmbedResponse(model=r.model, prompt_tokens=r.tokens,
-                                     embeddings=[gateway_pb2.Embedding(values=v) for v in r.vectors])
-
-
-async def grpc_search(service: Any, principal: Any, request: gateway_pb2.SearchRequest) -> gateway_pb2.SearchResponse:
-    async with service.metered(principal, what="search", tokens=estimate_tokens(len(request.query))):
-        r = await _knowledge(service).search(
-            principal.tenant, request.knowledge_base, request.query, top_k=request.top_k, fusion=request.fusion,
-            dense_weight=request.dense_weight if request.HasField("dense_weight") else None, rerank=request.rerank)
-    return gateway_pb2.SearchResponse(results=[gateway_pb2.Source(chunk_id=h.chunk_id, document_id=h.document_id,
-                                                                  score=h.score, text=h.text) for h in r.hits],
-                                      degraded=r.degraded, notes=r.notes, kb_version=r.kb_version,
-                                      rerank_status=r.rerank.status, rerank_reason=r.rerank.reason)
-
-
-async def grpc_index(service: Any, principal: Any, request: gateway_pb2.IndexRequest) -> gateway_pb2.IndexResponse:
-    docs = [embedder_pb2.Document(id=d.id, text=d.text, type=d.type, title=d.title, metadata=dict(d.metadata))
-            for d in request.documents]
-    async with service.metered(principal, what="index", tokens=estimate_tokens(_chars(d.text for d in docs))):
-        r = await _knowledge(service).index(principal.tenant, request.knowledge_base, docs, list(request.delete_ids))
-    return gateway_pb2.IndexResponse(chunks_embedded=r.chunks_embedded, documents_unchanged=r.documents_unchanged,
-                                     documents_deleted=r.documents_deleted, kb_version=r.kb_version)
-
-
-# ---- REST -----------------------------------------------------------------------------------------------------
-
-
-def sources_json(hits: Any) -> list[dict[str, Any]]:
-    return [{"chunk_id": h.chunk_id, "document_id": h.document_id, "score": round(float(h.score), 6),
-             "text": h.text} for h in hits]
-
-
-def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Awaitable[Any]]) -> None:
-    """Adds the knowledge routes to the gateway's REST app."""
-
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request) -> JSONResponse:
-        principal = service.authenticate(request.headers.get("authorization"))
-        body = parse(EmbeddingsRequest, await read_json(request))
-        model = body.model or ""
-        async with service.metered(principal, what="embeddings", tokens=estimate_tokens(_chars(body.input))) as adm:
-            r = await _knowledge(service).embed(body.input, "" if model == "default" else model)
-            adm.used = r.tokens
-        data = []
-        for i, v in enumerate(r.vectors):
-            values: Any = v
-            if body.encoding_format == "base64":
-                values = base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
-            data.append({"object": "embedding", "index": i, "embedding": values})
-        return JSONResponse({"object": "list", "data": data, "model": r.model,
-                             "usage": {"prompt_tokens": r.tokens, "total_tokens": r.tokens}}, headers=adm.headers)
-
-    @app.post("/v1/knowledge-bases/{kb}/search")
-    async def search(kb: str, request: Request) -> JSONResponse:
-        principal = service.authenticate(request.headers.get("authorization"))
-        body = parse(SearchRequest, await read_json(request))
-        async with service.metered(principal, what="search", tokens=estimate_tokens(len(body.query or ""))) as adm:
-            r = await _knowledge(service).search(principal.tenant, kb, body.query or "", top_k=body.top_k or 0,
-                                                 fusion=body.fusion or "", dense_weight=body.dense_weight,
-                                                 rerank=body.rerank)
-        body_out: dict[str, Any] = {"object": "list", "data": sources_json(r.hits), "degraded": r.degraded,
-                                    "notes": list(r.notes), "kb_version": r.kb_version}
-        if r.rerank.status:  # asked for: applied, or skipped and why
-            body_out["rerank"] = {"status": r.rerank.status, "reason": r.rerank.reason, "model": r.rerank.model}
-        return JSONResponse(body_out, headers=adm.headers)
-
-    @app.post("/v1/knowledge-bases/{kb}/documents")
-    async def index(kb: str, request: Request) -> JSONResponse:
-        principal = service.authenticate(request.headers.get("authorization"))
-        body = parse(IndexRequest, await read_json(request))
-        docs = [embedder_pb2.Document(id=d.id or "", text=d.text or "", type=d.type or "", title=d.title or "",
-                                      metadata={str(k): str(v) for k, v in (d.metadata or {}).items()})
-                for d in body.documents or []]
-        tokens = estimate_tokens(_chars(d.text for d in docs))
-        async with service.metered(principal, what="index", tokens=tokens) as adm:
-            r = await _knowledge(service).index(principal.tenant, kb, docs, body.delete_ids or [])
-        return JSONResponse({"object": "knowledge_base.index_result", "knowledge_base": kb,
-                             "chunks_embedded": r.chunks_embedded, "chunks_deleted": r.chunks_deleted,
-                             "documents_unchanged": r.documents_unchanged, "documents_deleted": r.documents_deleted,
-                             "kb_version": r.kb_version}, headers=adm.headers)

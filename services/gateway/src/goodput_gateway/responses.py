@@ -15,32 +15,23 @@ text, ...) are refused by name.
 from __future__ import annotations
 
 import json
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from cachetools import TTLCache
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field
 from redis.exceptions import RedisError
 
-from goodput_core.context import new_request_id, request_context
 from goodput_core.errors import GoodputError, NotFound, Unavailable
-from goodput_core.priority import parse_priority, priority_name
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.encoding import dumps
-from goodput_gateway.events import SSE_HEADERS, StreamEnd, TextDelta
-from goodput_gateway.generation import Call
-from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message, Sampling
-from goodput_gateway.resume import LAST_EVENT_ID, STREAM_HEADER, StreamBuffer, resume_response, sse_events
-from goodput_gateway.schemas import Body, parse
-from goodput_gateway.wire import deadline_header
+from goodput_gateway.events import StreamEnd
+from goodput_gateway.requests import ROLE_ALIASES, Message
+from goodput_gateway.schemas import Body
 
-__all__ = ["ResponseStore", "ResponsesRequest", "conversation", "install_routes", "turns"]
+__all__ = ["ResponseStore", "ResponsesRequest", "conversation", "error_event", "event", "message_item", "response_json",
+           "turns"]
 
 
 class ContentPart(Body):
@@ -145,12 +136,12 @@ class ResponseStore:
             await self.redis.delete(self._key(tenant, response_id))
 
 
-def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" or text else []
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
-def _response(rid: str, body: ResponsesRequest, model: str, created: int, *, status: str,
+def response_json(rid: str, body: ResponsesRequest, model: str, created: int, *, status: str,
               output: list[dict[str, Any]], end: StreamEnd | None) -> dict[str, Any]:
     usage = None
     if end is not None:
@@ -167,139 +158,13 @@ def _response(rid: str, body: ResponsesRequest, model: str, created: int, *, sta
             "error": None, "incomplete_details": incomplete, "usage": usage, "user": body.user}
 
 
-def _event(kind: str, seq: int, **fields: Any) -> bytes:
+def event(kind: str, seq: int, **fields: Any) -> bytes:
     data = dumps({"type": kind, "sequence_number": seq, **fields})  # one per streamed token (orjson)
     return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
 
-def _error_event(err: GoodputError) -> bytes:
+def error_event(err: GoodputError) -> bytes:
     """A resumed stream's failure as the Responses API's ``error`` event."""
     data = json.dumps({"type": "error", "code": err.code or err.grpc_code.name.lower(), "message": err.message,
                        "param": err.param}, separators=(",", ":"), ensure_ascii=False)
     return f"event: error\ndata: {data}\n\n".encode()
-
-
-def install_routes(app: FastAPI, service: Any, read_json: Callable[[Request], Awaitable[Any]],
-                   store: ResponseStore, streams: StreamBuffer | None = None) -> None:
-    """Adds ``/v1/responses`` to the gateway's REST app; with ``streams`` on (goodput_gateway.resume), a streamed
-    response is resumable: its stream id is the response's id, and its events' numbers are their
-    ``sequence_number``s."""
-    streams = streams or StreamBuffer(store.settings, redis=None)
-
-    @app.post("/v1/responses")
-    async def create(request: Request) -> Response:
-        if streams.enabled and request.headers.get(LAST_EVENT_ID):  # an SSE client reconnecting: the rest, not anew
-            return await resume_response(service, streams, request, error=_error_event)
-        try:
-            return await respond(request)
-        except GoodputError as err:  # counted like chat's and completions' refusals
-            service.metrics.requests.labels("responses", str(err.http_status), "unspecified").inc()
-            raise
-
-    async def respond(request: Request) -> Response:
-        arrived = time.monotonic()
-        request_id = new_request_id()
-        principal = service.authenticate(request.headers.get("authorization"))
-        body = parse(ResponsesRequest, await read_json(request))
-        history: list[dict[str, str]] = []
-        if body.previous_response_id:
-            history = (await store.get(principal.tenant, body.previous_response_id,
-                                       param="previous_response_id"))["conversation"]
-        messages = conversation(body, history=history)
-        priority = body.priority or request.headers.get("x-goodput-priority")
-        req = GenerationRequest(
-            model=body.model or "", messages=messages, kind="chat", stream=bool(body.stream),
-            sampling=Sampling(max_tokens=body.max_output_tokens or 0, temperature=body.temperature, top_p=body.top_p),
-            priority=parse_priority(priority) if priority else 0, session_id=body.user or "",
-            cache_key=body.prompt_cache_key or "", safety_identifier=body.safety_identifier or "",
-            knowledge_base=(body.knowledge_base or request.headers.get("x-goodput-knowledge-base", "")).strip())
-
-        async def parse_request() -> GenerationRequest:
-            return req
-
-        with request_context(request_id=request_id):
-            generation = await service.open(Call(parse=parse_request, principal=principal, request_id=request_id,
-                                                 arrived=arrived, timeout_s=deadline_header(request.headers),
-                                                 cache_control=request.headers.get("cache-control", "")))
-        opened = generation.opened
-        service.metrics.requests.labels("responses", "200", priority_name(opened.priority)).inc()
-        # the response's id names its request (as chat's chatcmpl-… does): feedback takes either
-        rid, item_id, created = f"resp_{request_id.removeprefix('req-')}", f"msg_{uuid.uuid4().hex}", int(time.time())
-        headers = {"x-request-id": request_id, **opened.rate_limits}
-        so_far = turns(body, history=history)  # what a continuation gets, with this response's answer
-
-        async def finished(text: str, end: StreamEnd) -> dict[str, Any]:
-            generation.timing()  # the answer's accounting: SLO and goodput, the ladder, its feedback record, a trace
-            response = _response(rid, body, opened.model, created, status="completed",
-                                 output=[_message_item(item_id, text, "completed")], end=end)
-            if body.store is not False:
-                await store.put(principal.tenant, response, [*so_far, {"role": "assistant", "content": text}])
-            return response
-
-        if not body.stream:
-            async with generation:
-                text, end = await generation.collect()
-            return JSONResponse(await finished(text, end), headers=headers)
-
-        async def events() -> AsyncIterator[bytes]:
-            seq = 0
-
-            def ev(kind: str, **fields: Any) -> bytes:
-                nonlocal seq
-                seq += 1
-                return _event(kind, seq - 1, **fields)
-
-            start = _response(rid, body, opened.model, created, status="in_progress", output=[], end=None)
-            parts: list[str] = []
-            try:
-                yield ev("response.created", response=start)
-                yield ev("response.in_progress", response=start)
-                yield ev("response.output_item.added", output_index=0, item=_message_item(item_id, "", "in_progress"))
-                yield ev("response.content_part.added", item_id=item_id, output_index=0, content_index=0,
-                         part={"type": "output_text", "text": "", "annotations": []})
-                async for event in generation:
-                    if isinstance(event, TextDelta):
-                        if event.text:
-                            parts.append(event.text)
-                            yield ev("response.output_text.delta", item_id=item_id, output_index=0,
-                                     content_index=0, delta=event.text, logprobs=[])
-                        continue
-                    text = "".join(parts)
-                    yield ev("response.output_text.done", item_id=item_id, output_index=0, content_index=0,
-                             text=text, logprobs=[])
-                    yield ev("response.content_part.done", item_id=item_id, output_index=0, content_index=0,
-                             part={"type": "output_text", "text": text, "annotations": []})
-                    yield ev("response.output_item.done", output_index=0,
-                             item=_message_item(item_id, text, "completed"))
-                    response = await finished(text, event)
-                    yield ev("response.incomplete" if response["status"] == "incomplete" else "response.completed",
-                             response=response)
-            except GoodputError as err:  # headers are sent: the failure travels as events
-                error = {"code": err.code or err.grpc_code.name.lower(), "message": err.message}
-                yield ev("error", code=error["code"], message=err.message, param=err.param)
-                yield ev("response.failed", response={**start, "status": "failed", "error": error})
-            finally:
-                await generation.aclose()
-
-        stream: AsyncIterator[bytes] = events()
-        if streams.enabled:  # the generation runs to its end on its own, each event numbered, for a resume
-            headers[STREAM_HEADER] = rid
-            stream = sse_events(streams.stream(stream, api="sse", tenant=opened.tenant, stream_id=rid,
-                                               closer=generation.aclose), rid, error=_error_event)
-        return StreamingResponse(stream, media_type="text/event-stream",
-                                 headers={**SSE_HEADERS, **headers})
-
-    @app.get("/v1/responses/{response_id}")
-    async def retrieve(response_id: str, request: Request, stream: str | None = None,
-                       starting_after: str | None = None) -> Response:
-        if stream == "true":  # OpenAI's resume of a streamed response: its events after `starting_after`
-            return await resume_response(service, streams, request, stream_id=response_id, after=starting_after,
-                                         error=_error_event)
-        principal = service.authenticate(request.headers.get("authorization"))
-        return JSONResponse((await store.get(principal.tenant, response_id))["response"])
-
-    @app.delete("/v1/responses/{response_id}")
-    async def delete(response_id: str, request: Request) -> JSONResponse:
-        principal = service.authenticate(request.headers.get("authorization"))
-        await store.delete(principal.tenant, response_id)
-        return JSONResponse({"id": response_id, "object": "response", "deleted": True})

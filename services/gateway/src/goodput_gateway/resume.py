@@ -63,8 +63,6 @@ from typing import Any
 
 import grpc
 import redis.asyncio as aioredis
-from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.exceptions import RedisError, ResponseError
 
@@ -79,17 +77,16 @@ from goodput_core.errors import (
 )
 
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.events import SSE_HEADERS
 
-__all__ = ["LAST_EVENT_ID", "STREAM_HEADER", "Frame", "StreamBuffer", "StreamGone", "install_routes",
-           "parse_last_event_id", "resume_response", "sse_events"]
+__all__ = ["LAST_EVENT_ID", "MAX_SEQ", "STREAM_HEADER", "Frame", "StreamBuffer", "StreamGone", "check_stream_id",
+           "parse_last_event_id", "sse_error", "sse_events"]
 
 log = logging.getLogger("goodput.gateway.resume")
 
 LAST_EVENT_ID = "last-event-id"
 STREAM_HEADER = "X-Goodput-Stream-Id"
 _STREAM_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-_MAX_SEQ = 10**12
+MAX_SEQ = 10**12
 # A stream id not (yet) in Redis is looked for this long (at least four flushes) before it is answered 404: the replica
 # producing it writes its first events at its next flush.
 _UNKNOWN_AFTER_S = 0.25
@@ -180,7 +177,7 @@ def parse_last_event_id(value: str, *, stream_id: str | None = None) -> tuple[st
     """``<stream id>:<seq>`` as the stream id and the number of the last event received; ``stream_id``, when given
     (the URL's), must be the one it names."""
     sid, sep, seq = value.strip().rpartition(":")
-    if not sep or not _STREAM_ID.match(sid) or not seq.isdigit() or int(seq) > _MAX_SEQ:
+    if not sep or not _STREAM_ID.match(sid) or not seq.isdigit() or int(seq) > MAX_SEQ:
         raise InvalidArgument("Last-Event-ID must be an event id this gateway sent: <stream id>:<number>",
                               param="Last-Event-ID", code="invalid_value")
     if stream_id is not None and sid != stream_id:
@@ -432,7 +429,7 @@ class StreamBuffer:
                 raise Unimplemented("stream resume is off on this gateway (its RESUME_WINDOW_S is 0)",
                                     code="resume_disabled")
             check_stream_id(stream_id)
-            if not -1 <= after <= _MAX_SEQ:
+            if not -1 <= after <= MAX_SEQ:
                 raise InvalidArgument("the last event received must be a number from -1", param="after",
                                       code="invalid_value")
             key = self._key(api, tenant, stream_id)
@@ -693,12 +690,13 @@ async def _stopped(tasks: list[asyncio.Task[Any]]) -> int:
 # ---- REST --------------------------------------------------------------------------------------------------------
 
 
-def _sse_error(err: GoodputError) -> bytes:
+def sse_error(err: GoodputError) -> bytes:
+    """An error as the last event of an SSE stream (OpenAI's error body)."""
     return b"data: " + json.dumps(err.openai_body(), separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
 async def sse_events(frames: AsyncGenerator[Frame, None], stream_id: str, *,
-                     error: Callable[[GoodputError], bytes] = _sse_error) -> AsyncIterator[bytes]:
+                     error: Callable[[GoodputError], bytes] = sse_error) -> AsyncIterator[bytes]:
     """Recorded SSE events as sent: each with its ``id: <stream id>:<seq>``; an error the stream ended with (or a
     resume ran into) as a last event of its own, without an id (``error`` renders it; OpenAI's shape by default)."""
     prefix = f"id: {stream_id}:".encode()
@@ -709,34 +707,3 @@ async def sse_events(frames: AsyncGenerator[Frame, None], stream_id: str, *,
         yield error(err)
     finally:
         await frames.aclose()
-
-
-async def resume_response(service: Any, streams: StreamBuffer, request: Request, *, stream_id: str | None = None,
-                          after: str | None = None,
-                          error: Callable[[GoodputError], bytes] = _sse_error) -> StreamingResponse:
-    """A REST resume: the caller's tenant's stream named by the URL (``stream_id``) or by ``Last-Event-ID``, from
-    the event after the one ``Last-Event-ID`` (or ``after``) names; from the start when neither does."""
-    principal = service.authenticate(request.headers.get("authorization"))
-    header = request.headers.get(LAST_EVENT_ID, "").strip()
-    if header:
-        sid, last = parse_last_event_id(header, stream_id=stream_id)
-    elif stream_id is not None:
-        sid, last = check_stream_id(stream_id), -1
-        if after is not None:
-            if not after.lstrip("-").isdigit() or not -1 <= int(after) <= _MAX_SEQ:
-                raise InvalidArgument("after must be the number of the last event received (-1 = none)",
-                                      param="after", code="invalid_value")
-            last = int(after)
-    else:
-        raise InvalidArgument("a resume needs Last-Event-ID", param="Last-Event-ID", code="missing_required_parameter")
-    frames = await streams.resume(api="sse", tenant=principal.tenant, stream_id=sid, after=last)
-    return StreamingResponse(sse_events(frames, sid, error=error), media_type="text/event-stream",
-                             headers={**SSE_HEADERS, STREAM_HEADER: sid})
-
-
-def install_routes(app: FastAPI, service: Any, streams: StreamBuffer) -> None:
-    """Adds ``GET /v1/streams/{stream_id}`` (a stream resumed) to the gateway's REST app."""
-
-    @app.get("/v1/streams/{stream_id}")
-    async def resume_stream(stream_id: str, request: Request, after: str | None = None) -> Response:
-        return await resume_response(service, streams, request, stream_id=stream_id, after=after)

@@ -1,8 +1,8 @@
 """The request path behind every API, in one method: :meth:`GatewayService.generate`, which reads as its steps.
 
-REST (:mod:`goodput_gateway.rest`, :mod:`goodput_gateway.responses`), gRPC (:mod:`goodput_gateway.servicer`) and the
-jobs worker (:mod:`goodput_gateway.worker`) hand over a :class:`~goodput_gateway.generation.Call` and shape the
-events that come back (:mod:`goodput_gateway.wire`); between them, in order: parse (authenticate, check, the class
+REST (:mod:`goodput_gateway.api`), gRPC (:mod:`goodput_gateway.servicer`) and the jobs worker
+(:mod:`goodput_gateway.worker`) hand over a :class:`~goodput_gateway.generation.Call` and shape the events that come
+back (:mod:`goodput_gateway.wire`); between them, in order: parse (authenticate, check, the class
 and its deadline) -> choose the model -> apply the degradation ladder -> admit under the quotas -> answer (cache
 lookup or retrieval, lease a worker and start, stream) -> settle (:mod:`goodput_gateway.accounting`). Cross-cutting
 work wraps the token stream (timing, the cache store); it does not live inside it.

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from goodput.common.v1 import types_pb2
+from goodput.embedder.v1 import embedder_pb2
 from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from grpc import aio
 
@@ -23,10 +24,11 @@ from goodput_core.errors import GoodputError, InvalidArgument
 from goodput_core.priority import priority_name
 from goodput_core.sampling import logprobs_to_proto, sampling_from_proto
 
+from goodput_gateway.auth import caller
 from goodput_gateway.events import FINISH_PB, StreamEnd, TextDelta
 from goodput_gateway.generation import Call, Generation, Opened
-from goodput_gateway.knowledge import grpc_embed, grpc_index, grpc_search
-from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message
+from goodput_gateway.knowledge import chars, require
+from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message, estimate_tokens
 from goodput_gateway.resume import StreamBuffer
 from goodput_gateway.service import GatewayService
 from goodput_gateway.tools import resolve, tool_calls
@@ -92,10 +94,6 @@ def _metadata(context: aio.ServicerContext, name: str) -> str:
     return ""
 
 
-def _authorization(context: aio.ServicerContext) -> str | None:
-    return _metadata(context, "authorization") or None
-
-
 def _usage(end: StreamEnd) -> types_pb2.Usage:
     return types_pb2.Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens,
                            total_tokens=end.prompt_tokens + end.completion_tokens, cached_tokens=end.cached_tokens)
@@ -144,7 +142,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             return from_proto(request, stream=stream)
 
         cache_control = "no-store" if request.no_cache else _metadata(context, "cache-control")
-        return Call(parse=parse, authorization=_authorization(context), request_id=request_id,
+        return Call(parse=parse, principal=caller(), request_id=request_id,
                     arrived=time.monotonic(), timeout_s=context.time_remaining(), cache_control=cache_control)
 
     def _count(self, route: str, code: str, priority: int | None = None) -> None:
@@ -220,8 +218,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def ResumeStream(self, request: gateway_pb2.ResumeStreamRequest,
                            context: aio.ServicerContext) -> AsyncIterator[gateway_pb2.GenerateStreamResponse]:
         """A GenerateStream continued from ``from_seq`` (goodput_gateway.resume), for the stream's tenant only."""
-        principal = self.service.authenticate(_authorization(context))
-        frames = await self.streams.resume(api="grpc", tenant=principal.tenant, stream_id=request.resume_token,
+        frames = await self.streams.resume(api="grpc", tenant=caller().tenant, stream_id=request.resume_token,
                                            after=request.from_seq - 1)
         try:
             async for frame in frames:
@@ -260,19 +257,39 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def ListModels(self, request: gateway_pb2.ListModelsRequest,
                          context: aio.ServicerContext) -> gateway_pb2.ListModelsResponse:
-        self.service.authenticate(_authorization(context))
         models = await self.service.pipeline.models()
         return gateway_pb2.ListModelsResponse(models=[
             gateway_pb2.Model(id=m.id, max_model_len=m.max_model_len, workers=m.workers) for m in models])
 
     async def Embed(self, request: gateway_pb2.EmbedRequest,
                     context: aio.ServicerContext) -> gateway_pb2.EmbedResponse:
-        return await grpc_embed(self.service, self.service.authenticate(_authorization(context)), request)
+        tokens = estimate_tokens(chars(request.texts))
+        async with self.service.metered(caller(), what="embeddings", tokens=tokens) as adm:
+            r = await require(self.service.knowledge).embed(list(request.texts), request.model)
+            adm.used = r.tokens
+        return gateway_pb2.EmbedResponse(model=r.model, prompt_tokens=r.tokens,
+                                         embeddings=[gateway_pb2.Embedding(values=v) for v in r.vectors])
 
     async def Search(self, request: gateway_pb2.SearchRequest,
                      context: aio.ServicerContext) -> gateway_pb2.SearchResponse:
-        return await grpc_search(self.service, self.service.authenticate(_authorization(context)), request)
+        principal = caller()
+        async with self.service.metered(principal, what="search", tokens=estimate_tokens(len(request.query))):
+            r = await require(self.service.knowledge).search(
+                principal.tenant, request.knowledge_base, request.query, top_k=request.top_k, fusion=request.fusion,
+                dense_weight=request.dense_weight if request.HasField("dense_weight") else None,
+                rerank=request.rerank)
+        return gateway_pb2.SearchResponse(results=[gateway_pb2.Source(chunk_id=h.chunk_id, document_id=h.document_id,
+                                                                      score=h.score, text=h.text) for h in r.hits],
+                                          degraded=r.degraded, notes=r.notes, kb_version=r.kb_version,
+                                          rerank_status=r.rerank.status, rerank_reason=r.rerank.reason)
 
     async def Index(self, request: gateway_pb2.IndexRequest,
                     context: aio.ServicerContext) -> gateway_pb2.IndexResponse:
-        return await grpc_index(self.service, self.service.authenticate(_authorization(context)), request)
+        principal = caller()
+        docs = [embedder_pb2.Document(id=d.id, text=d.text, type=d.type, title=d.title, metadata=dict(d.metadata))
+                for d in request.documents]
+        async with self.service.metered(principal, what="index", tokens=estimate_tokens(chars(d.text for d in docs))):
+            r = await require(self.service.knowledge).index(principal.tenant, request.knowledge_base, docs,
+                                                            list(request.delete_ids))
+        return gateway_pb2.IndexResponse(chunks_embedded=r.chunks_embedded, documents_unchanged=r.documents_unchanged,
+                                         documents_deleted=r.documents_deleted, kb_version=r.kb_version)

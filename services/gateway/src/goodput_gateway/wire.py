@@ -264,4 +264,3 @@ async def stream_events(generation: Generation, route: str, span: trace.Span) ->
         yield sse(err.openai_body())
     finally:
         await generation.aclose()
-        span.end()

@@ -22,8 +22,8 @@ A worker serves ``/metrics`` (any other path answers the same, so it doubles as 
 so they cover every worker process (the prefork children run the tasks, the parent serves the metrics and sweeps).
 
 The package: :mod:`.store` (jobs in Redis, the retry policy, the Celery client), :mod:`.parking` (a shed request
-becomes a job), :mod:`.batches` and :mod:`.batch_routes` (OpenAI's Files and Batch APIs) and
-:mod:`.routes` (``POST /v1/jobs``, ``GET /v1/jobs/{id}``).
+becomes a job), :mod:`.batches` (OpenAI's Files and Batch APIs); their REST routes are
+:mod:`goodput_gateway.api.jobs` and :mod:`goodput_gateway.api.batches`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,176 @@
+"""OpenAI's Files and Batch REST routes (:mod:`goodput_gateway.jobs.batches` keeps them): ``/v1/files`` (upload,
+list, get, content, delete) and ``/v1/batches`` (create, get, cancel, list), each scoped to the caller's tenant.
+
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+from goodput_core.errors import InvalidArgument
+
+from goodput_gateway.api.deps import Batches, Caller, JsonBody, Service
+from goodput_gateway.jobs.batches import Batch
+from goodput_gateway.jobs.store import ROUTES
+from goodput_gateway.limits import read_limited
+from goodput_gateway.requests import validate
+from goodput_gateway.schemas import BatchRequest, ChatCompletionRequest, CompletionRequest, parse
+
+__all__ = ["check_lines", "router"]
+
+MAX_LIST = 100
+router = APIRouter()
+
+
+def check_lines(content: bytes, *, endpoint: str, settings: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The (custom_id, body) of every line of a batch input file; InvalidArgument naming the first bad line.
+
+    >>> from goodput_gateway.config import GatewaySettings
+    >>> line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+    ...         "body": {"messages": [{"role": "user", "content": "hi"}]}}
+    >>> check_lines(json.dumps(line).encode(), endpoint="/v1/chat/completions", settings=GatewaySettings())[0][0]
+    'a'
+    """
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument("the input file is not UTF-8", param="input_file_id", code="invalid_file") from None
+    model = ChatCompletionRequest if ROUTES[endpoint] == "chat" else CompletionRequest
+    out: list[tuple[str, dict[str, Any]]] = []
+    seen: set[str] = set()
+    for n, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+
+        def bad(why: str, n: int = n) -> InvalidArgument:
+            return InvalidArgument(f"line {n} of the input file: {why}", param="input_file_id", code="invalid_file")
+
+        try:
+            line = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise bad(f"not JSON ({err.msg})") from None
+        if not isinstance(line, dict):
+            raise bad("not a JSON object")
+        custom_id, body = line.get("custom_id"), line.get("body")
+        if not isinstance(custom_id, str) or not custom_id or len(custom_id) > settings.max_name_chars:
+            raise bad(f"custom_id must be a non-empty string of at most {settings.max_name_chars} characters")
+        if custom_id in seen:
+            raise bad(f"custom_id {custom_id!r} is not unique")
+        seen.add(custom_id)
+        if line.get("method") != "POST" or line.get("url") != endpoint:
+            raise bad(f"method must be POST and url {endpoint} (the batch's endpoint)")
+        if set(line) - {"custom_id", "method", "url", "body"}:
+            raise bad(f"unrecognized field {sorted(set(line) - {'custom_id', 'method', 'url', 'body'})[0]!r}")
+        if not isinstance(body, dict) or body.get("stream"):
+            raise bad("body must be a JSON object of a non-streaming request")
+        try:
+            validate(parse(model, body).to_request(), settings)
+        except InvalidArgument as err:
+            raise bad(f"body: {err.message}") from None
+        out.append((custom_id, body))
+        if len(out) > settings.max_batch_requests:
+            raise bad(f"more than {settings.max_batch_requests} requests in one batch")
+    if not out:
+        raise InvalidArgument("the input file has no requests", param="input_file_id", code="invalid_file")
+    return out
+
+
+def _page(items: list[Any], has_more: bool) -> dict[str, Any]:
+    data = [i.public() for i in items]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+
+
+@router.post("/v1/files")
+async def upload_file(request: Request, caller: Caller, service: Service, store: Batches) -> JSONResponse:
+    settings = service.settings
+    # read within the file's bound (plus the multipart framing) before anything is parsed
+    raw = await read_limited(request.stream(), limit=settings.max_file_bytes + 16_384,
+                             declared=request.headers.get("content-length"))
+
+    async def body() -> AsyncGenerator[bytes, None]:
+        yield raw
+
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise InvalidArgument("a file is uploaded as multipart/form-data (fields file and purpose)",
+                              code="invalid_content_type")
+    try:
+        form = await MultiPartParser(request.headers, body(), max_files=1, max_fields=4,
+                                     max_part_size=settings.max_file_bytes).parse()
+    except MultiPartException as err:
+        raise InvalidArgument(f"malformed multipart body: {err.message}", code="invalid_multipart") from None
+    upload, purpose = form.get("file"), form.get("purpose")
+    if purpose != "batch":
+        raise InvalidArgument("purpose must be 'batch' (the only purpose this gateway keeps files for)",
+                              param="purpose", code="invalid_value")
+    if not isinstance(upload, UploadFile):
+        raise InvalidArgument("'file' is required", param="file", code="missing_required_parameter")
+    content = await upload.read()
+    if len(content) > settings.max_file_bytes:
+        raise InvalidArgument(f"the file has {len(content)} bytes; the limit is {settings.max_file_bytes}",
+                              param="file", code="file_too_large")
+    f = await asyncio.to_thread(store.put_file, tenant=caller.tenant, filename=upload.filename or "input.jsonl",
+                                purpose=purpose, content=content)
+    return JSONResponse(f.public())
+
+
+@router.get("/v1/files")
+async def list_files(caller: Caller, store: Batches, limit: int = MAX_LIST) -> JSONResponse:
+    files = await asyncio.to_thread(store.list_files, tenant=caller.tenant, limit=max(1, min(limit, MAX_LIST)))
+    return JSONResponse(_page(files, False))
+
+
+@router.get("/v1/files/{file_id}")
+async def get_file(file_id: str, caller: Caller, store: Batches) -> JSONResponse:
+    return JSONResponse((await asyncio.to_thread(store.get_file, file_id, tenant=caller.tenant)).public())
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(file_id: str, caller: Caller, store: Batches) -> Response:
+    content = await asyncio.to_thread(store.file_content, file_id, tenant=caller.tenant)
+    return Response(content, media_type="application/jsonl")
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(file_id: str, caller: Caller, store: Batches) -> JSONResponse:
+    await asyncio.to_thread(store.delete_file, file_id, tenant=caller.tenant)
+    return JSONResponse({"id": file_id, "object": "file", "deleted": True})
+
+
+@router.post("/v1/batches")
+async def create_batch(caller: Caller, body: JsonBody, service: Service, store: Batches) -> JSONResponse:
+    req = parse(BatchRequest, body)
+    if req.endpoint not in ROUTES:
+        raise InvalidArgument(f"endpoint must be one of {', '.join(ROUTES)}", param="endpoint", code="invalid_value")
+    content = await asyncio.to_thread(store.file_content, req.input_file_id, tenant=caller.tenant)
+    lines = check_lines(content, endpoint=req.endpoint, settings=service.settings)
+    batch = await asyncio.to_thread(store.create, tenant=caller.tenant, endpoint=req.endpoint,
+                                    input_file_id=req.input_file_id, window=req.completion_window,
+                                    metadata=req.metadata, bodies=lines)
+    return JSONResponse(batch.public())
+
+
+@router.get("/v1/batches")
+async def list_batches(caller: Caller, store: Batches, limit: int = 20, after: str | None = None) -> JSONResponse:
+    limit = max(1, min(limit, MAX_LIST))
+    batches: list[Batch] = await asyncio.to_thread(store.list_batches, tenant=caller.tenant, limit=limit + 1,
+                                                   after=after)
+    return JSONResponse(_page(batches[:limit], len(batches) > limit))
+
+
+@router.get("/v1/batches/{batch_id}")
+async def get_batch(batch_id: str, caller: Caller, store: Batches) -> JSONResponse:
+    return JSONResponse((await asyncio.to_thread(store.get, batch_id, tenant=caller.tenant)).public())
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+async def cancel_batch(batch_id: str, caller: Caller, store: Batches) -> JSONResponse:
+    return JSONResponse((await asyncio.to_thread(store.cancel, batch_id, tenant=caller.tenant)).public())

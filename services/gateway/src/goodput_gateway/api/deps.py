@@ -1,0 +1,94 @@
+"""What the gateway's REST routes share, as FastAPI dependencies: the service, the caller authenticated once per
+request (before any of its body is read), the JSON body read under its limits after that, and the stores the routes
+keep their state in (on ``app.state``, set by :func:`goodput_gateway.api.create_app`).
+
+Example (a route)::
+
+    @router.get("/v1/jobs/{job_id}")
+    async def get_job(job_id: str, caller: Caller, jobs: Jobs) -> JSONResponse:
+        ...
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from goodput_core.errors import InvalidArgument
+
+from goodput_gateway.auth import Principal
+from goodput_gateway.jobs import JobQueue
+from goodput_gateway.jobs.batches import BatchStore
+from goodput_gateway.limits import read_limited
+from goodput_gateway.responses import ResponseStore
+from goodput_gateway.resume import StreamBuffer
+from goodput_gateway.service import GatewayService
+
+__all__ = ["Batches", "Caller", "JsonBody", "Jobs", "Responses", "Service", "Streams", "read_json"]
+
+
+async def _service(request: Request) -> GatewayService:
+    service: GatewayService = request.app.state.service
+    return service
+
+
+Service = Annotated[GatewayService, Depends(_service)]
+
+
+async def _caller(request: Request, service: Service) -> Principal:
+    return service.authenticate(request.headers.get("authorization"))
+
+
+Caller = Annotated[Principal, Depends(_caller)]
+
+
+async def read_json(request: Request, service: GatewayService) -> Any:
+    """The body as JSON, read in pieces: 413 as soon as it passes max_body_bytes (a declared Content-Length above it
+    is refused before any of it is read). Called only once the caller is authenticated (:data:`JsonBody`)."""
+    raw = await read_limited(request.stream(), limit=service.settings.max_body_bytes,
+                             declared=request.headers.get("content-length"))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidArgument(f"request body is not valid UTF-8 (byte {err.start})",
+                              code="invalid_encoding") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidArgument(f"request body is not valid JSON: {err.msg} at line {err.lineno} column "
+                              f"{err.colno}", code="invalid_json") from None
+
+
+async def _json_body(request: Request, service: Service, _: Caller) -> Any:
+    return await read_json(request, service)
+
+
+JsonBody = Annotated[Any, Depends(_json_body)]
+
+
+async def _streams(request: Request) -> StreamBuffer:
+    streams: StreamBuffer = request.app.state.streams
+    return streams
+
+
+async def _responses(request: Request) -> ResponseStore:
+    store: ResponseStore = request.app.state.responses
+    return store
+
+
+async def _jobs(request: Request) -> JobQueue:
+    jobs: JobQueue = request.app.state.jobs
+    return jobs
+
+
+async def _batches(request: Request) -> BatchStore:
+    batches: BatchStore = request.app.state.batches
+    return batches
+
+
+Streams = Annotated[StreamBuffer, Depends(_streams)]
+Responses = Annotated[ResponseStore, Depends(_responses)]
+Jobs = Annotated[JobQueue, Depends(_jobs)]
+Batches = Annotated[BatchStore, Depends(_batches)]
