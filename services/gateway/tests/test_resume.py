@@ -15,7 +15,6 @@ import redis.asyncio as aioredis
 from goodput_core.errors import NotFound, Unavailable, Unimplemented
 from goodput_testing import async_wait_until, dead_port
 
-from goodput_gateway import resume
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.resume import Frame, StreamBuffer, StreamGone, parse_last_event_id, sse_events
 
@@ -300,13 +299,10 @@ async def test_with_redis_unreachable_a_generation_nobody_follows_is_still_cut()
     await close(a)
 
 
-async def test_closing_ends_every_stream_even_one_whose_producer_does_not_stop(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_closing_ends_every_stream_even_one_whose_producer_does_not_stop() -> None:
     """The gateway stops: a stream still producing ends with a clear error for its client, and its generation is
     closed; one whose source ignores the cancel (a bug) cannot hold the shutdown: close() returns after the bounded
     wait and that stream's client gets the same error."""
-    monkeypatch.setattr(resume, "_CLOSE_WAIT_S", 0.2)
-
     released = asyncio.Event()
 
     async def stubborn() -> AsyncIterator[bytes]:
@@ -319,7 +315,8 @@ async def test_closing_ends_every_stream_even_one_whose_producer_does_not_stop(
                     raise
                 # else: does not stop when asked
 
-    a = StreamBuffer(GatewaySettings(resume_window_s=30, resume_flush_s=0.01), redis=None, **TIMING)
+    a = StreamBuffer(GatewaySettings(resume_window_s=30, resume_flush_s=0.01), redis=None, close_wait_s=0.2,
+                     **TIMING)
     polite, stuck = Source(), Source()
     clients = [a.stream(polite.events(), api="sse", tenant="acme", stream_id="req-13", closer=polite.closer),
                a.stream(stubborn(), api="sse", tenant="acme", stream_id="req-14", closer=stuck.closer)]

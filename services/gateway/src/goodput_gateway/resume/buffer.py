@@ -1,0 +1,304 @@
+"""The recorded streams of a gateway (:class:`StreamBuffer`): each produced by a task of its own, followed by its
+client here, resumed from here or, with Redis, from any replica (:mod:`.shared`). See :mod:`goodput_gateway.resume`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+from redis.exceptions import RedisError
+
+from goodput_core.errors import GoodputError, Internal, InvalidArgument, Unavailable, Unimplemented
+
+from goodput_gateway.config import GatewaySettings
+from goodput_gateway.resume.frames import (
+    CLOSE_WAIT_S,
+    MAX_SEQ,
+    OUTCOMES,
+    End,
+    Frame,
+    abandoned,
+    check_stream_id,
+    dropped,
+    log,
+    not_found,
+)
+from goodput_gateway.resume.recording import Recording, ResumeMetrics
+from goodput_gateway.resume.shared import RedisStreams
+
+__all__ = ["StreamBuffer"]
+
+
+class StreamBuffer:
+    """The recorded streams of this gateway: produced here, followed by their clients, resumed from here or from
+    Redis (``redis``, shared by every replica; None = this process only). See the module's documentation."""
+
+    def __init__(self, settings: GatewaySettings, *, redis: aioredis.Redis | None,
+                 registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.monotonic,
+                 heartbeat_s: float = 1.0, live_ttl_s: float = 10.0, block_s: float = 0.5,
+                 close_wait_s: float = CLOSE_WAIT_S) -> None:
+        self.settings = settings
+        self.redis = redis  # the shared store's; None = this process only
+        self.window_s = settings.resume_window_s
+        self.heartbeat_s = heartbeat_s  # the producer's heartbeat, a follower's mark, the abandonment check
+        self.live_ttl_s = live_ttl_s  # a producer not heard of for this long is gone (its replica died)
+        self.block_s = block_s  # a reader's blocking XREAD
+        self.close_wait_s = close_wait_s  # close() waits this long (at most) for the tasks it cancelled
+        self.clock = clock
+        self.by_key: dict[str, Recording] = {}  # running here; and finished ones without Redis (or unwritten)
+        self._finished: OrderedDict[str, Recording] = OrderedDict()  # without Redis: kept for the window
+        self.dirty: set[Recording] = set()
+        self._kick = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self.metrics = ResumeMetrics(registry, self)
+        self.shared = RedisStreams(self, redis) if redis is not None else None
+
+    @property
+    def enabled(self) -> bool:
+        return self.window_s > 0
+
+    def recordings(self) -> list[Recording]:
+        return list(self.by_key.values())
+
+    def _key(self, api: str, tenant: str, stream_id: str) -> str:
+        return f"{self.settings.resume_prefix}:{api}:{tenant}:{stream_id}"
+
+    # ---- producing ---------------------------------------------------------------------------------------------
+
+    def stream(self, source: AsyncIterator[bytes], *, api: str, tenant: str, stream_id: str,
+               closer: Callable[[], Awaitable[None]]) -> AsyncGenerator[Frame, None]:
+        """Runs ``source`` (an API's wire events for one stream) to its end in a task of its own, recording each
+        event, and returns the client's follower of it. ``closer`` (the generation's aclose) runs after the source,
+        however it ended; the stream's errors reach every follower after its last event."""
+        key = self._key(api, tenant, stream_id)
+        rec = Recording(key, stream_id, max_events=self.settings.resume_max_events,
+                         max_bytes=self.settings.resume_max_bytes, shared=self.shared is not None, now=self.clock())
+        rec.source, rec.closer = source, closer
+        self.by_key[key] = rec  # stream ids are unique (request and response ids)
+        self._finished.pop(key, None)
+        rec.task = asyncio.get_running_loop().create_task(self._produce(rec), name=f"stream {stream_id}")
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._run(), name="stream flusher")
+        return self._follow_local(rec, -1)
+
+    async def _produce(self, rec: Recording) -> None:
+        assert rec.source is not None
+        end = End("done")
+        try:
+            async for data in rec.source:
+                if rec.add(data):
+                    self.metrics.overflows.inc()
+                if rec.shared:
+                    self.dirty.add(rec)
+                    self._kick.set()
+        except asyncio.CancelledError:
+            end = End("abandoned") if rec.abandoned else End.of(Unavailable(
+                "the gateway stopped while streaming; the answer is incomplete: retry the request",
+                code="gateway_stopped"))
+            raise
+        except GoodputError as err:
+            end = End.of(err)
+        except Exception as err:  # noqa: BLE001 - the followers get it as an error, not a stream that never ends
+            log.exception("a recorded stream failed", extra={"stream": rec.stream_id})
+            end = End.of(Internal(f"the stream failed ({type(err).__name__})"))
+        finally:
+            await self._close_source(rec)
+            self._finish(rec, end)
+
+    async def _close_source(self, rec: Recording) -> None:
+        try:
+            aclose = getattr(rec.source, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        except Exception:  # noqa: BLE001
+            log.exception("closing a recorded stream failed", extra={"stream": rec.stream_id})
+        finally:
+            if rec.closer is not None:
+                try:
+                    await rec.closer()
+                except Exception:  # noqa: BLE001
+                    log.exception("closing a recorded stream's generation failed", extra={"stream": rec.stream_id})
+
+    def _finish(self, rec: Recording, end: End) -> None:
+        if rec.end is not None:
+            return
+        rec.end, rec.ended_at = end, self.clock()
+        rec.notify()
+        if rec.left:
+            self.metrics.detached.labels({"done": "finished", "abandoned": "abandoned"}.get(end.status,
+                                                                                          "failed")).inc()
+        if rec.shared:
+            self.dirty.add(rec)
+            self._kick.set()
+            return
+        self._finished[rec.key] = rec
+        budget, held = self.settings.resume_local_max_bytes, sum(r.size for r in self._finished.values())
+        while held > budget and self._finished:
+            key, oldest = self._finished.popitem(last=False)
+            held -= oldest.size
+            if self.by_key.get(key) is oldest:
+                del self.by_key[key]
+
+    def abandon(self, rec: Recording) -> None:
+        if rec.end is not None or rec.abandoned:
+            return
+        rec.abandoned = True
+        log.info("stream abandoned: nobody followed it within the resume window", extra={"stream": rec.stream_id})
+        if rec.task is not None:
+            rec.task.cancel()
+
+    # ---- following ---------------------------------------------------------------------------------------------
+
+    async def _follow_local(self, rec: Recording, after: int) -> AsyncGenerator[Frame, None]:
+        """The events after number ``after``, from this process's recording, as they come, to its end."""
+        seq = after + 1
+        rec.readers += 1
+        rec.idle_since = None
+        try:
+            while True:
+                frames = rec.since(seq)
+                if frames is None:
+                    raise dropped(rec.stream_id, seq - 1, rec.first)
+                if frames:
+                    for frame in frames:
+                        yield frame
+                    seq = frames[-1].seq + 1
+                    continue
+                if rec.end is not None:
+                    rec.end.raise_error(rec.stream_id)
+                    return
+                await rec.changed()
+        finally:
+            rec.readers -= 1
+            if rec.readers == 0:
+                rec.idle_since = self.clock()
+                if rec.end is None:
+                    rec.left = True
+
+    async def resume(self, *, api: str, tenant: str, stream_id: str, after: int) -> AsyncGenerator[Frame, None]:
+        """The events of ``tenant``'s stream after number ``after`` (-1 = from the start), following it live to its
+        end. Refusals (off, unknown, dropped, abandoned) are raised here, before any event."""
+        outcome = "invalid"
+        try:
+            if not self.enabled:
+                raise Unimplemented("stream resume is off on this gateway (its RESUME_WINDOW_S is 0)",
+                                    code="resume_disabled")
+            check_stream_id(stream_id)
+            if not -1 <= after <= MAX_SEQ:
+                raise InvalidArgument("the last event received must be a number from -1", param="after",
+                                      code="invalid_value")
+            key = self._key(api, tenant, stream_id)
+            rec = self.by_key.get(key)
+            if rec is not None and rec.end is not None and self.clock() - rec.ended_at >= self.window_s:
+                rec = None  # its window passed (the flusher forgets it at its next turn)
+            if rec is not None and (rec.end is None or not rec.end_stored or self.shared is None):
+                if rec.abandoned or (rec.end is not None and rec.end.status == "abandoned"):
+                    raise abandoned(stream_id)
+                if after + 1 < rec.first:
+                    raise dropped(stream_id, after, rec.first)
+                frames = self._follow_local(rec, after)
+            elif self.shared is not None:
+                frames = await self.shared.open(key, stream_id, after)
+            else:
+                raise not_found(stream_id)
+            outcome = "resumed"
+            return frames
+        except GoodputError as err:
+            outcome = OUTCOMES.get(err.code or "", outcome)
+            raise
+        finally:
+            self.metrics.resumes.labels(api, outcome).inc()
+
+    # ---- the flusher -------------------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        """Writes recorded events to Redis in batches, beats for the producers, and cuts abandoned generations."""
+        next_beat, warned = 0.0, float("-inf")
+        while True:
+            if not self.dirty:
+                try:
+                    await asyncio.wait_for(self._kick.wait(), timeout=self.heartbeat_s)
+                except TimeoutError:
+                    pass
+            self._kick.clear()
+            now = self.clock()
+            beat = now >= next_beat
+            if beat:
+                next_beat = now + self.heartbeat_s
+            failed = False
+            try:
+                if self.shared is None:
+                    self.dirty.clear()
+                else:
+                    await self.shared.write(beat=beat, now=now)
+            except (RedisError, OSError) as err:
+                failed = True
+                self.metrics.errors.labels("write").inc()
+                if now - warned >= 10.0:  # once in a while, not every retry
+                    warned = now
+                    log.warning("writing stream events to Redis failed; retrying", extra={"error": repr(err)})
+            except Exception:  # noqa: BLE001 - the flusher must outlive a bug in one turn
+                failed = True
+                log.exception("the stream flusher failed a turn")
+            # Redis unreachable: no follower elsewhere can read these streams either, so this process judges alone
+            self._sweep(now, alone=self.shared is None or failed)
+            await asyncio.sleep(self.heartbeat_s if failed else self.settings.resume_flush_s)
+
+    def idle_too_long(self, rec: Recording, now: float) -> bool:
+        return rec.end is None and rec.readers == 0 and rec.idle_since is not None \
+            and now - rec.idle_since >= self.window_s
+
+    def _sweep(self, now: float, *, alone: bool) -> None:
+        """``alone`` (no Redis, or it failed): cuts the generations nobody here follows. Forgets finished streams
+        after the window (with Redis: those whose end could not be written)."""
+        for key, rec in list(self.by_key.items()):
+            if rec.end is None:
+                if alone and self.idle_too_long(rec, now):
+                    self.abandon(rec)
+            elif now - rec.ended_at >= self.window_s:
+                del self.by_key[key]
+                self._finished.pop(key, None)
+
+    async def close(self) -> None:
+        """Stops the streams still producing (their followers get an error) and writes their ends."""
+        running = [r for r in self.by_key.values() if r.end is None]
+        tasks = [r.task for r in running if r.task is not None and not r.task.done()]
+        for task in tasks:
+            task.cancel()
+        # bounded: a producer that does not stop must not hold the shutdown
+        stuck = await _stopped(tasks, self.close_wait_s)
+        if stuck:
+            log.warning("stream producers did not stop on close", extra={"streams": stuck})
+        for rec in running:
+            if rec.end is None:
+                if rec.task is None or rec.task.done():  # cancelled before it ran: it closed nothing
+                    await self._close_source(rec)
+                # else it is stuck, its source in use: closing it from here would fail or wait with it
+                self._finish(rec, End.of(Unavailable("the gateway stopped while streaming; the answer is "
+                                                      "incomplete: retry the request", code="gateway_stopped")))
+        if self._flusher is not None:  # its turn in flight gives its batches back
+            self._flusher.cancel()
+            await _stopped([self._flusher], self.close_wait_s)
+            self._flusher = None
+        if self.shared is not None and self.dirty:
+            try:
+                await asyncio.wait_for(self.shared.write(beat=False, now=self.clock()), timeout=2)
+            except (RedisError, OSError, TimeoutError) as err:
+                log.warning("writing the last stream events failed", extra={"error": repr(err)})
+
+
+async def _stopped(tasks: list[asyncio.Task[Any]], wait_s: float) -> int:
+    """Waits up to ``wait_s`` for cancelled tasks to end; how many did not. Their errors are their streams'
+    (recorded as their ends), not the caller's: they are retrieved here, not logged as lost."""
+    if not tasks:
+        return 0
+    done, stuck = await asyncio.wait(tasks, timeout=wait_s)
+    for task in done:
+        _ = task.cancelled() or task.exception()
+    return len(stuck)

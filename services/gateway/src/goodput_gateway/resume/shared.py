@@ -1,0 +1,173 @@
+"""The shared store of the recorded streams: Redis, so a client resumes on any replica. Each stream is a Redis
+stream (``XADD`` with the event's number as its entry id, ``0-<seq + 1>``; ``XTRIM MINID`` for the bounds;
+``PEXPIRE`` the window after its end), written by the buffer's flusher (:meth:`RedisStreams.write`) and followed by
+a reader elsewhere with one blocking ``XREAD`` (:meth:`RedisStreams.open`). A heartbeat key marks the producer alive,
+a reader key marks a follower elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from goodput_core.errors import Unavailable
+
+from goodput_gateway.resume.frames import UNKNOWN_AFTER_S, End, Frame, abandoned, dropped, log, not_found, seq_of
+from goodput_gateway.resume.recording import Recording
+
+if TYPE_CHECKING:  # the buffer holds its store: a reference back, not an import
+    from goodput_gateway.resume.buffer import StreamBuffer
+
+__all__ = ["RedisStreams"]
+
+
+class RedisStreams:
+    def __init__(self, buffer: StreamBuffer, redis: aioredis.Redis) -> None:
+        self.buffer = buffer
+        self.redis = redis
+
+    async def open(self, key: str, stream_id: str, after: int) -> AsyncGenerator[Frame, None]:
+        # a stream that began a moment ago on another replica may not be written yet (every resume_flush_s): it is
+        # looked for again for a little while before it is called unknown
+        give_up = time.monotonic() + max(4 * self.buffer.settings.resume_flush_s, UNKNOWN_AFTER_S)
+        while True:
+            try:
+                info = await self.redis.xinfo_stream(key)
+                break
+            except ResponseError as err:
+                if "no such key" not in str(err).lower():
+                    raise self.read_error(err) from None
+                if time.monotonic() >= give_up:
+                    raise not_found(stream_id) from None
+            except (RedisError, OSError) as err:
+                raise self.read_error(err) from None
+            await asyncio.sleep(self.buffer.settings.resume_flush_s)
+        last = info.get("last-entry")
+        if last and b"e" in last[1] and End.decode(last[1][b"e"]).status == "abandoned":
+            raise abandoned(stream_id)
+        first_entry = info.get("first-entry")
+        first = seq_of(first_entry[0]) if first_entry else seq_of(info["last-generated-id"]) + 1
+        if after + 1 < first:
+            raise dropped(stream_id, after, first)
+        return self._follow(key, stream_id, after)
+
+    def read_error(self, err: BaseException) -> Unavailable:
+        self.buffer.metrics.errors.labels("read").inc()
+        log.warning("the stream store failed", extra={"error": repr(err)})
+        return Unavailable(f"the stream store is unavailable ({type(err).__name__})", code="store_unavailable")
+
+    async def _follow(self, key: str, stream_id: str, after: int) -> AsyncGenerator[Frame, None]:
+        """The events after number ``after`` from Redis: caught up, then followed with a blocking XREAD."""
+        redis = self.redis
+        cursor = after + 1  # the entry id (0-<n>) of the last event received; the next wanted has number n
+        marked = float("-inf")
+        window_ms = max(int(self.buffer.window_s * 1000), 1)
+        while True:
+            try:
+                now = self.buffer.clock()
+                if now - marked >= self.buffer.heartbeat_s:  # a follower: the producer does not cut the generation
+                    marked = now
+                    await redis.set(f"{key}:reader", b"1", px=window_ms)
+                found: Any = await redis.xread({key: f"0-{cursor}"}, count=256,
+                                               block=max(int(self.buffer.block_s * 1000), 1))
+                if not found:
+                    quiet = await self._quiet(key, stream_id, cursor)
+                    if isinstance(quiet, End):
+                        quiet.raise_error(stream_id)
+                        return
+                    found = quiet
+            except (RedisError, OSError) as err:
+                raise self.read_error(err) from None
+            for _, entries in found:
+                for entry_id, fields in entries:
+                    seq = seq_of(entry_id)
+                    if seq != cursor:  # a gap: dropped by the bounds while this reader was behind
+                        raise dropped(stream_id, cursor - 1, seq)
+                    if b"e" in fields:
+                        End.decode(fields[b"e"]).raise_error(stream_id)
+                        return
+                    yield Frame(seq, fields[b"d"])
+                    cursor = seq + 1
+
+    async def _quiet(self, key: str, stream_id: str, cursor: int) -> Any:
+        """Nothing new for a while: nothing to read while the producer lives; what came meanwhile, or the end (also
+        for a reader that claims events past it), once it is gone; an error when it died before the end (its
+        replica is gone)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.exists(f"{key}:live")
+        pipe.exists(key)
+        alive, exists = await pipe.execute()
+        if alive and exists:
+            return []
+        if exists:
+            found = await self.redis.xread({key: f"0-{cursor}"}, count=256)
+            if found:
+                return found
+            last: Any = await self.redis.xrevrange(key, count=1)
+            if last and b"e" in last[0][1]:
+                return End.decode(last[0][1][b"e"])
+        raise Unavailable(f"the gateway replica producing stream '{stream_id}' stopped before its end; the answer is "
+                          "incomplete: retry the request", code="stream_lost")
+
+    async def write(self, *, beat: bool, now: float) -> None:
+        recs = set(self.buffer.dirty)
+        self.buffer.dirty.clear()
+        if beat:
+            recs.update(r for r in self.buffer.by_key.values() if r.end is None)
+        if not recs:
+            return
+        window_ms = max(int(self.buffer.window_s * 1000), 1)
+        live_ms = int(self.buffer.live_ttl_s * 1000)
+        pipe = self.redis.pipeline(transaction=False)
+        plans = []
+        for rec in recs:
+            batch, rec.pending = rec.pending, []
+            start, first, ending = len(pipe), rec.first, rec.end is not None and not rec.end_stored
+            for seq, data in batch:
+                pipe.xadd(rec.key, {"d": data}, id=f"0-{seq + 1}")
+            if first > rec.stored_first:
+                pipe.xtrim(rec.key, minid=f"0-{first + 1}", approximate=False)
+            if ending:
+                assert rec.end is not None
+                pipe.xadd(rec.key, {"e": rec.end.encode()}, id=f"0-{rec.next + 1}")
+                pipe.pexpire(rec.key, window_ms)
+                pipe.delete(f"{rec.key}:live")
+            elif rec.end is None and (beat or not rec.announced):
+                pipe.set(f"{rec.key}:live", b"1", px=live_ms)
+                pipe.pexpire(rec.key, window_ms + live_ms)
+            check = None
+            if beat and self.buffer.idle_too_long(rec, now):
+                check = len(pipe)
+                pipe.exists(f"{rec.key}:reader")
+            plans.append((rec, batch, start, len(pipe), first, ending, check))
+        try:
+            results = await pipe.execute(raise_on_error=False)
+        except BaseException:
+            for rec, batch, *_ in plans:
+                self.retry(rec, batch)
+            raise
+        for rec, batch, start, stop, first, ending, check in plans:
+            failed = [r for r in results[start:stop] if isinstance(r, Exception)
+                      and "equal or smaller" not in str(r)]  # an XADD already applied by a turn that failed late
+            if failed:
+                self.buffer.metrics.errors.labels("write").inc()
+                log.warning("writing a stream's events failed", extra={"stream": rec.stream_id,
+                                                                       "error": repr(failed[0])})
+                self.retry(rec, batch)
+                continue
+            rec.announced, rec.stored_first = True, max(rec.stored_first, first)
+            self.buffer.metrics.stored.inc(sum(len(d) for _, d in batch))
+            if ending:
+                rec.end_stored = True
+                if self.buffer.by_key.get(rec.key) is rec:
+                    del self.buffer.by_key[rec.key]
+            elif check is not None and not results[check]:
+                self.buffer.abandon(rec)
+
+    def retry(self, rec: Recording, batch: list[tuple[int, bytes]]) -> None:
+        rec.pending = [p for p in batch + rec.pending if p[0] >= rec.first]
+        self.buffer.dirty.add(rec)
