@@ -1438,8 +1438,8 @@ def _explain(levels: list[dict[str, Any]], *, placed: list[int] | None = None) -
     out += [
         "- Before the first token the gateway does work the direct path does not: authenticate the key, validate, "
         "look up the served model (a scheduler `ListWorkers` call every couple of seconds, cached in between), a "
-        "lease from the scheduler (over the gateway's multiplexed lease stream, or a stream per request with "
-        "LEASE_MUX off), and the request's start at the worker: after the grant, or beside it where the guessed "
+        "lease from the scheduler (over the gateway's multiplexed lease stream), and the request's start at the "
+        "worker: after the grant, or beside it where the guessed "
         "worker has slots to spare (SPECULATIVE_START). The start goes as a message on one of the gateway's open "
         "`GenerateBatches` streams to that worker (WORKER_MUX: no call set up per request, which is most of what an "
         "idle gateway adds) while at most `WORKER_MUX_MAX_OPEN` of its generations run there, else as a `Generate` "

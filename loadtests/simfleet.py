@@ -28,13 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 
+from goodput_core.errors import DeadlineExceeded, GoodputError, ResourceExhausted
+
 from goodput_gateway.jobs import retry_delay
+from goodput_gateway.leasemux import LeaseStream
 
 __all__ = ["LeaseClient", "RequestSpec", "Result", "SimFleet", "random_text"]
 
@@ -103,6 +105,7 @@ class LeaseClient:
         options = [("grpc.max_concurrent_streams", 10_000)]
         self._channel = aio.insecure_channel(scheduler_addr, options=options)
         self.scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self.leases = LeaseStream(self.scheduler)  # every request's lease on one stream, as the gateway's
         self._workers: dict[str, inference_pb2_grpc.InferenceStub] = {}
         self._channels: list[aio.Channel] = [self._channel]
         self.rng = rng or random.Random(0)
@@ -118,6 +121,7 @@ class LeaseClient:
         return stub
 
     async def close(self) -> None:
+        await self.leases.close()
         for c in self._channels:
             await c.close(grace=None)
 
@@ -138,52 +142,39 @@ class LeaseClient:
 
     async def _attempt(self, spec: RequestSpec, result: Result) -> str:
         prio = PRIORITY[spec.priority]
-        call = self.scheduler.Lease(timeout=spec.deadline_s)
-        admit = scheduler_pb2.Admit(request_id=f"{spec.request_id}.{result.attempts}", tenant=spec.tenant,
-                                    priority=prio, model=spec.model,
+        lease_id = f"{spec.request_id}.{result.attempts}"
+        admit = scheduler_pb2.Admit(request_id=lease_id, tenant=spec.tenant, priority=prio, model=spec.model,
                                     prompt_tokens_estimate=len(spec.prompt) // 4, max_tokens=spec.max_tokens,
                                     prefix_hint=spec.prompt[:spec.prefix_chars], session_id=spec.session_id)
         try:
-            await call.write(scheduler_pb2.LeaseRequest(admit=admit))
-            while True:
-                event = await call.read()
-                if event is aio.EOF:
-                    result.error = "lease closed without a grant"
-                    return "error"
-                if event.HasField("granted"):
-                    break
-        except aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                md = dict(err.trailing_metadata() or ())
-                if "retry-after" in md:
-                    result.retry_after_s.append(float(md["retry-after"]))
-                return "shed"
-            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return "expired"
-            result.error = f"{err.code().name}: {err.details()}"
+            granted = await self.leases.acquire(lease_id, admit, timeout_s=spec.deadline_s)
+        except ResourceExhausted as err:
+            if err.retry_after_s is not None:
+                result.retry_after_s.append(err.retry_after_s)
+            return "shed"
+        except DeadlineExceeded:
+            return "expired"
+        except GoodputError as err:
+            result.error = f"{err.grpc_code.name}: {err.message}"
             return "error"
-        result.queue_wait_s = event.granted.queue_wait_s
+        result.queue_wait_s = granted.queue_wait_s
         result.granted_s = time.monotonic() - result.arrival
         if self.on_grant is not None:
-            self.on_grant(spec, event.granted)
-        result.worker, result.reason = event.granted.worker_id, event.granted.reason
+            self.on_grant(spec, granted)
+        result.worker, result.reason = granted.worker_id, granted.reason
         outcome = scheduler_pb2.OUTCOME_ERROR
         try:
             gen = inference_pb2.GenerateRequest(
-                request_id=admit.request_id, model=spec.model, prompt=spec.prompt, tenant=spec.tenant,
+                request_id=lease_id, model=spec.model, prompt=spec.prompt, tenant=spec.tenant,
                 priority=prio if spec.send_priority else types_pb2.PRIORITY_UNSPECIFIED,
                 sampling=types_pb2.SamplingParams(max_tokens=spec.max_tokens))
-            async for chunk in self._worker(event.granted.address).Generate(gen, timeout=spec.deadline_s):
+            async for chunk in self._worker(granted.address).Generate(gen, timeout=spec.deadline_s):
                 if chunk.HasField("delta"):
                     result.deltas.append((time.monotonic() - result.arrival, chunk.delta.completion_tokens))
                 if chunk.HasField("delta") and result.ttft_s is None:
                     result.ttft_s = time.monotonic() - result.arrival
                     # as the gateway does: the scheduler's prefill gate and latency guard act on it
-                    try:
-                        await call.write(scheduler_pb2.LeaseRequest(
-                            first_token=scheduler_pb2.FirstToken(ttft_s=result.ttft_s)))
-                    except (aio.AioRpcError, asyncio.InvalidStateError):
-                        pass  # advisory; the release below settles the lease
+                    self.leases.first_token(lease_id, result.ttft_s)
                 elif chunk.HasField("finished"):
                     result.e2e_s = time.monotonic() - result.arrival
                     result.cached_tokens = chunk.finished.usage.cached_tokens
@@ -195,16 +186,10 @@ class LeaseClient:
             result.error = f"{err.code().name}: {err.details()}"
             return "error"
         finally:
-            try:
-                usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens} \
-                    if self.report_usage and outcome == scheduler_pb2.OUTCOME_OK else {}
-                await call.write(scheduler_pb2.LeaseRequest(release=scheduler_pb2.Release(
-                    outcome=outcome, ttft_s=result.ttft_s or 0.0, **usage)))
-                await call.done_writing()
-                while await call.read() is not aio.EOF:
-                    pass
-            except (aio.AioRpcError, asyncio.InvalidStateError):
-                pass  # the lease call already ended (its deadline passed while streaming): nothing to release
+            usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens} \
+                if self.report_usage and outcome == scheduler_pb2.OUTCOME_OK else {}
+            await self.leases.release(lease_id, scheduler_pb2.Release(outcome=outcome, ttft_s=result.ttft_s or 0.0,
+                                                                      **usage))
 
 
 class SimFleet:

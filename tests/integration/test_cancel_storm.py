@@ -1,9 +1,7 @@
 """Many queued streams cancelled at once (clients that all give up together) leave the gateway's log clean — no
 "Task was destroyed but it is pending", no "aclose(): asynchronous generator is already running" — and every lease
 and queued request goes back (the scheduler holds nothing afterwards). Real processes on localhost with a simulated,
-slowed worker that takes two requests at a time, so the rest wait in the scheduler's queue. (The gateway's leases
-travel on its one multiplexed stream, the default; the per-request Lease streams of LEASE_MUX=false still leave
-grpc's request-iterator tasks pending when their calls are cancelled.)"""
+slowed worker that takes two requests at a time, so the rest wait in the scheduler's queue."""
 
 from __future__ import annotations
 

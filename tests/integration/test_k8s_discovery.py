@@ -23,6 +23,8 @@ from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from goodput_testing import KubeApiStandIn, ServiceProcess, async_wait_until, endpoint_slice, free_port, sim_worker_env
 
+from goodput_gateway.leasemux import LeaseStream
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NAMESPACE, SERVICE = "goodput", "goodput-inference"
@@ -51,7 +53,7 @@ async def test_the_endpointslice_watch_adds_drains_and_removes_workers(service_p
                           GOODPUT_SCHEDULER_HEALTH_INTERVAL_S="0.2")
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}")
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
-    calls: list[Any] = []
+    leases = LeaseStream(stub)
     try:
         async def listed() -> dict[str, scheduler_pb2.WorkerStatus]:
             try:
@@ -69,21 +71,13 @@ async def test_the_endpointslice_watch_adds_drains_and_removes_workers(service_p
             (line,) = [x for x in text.splitlines() if x.startswith('goodput_scheduler_workers{state="draining"}')]
             return float(line.split()[-1])
 
-        async def lease(request_id: str) -> tuple[Any, str]:
-            call = stub.Lease(timeout=30)
-            await call.write(scheduler_pb2.LeaseRequest(admit=scheduler_pb2.Admit(
-                request_id=request_id, tenant="t", priority=types_pb2.PRIORITY_P0)))
-            event = await call.read()
-            while event.HasField("queued"):
-                event = await call.read()
-            calls.append(call)
-            return call, event.granted.address
+        async def lease(request_id: str) -> tuple[str, str]:
+            granted = await leases.acquire(request_id, scheduler_pb2.Admit(
+                request_id=request_id, tenant="t", priority=types_pb2.PRIORITY_P0), timeout_s=30)
+            return request_id, granted.address
 
-        async def release(call: Any) -> None:
-            await call.write(scheduler_pb2.LeaseRequest(release=scheduler_pb2.Release(
-                outcome=scheduler_pb2.OUTCOME_OK)))
-            await call.done_writing()
-            assert (await call.read()).HasField("released")
+        async def release(lease_id: str) -> None:
+            await leases.release(lease_id, scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_OK))
 
         async def until(check: Callable[[], Any], what: str) -> None:
             await async_wait_until(check, timeout=60, interval=0.1, message=f"{what} (scheduler log: {scheduler.log})")
@@ -116,8 +110,7 @@ async def test_the_endpointslice_watch_adds_drains_and_removes_workers(service_p
         assert await draining_gauge() == 0
         assert api.lists() == 1, "one list, then the watch carried every change"
     finally:
-        for call in calls:
-            call.cancel()
+        await leases.close()
         await channel.close()
         scheduler.stop()  # before the stand-in, so the watch ends from the client's side
         await api.stop()

@@ -1,6 +1,6 @@
-"""The gateway's fast path to the scheduler (goodput_gateway.leasemux.LeaseStream: every lease over one long-lived
-Scheduler/Leases stream) against a scheduler process and a worker process on the simulated engine (no model loads),
-over gRPC on localhost: leases are granted and released, refusals arrive as the same errors a Lease call raises, a
+"""The gateway's leases (goodput_gateway.leasemux.LeaseStream: every lease over one long-lived
+Scheduler/LeaseBatches stream) against a scheduler process and a worker process on the simulated engine (no model
+loads), over gRPC on localhost: leases are granted and released, refusals arrive as the errors they stand for, a
 caller that goes away withdraws its lease, and a scheduler that restarts costs nothing: the gateway carries on,
 re-attaching the leases it holds and re-admitting the ones that waited."""
 
@@ -57,7 +57,7 @@ async def test_leases_over_one_stream_against_a_scheduler_process(service_proces
         await until_inflight(0)  # the worker is up and healthy
         assert (await leases.acquire("a", admit, timeout_s=10)).address == worker
         leases.first_token("a", 0.05)
-        # the worker holds one (its cap): the next waits, the one after is refused as a Lease call would be
+        # the worker holds one (its cap): the next waits, the one after is refused
         waiting = asyncio.ensure_future(leases.acquire("b", admit, timeout_s=10))
         await asyncio.sleep(0.2)
         with pytest.raises(ResourceExhausted) as refused:

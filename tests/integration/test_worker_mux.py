@@ -2,8 +2,7 @@
 scheduler process and a simulated worker process, and against in-process simulated workers (the real servicer) over
 gRPC on localhost: answers come as on Generate calls, concurrent requests share one stream, a worker's refusal keeps
 its code and parameter, a worker that dies fails its open generations as worker-lost (retried on another before the
-first token), a worker of an earlier release is served with Generate calls, and a worker that stops answering does
-not hold a request past its deadline."""
+first token), and a worker that stops answering does not hold a request past its deadline."""
 
 from __future__ import annotations
 
@@ -180,12 +179,6 @@ class _Worker:
         await self.engine.shutdown()
 
 
-class _EarlierServicer(InferenceServicer):
-    """A worker of an earlier release: GenerateBatches is the generated base's (UNIMPLEMENTED)."""
-
-    GenerateBatches = inference_pb2_grpc.InferenceServicer.GenerateBatches  # type: ignore[assignment]
-
-
 def _pipeline(**settings: int) -> Pipeline:
     nowhere = scheduler_pb2_grpc.SchedulerStub(aio.insecure_channel("127.0.0.1:1"))  # no scheduler is asked here
     return Pipeline(GatewaySettings(**settings), scheduler=nowhere,
@@ -200,7 +193,7 @@ async def _stream_on(pipeline: Pipeline, address: str, i: int, *, max_tokens: in
 
 async def _generation(pipeline: Pipeline, address: str, i: int, *, max_tokens: int = 4,
                       deadline_s: float = 30.0) -> GenerationStream:
-    lease = _Lease(call=None, worker_id="w", address=address)
+    lease = _Lease(worker_id="w", address=address)
     now = time.monotonic()
     call, start, span = await pipeline._start_worker(PRINCIPAL, _request("", i, max_tokens=max_tokens), lease,
                                                      request_id=f"r{i}", model="", deadline=now + deadline_s)
@@ -224,19 +217,6 @@ async def test_past_its_bound_of_open_generations_a_worker_gets_generate_calls()
             await again.aclose()
             await async_wait_until(lambda: worker.engine.load().running == 0, timeout=10, interval=0.02,
                                    message="the closed generations aborted")
-    finally:
-        await pipeline.close()
-
-
-async def test_a_worker_of_an_earlier_release_is_served_with_generate_calls() -> None:
-    pipeline = _pipeline()
-    try:
-        async with _Worker(_EarlierServicer) as worker:
-            assert pipeline.worker_streams is not None
-            for i in range(2):
-                events = [e async for e in await _stream_on(pipeline, worker.address, i)]
-                assert isinstance(events[-1], StreamEnd) and events[-1].completion_tokens == 4
-            assert not pipeline.worker_streams.supported(worker.address)
     finally:
         await pipeline.close()
 

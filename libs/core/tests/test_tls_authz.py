@@ -98,8 +98,8 @@ def test_the_access_table_names_known_identities_and_believes_streamed_tenants_o
             assert method.startswith("/goodput."), method
             assert rule.callers <= set(IDENTITIES), (service, method)
             assert rule.tenant_from <= rule.callers, (service, method)
-    # A stream's tenant is not checked per message: every caller of Lease must be one that acts for tenants.
-    assert ACCESS["scheduler"]["/goodput.scheduler.v1.Scheduler/Lease"].callers <= TENANT_ACTORS
+    # A stream's tenant is not checked per message: every caller of LeaseBatches must be one that acts for tenants.
+    assert ACCESS["scheduler"]["/goodput.scheduler.v1.Scheduler/LeaseBatches"].callers <= TENANT_ACTORS
 
 
 # --- a real server under mTLS --------------------------------------------------------------------------------------

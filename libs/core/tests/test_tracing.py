@@ -13,7 +13,6 @@ from goodput_core.tracing import traced
 
 # What the services used before: the instrumentation's filters composed (each checks the details' type per call).
 _COMPOSED = filters.negate(filters.any_of(filters.health_check(), filters.method_name("GetLoad"),
-                                          filters.full_method_name("/goodput.scheduler.v1.Scheduler/Leases"),
                                           filters.full_method_name("/goodput.scheduler.v1.Scheduler/LeaseBatches"),
                                           filters.service_prefix("grpc.reflection")))
 
@@ -22,8 +21,6 @@ METHODS = [
     "/goodput.inference.v1.Inference/Generate",
     "/goodput.inference.v1.Inference/GenerateBatches",
     "/goodput.inference.v1.Inference/GetLoad",
-    "/goodput.scheduler.v1.Scheduler/Lease",
-    "/goodput.scheduler.v1.Scheduler/Leases",
     "/goodput.scheduler.v1.Scheduler/LeaseBatches",
     "/goodput.scheduler.v1.Scheduler/ListWorkers",
     "/grpc.health.v1.Health/Check",

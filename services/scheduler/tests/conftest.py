@@ -1,21 +1,26 @@
 """A stand-in inference worker for the scheduler's unit tests: a real gRPC server on localhost that answers the
-health check, GetLoad and GetModelInfo the way a worker does, with a switchable health. (The integration tests in
-tests/ run the scheduler against real vLLM workers.)"""
+health check, GetLoad and GetModelInfo the way a worker does, with a switchable health; and the client side of the
+scheduler's lease stream, raw (:class:`Stream`) or one lease per stream, read like a call (:func:`open_lease`). (The
+integration tests in tests/ run the scheduler against real vLLM workers.)"""
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import grpc
 import pytest
+from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
-from goodput.scheduler.v1 import scheduler_pb2_grpc
+from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
 from goodput_core.clients import make_channel
+from goodput_core.errors import from_status
 
 from goodput_scheduler.__main__ import build
 from goodput_scheduler.clock import ManualClock
@@ -103,6 +108,86 @@ class SchedulerHarness:
 
     def metric(self, name: str, labels: dict[str, str]) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
+
+
+class Stream:
+    """A raw ``LeaseBatches`` stream: each :meth:`send` is one batch of lease messages; :meth:`next` gives the events
+    one by one, from as many batches as they come in."""
+
+    def __init__(self, h: SchedulerHarness) -> None:
+        self.out: asyncio.Queue[scheduler_pb2.LeaseMuxBatch | None] = asyncio.Queue()
+        self.call = h.stub.LeaseBatches(self._requests())
+        self._events: deque[scheduler_pb2.LeaseMuxEvent] = deque()
+
+    async def _requests(self) -> AsyncIterator[scheduler_pb2.LeaseMuxBatch]:
+        while (batch := await self.out.get()) is not None:
+            yield batch
+
+    def send(self, *requests: scheduler_pb2.LeaseMuxRequest) -> None:
+        self.out.put_nowait(scheduler_pb2.LeaseMuxBatch(requests=requests))
+
+    def close(self) -> None:
+        """Closes this side (the scheduler gives back what the stream held, then ends it)."""
+        self.out.put_nowait(None)
+
+    def cancel(self) -> None:
+        """The stream breaks (the gateway died): the scheduler releases what it held as ABANDONED."""
+        self.close()
+        self.call.cancel()
+
+    async def next(self, kind: str | None = None, *, timeout: float | None = 5) -> scheduler_pb2.LeaseMuxEvent:
+        """The next event (of ``kind``, skipping others)."""
+        while True:
+            while not self._events:
+                batch = await asyncio.wait_for(self.call.read(), timeout)
+                if batch is aio.EOF:
+                    raise AssertionError("the lease stream ended")
+                self._events.extend(batch.events)
+            event = self._events.popleft()
+            if kind is None or event.WhichOneof("kind") == kind:
+                return event
+
+
+class LeaseCall(Stream):
+    """One lease on a stream of its own, read like a call: :meth:`read` gives its events (``queued``, ``granted``,
+    ``released``) and raises a ``LeaseError`` as the GoodputError it stands for; :meth:`cancel` breaks the stream."""
+
+    def __init__(self, h: SchedulerHarness, lease_id: str) -> None:
+        super().__init__(h)
+        self.lease_id = lease_id
+
+    def send_one(self, **kind: object) -> None:
+        self.send(scheduler_pb2.LeaseMuxRequest(lease_id=self.lease_id, **kind))  # type: ignore[arg-type]
+
+    async def read(self) -> scheduler_pb2.LeaseMuxEvent:
+        event = await self.next(timeout=None)
+        if event.HasField("error"):
+            e = event.error
+            raise from_status(getattr(grpc.StatusCode, e.status), e.message, code=e.code or None,
+                              param=e.param or None, retry_after_s=e.retry_after_s or None)
+        return event
+
+    def first_token(self, ttft_s: float = 0.05) -> None:
+        self.send_one(first_token=scheduler_pb2.FirstToken(ttft_s=ttft_s))
+
+    async def release(self, outcome: int = scheduler_pb2.OUTCOME_OK, **usage: float) -> None:
+        """Releases the lease and waits for the scheduler's ``released``."""
+        self.send_one(release=scheduler_pb2.Release(outcome=outcome, **usage))  # type: ignore[arg-type]
+        while not (await self.read()).HasField("released"):
+            pass
+
+
+async def open_lease(h: SchedulerHarness, request_id: str, timeout: float | None = 10, *, skip_queued: bool = True,
+                     **admit: object) -> tuple[LeaseCall, scheduler_pb2.LeaseMuxEvent]:
+    """Admits a request (tenant "t", P0 unless ``admit`` says otherwise; ``timeout``: its deadline) on a stream of its
+    own; returns the stream and the first event (past ``queued`` ones with ``skip_queued``)."""
+    call = LeaseCall(h, request_id)
+    fields: dict[str, object] = {"tenant": "t", "priority": types_pb2.PRIORITY_P0, **admit}
+    call.send_one(admit=scheduler_pb2.Admit(request_id=request_id, **fields), timeout_s=timeout or 0.0)
+    event = await call.read()
+    while skip_queued and event.HasField("queued"):
+        event = await call.read()
+    return call, event
 
 
 def scheduler_settings(addresses: list[str], **overrides: object) -> SchedulerSettings:

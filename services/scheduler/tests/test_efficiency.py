@@ -8,8 +8,7 @@ import pytest
 from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2
 
-from .conftest import SchedulerHarness, scheduler_settings
-from .test_scheduler import open_lease
+from .conftest import SchedulerHarness, open_lease, scheduler_settings
 
 P0, P1, P2 = types_pb2.PRIORITY_P0, types_pb2.PRIORITY_P1, types_pb2.PRIORITY_P2
 IDLE = "goodput_scheduler_idle_while_queued_seconds_total"

@@ -17,14 +17,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from goodput.common.v1 import types_pb2
 from goodput.scheduler.v1 import scheduler_pb2
 
 from goodput_testing import KubeApiStandIn, async_wait_until, endpoint_slice
 
 from goodput_scheduler.endpointslices import EndpointState, ServiceTarget, _merge, slice_endpoints
 
-from .conftest import SchedulerHarness, StandInWorker, scheduler_settings
+from .conftest import LeaseCall, SchedulerHarness, StandInWorker, open_lease, scheduler_settings
 
 NAMESPACE = "goodput"
 SERVICE = "goodput-inference"
@@ -59,21 +58,10 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
     await async_wait_until(predicate, timeout=timeout, interval=0.02)
 
 
-async def lease(h: SchedulerHarness, request_id: str):  # type: ignore[no-untyped-def]
-    call = h.stub.Lease(timeout=10)
-    await call.write(scheduler_pb2.LeaseRequest(admit=scheduler_pb2.Admit(
-        request_id=request_id, tenant="t", priority=types_pb2.PRIORITY_P0)))
-    event = await call.read()
-    while event.HasField("queued"):
-        event = await call.read()
+async def lease(h: SchedulerHarness, request_id: str) -> tuple[LeaseCall, str]:
+    call, event = await open_lease(h, request_id)
     assert event.HasField("granted"), event
     return call, event.granted.address
-
-
-async def release(call) -> None:  # type: ignore[no-untyped-def]
-    await call.write(scheduler_pb2.LeaseRequest(release=scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_OK)))
-    await call.done_writing()
-    assert (await call.read()).HasField("released")
 
 
 def addresses(workers: list[Any]) -> set[str]:
@@ -131,7 +119,7 @@ async def test_ready_endpoints_are_added_and_vanished_ones_removed(workers, kube
             grants.append(address)
         assert sorted(grants) == sorted([a.address, b.address] * 2)
         for call in calls:
-            await release(call)
+            await call.release()
         kube_api.delete(NAMESPACE, slice_name(a))  # scale-in, nothing in flight: removed at once
         await h.until(lambda: addresses(h.workers.all()) == {b.address})
         assert kube_api.lists() == 1, "one list, then one watch carried every change"
@@ -165,14 +153,14 @@ async def test_a_terminating_endpoint_drains_while_its_lease_finishes(workers, k
             calls.append(call)
         worker_a = h.workers.get(a.address)
         assert worker_a is not None and worker_a.inflight == 1  # ... while the stream on the draining worker goes on
-        await release(inflight)
+        await inflight.release()
         assert worker_a.inflight == 0 and h.workers.get(a.address) is worker_a  # still listed until its endpoint goes
 
         kube_api.delete(NAMESPACE, slice_name(a))  # the pod exited
         await h.until(lambda: addresses(h.workers.all()) == {b.address})
         assert h.metric("goodput_scheduler_workers", {"state": "draining"}) == 0
         for call in calls:
-            await release(call)
+            await call.release()
 
 
 async def test_a_vanished_endpoint_leaves_once_its_leases_are_released(workers, kube_api) -> None:  # type: ignore[no-untyped-def]
@@ -187,10 +175,10 @@ async def test_a_vanished_endpoint_leaves_once_its_leases_are_released(workers, 
         worker_a = h.workers.get(a.address)
         assert worker_a is not None and worker_a.inflight == 1, "kept while its lease is in flight"
         (on_a,) = [rid for rid, held in h.leases.leases.items() if held.worker is worker_a]
-        await release(calls.pop(on_a))
+        await calls.pop(on_a).release()
         await h.until(lambda: addresses(h.workers.all()) == {b.address})
         for call in calls.values():
-            await release(call)
+            await call.release()
 
 
 async def test_a_worker_that_turns_ready_again_takes_grants_again(workers, kube_api) -> None:  # type: ignore[no-untyped-def]
@@ -204,7 +192,7 @@ async def test_a_worker_that_turns_ready_again_takes_grants_again(workers, kube_
         await h.until(lambda: addresses(h.workers.healthy()) == {a.address})
         call, address = await lease(h, "r1")
         assert address == a.address
-        await release(call)
+        await call.release()
 
 
 async def test_an_expired_version_relists_and_catches_up(workers, kube_api) -> None:  # type: ignore[no-untyped-def]
@@ -250,7 +238,7 @@ async def test_the_fleet_outlives_an_api_outage(workers, kube_api) -> None:  # t
         assert addresses(h.workers.healthy()) == {a.address}, "an API outage must not empty the fleet"
         call, address = await lease(h, "during-outage")
         assert address == a.address
-        await release(call)
+        await call.release()
         kube_api.outage = False
         kube_api.apply(slice_of(b))
         await h.until(lambda: addresses(h.workers.healthy()) == {a.address, b.address}, timeout=10)

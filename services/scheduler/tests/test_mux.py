@@ -1,19 +1,18 @@
-"""Many leases over one stream (Scheduler/Leases, the gateway's fast path): each lease goes through the same steps
-as on Lease, a refusal is an event for that lease alone, cancel withdraws, and a stream that ends gives back
-everything it held. The gateway's client side (goodput_gateway.leasemux.LeaseStream) is tested against a scheduler
-process in tests/integration/test_lease_stream.py."""
+"""Many leases over one stream (Scheduler/LeaseBatches, the gateway's): each lease is placed as any lease is, a
+refusal is an event for that lease alone, cancel withdraws, and a stream that ends gives back everything it held. The
+gateway's client side (goodput_gateway.leasemux.LeaseStream) is tested against a scheduler process in
+tests/integration/test_lease_stream.py."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import grpc
 import pytest
 from goodput.common.v1 import types_pb2
 from goodput.scheduler.v1 import scheduler_pb2
 
-from .conftest import SchedulerHarness, scheduler_settings
+from .conftest import SchedulerHarness, Stream, scheduler_settings
 
 P0, P2 = types_pb2.PRIORITY_P0, types_pb2.PRIORITY_P2
 
@@ -21,37 +20,6 @@ P0, P2 = types_pb2.PRIORITY_P0, types_pb2.PRIORITY_P2
 def admit(lease_id: str, *, priority: int = P0, timeout_s: float = 30.0) -> scheduler_pb2.LeaseMuxRequest:
     return scheduler_pb2.LeaseMuxRequest(lease_id=lease_id, timeout_s=timeout_s, admit=scheduler_pb2.Admit(
         request_id=lease_id, tenant="t", priority=priority))  # type: ignore[arg-type]
-
-
-class Stream:
-    """A raw Leases stream: messages in, events out (by lease); ``LeaseBatches``: batches each way."""
-
-    def __init__(self, h: SchedulerHarness, method: str = "Leases") -> None:
-        self.out: asyncio.Queue[Any] = asyncio.Queue()
-        self.call = getattr(h.stub, method)(self._requests())
-
-    async def _requests(self):  # type: ignore[no-untyped-def]
-        while (msg := await self.out.get()) is not None:
-            yield msg
-
-    def send(self, msg: scheduler_pb2.LeaseMuxRequest | scheduler_pb2.LeaseMuxBatch) -> None:
-        self.out.put_nowait(msg)
-
-    def close(self) -> None:
-        self.out.put_nowait(None)
-
-    async def batched(self, kind: str, n: int) -> list[scheduler_pb2.LeaseMuxEvent]:
-        """On LeaseBatches: the next ``n`` events of ``kind``, from as many batches as they come in."""
-        found: list[scheduler_pb2.LeaseMuxEvent] = []
-        while len(found) < n:
-            found += [e for e in (await asyncio.wait_for(self.call.read(), 5)).events if e.WhichOneof("kind") == kind]
-        return found
-
-    async def next(self, kind: str | None = None) -> scheduler_pb2.LeaseMuxEvent:
-        while True:
-            event = await asyncio.wait_for(self.call.read(), 5)
-            if kind is None or event.WhichOneof("kind") == kind:
-                return event
 
 
 async def test_many_leases_share_one_stream_and_each_is_released_on_its_own(workers) -> None:  # type: ignore[no-untyped-def]
@@ -73,7 +41,7 @@ async def test_many_leases_share_one_stream_and_each_is_released_on_its_own(work
         assert (await s.next("released")).lease_id == "r1"
         assert sum(w.inflight for w in h.workers.all()) == 3
         # the stream ends (the gateway went away): everything it held goes back
-        s.call.cancel()
+        s.cancel()
         await h.until(lambda: sum(w.inflight for w in h.workers.all()) == 0)
 
 
@@ -106,7 +74,7 @@ async def test_a_refusal_is_an_event_for_that_lease_and_the_stream_goes_on(worke
         assert (await s.next("error")).error.param == "timeout_s"
         s.send(scheduler_pb2.LeaseMuxRequest(lease_id="held", release=scheduler_pb2.Release()))
         assert (await s.next("released")).lease_id == "held"
-        s.out.put_nowait(None)
+        s.close()
 
 
 async def test_the_open_leases_of_one_stream_are_bounded(workers) -> None:  # type: ignore[no-untyped-def]
@@ -118,31 +86,30 @@ async def test_the_open_leases_of_one_stream_are_bounded(workers) -> None:  # ty
             s.send(admit(f"r{i}"))
         event = await s.next("error")
         assert (event.lease_id, event.error.code) == ("r2", "too_many_leases")
-        s.call.cancel()
+        s.cancel()
 
 
 async def test_lease_batches_carry_many_lease_messages_each_way_in_order(workers) -> None:  # type: ignore[no-untyped-def]
-    """LeaseBatches: one message with several leases' admits is answered lease by lease (the grants of a batch come
-    back together), a release in the same batch as its lease's first token is taken in order, and the stream's end
-    gives back what it held, as on Leases."""
+    """One message with several leases' admits is answered lease by lease (the grants of a batch come back together),
+    a release in the same batch as its lease's first token is taken in order, and the stream's end gives back what
+    it held."""
     (a,) = await workers(1)
     async with SchedulerHarness(scheduler_settings([a.address])) as h:
         await h.until(lambda: len(h.workers.healthy()) == 1)
-        s = Stream(h, "LeaseBatches")
-        s.send(scheduler_pb2.LeaseMuxBatch(requests=[admit(f"r{i}") for i in range(5)]))
-        grants = await s.batched("granted", 5)
+        s = Stream(h)
+        s.send(*[admit(f"r{i}") for i in range(5)])
+        grants = [await s.next("granted") for _ in range(5)]
         assert [g.lease_id for g in grants] == [f"r{i}" for i in range(5)]  # in the order admitted
         worker = h.workers.all()[0]
         assert worker.inflight == 5
         # each grant says how many lease slots its worker had left (what a gateway's speculative start weighs)
         cap = worker.lease_cap(h.leases.settings.max_inflight_per_worker)
         assert [g.granted.free_slots for g in grants] == [cap - n for n in range(1, 6)]
-        s.send(scheduler_pb2.LeaseMuxBatch(requests=[
-            scheduler_pb2.LeaseMuxRequest(lease_id="r0", first_token=scheduler_pb2.FirstToken(ttft_s=0.1)),
-            scheduler_pb2.LeaseMuxRequest(lease_id="r0", release=scheduler_pb2.Release(
-                outcome=scheduler_pb2.OUTCOME_OK, completion_tokens=3)),
-            scheduler_pb2.LeaseMuxRequest(lease_id="r1", cancel=scheduler_pb2.Cancel())]))
-        assert {e.lease_id for e in await s.batched("released", 2)} == {"r0", "r1"}
+        s.send(scheduler_pb2.LeaseMuxRequest(lease_id="r0", first_token=scheduler_pb2.FirstToken(ttft_s=0.1)),
+               scheduler_pb2.LeaseMuxRequest(lease_id="r0", release=scheduler_pb2.Release(
+                   outcome=scheduler_pb2.OUTCOME_OK, completion_tokens=3)),
+               scheduler_pb2.LeaseMuxRequest(lease_id="r1", cancel=scheduler_pb2.Cancel()))
+        assert {(await s.next("released")).lease_id for _ in range(2)} == {"r0", "r1"}
         assert h.workers.all()[0].inflight == 3
         s.close()  # the gateway closes its side: the three still held go back
         await h.until(lambda: h.workers.all()[0].inflight == 0)
@@ -152,10 +119,11 @@ async def test_a_batch_over_the_bound_ends_the_stream_invalid_and_gives_back_wha
     (a,) = await workers(1)
     async with SchedulerHarness(scheduler_settings([a.address], mux_max_batch=2)) as h:
         await h.until(lambda: len(h.workers.healthy()) == 1)
-        s = Stream(h, "LeaseBatches")
-        s.send(scheduler_pb2.LeaseMuxBatch(requests=[admit("r0"), admit("r1")]))  # at the bound: taken
-        await s.batched("granted", 2)
-        s.send(scheduler_pb2.LeaseMuxBatch(requests=[admit(f"x{i}") for i in range(3)]))
+        s = Stream(h)
+        s.send(admit("r0"), admit("r1"))  # at the bound: taken
+        for _ in range(2):
+            await s.next("granted")
+        s.send(*[admit(f"x{i}") for i in range(3)])
         with pytest.raises(grpc.aio.AioRpcError) as ended:
             while True:
                 await asyncio.wait_for(s.call.read(), 5)

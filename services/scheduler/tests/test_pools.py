@@ -12,8 +12,7 @@ from goodput_scheduler.config import SchedulerSettings
 from goodput_scheduler.placement import CycleState, PlacementRequest, Profile, ServesClass, build_pipeline
 from goodput_scheduler.registry import Worker
 
-from .conftest import SchedulerHarness, StandInWorker, scheduler_settings
-from .test_scheduler import open_lease
+from .conftest import SchedulerHarness, StandInWorker, open_lease, scheduler_settings
 
 P0, P1, P2 = types_pb2.PRIORITY_P0, types_pb2.PRIORITY_P1, types_pb2.PRIORITY_P2
 

@@ -3,29 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from goodput.common.v1 import types_pb2
 from goodput.scheduler.v1 import scheduler_pb2
 
-from .conftest import SchedulerHarness, scheduler_settings
+from goodput_core.errors import GoodputError
 
-
-def admit(request_id: str, **kw: object) -> scheduler_pb2.LeaseRequest:
-    fields: dict[str, object] = {"tenant": "t", "priority": types_pb2.PRIORITY_P0, **kw}
-    return scheduler_pb2.LeaseRequest(admit=scheduler_pb2.Admit(request_id=request_id, **fields))
-
-
-async def open_lease(h: SchedulerHarness, request_id: str, timeout: float | None = 10,  # type: ignore[no-untyped-def]
-                     *, skip_queued: bool = True, **kw: object):
-    call = h.stub.Lease(timeout=timeout)
-    await call.write(admit(request_id, **kw))
-    event = await call.read()
-    while skip_queued and event.HasField("queued"):
-        event = await call.read()
-    return call, event
+from .conftest import SchedulerHarness, open_lease, scheduler_settings
 
 
 async def test_least_loaded_placement_spreads_leases(workers) -> None:  # type: ignore[no-untyped-def]
@@ -76,15 +61,12 @@ async def test_explicit_release_frees_capacity_for_a_waiting_request(workers) ->
     async with SchedulerHarness(scheduler_settings([a.address], max_inflight_per_worker=1)) as h:
         await h.until(lambda: len(h.workers.healthy()) == 1)
         first, _ = await open_lease(h, "r1")
-        second = h.stub.Lease(timeout=10)
-        await second.write(admit("r2"))
-        assert (await second.read()).HasField("queued")
+        second, queued = await open_lease(h, "r2", skip_queued=False)
+        assert queued.HasField("queued")
         waiting = asyncio.create_task(second.read())
         await h.clock.advance(0.3)  # the dispatcher ticks: the worker is still at its cap
         assert h.leases.queued() == 1 and not waiting.done(), "the second request must wait while the worker is full"
-        await first.write(scheduler_pb2.LeaseRequest(release=scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_OK)))
-        await first.done_writing()
-        assert (await first.read()).HasField("released")
+        await first.release()
         event = await asyncio.wait_for(waiting, 5)
         assert event.granted.address == a.address
         second.cancel()
@@ -99,10 +81,10 @@ async def test_expired_request_never_gets_a_worker(workers) -> None:  # type: ig
         late, event = await open_lease(h, "r2", timeout=20, skip_queued=False)
         assert event.HasField("queued")
         await h.clock.advance(21)  # its own deadline (before P0's 30 s queue timeout) passes while it waits
-        with pytest.raises(grpc.aio.AioRpcError) as exc:
+        with pytest.raises(GoodputError) as exc:
             await late.read()
-        assert exc.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert "deadline passed while it waited" in (exc.value.details() or "")
+        assert exc.value.grpc_code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "deadline passed while it waited" in exc.value.message
         assert h.metric("goodput_scheduler_shed_total", {"priority": "P0", "reason": "deadline"}) == 1
         first.cancel()
 
@@ -114,11 +96,10 @@ async def test_full_queue_sheds_with_retry_after(workers) -> None:  # type: igno
         first, _ = await open_lease(h, "r1")
         second, queued = await open_lease(h, "r2", skip_queued=False)  # waits: the P0 queue holds one
         assert queued.HasField("queued")
-        with pytest.raises(grpc.aio.AioRpcError) as exc:
+        with pytest.raises(GoodputError) as exc:
             await open_lease(h, "r3")
-        assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        retry_after = dict(exc.value.trailing_metadata() or ()).get("retry-after")
-        assert retry_after is not None and float(retry_after) > 0
+        assert exc.value.grpc_code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert exc.value.retry_after_s is not None and exc.value.retry_after_s > 0
         first.cancel()
         second.cancel()
 
@@ -130,9 +111,9 @@ async def test_no_healthy_worker_is_unavailable(workers) -> None:  # type: ignor
         call, event = await open_lease(h, "r1", skip_queued=False)
         assert event.HasField("queued")
         await h.clock.advance(0.6)  # no healthy worker appeared within no_worker_wait_s
-        with pytest.raises(grpc.aio.AioRpcError) as exc:
+        with pytest.raises(GoodputError) as exc:
             await call.read()
-        assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert exc.value.grpc_code == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_reported_worker_failure_ejects_at_once(workers) -> None:  # type: ignore[no-untyped-def]
@@ -142,24 +123,10 @@ async def test_reported_worker_failure_ejects_at_once(workers) -> None:  # type:
         call, event = await open_lease(h, "r1")
         victim = a if event.granted.address == a.address else b
         await victim.server.stop(None)  # the worker process dies
-        await call.write(scheduler_pb2.LeaseRequest(
-            release=scheduler_pb2.Release(outcome=scheduler_pb2.OUTCOME_WORKER_FAILED)))
-        await call.done_writing()
+        await call.release(scheduler_pb2.OUTCOME_WORKER_FAILED)
         # With 30 s between routine checks, only the reported failure can eject it this fast.
         await h.until(lambda: [w.address for w in h.workers.healthy()] == [
             (b if victim is a else a).address], timeout=3)
-
-
-async def test_lease_must_start_with_admit(workers) -> None:  # type: ignore[no-untyped-def]
-    (a,) = await workers(1)
-    async with SchedulerHarness(scheduler_settings([a.address])) as h:
-        async def only_release() -> AsyncIterator[scheduler_pb2.LeaseRequest]:
-            yield scheduler_pb2.LeaseRequest(release=scheduler_pb2.Release())
-
-        with pytest.raises(grpc.aio.AioRpcError) as exc:
-            async for _ in h.stub.Lease(only_release()):
-                pass
-        assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def test_register_and_deregister_at_runtime(workers) -> None:  # type: ignore[no-untyped-def]

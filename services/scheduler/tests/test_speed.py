@@ -17,8 +17,7 @@ from goodput_scheduler.placement.plugins import CycleState
 from goodput_scheduler.predict import WorkerSpeed
 from goodput_scheduler.registry import Worker
 
-from .conftest import SchedulerHarness, StandInWorker, scheduler_settings
-from .test_scheduler import open_lease
+from .conftest import SchedulerHarness, StandInWorker, open_lease, scheduler_settings
 
 P0, P2 = types_pb2.PRIORITY_P0, types_pb2.PRIORITY_P2
 A100_7B = SpeedEstimate(prefill_s_per_token=0.00012, tpot_base_s=0.012, tpot_per_seq_s=0.0003)
@@ -120,12 +119,10 @@ async def test_the_scheduler_learns_a_workers_speed_from_the_gateways_releases()
             for i in range(3):
                 call, event = await open_lease(h, f"r{i}", prompt_tokens_estimate=100, max_tokens=50)
                 await h.clock.advance(0.2)  # first token after 0.2 s
-                await call.write(scheduler_pb2.LeaseRequest(first_token=scheduler_pb2.FirstToken(ttft_s=0.2)))
+                call.first_token(0.2)
                 await h.until(lambda: h.workers.healthy()[0].p0_prefilling == 0)
                 await h.clock.advance(49 * 0.05)  # then 49 tokens, 50 ms each
-                await call.write(scheduler_pb2.LeaseRequest(release=scheduler_pb2.Release(
-                    outcome=scheduler_pb2.OUTCOME_OK, prompt_tokens=100, completion_tokens=50, ttft_s=0.2)))
-                await call.read()  # Released
+                await call.release(prompt_tokens=100, completion_tokens=50, ttft_s=0.2)
                 call.cancel()
             listed = await h.stub.ListWorkers(scheduler_pb2.ListWorkersRequest())
             speed = listed.workers[0].speed

@@ -67,10 +67,7 @@ _INDEXERS = ("embedder", "indexWorker")
 
 ACCESS: dict[str, dict[str, Rule]] = {
     "scheduler": {
-        # A stream: its first message's tenant is believed only because every caller is a tenant actor.
-        _SCHED + "Lease": _r(*_GW, tenant="admit.tenant"),
         # Many leases on one stream: each admit's tenant is believed because only tenant actors may open it.
-        _SCHED + "Leases": _r(*_GW),
         _SCHED + "LeaseBatches": _r(*_GW),
         _SCHED + "ListWorkers": _r(*_GW, OPERATOR),
         _SCHED + "RegisterWorker": _r("inference"),

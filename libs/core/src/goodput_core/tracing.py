@@ -35,8 +35,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 # Health checks and load polls run every second: tracing them would drown the request traces. The scheduler's
 # multiplexed lease stream lives as long as its gateway and carries many requests: each lease is a span of its own
 # request's trace (goodput_scheduler.mux), and one span for the whole stream would say nothing but cost every message.
-_UNTRACED_METHODS = frozenset({"/goodput.scheduler.v1.Scheduler/Leases",
-                               "/goodput.scheduler.v1.Scheduler/LeaseBatches"})
+_UNTRACED_METHODS = frozenset({"/goodput.scheduler.v1.Scheduler/LeaseBatches"})
 _UNTRACED_SERVICES = ("grpc.health.v1.Health", "grpc.reflection")
 
 

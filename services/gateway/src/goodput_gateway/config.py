@@ -136,9 +136,6 @@ class GatewaySettings(ServiceSettings):
                                           "model served. Auto picks the cheapest pool predicted to meet the "
                                           "request's class SLO (goodput_gateway.autoroute); list only models whose "
                                           "answers are good enough for what is sent as auto.")
-    lease_mux: bool = Field(True, description="Every request's scheduler lease over one long-lived multiplexed "
-                                              "stream (Scheduler/LeaseBatches: the fast path); false = a Lease stream "
-                                              "per request.")
     worker_mux: bool = Field(True, description="Requests' generations as messages on long-lived multiplexed "
                                                "streams to each worker (Inference/GenerateBatches: the fast path, "
                                                "no call set up per request; tokens that queue up behind a write go "

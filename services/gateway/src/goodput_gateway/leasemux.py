@@ -1,14 +1,13 @@
-"""The gateway's fast path to the scheduler: every request's lease over one long-lived ``Scheduler/LeaseBatches``
-stream (``LEASE_MUX``, on by default), instead of a ``Lease`` stream set up and torn down per request.
+"""How the gateway leases workers: every request's lease over one long-lived ``Scheduler/LeaseBatches`` stream to the
+scheduler, not a stream set up and torn down per request.
 
 One stream per gateway process, opened on first use. Messages go out through one queue that gRPC drains in order (a
 stream takes one write at a time): what queued up while the previous write was in flight goes out as one batch
 message (``goodput_core.batching``), so under load an admit waits for at most one write, not for every message ahead
 of it. Events come back, batched the same way by the scheduler, through one reader task that hands each to its lease
-by ``lease_id``. A scheduler of an earlier release answers ``UNIMPLEMENTED``: the gateway then goes on with ``Leases``
-(a gRPC message per lease message). A lease is the same conversation as on ``Lease``: admit, then ``granted`` (or a
-``LeaseError``, turned back into the same :class:`~goodput_core.errors.GoodputError` a failed ``Lease`` call gives),
-first token, release. A caller that goes away while it waits sends ``cancel``.
+by ``lease_id``. A lease is admit, then ``granted`` (or a ``LeaseError``, turned back into the
+:class:`~goodput_core.errors.GoodputError` it stands for), first token, release. A caller that goes away while it
+waits sends ``cancel``.
 
 **Failover.** The scheduler runs active-passive (``goodput_scheduler.leader``); the channel reaches the replica that
 leads. When the stream breaks (the leader died, stepped down or restarted), the scheduler side has given back
@@ -20,8 +19,7 @@ everything the stream held, and the gateway:
 * re-admits every admission that was still waiting, within its own deadline and the same window: a request a retry
   can save is not lost (it joins the new leader's queue at the back).
 
-A scheduler that was never reachable is not a failover: the admission fails at once with UNAVAILABLE (503), as a
-``Lease`` call would.
+A scheduler that was never reachable is not a failover: the admission fails at once with UNAVAILABLE (503).
 
 Example (in a coroutine)::
 
@@ -68,27 +66,18 @@ class _Broken(Exception):
 
 
 class _Stream:
-    """One open ``LeaseBatches`` call (``Leases`` with ``batched=False``): its outgoing queue, its reader, the leases
-    waiting for a grant or a release."""
+    """One open ``LeaseBatches`` call: its outgoing queue, its reader, the leases waiting for a grant or a release."""
 
-    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub, on_broken: Callable[[_Stream], None], *,
-                 batched: bool = True) -> None:
+    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub, on_broken: Callable[[_Stream], None]) -> None:
         self.out: asyncio.Queue[object] = asyncio.Queue()
         self.waiting: dict[str, asyncio.Future[scheduler_pb2.LeaseMuxEvent]] = {}  # admits awaiting their answer
         self.releasing: dict[str, asyncio.Future[None]] = {}  # releases awaiting the scheduler's `released`
         self.on_queued: dict[str, Callable[[], None]] = {}  # admits whose caller wants to know they wait
-        self.batched = batched
-        self.call: aio.StreamStreamCall = stub.LeaseBatches(self._requests()) if batched \
-            else stub.Leases(self._one_by_one())
+        self.call: aio.StreamStreamCall = stub.LeaseBatches(self._requests())
         self.broken: GoodputError | None = None
         self.answered = False  # a scheduler answered on it (so its end is a failover, not an absent scheduler)
-        self.unimplemented = False  # the scheduler (an earlier release) does not know LeaseBatches
         self._on_broken = on_broken
         self.reader = asyncio.get_running_loop().create_task(self._read(), name="lease-stream-reader")
-
-    async def _one_by_one(self) -> AsyncIterator[_Request]:
-        while (msg := await self.out.get()) is not _CLOSE:
-            yield msg  # type: ignore[misc]
 
     async def _requests(self) -> AsyncIterator[scheduler_pb2.LeaseMuxBatch]:
         """What queued up while the previous message was being written, as one message (goodput_core.batching)."""
@@ -103,13 +92,10 @@ class _Stream:
     async def _read(self) -> None:
         try:
             async for message in self.call:
-                for event in message.events if self.batched else (message,):
+                for event in message.events:
                     self._route(event)
             self._break(Unavailable("the scheduler closed the lease stream", retry_after_s=0.5))
         except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNIMPLEMENTED and self.batched:
-                # a scheduler is there, of an earlier release: the admissions waiting here go again, on Leases
-                self.unimplemented = self.answered = True
             self._break(from_rpc_error(err) if err.code() != grpc.StatusCode.CANCELLED else
                         Unavailable("the lease stream was closed", retry_after_s=0.5))
         except asyncio.CancelledError:
@@ -178,7 +164,6 @@ class LeaseStream:
         self._held: dict[str, _Held] = {}
         self._closed = False
         self._reattacher: asyncio.Task[None] | None = None
-        self._batched = True  # LeaseBatches; Leases once a scheduler of an earlier release said it does not know it
         # until when a failover is waited out: a stream that a scheduler had answered on broke (new admissions then
         # wait for the next leader too, instead of failing while none is elected yet)
         self._failover_until = 0.0
@@ -187,16 +172,12 @@ class LeaseStream:
     def _open(self) -> _Stream:
         stream = self._stream
         if stream is None or stream.broken is not None or stream.call.done():
-            stream = self._stream = _Stream(self._stub, self._broken, batched=self._batched)
+            stream = self._stream = _Stream(self._stub, self._broken)
         return stream
 
     def _broken(self, stream: _Stream) -> None:
         """A stream broke: the leases it held are attached to a new one (in the background, while no replica leads
         yet), before new work needs it."""
-        if stream.unimplemented and self._batched:
-            self._batched = False
-            log.warning("the scheduler does not know LeaseBatches (an earlier release): leases go on Leases, one "
-                        "message at a time, until this gateway restarts; upgrade schedulers before gateways")
         if stream.answered:
             self._failover_until = asyncio.get_running_loop().time() + FAILOVER_WINDOW_S
         if self._closed or not any(held.stream is stream for held in self._held.values()):

@@ -67,7 +67,7 @@ class GatewayMetrics:
         self.worker_starts = Counter(
             "goodput_gateway_worker_starts_total", "Generations started at a worker, by how: stream (on a "
             "multiplexed GenerateBatches stream, WORKER_MUX) or call (a Generate call of its own: past "
-            "WORKER_MUX_MAX_OPEN, a worker of an earlier release, or WORKER_MUX off).", ["transport"],
+            "WORKER_MUX_MAX_OPEN, or WORKER_MUX off).", ["transport"],
             registry=registry)
         self.token_gate_parked = Counter(
             "goodput_gateway_token_gate_parked_total", "Later tokens (after a stream's first) relayed in a later "

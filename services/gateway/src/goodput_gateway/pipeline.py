@@ -110,13 +110,11 @@ class StreamStart:
 
 @dataclass
 class _Lease:
-    call: aio.StreamStreamCall | None  # its own Lease stream; None: on the shared stream (mux)
     worker_id: str
     address: str
+    lease_id: str = ""  # its id on the gateway's lease stream
     free_slots: int = 0  # the lease slots its worker had left once it was granted (the scheduler's word)
     released: bool = False
-    first_token: asyncio.Task[None] | None = None  # the first-token report, sent before the release
-    mux_id: str = ""  # its id on the shared lease stream
     first_token_sent: bool = False
 
 
@@ -243,7 +241,7 @@ class Pipeline:
         self._models: tuple[float, list[ModelEntry]] = (0.0, [])
         self._workers: list[scheduler_pb2.WorkerStatus] = []  # the same ListWorkers answer, for model "auto"
         self.queue_waits = QueueWaits()  # measured per (model, class): what model "auto" expects to wait
-        self.lease_stream = LeaseStream(scheduler) if settings.lease_mux else None  # the fast path
+        self.lease_stream = LeaseStream(scheduler)
         self.worker_streams = WorkerStreams(self._channel, per_worker=settings.worker_mux_streams,
                                             max_open=settings.worker_mux_max_open) \
             if settings.worker_mux else None  # the fast path
@@ -273,7 +271,7 @@ class Pipeline:
     def _call_worker(self, address: str, gen: inference_pb2.GenerateRequest, *, deadline: float,
                      span: Span) -> WorkerCall:
         """Starts ``gen`` at the worker: on a shared stream (WORKER_MUX) while few of this gateway's requests run
-        there (WORKER_MUX_MAX_OPEN) and the worker knows GenerateBatches; else as a Generate call of its own."""
+        there (WORKER_MUX_MAX_OPEN); else as a Generate call of its own."""
         timeout = max(deadline - time.monotonic(), 0.001)
         if self.worker_streams is not None:
             started = self.worker_streams.generate(address, gen, timeout_s=timeout,
@@ -292,8 +290,7 @@ class Pipeline:
 
     async def close(self) -> None:
         await self.settle()
-        if self.lease_stream is not None:
-            await self.lease_stream.close()
+        await self.lease_stream.close()
         if self.worker_streams is not None:
             await self.worker_streams.close()
         for channel in self._channels.values():
@@ -477,7 +474,7 @@ class Pipeline:
             if self._probes[key] % _PROBE_EVERY:
                 return None
         worker_id, address = hint
-        guess = _Lease(call=None, worker_id=worker_id, address=address)
+        guess = _Lease(worker_id=worker_id, address=address)
         task = asyncio.get_running_loop().create_task(
             self._start_worker(principal, req, guess, request_id=request_id, model=model, deadline=deadline),
             name=f"early-start-{request_id}")
@@ -509,47 +506,15 @@ class Pipeline:
                                     session_id=req.affinity(principal.tenant), fixed_output=cost.fixed_output,
                                     tenant_weight=principal.weight,
                                     max_queue_wait_s=max_queue_wait_s)
-        if self.lease_stream is not None:
-            # unique on the stream even when a caller reuses its request id (or the worker retry leases again)
-            lease_id = f"{request_id}/{next(self._lease_seq)}"
-            async with self.breaker.guard():
-                granted = await self.lease_stream.acquire(lease_id, admit, timeout_s=deadline - time.monotonic(),
-                                                          on_queued=on_queued)
-            self.metrics.stage.labels("schedule").observe(time.monotonic() - started)
-            self.queue_waits.observe(model, req.priority, granted.queue_wait_s)
-            return _Lease(call=None, worker_id=granted.worker_id, address=granted.address, mux_id=lease_id,
-                          free_slots=granted.free_slots)
-        # the scheduler's span of this lease joins the request's trace
-        call = self.scheduler.Lease(timeout=deadline - time.monotonic(), metadata=_trace_metadata())
-        try:
-            async with self.breaker.guard():
-                await call.write(scheduler_pb2.LeaseRequest(admit=admit))
-                while True:
-                    event = await call.read()
-                    if event is aio.EOF:
-                        raise Unavailable("the scheduler closed the lease without a grant")
-                    kind = event.WhichOneof("kind")
-                    if kind == "granted":
-                        break
-                    if kind == "queued" and on_queued is not None:
-                        on_queued()
-                        on_queued = None
-        except grpc.RpcError as err:
-            call.cancel()
-            raise from_rpc_error(err) from None
-        except asyncio.InvalidStateError:
-            # grpc.aio raises this from write() when the call has already ended (the scheduler is unreachable);
-            # the call's own status says why.
-            ended = aio.AioRpcError(await call.code(), aio.Metadata(),
-                                    await call.trailing_metadata() or aio.Metadata(), details=await call.details())
-            raise from_rpc_error(ended) from None
-        except BaseException:
-            call.cancel()
-            raise
+        # unique on the stream even when a caller reuses its request id (or the worker retry leases again)
+        lease_id = f"{request_id}/{next(self._lease_seq)}"
+        async with self.breaker.guard():
+            granted = await self.lease_stream.acquire(lease_id, admit, timeout_s=deadline - time.monotonic(),
+                                                      on_queued=on_queued)
         self.metrics.stage.labels("schedule").observe(time.monotonic() - started)
-        self.queue_waits.observe(model, req.priority, event.granted.queue_wait_s)
-        return _Lease(call=call, worker_id=event.granted.worker_id, address=event.granted.address,
-                      free_slots=event.granted.free_slots)
+        self.queue_waits.observe(model, req.priority, granted.queue_wait_s)
+        return _Lease(worker_id=granted.worker_id, address=granted.address, lease_id=lease_id,
+                      free_slots=granted.free_slots)
 
     async def _start_worker(self, principal: Principal, req: GenerationRequest, lease: _Lease, *, request_id: str,
                             model: str, deadline: float) -> tuple[WorkerCall, StreamStart, Span]:
@@ -567,13 +532,7 @@ class Pipeline:
             "server.address": lease.address, "goodput.worker": lease.worker_id})
         call = self._call_worker(lease.address, gen, deadline=deadline, span=span)
         try:
-            try:
-                first = await call.read()
-            except aio.AioRpcError as err:
-                if not (isinstance(call, MuxCall) and err.code() == grpc.StatusCode.UNIMPLEMENTED):
-                    raise
-                call = self._call_worker(lease.address, gen, deadline=deadline, span=span)  # an earlier release
-                first = await call.read()
+            first = await call.read()
         except grpc.RpcError as err:
             call.cancel()
             _end_failed(span, err)
@@ -595,15 +554,10 @@ class Pipeline:
     def report_first_token(self, lease: _Lease, ttft_s: float) -> None:
         """Tells the scheduler the prompt's prefill is done (off the caller's path): its prefill gate and latency
         guard act on it before the request ends."""
-        if lease.released or lease.first_token is not None:
+        if lease.released or lease.first_token_sent:
             return
-        if lease.call is None:
-            if self.lease_stream is not None and not lease.first_token_sent:
-                lease.first_token_sent = True
-                self.lease_stream.first_token(lease.mux_id, ttft_s)
-            return
-        message = scheduler_pb2.LeaseRequest(first_token=scheduler_pb2.FirstToken(ttft_s=ttft_s))
-        lease.first_token = asyncio.get_running_loop().create_task(_write_quietly(lease.call, message))
+        lease.first_token_sent = True
+        self.lease_stream.first_token(lease.lease_id, ttft_s)
 
     def release(self, lease: _Lease, outcome: int, *, prompt_tokens: int = 0, completion_tokens: int = 0,
                 ttft_s: float = 0.0) -> None:
@@ -613,28 +567,15 @@ class Pipeline:
         lease.released = True
         release = scheduler_pb2.Release(outcome=cast(Any, outcome), prompt_tokens=prompt_tokens,
                                         completion_tokens=completion_tokens, ttft_s=ttft_s)
-        send = self.lease_stream.release(lease.mux_id, release) if lease.call is None and self.lease_stream \
-            else self._send_release(lease, release)
-        task = asyncio.get_running_loop().create_task(send)
+        task = asyncio.get_running_loop().create_task(self.lease_stream.release(lease.lease_id, release))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    @staticmethod
-    async def _send_release(lease: _Lease, release: scheduler_pb2.Release) -> None:
-        assert lease.call is not None
-        try:
-            if lease.first_token is not None:  # one write at a time on the stream, in order
-                await asyncio.wait_for(lease.first_token, timeout=5)
-            await asyncio.wait_for(_release_call(lease.call, release), timeout=5)
-        except (grpc.RpcError, asyncio.TimeoutError, asyncio.CancelledError):
-            lease.call.cancel()  # the scheduler then releases it as abandoned
 
-
-def _trace_metadata(span: Span | None = None) -> tuple[tuple[str, str], ...]:
-    """The trace context (of ``span``, else the current one) as a call's metadata, for a channel without the
-    tracing interceptor."""
+def _trace_metadata(span: Span) -> tuple[tuple[str, str], ...]:
+    """The trace context of ``span`` as a call's metadata, for a channel without the tracing interceptor."""
     carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=trace.set_span_in_context(span) if span is not None else None)
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
     return tuple(carrier.items())
 
 
@@ -644,21 +585,6 @@ def _end_failed(span: Span, err: grpc.RpcError | None = None) -> None:
         span.set_attribute("rpc.grpc.status_code", code.value[0])
     span.set_status(Status(StatusCode.ERROR, code.name if code is not None else None))
     span.end()
-
-
-async def _write_quietly(call: aio.StreamStreamCall, message: scheduler_pb2.LeaseRequest) -> None:
-    """An advisory write: a broken lease stream is handled by the release that follows."""
-    try:
-        await call.write(message)
-    except (grpc.RpcError, asyncio.InvalidStateError):
-        pass
-
-
-async def _release_call(call: aio.StreamStreamCall, release: scheduler_pb2.Release) -> None:
-    await call.write(scheduler_pb2.LeaseRequest(release=release))
-    await call.done_writing()
-    while await call.read() is not aio.EOF:
-        pass
 
 
 def _calls_proto(calls: str) -> list[types_pb2.ToolCall]:

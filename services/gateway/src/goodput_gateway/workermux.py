@@ -19,8 +19,7 @@ A generation is used like the ``Generate`` call it replaces (:class:`MuxCall`: `
 message and trailing metadata; ``cancel()`` aborts it in the engine), so the pipeline's error handling is the same for
 both. When the stream breaks (the worker died or restarted), every generation on it fails UNAVAILABLE, as each call
 would have: a request not yet streaming is retried on another worker, one mid-stream ends with its error; the next
-request opens a new stream. A worker of an earlier release answers ``UNIMPLEMENTED``: that address then gets
-``Generate`` calls (:meth:`WorkerStreams.supported`).
+request opens a new stream.
 
 Example (in a coroutine)::
 
@@ -156,7 +155,6 @@ class _Stream:
         self.calls: dict[str, MuxCall] = {}
         self.call: aio.StreamStreamCall = stub.GenerateBatches(self._requests())
         self.broken = False
-        self.unimplemented = False  # the worker (an earlier release) does not know GenerateBatches
         self.reader = asyncio.get_running_loop().create_task(self._read(), name=f"worker-stream-{address}")
 
     async def _requests(self) -> AsyncIterator[inference_pb2.GenerateMuxBatch]:
@@ -187,7 +185,6 @@ class _Stream:
                     if call is not None:
                         call._event(event)
         except aio.AioRpcError as err:
-            self.unimplemented = err.code() == grpc.StatusCode.UNIMPLEMENTED
             error = err if err.code() != grpc.StatusCode.CANCELLED else \
                 _rpc_error(grpc.StatusCode.UNAVAILABLE, "the worker's generation stream was closed")
         except asyncio.CancelledError:
@@ -205,7 +202,7 @@ class _Stream:
             return
         self.broken = True
         calls, self.calls = list(self.calls.values()), {}
-        if calls and not self.unimplemented:
+        if calls:
             log.warning("worker stream broke with generations open", extra={"worker": self.address,
                                                                            "open": len(calls),
                                                                            "code": error.code().name})
@@ -229,36 +226,17 @@ class WorkerStreams:
         self.per_worker = per_worker
         self.max_open = max_open  # generations on a worker's streams at once (WORKER_MUX_MAX_OPEN)
         self._streams: dict[str, list[_Stream]] = {}
-        self._legacy: set[str] = set()  # addresses whose worker does not know GenerateBatches
         self._ids = itertools.count()
-
-    def supported(self, address: str) -> bool:
-        """False once the worker at ``address`` answered that it does not know GenerateBatches."""
-        self._prune(address)
-        return address not in self._legacy
-
-    def _prune(self, address: str) -> list[_Stream]:
-        """The open streams to ``address``, those that ended dropped (noting a worker that does not know
-        GenerateBatches)."""
-        streams = self._streams.setdefault(address, [])
-        ended = [s for s in streams if s.broken or s.call.done()]
-        if ended:
-            if any(s.unimplemented for s in ended) and address not in self._legacy:
-                self._legacy.add(address)
-                log.warning("a worker does not know GenerateBatches (an earlier release): its requests go as "
-                            "Generate calls until this gateway restarts", extra={"worker": address})
-            streams[:] = [s for s in streams if s not in ended]
-        return streams
 
     def generate(self, address: str, request: inference_pb2.GenerateRequest, *, timeout_s: float,
                  trace_context: Mapping[str, str] = _NO_CONTEXT) -> MuxCall | None:
         """Starts ``request`` on the least busy open stream to the worker at ``address`` (a new one while every
         open one carries generations and there are fewer than ``per_worker``: a stream writes one message at a
         time); read the returned call like a ``Generate`` call. None, and nothing started, when ``max_open``
-        generations already run on that worker's streams or the worker does not know GenerateBatches: the
-        caller makes a ``Generate`` call instead."""
-        streams = self._prune(address)
-        if address in self._legacy or sum(len(s.calls) for s in streams) >= self.max_open:
+        generations already run on that worker's streams: the caller makes a ``Generate`` call instead."""
+        streams = self._streams.setdefault(address, [])
+        streams[:] = [s for s in streams if not (s.broken or s.call.done())]  # those that ended dropped
+        if sum(len(s.calls) for s in streams) >= self.max_open:
             return None
         best = min(streams, key=lambda s: len(s.calls), default=None)
         if best is None or (best.calls and len(streams) < self.per_worker):

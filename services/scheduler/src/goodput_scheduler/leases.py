@@ -20,7 +20,7 @@
 
 Time comes from an injected :class:`~goodput_scheduler.clock.Clock`.
 
-Example (in a coroutine; the servicer does exactly this per ``Lease`` stream)::
+Example (in a coroutine; :mod:`~goodput_scheduler.mux` does this per lease)::
 
     ticket = leases.enqueue(request, deadline=leases.clock.now() + 30)   # or refused: ResourceExhausted
     lease = await leases.wait(ticket)         # or: lease = await leases.acquire(request, deadline=...)

@@ -1,16 +1,13 @@
-"""Many leases over one stream (``Scheduler/LeaseBatches``, or ``Scheduler/Leases`` unbatched): the gateway's fast
-path. A per-request ``Lease`` stream costs a stream's setup and teardown on both sides for every request; on one
-long-lived stream a lease is two small messages (admit, granted) on a connection already open, and on
-``LeaseBatches`` the messages that queued up behind a write go out together (``goodput_core.batching``).
+"""Many leases over one stream (``Scheduler/LeaseBatches``): how the gateway leases workers. On one long-lived stream
+a lease is two small messages (admit, granted) on a connection already open, not a stream set up and torn down per
+request, and the messages that queued up behind a write go out together (``goodput_core.batching``).
 
-Each message names its lease (``lease_id``). A lease goes through the same steps as on ``Lease`` (admitted into its
-class queue, granted, first token, released) through the same :class:`~goodput_scheduler.leases.LeaseManager`; a
-refusal or a drop is a ``LeaseError`` event for that lease alone, carrying what ``Lease`` carries in its status and
-trailing metadata. ``cancel`` withdraws a lease (its caller went away). When the stream ends or breaks, every lease
-it still holds is released as ABANDONED and every queued one leaves its queue, as a broken ``Lease`` stream does:
-capacity is never leaked. The open leases per stream are bounded (``MUX_MAX_LEASES``).
+Each message names its lease (``lease_id``). A lease goes through its steps (admitted into its class queue, granted,
+first token, released) through the :class:`~goodput_scheduler.leases.LeaseManager`; a refusal or a drop is a
+``LeaseError`` event for that lease alone (the error's status, code and retry-after). ``cancel`` withdraws a lease
+(its caller went away). When the stream ends or breaks, every lease it still holds is released as ABANDONED and every
+queued one leaves its queue: capacity is never leaked. The open leases per stream are bounded (``MUX_MAX_LEASES``).
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -57,7 +54,7 @@ class _Open:
 
 
 class LeaseMux:
-    """The leases of one ``Leases`` stream. :meth:`handle` takes each request message; events go to ``emit``;
+    """The leases of one ``LeaseBatches`` stream. :meth:`handle` takes each request message; events go to ``emit``;
     :meth:`close` (always called) gives back whatever the stream still holds."""
 
     def __init__(self, leases: LeaseManager, emit: Callable[[Event], None], *, max_leases: int,

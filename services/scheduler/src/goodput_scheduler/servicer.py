@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 
 from goodput_core.batching import event_batches, feed, unbatched
-from goodput_core.context import request_context
 from goodput_core.errors import InvalidArgument, NotFound, Unavailable
 
 from goodput_scheduler.leases import LeaseManager
 from goodput_scheduler.mux import LeaseMux
-from goodput_scheduler.placement import PlacementRequest
 from goodput_scheduler.registry import Worker, WorkerRegistry
-
-log = logging.getLogger("goodput.scheduler")
 
 MAX_BATCH = 512  # lease events in one LeaseBatches message (a few hundred bytes each)
 
@@ -58,11 +53,10 @@ def tenant_weight(sent: float) -> float:
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, leases: LeaseManager, registry: WorkerRegistry, *, admit_timeout_s: float,
-                 mux_max_leases: int = 10_000, mux_max_batch: int = 4096) -> None:
+    def __init__(self, leases: LeaseManager, registry: WorkerRegistry, *, mux_max_leases: int = 10_000,
+                 mux_max_batch: int = 4096) -> None:
         self.leases = leases
         self.registry = registry
-        self.admit_timeout_s = admit_timeout_s
         self.mux_max_leases = mux_max_leases
         self.mux_max_batch = mux_max_batch
         self.leading = True  # a standby (leader election) admits nothing
@@ -80,91 +74,27 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         for events in list(self._streams):
             events.put_nowait(Unavailable("this scheduler is no longer the leader", retry_after_s=0.5))
 
-    async def Leases(self, request_iterator: AsyncIterator[scheduler_pb2.LeaseMuxRequest],
-                     context: aio.ServicerContext) -> AsyncIterator[scheduler_pb2.LeaseMuxEvent]:
-        """Many leases over one stream (:mod:`goodput_scheduler.mux`), a message per lease message."""
-        async with aclosing(self._mux(request_iterator)) as batches:  # given back at once, however the call ends
-            async for events in batches:
-                for event in events:
-                    yield event
-
     async def LeaseBatches(self, request_iterator: AsyncIterator[scheduler_pb2.LeaseMuxBatch],
                            context: aio.ServicerContext) -> AsyncIterator[scheduler_pb2.LeaseMuxEventBatch]:
-        """``Leases`` with batched messages each way: the events that queued up while the previous message was being
-        written go out as one (:mod:`goodput_core.batching`)."""
+        """Many leases over one stream (:mod:`goodput_scheduler.mux`), batched each way: the events that queued up
+        while the previous message was being written go out as one (:mod:`goodput_core.batching`)."""
+        self._check_leading()
         requests = unbatched(request_iterator, items=lambda b: b.requests, limit=self.mux_max_batch,
                              method="LeaseBatches")
-        async with aclosing(self._mux(requests)) as batches:
-            async for events in batches:
-                yield scheduler_pb2.LeaseMuxEventBatch(events=events)
-
-    async def _mux(self, requests: AsyncIterator[scheduler_pb2.LeaseMuxRequest]
-                   ) -> AsyncGenerator[list[scheduler_pb2.LeaseMuxEvent], None]:
-        self._check_leading()
         events: asyncio.Queue[scheduler_pb2.LeaseMuxEvent | None | Exception] = asyncio.Queue()
         mux = LeaseMux(self.leases, events.put_nowait, max_leases=self.mux_max_leases, parse_weight=tenant_weight)
         reader = asyncio.get_running_loop().create_task(feed(requests, mux.handle, close=mux.close, events=events),
                                                         name="lease-mux")
         self._streams.add(events)
         try:
-            async with aclosing(event_batches(events, limit=MAX_BATCH, wrap=lambda events: events)) as batches:
+            batches = event_batches(events, limit=MAX_BATCH, wrap=lambda e: scheduler_pb2.LeaseMuxEventBatch(events=e))
+            async with aclosing(batches):
                 async for batch in batches:
                     yield batch
         finally:
             self._streams.discard(events)
             reader.cancel()
             mux.close()  # idempotent: whatever the reader had not given back yet
-
-    async def Lease(self, request_iterator: AsyncIterator[scheduler_pb2.LeaseRequest],
-                    context: aio.ServicerContext) -> AsyncIterator[scheduler_pb2.LeaseEvent]:
-        self._check_leading()
-        try:
-            first = await asyncio.wait_for(anext(request_iterator), self.admit_timeout_s)
-        except (StopAsyncIteration, asyncio.TimeoutError):
-            raise InvalidArgument("a lease starts with an `admit` message") from None
-        if not first.HasField("admit"):
-            raise InvalidArgument("a lease starts with an `admit` message")
-        a = first.admit
-        remaining = context.time_remaining()
-        now = self.leases.clock.now()
-        deadline = now + remaining if remaining is not None else None
-        # the class's queue-wait budget: waiting longer than it fails the request too (its service is judged
-        # against the request's own deadline)
-        queue_deadline = now + a.max_queue_wait_s if a.max_queue_wait_s > 0 else None
-        req = PlacementRequest(request_id=a.request_id, tenant=a.tenant, priority=int(a.priority), model=a.model,
-                               prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
-                               prefix_hint=a.prefix_hint, session_id=a.session_id, fixed_output=a.fixed_output,
-                               tenant_weight=tenant_weight(a.tenant_weight))
-        with request_context(request_id=a.request_id, tenant=a.tenant or None):
-            ticket = self.leases.enqueue(req, deadline=deadline, queue_deadline=queue_deadline)
-            try:
-                if not ticket.done:
-                    yield scheduler_pb2.LeaseEvent(queued=scheduler_pb2.Queued(
-                        position=self.leases.position(ticket)))
-                lease = await self.leases.wait(ticket)
-            except BaseException:
-                # The stream closed while queued (client gone): never leave a ticket to be granted to nobody.
-                self.leases.abandon(ticket)
-                raise
-            outcome = scheduler_pb2.OUTCOME_ABANDONED
-            ttft_s, prompt_tokens, completion_tokens = 0.0, 0, 0
-            try:
-                yield scheduler_pb2.LeaseEvent(granted=self.leases.granted(lease))
-                async for msg in request_iterator:
-                    if msg.HasField("first_token"):
-                        self.leases.first_token(lease, msg.first_token.ttft_s)
-                    elif msg.HasField("release"):
-                        outcome = msg.release.outcome or scheduler_pb2.OUTCOME_OK
-                        ttft_s = msg.release.ttft_s
-                        prompt_tokens, completion_tokens = msg.release.prompt_tokens, msg.release.completion_tokens
-                        break
-            finally:
-                # Runs on release, on a broken stream and on cancellation alike: capacity is never leaked.
-                self.leases.release(lease, outcome, ttft_s=ttft_s, prompt_tokens=prompt_tokens,
-                                    completion_tokens=completion_tokens)
-                if outcome == scheduler_pb2.OUTCOME_ABANDONED:
-                    log.info("lease abandoned: the gateway went away", extra={"worker": lease.worker.worker_id})
-            yield scheduler_pb2.LeaseEvent(released=scheduler_pb2.Released())
 
     async def ListWorkers(self, request: scheduler_pb2.ListWorkersRequest,
                           context: aio.ServicerContext) -> scheduler_pb2.ListWorkersResponse:

@@ -24,16 +24,6 @@ OUTCOME_WORKER_FAILED: Outcome
 OUTCOME_ERROR: Outcome
 OUTCOME_ABANDONED: Outcome
 
-class LeaseRequest(_message.Message):
-    __slots__ = ("admit", "release", "first_token")
-    ADMIT_FIELD_NUMBER: _ClassVar[int]
-    RELEASE_FIELD_NUMBER: _ClassVar[int]
-    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
-    admit: Admit
-    release: Release
-    first_token: FirstToken
-    def __init__(self, admit: _Optional[_Union[Admit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ...) -> None: ...
-
 class FirstToken(_message.Message):
     __slots__ = ("ttft_s",)
     TTFT_S_FIELD_NUMBER: _ClassVar[int]
@@ -158,16 +148,6 @@ class LeaseError(_message.Message):
     retry_after_s: float
     param: str
     def __init__(self, status: _Optional[str] = ..., message: _Optional[str] = ..., code: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., param: _Optional[str] = ...) -> None: ...
-
-class LeaseEvent(_message.Message):
-    __slots__ = ("queued", "granted", "released")
-    QUEUED_FIELD_NUMBER: _ClassVar[int]
-    GRANTED_FIELD_NUMBER: _ClassVar[int]
-    RELEASED_FIELD_NUMBER: _ClassVar[int]
-    queued: Queued
-    granted: Granted
-    released: Released
-    def __init__(self, queued: _Optional[_Union[Queued, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ..., released: _Optional[_Union[Released, _Mapping]] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("position",)

@@ -34,16 +34,6 @@ class SchedulerStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Lease = channel.stream_stream(
-                '/goodput.scheduler.v1.Scheduler/Lease',
-                request_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseRequest.SerializeToString,
-                response_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseEvent.FromString,
-                _registered_method=True)
-        self.Leases = channel.stream_stream(
-                '/goodput.scheduler.v1.Scheduler/Leases',
-                request_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxRequest.SerializeToString,
-                response_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxEvent.FromString,
-                _registered_method=True)
         self.LeaseBatches = channel.stream_stream(
                 '/goodput.scheduler.v1.Scheduler/LeaseBatches',
                 request_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxBatch.SerializeToString,
@@ -69,38 +59,21 @@ class SchedulerStub:
 class SchedulerServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Lease(self, request_iterator, context):
-        """Holds one request's place from admission to release, as a bidirectional stream (a lease):
-        1. the gateway sends `admit` (priority, tenant, cost estimate; the call's deadline is the request's);
-        2. the scheduler may send `queued` updates, then `granted` with the worker to call;
-        3. the gateway sends `release` with the outcome when the request ends, then closes its side.
-        A lease whose stream breaks without `release` (gateway crashed, client vanished) is released as ABANDONED,
-        so capacity is never leaked. Errors: RESOURCE_EXHAUSTED with `retry-after` trailing metadata (seconds) when
-        the request is shed; UNAVAILABLE when no healthy worker exists; DEADLINE_EXCEEDED when the request expired in
-        the queue; INVALID_ARGUMENT when the first message is not `admit`.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Leases(self, request_iterator, context):
-        """Many leases over one long-lived stream (the gateway's fast path: no stream set up per request). Every message
-        names its lease (`lease_id`, unique on the stream); each lease goes through the same steps as on `Lease`, and a
-        lease's failure is a `LeaseError` event for it, never the stream's end. The request's deadline travels in the
-        admit (`timeout_s`), as the call's deadline does on `Lease`. `cancel` withdraws a lease not yet released (its
-        caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the stream ends or
-        breaks, every lease it holds is released as ABANDONED and every queued one withdrawn.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def LeaseBatches(self, request_iterator, context):
-        """`Leases` with every message a batch: the lease messages that queued up while the previous message was being
-        written go out together (one under light load, many under load), in order, each side. A gRPC stream takes one
-        message at a time and a message is not sent before the previous one's write completes, so a busy gateway's
-        admits (and a busy scheduler's grants) would otherwise wait behind each other's writes. The same conversation,
-        lease by lease, as on `Leases`, which stays for gateways of earlier releases.
+        """Many leases over one long-lived stream (the gateway's: no stream set up per request). Every message names its
+        lease (`lease_id`, unique on the stream) and carries lease messages in the order they were sent: what queued up
+        while the previous message was being written goes out together (one under light load, many under load), each
+        side, since a gRPC stream takes one message at a time. A lease holds one request's place from admission to
+        release:
+        1. the gateway sends `admit` (priority, tenant, cost estimate; `timeout_s`: the request's deadline);
+        2. the scheduler may send `queued`, then `granted` with the worker to call;
+        3. the gateway may send `first_token`, then `release` with the outcome when the request ends.
+        A lease's failure is a `LeaseError` event for it, never the stream's end: RESOURCE_EXHAUSTED with
+        `retry_after_s` when the request is shed; UNAVAILABLE when no healthy worker exists; DEADLINE_EXCEEDED when the
+        request expired in the queue; INVALID_ARGUMENT for a malformed message. `cancel` withdraws a lease not yet
+        released (its caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the
+        stream ends or breaks, every lease it holds is released as ABANDONED and every queued one withdrawn, so capacity
+        is never leaked.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -130,16 +103,6 @@ class SchedulerServicer:
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Lease': grpc.stream_stream_rpc_method_handler(
-                    servicer.Lease,
-                    request_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseRequest.FromString,
-                    response_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseEvent.SerializeToString,
-            ),
-            'Leases': grpc.stream_stream_rpc_method_handler(
-                    servicer.Leases,
-                    request_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxRequest.FromString,
-                    response_serializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxEvent.SerializeToString,
-            ),
             'LeaseBatches': grpc.stream_stream_rpc_method_handler(
                     servicer.LeaseBatches,
                     request_deserializer=goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxBatch.FromString,
@@ -170,60 +133,6 @@ def add_SchedulerServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Scheduler:
     """Missing associated documentation comment in .proto file."""
-
-    @staticmethod
-    def Lease(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/goodput.scheduler.v1.Scheduler/Lease',
-            goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseRequest.SerializeToString,
-            goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseEvent.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Leases(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/goodput.scheduler.v1.Scheduler/Leases',
-            goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxRequest.SerializeToString,
-            goodput_dot_scheduler_dot_v1_dot_scheduler__pb2.LeaseMuxEvent.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
 
     @staticmethod
     def LeaseBatches(request_iterator,

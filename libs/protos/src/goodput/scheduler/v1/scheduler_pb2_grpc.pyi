@@ -33,30 +33,21 @@ class SchedulerStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> SchedulerAsyncStub: ...
-    Lease: _grpc.StreamStreamMultiCallable[_scheduler_pb2.LeaseRequest, _scheduler_pb2.LeaseEvent]
-    """Holds one request's place from admission to release, as a bidirectional stream (a lease):
-      1. the gateway sends `admit` (priority, tenant, cost estimate; the call's deadline is the request's);
-      2. the scheduler may send `queued` updates, then `granted` with the worker to call;
-      3. the gateway sends `release` with the outcome when the request ends, then closes its side.
-    A lease whose stream breaks without `release` (gateway crashed, client vanished) is released as ABANDONED,
-    so capacity is never leaked. Errors: RESOURCE_EXHAUSTED with `retry-after` trailing metadata (seconds) when
-    the request is shed; UNAVAILABLE when no healthy worker exists; DEADLINE_EXCEEDED when the request expired in
-    the queue; INVALID_ARGUMENT when the first message is not `admit`.
-    """
-    Leases: _grpc.StreamStreamMultiCallable[_scheduler_pb2.LeaseMuxRequest, _scheduler_pb2.LeaseMuxEvent]
-    """Many leases over one long-lived stream (the gateway's fast path: no stream set up per request). Every message
-    names its lease (`lease_id`, unique on the stream); each lease goes through the same steps as on `Lease`, and a
-    lease's failure is a `LeaseError` event for it, never the stream's end. The request's deadline travels in the
-    admit (`timeout_s`), as the call's deadline does on `Lease`. `cancel` withdraws a lease not yet released (its
-    caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the stream ends or
-    breaks, every lease it holds is released as ABANDONED and every queued one withdrawn.
-    """
     LeaseBatches: _grpc.StreamStreamMultiCallable[_scheduler_pb2.LeaseMuxBatch, _scheduler_pb2.LeaseMuxEventBatch]
-    """`Leases` with every message a batch: the lease messages that queued up while the previous message was being
-    written go out together (one under light load, many under load), in order, each side. A gRPC stream takes one
-    message at a time and a message is not sent before the previous one's write completes, so a busy gateway's
-    admits (and a busy scheduler's grants) would otherwise wait behind each other's writes. The same conversation,
-    lease by lease, as on `Leases`, which stays for gateways of earlier releases.
+    """Many leases over one long-lived stream (the gateway's: no stream set up per request). Every message names its
+    lease (`lease_id`, unique on the stream) and carries lease messages in the order they were sent: what queued up
+    while the previous message was being written goes out together (one under light load, many under load), each
+    side, since a gRPC stream takes one message at a time. A lease holds one request's place from admission to
+    release:
+      1. the gateway sends `admit` (priority, tenant, cost estimate; `timeout_s`: the request's deadline);
+      2. the scheduler may send `queued`, then `granted` with the worker to call;
+      3. the gateway may send `first_token`, then `release` with the outcome when the request ends.
+    A lease's failure is a `LeaseError` event for it, never the stream's end: RESOURCE_EXHAUSTED with
+    `retry_after_s` when the request is shed; UNAVAILABLE when no healthy worker exists; DEADLINE_EXCEEDED when the
+    request expired in the queue; INVALID_ARGUMENT for a malformed message. `cancel` withdraws a lease not yet
+    released (its caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the
+    stream ends or breaks, every lease it holds is released as ABANDONED and every queued one withdrawn, so capacity
+    is never leaked.
     """
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkersRequest, _scheduler_pb2.ListWorkersResponse]
     """Workers known to the scheduler with their health and load."""
@@ -68,30 +59,21 @@ class SchedulerStub:
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
-    Lease: _aio.StreamStreamMultiCallable[_scheduler_pb2.LeaseRequest, _scheduler_pb2.LeaseEvent]  # type: ignore[assignment]
-    """Holds one request's place from admission to release, as a bidirectional stream (a lease):
-      1. the gateway sends `admit` (priority, tenant, cost estimate; the call's deadline is the request's);
-      2. the scheduler may send `queued` updates, then `granted` with the worker to call;
-      3. the gateway sends `release` with the outcome when the request ends, then closes its side.
-    A lease whose stream breaks without `release` (gateway crashed, client vanished) is released as ABANDONED,
-    so capacity is never leaked. Errors: RESOURCE_EXHAUSTED with `retry-after` trailing metadata (seconds) when
-    the request is shed; UNAVAILABLE when no healthy worker exists; DEADLINE_EXCEEDED when the request expired in
-    the queue; INVALID_ARGUMENT when the first message is not `admit`.
-    """
-    Leases: _aio.StreamStreamMultiCallable[_scheduler_pb2.LeaseMuxRequest, _scheduler_pb2.LeaseMuxEvent]  # type: ignore[assignment]
-    """Many leases over one long-lived stream (the gateway's fast path: no stream set up per request). Every message
-    names its lease (`lease_id`, unique on the stream); each lease goes through the same steps as on `Lease`, and a
-    lease's failure is a `LeaseError` event for it, never the stream's end. The request's deadline travels in the
-    admit (`timeout_s`), as the call's deadline does on `Lease`. `cancel` withdraws a lease not yet released (its
-    caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the stream ends or
-    breaks, every lease it holds is released as ABANDONED and every queued one withdrawn.
-    """
     LeaseBatches: _aio.StreamStreamMultiCallable[_scheduler_pb2.LeaseMuxBatch, _scheduler_pb2.LeaseMuxEventBatch]  # type: ignore[assignment]
-    """`Leases` with every message a batch: the lease messages that queued up while the previous message was being
-    written go out together (one under light load, many under load), in order, each side. A gRPC stream takes one
-    message at a time and a message is not sent before the previous one's write completes, so a busy gateway's
-    admits (and a busy scheduler's grants) would otherwise wait behind each other's writes. The same conversation,
-    lease by lease, as on `Leases`, which stays for gateways of earlier releases.
+    """Many leases over one long-lived stream (the gateway's: no stream set up per request). Every message names its
+    lease (`lease_id`, unique on the stream) and carries lease messages in the order they were sent: what queued up
+    while the previous message was being written goes out together (one under light load, many under load), each
+    side, since a gRPC stream takes one message at a time. A lease holds one request's place from admission to
+    release:
+      1. the gateway sends `admit` (priority, tenant, cost estimate; `timeout_s`: the request's deadline);
+      2. the scheduler may send `queued`, then `granted` with the worker to call;
+      3. the gateway may send `first_token`, then `release` with the outcome when the request ends.
+    A lease's failure is a `LeaseError` event for it, never the stream's end: RESOURCE_EXHAUSTED with
+    `retry_after_s` when the request is shed; UNAVAILABLE when no healthy worker exists; DEADLINE_EXCEEDED when the
+    request expired in the queue; INVALID_ARGUMENT for a malformed message. `cancel` withdraws a lease not yet
+    released (its caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the
+    stream ends or breaks, every lease it holds is released as ABANDONED and every queued one withdrawn, so capacity
+    is never leaked.
     """
     ListWorkers: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkersRequest, _scheduler_pb2.ListWorkersResponse]  # type: ignore[assignment]
     """Workers known to the scheduler with their health and load."""
@@ -102,46 +84,25 @@ class SchedulerAsyncStub(SchedulerStub):
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
-    def Lease(
-        self,
-        request_iterator: _MaybeAsyncIterator[_scheduler_pb2.LeaseRequest],
-        context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.LeaseEvent], _abc.AsyncIterator[_scheduler_pb2.LeaseEvent]]:
-        """Holds one request's place from admission to release, as a bidirectional stream (a lease):
-          1. the gateway sends `admit` (priority, tenant, cost estimate; the call's deadline is the request's);
-          2. the scheduler may send `queued` updates, then `granted` with the worker to call;
-          3. the gateway sends `release` with the outcome when the request ends, then closes its side.
-        A lease whose stream breaks without `release` (gateway crashed, client vanished) is released as ABANDONED,
-        so capacity is never leaked. Errors: RESOURCE_EXHAUSTED with `retry-after` trailing metadata (seconds) when
-        the request is shed; UNAVAILABLE when no healthy worker exists; DEADLINE_EXCEEDED when the request expired in
-        the queue; INVALID_ARGUMENT when the first message is not `admit`.
-        """
-
-    @_abc_1.abstractmethod
-    def Leases(
-        self,
-        request_iterator: _MaybeAsyncIterator[_scheduler_pb2.LeaseMuxRequest],
-        context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.LeaseMuxEvent], _abc.AsyncIterator[_scheduler_pb2.LeaseMuxEvent]]:
-        """Many leases over one long-lived stream (the gateway's fast path: no stream set up per request). Every message
-        names its lease (`lease_id`, unique on the stream); each lease goes through the same steps as on `Lease`, and a
-        lease's failure is a `LeaseError` event for it, never the stream's end. The request's deadline travels in the
-        admit (`timeout_s`), as the call's deadline does on `Lease`. `cancel` withdraws a lease not yet released (its
-        caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the stream ends or
-        breaks, every lease it holds is released as ABANDONED and every queued one withdrawn.
-        """
-
-    @_abc_1.abstractmethod
     def LeaseBatches(
         self,
         request_iterator: _MaybeAsyncIterator[_scheduler_pb2.LeaseMuxBatch],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.LeaseMuxEventBatch], _abc.AsyncIterator[_scheduler_pb2.LeaseMuxEventBatch]]:
-        """`Leases` with every message a batch: the lease messages that queued up while the previous message was being
-        written go out together (one under light load, many under load), in order, each side. A gRPC stream takes one
-        message at a time and a message is not sent before the previous one's write completes, so a busy gateway's
-        admits (and a busy scheduler's grants) would otherwise wait behind each other's writes. The same conversation,
-        lease by lease, as on `Leases`, which stays for gateways of earlier releases.
+        """Many leases over one long-lived stream (the gateway's: no stream set up per request). Every message names its
+        lease (`lease_id`, unique on the stream) and carries lease messages in the order they were sent: what queued up
+        while the previous message was being written goes out together (one under light load, many under load), each
+        side, since a gRPC stream takes one message at a time. A lease holds one request's place from admission to
+        release:
+          1. the gateway sends `admit` (priority, tenant, cost estimate; `timeout_s`: the request's deadline);
+          2. the scheduler may send `queued`, then `granted` with the worker to call;
+          3. the gateway may send `first_token`, then `release` with the outcome when the request ends.
+        A lease's failure is a `LeaseError` event for it, never the stream's end: RESOURCE_EXHAUSTED with
+        `retry_after_s` when the request is shed; UNAVAILABLE when no healthy worker exists; DEADLINE_EXCEEDED when the
+        request expired in the queue; INVALID_ARGUMENT for a malformed message. `cancel` withdraws a lease not yet
+        released (its caller went away): queued, it leaves the queue; granted, it is released as CANCELLED. When the
+        stream ends or breaks, every lease it holds is released as ABANDONED and every queued one withdrawn, so capacity
+        is never leaked.
         """
 
     @_abc_1.abstractmethod
