@@ -7,7 +7,6 @@ The whole path against a real scheduler and workers is tests/integration/test_au
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -18,12 +17,11 @@ from prometheus_client import CollectorRegistry
 
 from goodput_contracts.speed import SpeedEstimate
 
-from goodput_gateway.__main__ import build
 from goodput_gateway.autoroute import PoolView, QueueWaits, WorkerView, choose, pools_from
-from goodput_gateway.config import GatewaySettings
 from goodput_gateway.pipeline import ModelEntry
+from goodput_gateway.service import GatewayService
 
-from .test_rest_validation import assert_openai_error
+from .helpers import GatewayFactory, assert_openai_error
 
 P0, P2 = types_pb2.PRIORITY_P0, types_pb2.PRIORITY_P2
 A100_7B = SpeedEstimate(prefill_s_per_token=0.00012, tpot_base_s=0.012, tpot_per_seq_s=0.0003)
@@ -106,17 +104,11 @@ KEYS = json.dumps({"keys": [{"key": "k", "tenant": "a", "max_priority": "P0"}]})
 
 
 @pytest.fixture
-async def gateway() -> AsyncIterator[tuple[httpx.AsyncClient, object, CollectorRegistry]]:
-    registry = CollectorRegistry()
-    settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1")
-    runner = build(settings, registry, None)
-    service = runner._http_app.state.service  # noqa: SLF001
-    service.pipeline._models = (1e18, [ModelEntry(id="big", max_model_len=8192, model_version="v", workers=1),  # noqa: SLF001
-                                       ModelEntry(id="small", max_model_len=2048, model_version="v", workers=1)])
-    service.pipeline._workers = list(FLEET)  # noqa: SLF001
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=runner._http_app),  # noqa: SLF001
-                                 base_url="http://gw") as c:
-        yield c, service, registry
+async def gateway(gateway: GatewayFactory) -> tuple[httpx.AsyncClient, GatewayService, CollectorRegistry]:
+    gw = await gateway(api_keys=KEYS, workers=FLEET,
+                       models=[ModelEntry(id="big", max_model_len=8192, model_version="v", workers=1),
+                               ModelEntry(id="small", max_model_len=2048, model_version="v", workers=1)])
+    return gw.client, gw.service, gw.registry
 
 
 async def _ask(client: httpx.AsyncClient, content: str, **extra: object) -> httpx.Response:

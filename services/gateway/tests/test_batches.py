@@ -15,7 +15,8 @@ from goodput_core.errors import InvalidArgument, NotFound
 from goodput_gateway.api.batches import check_lines
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.jobs.batches import BatchStore
-from goodput_gateway.jobs.store import Job, JobQueue
+from goodput_gateway.jobs.records import Job
+from goodput_gateway.jobs.store import JobQueue
 
 CHAT = "/v1/chat/completions"
 

@@ -26,8 +26,9 @@ from goodput_gateway.auth import Principal
 from goodput_gateway.caching import GatewayCache
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.events import StreamEnd, TextDelta
+from goodput_gateway.generation_schemas import ChatCompletionRequest
 from goodput_gateway.pipeline import ModelEntry, Pipeline
-from goodput_gateway.schemas import ChatCompletionRequest, parse
+from goodput_gateway.schemas import parse
 
 KEYS = json.dumps({"keys": [{"key": "k-a", "tenant": "a", "max_priority": "P0"},
                             {"key": "k-b", "tenant": "b", "max_priority": "P0"}]})

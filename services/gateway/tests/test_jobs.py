@@ -31,7 +31,7 @@ from goodput_testing import async_wait_until, free_port
 from goodput_gateway.__main__ import build as build_gateway
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.jobs import JobQueue
-from goodput_gateway.jobs.store import celery_send
+from goodput_gateway.jobs.messages import celery_send
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -143,24 +143,31 @@ class Overload:
     def __init__(self, addr: str) -> None:
         self.channel = aio.insecure_channel(addr)
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
-        self.calls: list[aio.StreamStreamCall] = []
+        self.out: asyncio.Queue[scheduler_pb2.LeaseMuxBatch | None] = asyncio.Queue()
+        self.call: aio.StreamStreamCall | None = None
+
+    async def _requests(self) -> AsyncIterator[scheduler_pb2.LeaseMuxBatch]:
+        while (batch := await self.out.get()) is not None:
+            yield batch
 
     async def __aenter__(self) -> Overload:
         # The scheduler and its worker may still be starting.
         await async_wait_until(lambda: has_healthy_worker(self.stub), timeout=30, interval=0.1,
                                message="the scheduler has no healthy worker")
-        for i in range(2):
-            call = self.stub.Lease(timeout=120)
-            await call.write(scheduler_pb2.LeaseRequest(admit=scheduler_pb2.Admit(
-                request_id=f"hold-{i}", tenant="interactive", priority=types_pb2.PRIORITY_P0)))
-            await call.read()  # granted, then queued
-            self.calls.append(call)
+        self.call = self.stub.LeaseBatches(self._requests())
+        self.out.put_nowait(scheduler_pb2.LeaseMuxBatch(requests=[scheduler_pb2.LeaseMuxRequest(
+            lease_id=f"hold-{i}", timeout_s=120, admit=scheduler_pb2.Admit(
+                request_id=f"hold-{i}", tenant="interactive", priority=types_pb2.PRIORITY_P0)) for i in range(2)]))
+        answered = 0
+        while answered < 2:  # granted, then queued
+            answered += len((await self.call.read()).events)
         return self
 
     async def release(self) -> None:
-        for call in self.calls:
-            call.cancel()
-        self.calls.clear()
+        if self.call is not None:  # the stream ends: the scheduler gives back both
+            self.out.put_nowait(None)
+            self.call.cancel()
+            self.call = None
 
     async def __aexit__(self, *exc: object) -> None:
         await self.release()

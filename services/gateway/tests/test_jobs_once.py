@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry
 from goodput_core.errors import ResourceExhausted
 
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.jobs.store import STATES, TERMINAL, Job, JobQueue
+from goodput_gateway.jobs.records import STATES, TERMINAL, Job
+from goodput_gateway.jobs.store import JobQueue
 from goodput_gateway.worker import Sweeper, run_job
 
 LEASE_S = 0.4
@@ -280,7 +281,7 @@ def test_the_counters_are_exported_from_redis(queue: JobQueue, broker: Broker) -
     run_job(queue, job.id, runner=runs, dispatch=1)
     run_job(queue, job.id, runner=runs, dispatch=1)
     registry = CollectorRegistry()
-    from goodput_gateway.jobs.store import JobsMetrics
+    from goodput_gateway.jobs.metrics import JobsMetrics
 
     JobsMetrics(registry, queue, scrape_wait_s=2.0)
     sample = registry.get_sample_value

@@ -3,32 +3,23 @@ is a closed port, so a request that got past the gateway's own decisions fails w
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from goodput_gateway.__main__ import build
-from goodput_gateway.config import GatewaySettings
 from goodput_gateway.feedback import _Answer
 from goodput_gateway.ladder import Ladder, LadderMetrics
 from goodput_gateway.pipeline import ModelEntry
 from goodput_gateway.profile import LatencyProfile
+from goodput_gateway.service import GatewayService
 
-from .test_rest_validation import AUTH, KEYS, assert_openai_error, chat, post
+from .helpers import AUTH, GatewayFactory, assert_openai_error, chat, post
 
 
 @pytest.fixture
-async def gateway() -> AsyncIterator[tuple[httpx.AsyncClient, object, CollectorRegistry]]:
-    registry = CollectorRegistry()
-    settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1")
-    runner = build(settings, registry, None)
-    service = runner._http_app.state.service  # noqa: SLF001
-    service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
-    transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
-        yield c, service, registry
+async def gateway(gateway: GatewayFactory) -> tuple[httpx.AsyncClient, GatewayService, CollectorRegistry]:
+    gw = await gateway(models=[ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])
+    return gw.client, gw.service, gw.registry
 
 
 def _ladder(**kw: object) -> tuple[Ladder, list[float]]:

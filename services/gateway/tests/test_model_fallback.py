@@ -6,17 +6,15 @@ address), so every admission is refused as "unavailable": the behaviour under te
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from goodput_gateway.__main__ import build
-from goodput_gateway.config import GatewaySettings
 from goodput_gateway.pipeline import ModelEntry
+from goodput_gateway.service import GatewayService
 
-from .test_rest_validation import assert_openai_error
+from .helpers import GatewayFactory, assert_openai_error
 
 KEYS = json.dumps({"keys": [{"key": "k-fallback", "tenant": "a", "max_priority": "P1", "model_fallback": True},
                             {"key": "k-strict", "tenant": "a", "max_priority": "P1"}]})
@@ -24,16 +22,10 @@ FALLBACKS = "goodput_gateway_model_fallbacks_total"
 
 
 @pytest.fixture
-async def gateway() -> AsyncIterator[tuple[httpx.AsyncClient, object, CollectorRegistry]]:
-    registry = CollectorRegistry()
-    settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1",
-                               model_fallbacks={"big": "small"})
-    runner = build(settings, registry, None)
-    service = runner._http_app.state.service  # noqa: SLF001
-    service.pipeline._models = (1e18, [ModelEntry(id="small", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=runner._http_app),  # noqa: SLF001
-                                 base_url="http://gw") as c:
-        yield c, service, registry
+async def gateway(gateway: GatewayFactory) -> tuple[httpx.AsyncClient, GatewayService, CollectorRegistry]:
+    gw = await gateway(api_keys=KEYS, model_fallbacks={"big": "small"},
+                       models=[ModelEntry(id="small", max_model_len=2048, model_version="v", workers=1)])
+    return gw.client, gw.service, gw.registry
 
 
 def _ask(model: str) -> dict[str, object]:

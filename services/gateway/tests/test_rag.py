@@ -9,9 +9,10 @@ import pytest
 from goodput_core.errors import InvalidArgument
 
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.generation_schemas import ChatCompletionRequest
 from goodput_gateway.rag import augment
 from goodput_gateway.requests import GenerationRequest, Message, Sampling
-from goodput_gateway.schemas import ChatCompletionRequest, parse
+from goodput_gateway.schemas import parse
 
 
 @dataclass

@@ -4,7 +4,6 @@ the scheduler address points at a closed port, so a request that got past valida
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -12,44 +11,14 @@ from prometheus_client import CollectorRegistry
 
 from goodput_gateway.__main__ import build
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.pipeline import ModelEntry
 
-KEYS = json.dumps({"keys": [{"key": "k-p0", "tenant": "a", "max_priority": "P0"},
-                            {"key": "k-p2", "tenant": "b", "max_priority": "P2"}]})
+from .helpers import AUTH, KEYS, GatewayFactory, assert_openai_error, chat, post
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1",
-                               max_prompt_chars=1000, max_body_bytes=4096)
-    runner = build(settings, CollectorRegistry(), None)
-    transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
-        yield c
-
-
-def chat(**overrides: object) -> dict[str, object]:
-    body: dict[str, object] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    body.update(overrides)
-    return body
-
-
-AUTH = {"Authorization": "Bearer k-p0"}
-
-
-async def post(client: httpx.AsyncClient, body: object, headers: dict[str, str] | None = None,
-               raw: bytes | None = None) -> httpx.Response:
-    content = raw if raw is not None else json.dumps(body).encode()
-    return await client.post("/v1/chat/completions", content=content,
-                             headers={"Content-Type": "application/json", **(AUTH if headers is None else headers)})
-
-
-def assert_openai_error(resp: httpx.Response, status: int, param: str | None = None) -> dict[str, object]:
-    assert resp.status_code == status, resp.text
-    error = resp.json()["error"]
-    assert set(error) >= {"message", "type", "param", "code"} and error["message"]
-    if param is not None:
-        assert error["param"] == param
-    return error
+async def client(gateway: GatewayFactory) -> httpx.AsyncClient:
+    return (await gateway(max_prompt_chars=1000, max_body_bytes=4096)).client
 
 
 async def test_missing_and_wrong_keys_are_401(client: httpx.AsyncClient) -> None:
@@ -113,13 +82,10 @@ async def test_completions_validation(client: httpx.AsyncClient) -> None:
     assert_openai_error(resp, 400, "prompt")
 
 
-async def test_scheduler_down_with_a_known_model_is_503(client: httpx.AsyncClient) -> None:
+async def test_scheduler_down_with_a_known_model_is_503(gateway: GatewayFactory) -> None:
     """With the model list cached, the first contact with the scheduler is the lease itself."""
-    from goodput_gateway.pipeline import ModelEntry
-
-    service = client._transport.app.state.service  # type: ignore[attr-defined]  # noqa: SLF001
-    service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
-    assert_openai_error(await post(client, chat()), 503)
+    gw = await gateway(models=[ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])
+    assert_openai_error(await post(gw.client, chat()), 503)
 
 
 @pytest.mark.parametrize("field,value", [
@@ -256,7 +222,8 @@ CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required"
 
 
 def test_response_format_json_schema_becomes_the_canonical_schema_text() -> None:
-    from goodput_gateway.schemas import ChatCompletionRequest, parse, to_body
+    from goodput_gateway.generation_schemas import ChatCompletionRequest, to_body
+    from goodput_gateway.schemas import parse
 
     body = chat(response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY,
                                                                         "strict": True}})
@@ -293,8 +260,9 @@ async def test_a_schema_above_its_bound_is_refused_before_any_backend(client: ht
     settings = GatewaySettings(max_response_schema_chars=100)
     from goodput_core.errors import InvalidArgument
 
+    from goodput_gateway.generation_schemas import ChatCompletionRequest
     from goodput_gateway.requests import validate
-    from goodput_gateway.schemas import ChatCompletionRequest, parse
+    from goodput_gateway.schemas import parse
 
     req = parse(ChatCompletionRequest, chat(response_format={"type": "json_schema", "json_schema": {
         "name": "h", "schema": {"type": "object", "description": "x" * 200}}})).to_request()
@@ -313,7 +281,8 @@ async def test_completions_refuse_response_format_by_name(client: httpx.AsyncCli
 
 
 def test_logprobs_become_the_number_of_top_tokens_per_position() -> None:
-    from goodput_gateway.schemas import ChatCompletionRequest, CompletionRequest, parse, to_body
+    from goodput_gateway.generation_schemas import ChatCompletionRequest, CompletionRequest, to_body
+    from goodput_gateway.schemas import parse
 
     chat_req = parse(ChatCompletionRequest, chat(logprobs=True, top_logprobs=3)).to_request()
     assert chat_req.sampling.logprobs == 3
@@ -340,8 +309,9 @@ async def test_bad_logprobs_are_refused_by_name(client: httpx.AsyncClient, overr
 def test_top_logprobs_are_bounded_by_a_setting() -> None:
     from goodput_core.errors import InvalidArgument
 
+    from goodput_gateway.generation_schemas import ChatCompletionRequest
     from goodput_gateway.requests import validate
-    from goodput_gateway.schemas import ChatCompletionRequest, parse
+    from goodput_gateway.schemas import parse
 
     req = parse(ChatCompletionRequest, chat(logprobs=True, top_logprobs=5)).to_request()
     validate(req, GatewaySettings())
@@ -372,22 +342,20 @@ async def test_bad_tools_are_refused_by_name(client: httpx.AsyncClient, override
 
 
 @pytest.mark.parametrize("overrides", [{"tools": [WEATHER_TOOL]}, {"tools": [WEATHER_TOOL], "tool_choice": "auto"}])
-async def test_auto_tools_need_the_models_tool_parser(client: httpx.AsyncClient, overrides: dict[str, object]) -> None:
+async def test_auto_tools_need_the_models_tool_parser(gateway: GatewayFactory, overrides: dict[str, object]) -> None:
     """tool_choice auto (the default with tools) is refused by name, before any quota or worker is spent, for a
     model whose workers run no tool-call parser; it reaches the scheduler for one that does."""
-    from goodput_gateway.pipeline import ModelEntry
-
-    service = client._transport.app.state.service  # type: ignore[attr-defined]  # noqa: SLF001
-    service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
-    error = assert_openai_error(await post(client, chat(**overrides)), 400, "tool_choice")
+    plain = await gateway(models=[ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])
+    error = assert_openai_error(await post(plain.client, chat(**overrides)), 400, "tool_choice")
     assert error["code"] == "unsupported_value" and "parser" in str(error["message"])
-    service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1,  # noqa: SLF001
-                                                  tool_call_parser="pythonic")])
-    assert_openai_error(await post(client, chat(**overrides)), 503)  # admitted: the (absent) scheduler is next
+    parsing = await gateway(models=[ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1,
+                                               tool_call_parser="pythonic")])
+    assert_openai_error(await post(parsing.client, chat(**overrides)), 503)  # admitted: the scheduler is next
 
 
 def test_tools_survive_a_parked_jobs_round_trip_and_shape_the_engines_request() -> None:
-    from goodput_gateway.schemas import ChatCompletionRequest, parse, to_body
+    from goodput_gateway.generation_schemas import ChatCompletionRequest, to_body
+    from goodput_gateway.schemas import parse
     from goodput_gateway.tools import apply_tools, tool_calls
 
     body = chat(tools=[WEATHER_TOOL], tool_choice="required", parallel_tool_calls=False, messages=[
@@ -412,7 +380,8 @@ def test_tools_survive_a_parked_jobs_round_trip_and_shape_the_engines_request() 
 # ---- logit_bias and seed ----------------------------------------------------------------------------------------
 
 def test_logit_bias_is_carried_sorted_and_survives_a_parked_jobs_round_trip() -> None:
-    from goodput_gateway.schemas import ChatCompletionRequest, parse, to_body
+    from goodput_gateway.generation_schemas import ChatCompletionRequest, to_body
+    from goodput_gateway.schemas import parse
 
     req = parse(ChatCompletionRequest, chat(logit_bias={"50256": -100, "7": 2.5}, seed=42)).to_request()
     assert req.sampling.logit_bias == ((7, 2.5), (50256, -100.0)) and req.sampling.seed == 42
@@ -428,8 +397,9 @@ async def test_bad_logit_bias_is_refused_by_name(client: httpx.AsyncClient, bias
 def test_logit_bias_entries_are_bounded_by_a_setting() -> None:
     from goodput_core.errors import InvalidArgument
 
+    from goodput_gateway.generation_schemas import ChatCompletionRequest
     from goodput_gateway.requests import validate
-    from goodput_gateway.schemas import ChatCompletionRequest, parse
+    from goodput_gateway.schemas import parse
 
     req = parse(ChatCompletionRequest, chat(logit_bias={str(i): 1 for i in range(5)})).to_request()
     with pytest.raises(InvalidArgument) as err:

@@ -7,8 +7,9 @@ from __future__ import annotations
 from goodput_core.sampling import sampling_from_proto, sampling_to_proto
 
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.generation_schemas import ChatCompletionRequest, CompletionRequest, to_body
 from goodput_gateway.requests import resolve_cost
-from goodput_gateway.schemas import ChatCompletionRequest, CompletionRequest, parse, to_body
+from goodput_gateway.schemas import parse
 
 EXTENSIONS = {"ignore_eos": True, "min_tokens": 4, "repetition_penalty": 1.1, "min_p": 0.05,
               "stop_token_ids": [2], "include_stop_str_in_output": True, "skip_special_tokens": False,

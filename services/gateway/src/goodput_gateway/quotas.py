@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import math
 import secrets
 import time
 from collections.abc import Awaitable, Coroutine
@@ -47,17 +46,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
-from limits.aio.storage import MemoryStorage, RedisStorage, Storage
-from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
+from limits.aio.storage import MemoryStorage, RedisStorage
 from limits.errors import StorageError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.exceptions import RedisError
 
 from goodput_core.errors import ResourceExhausted
 
-from goodput_gateway.auth import Principal, Quota
+from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.quota_counters import Backend, Scope, scopes_of
 from goodput_gateway.tenants import TenantLabels
 
 __all__ = ["Admission", "QuotaExhausted", "Quotas", "RateLimited", "format_reset", "month_of"]
@@ -66,23 +64,6 @@ log = logging.getLogger("goodput.gateway.quotas")
 T = TypeVar("T")
 
 _REDIS_DOWN = (RedisError, StorageError, OSError, asyncio.TimeoutError, ConnectionError)
-
-# Concurrency, every scope at once: drop expired members (Redis's clock), refuse naming the first full scope, or
-# add the request to all. KEYS: one sorted set per scope. ARGV: ttl_s, member, then one limit per key.
-_ACQUIRE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local ttl = tonumber(ARGV[1])
-for i, key in ipairs(KEYS) do
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  if redis.call('ZCARD', key) >= tonumber(ARGV[i + 2]) then return i end
-end
-for _, key in ipairs(KEYS) do
-  redis.call('ZADD', key, now + ttl, ARGV[2])
-  redis.call('EXPIRE', key, math.ceil(ttl) + 60)
-end
-return 0
-"""
 
 
 def format_reset(seconds: float) -> str:
@@ -128,26 +109,6 @@ class QuotaExhausted(RateLimited):
         super().__init__(message, headers=headers, retry_after_s=retry_after_s, code="insufficient_quota")
 
 
-@dataclass(frozen=True)
-class _Scope:
-    kind: str  # "tenant" | "key"
-    name: str
-    quota: Quota
-
-    def id(self) -> tuple[str, str]:
-        return (self.kind, self.name)
-
-    def describe(self) -> str:
-        return f"tenant {self.name!r}" if self.kind == "tenant" else f"API key {self.name!r}"
-
-
-def _scopes(principal: Principal) -> list[_Scope]:
-    scopes = []
-    if principal.tenant_quota.limited:
-        scopes.append(_Scope("tenant", principal.tenant, principal.tenant_quota))
-    if principal.key_id and principal.key_quota.limited:
-        scopes.append(_Scope("key", principal.key_id, principal.key_quota))
-    return scopes
 
 
 @dataclass
@@ -172,104 +133,6 @@ def _headers(requests: list[_Window], tokens: list[_Window]) -> dict[str, str]:
     return out
 
 
-class _Backend:
-    """Counters in one storage: Redis (shared by every replica) or memory (this process)."""
-
-    def __init__(self, storage: Storage, *, redis: aioredis.Redis | None, prefix: str, share: float = 1.0) -> None:
-        self.storage = storage
-        self.moving = MovingWindowRateLimiter(storage)
-        self.fixed = FixedWindowRateLimiter(storage)
-        self.redis = redis
-        self.prefix = prefix
-        self.share = share  # the fraction of each limit this backend enforces (the fail-open bound)
-        self._acquire = redis.register_script(_ACQUIRE) if redis is not None else None
-        self._local_inflight: dict[tuple[str, str], set[str]] = {}
-
-    def _bound(self, limit: int) -> int:
-        return max(1, math.floor(limit * self.share)) if self.share < 1 else limit
-
-    def rpm_item(self, scope: _Scope) -> RateLimitItem:
-        return RateLimitItemPerMinute(self._bound(scope.quota.rpm), namespace="rpm")
-
-    def quantum_item(self, scope: _Scope, quantum_s: int) -> RateLimitItem:
-        """The requests limit pro rata over ``quantum_s`` seconds (at least one request), so a minute's worth
-        cannot all arrive in its first seconds."""
-        return RateLimitItemPerSecond(max(math.ceil(self._bound(scope.quota.rpm) * quantum_s / 60), 1), quantum_s,
-                                      namespace="rpq")
-
-    def tpm_item(self, scope: _Scope) -> RateLimitItem:
-        return RateLimitItemPerMinute(self._bound(scope.quota.tpm), namespace="tpm")
-
-    def _inflight_key(self, scope: _Scope) -> str:
-        return f"{self.prefix}:inflight:{scope.kind}:{scope.name}"
-
-    def budget_key(self, scope: _Scope, month: str) -> str:
-        return f"{self.prefix}:month:{scope.kind}:{scope.name}:{month}"
-
-    # ---- concurrency ----
-    async def acquire(self, scopes: list[_Scope], member: str, ttl_s: float) -> _Scope | None:
-        """Adds ``member`` to every scope's in-flight set, or returns the first scope that is full."""
-        bounded = [s for s in scopes if s.quota.max_concurrent]
-        if not bounded:
-            return None
-        if self._acquire is not None:
-            full = int(await self._acquire(keys=[self._inflight_key(s) for s in bounded],
-                                           args=[ttl_s, member, *(self._bound(s.quota.max_concurrent)
-                                                                  for s in bounded)]))
-            return bounded[full - 1] if full else None
-        for s in bounded:
-            if len(self._local_inflight.get(s.id(), ())) >= self._bound(s.quota.max_concurrent):
-                return s
-        for s in bounded:
-            self._local_inflight.setdefault(s.id(), set()).add(member)
-        return None
-
-    async def release(self, scopes: list[_Scope], member: str) -> None:
-        bounded = [s for s in scopes if s.quota.max_concurrent]
-        if not bounded:
-            return
-        if self.redis is not None:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for s in bounded:
-                    pipe.zrem(self._inflight_key(s), member)
-                await pipe.execute()
-            return
-        for s in bounded:
-            members = self._local_inflight.get(s.id())
-            if members is not None:
-                members.discard(member)
-                if not members:
-                    del self._local_inflight[s.id()]
-
-    # ---- monthly budget ----
-    async def month_used(self, scopes: list[_Scope], month: str) -> list[int]:
-        if self.redis is None:
-            return [0] * len(scopes)
-        values = await self.redis.mget([self.budget_key(s, month) for s in scopes])
-        return [int(v or 0) for v in values]
-
-    async def add_month(self, scopes: list[_Scope], month: str, tokens: int) -> list[int]:
-        if self.redis is None or tokens <= 0:
-            return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for s in scopes:
-                key = self.budget_key(s, month)
-                pipe.incrby(key, tokens)
-                pipe.expire(key, 40 * 86_400)
-            results = await pipe.execute()
-        return [int(v) for v in results[::2]]
-
-    # ---- tokens per minute ----
-    async def add_tokens(self, scope: _Scope, tokens: int) -> None:
-        """Counts ``tokens`` (a correction; negative gives back) in the scope's current window, unconditionally."""
-        item = self.tpm_item(scope)
-        key = item.key_for(*scope.id())
-        if tokens < 0:
-            current = await self.storage.get(key)
-            tokens = -min(-tokens, current)  # never below zero, and never into a window that has expired
-            if not tokens:
-                return
-        await self.storage.incr(key, item.get_expiry(), amount=tokens)
 
 
 @dataclass
@@ -278,8 +141,8 @@ class Admission:
     the month and gives back its concurrency place, off the response path."""
 
     quotas: Quotas
-    scopes: list[_Scope]
-    backend: _Backend
+    scopes: list[Scope]
+    backend: Backend
     member: str
     estimate: int
     headers: dict[str, str] = field(default_factory=dict)
@@ -329,16 +192,16 @@ class Quotas:
         self.settings = settings
         self.metrics = QuotaMetrics(registry, labels or TenantLabels(settings.metrics_tenants))
         prefix = settings.quota_prefix
-        self.local = _Backend(MemoryStorage(), redis=None, prefix=prefix)
-        self.fallback = _Backend(MemoryStorage(), redis=None, prefix=prefix, share=settings.quota_fail_open_share)
-        self.remote: _Backend | None = None
+        self.local = Backend(MemoryStorage(), redis=None, prefix=prefix)
+        self.fallback = Backend(MemoryStorage(), redis=None, prefix=prefix, share=settings.quota_fail_open_share)
+        self.remote: Backend | None = None
         self._redis: aioredis.Redis | None = None
         if redis_url:
             timeout = settings.quota_timeout_s
             self._redis = aioredis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
             storage = RedisStorage(f"async+{redis_url}", implementation="redispy", key_prefix=f"{prefix}:limits",
                                    wrap_exceptions=True, socket_timeout=timeout, socket_connect_timeout=timeout)
-            self.remote = _Backend(storage, redis=self._redis, prefix=prefix)
+            self.remote = Backend(storage, redis=self._redis, prefix=prefix)
         self._down_until = 0.0
         self._background: set[asyncio.Task[None]] = set()
 
@@ -347,7 +210,7 @@ class Quotas:
         """Whether the counters are shared by every replica (Redis configured)."""
         return self.remote is not None
 
-    def _backend(self) -> _Backend:
+    def _backend(self) -> Backend:
         if self.remote is None:
             return self.local
         return self.fallback if time.monotonic() < self._down_until else self.remote
@@ -369,7 +232,7 @@ class Quotas:
         if self._redis is not None:
             await self._redis.aclose()
 
-    def observe_budget(self, scope: _Scope, used: int) -> None:
+    def observe_budget(self, scope: Scope, used: int) -> None:
         if scope.kind == "tenant" and scope.quota.monthly_tokens:
             tenant = self.metrics.labels(scope.name)
             self.metrics.budget_used.labels(tenant).set(used / scope.quota.monthly_tokens)
@@ -383,7 +246,7 @@ class Quotas:
         """Admits a request of ``prompt_tokens`` (estimated) against the principal's limits, or raises
         RateLimited / QuotaExhausted. ``timeout_s`` bounds how long its concurrency place is held if it is never
         settled (its deadline)."""
-        scopes = _scopes(principal)
+        scopes = scopes_of(principal)
         backend = self._backend()
         member = secrets.token_hex(8)
         if not scopes:
@@ -400,14 +263,14 @@ class Quotas:
             log.warning("quota store unreachable: enforcing the local bound", extra={"error": repr(err)})
             return await self._admit(self.fallback, principal, scopes, member, prompt_tokens, timeout_s)
 
-    async def _forget(self, backend: _Backend, scopes: list[_Scope], member: str) -> None:
+    async def _forget(self, backend: Backend, scopes: list[Scope], member: str) -> None:
         try:
             await asyncio.wait_for(backend.release(scopes, member), timeout=self.settings.quota_retry_s)
         except _REDIS_DOWN:
             pass  # it expires with the request's deadline
 
     @staticmethod
-    async def _windows(backend: _Backend, scopes: list[_Scope]) -> tuple[list[_Window], list[_Window]]:
+    async def _windows(backend: Backend, scopes: list[Scope]) -> tuple[list[_Window], list[_Window]]:
         """Each scope's request and token windows as they stand, without counting anything in them."""
         requests: list[_Window] = []
         tokens: list[_Window] = []
@@ -424,7 +287,7 @@ class Quotas:
                 tokens.append(_Window(item.amount, stats.remaining, reset_s))
         return requests, tokens
 
-    async def _admit(self, backend: _Backend, principal: Principal, scopes: list[_Scope], member: str,
+    async def _admit(self, backend: Backend, principal: Principal, scopes: list[Scope], member: str,
                      prompt_tokens: int, timeout_s: float) -> Admission:
         if backend is self.fallback:
             self.metrics.fail_open.labels("local_bound").inc()
@@ -475,7 +338,7 @@ class Quotas:
                         f"{s.describe()} is over its limit of {item.amount} requests per minute",
                         headers=_headers(requests, tokens), retry_after_s=max(requests[-1].reset_s, 0.05)))
             # tokens per minute (fixed window): the prompt now, corrected at the end
-            counted: list[_Scope] = []
+            counted: list[Scope] = []
             for s in scopes:
                 if not s.quota.tpm:
                     continue

@@ -1,8 +1,8 @@
 """The gateway's view of a generation request and the domain checks every request passes, whichever API sent it.
 
-REST bodies become a :class:`GenerationRequest` in :mod:`goodput_gateway.schemas` (pydantic models of OpenAI's
-shapes), gRPC messages in :mod:`goodput_gateway.servicer`; both then go through :func:`validate` here, so the same
-input gets the same error (and the same ``param``) on either API.
+REST bodies become a :class:`GenerationRequest` in :mod:`goodput_gateway.generation_schemas` (pydantic models of
+OpenAI's shapes), gRPC messages in :mod:`goodput_gateway.servicer`; both then go through :func:`validate` here, so the
+same input gets the same error (and the same ``param``) on either API.
 
 Token estimates are made here and nowhere else (:func:`estimate_tokens`), at one ratio: the worker counts the
 exact prompt tokens, the gateway only needs a generous bound before it has a tokenizer's answer.

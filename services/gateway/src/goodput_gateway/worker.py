@@ -33,16 +33,12 @@ from goodput_core.errors import GoodputError
 from goodput_gateway.__main__ import Wiring, compose
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.generation import Call
-from goodput_gateway.jobs.store import (
-    RETRYABLE,
-    Job,
-    JobQueue,
-    JobsMetrics,
-    celery_client,
-    celery_send,
-    retry_delay,
-)
-from goodput_gateway.schemas import ChatCompletionRequest, CompletionRequest, parse
+from goodput_gateway.generation_schemas import ChatCompletionRequest, CompletionRequest
+from goodput_gateway.jobs.messages import celery_client, celery_send
+from goodput_gateway.jobs.metrics import JobsMetrics
+from goodput_gateway.jobs.records import RETRYABLE, Job, retry_delay
+from goodput_gateway.jobs.store import JobQueue
+from goodput_gateway.schemas import parse
 from goodput_gateway.wire import completion_body
 
 __all__ = ["Heartbeat", "JobRunner", "Sweeper", "celery_app", "run_job", "serve_metrics"]
@@ -65,7 +61,9 @@ class JobRunner:
 
     async def _execute(self, job: Job) -> dict[str, Any]:
         if self._wiring is None:  # SLO, goodput and the rest of its answers' metrics: on this worker's /metrics
-            self._wiring = compose(self.settings, self.registry, None)
+            own = CollectorRegistry()  # joined once whole: a composition that failed half-way leaves nothing behind
+            self._wiring = compose(self.settings, own, None)
+            self.registry.register(own)
         p2 = types_pb2.PRIORITY_P2
         schema = ChatCompletionRequest if job.route == "chat" else CompletionRequest
 

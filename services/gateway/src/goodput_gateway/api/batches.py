@@ -18,11 +18,12 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from goodput_core.errors import InvalidArgument
 
 from goodput_gateway.api.deps import Batches, Caller, JsonBody, Service
+from goodput_gateway.generation_schemas import ChatCompletionRequest, CompletionRequest
 from goodput_gateway.jobs.batches import Batch
-from goodput_gateway.jobs.store import ROUTES
+from goodput_gateway.jobs.records import ROUTES
 from goodput_gateway.limits import read_limited
 from goodput_gateway.requests import validate
-from goodput_gateway.schemas import BatchRequest, ChatCompletionRequest, CompletionRequest, parse
+from goodput_gateway.schemas import BatchRequest, parse
 
 __all__ = ["check_lines", "router"]
 

@@ -11,9 +11,10 @@ from fastapi.responses import JSONResponse
 from goodput_core.errors import InvalidArgument
 
 from goodput_gateway.api.deps import Caller, Jobs, JsonBody, Service
-from goodput_gateway.jobs.store import JOB_HEADER, ROUTES
+from goodput_gateway.generation_schemas import ChatCompletionRequest, CompletionRequest
+from goodput_gateway.jobs.records import JOB_HEADER, ROUTES
 from goodput_gateway.requests import validate
-from goodput_gateway.schemas import ChatCompletionRequest, CompletionRequest, JobRequest, parse
+from goodput_gateway.schemas import JobRequest, parse
 
 __all__ = ["router"]
 

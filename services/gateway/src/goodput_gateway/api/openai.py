@@ -25,11 +25,12 @@ from goodput_gateway.api.respond import Shape, respond
 from goodput_gateway.api.streams import resume_response
 from goodput_gateway.feedback import FeedbackRequest
 from goodput_gateway.generation import Call, Generation
+from goodput_gateway.generation_schemas import ChatCompletionRequest, CompletionRequest
 from goodput_gateway.metering import parse_period
 from goodput_gateway.rag import KB_HEADER
 from goodput_gateway.requests import GenerationRequest
 from goodput_gateway.resume import LAST_EVENT_ID
-from goodput_gateway.schemas import ChatCompletionRequest, CompletionRequest, parse
+from goodput_gateway.schemas import parse
 from goodput_gateway.service import GatewayService
 from goodput_gateway.wire import completion_body, deadline_header, stream_events
 

@@ -21,15 +21,17 @@ A worker serves ``/metrics`` (any other path answers the same, so it doubles as 
 ``jobs_worker_http_port`` once it is ready: jobs by state, attempts, messages and recoveries, all read from Redis,
 so they cover every worker process (the prefork children run the tasks, the parent serves the metrics and sweeps).
 
-The package: :mod:`.store` (jobs in Redis, the retry policy, the Celery client), :mod:`.parking` (a shed request
-becomes a job), :mod:`.batches` (OpenAI's Files and Batch APIs); their REST routes are
-:mod:`goodput_gateway.api.jobs` and :mod:`goodput_gateway.api.batches`.
+The package: :mod:`.records` (a job, its states, the retry policy), :mod:`.store` (jobs in Redis), :mod:`.messages`
+(the Celery client), :mod:`.metrics`, :mod:`.parking` (a shed request becomes a job), :mod:`.batches` (OpenAI's Files
+and Batch APIs); their REST routes are :mod:`goodput_gateway.api.jobs` and :mod:`goodput_gateway.api.batches`.
 """
 
 from __future__ import annotations
 
+from goodput_gateway.jobs.metrics import JobsMetrics
 from goodput_gateway.jobs.parking import Parked, park
-from goodput_gateway.jobs.store import JOB_HEADER, JOB_ID_KEY, STATES, Job, JobQueue, JobsMetrics, retry_delay
+from goodput_gateway.jobs.records import JOB_HEADER, JOB_ID_KEY, STATES, Job, retry_delay
+from goodput_gateway.jobs.store import JobQueue
 
 __all__ = ["JOB_HEADER", "JOB_ID_KEY", "STATES", "Job", "JobQueue", "JobsMetrics", "Parked", "park", "retry_delay"]
 

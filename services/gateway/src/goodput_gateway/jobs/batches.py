@@ -30,7 +30,8 @@ from typing import Any
 
 from goodput_core.errors import InvalidArgument, NotFound
 
-from goodput_gateway.jobs.store import ROUTES, Job, JobQueue
+from goodput_gateway.jobs.records import ROUTES, Job
+from goodput_gateway.jobs.store import JobQueue
 
 __all__ = ["Batch", "BatchStore", "FileObject", "parse_window"]
 

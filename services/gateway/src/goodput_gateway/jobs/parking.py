@@ -28,9 +28,10 @@ from goodput.common.v1 import types_pb2
 
 from goodput_core.errors import GoodputError, ResourceExhausted
 
-from goodput_gateway.jobs.store import JOB_ID_KEY, SHED_CODES, JobQueue, retry_delay
+from goodput_gateway.generation_schemas import to_body
+from goodput_gateway.jobs.records import JOB_ID_KEY, SHED_CODES, retry_delay
+from goodput_gateway.jobs.store import JobQueue
 from goodput_gateway.requests import GenerationRequest
-from goodput_gateway.schemas import to_body
 
 log = logging.getLogger("goodput.gateway.jobs")
 

@@ -1,4 +1,4 @@
-"""Jobs in Redis, run effectively once; and the retry policy of parked work.
+"""Jobs in Redis, run effectively once.
 
 A job's message is delivered at least once (Celery acknowledges late; Redis redelivers what a dead worker held) and
 may be lost (a crash between storing a job and sending its message, a broker that lost writes). Every change of a
@@ -31,12 +31,6 @@ Example (with a Redis at ``settings.redis_url``)::
     queue = JobQueue(settings, redis.Redis.from_url(settings.redis_url))
     job = queue.submit(tenant="acme", route="chat", body={"messages": [...]})
     queue.get(job.id, tenant="acme").state    # 'queued'
-
-What ``GET /v1/jobs/{id}`` answers for a job, in OpenAI's shape:
-
-    >>> public = Job(id="job-1", tenant="acme", route="chat", body={}, deadline_at=400.0).public()
-    >>> public["object"], public["status"], public["endpoint"], public["expires_at"]
-    ('job', 'queued', '/v1/chat/completions', 400)
 """
 
 from __future__ import annotations
@@ -44,149 +38,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import random
 import time
 import uuid
 from collections import Counter as Tally
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 from redis.exceptions import WatchError
 
-from goodput_core.errors import DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from goodput_core.metrics import SharedCounter, StoreReadings
+from goodput_core.errors import InvalidArgument, NotFound, Unavailable
 
-__all__ = ["ENDPOINTS", "JOB_HEADER", "JOB_ID_KEY", "OUTCOMES", "RECOVERIES", "RETRYABLE", "ROUTES", "SHED_CODES",
-           "STATES", "TERMINAL", "VERDICTS", "Job", "JobQueue", "JobsMetrics", "Send", "celery_send", "retry_delay"]
+from goodput_gateway.jobs.messages import Send, celery_send
+from goodput_gateway.jobs.metrics import JobsMetrics
+from goodput_gateway.jobs.records import ENDPOINTS, STATES, TERMINAL, WAITING, Job
+
+__all__ = ["JobQueue"]
 
 log = logging.getLogger("goodput.gateway.jobs")
 
-STATES = ("queued", "running", "parked", "completed", "failed", "expired")
-TERMINAL = ("completed", "failed", "expired")
-WAITING = ("queued", "parked")
-# How an attempt (a claim on a "running" job) ends; "lost": its worker died and the claim lapsed.
-OUTCOMES = ("completed", "parked", "failed", "lost")
-# What a delivered message did: started an attempt, expired the job, or nothing (a duplicate: the job is running
-# under a live claim or finished; stale: an earlier dispatch's message; missing: no such job).
-VERDICTS = ("claimed", "expired", "duplicate", "stale", "missing")
-# Why the sweeper (or a redelivered message) stepped in.
-RECOVERIES = ("lost_message", "lease_expired", "deadline")
-JOB_HEADER = "X-Goodput-Job-Id"
-JOB_ID_KEY = "x-goodput-job-id"  # gRPC trailing metadata of a shed request that was parked
-# Worth retrying later: shed, scheduler or workers unreachable, expired in the queue.
-RETRYABLE = (ResourceExhausted, Unavailable, DeadlineExceeded)
-SHED_CODES = ("overloaded", "queue_full")
 CAS_TRIES = 20
-
-Send = Callable[[str, int, float], None]
-"""Sends a job's message: ``send(job_id, dispatch, delay_s)``."""
-
-
-def retry_delay(attempt: int, retry_after_s: float | None, *, base_s: float = 1.0, cap_s: float = 60.0,
-                rng: random.Random | None = None) -> float:
-    """Seconds before re-submitting shed work: the scheduler's retry-after (from its drain rate) or an exponential
-    backoff, whichever is longer, capped, with jitter so parked work does not return all at once.
-
-    >>> 1.0 <= retry_delay(1, None, rng=random.Random(0)) <= 1.5
-    True
-    >>> 8.0 <= retry_delay(2, 8.0, rng=random.Random(0)) <= 12.0
-    True
-    """
-    rng = rng or random.Random()
-    backoff = min(cap_s, base_s * 2 ** max(attempt - 1, 0))
-    return min(max(backoff, retry_after_s or 0.0), cap_s) * rng.uniform(1.0, 1.5)
-
-
-@dataclass
-class Job:
-    id: str
-    tenant: str
-    route: str  # "chat" or "completions"
-    body: dict[str, Any]
-    state: str = "queued"
-    created_at: float = field(default_factory=time.time)
-    updated_at: float = field(default_factory=time.time)
-    deadline_at: float = 0.0
-    attempts: int = 0
-    next_attempt_at: float = 0.0
-    error: str = ""
-    result: dict[str, Any] | None = None
-    # Each hand-over to the queue (submitted, parked again, requeued after its worker died) is a new dispatch; its
-    # message carries the number, and only a message of the current dispatch may start an attempt.
-    dispatch: int = 0
-    due_at: float = 0.0  # when the current dispatch's message is due (or was last sent again)
-    claim: str = ""  # the running attempt's fencing token ("" when none runs)
-    lease_until: float = 0.0  # the claim lapses then unless renewed
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> Job:
-        """A stored job; fields this version does not know (written by a newer one) are ignored."""
-        data = json.loads(raw)
-        return cls(**{k: v for k, v in data.items() if k in _FIELDS})
-
-    def public(self) -> dict[str, Any]:
-        """The REST shape (an OpenAI-style object)."""
-        out: dict[str, Any] = {"id": self.id, "object": "job", "status": self.state, "endpoint": ENDPOINTS[self.route],
-                               "created_at": int(self.created_at), "updated_at": int(self.updated_at),
-                               "expires_at": int(self.deadline_at), "attempts": self.attempts}
-        if self.state == "parked":
-            out["next_attempt_at"] = int(self.next_attempt_at)
-        if self.error:
-            out["last_error"] = self.error
-        if self.result is not None:
-            out["response"] = self.result
-        return out
-
-
-_FIELDS = {f.name for f in dataclasses.fields(Job)}
-ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-ROUTES = {v: k for k, v in ENDPOINTS.items()}
-
-
-class JobsMetrics:
-    """Transitions counted in this process; jobs by state, attempts by outcome, messages by verdict and recoveries
-    by reason read from Redis off the scrape path (``readings``: the gateway starts them on its event loop; a
-    worker's metrics thread reads on a scrape, waiting ``scrape_wait_s`` at most), so that a scrape never waits on
-    Redis."""
-
-    def __init__(self, registry: CollectorRegistry | None, queue: JobQueue | None = None, *,
-                 scrape_wait_s: float = 0.0) -> None:
-        self.transitions = Counter("goodput_gateway_deferred_job_transitions_total",
-                                   "Deferred jobs entering a state (in this process).", ["state"], registry=registry)
-        self.readings: StoreReadings | None = None
-        if registry is not None and queue is not None:
-            self.readings = StoreReadings("gateway_jobs", registry, scrape_wait_s=scrape_wait_s)
-            jobs = Gauge("goodput_gateway_deferred_jobs", "Deferred jobs by state (from Redis, all processes; "
-                         "NaN until first read).", ["state"], registry=registry)
-            for state in STATES:
-                jobs.labels(state).set_function(_last_count(self.readings.add(state, _counter(queue, state))))
-            for name, key, label, known, doc in (
-                    ("attempts", "attempts", "outcome", OUTCOMES, "Attempts of deferred jobs by outcome (lost: its "
-                     "worker died and its claim lapsed)"),
-                    ("messages", "messages", "verdict", VERDICTS, "Deferred jobs' messages by what they did "
-                     "(duplicate, stale: nothing, the job had run or was running)"),
-                    ("recoveries", "recoveries", "reason", RECOVERIES, "Deferred jobs the sweeper sent again "
-                     "(lost_message), requeued after their worker died (lease_expired) or expired (deadline)")):
-                read = self.readings.add(name, _tally(queue, key))
-                registry.register(SharedCounter(f"goodput_gateway_deferred_job_{name}",
-                                                f"{doc} (from Redis, all processes).", label, read=read, known=known))
-
-
-def _counter(queue: JobQueue, state: str) -> Callable[[], int]:
-    return lambda: queue.count(state)
-
-
-def _tally(queue: JobQueue, name: str) -> Callable[[], dict[str, int]]:
-    return lambda: queue.tally(name)
-
-
-def _last_count(last: Callable[[], Any]) -> Callable[[], float]:
-    def read() -> float:
-        value = last()
-        return float("nan") if value is None else float(value)
-    return read
 
 
 class JobQueue:
@@ -491,31 +363,3 @@ class JobQueue:
 
                 if self.update(job_id, adopt)[0] is None:
                     self._forget(job_id)
-
-
-_apps: dict[tuple[str, str], Any] = {}
-
-
-def celery_client(settings: Any) -> Any:
-    """The Celery app that sends the jobs' messages (Redis broker; one per broker URL and queue in a process); the
-    jobs worker (:mod:`goodput_gateway.worker`) registers the task that runs them on the same app."""
-    key = (settings.redis_url, settings.jobs_queue)
-    app = _apps.get(key)
-    if app is None:
-        from celery import Celery  # lazy: only processes that park or run jobs need Celery
-
-        app = Celery("goodput_gateway.jobs", broker=settings.redis_url)
-        app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
-                        task_default_queue=settings.jobs_queue, broker_connection_retry_on_startup=True,
-                        # An ETA task waits in its worker; on a crash Redis redelivers it after this timeout.
-                        broker_transport_options={"visibility_timeout": 3600})
-        _apps[key] = app
-    return app
-
-
-def celery_send(settings: Any) -> Send:
-    def send(job_id: str, dispatch: int, delay_s: float) -> None:
-        app = celery_client(settings)
-        app.send_task("goodput.jobs.run", args=[job_id, dispatch], countdown=max(delay_s, 0.0),
-                      queue=settings.jobs_queue)
-    return send

@@ -1,0 +1,100 @@
+"""A deferred job as stored (:class:`Job`), its states and the other names a job's life is told in, and the retry
+policy of parked work (:func:`retry_delay`); :mod:`.store` keeps jobs in Redis.
+
+What ``GET /v1/jobs/{id}`` answers for a job, in OpenAI's shape:
+
+    >>> public = Job(id="job-1", tenant="acme", route="chat", body={}, deadline_at=400.0).public()
+    >>> public["object"], public["status"], public["endpoint"], public["expires_at"]
+    ('job', 'queued', '/v1/chat/completions', 400)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from goodput_core.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+
+__all__ = ["ENDPOINTS", "JOB_HEADER", "JOB_ID_KEY", "OUTCOMES", "RECOVERIES", "RETRYABLE", "ROUTES", "SHED_CODES",
+           "STATES", "TERMINAL", "VERDICTS", "WAITING", "Job", "retry_delay"]
+
+STATES = ("queued", "running", "parked", "completed", "failed", "expired")
+TERMINAL = ("completed", "failed", "expired")
+WAITING = ("queued", "parked")
+# How an attempt (a claim on a "running" job) ends; "lost": its worker died and the claim lapsed.
+OUTCOMES = ("completed", "parked", "failed", "lost")
+# What a delivered message did: started an attempt, expired the job, or nothing (a duplicate: the job is running
+# under a live claim or finished; stale: an earlier dispatch's message; missing: no such job).
+VERDICTS = ("claimed", "expired", "duplicate", "stale", "missing")
+# Why the sweeper (or a redelivered message) stepped in.
+RECOVERIES = ("lost_message", "lease_expired", "deadline")
+JOB_HEADER = "X-Goodput-Job-Id"
+JOB_ID_KEY = "x-goodput-job-id"  # gRPC trailing metadata of a shed request that was parked
+# Worth retrying later: shed, scheduler or workers unreachable, expired in the queue.
+RETRYABLE = (ResourceExhausted, Unavailable, DeadlineExceeded)
+SHED_CODES = ("overloaded", "queue_full")
+
+
+def retry_delay(attempt: int, retry_after_s: float | None, *, base_s: float = 1.0, cap_s: float = 60.0,
+                rng: random.Random | None = None) -> float:
+    """Seconds before re-submitting shed work: the scheduler's retry-after (from its drain rate) or an exponential
+    backoff, whichever is longer, capped, with jitter so parked work does not return all at once.
+
+    >>> 1.0 <= retry_delay(1, None, rng=random.Random(0)) <= 1.5
+    True
+    >>> 8.0 <= retry_delay(2, 8.0, rng=random.Random(0)) <= 12.0
+    True
+    """
+    rng = rng or random.Random()
+    backoff = min(cap_s, base_s * 2 ** max(attempt - 1, 0))
+    return min(max(backoff, retry_after_s or 0.0), cap_s) * rng.uniform(1.0, 1.5)
+
+
+@dataclass
+class Job:
+    id: str
+    tenant: str
+    route: str  # "chat" or "completions"
+    body: dict[str, Any]
+    state: str = "queued"
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    deadline_at: float = 0.0
+    attempts: int = 0
+    next_attempt_at: float = 0.0
+    error: str = ""
+    result: dict[str, Any] | None = None
+    # Each hand-over to the queue (submitted, parked again, requeued after its worker died) is a new dispatch; its
+    # message carries the number, and only a message of the current dispatch may start an attempt.
+    dispatch: int = 0
+    due_at: float = 0.0  # when the current dispatch's message is due (or was last sent again)
+    claim: str = ""  # the running attempt's fencing token ("" when none runs)
+    lease_until: float = 0.0  # the claim lapses then unless renewed
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Job:
+        """A stored job; fields this version does not know (written by a newer one) are ignored."""
+        data = json.loads(raw)
+        return cls(**{k: v for k, v in data.items() if k in _FIELDS})
+
+    def public(self) -> dict[str, Any]:
+        """The REST shape (an OpenAI-style object)."""
+        out: dict[str, Any] = {"id": self.id, "object": "job", "status": self.state, "endpoint": ENDPOINTS[self.route],
+                               "created_at": int(self.created_at), "updated_at": int(self.updated_at),
+                               "expires_at": int(self.deadline_at), "attempts": self.attempts}
+        if self.state == "parked":
+            out["next_attempt_at"] = int(self.next_attempt_at)
+        if self.error:
+            out["last_error"] = self.error
+        if self.result is not None:
+            out["response"] = self.result
+        return out
+
+
+_FIELDS = {f.name for f in dataclasses.fields(Job)}
+ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+ROUTES = {v: k for k, v in ENDPOINTS.items()}

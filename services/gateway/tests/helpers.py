@@ -1,0 +1,49 @@
+"""What the gateway's tests share besides the gateway itself (:mod:`conftest`): API keys, request bodies, the REST
+call, and the check that an error is in OpenAI's shape."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from goodput_gateway.service import GatewayService
+
+KEYS = json.dumps({"keys": [{"key": "k-p0", "tenant": "a", "max_priority": "P0"},
+                            {"key": "k-p2", "tenant": "b", "max_priority": "P2"}]})
+AUTH = {"Authorization": "Bearer k-p0"}
+
+
+@dataclass
+class Gateway:
+    client: httpx.AsyncClient
+    service: GatewayService
+    registry: CollectorRegistry
+
+
+GatewayFactory = Callable[..., Awaitable[Gateway]]  # the conftest's `gateway` fixture: (models=, workers=, **settings)
+
+
+def chat(**overrides: object) -> dict[str, object]:
+    body: dict[str, object] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    body.update(overrides)
+    return body
+
+
+async def post(client: httpx.AsyncClient, body: object, headers: dict[str, str] | None = None,
+               raw: bytes | None = None) -> httpx.Response:
+    content = raw if raw is not None else json.dumps(body).encode()
+    return await client.post("/v1/chat/completions", content=content,
+                             headers={"Content-Type": "application/json", **(AUTH if headers is None else headers)})
+
+
+def assert_openai_error(resp: httpx.Response, status: int, param: str | None = None) -> dict[str, object]:
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert set(error) >= {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
