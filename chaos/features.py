@@ -43,12 +43,12 @@ def _fields(module: str, cls: str) -> set[str]:
 
 def _stream_resume() -> Feature:
     """The gateway numbers a stream's events and lets a client that reconnects with Last-Event-ID get the rest
-    (``goodput_gateway.resume``, ``RESUME_WINDOW_S``)."""
-    module, setting = _has("goodput_gateway.resume"), "resume_window_s" in _fields("goodput_gateway.config",
+    (``goodput_gateway.resume``, ``RESUME__WINDOW_S``)."""
+    module, setting = _has("goodput_gateway.resume"), "resume" in _fields("goodput_gateway.config",
                                                                                      "GatewaySettings")
     if module and setting:
-        return Feature("stream-resume", True, "goodput_gateway.resume and GOODPUT_GATEWAY_RESUME_WINDOW_S")
-    missing = [what for what, ok in (("goodput_gateway.resume", module), ("RESUME_WINDOW_S", setting)) if not ok]
+        return Feature("stream-resume", True, "goodput_gateway.resume and GOODPUT_GATEWAY_RESUME__WINDOW_S")
+    missing = [what for what, ok in (("goodput_gateway.resume", module), ("RESUME__WINDOW_S", setting)) if not ok]
     return Feature("stream-resume", False, f"the gateway has no stream resume yet (missing: {', '.join(missing)})")
 
 

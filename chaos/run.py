@@ -128,17 +128,17 @@ def platform_for(mode: Mode, *, workdir: Path, port_offset: int, resume: bool) -
         "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.5",
         "GOODPUT_INFERENCE_STALL_AFTER_S": str(mode.stall_after_s),
         # deferred jobs: a dead worker's claim lapses in seconds, not a minute, and the sweeper looks every second
-        "GOODPUT_GATEWAY_JOB_LEASE_S": "5", "GOODPUT_GATEWAY_JOB_SWEEP_INTERVAL_S": "1",
-        "GOODPUT_GATEWAY_JOB_LOST_AFTER_S": "15", "GOODPUT_GATEWAY_JOB_RETRY_BASE_S": "0.5",
-        "GOODPUT_GATEWAY_JOB_RETRY_CAP_S": "5",
-        "GOODPUT_GATEWAY_JOB_DEADLINE_S": str(mode.mix.job_deadline_s - mode.mix.grace_s),
+        "GOODPUT_GATEWAY_JOBS__LEASE_S": "5", "GOODPUT_GATEWAY_JOBS__SWEEP_INTERVAL_S": "1",
+        "GOODPUT_GATEWAY_JOBS__LOST_AFTER_S": "15", "GOODPUT_GATEWAY_JOBS__RETRY_BASE_S": "0.5",
+        "GOODPUT_GATEWAY_JOBS__RETRY_CAP_S": "5",
+        "GOODPUT_GATEWAY_JOBS__DEADLINE_S": str(mode.mix.job_deadline_s - mode.mix.grace_s),
     }
     if mode.engine == "sim":
         env["GOODPUT_INFERENCE_SIM_CONFIG"] = json.dumps({"time_scale": mode.sim_time_scale})
     else:
         env["GOODPUT_INFERENCE_ENFORCE_EAGER"] = "true"
     if resume:
-        env["GOODPUT_GATEWAY_RESUME_WINDOW_S"] = "60"
+        env["GOODPUT_GATEWAY_RESUME__WINDOW_S"] = "60"
     keys = [{"key_sha256": _sha(KEY_P0), "tenant": "chaos-interactive", "max_priority": "P0",
              "default_priority": "P0"},
             {"key_sha256": _sha(KEY_P2), "tenant": "chaos-batch", "max_priority": "P2", "default_priority": "P2"}]

@@ -1,7 +1,7 @@
 """Calibrate the simulated engine to a real one, and measure how far off the simulator still is.
 
 1. **Record**: a platform with one vLLM CPU worker (the dev model) and the gateway's workload trace on
-   (``TRACE_SAMPLE`` 1.0) serves, through its REST API,
+   (``TRACE__SAMPLE`` 1.0) serves, through its REST API,
    - *probes*: prompts of 32 to 1536 tokens one at a time (TTFT on an idle engine: prefill time per token) and
      1 to 16 streams decoding together (time per output token as a line in the batch size);
    - a *workload*: a synthetic trace (Poisson arrivals, P0/P1/P2, log-uniform prompt and output lengths) at
@@ -224,8 +224,8 @@ async def record(args: argparse.Namespace, console: Any) -> dict[str, Any]:
     trace_path = workdir / "trace.jsonl"
     trace_path.unlink(missing_ok=True)
     cores = engine_cores("auto")
-    env = {"GOODPUT_GATEWAY_TRACE_PATH": str(trace_path), "GOODPUT_GATEWAY_TRACE_SAMPLE": "1.0",
-           "GOODPUT_GATEWAY_LADDER_ENABLED": "false", "GOODPUT_GATEWAY_LATENCY_PROFILE": PROFILE,
+    env = {"GOODPUT_GATEWAY_TRACE__PATH": str(trace_path), "GOODPUT_GATEWAY_TRACE__SAMPLE": "1.0",
+           "GOODPUT_GATEWAY_LADDER__ENABLED": "false", "GOODPUT_GATEWAY_LATENCY_PROFILE": PROFILE,
            **{f"GOODPUT_SCHEDULER_{k}": v for k, v in SCHEDULER_ENV.items()}}
     if cores is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
@@ -523,7 +523,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{WORKLOAD_PROMPT[0]}–{WORKLOAD_PROMPT[1]} and outputs {WORKLOAD_OUTPUT[0]}–{WORKLOAD_OUTPUT[1]} tokens, "
         "log-uniform; prompts of random words (no shared prefix beyond the chat template). "
         f"{wl['requests']} requests were recorded over {wl['span_s']} s (client-side outcomes: {client}).",
-        "- **Real** numbers are the gateway's trace lines (``TRACE_SAMPLE`` 1.0): TTFT from the gateway's arrival to "
+        "- **Real** numbers are the gateway's trace lines (``TRACE__SAMPLE`` 1.0): TTFT from the gateway's arrival to "
         "the first token, TPOT the mean after it, as the gateway measured them. **Simulated** numbers: the same "
         "trace replayed (``loadtests.replay``: same arrival times, classes, prompt tokens, cached prefix and "
         "output tokens as max_tokens) on one simulated worker with the same max_num_seqs and a scheduler, measured "
@@ -572,7 +572,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "and admission model; their absolute SLO thresholds (P0 TTFT, the ladder's budgets) are met or missed in "
         "A100 milliseconds, so a threshold close to a measured value is only as firm as the A100 constants (tens of "
         "percent) plus the shape error measured here.",
-        "- To plan a real fleet, record a trace on it (`GOODPUT_GATEWAY_TRACE_PATH`), fit the constants to that GPU "
+        "- To plan a real fleet, record a trace on it (`GOODPUT_GATEWAY_TRACE__PATH`), fit the constants to that GPU "
         "the way this tool does, and replay (`python -m loadtests.replay --sim-config <calibration.json>`).",
         "",
     ]

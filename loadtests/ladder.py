@@ -3,7 +3,7 @@ through the gateway with its degradation ladder on and off, in one run.
 
 Two platforms (``goodput_cli.supervisor.Platform``: real gateway, scheduler and simulated workers,
 ``GOODPUT_INFERENCE_ENGINE=sim``; only the GPU is simulated) with the same settings but one:
-``GOODPUT_GATEWAY_LADDER_ENABLED=true`` on the first (arm ``ladder``), ``false`` on the second (arm
+``GOODPUT_GATEWAY_LADDER__ENABLED=true`` on the first (arm ``ladder``), ``false`` on the second (arm
 ``no_ladder``). Only one of them carries load at any time. Both gateways search a **stand-in retriever** this module
 serves itself (``goodput.retriever.v1.Retrieval/Search`` over the platforms' mutual TLS, in a process of its own):
 it runs no search, it sleeps what a hybrid search with a cross-encoder rerank would take,
@@ -13,7 +13,7 @@ it runs no search, it sleeps what a hybrid search with a cross-encoder rerank wo
 and returns ``top_k`` synthetic chunks of ~400 characters derived from the query (no prefix-cache reuse), so the
 two steps of the ladder that act on retrieval change the cost: ``skip_rerank`` saves the rerank's time, and
 ``fewer_chunks`` (half the chunks) saves retrieval time and makes the prompt shorter, hence the simulated engine's
-prefill cheaper. The gateways ask for a rerank (``GOODPUT_GATEWAY_RAG_RERANK=true``) and ``rag_top_k`` chunks; the
+prefill cheaper. The gateways ask for a rerank (``GOODPUT_GATEWAY_RAG__RERANK=true``) and ``rag_top_k`` chunks; the
 rerank runs under the rerank budget the gateway sends, as the retriever's does. Everything else is the platform's
 defaults (the scheduler's queues, queue-wait budget and deadline prediction, the gateway's breakers and ladder
 settings).
@@ -626,11 +626,12 @@ def platform_env(args: argparse.Namespace, arm: str, retriever_addr: str, prefix
             "GOODPUT_SCHEDULER_MAX_INFLIGHT_PER_WORKER": str(args.max_num_seqs),
             "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.25",
             "GOODPUT_GATEWAY_RETRIEVER_ADDR": retriever_addr,
-            "GOODPUT_GATEWAY_RAG_TOP_K": str(args.top_k),
-            "GOODPUT_GATEWAY_RAG_RERANK": "true",
-            "GOODPUT_GATEWAY_LADDER_ENABLED": "true" if arm == LADDER else "false",
+            "GOODPUT_GATEWAY_RAG__TOP_K": str(args.top_k),
+            "GOODPUT_GATEWAY_RAG__RERANK": "true",
+            "GOODPUT_GATEWAY_LADDER__ENABLED": "true" if arm == LADDER else "false",
             "GOODPUT_GATEWAY_LATENCY_PROFILE": json.dumps(latency_profile(args)),
-            "GOODPUT_GATEWAY_QUOTA_PREFIX": f"{prefix}:quota", "GOODPUT_GATEWAY_USAGE_PREFIX": f"{prefix}:usage",
+            "GOODPUT_GATEWAY_QUOTAS__PREFIX": f"{prefix}:quota",
+            "GOODPUT_GATEWAY_METERING__USAGE_PREFIX": f"{prefix}:usage",
             **{f"GOODPUT_{svc}_LOG_LEVEL": "WARNING" for svc in ("GATEWAY", "SCHEDULER", "INFERENCE")}}
 
 
@@ -655,7 +656,7 @@ def gateway_knows() -> dict[str, bool]:
     except ImportError:
         return {}
     fields = GatewaySettings.model_fields
-    return {name: name in fields for name in ("ladder_enabled", "rag_rerank", "latency_profile", "retriever_addr")}
+    return {name: name in fields for name in ("ladder", "rag", "latency_profile", "retriever_addr")}
 
 
 async def engine_busy(platform: Any) -> float | None:
@@ -848,7 +849,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                   "goal": {"ratio": GOAL_RATIO, "multiple": GOAL_MULTIPLE}},
         "steps": [],
     }
-    if not knows.get("ladder_enabled", False):
+    if not knows.get("ladder", False):
         print("warning: this gateway has no ladder_enabled setting: both arms run the same gateway", file=sys.stderr)
     offsets = {LADDER: args.port_offset, NO_LADDER: args.port_offset + ARM_SHIFT}
     workdirs = {arm: tempfile.TemporaryDirectory(prefix=f"goodput-ladder-{arm}-") for arm in ARMS}
@@ -1042,7 +1043,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "run.**",
         "",
     ]
-    if not knows.get("ladder_enabled", True):
+    if not knows.get("ladder", True):
         lines += ["> **The gateway this ran against had no `ladder_enabled` setting: both arms ran the same "
                   "gateway, and the comparison below measures nothing but noise.**", ""]
     lines += ["## Headline", "", *headline_lines(report), ""]
@@ -1052,14 +1053,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- Two platforms (`goodput_cli.supervisor.Platform`), each {s['workers']} simulated worker(s) "
         f"(`GOODPUT_INFERENCE_ENGINE=sim`, A100 / 7B calibration, simulated time x{sim['time_scale']:g}, "
         f"{sim['max_batched_tokens']} tokens per engine step, {s['max_num_seqs']} sequences per worker), the real "
-        "scheduler and gateway, mutual TLS inside; identical settings except `GOODPUT_GATEWAY_LADDER_ENABLED` "
+        "scheduler and gateway, mutual TLS inside; identical settings except `GOODPUT_GATEWAY_LADDER__ENABLED` "
         "(`true`: arm *ladder*; `false`: arm *no ladder*). One platform carries load at a time; the arm that goes "
         "first alternates from step to step.",
         f"- **The retriever is a benchmark stand-in**, served by this module (not `goodput_retriever`): "
         f"`Retrieval/Search` sleeps {rc['base_s'] * 1000:.0f} ms + {rc['per_chunk_s'] * 1000:.0f} ms x top_k + "
         f"{rc['rerank_s'] * 1000:.0f} ms when asked to rerank, and answers top_k synthetic chunks of "
         f"{rc['chunk_chars']} characters derived from the query. The gateways ask for top_k = {s['top_k']} "
-        "with rerank (`GOODPUT_GATEWAY_RAG_RERANK=true`); the ladder's `skip_rerank` drops the rerank, its "
+        "with rerank (`GOODPUT_GATEWAY_RAG__RERANK=true`); the ladder's `skip_rerank` drops the rerank, its "
         "`fewer_chunks` halves top_k (a shorter prompt, a cheaper prefill). The rerank runs under the caller's "
         "rerank budget, as the retriever's does. No response cache runs (`exact_cache_only` changes nothing) and "
         "the profile names no fallback model (`fallback_model` is a step that changes nothing).",
@@ -1260,7 +1261,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--stream-every", type=int, default=4, help="the engines stream every this many tokens")
     ap.add_argument("--question-chars", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--top-k", type=int, default=8, help="chunks the gateways ask for (GOODPUT_GATEWAY_RAG_TOP_K)")
+    ap.add_argument("--top-k", type=int, default=8, help="chunks the gateways ask for (GOODPUT_GATEWAY_RAG__TOP_K)")
     ap.add_argument("--chunk-chars", type=int, default=400)
     ap.add_argument("--retrieval-base-s", type=float, default=0.080)
     ap.add_argument("--retrieval-per-chunk-s", type=float, default=0.010)

@@ -477,8 +477,8 @@ async def run_fleet(args: argparse.Namespace, workers: int, pool: ProcessPoolExe
            "GOODPUT_INFERENCE_MAX_NUM_SEQS": str(args.max_num_seqs),
            "GOODPUT_SCHEDULER_MAX_INFLIGHT_PER_WORKER": str(args.max_num_seqs),
            "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.25", "GOODPUT_GATEWAY_API_KEYS_RELOAD_S": "0.5",
-           "GOODPUT_GATEWAY_QUOTA_PREFIX": quota_prefix, "GOODPUT_GATEWAY_USAGE_PREFIX": usage_prefix,
-           "GOODPUT_GATEWAY_QUOTA_QUANTUM_S": str(args.quantum_s),
+           "GOODPUT_GATEWAY_QUOTAS__PREFIX": quota_prefix, "GOODPUT_GATEWAY_METERING__USAGE_PREFIX": usage_prefix,
+           "GOODPUT_GATEWAY_QUOTAS__QUANTUM_S": str(args.quantum_s),
            **{f"GOODPUT_{svc}_LOG_LEVEL": "WARNING" for svc in ("GATEWAY", "SCHEDULER", "INFERENCE")}}
     keys = {t: f"nn-{t}-{secrets.token_hex(12)}" for t in (NOISY, QUIET, PROBE)}
     slots = workers * args.max_num_seqs
@@ -723,7 +723,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "A and B each `rpm` = share_rps x 60 in the keys file's `tenants` (weights 1). "
         "*with_quotas[rpm+concurrent]*: also `max_concurrent` = share_slots. The quota counters start empty in "
         "every quota run. "
-        + (f"The gateways quantise rpm limits per {s['quantum_s']} s (`GOODPUT_GATEWAY_QUOTA_QUANTUM_S`), so A's "
+        + (f"The gateways quantise rpm limits per {s['quantum_s']} s (`GOODPUT_GATEWAY_QUOTAS__QUANTUM_S`), so A's "
            "minute is spread over it instead of spent in a burst. " if s.get("quantum_s") else
            "rpm limits are per minute only (no quantum). ")
         + (f"*{AT_SHARE}*: A sends exactly its share (no flood, no limits): the load perfect quotas would leave, "
@@ -887,7 +887,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quota-runs", nargs="+", choices=sorted(QUOTA_RUNS), default=["rpm", "rpm+concurrent"],
                     help="the with-quotas runs: which limits A and B get")
     ap.add_argument("--quantum-s", type=int, default=5,
-                    help="the gateways' GOODPUT_GATEWAY_QUOTA_QUANTUM_S: rpm limits enforced pro rata per this many "
+                    help="the gateways' GOODPUT_GATEWAY_QUOTAS__QUANTUM_S: rpm limits enforced pro rata per this many "
                          "seconds (0 = per minute only, so a flood spends its minute in a burst)")
     ap.add_argument("--no-at-share", dest="at_share", action="store_false",
                     help="skip the reference phase in which A sends exactly its share")

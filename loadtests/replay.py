@@ -1,7 +1,7 @@
 """Replay a workload trace (capacity planning): the arrivals of a recorded trace, with their classes, prompt lengths
 and output lengths, sent again to a fleet, and the latency it serves them with.
 
-The trace is the gateway's (``GOODPUT_GATEWAY_TRACE_PATH``, format :mod:`goodput_contracts.trace`): sampled, without
+The trace is the gateway's (``GOODPUT_GATEWAY_TRACE__PATH``, format :mod:`goodput_contracts.trace`): sampled, without
 prompt text. A replay rebuilds each request from its numbers: a prompt of the recorded token count (the part the
 engine's prefix cache held, ``cached_tokens``, as a prefix shared by the tenant's requests; the rest unique) and
 ``max_tokens`` = the recorded **output** tokens, so the engine generates as much as it did then (the simulated engine
@@ -18,7 +18,7 @@ Targets:
   gateway's REST API (prompt lengths cut with the model's tokenizer).
 - ``--gateway URL --api-key KEY``: a platform already running, through its REST API.
 
-``--speed X`` divides every arrival time by X: a trace recorded at ``TRACE_SAMPLE`` 0.01 replayed at ``--speed 100``
+``--speed X`` divides every arrival time by X: a trace recorded at ``TRACE__SAMPLE`` 0.01 replayed at ``--speed 100``
 approximates the full arrival rate; ``--speed 2`` asks what twice today's traffic would do. The report gives TTFT and
 TPOT p50/p99, end-to-end latency and throughput per class and overall, next to the latencies the trace recorded.
 
@@ -474,7 +474,7 @@ async def _replay_vllm(todo: list[TraceRecord], args: argparse.Namespace, report
     key = "replay-key"
     platform = Platform(workdir=(args.out.parent / f"{args.out.name}-platform").resolve(), workers=args.workers,
                         port_offset=args.port_offset, cache=False, knowledge=False, jobs=False,
-                        env={"GOODPUT_GATEWAY_LADDER_ENABLED": "false"},
+                        env={"GOODPUT_GATEWAY_LADDER__ENABLED": "false"},
                         api_keys=[{"key": key, "tenant": "replay", "max_priority": "P0"}])
     platform.dev_key = key
     platform.start()

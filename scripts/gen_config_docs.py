@@ -91,12 +91,30 @@ def cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def group_of(cls: Any, field: FieldInfo) -> type[BaseModel] | None:
+    """A settings group (a model of plain fields, each its own ``<GROUP>__<FIELD>`` variable), or None."""
+    kind = field.annotation
+    if not cls.model_config.get("env_nested_delimiter") or not (isinstance(kind, type) and issubclass(kind, BaseModel)):
+        return None
+    plain = all(not (isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)) and
+                typing.get_origin(f.annotation) is not dict for f in kind.model_fields.values())
+    return kind if plain else None
+
+
 def table(cls: Any) -> str:
     prefix = str(cls.model_config.get("env_prefix", ""))
     rows = ["| env var | type | default | description |", "|---|---|---|---|"]
     for name, field in cls.model_fields.items():
-        rows.append(f"| `{prefix}{name.upper()}` | {type_name(field.annotation)} | {default_text(field)} | "
-                    f"{cell(description(cls, name))} |")
+        group = group_of(cls, field)
+        if group is None:
+            rows.append(f"| `{prefix}{name.upper()}` | {type_name(field.annotation)} | {default_text(field)} | "
+                        f"{cell(description(cls, name))} |")
+            continue
+        rows.append(f"| `{prefix}{name.upper()}` | group | | {cell(group.__doc__ or '')} Each field below, or the "
+                    f"whole group as one JSON object. |")
+        for sub_name, sub in group.model_fields.items():
+            rows.append(f"| `{prefix}{name.upper()}__{sub_name.upper()}` | {type_name(sub.annotation)} | "
+                        f"{default_text(sub)} | {cell(description(group, sub_name))} |")
     return "\n".join(rows)
 
 

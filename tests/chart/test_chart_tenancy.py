@@ -92,16 +92,16 @@ def test_quota_and_metering_settings_reach_the_gateway_and_the_jobs_worker(chart
     docs = chart.docs()
     gw, jobs = _config(chart, docs, "gateway"), _config(chart, docs, "jobs-worker")
     expected = {
-        "QUOTA_PREFIX": "goodput:quota",
-        "QUOTA_TIMEOUT_S": "0.5",
-        "QUOTA_FAIL_OPEN_SHARE": "0.5",  # 1 / gateway.autoscaling.minReplicas (2)
-        "QUOTA_RETRY_S": "5",
-        "QUOTA_QUANTUM_S": "0",
-        "USAGE_PREFIX": "goodput:usage",
-        "USAGE_RETENTION_DAYS": "400",
-        "USAGE_FLUSH_S": "1",
-        "METER_PREFILL_TOKENS_PER_S": "10000",
-        "METER_DECODE_TOKENS_PER_S": "2500",
+        "QUOTAS__PREFIX": "goodput:quota",
+        "QUOTAS__TIMEOUT_S": "0.5",
+        "QUOTAS__FAIL_OPEN_SHARE": "0.5",  # 1 / gateway.autoscaling.minReplicas (2)
+        "QUOTAS__RETRY_S": "5",
+        "QUOTAS__QUANTUM_S": "0",
+        "METERING__USAGE_PREFIX": "goodput:usage",
+        "METERING__RETENTION_DAYS": "400",
+        "METERING__FLUSH_S": "1",
+        "METERING__PREFILL_TOKENS_PER_S": "10000",
+        "METERING__DECODE_TOKENS_PER_S": "2500",
     }
     for name, value in expected.items():
         assert gw[GW + name] == value, name
@@ -119,10 +119,11 @@ def test_quota_and_metering_settings_reach_the_gateway_and_the_jobs_worker(chart
                       set_json=("tenancy.quotas.timeoutSeconds=0.05", "tenancy.quotas.retrySeconds=2.5",
                                 "tenancy.metering.decodeTokensPerSecond=1200.5", "tenancy.metering.flushSeconds=0.25"))
     gw, jobs = _config(chart, docs, "gateway"), _config(chart, docs, "jobs-worker")
-    for name, value in {"QUOTA_PREFIX": "acme:quota", "QUOTA_TIMEOUT_S": "0.05", "QUOTA_RETRY_S": "2.5",
-                        "USAGE_PREFIX": "acme:usage", "USAGE_RETENTION_DAYS": "31", "METRICS_TENANTS": "acme,globex",
-                        "METER_PREFILL_TOKENS_PER_S": "20000", "METER_DECODE_TOKENS_PER_S": "1200.5",
-                        "USAGE_FLUSH_S": "0.25"}.items():
+    for name, value in {"QUOTAS__PREFIX": "acme:quota", "QUOTAS__TIMEOUT_S": "0.05", "QUOTAS__RETRY_S": "2.5",
+                        "METERING__USAGE_PREFIX": "acme:usage", "METERING__RETENTION_DAYS": "31",
+                        "METRICS_TENANTS": "acme,globex",
+                        "METERING__PREFILL_TOKENS_PER_S": "20000", "METERING__DECODE_TOKENS_PER_S": "1200.5",
+                        "METERING__FLUSH_S": "0.25"}.items():
         assert gw[GW + name] == jobs[GW + name] == value, name
     every = _config(chart, chart.docs(sets=("tenancy.metering.metricsTenants={*}",)), "gateway")
     assert every[GW + "METRICS_TENANTS"] == "*"
@@ -145,7 +146,7 @@ def test_fail_open_share_splits_each_limit_over_the_gateway_replicas(
     """While the quota Redis is unreachable each replica enforces this fraction of every limit: with the default, N
     replicas together allow about the limit, not N times it."""
     docs = chart.docs(values, set_json=sets)
-    assert _config(chart, docs, "gateway")[GW + "QUOTA_FAIL_OPEN_SHARE"] == share
+    assert _config(chart, docs, "gateway")[GW + "QUOTAS__FAIL_OPEN_SHARE"] == share
 
 
 def test_a_quota_redis_of_its_own_takes_its_password_from_a_secret(chart: Any) -> None:

@@ -23,8 +23,8 @@ SECRETISH = re.compile(r"KEY|PASSWORD|TOKEN|SECRET")
 NOT_SECRET = {"GOODPUT_INFERENCE_MAX_PROMPT_TOKENS", "GOODPUT_INFERENCE_MAX_NUM_BATCHED_TOKENS",
               "GOODPUT_GATEWAY_API_KEYS_FILE",
               # The keys file's reload period and the metering's token rates.
-              "GOODPUT_GATEWAY_API_KEYS_RELOAD_S", "GOODPUT_GATEWAY_METER_PREFILL_TOKENS_PER_S",
-              "GOODPUT_GATEWAY_METER_DECODE_TOKENS_PER_S",
+              "GOODPUT_GATEWAY_API_KEYS_RELOAD_S", "GOODPUT_GATEWAY_METERING__PREFILL_TOKENS_PER_S",
+              "GOODPUT_GATEWAY_METERING__DECODE_TOKENS_PER_S",
               # The path of the mounted TLS Secret's key, not the key.
               *(f"{prefix}TLS_KEY_FILE" for prefix in ("GOODPUT_GATEWAY_", "GOODPUT_SCHEDULER_", "GOODPUT_INFERENCE_",
                                                        "GOODPUT_EMBEDDER_", "GOODPUT_RETRIEVER_", "GOODPUT_CACHE_"))}
@@ -356,7 +356,7 @@ def test_celery_workers_run_their_app_and_serve_metrics_on_the_probed_port(chart
     deploys = by_kind(docs, "Deployment")
     # component: (Celery app, env prefix, setting of the metrics port)
     workers = {"indexing-worker": ("goodput_embedder.jobs", "GOODPUT_EMBEDDER_", "WORKER_HTTP_PORT"),
-               "jobs-worker": ("goodput_gateway.worker", "GOODPUT_GATEWAY_", "JOBS_WORKER_HTTP_PORT")}
+               "jobs-worker": ("goodput_gateway.worker", "GOODPUT_GATEWAY_", "JOBS__WORKER_HTTP_PORT")}
     for component, (app, prefix, port_setting) in workers.items():
         (c,) = deploys[component]["spec"]["template"]["spec"]["containers"]
         assert c["command"][:4] == ["celery", "-A", app, "worker"], component
@@ -372,12 +372,12 @@ def test_celery_workers_run_their_app_and_serve_metrics_on_the_probed_port(chart
 
 def test_jobs_worker_shares_the_gateways_jobs_settings(chart: Any) -> None:
     docs = chart.docs(sets=("gateway.config.jobsQueue=batch-jobs", "gateway.config.jobsPrefix=acme:jobs",
-                            "gateway.env.GOODPUT_GATEWAY_JOB_RETRY_CAP_S=30"))
+                            "gateway.env.GOODPUT_GATEWAY_JOBS__RETRY_CAP_S=30"))
     gw, jobs = _config(docs, "gateway"), _config(docs, "jobs-worker")
-    for name in ("JOBS_QUEUE", "JOBS_PREFIX", "PARK_SHED_P2", "SCHEDULER_ADDR", "CACHE_ADDR", "RETRIEVER_ADDR",
-                 "EMBEDDER_ADDR", "REQUEST_TIMEOUT_S", "JOB_RETRY_CAP_S"):
+    for name in ("JOBS__QUEUE", "JOBS__PREFIX", "JOBS__PARK_SHED_P2", "SCHEDULER_ADDR", "CACHE_ADDR", "RETRIEVER_ADDR",
+                 "EMBEDDER_ADDR", "REQUEST_TIMEOUT_S", "JOBS__RETRY_CAP_S"):
         assert jobs["GOODPUT_GATEWAY_" + name] == gw["GOODPUT_GATEWAY_" + name], name
-    assert gw["GOODPUT_GATEWAY_JOBS_QUEUE"] == "batch-jobs" and gw["GOODPUT_GATEWAY_JOBS_PREFIX"] == "acme:jobs"
+    assert gw["GOODPUT_GATEWAY_JOBS__QUEUE"] == "batch-jobs" and gw["GOODPUT_GATEWAY_JOBS__PREFIX"] == "acme:jobs"
     (c,) = by_kind(docs, "Deployment")["jobs-worker"]["spec"]["template"]["spec"]["containers"]
     assert "--queues=batch-jobs" in c["command"]
     # Both park and run jobs in the same Redis.
@@ -552,7 +552,7 @@ def test_a_metrics_port_of_its_own_is_wired_through_env_pod_service_monitor_and_
 def test_cross_encoders_mount_from_a_claim_and_are_required_when_enabled(chart: Any) -> None:
     off = chart.docs()
     assert _config(off, "retriever")["GOODPUT_RETRIEVER_RERANKER"] == "auto"
-    assert _config(off, "gateway")["GOODPUT_GATEWAY_RAG_RERANK"] == "false"
+    assert _config(off, "gateway")["GOODPUT_GATEWAY_RAG__RERANK"] == "false"
     docs = chart.docs(sets=("retriever.crossEncoder.enabled=true", "retriever.crossEncoder.claimName=models",
                             "retriever.crossEncoder.subPath=goodput-reranker-minilm",
                             "cache.crossEncoder.enabled=true", "cache.crossEncoder.claimName=models"))
@@ -561,7 +561,7 @@ def test_cross_encoders_mount_from_a_claim_and_are_required_when_enabled(chart: 
         "cross-encoder", "/models/reranker")
     assert (cache["GOODPUT_CACHE_VERIFIER"], cache["GOODPUT_CACHE_VERIFIER_MODEL"]) == (
         "cross-encoder", "/models/verifier")
-    assert _config(docs, "gateway")["GOODPUT_GATEWAY_RAG_RERANK"] == "true"
+    assert _config(docs, "gateway")["GOODPUT_GATEWAY_RAG__RERANK"] == "true"
     for component, path in (("retriever", "/models/reranker"), ("cache", "/models/verifier")):
         pod = by_kind(docs, "Deployment")[component]["spec"]["template"]["spec"]
         mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == path)

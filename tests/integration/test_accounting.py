@@ -48,11 +48,12 @@ def settings(backend: SimBackend, redis_url: str, redis_prefix: str, tmp_path: P
     return GatewaySettings(**{  # type: ignore[arg-type]
         "api_keys": KEYS, "scheduler_addr": backend.scheduler_addr, "http_port": free_port(),
         "grpc_port": free_port(), "models_cache_s": 0.0, "drain_grace_s": 0.5, "redis_url": redis_url,
-        "quota_redis_url": redis_url, "quota_prefix": f"{redis_prefix}:quota", "usage_prefix": f"{redis_prefix}:usage",
-        "responses_prefix": f"{redis_prefix}:responses", "feedback_prefix": f"{redis_prefix}:feedback",
-        "feedback_flush_s": 0.05, "resume_prefix": f"{redis_prefix}:streams", "resume_window_s": 30.0,
-        "jobs_prefix": f"{redis_prefix}:jobs", "park_shed_p2": False,
-        "trace_path": str(tmp_path / "trace.jsonl"), "trace_sample": 1.0})
+        "quota_redis_url": redis_url, "quotas": {"prefix": f"{redis_prefix}:quota"},
+        "metering": {"usage_prefix": f"{redis_prefix}:usage"}, "responses": {"prefix": f"{redis_prefix}:responses"},
+        "feedback": {"prefix": f"{redis_prefix}:feedback", "flush_s": 0.05},
+        "resume": {"prefix": f"{redis_prefix}:streams", "window_s": 30.0},
+        "jobs": {"prefix": f"{redis_prefix}:jobs", "park_shed_p2": False},
+        "trace": {"path": str(tmp_path / "trace.jsonl"), "sample": 1.0}})
 
 
 class Gateway:
@@ -73,7 +74,7 @@ class Gateway:
 
     async def traced(self, max_tokens: int) -> bool:
         """Whether the workload trace holds an answer that asked for ``max_tokens``."""
-        path = Path(self.settings.trace_path)
+        path = Path(self.settings.trace.path)
         lines = path.read_text().splitlines() if path.exists() else []
         return any(json.loads(line).get("max_tokens") == max_tokens for line in lines)
 

@@ -89,7 +89,7 @@ def test_prompt_plus_max_tokens_beyond_the_window_is_400_from_the_worker(platfor
 
 
 def test_prompt_above_the_configured_limit_is_400(platform: Platform) -> None:
-    huge = "x" * 40_000  # default GOODPUT_GATEWAY_MAX_PROMPT_CHARS is 32768
+    huge = "x" * 40_000  # default GOODPUT_GATEWAY_LIMITS__PROMPT_CHARS is 32768
     error = error_of(post(platform, {"messages": [{"role": "user", "content": huge}]}), 400)
     assert error["code"] == "context_length_exceeded"
 

@@ -53,8 +53,8 @@ class Replica:
 
 
 @contextlib.asynccontextmanager
-async def replicas(backend: Backend, redis_url: str, prefix: str, **overrides: object) -> AsyncIterator[list[Replica]]:
-    """Two gateway replicas on one Redis, with stream resume on (a 30 s window unless ``overrides`` say)."""
+async def replicas(backend: Backend, redis_url: str, prefix: str, **resume: object) -> AsyncIterator[list[Replica]]:
+    """Two gateway replicas on one Redis, with stream resume on (a 30 s window unless ``resume`` says)."""
     runners, out, channels = [], [], []
     try:
         for _ in range(2):
@@ -62,9 +62,10 @@ async def replicas(backend: Backend, redis_url: str, prefix: str, **overrides: o
             settings = GatewaySettings(**{  # type: ignore[arg-type]
                 "api_keys": KEYS, "scheduler_addr": backend.scheduler_addr, "http_port": http_port,
                 "grpc_port": grpc_port, "models_cache_s": 0.0, "drain_grace_s": 0.5, "quota_redis_url": redis_url,
-                "quota_prefix": f"{prefix}:quota", "usage_prefix": f"{prefix}:usage", "usage_flush_s": 0.2,
-                "responses_prefix": f"{prefix}:responses", "feedback_prefix": f"{prefix}:feedback",
-                "resume_prefix": f"{prefix}:streams", "resume_window_s": 30.0, **overrides})
+                "quotas": {"prefix": f"{prefix}:quota"},
+                "metering": {"usage_prefix": f"{prefix}:usage", "flush_s": 0.2},
+                "responses": {"prefix": f"{prefix}:responses"}, "feedback": {"prefix": f"{prefix}:feedback"},
+                "resume": {"prefix": f"{prefix}:streams", "window_s": 30.0, **resume}})
             registry = CollectorRegistry()
             runner = build(settings, registry, None)
             await runner.start()
@@ -291,7 +292,7 @@ async def test_a_dropped_grpc_stream_resumes_with_its_token_on_another_replica(
 
 async def test_a_generation_nobody_comes_back_for_is_cut_after_the_window(
         backend: Backend, redis_url: str, redis_prefix: str) -> None:
-    async with replicas(backend, redis_url, redis_prefix, resume_window_s=1.0) as (a, b):
+    async with replicas(backend, redis_url, redis_prefix, window_s=1.0) as (a, b):
         before = await worker_requests(backend)
         body = {**chat(), "max_tokens": 1500}  # ~20 s: it would run long after the client left
         stream_id, first = await dropped(a.http, "/v1/chat/completions", body)

@@ -63,13 +63,14 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     run = uuid.uuid4().hex[:8]
     env = {"GOODPUT_INFERENCE_ENGINE": "sim", "GOODPUT_INFERENCE_SIM_CONFIG": json.dumps({"time_scale": 0.5}),
            "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.5", "GOODPUT_GATEWAY_API_KEYS_RELOAD_S": "0.5",
-           "GOODPUT_GATEWAY_QUOTA_PREFIX": f"goodput:quota:test-{run}",
-           "GOODPUT_GATEWAY_USAGE_PREFIX": f"goodput:usage:test-{run}", "GOODPUT_GATEWAY_USAGE_FLUSH_S": "0.2"}
+           "GOODPUT_GATEWAY_QUOTAS__PREFIX": f"goodput:quota:test-{run}",
+           "GOODPUT_GATEWAY_METERING__USAGE_PREFIX": f"goodput:usage:test-{run}",
+           "GOODPUT_GATEWAY_METERING__FLUSH_S": "0.2"}
     p = Platform(workdir=tmp_path_factory.mktemp("tenancy"), workers=1, gateways=2, port_offset=PORT_OFFSET,
                  env=env, api_keys=keys_document(), knowledge=False, cache=False, jobs=False)
     with p:
         yield p
-    for prefix in (env["GOODPUT_GATEWAY_QUOTA_PREFIX"], env["GOODPUT_GATEWAY_USAGE_PREFIX"]):
+    for prefix in (env["GOODPUT_GATEWAY_QUOTAS__PREFIX"], env["GOODPUT_GATEWAY_METERING__USAGE_PREFIX"]):
         delete_keys(p.redis_url, prefix + ":")
 
 
@@ -121,7 +122,7 @@ def test_a_tenant_limited_to_n_per_minute_gets_exactly_n_across_two_replicas(pla
 
 def tpm_remaining(platform: Platform) -> int:
     """The tpm-team's remaining tokens this minute, read from Redis with the library the gateways count with."""
-    prefix = platform.env["GOODPUT_GATEWAY_QUOTA_PREFIX"]
+    prefix = platform.env["GOODPUT_GATEWAY_QUOTAS__PREFIX"]
     storage = RedisStorage(platform.redis_url, key_prefix=f"{prefix}:limits")
     stats = FixedWindowRateLimiter(storage).get_window_stats(RateLimitItemPerMinute(TPM, namespace="tpm"),
                                                              "tenant", "tpm-team")

@@ -111,8 +111,8 @@ jobsWorker:
   prefix: GOODPUT_GATEWAY_
   grpcPort: 0
   httpPort: 9107
-  httpPortSetting: JOBS_WORKER_HTTP_PORT
-  celery: {app: goodput_gateway.worker, queueSetting: JOBS_QUEUE}
+  httpPortSetting: JOBS__WORKER_HTTP_PORT
+  celery: {app: goodput_gateway.worker, queueSetting: JOBS__QUEUE}
   ingressFrom: []
   {{- /* A job runs through the gateway's own pipeline, so it calls what the gateway calls. */}}
   egressTo: [scheduler, inference, cache, retriever, embedder]
@@ -316,20 +316,20 @@ the kubelet probes the pod IP. */}}
 {{- $v := .root.Values.gateway }}
 {{- $p := "GOODPUT_GATEWAY_" }}
 {{ $p }}SCHEDULER_ADDR: {{ include "goodput.grpcAddr" (dict "root" .root "svc" "scheduler") | quote }}
-{{ $p }}MAX_PROMPT_CHARS: {{ include "goodput.num" $v.config.maxPromptChars | quote }}
-{{ $p }}MAX_MESSAGES: {{ include "goodput.num" $v.config.maxMessages | quote }}
-{{ $p }}MAX_BODY_BYTES: {{ include "goodput.num" $v.config.maxBodyBytes | quote }}
+{{ $p }}LIMITS__PROMPT_CHARS: {{ include "goodput.num" $v.config.maxPromptChars | quote }}
+{{ $p }}LIMITS__MESSAGES: {{ include "goodput.num" $v.config.maxMessages | quote }}
+{{ $p }}LIMITS__BODY_BYTES: {{ include "goodput.num" $v.config.maxBodyBytes | quote }}
 {{ $p }}REQUEST_TIMEOUT_S: {{ include "goodput.num" $v.config.requestTimeoutSeconds | quote }}
 {{ $p }}LATENCY_PROFILE: {{ toJson ($v.config.latencyProfile | default dict) | quote }}
-{{ $p }}RAG_RERANK: {{ and .root.Values.retriever.enabled .root.Values.retriever.crossEncoder.enabled | quote }}
+{{ $p }}RAG__RERANK: {{ and .root.Values.retriever.enabled .root.Values.retriever.crossEncoder.enabled | quote }}
 {{- range $svc, $flag := dict "cache" "useCache" "retriever" "useRetriever" "embedder" "useEmbedder" }}
 {{- $on := and (index $v.config $flag) (index $.root.Values $svc).enabled }}
 {{ $p }}{{ upper $svc }}_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" $.root "svc" $svc)) "" $on | quote }}
 {{- end }}
 {{- /* Deferred jobs (REDIS_URL comes from goodput.secretEnv when useRedis): read by the jobs workers too. */}}
-{{ $p }}JOBS_QUEUE: {{ $v.config.jobsQueue | quote }}
-{{ $p }}JOBS_PREFIX: {{ $v.config.jobsPrefix | quote }}
-{{ $p }}PARK_SHED_P2: {{ ternary "true" "false" $v.config.parkShedP2 | quote }}
+{{ $p }}JOBS__QUEUE: {{ $v.config.jobsQueue | quote }}
+{{ $p }}JOBS__PREFIX: {{ $v.config.jobsPrefix | quote }}
+{{ $p }}JOBS__PARK_SHED_P2: {{ ternary "true" "false" $v.config.parkShedP2 | quote }}
 {{ $p }}MODEL_FALLBACKS: {{ toJson ($v.config.modelFallbacks | default dict) | quote }}
 {{ $p }}AUTO_MODELS: {{ join "," ($v.config.autoModels | default list) | quote }}
 {{- with include "goodput.apiKeysFile" . }}
@@ -340,20 +340,20 @@ the kubelet probes the pod IP. */}}
 set; else the gateway's REDIS_URL holds them). */}}
 {{- $q := .root.Values.tenancy.quotas }}
 {{- $m := .root.Values.tenancy.metering }}
-{{ $p }}QUOTA_PREFIX: {{ $q.prefix | quote }}
-{{ $p }}QUOTA_TIMEOUT_S: {{ include "goodput.num" $q.timeoutSeconds | quote }}
-{{ $p }}QUOTA_FAIL_OPEN_SHARE: {{ include "goodput.quotaFailOpenShare" .root | quote }}
-{{ $p }}QUOTA_RETRY_S: {{ include "goodput.num" $q.retrySeconds | quote }}
-{{ $p }}QUOTA_QUANTUM_S: {{ $q.quantumSeconds | int | quote }}
-{{ $p }}USAGE_PREFIX: {{ $m.usagePrefix | quote }}
-{{ $p }}USAGE_RETENTION_DAYS: {{ include "goodput.num" $m.usageRetentionDays | quote }}
-{{ $p }}USAGE_FLUSH_S: {{ include "goodput.num" $m.flushSeconds | quote }}
+{{ $p }}QUOTAS__PREFIX: {{ $q.prefix | quote }}
+{{ $p }}QUOTAS__TIMEOUT_S: {{ include "goodput.num" $q.timeoutSeconds | quote }}
+{{ $p }}QUOTAS__FAIL_OPEN_SHARE: {{ include "goodput.quotaFailOpenShare" .root | quote }}
+{{ $p }}QUOTAS__RETRY_S: {{ include "goodput.num" $q.retrySeconds | quote }}
+{{ $p }}QUOTAS__QUANTUM_S: {{ $q.quantumSeconds | int | quote }}
+{{ $p }}METERING__USAGE_PREFIX: {{ $m.usagePrefix | quote }}
+{{ $p }}METERING__RETENTION_DAYS: {{ include "goodput.num" $m.usageRetentionDays | quote }}
+{{ $p }}METERING__FLUSH_S: {{ include "goodput.num" $m.flushSeconds | quote }}
 {{ $p }}METRICS_TENANTS: {{ join "," $m.metricsTenants | quote }}
-{{ $p }}METER_PREFILL_TOKENS_PER_S: {{ include "goodput.num" $m.prefillTokensPerSecond | quote }}
-{{ $p }}METER_DECODE_TOKENS_PER_S: {{ include "goodput.num" $m.decodeTokensPerSecond | quote }}
+{{ $p }}METERING__PREFILL_TOKENS_PER_S: {{ include "goodput.num" $m.prefillTokensPerSecond | quote }}
+{{ $p }}METERING__DECODE_TOKENS_PER_S: {{ include "goodput.num" $m.decodeTokensPerSecond | quote }}
 {{- end }}
 
-{{/* QUOTA_FAIL_OPEN_SHARE: tenancy.quotas.failOpenShare, or 1 / the gateway's replicas (its HPA's minReplicas when
+{{/* QUOTAS__FAIL_OPEN_SHARE: tenancy.quotas.failOpenShare, or 1 / the gateway's replicas (its HPA's minReplicas when
 autoscaling), so that the replicas enforcing locally while Redis is unreachable together allow about the limit, never
 less. Pass the root context. */}}
 {{- define "goodput.quotaFailOpenShare" -}}

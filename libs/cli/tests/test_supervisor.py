@@ -43,7 +43,7 @@ def test_each_service_gets_its_ports_and_peers(tmp_path, monkeypatch):
     jobs = specs["jobs-worker"]
     assert jobs.argv[1:5] == ["-m", "celery", "-A", "goodput_gateway.worker"] and "goodput-jobs" in jobs.argv
     assert jobs.env["GOODPUT_GATEWAY_REDIS_URL"] == specs["gateway"].env["GOODPUT_GATEWAY_REDIS_URL"]
-    assert jobs.env["GOODPUT_GATEWAY_JOBS_WORKER_HTTP_PORT"] == "9207"  # /metrics, shifted like every port
+    assert jobs.env["GOODPUT_GATEWAY_JOBS__WORKER_HTTP_PORT"] == "9207"  # /metrics, shifted like every port
     assert specs["cache"].env["GOODPUT_CACHE_GRPC_PORT"] == "50155"
     assert specs["gateway"].env["GOODPUT_GATEWAY_CACHE_ADDR"] == "127.0.0.1:50155"
     w1 = specs["worker-1"].env

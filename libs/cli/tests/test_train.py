@@ -83,11 +83,11 @@ def test_up_puts_the_trained_models_to_work(tmp_path: Path, tiny_cross_encoder: 
     shutil.copytree(tiny_cross_encoder, tmp_path / "goodput-reranker-minilm")
     env = cross_encoder_env(tmp_path, {})
     assert env == {"GOODPUT_RETRIEVER_RERANKER_MODEL": str((tmp_path / "goodput-reranker-minilm").resolve()),
-                   "GOODPUT_GATEWAY_RAG_RERANK": "true"}
+                   "GOODPUT_GATEWAY_RAG__RERANK": "true"}
     shutil.copytree(tiny_cross_encoder, tmp_path / "goodput-verifier-minilm")
     assert "GOODPUT_CACHE_VERIFIER_MODEL" in cross_encoder_env(tmp_path, {})
     assert cross_encoder_env(tmp_path, {"GOODPUT_CACHE_VERIFIER_MODEL": "/elsewhere",
                                         "GOODPUT_RETRIEVER_RERANKER_MODEL": "/x"}) == {}
     assert set(cross_encoder_env(tmp_path, {}, use={"reranker"})) == {"GOODPUT_RETRIEVER_RERANKER_MODEL",
-                                                                      "GOODPUT_GATEWAY_RAG_RERANK"}
+                                                                      "GOODPUT_GATEWAY_RAG__RERANK"}
     assert cross_encoder_env(tmp_path, {}, use={"none"}) == {}

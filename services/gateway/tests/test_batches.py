@@ -34,7 +34,7 @@ def jsonl(*lines: dict[str, object]) -> bytes:
 def store(redis_url: str, redis_prefix: str) -> Iterator[BatchStore]:
     client = redis.Redis.from_url(redis_url)
     sent: list[str] = []
-    queue = JobQueue(GatewaySettings(redis_url=redis_url, jobs_prefix=redis_prefix), client,
+    queue = JobQueue(GatewaySettings(redis_url=redis_url, jobs={"prefix": redis_prefix}), client,
                      send=lambda job_id, dispatch, delay_s: sent.append(job_id))
     yield BatchStore(queue)
     client.close()
@@ -124,4 +124,4 @@ def test_a_bad_input_file_is_refused_naming_its_line(content: bytes, why: str) -
 def test_a_batch_is_bounded_by_a_setting() -> None:
     with pytest.raises(InvalidArgument, match="more than 2 requests"):
         check_lines(jsonl(line("a"), line("b"), line("c")), endpoint=CHAT,
-                    settings=GatewaySettings(max_batch_requests=2))
+                    settings=GatewaySettings(limits={"batch_requests": 2}))

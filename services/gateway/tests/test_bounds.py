@@ -25,17 +25,16 @@ from goodput_gateway.guard import PublicApiGuard
 
 KEYS = json.dumps({"keys": [{"key": "k-p0", "tenant": "a", "max_priority": "P0"},
                             {"key": "k-batch", "tenant": "b", "max_priority": "P2"}]})
-LIMITS = {"max_body_bytes": 64 << 10, "max_header_bytes": 4096, "max_grpc_message_bytes": 64 << 10,
-          "max_messages": 4, "max_message_chars": 100, "max_prompt_chars": 300, "max_name_chars": 32,
-          "max_stop_sequences": 2, "max_stop_chars": 8, "max_query_chars": 50, "max_embed_batch": 3,
-          "max_embed_input_chars": 20}
+LIMITS = {"body_bytes": 64 << 10, "header_bytes": 4096, "grpc_message_bytes": 64 << 10, "messages": 4,
+          "message_chars": 100, "prompt_chars": 300, "name_chars": 32, "stop_sequences": 2, "stop_chars": 8,
+          "query_chars": 50, "embed_batch": 3, "embed_input_chars": 20}
 AUTH = {"Authorization": "Bearer k-p0"}
 BATCH = {"Authorization": "Bearer k-batch"}
 
 
 def settings() -> GatewaySettings:
     return GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1",
-                           **LIMITS)  # type: ignore[arg-type]
+                           limits=LIMITS)
 
 
 @pytest.fixture
@@ -129,7 +128,7 @@ async def test_chunked_body_over_the_limit_is_413_without_being_read_to_its_end(
     resp = await client.post("/v1/chat/completions", content=upload, headers=AUTH)
     assert "content-length" not in {k.lower() for k in resp.request.headers}
     assert error_of(resp, 413)["code"] == "request_too_large"
-    assert upload.sent <= LIMITS["max_body_bytes"] + 2 * upload.piece  # stopped at the limit, not at 5 MB
+    assert upload.sent <= LIMITS["body_bytes"] + 2 * upload.piece  # stopped at the limit, not at 5 MB
 
 
 async def test_declared_length_over_the_limit_is_413_before_any_of_it_is_read(client: httpx.AsyncClient) -> None:
@@ -307,9 +306,9 @@ async def test_guard_refuses_without_reading_the_request() -> None:
 
 def test_settings_reject_nonsense_bounds() -> None:
     with pytest.raises(ValueError):
-        GatewaySettings(max_body_bytes=10)
+        GatewaySettings(limits={"body_bytes": 10})
     with pytest.raises(ValueError):
-        GatewaySettings(max_name_chars=0)
+        GatewaySettings(limits={"name_chars": 0})
 
 
 def test_resolving_an_undefined_priority_is_invalid_argument() -> None:

@@ -212,7 +212,7 @@ async def test_a_stage_over_its_budget_takes_the_ladders_next_step_and_says_so(
     addr, _ = cache_service
     async with _client(addr, monkeypatch, latency_profile={"P0": {"budgets": {"cache_lookup": 1e-9},
                                                                   "ladder": ["exact_cache_only", "shed"]}},
-                       ladder_interval_s=0.01) as client:
+                       ladder={"interval_s": 0.01}) as client:
         async def answering(self: Pipeline, *args: Any, **kwargs: Any) -> _Answering:
             return _Answering()
 

@@ -15,8 +15,8 @@ from goodput_gateway.profile import LatencyProfile
 from goodput_gateway.timing import TimingMetrics
 
 
-def _store(redis: aioredis.Redis, prefix: str, **overrides: float) -> FeedbackStore:
-    settings = GatewaySettings(feedback_prefix=prefix, **overrides)  # type: ignore[arg-type]
+def _store(redis: aioredis.Redis, prefix: str, **feedback: float) -> FeedbackStore:
+    settings = GatewaySettings(feedback={"prefix": prefix, **feedback})
     return FeedbackStore(settings, redis=redis, metrics=TimingMetrics(None, LatencyProfile()))
 
 
@@ -47,7 +47,7 @@ async def test_answers_reach_redis_together_and_another_replica_takes_each_once(
 
 async def test_a_verdict_before_the_flush_is_what_the_other_replicas_see(redis: aioredis.Redis,
                                                                         redis_prefix: str) -> None:
-    mine, other = _store(redis, redis_prefix, feedback_flush_s=0.2), _store(redis, redis_prefix)
+    mine, other = _store(redis, redis_prefix, flush_s=0.2), _store(redis, redis_prefix)
     mine.keep(_Answer(request_id="r1", tenant="acme", model="m", priority=1, tokens=30))
     assert (await mine.record("acme", "r1", "regenerated"))["goodput_tokens_withdrawn"] == 30
     await mine.settle()
@@ -55,7 +55,7 @@ async def test_a_verdict_before_the_flush_is_what_the_other_replicas_see(redis: 
 
 
 async def test_answers_kept_while_a_flush_writes_go_with_the_next(redis: aioredis.Redis, redis_prefix: str) -> None:
-    store = _store(redis, redis_prefix, feedback_flush_s=0.01)
+    store = _store(redis, redis_prefix, flush_s=0.01)
     store.keep(_Answer(request_id="a", tenant="t", model="m", priority=1, tokens=1))
     await asyncio.sleep(0.011)  # the first flush is on its way
     store.keep(_Answer(request_id="b", tenant="t", model="m", priority=1, tokens=2))

@@ -48,20 +48,20 @@ class Procs:
         self.scheduler_port = free_port()
         self.scheduler_addr = f"127.0.0.1:{self.scheduler_port}"
         # The Celery queue (a Redis list) and the jobs' keys both under ``prefix``, so they are cleaned up after.
-        self.jobs_env = {"GOODPUT_GATEWAY_REDIS_URL": redis_url, "GOODPUT_GATEWAY_JOBS_QUEUE": f"{prefix}-queue",
-                         "GOODPUT_GATEWAY_JOBS_PREFIX": prefix,
+        self.jobs_env = {"GOODPUT_GATEWAY_REDIS_URL": redis_url, "GOODPUT_GATEWAY_JOBS__QUEUE": f"{prefix}-queue",
+                         "GOODPUT_GATEWAY_JOBS__PREFIX": prefix,
                          # A parked job runs as its tenant, which needs a key; quota and usage keys under ``prefix``.
                          "GOODPUT_GATEWAY_API_KEYS": json.dumps({"keys": [{"key": API_KEY, "tenant": "batch"}]}),
-                         "GOODPUT_GATEWAY_QUOTA_PREFIX": f"{prefix}:quota",
-                         "GOODPUT_GATEWAY_USAGE_PREFIX": f"{prefix}:usage",
+                         "GOODPUT_GATEWAY_QUOTAS__PREFIX": f"{prefix}:quota",
+                         "GOODPUT_GATEWAY_METERING__USAGE_PREFIX": f"{prefix}:usage",
                          "GOODPUT_GATEWAY_SCHEDULER_ADDR": self.scheduler_addr,
-                         "GOODPUT_GATEWAY_JOB_RETRY_BASE_S": "0.2", "GOODPUT_GATEWAY_JOB_RETRY_CAP_S": "1.0",
+                         "GOODPUT_GATEWAY_JOBS__RETRY_BASE_S": "0.2", "GOODPUT_GATEWAY_JOBS__RETRY_CAP_S": "1.0",
                          "GOODPUT_GATEWAY_REQUEST_TIMEOUT_S": "20",
                          # A killed worker's claim lapses in 2 s; a message not started 3 s after it was due is
                          # sent again; the worker sweeps twice a second.
-                         "GOODPUT_GATEWAY_JOB_LEASE_S": "2", "GOODPUT_GATEWAY_JOB_LOST_AFTER_S": "3",
-                         "GOODPUT_GATEWAY_JOB_SWEEP_INTERVAL_S": "0.5",
-                         "GOODPUT_GATEWAY_JOBS_WORKER_HTTP_PORT": str(free_port())}
+                         "GOODPUT_GATEWAY_JOBS__LEASE_S": "2", "GOODPUT_GATEWAY_JOBS__LOST_AFTER_S": "3",
+                         "GOODPUT_GATEWAY_JOBS__SWEEP_INTERVAL_S": "0.5",
+                         "GOODPUT_GATEWAY_JOBS__WORKER_HTTP_PORT": str(free_port())}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
@@ -87,7 +87,7 @@ class Procs:
 
     def start_celery(self) -> None:
         self.spawn("celery", ["-m", "celery", "-A", "goodput_gateway.worker", "worker", "-Q",
-                              self.jobs_env["GOODPUT_GATEWAY_JOBS_QUEUE"], "--pool=solo", "--without-gossip",
+                              self.jobs_env["GOODPUT_GATEWAY_JOBS__QUEUE"], "--pool=solo", "--without-gossip",
                               "--without-mingle", "--without-heartbeat", "-l", "WARNING"], self.jobs_env)
 
     def stop(self, name: str) -> None:
@@ -111,8 +111,14 @@ class Procs:
             self.stop(name)
 
     def settings(self, **kw: Any) -> GatewaySettings:
-        base = {k.removeprefix("GOODPUT_GATEWAY_").lower(): v for k, v in self.jobs_env.items()}
-        return GatewaySettings(**{**base, **kw})  # type: ignore[arg-type]
+        base: dict[str, Any] = {}  # the jobs worker's environment as settings (GROUP__FIELD: a group's field)
+        for key, value in self.jobs_env.items():
+            name, _, field = key.removeprefix("GOODPUT_GATEWAY_").lower().partition("__")
+            if field:
+                base.setdefault(name, {})[field] = value
+            else:
+                base[name] = value
+        return GatewaySettings(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -125,12 +131,12 @@ def procs(redis_url: str, redis_session_prefix: str, tmp_path_factory: pytest.Te
     p.stop_all()
     # Celery's binding of the queue is kept outside any prefix (``_kombu.binding...<queue>``): removed here.
     client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(match=f"_kombu.binding*.{p.jobs_env['GOODPUT_GATEWAY_JOBS_QUEUE']}"):
+    for key in client.scan_iter(match=f"_kombu.binding*.{p.jobs_env['GOODPUT_GATEWAY_JOBS__QUEUE']}"):
         client.delete(key)
     # So is what a killed worker held unacknowledged (Redis would hand it back to the queue in an hour).
     for tag, raw in client.hscan_iter("unacked"):
         with contextlib.suppress(ValueError, TypeError):
-            if json.loads(raw)[2] == p.jobs_env["GOODPUT_GATEWAY_JOBS_QUEUE"]:
+            if json.loads(raw)[2] == p.jobs_env["GOODPUT_GATEWAY_JOBS__QUEUE"]:
                 client.hdel("unacked", tag)
                 client.zrem("unacked_index", tag)
     client.close()
@@ -223,7 +229,7 @@ async def test_parked_p2_work_completes_after_load_falls(procs: Procs, queue: Jo
 
 async def test_worker_serves_metrics_and_probes_on_its_http_port(procs: Procs, queue: JobQueue) -> None:
     # Started on Celery's worker_ready: what the chart's HTTP probes and ServiceMonitor use.
-    base = f"http://127.0.0.1:{procs.jobs_env['GOODPUT_GATEWAY_JOBS_WORKER_HTTP_PORT']}"
+    base = f"http://127.0.0.1:{procs.jobs_env['GOODPUT_GATEWAY_JOBS__WORKER_HTTP_PORT']}"
     job = await asyncio.to_thread(queue.submit, tenant="batch", route="chat", body=chat_body())
     await wait_job(queue, job.id, lambda j: j.state == "completed")
     async with httpx.AsyncClient(base_url=base, timeout=10) as http:
@@ -291,7 +297,8 @@ def metered_tokens(procs: Procs) -> int:
     """Completion tokens metered to the jobs' tenant this month (the workers write them to Redis after each job)."""
     client = redis.Redis.from_url(procs.redis_url)
     month = time.strftime("%Y-%m", time.gmtime())
-    raw = cast(dict[bytes, bytes], client.hgetall(f"{procs.jobs_env['GOODPUT_GATEWAY_USAGE_PREFIX']}:batch:{month}"))
+    usage = procs.jobs_env["GOODPUT_GATEWAY_METERING__USAGE_PREFIX"]
+    raw = cast(dict[bytes, bytes], client.hgetall(f"{usage}:batch:{month}"))
     client.close()
     return sum(int(v) for k, v in raw.items() if k.endswith(b"|completion_tokens"))
 
@@ -332,7 +339,7 @@ async def test_celery_worker_sweeps_a_lost_message_and_runs_the_job_once(procs: 
     recoveries, attempts = queue.tally("recoveries"), queue.attempts()
     lossy = JobQueue(queue.settings, queue.redis, send=lambda job_id, dispatch, delay_s: None)
     job = await asyncio.to_thread(lossy.submit, tenant="batch", route="chat", body=chat_body())
-    # No message was sent: the worker's sweeper sends it JOB_LOST_AFTER_S after it was due.
+    # No message was sent: the worker's sweeper sends it JOBS__LOST_AFTER_S after it was due.
     done = await wait_job(queue, job.id, lambda j: j.state == "completed", timeout=60)
     assert done.result["usage"]["completion_tokens"] == 6
     assert delta(queue.tally("recoveries"), recoveries) == {"lost_message": 1}
@@ -348,7 +355,7 @@ async def test_a_celery_worker_killed_mid_run_lets_the_job_run_once_more(procs: 
     await wait_job(queue, job.id, lambda j: j.state == "running", timeout=60)
     procs.kill("celery")  # mid-generation: no outcome written, the claim never released
     procs.start_celery()
-    # The new worker's sweeper finds the claim lapsed (JOB_LEASE_S) and queues the job again; it completes once.
+    # The new worker's sweeper finds the claim lapsed (JOBS__LEASE_S) and queues the job again; it completes once.
     done = await wait_job(queue, job.id, lambda j: j.state == "completed", timeout=120)
     assert done.attempts >= 2 and done.result["usage"]["completion_tokens"] > 0
     ended = delta(queue.attempts(), attempts)
@@ -446,8 +453,9 @@ async def test_grpc_stream_cancelled_after_its_start_message_releases_the_worker
 
 async def test_job_bodies_are_checked_when_submitted(redis_url: str, redis_prefix: str) -> None:
     keys = json.dumps({"keys": [{"key": API_KEY, "tenant": "batch", "max_priority": "P2"}]})
-    settings = GatewaySettings(redis_url=redis_url, api_keys=keys, grpc_port=0, http_port=0, jobs_prefix=redis_prefix,
-                               quota_prefix=f"{redis_prefix}:quota", usage_prefix=f"{redis_prefix}:usage")
+    settings = GatewaySettings(redis_url=redis_url, api_keys=keys, grpc_port=0, http_port=0,
+                               jobs={"prefix": redis_prefix}, quotas={"prefix": f"{redis_prefix}:quota"},
+                               metering={"usage_prefix": f"{redis_prefix}:usage"})
     runner = build_gateway(settings, CollectorRegistry(), None)
     transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
     async with httpx.AsyncClient(transport=transport, base_url="http://gw",

@@ -72,8 +72,9 @@ def broker() -> Broker:
 
 @pytest.fixture
 def queue(redis_url: str, redis_prefix: str, broker: Broker) -> Iterator[JobQueue]:
-    settings = GatewaySettings(redis_url=redis_url, jobs_prefix=redis_prefix, job_lease_s=LEASE_S,
-                               job_lost_after_s=LOST_AFTER_S, job_retry_base_s=0.1, job_retry_cap_s=0.2)
+    settings = GatewaySettings(redis_url=redis_url, jobs={"prefix": redis_prefix, "lease_s": LEASE_S,
+                                                          "lost_after_s": LOST_AFTER_S, "retry_base_s": 0.1,
+                                                          "retry_cap_s": 0.2})
     client = redis.Redis.from_url(redis_url)
     yield JobQueue(settings, client, registry=CollectorRegistry(), send=broker.send)
     client.close()
@@ -324,7 +325,7 @@ def test_jobs_stored_before_the_indexes_join_them_and_still_run_once(queue: JobQ
     for _ in range(2):
         run_job(queue, "job-old-queued", runner=runs, dispatch=None)
     assert queue.load("job-old-queued").state == "completed" and runs.count == 1  # type: ignore[union-attr]
-    # The one an old worker was running keeps it for JOB_LOST_AFTER_S, then is queued again (its attempt lost).
+    # The one an old worker was running keeps it for JOBS__LOST_AFTER_S, then is queued again (its attempt lost).
     assert queue.sweep(now=time.time() + 1) == {}
     assert queue.sweep(now=time.time() + LOST_AFTER_S + 1) == {"lease_expired": 1}
     assert broker.sent == [("job-old-running", 1, 0.0)]

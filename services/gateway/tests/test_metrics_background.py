@@ -65,7 +65,7 @@ def _settings(**overrides: Any) -> GatewaySettings:
 
 
 def _queue(url: str, prefix: str, registry: CollectorRegistry) -> JobQueue:
-    settings = _settings(redis_url=url, jobs_prefix=prefix)
+    settings = _settings(redis_url=url, jobs={"prefix": prefix})
     return JobQueue(settings, redis.Redis.from_url(url, socket_timeout=2), registry=registry,
                     send=lambda job_id, dispatch, delay_s: None)
 
@@ -116,7 +116,7 @@ def test_a_worker_scrape_reads_fresh_values_but_waits_a_bounded_time_on_a_hung_r
 
 
 async def test_gateway_metrics_and_probes_answer_at_once_while_redis_hangs(silent_redis: str) -> None:
-    settings = _settings(redis_url=silent_redis, park_shed_p2=True)
+    settings = _settings(redis_url=silent_redis, jobs={"park_shed_p2": True})
     registry = CollectorRegistry()
     runner = build(settings, registry, None)
     await runner.start()

@@ -25,8 +25,8 @@ async def replicas(redis_url: str, redis_prefix: str) -> AsyncIterator[Factory]:
     """Makes gateway replicas' quota counters on one Redis (closed after the test)."""
     made: list[Quotas] = []
 
-    def make(url: str | None = None, **overrides: object) -> Quotas:
-        settings = GatewaySettings(quota_prefix=f"{redis_prefix}:quota", **overrides)  # type: ignore[arg-type]
+    def make(url: str | None = None, **quotas: object) -> Quotas:
+        settings = GatewaySettings(quotas={"prefix": f"{redis_prefix}:quota", **quotas})
         quotas = Quotas(settings, redis_url=redis_url if url is None else url, registry=CollectorRegistry())
         made.append(quotas)
         return quotas
@@ -142,7 +142,7 @@ async def test_a_spent_monthly_budget_refuses_with_insufficient_quota(replicas: 
 
 
 async def test_an_unreachable_redis_fails_open_with_a_local_bound_and_counts_it(replicas: Factory) -> None:
-    q = replicas(f"redis://127.0.0.1:{dead_port()}/0", quota_fail_open_share=0.5, quota_timeout_s=0.2)
+    q = replicas(f"redis://127.0.0.1:{dead_port()}/0", fail_open_share=0.5, timeout_s=0.2)
     who = principal(tenant_quota=Quota(rpm=4, monthly_tokens=1))
     results = [await admit(q, who) for _ in range(4)]
     assert [isinstance(r, Admission) for r in results] == [True, True, False, False]  # half of 4, locally
@@ -165,7 +165,7 @@ async def test_unlimited_principals_skip_redis_entirely(replicas: Factory) -> No
 
 
 async def test_a_quantised_limit_spreads_a_minute_over_its_quanta(replicas: Factory) -> None:
-    a, b = replicas(quota_quantum_s=10), replicas(quota_quantum_s=10)
+    a, b = replicas(quantum_s=10), replicas(quantum_s=10)
     who = principal(tenant_quota=Quota(rpm=60))  # 60 a minute = 10 per 10 s
     results = [await admit((a, b)[i % 2], who) for i in range(30)]
     assert sum(isinstance(r, Admission) for r in results) == 10  # a burst gets one quantum's worth, not 60

@@ -57,7 +57,7 @@ async def test_context_goes_first_and_the_last_user_message_is_the_query() -> No
 
 async def test_context_respects_the_model_window_and_sources_match_what_fits() -> None:
     k = FakeKnowledge([FakeHit(f"c{i}", f"d{i}", 1.0, "x" * 400) for i in range(5)])
-    settings = GatewaySettings(rag_max_context_chars=100_000)
+    settings = GatewaySettings(rag={"max_context_chars": 100_000})
     # 512-token window, 256 for the answer: room for ~2 passages of 400 characters.
     req, sources = await augment(k, settings, tenant="t", request=chat("q", max_tokens=256),
                                  max_model_len=512)

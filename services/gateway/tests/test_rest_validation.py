@@ -18,7 +18,7 @@ from .helpers import AUTH, KEYS, GatewayFactory, assert_openai_error, chat, post
 
 @pytest.fixture
 async def client(gateway: GatewayFactory) -> httpx.AsyncClient:
-    return (await gateway(max_prompt_chars=1000, max_body_bytes=4096)).client
+    return (await gateway(limits={"prompt_chars": 1000, "body_bytes": 4096})).client
 
 
 async def test_missing_and_wrong_keys_are_401(client: httpx.AsyncClient) -> None:
@@ -41,7 +41,7 @@ async def test_missing_and_wrong_keys_are_401(client: httpx.AsyncClient) -> None
     (chat(temperature=9), "temperature"),
     (chat(stream="yes"), "stream"),
     (chat(model=12), "model"),
-    (chat(n=9), "n"),  # above MAX_CHOICES (8)
+    (chat(n=9), "n"),  # above LIMITS__CHOICES (8)
     (chat(stop=[1, 2]), "stop"),
     (chat(messages=[{"role": "user", "content": "x" * 1001}]), "messages"),
     (chat(priority="P9"), "priority"),
@@ -178,7 +178,7 @@ async def test_grpc_requests_pass_the_same_domain_checks() -> None:
     from goodput_gateway.requests import validate
     from goodput_gateway.servicer import from_proto
 
-    settings = GatewaySettings(max_prompt_chars=1000)
+    settings = GatewaySettings(limits={"prompt_chars": 1000})
     for sampling, param in ((types_pb2.SamplingParams(temperature=9), "temperature"),
                             (types_pb2.SamplingParams(top_p=0), "top_p"),
                             (types_pb2.SamplingParams(max_tokens=-1), "max_tokens"),
@@ -257,7 +257,7 @@ async def test_a_schema_above_its_bound_is_refused_before_any_backend(client: ht
     fmt = {"type": "json_schema", "json_schema": {"name": "h", "schema": huge}}
     resp = await post(client, chat(response_format=fmt))
     assert resp.status_code == 413
-    settings = GatewaySettings(max_response_schema_chars=100)
+    settings = GatewaySettings(limits={"response_schema_chars": 100})
     from goodput_core.errors import InvalidArgument
 
     from goodput_gateway.generation_schemas import ChatCompletionRequest
@@ -316,7 +316,7 @@ def test_top_logprobs_are_bounded_by_a_setting() -> None:
     req = parse(ChatCompletionRequest, chat(logprobs=True, top_logprobs=5)).to_request()
     validate(req, GatewaySettings())
     with pytest.raises(InvalidArgument) as err:
-        validate(req, GatewaySettings(max_top_logprobs=4))
+        validate(req, GatewaySettings(limits={"top_logprobs": 4}))
     assert err.value.param == "top_logprobs"
 
 
@@ -403,7 +403,7 @@ def test_logit_bias_entries_are_bounded_by_a_setting() -> None:
 
     req = parse(ChatCompletionRequest, chat(logit_bias={str(i): 1 for i in range(5)})).to_request()
     with pytest.raises(InvalidArgument) as err:
-        validate(req, GatewaySettings(max_logit_bias=4))
+        validate(req, GatewaySettings(limits={"logit_bias": 4}))
     assert err.value.param == "logit_bias"
 
 
@@ -434,7 +434,7 @@ async def test_vllm_extensions_are_served_on_completions(client: httpx.AsyncClie
     ({"min_tokens": -1}, "min_tokens", "invalid_value"),
     ({"repetition_penalty": 0.0}, "repetition_penalty", "invalid_value"),
     ({"min_p": 1.5}, "min_p", "invalid_value"),
-    ({"stop_token_ids": [1, 2, 3, 4, 5]}, "stop_token_ids", "invalid_value"),  # MAX_STOP_SEQUENCES (4)
+    ({"stop_token_ids": [1, 2, 3, 4, 5]}, "stop_token_ids", "invalid_value"),  # LIMITS__STOP_SEQUENCES (4)
     ({"stop_token_ids": [-3]}, "stop_token_ids", "invalid_value"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "invalid_value"),
     ({"ignore_eos": "yes"}, "ignore_eos", "invalid_type"),

@@ -73,9 +73,8 @@ async def replicas(request: pytest.FixtureRequest, redis_url: str,
     replica that produced the stream)."""
     made: list[StreamBuffer] = []
 
-    def make(**overrides: object) -> tuple[StreamBuffer, StreamBuffer]:
-        settings = GatewaySettings(**{"resume_window_s": 30.0, "resume_prefix": redis_prefix,
-                                      "resume_flush_s": 0.01, **overrides})  # type: ignore[arg-type]
+    def make(**resume: object) -> tuple[StreamBuffer, StreamBuffer]:
+        settings = GatewaySettings(resume={"window_s": 30.0, "prefix": redis_prefix, "flush_s": 0.01, **resume})
         pair = [StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url) if request.param == "redis" else None,
                              **TIMING) for _ in range(2 if request.param == "redis" else 1)]
         made.extend(pair)
@@ -120,7 +119,7 @@ async def test_a_resume_on_another_replica_before_the_first_flush_waits_for_it(r
     """A client reconnects to another replica before the producing one has written anything of the stream to Redis
     (its first events are written at its next flush): the stream is looked for again for a moment, not answered
     404."""
-    a, b = replicas(resume_flush_s=0.1)
+    a, b = replicas(flush_s=0.1)
     source = Source()
     client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-early", closer=source.closer)
     resuming = asyncio.ensure_future(b.resume(api="sse", tenant="acme", stream_id="req-early", after=-1))
@@ -144,7 +143,7 @@ async def test_only_its_tenant_may_resume_a_stream_and_unknown_ids_are_404(repli
 
 
 async def test_the_bounds_drop_the_oldest_events_and_a_resume_before_them_is_gone(replicas) -> None:  # type: ignore[no-untyped-def]
-    a, b = replicas(resume_max_events=4, resume_max_bytes=1024)
+    a, b = replicas(max_events=4, max_bytes=1024)
     source = Source()
     client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-3", closer=source.closer)
     await client.aclose()
@@ -169,7 +168,7 @@ async def test_the_bounds_drop_the_oldest_events_and_a_resume_before_them_is_gon
 
 
 async def test_a_stream_expires_its_window_after_its_end(replicas) -> None:  # type: ignore[no-untyped-def]
-    a, b = replicas(resume_window_s=0.4)
+    a, b = replicas(window_s=0.4)
     source = Source()
     client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-5", closer=source.closer)
     source.send(*frames(3), None)
@@ -180,13 +179,13 @@ async def test_a_stream_expires_its_window_after_its_end(replicas) -> None:  # t
     with pytest.raises(NotFound):
         await b.resume(api="sse", tenant="acme", stream_id="req-5", after=0)
     if a.redis is not None:
-        assert not await a.redis.keys(f"{a.settings.resume_prefix}:*")  # every key expired
+        assert not await a.redis.keys(f"{a.settings.resume.prefix}:*")  # every key expired
     else:
         await async_wait_until(lambda: not a.recordings(), timeout=5)  # forgotten by the flusher
 
 
 async def test_a_generation_nobody_follows_is_cut_after_the_window(replicas) -> None:  # type: ignore[no-untyped-def]
-    a, b = replicas(resume_window_s=0.5)
+    a, b = replicas(window_s=0.5)
     source = Source()
     client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-6", closer=source.closer)
     source.send(*frames(2))
@@ -207,7 +206,7 @@ async def test_a_generation_nobody_follows_is_cut_after_the_window(replicas) -> 
 
 
 async def test_a_follower_on_another_replica_keeps_the_generation_going(redis_url: str, redis_prefix: str) -> None:
-    settings = GatewaySettings(resume_window_s=0.4, resume_prefix=redis_prefix, resume_flush_s=0.01)
+    settings = GatewaySettings(resume={"window_s": 0.4, "prefix": redis_prefix, "flush_s": 0.01})
     a = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
     b = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
     source = Source()
@@ -231,7 +230,7 @@ async def test_a_follower_on_another_replica_keeps_the_generation_going(redis_ur
 
 
 async def test_a_replica_that_dies_mid_stream_is_an_error_not_a_wait(redis_url: str, redis_prefix: str) -> None:
-    settings = GatewaySettings(resume_window_s=30, resume_prefix=redis_prefix, resume_flush_s=0.01)
+    settings = GatewaySettings(resume={"window_s": 30, "prefix": redis_prefix, "flush_s": 0.01})
     a = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
     b = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
     source = Source()
@@ -277,7 +276,7 @@ async def test_an_error_the_stream_ended_with_reaches_every_follower(replicas) -
 
 async def test_without_redis_reachable_the_client_is_still_served() -> None:
     down = aioredis.Redis.from_url(f"redis://127.0.0.1:{dead_port()}/0", socket_connect_timeout=0.2)
-    a = StreamBuffer(GatewaySettings(resume_window_s=30, resume_flush_s=0.01), redis=down,
+    a = StreamBuffer(GatewaySettings(resume={"window_s": 30, "flush_s": 0.01}), redis=down,
                      **TIMING)
     source = Source()
     client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-11", closer=source.closer)
@@ -291,7 +290,7 @@ async def test_without_redis_reachable_the_client_is_still_served() -> None:
 
 async def test_with_redis_unreachable_a_generation_nobody_follows_is_still_cut() -> None:
     down = aioredis.Redis.from_url(f"redis://127.0.0.1:{dead_port()}/0", socket_connect_timeout=0.2)
-    a = StreamBuffer(GatewaySettings(resume_window_s=0.3, resume_flush_s=0.01), redis=down, **TIMING)
+    a = StreamBuffer(GatewaySettings(resume={"window_s": 0.3, "flush_s": 0.01}), redis=down, **TIMING)
     source = Source()
     await a.stream(source.events(), api="sse", tenant="acme", stream_id="req-12", closer=source.closer).aclose()
     source.send(*frames(2))
@@ -315,7 +314,7 @@ async def test_closing_ends_every_stream_even_one_whose_producer_does_not_stop()
                     raise
                 # else: does not stop when asked
 
-    a = StreamBuffer(GatewaySettings(resume_window_s=30, resume_flush_s=0.01), redis=None, close_wait_s=0.2,
+    a = StreamBuffer(GatewaySettings(resume={"window_s": 30, "flush_s": 0.01}), redis=None, close_wait_s=0.2,
                      **TIMING)
     polite, stuck = Source(), Source()
     clients = [a.stream(polite.events(), api="sse", tenant="acme", stream_id="req-13", closer=polite.closer),

@@ -1,4 +1,4 @@
-"""The workload trace (TRACE_PATH): a sample of finished answers, one JSON line each, with token counts and
+"""The workload trace (TRACE__PATH): a sample of finished answers, one JSON line each, with token counts and
 latencies but no prompt text and no tenant name, bounded on disk. The recorder is tested alone (sampling, the
 bound); the hook on a gateway whose worker stream is a stand-in (the pipeline's ``open``), through the REST API."""
 
@@ -37,8 +37,8 @@ def test_a_fraction_of_answers_is_sampled(tmp_path: Path) -> None:
     recorder.close()
     assert 400 < kept < 600  # 25% of 2000, give or take the draw
     assert len(read_trace(tmp_path / "t.jsonl")) == kept
-    assert TraceRecorder.from_settings(GatewaySettings(trace_path="")) is None
-    assert TraceRecorder.from_settings(GatewaySettings(trace_path=str(tmp_path / "x"), trace_sample=0)) is None
+    assert TraceRecorder.from_settings(GatewaySettings(trace={"path": ""})) is None
+    assert TraceRecorder.from_settings(GatewaySettings(trace={"path": str(tmp_path / "x"), "sample": 0})) is None
 
 
 def test_the_file_is_bounded_one_previous_file_kept(tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ class _FakeStream:
 async def test_each_answer_is_recorded_without_its_text_or_tenant(tmp_path: Path, stream: bool) -> None:
     path = tmp_path / "trace.jsonl"
     settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1",
-                               trace_path=str(path), trace_sample=1.0)
+                               trace={"path": str(path), "sample": 1.0})
     runner = build(settings, CollectorRegistry(), None)
     service = runner._http_app.state.service  # noqa: SLF001
     service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001

@@ -58,8 +58,8 @@ def cross_encoder_env(models_dir: Path, inherited: dict[str, str],
     if ("reranker" in use and (reranker / "config.json").is_file()
             and "GOODPUT_RETRIEVER_RERANKER_MODEL" not in inherited):
         env["GOODPUT_RETRIEVER_RERANKER_MODEL"] = str(reranker.resolve())
-        if "GOODPUT_GATEWAY_RAG_RERANK" not in inherited:
-            env["GOODPUT_GATEWAY_RAG_RERANK"] = "true"
+        if "GOODPUT_GATEWAY_RAG__RERANK" not in inherited:
+            env["GOODPUT_GATEWAY_RAG__RERANK"] = "true"
     if "verifier" in use and (verifier / "config.json").is_file() and "GOODPUT_CACHE_VERIFIER_MODEL" not in inherited:
         env["GOODPUT_CACHE_VERIFIER_MODEL"] = str(verifier.resolve())
     return env

@@ -89,7 +89,8 @@ SERVICES: dict[str, Service] = {s.key: s for s in (
             external=("redis", "qdrant", "elasticsearch"), description="Celery: Reindex jobs"),
     # A job runs through the gateway's own pipeline, so it calls what the gateway calls.
     Service("jobsWorker", "jobs-worker", "goodput_gateway", "GOODPUT_GATEWAY_", 0, 9107,
-            http_port_setting="JOBS_WORKER_HTTP_PORT", celery_app="goodput_gateway.worker", queue_setting="JOBS_QUEUE",
+            http_port_setting="JOBS__WORKER_HTTP_PORT", celery_app="goodput_gateway.worker",
+            queue_setting="JOBS__QUEUE",
             default_queue="goodput-jobs", peers=_GATEWAY_PEERS, also_calls=("inference",), external=("redis",),
             description="Celery: deferred P2 requests"),
 )}

@@ -1,4 +1,4 @@
-"""The workload trace: one finished request per JSON line, as the gateway records it (``GOODPUT_GATEWAY_TRACE_PATH``)
+"""The workload trace: one finished request per JSON line, as the gateway records it (``GOODPUT_GATEWAY_TRACE__PATH``)
 and as ``loadtests.replay`` and ``loadtests.calibrate`` read it. Defined once, here, so the two sides cannot drift.
 
 A record says what a capacity plan needs and nothing a tenant would mind: when the request arrived, its class and
@@ -8,7 +8,7 @@ engine's prefix cache held, what it asked for as ``max_tokens``, how it ended, a
 (the schema has no field that could hold one) and no tenant name: at most a salted hash of it
 (:func:`tenant_hash`), which groups a tenant's requests without naming the tenant.
 
-``sample`` is the fraction of requests the recorder kept (``TRACE_SAMPLE``): a trace recorded at 0.01 holds about one
+``sample`` is the fraction of requests the recorder kept (``TRACE__SAMPLE``): a trace recorded at 0.01 holds about one
 request in a hundred, so replaying it at ``--speed 100`` approximates the full arrival rate.
 
 Example:

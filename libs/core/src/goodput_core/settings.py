@@ -21,8 +21,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from goodput_contracts.sharing import SharingGroups, parse_sharing_groups
 
 
-def service_config(prefix: str) -> SettingsConfigDict:
-    return SettingsConfigDict(env_prefix=prefix, extra="ignore", validate_default=True, frozen=True)
+def service_config(prefix: str, *, nested: bool = False) -> SettingsConfigDict:
+    """A service's settings from ``<prefix><NAME>``; with ``nested``, a group's field from ``<prefix><GROUP>__<FIELD>``
+    too (a settings group is a pydantic model; the whole group may also be given as JSON in ``<prefix><GROUP>``)."""
+    return SettingsConfigDict(env_prefix=prefix, extra="ignore", validate_default=True, frozen=True,
+                              env_nested_delimiter="__" if nested else None)
 
 
 def _insecure_default() -> bool:

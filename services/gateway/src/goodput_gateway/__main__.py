@@ -51,7 +51,7 @@ class Wiring:
     responses: ResponseStore  # stored Responses API responses (the state Redis, shared by every replica)
     _redis: aioredis.Redis | None = None
     streams: StreamBuffer | None = None  # streamed answers recorded for resume (goodput_gateway.resume)
-    _stream_redis: aioredis.Redis | None = None  # its own Redis (RESUME_REDIS_URL), when not the state Redis
+    _stream_redis: aioredis.Redis | None = None  # its own Redis (RESUME__REDIS_URL), when not the state Redis
 
     async def settle(self) -> None:
         """Waits for the work sent off the response path (lease releases, cache stores, quota settlements) and
@@ -128,13 +128,13 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
                              cache=cache, jobs=jobs, quotas=quotas, meter=meter,
                              timing_metrics=timing, feedback=FeedbackStore(settings, redis=usage_redis, metrics=timing),
                              ladder=Ladder(settings.latency_profile, metrics=LadderMetrics(registry),
-                                           enabled=settings.ladder_enabled, interval_s=settings.ladder_interval_s,
-                                           raise_at=settings.ladder_raise_at, lower_at=settings.ladder_lower_at),
+                                           enabled=settings.ladder.enabled, interval_s=settings.ladder.interval_s,
+                                           raise_at=settings.ladder.raise_at, lower_at=settings.ladder.lower_at),
                              trace=TraceRecorder.from_settings(settings, registry=registry))
     # Stream resume's event buffers: rewritten at token rate and short-lived, so they may have a Redis of their own.
     stream_redis = None
-    if settings.resume_redis_url and settings.resume_redis_url != quota_url:
-        stream_redis = aioredis.Redis.from_url(settings.resume_redis_url, socket_timeout=2, socket_connect_timeout=2)
+    if settings.resume.redis_url and settings.resume.redis_url != quota_url:
+        stream_redis = aioredis.Redis.from_url(settings.resume.redis_url, socket_timeout=2, socket_connect_timeout=2)
     streams = StreamBuffer(settings, redis=stream_redis or usage_redis, registry=registry)
     return Wiring(service, channels, ResponseStore(settings, redis=usage_redis), usage_redis, streams, stream_redis)
 
@@ -142,7 +142,7 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
 def build(settings: GatewaySettings, registry: CollectorRegistry, provider: TracerProvider | None) -> ServiceRunner:
     """The gateway's servers around :func:`compose` (also used by tests to run it in-process)."""
     jobs = None
-    if settings.redis_url and settings.park_shed_p2:
+    if settings.redis_url and settings.jobs.park_shed_p2:
         import redis
 
         jobs = JobQueue(settings, redis.Redis.from_url(settings.redis_url, socket_timeout=2), registry=registry)
@@ -156,13 +156,13 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
                      stream_buffer=wiring.streams)
     # Its gRPC port is the public API (API keys), not an internal one: the key is checked before a message is read,
     # the message's size before it is parsed (guard.py).
-    guard = PublicApiGuard(wiring.service.keys, max_message_bytes=settings.max_grpc_message_bytes)
+    guard = PublicApiGuard(wiring.service.keys, max_message_bytes=settings.limits.grpc_message_bytes)
     # gRPC refuses a message above the limit before receiving the rest of it; h11 (not httptools, which has no
-    # limit) stops reading a request head above MAX_HEADER_BYTES.
+    # limit) stops reading a request head above LIMITS__HEADER_BYTES.
     runner = ServiceRunner(name="gateway", settings=settings, registry=registry, provider=provider, http_app=app,
                            public=True, interceptors=[guard],
-                           grpc_options=[("grpc.max_receive_message_length", settings.max_grpc_message_bytes)],
-                           http_options={"http": "h11", "h11_max_incomplete_event_size": settings.max_header_bytes})
+                           grpc_options=[("grpc.max_receive_message_length", settings.limits.grpc_message_bytes)],
+                           http_options={"http": "h11", "h11_max_incomplete_event_size": settings.limits.header_bytes})
     holder["runner"] = runner
     runner.add(gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(wiring.service, streams=wiring.streams),
                "goodput.gateway.v1.Gateway")

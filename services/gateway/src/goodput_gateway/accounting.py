@@ -55,7 +55,7 @@ class Accounting:
     quotas: Quotas
     meter: Meter
     feedback: FeedbackStore | None = None  # what became of each answer (POST /v1/feedback); None = not taken
-    trace: TraceRecorder | None = None  # the workload trace (TRACE_PATH); None = off
+    trace: TraceRecorder | None = None  # the workload trace (TRACE__PATH); None = off
 
     def answered(self, opened: Opened, timeline: Timeline, end: StreamEnd | None = None) -> None:
         """A finished answer's breakdown: recorded (histograms, budget breaches, spans), judged against its class's

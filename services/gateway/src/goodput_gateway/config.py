@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
 from goodput_core.breaker import BreakerSettings
@@ -13,8 +13,202 @@ from goodput_core.settings import ServiceSettings, service_config
 from goodput_gateway.profile import LatencyProfile
 
 
+class _Group(BaseModel):
+    """A group of settings: one environment variable per field, ``GOODPUT_GATEWAY_<GROUP>__<FIELD>``, or the whole
+    group as JSON in ``GOODPUT_GATEWAY_<GROUP>``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class QuotaSettings(_Group):
+    """The per-tenant limits and budgets in Redis (goodput_gateway.quotas)."""
+
+    prefix: str = Field("goodput:quota", description="Prefix of the quota counters' Redis keys.")
+    timeout_s: float = Field(0.5, gt=0, description="Longest a quota step may wait on Redis; slower counts "
+                                                    "as unreachable.")
+    quantum_s: int = Field(0, ge=0, le=60, description="Requests-per-minute limits also enforced pro rata over "
+                           "this many seconds (as OpenAI quantises them: rpm 600 with 1 s is 10 per second), so "
+                           "a tenant cannot spend its minute in one burst; 0 = per minute only.")
+    fail_open_share: float = Field(1.0, gt=0, le=1, description="Redis unreachable: the share of every rate "
+                                   "and concurrency limit each replica enforces on its own (1 / replicas "
+                                   "keeps the total); budgets are not checked meanwhile.")
+    retry_s: float = Field(5.0, gt=0, description="After Redis failed, how long the local bound is used "
+                                                  "before Redis is tried again.")
+
+
+class MeteringSettings(_Group):
+    """Metered usage (goodput_gateway.metering) and its GPU-seconds estimate."""
+
+    usage_prefix: str = Field("goodput:usage", description="Prefix of the usage records' Redis keys.")
+    retention_days: float = Field(400.0, gt=0, description="How long a month's or day's usage is kept.")
+    flush_s: float = Field(1.0, gt=0, description="How often counted usage is written to Redis.")
+    prefill_tokens_per_s: float = Field(10_000.0, gt=0, description="Estimated GPU-seconds: one GPU's "
+                                                                    "prefill rate (prompt tokens/s).")
+    decode_tokens_per_s: float = Field(2_500.0, gt=0, description="Estimated GPU-seconds: one GPU's decode "
+                                                                  "throughput at a typical batch (tokens/s).")
+
+
+class Limits(_Group):
+    """Input bounds: every field a caller sends has one (REST 400/413/431, gRPC INVALID_ARGUMENT or
+    RESOURCE_EXHAUSTED), checked before anything is spent on it."""
+
+    prompt_chars: int = Field(32_768, ge=1, description="Largest prompt (sum of message contents), in "
+                                                         "characters; token limits are the worker's.")
+    messages: int = Field(256, ge=1, description="Most messages in one chat request.")
+    tools_chars: int = Field(32_768, ge=2, description="Largest tools list of one request (its functions' names, "
+                                                       "descriptions and parameter schemas), in characters.")
+    choices: int = Field(8, ge=1, le=128, description="Most answers one request may ask for (n).")
+    logit_bias: int = Field(300, ge=0, description="Most logit_bias entries in one request.")
+    top_logprobs: int = Field(20, ge=0, le=20, description="Most top tokens per position a request may ask for "
+                                                           "(top_logprobs; gRPC SamplingParams.logprobs).")
+    response_schema_chars: int = Field(16_384, ge=2, description="Largest response_format JSON Schema (and gRPC "
+                                                                 "SamplingParams.json_schema), in characters.")
+    body_bytes: int = Field(1 << 20, ge=1024, description="Largest REST request body, chunked bodies included "
+                                                          "(413 as soon as it is passed).")
+    header_bytes: int = Field(16 << 10, ge=1024, description="Largest REST request head: the request line and "
+                                                             "all headers together (431).")
+    grpc_message_bytes: int = Field(4 << 20, ge=1024, description="Largest gRPC request message on the public "
+                                                                  "port (RESOURCE_EXHAUSTED); read only after "
+                                                                  "its API key is checked.")
+    message_chars: int = Field(32_768, ge=1, description="Longest single message or prompt, in characters "
+                                                         "(the whole prompt is bounded by max_prompt_chars).")
+    name_chars: int = Field(256, ge=1, description="Longest identifier a caller sends: model, user (the session "
+                                                   "id), prompt_cache_key, safety_identifier, knowledge base, "
+                                                   "message name.")
+    stop_sequences: int = Field(4, ge=0, description="Most stop sequences in one request, and most stop_token_ids.")
+    stop_chars: int = Field(256, ge=1, description="Longest stop sequence, in characters.")
+    query_chars: int = Field(2000, ge=1, description="Longest search query, in characters (longer is refused; "
+                                                     "the RAG query is cut to rag_max_query_chars instead).")
+    embed_input_chars: int = Field(32_768, ge=1, description="Longest embeddings input, in characters.")
+    embed_batch: int = Field(256, ge=1, description="Most inputs in one embeddings request.")
+    file_bytes: int = Field(16 << 20, ge=1024, description="Largest file uploaded to /v1/files (a batch's "
+                                                            "input JSONL).")
+    batch_requests: int = Field(10_000, ge=1, description="Most requests (lines) in one batch.")
+
+
+class LadderSettings(_Group):
+    """The degradation ladder (goodput_gateway.ladder)."""
+
+    enabled: bool = Field(True, description="Take the latency profile's degradation ladder when a class "
+                                            "misses its SLO or runs stages over budget (goodput_gateway."
+                                            "ladder); false = never degrade.")
+    interval_s: float = Field(2.0, gt=0, description="How often the ladder may move a class one step.")
+    raise_at: float = Field(0.1, gt=0, le=1, description="Share of a class's recent requests missing "
+                                                         "their SLO (or a budget) that takes the next step.")
+    lower_at: float = Field(0.02, ge=0, le=1, description="Share below which the ladder steps back.")
+
+
+class FeedbackSettings(_Group):
+    """What became of each answer (POST /v1/feedback; goodput_gateway.feedback)."""
+
+    ttl_s: float = Field(86_400.0, gt=0, description="How long an answer takes feedback (POST "
+                                                     "/v1/feedback) after it was given.")
+    max_local: int = Field(100_000, ge=1, description="Answers remembered for feedback in this process "
+                                                      "when there is no Redis (QUOTA_REDIS_URL/REDIS_URL).")
+    prefix: str = Field("goodput:feedback", description="Prefix of the feedback store's Redis keys.")
+    flush_s: float = Field(0.05, gt=0, le=5, description="How often the answers kept for feedback are "
+                           "written to Redis, together in one pipeline (not one write per answer); this "
+                           "replica knows its own at once, the others within this long.")
+
+
+class TraceSettings(_Group):
+    """The workload trace (goodput_gateway.trace_recorder): capacity planning and simulator
+    calibration."""
+
+    path: str = Field("", description="File of the workload trace: one JSON line per sampled finished answer "
+                                      "(arrival, class, model, prompt/cached/output tokens, max_tokens, "
+                                      "finish, TTFT, TPOT; no prompt text, the tenant as a salted hash) in "
+                                      "goodput_contracts.trace's format, for loadtests.replay and "
+                                      "loadtests.calibrate; empty = off.")
+    sample: float = Field(0.01, ge=0, le=1, description="Fraction of finished answers written to the trace "
+                                                        "(drawn per request); 1 = every one.")
+    max_bytes: int = Field(100 << 20, ge=1024, description="Size at which the trace file is renamed to "
+                                                           "<path>.1 (replacing the previous one) and a new "
+                                                           "one begun: at most twice this on disk.")
+    salt: SecretStr = Field(SecretStr(""), description="Salt of the tenant's hash in the trace (the same on "
+                                                       "every replica links a tenant's requests across "
+                                                       "them); empty = a random salt per process.")
+
+
+class RagSettings(_Group):
+    """Retrieval-augmented generation (goodput_gateway.rag)."""
+
+    top_k: int = Field(5, ge=1, le=50, description="RAG: chunks retrieved for a request.")
+    rerank: bool = Field(False, description="RAG: ask the retriever to rerank its candidates (skipped by the "
+                                            "ladder's skip_rerank step).")
+    max_context_chars: int = Field(6000, ge=0, description="RAG: most characters of retrieved context "
+                                                           "(also bounded by the model's context window).")
+    max_query_chars: int = Field(2000, ge=1, description="RAG: the search query is the last user message, "
+                                                         "cut to this length.")
+
+
+class JobSettings(_Group):
+    """Deferred batch work (goodput_gateway.jobs): parked P2 requests, POST /v1/jobs, the Batch API."""
+
+    queue: str = Field("goodput-jobs", description="Celery queue of the job workers "
+                                                   "(`celery -A goodput_gateway.worker worker -Q <queue>`).")
+    prefix: str = Field("goodput:jobs", description="Prefix of the jobs' Redis keys.")
+    worker_http_port: int = Field(9107, ge=0, le=65535, description="/metrics (and the probes' /healthz) of a "
+                                                                   "Celery jobs worker (0 = none).")
+    park_shed_p2: bool = Field(True, description="Park P2 requests the scheduler sheds as jobs (429 + job id).")
+    deadline_s: float = Field(86_400.0, gt=0, description="A job not completed by then expires.")
+    result_ttl_s: float = Field(7 * 86_400.0, gt=0, description="How long a finished job stays fetchable.")
+    retry_base_s: float = Field(1.0, gt=0, description="First retry backoff of a parked job (doubles).")
+    file_ttl_s: float = Field(30 * 86_400.0, gt=0, description="How long an uploaded or result file is kept.")
+    retry_cap_s: float = Field(60.0, gt=0, description="Longest wait between a parked job's attempts.")
+    lease_s: float = Field(60.0, gt=0, description="A jobs worker's claim on a running job lapses this long after "
+                           "its last renewal (renewed every third of it while the job runs): a worker that dies "
+                           "lets it lapse, and the job runs again.")
+    lost_after_s: float = Field(600.0, gt=0, description="A waiting job whose message has not started it this "
+                                "long after it was due is sent again (its message was lost; a copy that arrives "
+                                "too is harmless: one attempt starts). Keep it above the longest queue wait.")
+    sweep_interval_s: float = Field(15.0, ge=0, description="How often one jobs worker sweeps the jobs: sends "
+                                    "lost messages again, requeues jobs whose worker died, expires jobs past "
+                                    "their deadline (0 = no sweeper in this worker).")
+    sweep_batch: int = Field(1000, ge=1, description="Most jobs of each kind one sweep handles.")
+
+
+class ResponsesSettings(_Group):
+    """Stored Responses API responses (goodput_gateway.responses)."""
+
+    prefix: str = Field("goodput:responses", description="Prefix of stored responses' Redis keys (the "
+                                                         "quota Redis, shared by every replica).")
+    ttl_s: float = Field(30 * 86_400.0, gt=0, description="How long a stored response (and so its "
+                                                          "previous_response_id continuation) is kept.")
+    local_max: int = Field(10_000, ge=1, description="Without Redis: most responses kept in this process.")
+
+
+class ResumeSettings(_Group):
+    """Stream resume (goodput_gateway.resume)."""
+
+    window_s: float = Field(0.0, ge=0, description="Stream resume: a streamed answer's events are numbered "
+                            "(SSE `id:`, gRPC `seq`) and kept this long after the stream ended or its client "
+                            "left; a client that reconnects within it (GET /v1/streams/{id} or the same POST "
+                            "with Last-Event-ID; gRPC ResumeStream) gets the rest without a second "
+                            "generation. A generation whose client left runs on while a resume is possible "
+                            "and is cut when nobody has followed it for this long. 0 = off: a client that "
+                            "goes away cancels its generation.")
+    max_events: int = Field(4096, ge=1, description="Stream resume: most events kept per stream (the oldest "
+                            "are dropped beyond it; resuming before them is 410).")
+    max_bytes: int = Field(1 << 20, ge=1024, description="Stream resume: most bytes of events kept per "
+                           "stream (the oldest are dropped beyond it).")
+    flush_s: float = Field(0.05, gt=0, description="Stream resume: how often the events recorded since the "
+                           "last write go to Redis, every stream's in one pipeline (a stream's first event at "
+                           "once): a reconnect on another replica lags the stream by about this much.")
+    redis_url: str = Field("", description="Stream resume: Redis of the event buffers, shared by every "
+                           "replica (short-lived, rewritten at token rate: an instance without persistence "
+                           "suits it); empty = QUOTA_REDIS_URL, else REDIS_URL; all empty = this process "
+                           "only (a resume must reach the same replica).")
+    prefix: str = Field("goodput:streams", description="Stream resume: prefix of the event buffers' Redis "
+                        "keys.")
+    local_max_bytes: int = Field(64 << 20, ge=1 << 16, description="Stream resume without Redis: most bytes "
+                                 "of finished streams' events kept in this process (the oldest streams are "
+                                 "dropped first).")
+
+
+
 class GatewaySettings(ServiceSettings):
-    model_config = service_config("GOODPUT_GATEWAY_")
+    model_config = service_config("GOODPUT_GATEWAY_", nested=True)
 
     grpc_port: int = 50051
     http_port: int = Field(8080, description="REST API (OpenAI-compatible), /metrics and /healthz.")
@@ -29,92 +223,18 @@ class GatewaySettings(ServiceSettings):
     quota_redis_url: str = Field("", description="Redis of the per-tenant limits, budgets and usage, shared by "
                                                  "every replica; empty = redis_url; both empty = counters in this "
                                                  "process (right for one replica only).")
-    quota_prefix: str = Field("goodput:quota", description="Prefix of the quota counters' Redis keys.")
-    quota_timeout_s: float = Field(0.5, gt=0, description="Longest a quota step may wait on Redis; slower counts "
-                                                          "as unreachable.")
-    quota_quantum_s: int = Field(0, ge=0, le=60, description="Requests-per-minute limits also enforced pro rata over "
-                                 "this many seconds (as OpenAI quantises them: rpm 600 with 1 s is 10 per second), so "
-                                 "a tenant cannot spend its minute in one burst; 0 = per minute only.")
-    quota_fail_open_share: float = Field(1.0, gt=0, le=1, description="Redis unreachable: the share of every rate "
-                                         "and concurrency limit each replica enforces on its own (1 / replicas "
-                                         "keeps the total); budgets are not checked meanwhile.")
-    quota_retry_s: float = Field(5.0, gt=0, description="After Redis failed, how long the local bound is used "
-                                                        "before Redis is tried again.")
-    usage_prefix: str = Field("goodput:usage", description="Prefix of the usage records' Redis keys.")
-    usage_retention_days: float = Field(400.0, gt=0, description="How long a month's or day's usage is kept.")
-    usage_flush_s: float = Field(1.0, gt=0, description="How often counted usage is written to Redis.")
     metrics_tenants: str = Field("", description="Tenants with a label of their own in the per-tenant metrics, "
                                                  "comma-separated; \"*\" = all (few tenants only); others are "
                                                  "\"other\".")
-    meter_prefill_tokens_per_s: float = Field(10_000.0, gt=0, description="Estimated GPU-seconds: one GPU's "
-                                                                          "prefill rate (prompt tokens/s).")
-    meter_decode_tokens_per_s: float = Field(2_500.0, gt=0, description="Estimated GPU-seconds: one GPU's decode "
-                                                                        "throughput at a typical batch (tokens/s).")
-    max_prompt_chars: int = Field(32_768, ge=1, description="Largest prompt (sum of message contents), in "
-                                                             "characters; token limits are the worker's.")
-    max_messages: int = Field(256, ge=1, description="Most messages in one chat request.")
-    max_tools_chars: int = Field(32_768, ge=2, description="Largest tools list of one request (its functions' names, "
-                                                           "descriptions and parameter schemas), in characters.")
-    max_choices: int = Field(8, ge=1, le=128, description="Most answers one request may ask for (n).")
-    max_logit_bias: int = Field(300, ge=0, description="Most logit_bias entries in one request.")
-    max_top_logprobs: int = Field(20, ge=0, le=20, description="Most top tokens per position a request may ask for "
-                                                               "(top_logprobs; gRPC SamplingParams.logprobs).")
-    max_response_schema_chars: int = Field(16_384, ge=2, description="Largest response_format JSON Schema (and gRPC "
-                                                                     "SamplingParams.json_schema), in characters.")
     # ---- input bounds: every field a caller sends has one (REST 400/413/431, gRPC INVALID_ARGUMENT or
     # RESOURCE_EXHAUSTED), checked before anything is spent on it ----
-    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest REST request body, chunked bodies included "
-                                                              "(413 as soon as it is passed).")
-    max_header_bytes: int = Field(16 << 10, ge=1024, description="Largest REST request head: the request line and "
-                                                                 "all headers together (431).")
-    max_grpc_message_bytes: int = Field(4 << 20, ge=1024, description="Largest gRPC request message on the public "
-                                                                      "port (RESOURCE_EXHAUSTED); read only after "
-                                                                      "its API key is checked.")
-    max_message_chars: int = Field(32_768, ge=1, description="Longest single message or prompt, in characters "
-                                                             "(the whole prompt is bounded by max_prompt_chars).")
-    max_name_chars: int = Field(256, ge=1, description="Longest identifier a caller sends: model, user (the session "
-                                                       "id), prompt_cache_key, safety_identifier, knowledge base, "
-                                                       "message name.")
-    max_stop_sequences: int = Field(4, ge=0, description="Most stop sequences in one request, and most stop_token_ids.")
-    max_stop_chars: int = Field(256, ge=1, description="Longest stop sequence, in characters.")
-    max_query_chars: int = Field(2000, ge=1, description="Longest search query, in characters (longer is refused; "
-                                                         "the RAG query is cut to rag_max_query_chars instead).")
-    max_embed_input_chars: int = Field(32_768, ge=1, description="Longest embeddings input, in characters.")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request does not set it "
                                                            "(capped by the context window).")
     request_timeout_s: float = Field(300.0, gt=0, description="Longest deadline of any request end to end: a "
                                                               "caller's (gRPC deadline, X-Goodput-Deadline-Ms or "
                                                               "Request-Timeout-Ms header) or its class's is capped "
                                                               "by it.")
-    ladder_enabled: bool = Field(True, description="Take the latency profile's degradation ladder when a class "
-                                                   "misses its SLO or runs stages over budget (goodput_gateway."
-                                                   "ladder); false = never degrade.")
-    ladder_interval_s: float = Field(2.0, gt=0, description="How often the ladder may move a class one step.")
-    ladder_raise_at: float = Field(0.1, gt=0, le=1, description="Share of a class's recent requests missing "
-                                                                "their SLO (or a budget) that takes the next step.")
-    ladder_lower_at: float = Field(0.02, ge=0, le=1, description="Share below which the ladder steps back.")
-    feedback_ttl_s: float = Field(86_400.0, gt=0, description="How long an answer takes feedback (POST "
-                                                              "/v1/feedback) after it was given.")
-    feedback_max_local: int = Field(100_000, ge=1, description="Answers remembered for feedback in this process "
-                                                               "when there is no Redis (QUOTA_REDIS_URL/REDIS_URL).")
-    feedback_prefix: str = Field("goodput:feedback", description="Prefix of the feedback store's Redis keys.")
-    feedback_flush_s: float = Field(0.05, gt=0, le=5, description="How often the answers kept for feedback are "
-                                    "written to Redis, together in one pipeline (not one write per answer); this "
-                                    "replica knows its own at once, the others within this long.")
     # ---- workload trace (goodput_gateway.trace_recorder): capacity planning and simulator calibration ----
-    trace_path: str = Field("", description="File of the workload trace: one JSON line per sampled finished answer "
-                                            "(arrival, class, model, prompt/cached/output tokens, max_tokens, "
-                                            "finish, TTFT, TPOT; no prompt text, the tenant as a salted hash) in "
-                                            "goodput_contracts.trace's format, for loadtests.replay and "
-                                            "loadtests.calibrate; empty = off.")
-    trace_sample: float = Field(0.01, ge=0, le=1, description="Fraction of finished answers written to the trace "
-                                                              "(drawn per request); 1 = every one.")
-    trace_max_bytes: int = Field(100 << 20, ge=1024, description="Size at which the trace file is renamed to "
-                                                                 "<path>.1 (replacing the previous one) and a new "
-                                                                 "one begun: at most twice this on disk.")
-    trace_salt: SecretStr = Field(SecretStr(""), description="Salt of the tenant's hash in the trace (the same on "
-                                                             "every replica links a tenant's requests across "
-                                                             "them); empty = a random salt per process.")
     breakers: BreakerSettings = Field(default_factory=BreakerSettings,
                                       description="Circuit breakers in front of the cache, retriever, embedder and "
                                                   "scheduler (goodput_core.breaker), JSON, e.g. "
@@ -189,14 +309,6 @@ class GatewaySettings(ServiceSettings):
     embedder_addr: str = Field("", description="Embedder gRPC address (embeddings, indexing); empty = off.")
     retriever_addr: str = Field("", description="Retriever gRPC address (search, RAG); empty = off.")
     knowledge_timeout_s: float = Field(30.0, gt=0, description="Timeout of an embed, search or index call.")
-    max_embed_batch: int = Field(256, ge=1, description="Most inputs in one embeddings request.")
-    rag_top_k: int = Field(5, ge=1, le=50, description="RAG: chunks retrieved for a request.")
-    rag_rerank: bool = Field(False, description="RAG: ask the retriever to rerank its candidates (skipped by the "
-                                                "ladder's skip_rerank step).")
-    rag_max_context_chars: int = Field(6000, ge=0, description="RAG: most characters of retrieved context "
-                                                               "(also bounded by the model's context window).")
-    rag_max_query_chars: int = Field(2000, ge=1, description="RAG: the search query is the last user message, "
-                                                             "cut to this length.")
     # ---- response cache (goodput_gateway.caching) ----
     cache_addr: str = Field("", description="Cache service gRPC address; empty = no response cache.")
     cache_semantic: bool = Field(True, description="Allow semantic (L2) hits; exact (L1) only when false.")
@@ -205,59 +317,18 @@ class GatewaySettings(ServiceSettings):
     # ---- deferred batch work (goodput_gateway.jobs) ----
     redis_url: str = Field("", description="Redis for deferred jobs (store and Celery broker); empty = jobs off: "
                                            "shed P2 requests get their 429 and are not parked.")
-    jobs_queue: str = Field("goodput-jobs", description="Celery queue of the job workers "
-                                                        "(`celery -A goodput_gateway.worker worker -Q <queue>`).")
-    jobs_prefix: str = Field("goodput:jobs", description="Prefix of the jobs' Redis keys.")
-    jobs_worker_http_port: int = Field(9107, ge=0, le=65535, description="/metrics (and the probes' /healthz) of a "
-                                                                        "Celery jobs worker (0 = none).")
-    park_shed_p2: bool = Field(True, description="Park P2 requests the scheduler sheds as jobs (429 + job id).")
-    job_deadline_s: float = Field(86_400.0, gt=0, description="A job not completed by then expires.")
-    job_result_ttl_s: float = Field(7 * 86_400.0, gt=0, description="How long a finished job stays fetchable.")
-    job_retry_base_s: float = Field(1.0, gt=0, description="First retry backoff of a parked job (doubles).")
-    responses_prefix: str = Field("goodput:responses", description="Prefix of stored responses' Redis keys (the "
-                                                                   "quota Redis, shared by every replica).")
-    responses_ttl_s: float = Field(30 * 86_400.0, gt=0, description="How long a stored response (and so its "
-                                                                    "previous_response_id continuation) is kept.")
-    responses_local_max: int = Field(10_000, ge=1, description="Without Redis: most responses kept in this process.")
-    max_file_bytes: int = Field(16 << 20, ge=1024, description="Largest file uploaded to /v1/files (a batch's "
-                                                                "input JSONL).")
-    max_batch_requests: int = Field(10_000, ge=1, description="Most requests (lines) in one batch.")
-    file_ttl_s: float = Field(30 * 86_400.0, gt=0, description="How long an uploaded or result file is kept.")
-    job_retry_cap_s: float = Field(60.0, gt=0, description="Longest wait between a parked job's attempts.")
-    job_lease_s: float = Field(60.0, gt=0, description="A jobs worker's claim on a running job lapses this long after "
-                               "its last renewal (renewed every third of it while the job runs): a worker that dies "
-                               "lets it lapse, and the job runs again.")
-    job_lost_after_s: float = Field(600.0, gt=0, description="A waiting job whose message has not started it this "
-                                    "long after it was due is sent again (its message was lost; a copy that arrives "
-                                    "too is harmless: one attempt starts). Keep it above the longest queue wait.")
-    job_sweep_interval_s: float = Field(15.0, ge=0, description="How often one jobs worker sweeps the jobs: sends "
-                                        "lost messages again, requeues jobs whose worker died, expires jobs past "
-                                        "their deadline (0 = no sweeper in this worker).")
-    job_sweep_batch: int = Field(1000, ge=1, description="Most jobs of each kind one sweep handles.")
     # ---- stream resume (goodput_gateway.resume) ----
-    resume_window_s: float = Field(0.0, ge=0, description="Stream resume: a streamed answer's events are numbered "
-                                   "(SSE `id:`, gRPC `seq`) and kept this long after the stream ended or its client "
-                                   "left; a client that reconnects within it (GET /v1/streams/{id} or the same POST "
-                                   "with Last-Event-ID; gRPC ResumeStream) gets the rest without a second "
-                                   "generation. A generation whose client left runs on while a resume is possible "
-                                   "and is cut when nobody has followed it for this long. 0 = off: a client that "
-                                   "goes away cancels its generation.")
-    resume_max_events: int = Field(4096, ge=1, description="Stream resume: most events kept per stream (the oldest "
-                                   "are dropped beyond it; resuming before them is 410).")
-    resume_max_bytes: int = Field(1 << 20, ge=1024, description="Stream resume: most bytes of events kept per "
-                                  "stream (the oldest are dropped beyond it).")
-    resume_flush_s: float = Field(0.05, gt=0, description="Stream resume: how often the events recorded since the "
-                                  "last write go to Redis, every stream's in one pipeline (a stream's first event at "
-                                  "once): a reconnect on another replica lags the stream by about this much.")
-    resume_redis_url: str = Field("", description="Stream resume: Redis of the event buffers, shared by every "
-                                  "replica (short-lived, rewritten at token rate: an instance without persistence "
-                                  "suits it); empty = QUOTA_REDIS_URL, else REDIS_URL; all empty = this process "
-                                  "only (a resume must reach the same replica).")
-    resume_prefix: str = Field("goodput:streams", description="Stream resume: prefix of the event buffers' Redis "
-                               "keys.")
-    resume_local_max_bytes: int = Field(64 << 20, ge=1 << 16, description="Stream resume without Redis: most bytes "
-                                        "of finished streams' events kept in this process (the oldest streams are "
-                                        "dropped first).")
+
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
+    metering: MeteringSettings = Field(default_factory=MeteringSettings)
+    limits: Limits = Field(default_factory=Limits)
+    ladder: LadderSettings = Field(default_factory=LadderSettings)
+    feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
+    trace: TraceSettings = Field(default_factory=TraceSettings)
+    rag: RagSettings = Field(default_factory=RagSettings)
+    jobs: JobSettings = Field(default_factory=JobSettings)
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
+    resume: ResumeSettings = Field(default_factory=ResumeSettings)
 
     @field_validator("auto_models", mode="before")
     @classmethod

@@ -81,14 +81,14 @@ class FeedbackStore:
         self.settings = settings
         self.redis = redis
         self.metrics = metrics
-        self._local: TTLCache[str, _Answer] = TTLCache(maxsize=settings.feedback_max_local,
-                                                       ttl=settings.feedback_ttl_s)
+        self._local: TTLCache[str, _Answer] = TTLCache(maxsize=settings.feedback.max_local,
+                                                       ttl=settings.feedback.ttl_s)
         # key -> its JSON, on its way to Redis with the next flush (a verdict taken meanwhile replaces it)
         self._pending: dict[str, str] = {}
         self._flush: asyncio.Task[None] | None = None
 
     def _key(self, tenant: str, request_id: str) -> str:
-        return f"{self.settings.feedback_prefix}:{tenant}:{request_id}"
+        return f"{self.settings.feedback.prefix}:{tenant}:{request_id}"
 
     def remember(self, opened: Any, *, tokens: int) -> None:
         """An answered request (the service's Opened), kept for its feedback (off the response path)."""
@@ -102,7 +102,7 @@ class FeedbackStore:
         self._local[key] = answer
         if self.redis is None:
             return
-        if len(self._pending) >= self.settings.feedback_max_local:  # Redis is far behind: the oldest goes local-only
+        if len(self._pending) >= self.settings.feedback.max_local:  # Redis is far behind: the oldest goes local-only
             self._pending.pop(next(iter(self._pending)))
         self._pending[key] = json.dumps(asdict(answer))
         if self._flush is None or self._flush.done():
@@ -111,12 +111,12 @@ class FeedbackStore:
     async def _write(self) -> None:
         """Writes what was kept since the last flush, every ``feedback_flush_s`` while there is any."""
         while self._pending:
-            await asyncio.sleep(self.settings.feedback_flush_s)
+            await asyncio.sleep(self.settings.feedback.flush_s)
             batch, self._pending = self._pending, {}
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for key, value in batch.items():
-                        pipe.set(key, value, ex=int(self.settings.feedback_ttl_s))
+                        pipe.set(key, value, ex=int(self.settings.feedback.ttl_s))
                     await pipe.execute()
             except RedisError as err:
                 log.warning("could not keep answers for feedback", extra={"answers": len(batch), "error": repr(err)})
@@ -160,7 +160,7 @@ class FeedbackStore:
             if known:
                 break
         if not known:
-            raise NotFound(f"no answer {request_id!r} of this tenant in the last {self.settings.feedback_ttl_s:g} s",
+            raise NotFound(f"no answer {request_id!r} of this tenant in the last {self.settings.feedback.ttl_s:g} s",
                            param="request_id")
         self.metrics.feedback.labels(verdict).inc()
         withdrawn = 0

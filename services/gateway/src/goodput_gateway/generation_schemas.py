@@ -158,7 +158,7 @@ class _Generation(Body):
     top_k: int | None = None  # vLLM's extension
     stop: list[str] = []
     seed: int | None = None
-    n: int | None = Field(None, ge=1, le=128)  # answers to generate (the gateway's MAX_CHOICES bounds it)
+    n: int | None = Field(None, ge=1, le=128)  # answers to generate (the gateway's LIMITS__CHOICES bounds it)
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias, -100 to 100
     presence_penalty: float | None = None
     frequency_penalty: float | None = None

@@ -99,12 +99,12 @@ class Knowledge:
     async def embed(self, texts: list[str], model: str = "") -> Embeddings:
         if not texts:
             raise InvalidArgument("'input' must not be empty", param="input", code="invalid_value")
-        if len(texts) > self.settings.max_embed_batch:
-            raise InvalidArgument(f"{len(texts)} inputs; the limit is {self.settings.max_embed_batch}",
+        if len(texts) > self.settings.limits.embed_batch:
+            raise InvalidArgument(f"{len(texts)} inputs; the limit is {self.settings.limits.embed_batch}",
                                   param="input", code="invalid_value")
         for i, text in enumerate(texts):
-            check_length(text, self.settings.max_embed_input_chars, param=f"input[{i}]")
-        check_length(model, self.settings.max_name_chars, param="model")
+            check_length(text, self.settings.limits.embed_input_chars, param=f"input[{i}]")
+        check_length(model, self.settings.limits.name_chars, param="model")
         if self._embedding is None:
             raise Unimplemented(NO_EMBEDDER)
         async with self.embedder_breaker.guard():
@@ -115,8 +115,8 @@ class Knowledge:
                      leg_budget_s: float = 0.0, rerank_budget_s: float = 0.0) -> retriever_pb2.SearchResponse:
         """``timeout_s``: the caller's stage budget (capped by knowledge_timeout_s); the leg and rerank budgets go to
         the retriever, which runs each leg under min(its budget, the time left)."""
-        check_length(kb, self.settings.max_name_chars, param="knowledge_base")
-        check_length(query, self.settings.max_query_chars, param="query")
+        check_length(kb, self.settings.limits.name_chars, param="knowledge_base")
+        check_length(query, self.settings.limits.query_chars, param="query")
         if self._retrieval is None:
             raise Unimplemented(NO_RETRIEVER)
         if fusion not in _FUSION:
@@ -130,7 +130,7 @@ class Knowledge:
 
     async def index(self, tenant: str, kb: str, documents: list[embedder_pb2.Document],
                     delete_ids: list[str]) -> embedder_pb2.IndexDocumentsResponse:
-        check_length(kb, self.settings.max_name_chars, param="knowledge_base")
+        check_length(kb, self.settings.limits.name_chars, param="knowledge_base")
         if self._indexer is None:
             raise Unimplemented(NO_INDEXER)
         request = embedder_pb2.IndexDocumentsRequest(tenant=tenant, knowledge_base=kb, documents=documents,

@@ -100,12 +100,12 @@ class Meter:
         self.metrics = MeterMetrics(registry)
         self._pending: dict[tuple[str, str, str], Usage] = defaultdict(Usage)  # (tenant, day, model)
         self._memory: dict[tuple[str, str], dict[str, Usage]] = defaultdict(lambda: defaultdict(Usage))
-        self._writer = Periodic(self.flush, interval_s=settings.usage_flush_s, name="usage-writer")
+        self._writer = Periodic(self.flush, interval_s=settings.metering.flush_s, name="usage-writer")
         self._lock = asyncio.Lock()
 
     def gpu_seconds(self, prompt_tokens: int, completion_tokens: int) -> float:
         s = self.settings
-        return prompt_tokens / s.meter_prefill_tokens_per_s + completion_tokens / s.meter_decode_tokens_per_s
+        return prompt_tokens / s.metering.prefill_tokens_per_s + completion_tokens / s.metering.decode_tokens_per_s
 
     def record(self, tenant: str, model: str, usage: Usage, *, outcome: str = "ok") -> None:
         label = self.labels(tenant)
@@ -129,10 +129,10 @@ class Meter:
 
     # ---- persistence ----
     def _key(self, tenant: str, period: str) -> str:
-        return f"{self.settings.usage_prefix}:{tenant}:{period}"
+        return f"{self.settings.metering.usage_prefix}:{tenant}:{period}"
 
     def _tenants_key(self, period: str) -> str:
-        return f"{self.settings.usage_prefix}:tenants:{period}"
+        return f"{self.settings.metering.usage_prefix}:tenants:{period}"
 
     async def flush(self) -> bool:
         """Writes the pending counts; False (and kept for the next flush) when Redis failed."""
@@ -145,7 +145,7 @@ class Meter:
                     for period in (day, day[:7]):
                         self._memory[(tenant, period)][model].add(usage)
                 return True
-            ttl = int(self.settings.usage_retention_days * 86_400)
+            ttl = int(self.settings.metering.retention_days * 86_400)
             try:
                 async with self.redis.pipeline(transaction=True) as pipe:
                     for (tenant, day, model), usage in pending.items():

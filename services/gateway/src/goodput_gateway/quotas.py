@@ -191,13 +191,13 @@ class Quotas:
                  labels: TenantLabels | None = None) -> None:
         self.settings = settings
         self.metrics = QuotaMetrics(registry, labels or TenantLabels(settings.metrics_tenants))
-        prefix = settings.quota_prefix
+        prefix = settings.quotas.prefix
         self.local = Backend(MemoryStorage(), redis=None, prefix=prefix)
-        self.fallback = Backend(MemoryStorage(), redis=None, prefix=prefix, share=settings.quota_fail_open_share)
+        self.fallback = Backend(MemoryStorage(), redis=None, prefix=prefix, share=settings.quotas.fail_open_share)
         self.remote: Backend | None = None
         self._redis: aioredis.Redis | None = None
         if redis_url:
-            timeout = settings.quota_timeout_s
+            timeout = settings.quotas.timeout_s
             self._redis = aioredis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
             storage = RedisStorage(f"async+{redis_url}", implementation="redispy", key_prefix=f"{prefix}:limits",
                                    wrap_exceptions=True, socket_timeout=timeout, socket_connect_timeout=timeout)
@@ -216,7 +216,7 @@ class Quotas:
         return self.fallback if time.monotonic() < self._down_until else self.remote
 
     async def guarded(self, step: Awaitable[T]) -> T:
-        return await asyncio.wait_for(step, timeout=self.settings.quota_timeout_s)
+        return await asyncio.wait_for(step, timeout=self.settings.quotas.timeout_s)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -256,7 +256,7 @@ class Quotas:
         except _REDIS_DOWN as err:
             if backend is not self.remote:
                 raise
-            self._down_until = time.monotonic() + self.settings.quota_retry_s
+            self._down_until = time.monotonic() + self.settings.quotas.retry_s
             self.metrics.fail_open.labels("admit").inc()
             # a step that timed out may still have taken a concurrency place in Redis: given back when Redis answers
             self.spawn(self._forget(backend, scopes, member))
@@ -265,7 +265,7 @@ class Quotas:
 
     async def _forget(self, backend: Backend, scopes: list[Scope], member: str) -> None:
         try:
-            await asyncio.wait_for(backend.release(scopes, member), timeout=self.settings.quota_retry_s)
+            await asyncio.wait_for(backend.release(scopes, member), timeout=self.settings.quotas.retry_s)
         except _REDIS_DOWN:
             pass  # it expires with the request's deadline
 
@@ -320,8 +320,8 @@ class Quotas:
                 if not s.quota.rpm:
                     continue
                 item = backend.rpm_item(s)
-                if self.settings.quota_quantum_s:  # quantised: a share of the minute's requests per quantum
-                    quantum = backend.quantum_item(s, self.settings.quota_quantum_s)
+                if self.settings.quotas.quantum_s:  # quantised: a share of the minute's requests per quantum
+                    quantum = backend.quantum_item(s, self.settings.quotas.quantum_s)
                     if not await guarded(backend.moving.hit(quantum, *s.id())):
                         stats = await guarded(backend.moving.get_window_stats(item, *s.id()))
                         requests.append(_Window(item.amount, stats.remaining, stats.reset_time - time.time()))

@@ -80,14 +80,14 @@ def retrieval_for(cls: ClassProfile, settings: GatewaySettings, *, steps: Sequen
     budgets."""
     at_risk = remaining_s < cls.budgets.retrieval + cls.budgets.ttft
     take = {s for s in ("skip_rerank", "fewer_chunks") if s in cls.ladder and (s in steps or at_risk)}
-    rerank, taken = settings.rag_rerank, []
+    rerank, taken = settings.rag.rerank, []
     if rerank and "skip_rerank" in take:
         rerank = False
         taken.append("skip_rerank")
     legs, rerank_s = cls.budgets.retrieval_leg, cls.budgets.rerank
     if "fewer_chunks" in take:
         taken.append("fewer_chunks")
-        return Retrieval(top_k=max(settings.rag_top_k // 2, 1), rerank=rerank, context_share=0.5,
+        return Retrieval(top_k=max(settings.rag.top_k // 2, 1), rerank=rerank, context_share=0.5,
                          leg_budget_s=legs, rerank_budget_s=rerank_s), taken
     return Retrieval(rerank=rerank, leg_budget_s=legs, rerank_budget_s=rerank_s), taken
 
@@ -102,8 +102,8 @@ def _query(request: GenerationRequest) -> str:
 def context_budget(request: GenerationRequest, settings: GatewaySettings, max_model_len: int) -> int:
     answer = request.sampling.max_tokens or settings.default_max_tokens
     left_tokens = max_model_len - answer - estimate_tokens(request.prompt_chars()) - 64
-    return max(0, min(left_tokens * CHARS_PER_TOKEN, settings.rag_max_context_chars,
-                      settings.max_prompt_chars - request.prompt_chars() - len(INSTRUCTION) - 64))
+    return max(0, min(left_tokens * CHARS_PER_TOKEN, settings.rag.max_context_chars,
+                      settings.limits.prompt_chars - request.prompt_chars() - len(INSTRUCTION) - 64))
 
 
 async def augment(knowledge: Any, settings: GatewaySettings, *, tenant: str, request: GenerationRequest,
@@ -119,8 +119,8 @@ async def augment(knowledge: Any, settings: GatewaySettings, *, tenant: str, req
         extra["rerank"] = True
     if how.leg_budget_s or how.rerank_budget_s:
         extra.update(leg_budget_s=how.leg_budget_s, rerank_budget_s=how.rerank_budget_s)
-    result = await knowledge.search(tenant, request.knowledge_base, query[:settings.rag_max_query_chars],
-                                    top_k=how.top_k or settings.rag_top_k, **extra)
+    result = await knowledge.search(tenant, request.knowledge_base, query[:settings.rag.max_query_chars],
+                                    top_k=how.top_k or settings.rag.top_k, **extra)
     how.legs.update({t.leg: t.seconds for t in getattr(result, "timings", ())})
     rerank = getattr(result, "rerank", None)
     if how.rerank and rerank is not None and rerank.status:

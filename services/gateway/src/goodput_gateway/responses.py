@@ -98,11 +98,11 @@ class ResponseStore:
     def __init__(self, settings: GatewaySettings, *, redis: aioredis.Redis | None) -> None:
         self.settings = settings
         self.redis = redis
-        self._local: TTLCache[str, str] = TTLCache(maxsize=settings.responses_local_max,
-                                                   ttl=settings.responses_ttl_s)
+        self._local: TTLCache[str, str] = TTLCache(maxsize=settings.responses.local_max,
+                                                   ttl=settings.responses.ttl_s)
 
     def _key(self, tenant: str, response_id: str) -> str:
-        return f"{self.settings.responses_prefix}:{tenant}:{response_id}"
+        return f"{self.settings.responses.prefix}:{tenant}:{response_id}"
 
     async def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, str]]) -> None:
         raw = json.dumps({"response": response, "conversation": conversation}, separators=(",", ":"))
@@ -110,7 +110,7 @@ class ResponseStore:
             self._local[self._key(tenant, response["id"])] = raw
             return
         try:
-            await self.redis.set(self._key(tenant, response["id"]), raw, ex=int(self.settings.responses_ttl_s))
+            await self.redis.set(self._key(tenant, response["id"]), raw, ex=int(self.settings.responses.ttl_s))
         except (RedisError, OSError) as err:
             raise Unavailable(f"the response store is unavailable ({type(err).__name__}); the answer was not "
                               "stored", code="store_unavailable") from None

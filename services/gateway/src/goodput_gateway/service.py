@@ -104,9 +104,9 @@ class GatewayService:
                  trace: TraceRecorder | None = None) -> None:
         self.settings = settings
         self.timing_metrics = timing_metrics or TimingMetrics(None, settings.latency_profile)
-        self.ladder = ladder or Ladder(settings.latency_profile, enabled=settings.ladder_enabled,
-                                       interval_s=settings.ladder_interval_s, raise_at=settings.ladder_raise_at,
-                                       lower_at=settings.ladder_lower_at)
+        self.ladder = ladder or Ladder(settings.latency_profile, enabled=settings.ladder.enabled,
+                                       interval_s=settings.ladder.interval_s, raise_at=settings.ladder.raise_at,
+                                       lower_at=settings.ladder.lower_at)
         self.ladder.applies = self._step_applies
         self.keys = keys
         self.quotas = quotas or Quotas(settings, redis_url="")
@@ -361,7 +361,7 @@ class GatewayService:
     def _step_applies(self, priority: int, step: str) -> bool:
         """Whether a ladder step can change anything on this gateway (else the ladder passes over it)."""
         if step == "skip_rerank":
-            return self.settings.rag_rerank
+            return self.settings.rag.rerank
         if step == "exact_cache_only":
             return self.cache is not None and self.settings.cache_semantic
         if step == "fallback_model":

@@ -134,7 +134,7 @@ async def _numbered(messages: AsyncIterator[gateway_pb2.GenerateStreamResponse],
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def __init__(self, service: GatewayService, *, streams: StreamBuffer | None = None) -> None:
         self.service = service
-        self.streams = streams or StreamBuffer(service.settings, redis=None)  # stream resume (RESUME_WINDOW_S)
+        self.streams = streams or StreamBuffer(service.settings, redis=None)  # stream resume (RESUME__WINDOW_S)
 
     def _call(self, request: gateway_pb2.GenerateRequest, context: aio.ServicerContext, *, stream: bool,
               request_id: str) -> Call:

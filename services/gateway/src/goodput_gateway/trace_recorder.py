@@ -1,4 +1,4 @@
-"""The workload trace (``TRACE_PATH``): a sample of finished answers written as JSON lines in the format of
+"""The workload trace (``TRACE__PATH``): a sample of finished answers written as JSON lines in the format of
 :mod:`goodput_contracts.trace`, for capacity planning (``python -m loadtests.replay``) and simulator calibration
 (``python -m loadtests.calibrate``). Not an OpenTelemetry trace: one line per request, no spans.
 
@@ -8,11 +8,11 @@ lines. Bounded on disk: when the file would pass ``max_bytes`` it is renamed to 
 one) and a new file is begun, so the trace never takes more than twice ``max_bytes``.
 
 Privacy: a record has no prompt or answer text (the format has no field for it) and the tenant only as a salted hash
-(``TRACE_SALT``; empty = a random salt per process, so pseudonyms are not linkable across restarts).
+(``TRACE__SALT``; empty = a random salt per process, so pseudonyms are not linkable across restarts).
 
 Example::
 
-    recorder = TraceRecorder.from_settings(settings, registry=registry)   # None when TRACE_PATH is empty
+    recorder = TraceRecorder.from_settings(settings, registry=registry)   # None when TRACE__PATH is empty
     recorder.offer(lambda tenant: TraceRecord(..., tenant=tenant), tenant="acme")
     recorder.close()   # writes what is queued, then stops the thread
 """
@@ -59,8 +59,8 @@ class TraceRecorder:
         self._rng = rng or random.Random()
         self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_size)
         self.records = Counter("goodput_gateway_trace_records_total", "Answers offered to the workload trace "
-                               "(TRACE_PATH), by what became of them: written, dropped (the writer's queue was "
-                               "full, or it failed) or rotated (a file set aside at TRACE_MAX_BYTES).", ["result"],
+                               "(TRACE__PATH), by what became of them: written, dropped (the writer's queue was "
+                               "full, or it failed) or rotated (a file set aside at TRACE__MAX_BYTES).", ["result"],
                                registry=registry)
         self._thread = threading.Thread(target=self._write, name="goodput-trace-writer", daemon=True)
         self._thread.start()
@@ -69,10 +69,10 @@ class TraceRecorder:
     def from_settings(cls, settings: GatewaySettings, *,
                       registry: CollectorRegistry | None = None) -> TraceRecorder | None:
         """The gateway's recorder, or None when the trace is off (no path, or a sample of 0)."""
-        if not settings.trace_path or settings.trace_sample <= 0:
+        if not settings.trace.path or settings.trace.sample <= 0:
             return None
-        return cls(settings.trace_path, sample=settings.trace_sample, max_bytes=settings.trace_max_bytes,
-                   salt=settings.trace_salt.get_secret_value(), registry=registry)
+        return cls(settings.trace.path, sample=settings.trace.sample, max_bytes=settings.trace.max_bytes,
+                   salt=settings.trace.salt.get_secret_value(), registry=registry)
 
     def offer(self, build: Callable[[str], TraceRecord], *, tenant: str) -> bool:
         """Draws the sample; a sampled request's record (``build(tenant pseudonym)``) is queued for the writer.

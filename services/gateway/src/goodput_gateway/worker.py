@@ -105,16 +105,16 @@ def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, A
         error = f"{type(err).__name__}: {err.message}"
         if err.code == "insufficient_quota":  # the tenant's monthly budget is spent: no retry helps this month
             return queue.finish(job, "failed", error=error)[0]
-        delay = retry_delay(job.attempts, err.retry_after_s, base_s=queue.settings.job_retry_base_s,
-                            cap_s=queue.settings.job_retry_cap_s, rng=rng)
+        delay = retry_delay(job.attempts, err.retry_after_s, base_s=queue.settings.jobs.retry_base_s,
+                            cap_s=queue.settings.jobs.retry_cap_s, rng=rng)
         log.info("job parked", extra={"job": job.id, "delay_s": round(delay, 2), "error": error})
         return queue.finish(job, "parked", error=error, delay_s=delay)[0]
     except GoodputError as err:
         return queue.finish(job, "failed", error=f"{type(err).__name__}: {err.message}")[0]
     except Exception as err:  # a fault of this worker (not of the request): retried later, like a shed attempt
         log.exception("job attempt failed", extra={"job": job.id})
-        delay = retry_delay(job.attempts, None, base_s=queue.settings.job_retry_base_s,
-                            cap_s=queue.settings.job_retry_cap_s, rng=rng)
+        delay = retry_delay(job.attempts, None, base_s=queue.settings.jobs.retry_base_s,
+                            cap_s=queue.settings.jobs.retry_cap_s, rng=rng)
         return queue.finish(job, "parked", error=f"Internal: {type(err).__name__}", delay_s=delay)[0]
     return queue.finish(job, "completed", result=result)[0]
 
@@ -130,7 +130,7 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name=f"lease-{job.id}", daemon=True)
 
     def _run(self) -> None:
-        every = max(self.queue.settings.job_lease_s / 3, 0.05)
+        every = max(self.queue.settings.jobs.lease_s / 3, 0.05)
         while not self._stop.wait(every):
             try:
                 if not self.queue.renew(self.job):
@@ -236,7 +236,7 @@ def _register(app: Any, settings: Any) -> None:
         if getattr(sender, "app", app) is app:  # signals are process-wide; only this app's worker serves
             serve_metrics(settings, client)
             sweeper = Sweeper(JobQueue(settings, client, send=celery_send(settings)),
-                              interval_s=settings.job_sweep_interval_s)
+                              interval_s=settings.jobs.sweep_interval_s)
             sweeper.start()
             sweepers.append(sweeper)
 
@@ -254,12 +254,12 @@ def _register(app: Any, settings: Any) -> None:
 def serve_metrics(settings: Any, redis_client: Any) -> tuple[Any, Any] | None:
     """Starts a worker's metrics server on ``jobs_worker_http_port`` (0 = none) at ``grpc_host``: jobs by state and
     attempts by outcome (from Redis). Returns the server and its thread; called on Celery's ``worker_ready``."""
-    if not settings.jobs_worker_http_port:
+    if not settings.jobs.worker_http_port:
         return None
     from prometheus_client import start_http_server
 
     # Its own thread serves the scrape: it reads Redis then, but waits half a second at most (then the last values).
     JobsMetrics(REGISTRY, JobQueue(settings, redis_client, send=celery_send(settings)), scrape_wait_s=0.5)
-    server, thread = start_http_server(settings.jobs_worker_http_port, addr=settings.grpc_host, registry=REGISTRY)
-    log.info("jobs worker metrics", extra={"addr": settings.grpc_host, "port": settings.jobs_worker_http_port})
+    server, thread = start_http_server(settings.jobs.worker_http_port, addr=settings.grpc_host, registry=REGISTRY)
+    log.info("jobs worker metrics", extra={"addr": settings.grpc_host, "port": settings.jobs.worker_http_port})
     return server, thread

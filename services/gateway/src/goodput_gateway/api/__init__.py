@@ -45,10 +45,10 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
                stream_buffer: StreamBuffer | None = None) -> FastAPI:
     """The REST app; ``serve_metrics=False`` leaves `/metrics` off it (served on the metrics port instead);
     ``responses_store`` keeps the Responses API's responses (default: in this process); ``stream_buffer`` records
-    streamed answers for resume (default: in this process, on with RESUME_WINDOW_S); with ``jobs_queue``, the jobs
+    streamed answers for resume (default: in this process, on with RESUME__WINDOW_S); with ``jobs_queue``, the jobs
     and OpenAI's Files and Batch APIs."""
     app = FastAPI(title="Goodput gateway", version="v1", docs_url=None, redoc_url=None)
-    app.add_middleware(HeaderLimit, max_bytes=service.settings.max_header_bytes)
+    app.add_middleware(HeaderLimit, max_bytes=service.settings.limits.header_bytes)
     app.state.service, app.state.tracer = service, tracer
     app.state.streams = stream_buffer or StreamBuffer(service.settings, redis=None)
     app.state.responses = responses_store or ResponseStore(service.settings, redis=None)

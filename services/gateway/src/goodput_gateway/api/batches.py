@@ -61,8 +61,8 @@ def check_lines(content: bytes, *, endpoint: str, settings: Any) -> list[tuple[s
         if not isinstance(line, dict):
             raise bad("not a JSON object")
         custom_id, body = line.get("custom_id"), line.get("body")
-        if not isinstance(custom_id, str) or not custom_id or len(custom_id) > settings.max_name_chars:
-            raise bad(f"custom_id must be a non-empty string of at most {settings.max_name_chars} characters")
+        if not isinstance(custom_id, str) or not custom_id or len(custom_id) > settings.limits.name_chars:
+            raise bad(f"custom_id must be a non-empty string of at most {settings.limits.name_chars} characters")
         if custom_id in seen:
             raise bad(f"custom_id {custom_id!r} is not unique")
         seen.add(custom_id)
@@ -77,8 +77,8 @@ def check_lines(content: bytes, *, endpoint: str, settings: Any) -> list[tuple[s
         except InvalidArgument as err:
             raise bad(f"body: {err.message}") from None
         out.append((custom_id, body))
-        if len(out) > settings.max_batch_requests:
-            raise bad(f"more than {settings.max_batch_requests} requests in one batch")
+        if len(out) > settings.limits.batch_requests:
+            raise bad(f"more than {settings.limits.batch_requests} requests in one batch")
     if not out:
         raise InvalidArgument("the input file has no requests", param="input_file_id", code="invalid_file")
     return out
@@ -94,7 +94,7 @@ def _page(items: list[Any], has_more: bool) -> dict[str, Any]:
 async def upload_file(request: Request, caller: Caller, service: Service, store: Batches) -> JSONResponse:
     settings = service.settings
     # read within the file's bound (plus the multipart framing) before anything is parsed
-    raw = await read_limited(request.stream(), limit=settings.max_file_bytes + 16_384,
+    raw = await read_limited(request.stream(), limit=settings.limits.file_bytes + 16_384,
                              declared=request.headers.get("content-length"))
 
     async def body() -> AsyncGenerator[bytes, None]:
@@ -105,7 +105,7 @@ async def upload_file(request: Request, caller: Caller, service: Service, store:
                               code="invalid_content_type")
     try:
         form = await MultiPartParser(request.headers, body(), max_files=1, max_fields=4,
-                                     max_part_size=settings.max_file_bytes).parse()
+                                     max_part_size=settings.limits.file_bytes).parse()
     except MultiPartException as err:
         raise InvalidArgument(f"malformed multipart body: {err.message}", code="invalid_multipart") from None
     upload, purpose = form.get("file"), form.get("purpose")
@@ -115,8 +115,8 @@ async def upload_file(request: Request, caller: Caller, service: Service, store:
     if not isinstance(upload, UploadFile):
         raise InvalidArgument("'file' is required", param="file", code="missing_required_parameter")
     content = await upload.read()
-    if len(content) > settings.max_file_bytes:
-        raise InvalidArgument(f"the file has {len(content)} bytes; the limit is {settings.max_file_bytes}",
+    if len(content) > settings.limits.file_bytes:
+        raise InvalidArgument(f"the file has {len(content)} bytes; the limit is {settings.limits.file_bytes}",
                               param="file", code="file_too_large")
     f = await asyncio.to_thread(store.put_file, tenant=caller.tenant, filename=upload.filename or "input.jsonl",
                                 purpose=purpose, content=content)

@@ -47,7 +47,7 @@ Caller = Annotated[Principal, Depends(_caller)]
 async def read_json(request: Request, service: GatewayService) -> Any:
     """The body as JSON, read in pieces: 413 as soon as it passes max_body_bytes (a declared Content-Length above it
     is refused before any of it is read). Called only once the caller is authenticated (:data:`JsonBody`)."""
-    raw = await read_limited(request.stream(), limit=service.settings.max_body_bytes,
+    raw = await read_limited(request.stream(), limit=service.settings.limits.body_bytes,
                              declared=request.headers.get("content-length"))
     try:
         text = raw.decode("utf-8")

@@ -112,7 +112,7 @@ class BatchStore:
 
     def put_file(self, *, tenant: str, filename: str, purpose: str, content: bytes) -> FileObject:
         now = int(time.time())
-        ttl = int(self.settings.file_ttl_s)
+        ttl = int(self.settings.jobs.file_ttl_s)
         f = FileObject(id=f"file-{uuid.uuid4().hex}", tenant=tenant, filename=filename[:256], purpose=purpose,
                        bytes=len(content), created_at=now, expires_at=now + ttl)
         pipe = self.redis.pipeline(transaction=True)
@@ -158,7 +158,7 @@ class BatchStore:
         return f"{self.prefix}:batch:{batch_id}"
 
     def _save(self, batch: Batch) -> None:
-        ttl = int(max(batch.expires_at - time.time(), 0) + self.settings.job_result_ttl_s)
+        ttl = int(max(batch.expires_at - time.time(), 0) + self.settings.jobs.result_ttl_s)
         self.redis.set(self._batch_key(batch.id), json.dumps(asdict(batch)), ex=max(ttl, 60))
 
     def create(self, *, tenant: str, endpoint: str, input_file_id: str, window: str,

@@ -17,14 +17,14 @@ _apps: dict[tuple[str, str], Any] = {}
 def celery_client(settings: Any) -> Any:
     """The Celery app that sends the jobs' messages (Redis broker; one per broker URL and queue in a process); the
     jobs worker (:mod:`goodput_gateway.worker`) registers the task that runs them on the same app."""
-    key = (settings.redis_url, settings.jobs_queue)
+    key = (settings.redis_url, settings.jobs.queue)
     app = _apps.get(key)
     if app is None:
         from celery import Celery  # lazy: only processes that park or run jobs need Celery
 
         app = Celery("goodput_gateway.jobs", broker=settings.redis_url)
         app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
-                        task_default_queue=settings.jobs_queue, broker_connection_retry_on_startup=True,
+                        task_default_queue=settings.jobs.queue, broker_connection_retry_on_startup=True,
                         # An ETA task waits in its worker; on a crash Redis redelivers it after this timeout.
                         broker_transport_options={"visibility_timeout": 3600})
         _apps[key] = app
@@ -35,5 +35,5 @@ def celery_send(settings: Any) -> Send:
     def send(job_id: str, dispatch: int, delay_s: float) -> None:
         app = celery_client(settings)
         app.send_task("goodput.jobs.run", args=[job_id, dispatch], countdown=max(delay_s, 0.0),
-                      queue=settings.jobs_queue)
+                      queue=settings.jobs.queue)
     return send

@@ -60,8 +60,8 @@ async def park(queue: JobQueue | None, err: ResourceExhausted, *, tenant: str,
     if queue is None or err.code not in SHED_CODES or request.priority != types_pb2.PRIORITY_P2:
         return err
     route, body = to_body(request)
-    delay = retry_delay(1, err.retry_after_s, base_s=queue.settings.job_retry_base_s,
-                        cap_s=queue.settings.job_retry_cap_s)
+    delay = retry_delay(1, err.retry_after_s, base_s=queue.settings.jobs.retry_base_s,
+                        cap_s=queue.settings.jobs.retry_cap_s)
     try:
         job = await asyncio.to_thread(queue.submit, tenant=tenant, route=route, body=body, delay_s=delay,
                                       error=f"ResourceExhausted: {err.message}")

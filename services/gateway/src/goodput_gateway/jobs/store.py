@@ -69,7 +69,7 @@ class JobQueue:
                  send: Send | None = None) -> None:
         self.settings = settings
         self.redis = redis_client
-        self.prefix = settings.jobs_prefix
+        self.prefix = settings.jobs.prefix
         self._send = send or celery_send(settings)
         self.metrics = JobsMetrics(registry, self)
 
@@ -112,7 +112,7 @@ class JobQueue:
         """Queues the writes of ``job`` (and of its indexes and counters) on ``pipe``, inside its MULTI."""
         now = time.time()
         job.updated_at = now
-        ttl = max(int(max(job.deadline_at - now, 0) + self.settings.job_result_ttl_s), 60)
+        ttl = max(int(max(job.deadline_at - now, 0) + self.settings.jobs.result_ttl_s), 60)
         pipe.set(self._key(job.id), json.dumps(asdict(job)), ex=ttl)
         if old is not None and old.state != job.state:
             pipe.zrem(self._index(old.state), job.id)
@@ -176,7 +176,7 @@ class JobQueue:
         body = {**body, "stream": False, "priority": "P2"}
         job = Job(id=f"job-{uuid.uuid4().hex}", tenant=tenant, route=route, body=body,
                   state="parked" if delay_s > 0 else "queued",
-                  deadline_at=deadline_at if deadline_at is not None else now + self.settings.job_deadline_s,
+                  deadline_at=deadline_at if deadline_at is not None else now + self.settings.jobs.deadline_s,
                   next_attempt_at=now + delay_s, due_at=now + delay_s, dispatch=1, error=error)
         with self.redis.pipeline(transaction=True) as pipe:
             self._write(pipe, job, old=None)
@@ -211,7 +211,7 @@ class JobQueue:
                 job.state, job.claim, job.error = "expired", "", job.error or "the job's deadline passed"
                 return job
             verdict = "claimed"
-            job.state, job.claim, job.lease_until = "running", uuid.uuid4().hex, now + self.settings.job_lease_s
+            job.state, job.claim, job.lease_until = "running", uuid.uuid4().hex, now + self.settings.jobs.lease_s
             job.attempts += 1
             return job
 
@@ -226,7 +226,7 @@ class JobQueue:
         def change(current: Job) -> Job | None:
             if current.state != "running" or current.claim != job.claim:
                 return None
-            current.lease_until = time.time() + self.settings.job_lease_s
+            current.lease_until = time.time() + self.settings.jobs.lease_s
             return current
         return self.update(job.id, change)[1]
 
@@ -290,7 +290,7 @@ class JobQueue:
         """One pass of the sweeper; returns how many jobs it expired (``deadline``), requeued after their worker
         died (``lease_expired``) and sent again (``lost_message``). At most ``job_sweep_batch`` of each."""
         now = time.time() if now is None else now
-        limit = int(self.settings.job_sweep_batch)
+        limit = int(self.settings.jobs.sweep_batch)
         done: Tally[str] = Tally()
 
         def sweep_one(job_id: str, reason: str, change: Callable[[Job], Job | None]) -> Job | None:
@@ -324,7 +324,7 @@ class JobQueue:
             if (job := sweep_one(job_id, "lease_expired", requeue)) is not None:
                 self._dispatch(job, 0.0)
 
-        lost_before = now - self.settings.job_lost_after_s
+        lost_before = now - self.settings.jobs.lost_after_s
 
         def resend(job: Job) -> Job | None:  # the same dispatch: whichever of its messages comes first runs it
             if job.state not in WAITING or job.due_at > lost_before:
@@ -358,7 +358,7 @@ class JobQueue:
                     if job.state in WAITING and not job.due_at:
                         job.due_at = max(job.next_attempt_at, now)
                     if job.state == "running" and not job.claim:
-                        job.lease_until = max(job.lease_until, now + self.settings.job_lost_after_s)
+                        job.lease_until = max(job.lease_until, now + self.settings.jobs.lost_after_s)
                     return job
 
                 if self.update(job_id, adopt)[0] is None:

@@ -1,6 +1,6 @@
 """Stream resume: a streamed answer survives its client's dropped connection (issue 21; BP-PERF-03).
 
-With ``RESUME_WINDOW_S`` above 0, every event of a streamed generation is numbered and recorded as it is produced,
+With ``RESUME__WINDOW_S`` above 0, every event of a streamed generation is numbered and recorded as it is produced,
 and a client that lost the stream reconnects, on any gateway replica, and gets the rest of the same answer, without
 a second generation:
 
@@ -23,16 +23,16 @@ lease released, as without resume) once nobody has followed it for the window: a
 window's decoding. It runs once, so it is admitted, settled and metered once; a resume runs nothing.
 
 The shared store. One flusher per process writes what was recorded since its last turn, for every stream in one
-pipeline, every ``RESUME_FLUSH_S`` (a stream's first event at once), never on the token path. Each stream is a Redis
+pipeline, every ``RESUME__FLUSH_S`` (a stream's first event at once), never on the token path. Each stream is a Redis
 stream (``XADD`` with the event's number as its entry id, ``0-<seq + 1>``; ``XTRIM MINID`` for the bounds;
 ``PEXPIRE`` the window after its end): a reader on another replica catches up and follows live with one blocking
 ``XREAD`` from the id it has, and a gap in the ids (events dropped by the bounds) shows. A heartbeat key marks the
 producer alive (a reader of a stream whose replica died gets an error, not a wait), a reader key marks a follower
 elsewhere (so the producer does not cut the generation under it). Without Redis the recordings stay in this process,
-finished ones for the window (bounded by ``RESUME_LOCAL_MAX_BYTES``): resumes must reach the same replica.
+finished ones for the window (bounded by ``RESUME__LOCAL_MAX_BYTES``): resumes must reach the same replica.
 
-Bounds: ``RESUME_MAX_EVENTS`` and ``RESUME_MAX_BYTES`` per stream (the oldest events are dropped past them), kept
-``RESUME_WINDOW_S`` after the stream ended.
+Bounds: ``RESUME__MAX_EVENTS`` and ``RESUME__MAX_BYTES`` per stream (the oldest events are dropped past them), kept
+``RESUME__WINDOW_S`` after the stream ended.
 
 Example (in a coroutine; ``source`` yields an API's wire events, ``generation`` is what it streams)::
 

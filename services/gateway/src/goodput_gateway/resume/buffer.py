@@ -45,7 +45,7 @@ class StreamBuffer:
                  close_wait_s: float = CLOSE_WAIT_S) -> None:
         self.settings = settings
         self.redis = redis  # the shared store's; None = this process only
-        self.window_s = settings.resume_window_s
+        self.window_s = settings.resume.window_s
         self.heartbeat_s = heartbeat_s  # the producer's heartbeat, a follower's mark, the abandonment check
         self.live_ttl_s = live_ttl_s  # a producer not heard of for this long is gone (its replica died)
         self.block_s = block_s  # a reader's blocking XREAD
@@ -67,7 +67,7 @@ class StreamBuffer:
         return list(self.by_key.values())
 
     def _key(self, api: str, tenant: str, stream_id: str) -> str:
-        return f"{self.settings.resume_prefix}:{api}:{tenant}:{stream_id}"
+        return f"{self.settings.resume.prefix}:{api}:{tenant}:{stream_id}"
 
     # ---- producing ---------------------------------------------------------------------------------------------
 
@@ -77,8 +77,8 @@ class StreamBuffer:
         event, and returns the client's follower of it. ``closer`` (the generation's aclose) runs after the source,
         however it ended; the stream's errors reach every follower after its last event."""
         key = self._key(api, tenant, stream_id)
-        rec = Recording(key, stream_id, max_events=self.settings.resume_max_events,
-                         max_bytes=self.settings.resume_max_bytes, shared=self.shared is not None, now=self.clock())
+        rec = Recording(key, stream_id, max_events=self.settings.resume.max_events,
+                         max_bytes=self.settings.resume.max_bytes, shared=self.shared is not None, now=self.clock())
         rec.source, rec.closer = source, closer
         self.by_key[key] = rec  # stream ids are unique (request and response ids)
         self._finished.pop(key, None)
@@ -138,7 +138,7 @@ class StreamBuffer:
             self._kick.set()
             return
         self._finished[rec.key] = rec
-        budget, held = self.settings.resume_local_max_bytes, sum(r.size for r in self._finished.values())
+        budget, held = self.settings.resume.local_max_bytes, sum(r.size for r in self._finished.values())
         while held > budget and self._finished:
             key, oldest = self._finished.popitem(last=False)
             held -= oldest.size
@@ -187,7 +187,7 @@ class StreamBuffer:
         outcome = "invalid"
         try:
             if not self.enabled:
-                raise Unimplemented("stream resume is off on this gateway (its RESUME_WINDOW_S is 0)",
+                raise Unimplemented("stream resume is off on this gateway (its RESUME__WINDOW_S is 0)",
                                     code="resume_disabled")
             check_stream_id(stream_id)
             if not -1 <= after <= MAX_SEQ:
@@ -248,7 +248,7 @@ class StreamBuffer:
                 log.exception("the stream flusher failed a turn")
             # Redis unreachable: no follower elsewhere can read these streams either, so this process judges alone
             self._sweep(now, alone=self.shared is None or failed)
-            await asyncio.sleep(self.heartbeat_s if failed else self.settings.resume_flush_s)
+            await asyncio.sleep(self.heartbeat_s if failed else self.settings.resume.flush_s)
 
     def idle_too_long(self, rec: Recording, now: float) -> bool:
         return rec.end is None and rec.readers == 0 and rec.idle_since is not None \

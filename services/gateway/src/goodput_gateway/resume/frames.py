@@ -35,7 +35,7 @@ OUTCOMES = {"resume_disabled": "disabled", "stream_not_found": "not_found", "str
 
 class StreamGone(GoodputError):
     """A stream that exists but cannot be resumed where asked: the events after the caller's last one were dropped
-    (it passed RESUME_MAX_EVENTS or RESUME_MAX_BYTES), or it was abandoned. REST 410, gRPC OUT_OF_RANGE."""
+    (it passed RESUME__MAX_EVENTS or RESUME__MAX_BYTES), or it was abandoned. REST 410, gRPC OUT_OF_RANGE."""
 
     grpc_code = grpc.StatusCode.OUT_OF_RANGE
     http_status = 410
@@ -88,7 +88,7 @@ def not_found(stream_id: str) -> NotFound:
 
 def dropped(stream_id: str, after: int, first: int) -> StreamGone:
     return StreamGone(f"The events of stream '{stream_id}' after {after} are no longer kept (the oldest kept is "
-                      f"{first}: the stream passed the gateway's RESUME_MAX_EVENTS or RESUME_MAX_BYTES); retry the "
+                      f"{first}: the stream passed the gateway's RESUME__MAX_EVENTS or RESUME__MAX_BYTES); retry the "
                       "request.", param="Last-Event-ID", code="stream_events_dropped")
 
 

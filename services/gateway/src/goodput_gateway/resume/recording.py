@@ -27,7 +27,7 @@ class ResumeMetrics:
                                "disabled, error (the store unavailable).", ["api", "outcome"], registry=registry)
         self.detached = Counter("goodput_gateway_stream_detached_total", "Streams whose client went away before "
                                 "their end, by what became of the generation: finished (it ran to its end, for a "
-                                "resume), abandoned (cut: nobody followed it for RESUME_WINDOW_S), failed.",
+                                "resume), abandoned (cut: nobody followed it for RESUME__WINDOW_S), failed.",
                                 ["outcome"], registry=registry)
         self.buffered = Gauge("goodput_gateway_stream_buffer_bytes", "Bytes of stream events held in this process "
                               "for resumes (running streams; finished ones too without Redis).", registry=registry)
@@ -37,8 +37,8 @@ class ResumeMetrics:
         self.streams.set_function(lambda: len(buffer.recordings()))
         self.stored = Counter("goodput_gateway_stream_stored_bytes_total", "Bytes of stream events written to the "
                               "shared store (Redis).", registry=registry)
-        self.overflows = Counter("goodput_gateway_stream_overflows_total", "Streams that passed RESUME_MAX_EVENTS or "
-                                 "RESUME_MAX_BYTES (their oldest events were dropped).", registry=registry)
+        self.overflows = Counter("goodput_gateway_stream_overflows_total", "Streams that passed RESUME__MAX_EVENTS or "
+                                 "RESUME__MAX_BYTES (their oldest events were dropped).", registry=registry)
         self.errors = Counter("goodput_gateway_stream_store_errors_total", "Failed writes and reads of the shared "
                               "stream store, by operation.", ["op"], registry=registry)
 

@@ -33,7 +33,7 @@ class RedisStreams:
     async def open(self, key: str, stream_id: str, after: int) -> AsyncGenerator[Frame, None]:
         # a stream that began a moment ago on another replica may not be written yet (every resume_flush_s): it is
         # looked for again for a little while before it is called unknown
-        give_up = time.monotonic() + max(4 * self.buffer.settings.resume_flush_s, UNKNOWN_AFTER_S)
+        give_up = time.monotonic() + max(4 * self.buffer.settings.resume.flush_s, UNKNOWN_AFTER_S)
         while True:
             try:
                 info = await self.redis.xinfo_stream(key)
@@ -45,7 +45,7 @@ class RedisStreams:
                     raise not_found(stream_id) from None
             except (RedisError, OSError) as err:
                 raise self.read_error(err) from None
-            await asyncio.sleep(self.buffer.settings.resume_flush_s)
+            await asyncio.sleep(self.buffer.settings.resume.flush_s)
         last = info.get("last-entry")
         if last and b"e" in last[1] and End.decode(last[1][b"e"]).status == "abandoned":
             raise abandoned(stream_id)
