@@ -109,8 +109,8 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
         await inference_pb2_grpc.InferenceStub(pipeline._channel(stranger)).GetLoad(inference_pb2.GetLoadRequest(),
                                                                                    timeout=5)
         aborted = (await load(stranger)).aborted_total
-        pipeline._hints[(model, P0, "")] = ("stranger", stranger)
-        pipeline._free_slots[stranger] = 2
+        pipeline.speculation._hints[(model, P0, "")] = ("stranger", stranger)
+        pipeline.speculation._free_slots[stranger] = 2
         assert await answer(pipeline, model, 10)
         assert counted(metrics, "miss") == 1 and counted(metrics, "hit") == 3
         # the early call was cancelled before it reached the worker, or reached it and was aborted there
@@ -119,8 +119,8 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
         assert (await load(stranger)).aborted_total in (aborted, aborted + 1)
 
         # wrong twice in a row: the gateway stops guessing, but for one request in ten (a probe, which hits here)
-        pipeline._hints[(model, P0, "")] = ("stranger", stranger)
-        pipeline._free_slots[stranger] = 2
+        pipeline.speculation._hints[(model, P0, "")] = ("stranger", stranger)
+        pipeline.speculation._free_slots[stranger] = 2
         assert await answer(pipeline, model, 11)
         assert counted(metrics, "miss") == 2
         for i in range(9):
@@ -153,7 +153,7 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
                     pass
 
         held = await held_pair("held")
-        assert pipeline._free_slots[known] == 0
+        assert pipeline.speculation._free_slots[known] == 0
         waiting = asyncio.ensure_future(answer(pipeline, model, 31))
         await asyncio.sleep(0.3)
         assert not waiting.done()
@@ -164,7 +164,7 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
         # the same with a stale word of spare slots: the early call starts, the scheduler queues the lease, and the
         # early call is cancelled the moment it says so; the request starts on its grant (nothing ran unadmitted)
         held = await held_pair("again")
-        pipeline._free_slots[known] = 2
+        pipeline.speculation._free_slots[known] = 2
         waiting = asyncio.ensure_future(answer(pipeline, model, 32))
         await asyncio.sleep(0.3)
         assert not waiting.done()
@@ -173,8 +173,9 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
         assert counted(metrics, "queued") == 1 and counted(metrics, "hit") == hits
 
         # a lease not granted (no worker serves the model: its deadline passes waiting) cancels the early call too
-        pipeline._hints[("no-such-model", P0, "")] = ("worker", known)
-        pipeline._free_slots[known] = CAP  # slots to spare there (the last grant's word may predate a release)
+        pipeline.speculation._hints[("no-such-model", P0, "")] = ("worker", known)
+        # slots to spare there (the last grant's word may predate a release)
+        pipeline.speculation._free_slots[known] = CAP
         with pytest.raises(GoodputError):
             await answer(pipeline, "no-such-model", 40, deadline_s=1.0)
         assert counted(metrics, "refused") == 1

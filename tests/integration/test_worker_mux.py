@@ -26,8 +26,9 @@ from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.events import StreamEnd, TextDelta
 from goodput_gateway.metrics import GatewayMetrics
-from goodput_gateway.pipeline import GenerationStream, Pipeline, _Lease
+from goodput_gateway.pipeline import Pipeline
 from goodput_gateway.requests import Cost, GenerationRequest, Message
+from goodput_gateway.stream import GenerationStream, Lease
 from goodput_gateway.workermux import MuxCall
 from goodput_inference.config import InferenceSettings
 from goodput_inference.servicer import InferenceServicer, WorkerMetrics
@@ -193,7 +194,7 @@ async def _stream_on(pipeline: Pipeline, address: str, i: int, *, max_tokens: in
 
 async def _generation(pipeline: Pipeline, address: str, i: int, *, max_tokens: int = 4,
                       deadline_s: float = 30.0) -> GenerationStream:
-    lease = _Lease(worker_id="w", address=address)
+    lease = Lease(worker_id="w", address=address)
     now = time.monotonic()
     call, start, span = await pipeline._start_worker(PRINCIPAL, _request("", i, max_tokens=max_tokens), lease,
                                                      request_id=f"r{i}", model="", deadline=now + deadline_s)
@@ -235,9 +236,9 @@ async def test_a_worker_that_dies_fails_its_open_generations_as_worker_lost() ->
                         pass
             assert pipeline.worker_streams is not None and pipeline.worker_streams.open == 0
         # before it accepted a request, a dead worker is a worker lost (the pipeline retries that on another)
-        from goodput_gateway.pipeline import _WorkerLost
+        from goodput_gateway.stream import WorkerLost
 
-        with pytest.raises(_WorkerLost):
+        with pytest.raises(WorkerLost):
             await _stream_on(pipeline, worker.address, 9)
     finally:
         await pipeline.close()

@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from goodput_gateway.__main__ import compose
 from goodput_gateway.api import create_app
+from goodput_gateway.catalogue import ModelEntry
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.pipeline import ModelEntry
 
 from .helpers import KEYS, Gateway, GatewayFactory
 
@@ -34,8 +34,7 @@ async def gateway() -> AsyncIterator[GatewayFactory]:
             stack.push_async_callback(wiring.close)
             service = wiring.service
             if models:  # what a scheduler would have listed, fresh for as long as the test runs
-                service.pipeline._models = (1e18, list(models))  # noqa: SLF001
-                service.pipeline._workers = list(workers)  # noqa: SLF001
+                service.pipeline.catalogue.pin(models, workers)
             app = create_app(service, registry=registry, tracer=TracerProvider().get_tracer("test"),
                              ready=lambda: True, responses_store=wiring.responses, stream_buffer=wiring.streams)
             client = await stack.enter_async_context(httpx.AsyncClient(transport=httpx.ASGITransport(app=app),

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from goodput_contracts.speed import SpeedEstimate
 
 from goodput_gateway.autoroute import PoolView, QueueWaits, WorkerView, choose, pools_from
-from goodput_gateway.pipeline import ModelEntry
+from goodput_gateway.catalogue import ModelEntry
 from goodput_gateway.service import GatewayService
 
 from .helpers import GatewayFactory, assert_openai_error
@@ -134,7 +134,8 @@ async def test_the_gateway_routes_auto_before_admission_and_counts_the_choice(ga
 
 async def test_auto_with_no_worker_serving_a_candidate_is_unavailable(gateway) -> None:  # type: ignore[no-untyped-def]
     client, service, _ = gateway
-    service.pipeline._workers = [status("big", "a100", cost=4.0, speed=A100_7B, healthy=False)]  # noqa: SLF001
+    service.pipeline.catalogue.pin(await service.pipeline.catalogue.models(),
+                                   [status("big", "a100", cost=4.0, speed=A100_7B, healthy=False)])
     resp = await _ask(client, "hi")
     assert_openai_error(resp, 503)
     assert "auto" in resp.json()["error"]["message"]

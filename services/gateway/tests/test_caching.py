@@ -24,10 +24,11 @@ from goodput_testing import async_wait_until
 from goodput_gateway.__main__ import build
 from goodput_gateway.auth import Principal
 from goodput_gateway.caching import GatewayCache
+from goodput_gateway.catalogue import Catalogue, ModelEntry
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.events import StreamEnd, TextDelta
 from goodput_gateway.generation_schemas import ChatCompletionRequest
-from goodput_gateway.pipeline import ModelEntry, Pipeline
+from goodput_gateway.pipeline import Pipeline
 from goodput_gateway.schemas import parse
 
 KEYS = json.dumps({"keys": [{"key": "k-a", "tenant": "a", "max_priority": "P0"},
@@ -55,13 +56,13 @@ async def cache_service(redis_url: str, redis_prefix: str) -> AsyncIterator[tupl
 
 def _client(cache_addr: str, monkeypatch: pytest.MonkeyPatch, registry: CollectorRegistry | None = None,
             **overrides: Any) -> httpx.AsyncClient:
-    async def models(self: Pipeline) -> list[ModelEntry]:
+    async def models(self: Catalogue) -> list[ModelEntry]:
         return [MODEL]
 
     async def open_(self: Pipeline, *args: Any, **kwargs: Any) -> None:
         raise Unavailable("no inference backend in this test")
 
-    monkeypatch.setattr(Pipeline, "models", models)
+    monkeypatch.setattr(Catalogue, "models", models)
     monkeypatch.setattr(Pipeline, "open", open_)
     settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1",
                                cache_addr=cache_addr, cache_timeout_s=5.0, **overrides)

@@ -7,9 +7,9 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from goodput_gateway.catalogue import ModelEntry
 from goodput_gateway.feedback import _Answer
 from goodput_gateway.ladder import Ladder, LadderMetrics
-from goodput_gateway.pipeline import ModelEntry
 from goodput_gateway.profile import LatencyProfile
 from goodput_gateway.service import GatewayService
 

@@ -48,11 +48,11 @@ async def pipeline() -> AsyncIterator[Pipeline]:
 
 
 async def test_a_model_is_found_by_name_or_by_an_alias_every_worker_declares(pipeline: Pipeline) -> None:
-    assert (await pipeline.resolve_model("qwen-0.5b")).id == "qwen-0.5b"
-    small = await pipeline.resolve_model("chat-small")
+    assert (await pipeline.catalogue.resolve_model("qwen-0.5b")).id == "qwen-0.5b"
+    small = await pipeline.catalogue.resolve_model("chat-small")
     assert small.id == "qwen-0.5b" and small.workers == 2 and small.aliases == ("chat-small",)
-    assert (await pipeline.resolve_model("chat-large")).id == "qwen-72b"
+    assert (await pipeline.catalogue.resolve_model("chat-large")).id == "qwen-72b"
     # "default" is declared by one of the two workers of its model only: a request could land on the other
     with pytest.raises(InvalidArgument) as err:
-        await pipeline.resolve_model("default")
+        await pipeline.catalogue.resolve_model("default")
     assert err.value.code == "model_not_found"

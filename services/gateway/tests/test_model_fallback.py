@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from goodput_gateway.pipeline import ModelEntry
+from goodput_gateway.catalogue import ModelEntry
 from goodput_gateway.service import GatewayService
 
 from .helpers import GatewayFactory, assert_openai_error
@@ -50,7 +50,7 @@ async def test_a_model_that_is_down_falls_back_only_for_keys_that_opted_in(gatew
 
 async def test_a_refused_admission_falls_back_once(gateway) -> None:  # type: ignore[no-untyped-def]
     client, service, registry = gateway
-    service.pipeline._models = (1e18, [  # noqa: SLF001 - both served; "big" cannot be admitted (no scheduler)
+    service.pipeline.catalogue.pin([  # both served; "big" cannot be admitted (no scheduler)
         ModelEntry(id="big", max_model_len=8192, model_version="v", workers=1),
         ModelEntry(id="small", max_model_len=2048, model_version="v", workers=1)])
     assert_openai_error(await _post(client, "k-fallback", "big"), 503)  # "small" is refused too: no loop

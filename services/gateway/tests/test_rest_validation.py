@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from goodput_gateway.__main__ import build
+from goodput_gateway.catalogue import ModelEntry
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.pipeline import ModelEntry
 
 from .helpers import AUTH, KEYS, GatewayFactory, assert_openai_error, chat, post
 

@@ -17,9 +17,10 @@ from prometheus_client import CollectorRegistry
 from goodput_contracts.trace import TraceRecord, read_trace
 
 from goodput_gateway.__main__ import build
+from goodput_gateway.catalogue import ModelEntry
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.events import StreamEnd, TextDelta
-from goodput_gateway.pipeline import ModelEntry, StreamStart
+from goodput_gateway.stream import StreamStart
 from goodput_gateway.timing import Timeline
 from goodput_gateway.trace_recorder import TraceRecorder
 
@@ -90,7 +91,7 @@ async def test_each_answer_is_recorded_without_its_text_or_tenant(tmp_path: Path
                                trace={"path": str(path), "sample": 1.0})
     runner = build(settings, CollectorRegistry(), None)
     service = runner._http_app.state.service  # noqa: SLF001
-    service.pipeline._models = (1e18, [ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])  # noqa: SLF001
+    service.pipeline.catalogue.pin([ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])
 
     async def fake_open(*_a: Any, timeline: Timeline | None = None, **_k: Any) -> _FakeStream:
         return _FakeStream(timeline)

@@ -68,9 +68,9 @@ from goodput_core.errors import Unavailable
 from goodput_core.sampling import sampling_to_proto
 
 from goodput_gateway.auth import Principal
+from goodput_gateway.catalogue import ModelEntry
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.events import FINISH_PB, StreamEnd, TextDelta, finish_reason
-from goodput_gateway.pipeline import ModelEntry
 from goodput_gateway.rag import Source
 from goodput_gateway.requests import GenerationRequest
 from goodput_gateway.tools import auto

@@ -41,6 +41,7 @@ from goodput_gateway.accounting import Accounting, Used
 from goodput_gateway.auth import ApiKeyStore, Principal
 from goodput_gateway.autoroute import AUTO_MODEL
 from goodput_gateway.caching import CacheStatus, GatewayCache, replay, sources_of
+from goodput_gateway.catalogue import ModelEntry
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.events import StreamEnd, TextDelta
 from goodput_gateway.feedback import FeedbackStore
@@ -51,11 +52,12 @@ from goodput_gateway.knowledge import Knowledge
 from goodput_gateway.ladder import Ladder
 from goodput_gateway.metering import Meter
 from goodput_gateway.metrics import GatewayMetrics, timed
-from goodput_gateway.pipeline import GenerationStream, ModelEntry, Pipeline
+from goodput_gateway.pipeline import Pipeline
 from goodput_gateway.profile import ClassProfile, Deadline
 from goodput_gateway.quotas import Admission, Quotas
 from goodput_gateway.rag import Source, augment, retrieval_for
 from goodput_gateway.requests import GenerationRequest, estimate_tokens, resolve_cost, validate
+from goodput_gateway.stream import GenerationStream
 from goodput_gateway.timing import Timeline, TimingMetrics
 from goodput_gateway.tools import apply_tools, auto
 from goodput_gateway.trace_recorder import TraceRecorder
@@ -191,10 +193,10 @@ class GatewayService:
     async def _choose_model(self, req: _Request) -> None:
         request = req.request
         if request.model == AUTO_MODEL and not any(AUTO_MODEL == m.id or AUTO_MODEL in m.aliases
-                                                   for m in await self.pipeline.models()):
+                                                   for m in await self.pipeline.catalogue.models()):
             request = req.request = await self._route_auto(request, req.cls, req.timeline)
         try:
-            req.model = await self.pipeline.resolve_model(request.model)
+            req.model = await self.pipeline.catalogue.resolve_model(request.model)
         except InvalidArgument as err:  # no healthy worker serves it: its lighter model, where configured and allowed
             if err.code != "model_not_found" or not await self._fall_back(req, "down", asked=request.model):
                 raise
@@ -218,7 +220,7 @@ class GatewayService:
                                     retry_after_s=self.ladder.retry_after_s())
         fallback = req.cls.fallback_model
         if "fallback_model" in steps and fallback and fallback != req.served.id:
-            req.model = await self.pipeline.resolve_model(fallback)
+            req.model = await self.pipeline.catalogue.resolve_model(fallback)
             req.request = replace(req.request, model=req.served.id)
             self._degrade(req.timeline, "fallback_model", priority)
         if "exact_cache_only" in steps and self._step_applies(priority, "exact_cache_only"):
@@ -345,7 +347,7 @@ class GatewayService:
         if not lighter:
             return False
         try:
-            fallback = await self.pipeline.resolve_model(lighter)
+            fallback = await self.pipeline.catalogue.resolve_model(lighter)
             if grounded is not None:  # the prompt must fit its context window
                 resolve_cost(replace(grounded, model=fallback.id), self.settings, max_model_len=fallback.max_model_len)
         except GoodputError:  # the lighter model is not served, or cannot take it: the original refusal stands
@@ -376,7 +378,7 @@ class GatewayService:
                           timeline: Timeline) -> GenerationRequest:
         """``model: "auto"``: the request for the cheapest pool predicted to meet its class's SLO (from here on it
         is a request for that model: cache, quotas, metering and the answer's ``model`` say which)."""
-        route = await self.pipeline.route_auto(
+        route = await self.pipeline.catalogue.route_auto(
             priority=request.priority, prompt_tokens=estimate_tokens(request.prompt_chars()),
             output_tokens=request.sampling.max_tokens or self.settings.default_max_tokens,
             ttft_slo_s=cls.slo.ttft_s, tpot_slo_s=cls.slo.tpot_s, models=self.settings.auto_models)

@@ -257,7 +257,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def ListModels(self, request: gateway_pb2.ListModelsRequest,
                          context: aio.ServicerContext) -> gateway_pb2.ListModelsResponse:
-        models = await self.service.pipeline.models()
+        models = await self.service.pipeline.catalogue.models()
         return gateway_pb2.ListModelsResponse(models=[
             gateway_pb2.Model(id=m.id, max_model_len=m.max_model_len, workers=m.workers) for m in models])
 

@@ -77,7 +77,7 @@ async def _served_models(service: GatewayService) -> list[dict[str, Any]]:
     data: list[dict[str, Any]] = [
         {"id": m.id, "object": "model", "created": 0, "owned_by": "goodput", "max_model_len": m.max_model_len,
          **({"aliases": list(m.aliases)} if m.aliases else {})}
-        for m in await service.pipeline.models()]
+        for m in await service.pipeline.catalogue.models()]
     embedding = await service.knowledge.embedding_model() if service.knowledge is not None else None
     if embedding is not None:
         data.append({"id": embedding[0], "object": "model", "created": 0, "owned_by": "goodput",
