@@ -56,7 +56,7 @@ class StreamBuffer:
         self.dirty: set[Recording] = set()
         self._kick = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
-        self.metrics = ResumeMetrics(registry, self)
+        self.metrics = ResumeMetrics(registry, self.recordings)
         self.shared = RedisStreams(self, redis) if redis is not None else None
 
     @property

@@ -7,20 +7,16 @@ import asyncio
 import itertools
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from goodput_gateway.resume.frames import End, Frame
 
-if TYPE_CHECKING:
-    from goodput_gateway.resume.buffer import StreamBuffer
-
 __all__ = ["Recording", "ResumeMetrics"]
 
 
 class ResumeMetrics:
-    def __init__(self, registry: CollectorRegistry | None, buffer: StreamBuffer) -> None:
+    def __init__(self, registry: CollectorRegistry | None, recordings: Callable[[], list[Recording]]) -> None:
         self.resumes = Counter("goodput_gateway_stream_resumes_total", "Stream resumes asked for, by API (sse, grpc) "
                                "and outcome: resumed, not_found (unknown, another tenant's or expired), evicted (the "
                                "events after the caller's last one were dropped by the bounds), abandoned, invalid, "
@@ -31,10 +27,10 @@ class ResumeMetrics:
                                 ["outcome"], registry=registry)
         self.buffered = Gauge("goodput_gateway_stream_buffer_bytes", "Bytes of stream events held in this process "
                               "for resumes (running streams; finished ones too without Redis).", registry=registry)
-        self.buffered.set_function(lambda: sum(r.size for r in buffer.recordings()))
+        self.buffered.set_function(lambda: sum(r.size for r in recordings()))
         self.streams = Gauge("goodput_gateway_stream_buffer_streams", "Streams recorded in this process (running; "
                              "finished ones too without Redis).", registry=registry)
-        self.streams.set_function(lambda: len(buffer.recordings()))
+        self.streams.set_function(lambda: len(recordings()))
         self.stored = Counter("goodput_gateway_stream_stored_bytes_total", "Bytes of stream events written to the "
                               "shared store (Redis).", registry=registry)
         self.overflows = Counter("goodput_gateway_stream_overflows_total", "Streams that passed RESUME__MAX_EVENTS or "

@@ -8,25 +8,41 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from goodput_core.errors import Unavailable
 
+from goodput_gateway.config import GatewaySettings
 from goodput_gateway.resume.frames import UNKNOWN_AFTER_S, End, Frame, abandoned, dropped, log, not_found, seq_of
-from goodput_gateway.resume.recording import Recording
+from goodput_gateway.resume.recording import Recording, ResumeMetrics
 
-if TYPE_CHECKING:  # the buffer holds its store: a reference back, not an import
-    from goodput_gateway.resume.buffer import StreamBuffer
+
+class Buffer(Protocol):
+    """What the store needs of the buffer that holds it (:class:`goodput_gateway.resume.buffer.StreamBuffer`)."""
+
+    settings: GatewaySettings
+    metrics: ResumeMetrics
+    window_s: float
+    heartbeat_s: float
+    live_ttl_s: float
+    block_s: float
+    clock: Callable[[], float]
+    dirty: set[Recording]
+    by_key: dict[str, Recording]
+
+    def idle_too_long(self, rec: Recording, now: float) -> bool: ...
+
+    def abandon(self, rec: Recording) -> None: ...
 
 __all__ = ["RedisStreams"]
 
 
 class RedisStreams:
-    def __init__(self, buffer: StreamBuffer, redis: aioredis.Redis) -> None:
+    def __init__(self, buffer: Buffer, redis: aioredis.Redis) -> None:
         self.buffer = buffer
         self.redis = redis
 
