@@ -12,6 +12,7 @@ Example (a route)::
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -68,27 +69,14 @@ async def _json_body(request: Request, service: Service, _: Caller) -> Any:
 JsonBody = Annotated[Any, Depends(_json_body)]
 
 
-async def _streams(request: Request) -> StreamBuffer:
-    streams: StreamBuffer = request.app.state.streams
-    return streams
+def _state(name: str) -> Callable[[Request], Awaitable[Any]]:
+    """A dependency giving what :func:`goodput_gateway.api.create_app` put on ``app.state`` as ``name``."""
+    async def get(request: Request) -> Any:
+        return getattr(request.app.state, name)
+    return get
 
 
-async def _responses(request: Request) -> ResponseStore:
-    store: ResponseStore = request.app.state.responses
-    return store
-
-
-async def _jobs(request: Request) -> JobQueue:
-    jobs: JobQueue = request.app.state.jobs
-    return jobs
-
-
-async def _batches(request: Request) -> BatchStore:
-    batches: BatchStore = request.app.state.batches
-    return batches
-
-
-Streams = Annotated[StreamBuffer, Depends(_streams)]
-Responses = Annotated[ResponseStore, Depends(_responses)]
-Jobs = Annotated[JobQueue, Depends(_jobs)]
-Batches = Annotated[BatchStore, Depends(_batches)]
+Streams = Annotated[StreamBuffer, Depends(_state("streams"))]
+Responses = Annotated[ResponseStore, Depends(_state("responses"))]
+Jobs = Annotated[JobQueue, Depends(_state("jobs"))]
+Batches = Annotated[BatchStore, Depends(_state("batches"))]
