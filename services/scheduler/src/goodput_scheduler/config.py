@@ -141,7 +141,6 @@ class SchedulerSettings(ServiceSettings):
         "other tenants.")
     no_worker_wait_s: float = Field(10.0, ge=0, description="How long a request waits for a healthy worker "
                                                             "to appear before UNAVAILABLE.")
-    admit_timeout_s: float = Field(5.0, gt=0, description="How long the first (admit) message may take.")
     leader_election: Literal["none", "redis", "kubernetes"] = Field(
         "none", description="Active-passive replicas (goodput_scheduler.leader): `none` = this replica always leads "
                             "(run one); `redis` = a lock key in LEADER_REDIS_URL; `kubernetes` = a "
@@ -159,7 +158,7 @@ class SchedulerSettings(ServiceSettings):
                                                                "it cannot renew within leader_ttl_s minus this.")
     leader_retry_s: float = Field(0.5, gt=0, le=20, description="How often a standby tries to take the lead.")
     mux_max_leases: int = Field(10_000, ge=1, description="Leases one multiplexed lease stream (LeaseBatches, "
-                                                          "the gateway's fast path, or Leases) may hold open at once.")
+                                                          "the gateway's one lease path) may hold open at once.")
     mux_max_batch: int = Field(4096, ge=1, le=1_000_000,
                                description="Lease messages one LeaseBatches message may carry (a gateway sends what "
                                            "queued up behind its previous write, 512 at most); a larger batch ends "
