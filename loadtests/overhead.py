@@ -604,8 +604,8 @@ def start_platform(workdir: Path, port_offset: int, console: Console, *, cores: 
     # No response cache: the same greedy prompts repeat, and the benchmark measures the generation path.
     # No knowledge services and no jobs worker either: only what a chat request passes through runs (fewer ports to
     # bind and fewer processes sharing the cores).
-    # The gateway's speculative start on (opt-in): with it the lease's round trip overlaps the worker's start.
-    env["GOODPUT_GATEWAY_SPECULATIVE_START"] = "true"
+    # The gateway as it ships: its defaults (speculative start, opt-in, is an overhead_ab variant:
+    # --set GOODPUT_GATEWAY_SPECULATIVE_START=true).
     env.update(settings or {})
     platform = Platform(workdir=workdir, workers=1, port_offset=port_offset, env=env, cache=False, knowledge=False,
                         gateways=gateways,
