@@ -431,9 +431,9 @@ its settings (empty = the app's default queue). ctx: root, svc */}}
 {{ $p }}SHED_P2_AT: {{ include "goodput.num" $v.config.shedP2At | quote }}
 {{ $p }}SHED_P1_AT: {{ include "goodput.num" $v.config.shedP1At | quote }}
 {{ $p }}SHED_HYSTERESIS: {{ include "goodput.num" $v.config.shedHysteresis | quote }}
-{{ $p }}LATENCY_GUARD: {{ ternary "true" "false" $v.config.latencyGuard | quote }}
-{{ $p }}P0_TTFT_SLO_RATIO: {{ include "goodput.num" $v.config.p0TtftSloRatio | quote }}
-{{ $p }}P0_TTFT_TARGET_S: {{ include "goodput.num" $v.config.p0TtftTargetSeconds | quote }}
+{{ $p }}GUARD__ENABLED: {{ ternary "true" "false" $v.config.latencyGuard | quote }}
+{{ $p }}GUARD__P0_TTFT_SLO_RATIO: {{ include "goodput.num" $v.config.p0TtftSloRatio | quote }}
+{{ $p }}GUARD__P0_TTFT_TARGET_S: {{ include "goodput.num" $v.config.p0TtftTargetSeconds | quote }}
 {{ $p }}PROFILE: {{ $v.config.profile | quote }}
 {{- /* The same groups as the workers': a group's tenants share prefix affinity as they share cached prefixes. */}}
 {{ $p }}CACHE_SHARING_GROUPS: {{ ternary "" (toJson .root.Values.tenancy.cacheSharingGroups) (empty .root.Values.tenancy.cacheSharingGroups) | quote }}

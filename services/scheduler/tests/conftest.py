@@ -6,8 +6,10 @@ integration tests in tests/ run the scheduler against real vLLM workers.)"""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -25,6 +27,7 @@ from goodput_core.errors import from_status
 from goodput_scheduler.__main__ import build
 from goodput_scheduler.clock import ManualClock
 from goodput_scheduler.config import SchedulerSettings
+from goodput_scheduler.placement import DEFAULT_PROFILE
 
 
 class StandInWorker(inference_pb2_grpc.InferenceServicer):
@@ -188,6 +191,27 @@ async def open_lease(h: SchedulerHarness, request_id: str, timeout: float | None
     while skip_queued and event.HasField("queued"):
         event = await call.read()
     return call, event
+
+
+def profile_with(**parameters: dict[str, object]) -> str:
+    """The default placement profile, as PROFILE JSON, with the given parameters for the named steps (a step's
+    parameters are the profile's only: no setting stands in for them).
+
+    >>> json.loads(profile_with(prefill_gate={"budget_tokens": 1000}))["filters"][-1]
+    {'name': 'prefill_gate', 'parameters': {'budget_tokens': 1000}}
+    """
+    def step(entry: str | dict[str, Any]) -> str | dict[str, Any]:
+        name = entry if isinstance(entry, str) else entry["name"]
+        if name not in parameters:
+            return entry
+        return {**({"name": name} if isinstance(entry, str) else entry), "parameters": parameters[name]}
+
+    doc = {key: [step(e) for e in value] if isinstance(value, list) else step(value)
+           for key, value in DEFAULT_PROFILE.items()}
+    unknown = set(parameters) - {s if isinstance(s, str) else s["name"] for key in ("filters", "scorers")
+                                 for s in DEFAULT_PROFILE[key]} - {DEFAULT_PROFILE["picker"]}
+    assert not unknown, f"not in the default profile: {unknown}"
+    return json.dumps(doc)
 
 
 def scheduler_settings(addresses: list[str], **overrides: object) -> SchedulerSettings:

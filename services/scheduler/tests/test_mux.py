@@ -79,7 +79,7 @@ async def test_a_refusal_is_an_event_for_that_lease_and_the_stream_goes_on(worke
 
 async def test_the_open_leases_of_one_stream_are_bounded(workers) -> None:  # type: ignore[no-untyped-def]
     (a,) = await workers(1)
-    async with SchedulerHarness(scheduler_settings([a.address], mux_max_leases=2)) as h:
+    async with SchedulerHarness(scheduler_settings([a.address], mux={"max_leases": 2})) as h:
         await h.until(lambda: len(h.workers.healthy()) == 1)
         s = Stream(h)
         for i in range(3):
@@ -117,7 +117,7 @@ async def test_lease_batches_carry_many_lease_messages_each_way_in_order(workers
 
 async def test_a_batch_over_the_bound_ends_the_stream_invalid_and_gives_back_what_it_held(workers) -> None:  # type: ignore[no-untyped-def]
     (a,) = await workers(1)
-    async with SchedulerHarness(scheduler_settings([a.address], mux_max_batch=2)) as h:
+    async with SchedulerHarness(scheduler_settings([a.address], mux={"max_batch": 2})) as h:
         await h.until(lambda: len(h.workers.healthy()) == 1)
         s = Stream(h)
         s.send(admit("r0"), admit("r1"))  # at the bound: taken

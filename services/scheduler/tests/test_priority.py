@@ -14,11 +14,12 @@ from goodput_core.errors import DeadlineExceeded, ResourceExhausted
 from goodput_scheduler.clock import ManualClock
 from goodput_scheduler.config import SchedulerSettings
 from goodput_scheduler.guard import LatencyGuard
+from goodput_scheduler.leases import DISPATCH_INTERVAL_S
 from goodput_scheduler.placement import CycleState, PlacementRequest, PrefillGate, PrefixIndex, Profile, step_budget
 from goodput_scheduler.queues import Ticket
 from goodput_scheduler.registry import Worker
 
-from .conftest import SchedulerHarness, open_lease, scheduler_settings
+from .conftest import SchedulerHarness, open_lease, profile_with, scheduler_settings
 
 P0, P1, P2 = types_pb2.PRIORITY_P0, types_pb2.PRIORITY_P1, types_pb2.PRIORITY_P2
 
@@ -78,7 +79,7 @@ async def test_overload_sheds_p2_before_p1_and_never_p0_below_its_cap(workers) -
         await current.release()
         # The queue drained: at the dispatcher's next tick saturation is below the thresholds minus the
         # hysteresis, and P2 is admitted again.
-        await h.clock.advance(settings.dispatch_interval_s)
+        await h.clock.advance(DISPATCH_INTERVAL_S)
         await h.until(lambda: not h.leases.overload.shedding[P2])
         call, event = await open_lease(h, "p2-b", priority=P2)
         assert event.HasField("granted")
@@ -200,8 +201,8 @@ async def test_headroom_keeps_slots_for_p0(workers) -> None:  # type: ignore[no-
 
 async def test_prefill_gate_lets_batch_prompts_in_a_budget_at_a_time_and_never_during_a_p0_prefill(workers) -> None:  # type: ignore[no-untyped-def]
     (a,) = await workers(1)
-    settings = scheduler_settings([a.address], max_inflight_per_worker=8, low_prefill_budget_tokens=1000,
-                                  shed_p2_at=100, shed_p1_at=100)
+    settings = scheduler_settings([a.address], max_inflight_per_worker=8, shed_p2_at=100, shed_p1_at=100,
+                                  profile=profile_with(prefill_gate={"budget_tokens": 1000}))
     async with SchedulerHarness(settings) as h:
         await h.until(lambda: len(h.workers.healthy()) == 1)
         worker = h.workers.healthy()[0]
@@ -234,8 +235,10 @@ async def test_prefill_gate_lets_batch_prompts_in_a_budget_at_a_time_and_never_d
 
 async def test_while_p0_traffic_is_present_one_worker_stays_free_of_batch_prefill_for_it(workers) -> None:  # type: ignore[no-untyped-def]
     a, b = await workers(2)
-    settings = scheduler_settings([a.address, b.address], max_inflight_per_worker=8, low_prefill_budget_tokens=1000,
-                                  p0_ready_workers=1, shed_p2_at=100, shed_p1_at=100)
+    settings = scheduler_settings([a.address, b.address], max_inflight_per_worker=8, guard={"p0_ready_workers": 1},
+                                  shed_p2_at=100, shed_p1_at=100,
+                                  profile=profile_with(prefill_gate={"budget_tokens": 1000},
+                                                       least_prefill={"budget_tokens": 1000}))
     async with SchedulerHarness(settings) as h:
         await h.until(lambda: len(h.workers.healthy()) == 2)
         lm = h.leases
@@ -387,7 +390,7 @@ async def test_a_caller_gone_while_queued_leaks_no_capacity(workers) -> None:  #
 
 def test_latency_guard_cuts_lower_class_concurrency_when_p0_slows_and_restores_it() -> None:
     clock = ManualClock(start=1000.0)
-    guard = LatencyGuard(SchedulerSettings(max_inflight_per_worker=20, guard_interval_s=1, guard_min_samples=4),
+    guard = LatencyGuard(SchedulerSettings(max_inflight_per_worker=20, guard={"interval_s": 1, "min_samples": 4}),
                          clock=clock)
     assert guard.current() == 18  # P1's share of the cap
     now = clock.now()
@@ -414,13 +417,13 @@ def test_latency_guard_cuts_lower_class_concurrency_when_p0_slows_and_restores_i
 
 async def test_more_workers_stay_free_of_batch_prefill_as_p0_traffic_grows() -> None:
     clock = ManualClock(start=1000.0)
-    guard = LatencyGuard(SchedulerSettings(p0_ready_workers=1, p0_ready_per_ttft=3.0, p0_recent_s=30), clock=clock)
+    guard = LatencyGuard(SchedulerSettings(guard={"p0_ready_workers": 1, "p0_recent_s": 30}), clock=clock)
     assert guard.p0_reserve() == 0  # no P0 traffic: no reserve
     guard.baseline = 0.2  # the learned unloaded P0 TTFT
     now = clock.now()
     guard.note_p0(now)
     assert guard.p0_reserve() == 1  # a trickle of P0: the configured minimum
-    for i in range(20):  # 2 P0/s over the rate window: 2 x 0.2 s x 3 = 1.2 expected within three TTFTs
+    for i in range(20):  # 2 P0/s over the rate window: 2 x 0.2 s x 3 (P0_READY_PER_TTFT) = 1.2 expected
         guard.note_p0(now - i * 0.4)
     assert guard.p0_reserve() == 2
     await clock.advance(30)

@@ -27,8 +27,12 @@ def test_the_documented_profile_reads_unchanged() -> None:
     assert p.parameters == {} and Profile.parse("") == Profile()
 
 
-def test_parameters_in_the_profile_override_the_settings() -> None:
-    settings = SchedulerSettings(low_prefill_budget_tokens=1000, prefix_block_chars=128)
+def test_a_steps_parameters_come_from_the_profile_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the settings these parameters once defaulted from are gone: set in the environment, they change nothing
+    monkeypatch.setenv("GOODPUT_SCHEDULER_LOW_PREFILL_BUDGET_TOKENS", "1000")
+    monkeypatch.setenv("GOODPUT_SCHEDULER_PREFIX_BLOCK_CHARS", "8")
+    monkeypatch.setenv("GOODPUT_SCHEDULER_P0_PREFILL_EXCLUSIVE", "false")
+    settings = SchedulerSettings()
     profile = Profile.parse('{"filters": [{"name": "prefill_gate", "parameters": {"budget_tokens": 500}}], '
                             '"scorers": [{"name": "prefix_affinity", "weight": 2, '
                             '"parameters": {"block_chars": 16}}]}')
@@ -37,8 +41,11 @@ def test_parameters_in_the_profile_override_the_settings() -> None:
     (_, affinity), = pipeline.scorers
     assert isinstance(gate, PrefillGate) and gate.budget_tokens == 500
     assert isinstance(affinity, PrefixAffinity) and affinity.index.block_chars == 16
-    # a parameter the profile leaves out comes from its setting
-    assert gate.p0_exclusive is settings.p0_prefill_exclusive
+    # a parameter the profile leaves out is the step's own default
+    assert gate.p0_exclusive is True and affinity.balance_slack == 0.1
+    (default_affinity,) = (s for _, s in build_pipeline(Profile.parse(""), settings).scorers
+                           if isinstance(s, PrefixAffinity))
+    assert default_affinity.index.block_chars == 128
     # and the budget decides: a second 300-token batch prompt no longer fits next to one being prefilled
     w = Worker(worker_id="w", address="w", channel=None, healthy=True)  # type: ignore[arg-type]
     w.occupancy.hold(P2, prompt_tokens=300)

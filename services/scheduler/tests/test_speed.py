@@ -72,7 +72,7 @@ async def test_a_worker_is_granted_up_to_its_max_num_seqs_and_list_workers_says_
 
 
 def test_the_speed_is_learned_per_worker_from_finished_leases() -> None:
-    prior = SchedulerSettings().speed_prior()
+    prior = SchedulerSettings().predict.speed_prior()
     slow = WorkerSpeed(prior)
     assert slow.estimate() == prior  # nothing finished yet: the priors
     for batch in (1, 4, 8, 16) * 5:  # a slow GPU: 40 ms + 1 ms per sequence, 0.5 ms per prompt token

@@ -57,8 +57,8 @@ def build(settings: SchedulerSettings, registry: CollectorRegistry, provider: Tr
                               clock=clock)
     leases = LeaseManager(settings, workers, pipeline, SchedulerMetrics(registry, workers), guard=guard,
                           clock=clock)
-    servicer = SchedulerServicer(leases, workers, mux_max_leases=settings.mux_max_leases,
-                                 mux_max_batch=settings.mux_max_batch)
+    servicer = SchedulerServicer(leases, workers, mux_max_leases=settings.mux.max_leases,
+                                 mux_max_batch=settings.mux.max_batch)
     runner = ServiceRunner(name="scheduler", settings=settings, registry=registry, provider=provider)
     runner.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, SERVICE)
     metrics = leases.metrics

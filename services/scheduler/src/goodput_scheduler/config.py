@@ -1,20 +1,112 @@
-"""Scheduler settings (env prefix GOODPUT_SCHEDULER_)."""
+"""Scheduler settings (env prefix GOODPUT_SCHEDULER_).
+
+What an operator sets: the workers and how they are found and checked, the per-worker cap, the priority classes'
+queues and shares, shedding, leader election, and the placement profile. Related knobs are grouped (a pydantic model
+per group: ``GOODPUT_SCHEDULER_<GROUP>__<FIELD>``, or the whole group as JSON in ``GOODPUT_SCHEDULER_<GROUP>``):
+``GUARD`` (the latency guard and the P0-ready reserve), ``SATURATION`` (what counts as overload), ``PREDICT``
+(deadline prediction and its priors), ``MUX`` (bounds of the lease stream). Placement parameters (the prefill gate's
+budget, the load score's weights, prefix and session affinity) live only in the placement profile
+(:mod:`goodput_scheduler.placement.profile`), and knobs a benchmark settled are named constants beside the code that
+uses them (:data:`goodput_scheduler.guard.P0_READY_PER_TTFT`).
+
+Example:
+    >>> import os
+    >>> os.environ["GOODPUT_SCHEDULER_GUARD__P0_TTFT_SLO_RATIO"] = "1.25"
+    >>> SchedulerSettings().guard.p0_ttft_slo_ratio
+    1.25
+    >>> del os.environ["GOODPUT_SCHEDULER_GUARD__P0_TTFT_SLO_RATIO"]
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from goodput_contracts.speed import SpeedEstimate
 from goodput_core.settings import ServiceSettings, SharingGroupsSetting, service_config
 
 from goodput_scheduler.endpointslices import SCHEME, ServiceTarget
+from goodput_scheduler.predict import DEFAULT_SPEED_PRIOR
+
+__all__ = ["GuardSettings", "MuxSettings", "PredictSettings", "SaturationSettings", "SchedulerSettings"]
+
+
+class _Group(BaseModel):
+    """A group of settings: one environment variable per field, ``GOODPUT_SCHEDULER_<GROUP>__<FIELD>``, or the whole
+    group as JSON in ``GOODPUT_SCHEDULER_<GROUP>``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GuardSettings(_Group):
+    """The latency guard (goodput_scheduler.guard): P1/P2 leases per worker adapt (AIMD) so P0's TTFT stays near its
+    unloaded value, and while P0 traffic is present some workers are kept free of P1/P2 prefill for it."""
+
+    enabled: bool = Field(True, description="Adapt the P1/P2 leases a worker may hold to keep P0's TTFT within "
+                                            "p0_ttft_slo_ratio of its unloaded value (and keep the P0-ready reserve); "
+                                            "off = only the class shares bound P1/P2.")
+    p0_ttft_target_s: float = Field(0.0, ge=0, description="P0 TTFT the guard defends; 0 = p0_ttft_slo_ratio x the "
+                                                           "learned unloaded P0 TTFT.")
+    p0_ttft_slo_ratio: float = Field(1.5, gt=1, description="Target P0 TTFT as a multiple of its unloaded value "
+                                     "(lower: P0 closer to unloaded, more P1/P2 held back and shed).")
+    p0_ready_workers: int = Field(1, ge=0, description="While P0 traffic is present, at least this many workers are "
+                                  "kept free of P1/P2 prefill (only decoding), so a new P0 prompt starts at the next "
+                                  "engine step instead of after a batch prompt's chunk; more as P0 arrives faster "
+                                  "(guard.P0_READY_PER_TTFT). Never all workers. Costs up to this share of the fleet's "
+                                  "batch-prefill throughput while it lasts; 0 = off.")
+    p0_recent_s: float = Field(30.0, gt=0, description="P0 traffic counts as present for this long after a P0 "
+                                                       "request arrives (for p0_ready_workers).")
+    interval_s: float = Field(1.0, gt=0, description="Seconds between the guard's adjustments.")
+    percentile: float = Field(0.95, gt=0, lt=1, description="P0 TTFT percentile the guard compares to the target.")
+    min_samples: int = Field(8, ge=1, description="P0 TTFTs the guard waits for before a verdict (at most ten "
+                                                  "intervals).")
+    decrease: float = Field(0.5, gt=0, lt=1, description="Factor applied to the P1/P2 limit when P0 misses the "
+                                                         "target.")
+
+
+class SaturationSettings(_Group):
+    """What counts as saturation 1.0, the overload signal SHED_P2_AT and SHED_P1_AT are compared with (the largest of
+    the three)."""
+
+    queue_s: float = Field(5.0, gt=0, description="Queued work worth this many seconds of the observed drain rate.")
+    kv: float = Field(0.9, gt=0, le=1, description="Mean KV-cache usage of the workers.")
+    gpu: float = Field(0.98, gt=0, le=1, description="Mean GPU utilisation of the workers (ignored without GPUs).")
+
+
+class PredictSettings(_Group):
+    """Deadline prediction (goodput_scheduler.predict) and the speed priors every worker starts from."""
+
+    deadlines: bool = Field(True, description="Refuse at once a request predicted not to finish before its deadline "
+                                              "(queue wait plus its predicted service time): 504, or 429 + "
+                                              "Retry-After when it would fit once the queue ahead has drained.")
+    prefill_s_per_token: float = Field(DEFAULT_SPEED_PRIOR.prefill_s_per_token, ge=0,
+                                       description="Prior of the prefill time per prompt token, until requests have "
+                                                   "finished.")
+    tpot_s: float = Field(DEFAULT_SPEED_PRIOR.tpot_base_s, ge=0, description="Prior of the decode time per output "
+                          "token, until requests have finished (optimistic: nothing is refused for want of data).")
+    tpot_per_seq_s: float = Field(DEFAULT_SPEED_PRIOR.tpot_per_seq_s, ge=0, description="Prior of what each sequence "
+                                  "in a batch adds to the decode time per token (each worker's own line is learned "
+                                  "from its finished leases).")
+
+    def speed_prior(self) -> SpeedEstimate:
+        """Every worker's speed until its own leases have taught the scheduler better."""
+        return SpeedEstimate(prefill_s_per_token=self.prefill_s_per_token, tpot_base_s=self.tpot_s,
+                             tpot_per_seq_s=self.tpot_per_seq_s)
+
+
+class MuxSettings(_Group):
+    """Bounds of the multiplexed lease stream (LeaseBatches, the gateway's one lease path)."""
+
+    max_leases: int = Field(10_000, ge=1, description="Leases one stream may hold open at once.")
+    max_batch: int = Field(4096, ge=1, le=1_000_000, description="Lease messages one LeaseBatches message may carry "
+                           "(a gateway sends what queued up behind its previous write, 512 at most); a larger batch "
+                           "ends the stream INVALID_ARGUMENT.")
 
 
 class SchedulerSettings(ServiceSettings):
-    model_config = service_config("GOODPUT_SCHEDULER_")
+    model_config = service_config("GOODPUT_SCHEDULER_", nested=True)
 
     grpc_port: int = 50052
     http_port: int = 9102
@@ -58,86 +150,21 @@ class SchedulerSettings(ServiceSettings):
         "priority", description="`priority`: strict priority between classes, tenant fairness and deadlines "
                                 "inside one; `fifo`: one arrival-order queue, no shedding by class (a baseline).")
     fifo_max_queue: int = Field(200, ge=0, description="queue_policy=fifo: requests that may wait; 0 = unbounded.")
-    kv_full: float = Field(0.97, gt=0, le=1, description="A worker reporting this KV-cache usage or more gets no "
-                                                          "new grants until it frees blocks.")
-    # ---- latency guard: P1/P2 concurrency per worker adapts so P0's TTFT stays near its unloaded value ----
-    latency_guard: bool = Field(True, description="Adapt the P1/P2 leases a worker may hold (AIMD) to keep P0's "
-                                                  "TTFT within p0_ttft_slo_ratio of its unloaded value.")
-    p0_ttft_target_s: float = Field(0.0, ge=0, description="P0 TTFT the guard defends; 0 = p0_ttft_slo_ratio x "
-                                                           "the learned unloaded P0 TTFT.")
-    p0_ttft_slo_ratio: float = Field(1.5, gt=1, description="Target P0 TTFT as a multiple of its unloaded value.")
-    guard_interval_s: float = Field(1.0, gt=0, description="Seconds between latency-guard adjustments.")
-    guard_percentile: float = Field(0.95, gt=0, lt=1, description="P0 TTFT percentile the guard compares to "
-                                                                  "the target.")
-    guard_min_samples: int = Field(8, ge=1, description="P0 TTFTs the guard waits for before a verdict (at most "
-                                                        "ten intervals).")
-    guard_decrease: float = Field(0.5, gt=0, lt=1, description="Factor applied to the P1/P2 limit when P0 "
-                                                                "misses the target.")
-    # ---- prefill gate: lower-class prompts enter a worker's engine a step's worth at a time ----
-    prefill_gate: bool = Field(True, description="Gate P1/P2 grants on the prompt prefill pending on a worker "
-                                                 "(see low_prefill_budget_tokens); off = only the lease caps.")
-    low_prefill_budget_tokens: int = Field(
-        0, ge=0, description="Prompt tokens of P1/P2 requests a worker may be prefilling at once (granted, no "
-                             "first token yet; one request always may). An engine runs the prefill of requests it "
-                             "already holds before a new P0's, so this bounds how long a P0 prompt waits behind "
-                             "batch prompts; lower protects P0's TTFT more and admits batch prompts more slowly. "
-                             "0 = the worker's own per-step budget (the max_num_batched_tokens it reports; 2048 "
-                             "when unknown): one engine step of batch prefill at a time.")
-    p0_prefill_exclusive: bool = Field(True, description="No P1/P2 grant to a worker while a P0 prompt is being "
-                                                         "prefilled there (P0's prefill gets the engine's steps).")
-    p0_ready_workers: int = Field(1, ge=0, description="While P0 traffic is present, at least this many workers "
-                                                       "are kept free of P1/P2 prefill (only decoding), so a new P0 "
-                                                       "prompt starts at the next engine step instead of after a "
-                                                       "batch prompt's chunk. Never all workers (one always "
-                                                       "prefills batch work). Costs up to this share of the fleet's "
-                                                       "batch-prefill throughput while it lasts; 0 = off.")
-    p0_ready_per_ttft: float = Field(3.0, ge=0, description="More decode-only workers as P0 traffic grows: as many as "
-                                                            "P0 requests expected within this many unloaded P0 TTFTs "
-                                                            "(recent P0 arrival rate x learned TTFT x this, rounded "
-                                                            "up), so P0 prompts arriving together do not share one "
-                                                            "worker's prefill steps; 0 = always p0_ready_workers.")
-    p0_recent_s: float = Field(30.0, gt=0, description="P0 traffic counts as present for this long after a P0 "
-                                                       "request arrives (for p0_ready_workers).")
-    # ---- overload detection (a saturation signal with hysteresis) ----
+    guard: GuardSettings = Field(default_factory=GuardSettings)
+    # ---- overload: a saturation signal with hysteresis sheds P2, then P1 ----
     shed_p2_at: float = Field(1.0, gt=0, description="Saturation at or above which new P2 requests are shed.")
     shed_p1_at: float = Field(2.0, gt=0, description="Saturation at or above which new P1 requests are shed too.")
     shed_hysteresis: float = Field(0.2, ge=0, description="Saturation must fall this far below a threshold "
                                                           "before that class is admitted again.")
-    queue_saturation_s: float = Field(5.0, gt=0, description="Queued work worth this many seconds of the observed "
-                                                             "drain rate counts as saturation 1.0.")
-    predict_deadlines: bool = Field(True, description="Refuse at once a request predicted not to finish before its "
-                                                      "deadline (queue wait plus its predicted service time): 504, "
-                                                      "or 429 + Retry-After when it would fit once the queue ahead "
-                                                      "has drained.")
-    predict_prefill_s_per_token: float = Field(0.0001, ge=0, description="Prior of the prefill time per prompt "
-                                                                         "token, until requests have finished.")
-    predict_tpot_s: float = Field(0.001, ge=0, description="Prior of the decode time per output token, until "
-                                                           "requests have finished (optimistic: nothing is refused "
-                                                           "for want of data).")
-    predict_tpot_per_seq_s: float = Field(0.00003, ge=0, description="Prior of what each sequence in a batch adds to "
-                                                                      "the decode time per token (each worker's own "
-                                                                      "line is learned from its finished leases).")
-    kv_saturation: float = Field(0.9, gt=0, le=1, description="Mean KV-cache usage that counts as saturation 1.0.")
-    gpu_saturation: float = Field(0.98, gt=0, le=1, description="Mean GPU utilisation that counts as saturation "
-                                                                "1.0 (ignored without GPUs).")
-    def speed_prior(self) -> SpeedEstimate:
-        """Every worker's speed until its own leases have taught the scheduler better."""
-        return SpeedEstimate(prefill_s_per_token=self.predict_prefill_s_per_token, tpot_base_s=self.predict_tpot_s,
-                             tpot_per_seq_s=self.predict_tpot_per_seq_s)
-
-    dispatch_interval_s: float = Field(0.05, gt=0, description="Tick of the dispatcher (expiry, load changes).")
-    # ---- placement ----
+    saturation: SaturationSettings = Field(default_factory=SaturationSettings)
+    predict: PredictSettings = Field(default_factory=PredictSettings)
+    # ---- placement: the steps and their parameters are the profile's (goodput_scheduler.placement.profile) ----
     profile: str = Field("", description="Placement profile: JSON, or the path of a JSON/YAML file "
-                                         "(filters, weighted scorers, picker); empty = the default profile.")
-    prefix_block_chars: int = Field(128, ge=8, description="Prefix affinity: characters per hashed block.")
-    prefix_balance_slack: float = Field(0.1, ge=0, le=1, description="Prefix affinity counts only on workers "
-                                        "holding at most this share of the per-worker cap more leases than the "
-                                        "least loaded one (higher: more cache hits, less even load).")
-    prefix_index_entries: int = Field(65536, ge=16, description="Prefix affinity: block hashes remembered (LRU).")
-    session_index_entries: int = Field(65536, ge=16, description="Session affinity: sessions remembered (LRU).")
+                                         "(filters, weighted scorers, picker, each step's parameters); empty = the "
+                                         "default profile.")
     cache_sharing_groups: SharingGroupsSetting = Field(
-        default_factory=dict, description='Prefix affinity: tenants whose prompts count for each other, JSON '
-        '{"group": ["tenant-a", "tenant-b"]} (the workers\' setting of the same name); affinity never crosses '
+        default_factory=dict, description='Prefix and session affinity: tenants whose prompts count for each other, '
+        'JSON {"group": ["tenant-a", "tenant-b"]} (the workers\' setting of the same name); affinity never crosses '
         "other tenants.")
     no_worker_wait_s: float = Field(10.0, ge=0, description="How long a request waits for a healthy worker "
                                                             "to appear before UNAVAILABLE.")
@@ -157,15 +184,7 @@ class SchedulerSettings(ServiceSettings):
     leader_renew_s: float = Field(1.0, gt=0, le=20, description="How often the leader renews; it steps down when "
                                                                "it cannot renew within leader_ttl_s minus this.")
     leader_retry_s: float = Field(0.5, gt=0, le=20, description="How often a standby tries to take the lead.")
-    mux_max_leases: int = Field(10_000, ge=1, description="Leases one multiplexed lease stream (LeaseBatches, "
-                                                          "the gateway's one lease path) may hold open at once.")
-    mux_max_batch: int = Field(4096, ge=1, le=1_000_000,
-                               description="Lease messages one LeaseBatches message may carry (a gateway sends what "
-                                           "queued up behind its previous write, 512 at most); a larger batch ends "
-                                           "the stream INVALID_ARGUMENT.")
-    kv_weight: float = Field(0.1, ge=0, description="Placement: weight of KV-cache usage in the load score (it is "
-                             "polled, so stale between checks: a tie-break next to the live lease count).")
-    queue_weight: float = Field(0.25, ge=0, description="Placement: weight of the engine's waiting queue (polled).")
+    mux: MuxSettings = Field(default_factory=MuxSettings)
 
     @field_validator("workers", mode="before")
     @classmethod

@@ -5,7 +5,7 @@ Example:
     >>> from goodput_scheduler.clock import ManualClock
     >>> from goodput_scheduler.config import SchedulerSettings
     >>> clock = ManualClock(start=1000.0)
-    >>> guard = LatencyGuard(SchedulerSettings(max_inflight_per_worker=20, guard_min_samples=4), clock=clock)
+    >>> guard = LatencyGuard(SchedulerSettings(max_inflight_per_worker=20, guard={"min_samples": 4}), clock=clock)
     >>> guard.current()                 # P1's share of the cap
     18.0
     >>> for ttft in (0.10, 0.10, 0.10, 0.10):
@@ -30,30 +30,34 @@ from goodput_scheduler.registry import DEFAULT_LEASE_CAP
 if TYPE_CHECKING:
     from goodput_scheduler.config import SchedulerSettings
 
-__all__ = ["P0_RATE_WINDOW_S", "LatencyGuard"]
+__all__ = ["P0_RATE_WINDOW_S", "P0_READY_PER_TTFT", "LatencyGuard"]
 
 P0_RATE_WINDOW_S = 10.0  # the P0 arrival rate behind p0_reserve(): recent enough to follow a surge
+# Decode-only workers grow with P0 traffic: as many as P0 requests expected within 3 unloaded P0 TTFTs (was the
+# setting P0_READY_PER_TTFT). Settled by the overload benchmark: P0 bursts sharing one reserved worker left P0 p99 at
+# 2.75x unloaded, two reserved 1.27x; with this rule P0 p99 at 3x load is 1.28x (loadtests/reports/overload.md).
+P0_READY_PER_TTFT = 3.0
 
 
 class LatencyGuard:
     """Keeps P0's TTFT near its unloaded value by adapting how many P1/P2 leases one worker may hold (AIMD).
 
     Lower-class work on a worker slows P0 there: its prompts' prefill chunks share the engine's steps, and its
-    sequences make every decode step longer. Each ``guard_interval_s`` the guard compares the ``guard_percentile``
-    of the P0 TTFTs the gateway reported (at the first token) with the target (``p0_ttft_target_s``, or
-    ``p0_ttft_slo_ratio`` x the unloaded P0 TTFT it learned: the lowest per-interval median of the last five
-    minutes). Above it, the P1/P2 limit shrinks by ``guard_decrease``; otherwise it grows by one, up to the
-    class shares' cap. Work the guard holds back queues, the queue raises the saturation signal, and P2 (then P1)
-    is shed: batch work yields to interactive work in steps an operator can see (``goodput_scheduler_guard_limit``).
+    sequences make every decode step longer. Each ``interval_s`` the guard compares the ``percentile`` of the P0
+    TTFTs the gateway reported (at the first token) with the target (``p0_ttft_target_s``, or ``p0_ttft_slo_ratio``
+    x the unloaded P0 TTFT it learned: the lowest per-interval median of the last five minutes); all of these are
+    the ``GUARD`` settings group (:class:`~goodput_scheduler.config.GuardSettings`). Above it, the P1/P2 limit
+    shrinks by ``decrease``; otherwise it grows by one, up to the class shares' cap. Work the guard holds back
+    queues, the queue raises the saturation signal, and P2 (then P1) is shed: batch work yields to interactive work
+    in steps an operator can see (``goodput_scheduler_guard_limit``).
     """
 
     def __init__(self, settings: SchedulerSettings, *, clock: Clock | None = None) -> None:
-        self.settings = settings
+        self.settings = settings.guard  # the GUARD group
         self.clock = clock or SystemClock()
-        self.enabled = settings.latency_guard and settings.queue_policy == "priority"
+        self.enabled = self.settings.enabled and settings.queue_policy == "priority"
         cap = settings.max_inflight_per_worker or DEFAULT_LEASE_CAP  # a worker's own cap bounds it further
-        self.max_limit = float(max(int(cap * max(settings.p1_max_share,
-                                                                            settings.p2_max_share)), 1))
+        self.max_limit = float(max(int(cap * max(settings.p1_max_share, settings.p2_max_share)), 1))
         self.limit = self.max_limit
         self.baseline: float | None = None
         self._samples: list[float] = []
@@ -84,13 +88,13 @@ class LatencyGuard:
     def p0_reserve(self) -> int:
         """Workers to keep free of P1/P2 prefill now: 0 without recent P0 traffic, else ``p0_ready_workers``, or
         more when P0 requests arrive faster than one decode-only worker can start them one step each (P0 requests
-        expected within ``p0_ready_per_ttft`` unloaded P0 TTFTs). The gate never reserves every worker."""
+        expected within :data:`P0_READY_PER_TTFT` unloaded P0 TTFTs). The gate never reserves every worker."""
         s = self.settings
         if s.p0_ready_workers <= 0 or not self.p0_recent():
             return 0
         expected = 0
-        if s.p0_ready_per_ttft > 0 and self.baseline is not None:
-            expected = math.ceil(self.p0_rate(self.clock.now()) * self.baseline * s.p0_ready_per_ttft)
+        if self.baseline is not None:
+            expected = math.ceil(self.p0_rate(self.clock.now()) * self.baseline * P0_READY_PER_TTFT)
         return max(s.p0_ready_workers, expected)
 
     def p0_recent(self) -> bool:
@@ -106,13 +110,13 @@ class LatencyGuard:
         return None if self.baseline is None else self.baseline * self.settings.p0_ttft_slo_ratio
 
     def maybe_adjust(self, now: float) -> bool:
-        """Returns True when the limit grew (queued work may now fit). A decision waits for ``GUARD_MIN_SAMPLES``
-        P0 TTFTs (at most ten intervals), so sparse P0 traffic still gets a verdict."""
+        """Returns True when the limit grew (queued work may now fit). A decision waits for ``min_samples`` P0
+        TTFTs (at most ten intervals), so sparse P0 traffic still gets a verdict."""
         s = self.settings
         elapsed = now - self._last
-        if not self.enabled or elapsed < s.guard_interval_s:
+        if not self.enabled or elapsed < s.interval_s:
             return False
-        if 0 < len(self._samples) < s.guard_min_samples and elapsed < 10 * s.guard_interval_s:
+        if 0 < len(self._samples) < s.min_samples and elapsed < 10 * s.interval_s:
             return False  # keep collecting
         samples, self._samples, self._last = sorted(self._samples), [], now
         before = self.limit
@@ -123,9 +127,9 @@ class LatencyGuard:
             self.baseline = min(m for _, m in self._medians)
         target = self.target()
         if samples and target is not None:
-            observed = samples[min(int(len(samples) * s.guard_percentile), len(samples) - 1)]
+            observed = samples[min(int(len(samples) * s.percentile), len(samples) - 1)]
             if observed > target:
-                self.limit = max(1.0, math.floor(self.limit * s.guard_decrease))
+                self.limit = max(1.0, math.floor(self.limit * s.decrease))
                 return False
         self.limit = min(self.max_limit, self.limit + 1.0)
         return self.limit > before

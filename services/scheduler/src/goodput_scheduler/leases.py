@@ -54,10 +54,15 @@ from goodput_scheduler.queues import CLASSES, P0, P1, P2, ClassQueue, ClassQueue
 from goodput_scheduler.registry import Worker, WorkerRegistry
 
 # The lease manager's collaborators lived in this module before; their names stay importable from here.
-__all__ = ["CLASSES", "ClassQueue", "DrainRate", "LatencyGuard", "Lease", "LeaseManager", "OverloadDetector",
-           "SchedulerMetrics", "Ticket"]
+__all__ = ["CLASSES", "DISPATCH_INTERVAL_S", "ClassQueue", "DrainRate", "LatencyGuard", "Lease", "LeaseManager",
+           "OverloadDetector", "SchedulerMetrics", "Ticket"]
 
 log = logging.getLogger("goodput.scheduler.leases")
+
+# The dispatcher's tick while requests wait (the former DISPATCH_INTERVAL_S setting; no chart, test or benchmark set
+# it): admits, releases, first tokens and worker changes dispatch at once, so the tick only bounds how late a queue
+# timeout, a load change seen by a health check or the guard's next step is acted on.
+DISPATCH_INTERVAL_S = 0.05
 
 
 class LeaseManager:
@@ -74,15 +79,15 @@ class LeaseManager:
         self.queues = ClassQueues(settings)
         self.overload = OverloadDetector(settings)
         self.drain = DrainRate(clock=self.clock)
-        self.predictor = ServiceTimePredictor(prefill_s_per_token=settings.predict_prefill_s_per_token,
-                                              tpot_s=settings.predict_tpot_s)
+        self.predictor = ServiceTimePredictor(prefill_s_per_token=settings.predict.prefill_s_per_token,
+                                              tpot_s=settings.predict.tpot_s)
         self.book = LeaseBook(on_change=self._inflight_changed)
-        # the room placement gives P0 (the has_capacity filter's cap and KV limit; the settings' without one)
+        # the room placement gives P0 (the has_capacity filter's cap and KV limit; its defaults without one)
         cap = next((f for f in pipeline.filters if isinstance(f, HasCapacity)), None)
         self.efficiency = IdleWhileQueued(
             now=self.clock.now, workers=registry.all,
             max_inflight=cap.max_inflight if cap is not None else settings.max_inflight_per_worker,
-            kv_full=cap.kv_full if cap is not None else settings.kv_full)
+            kv_full=cap.kv_full if cap is not None else HasCapacity.Parameters().kv_full)
         self.on_change: list[Callable[[], None]] = []  # after every change of the queues or the leases
         self._seq = itertools.count()
         self._ticker: asyncio.Task[None] | None = None
@@ -142,7 +147,7 @@ class LeaseManager:
             ahead=self.queues.ahead(prio) + 1, rate=self.drain.rate(self.clock.now()),
             slots=sum(w.lease_cap(self.settings.max_inflight_per_worker) for w in self.registry.healthy()),
             shed_excess=self.overload.saturation - self.overload.exit_level(prio) if shed else 0.0,
-            queue_saturation_s=self.settings.queue_saturation_s)
+            queue_saturation_s=self.settings.saturation.queue_s)
 
     def position(self, ticket: Ticket) -> int:
         return self.queues.position(ticket)
@@ -172,7 +177,7 @@ class LeaseManager:
         if deadline is not None and deadline <= now:
             self.metrics.shed.labels(label, "deadline").inc()
             raise DeadlineExceeded("the request's deadline passed before it was admitted")
-        if deadline is not None and self.settings.predict_deadlines:
+        if deadline is not None and self.settings.predict.deadlines:
             self._refuse_if_late(req, prio, deadline, now)
         max_queue, timeout_s = self.queues.limits(prio)
         if prio == P0:
@@ -408,7 +413,7 @@ class LeaseManager:
     async def _tick(self) -> None:
         """While anything waits: expire, re-dispatch (worker load changes), refresh the overload signal."""
         while self.queued():
-            await self.clock.sleep(self.settings.dispatch_interval_s)
+            await self.clock.sleep(DISPATCH_INTERVAL_S)
             self._sweep()
             self.guard.maybe_adjust(self.clock.now())
             self._dispatch_pass()

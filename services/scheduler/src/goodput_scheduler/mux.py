@@ -6,7 +6,7 @@ Each message names its lease (``lease_id``). A lease goes through its steps (adm
 first token, released) through the :class:`~goodput_scheduler.leases.LeaseManager`; a refusal or a drop is a
 ``LeaseError`` event for that lease alone (the error's status, code and retry-after). ``cancel`` withdraws a lease
 (its caller went away). When the stream ends or breaks, every lease it still holds is released as ABANDONED and every
-queued one leaves its queue: capacity is never leaked. The open leases per stream are bounded (``MUX_MAX_LEASES``).
+queued one leaves its queue: capacity is never leaked. The open leases per stream are bounded (``MUX__MAX_LEASES``).
 """
 from __future__ import annotations
 

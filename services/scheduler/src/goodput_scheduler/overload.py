@@ -68,8 +68,8 @@ class DrainRate:
 
 
 class OverloadDetector:
-    """Saturation = max(queued work / what drains in ``queue_saturation_s``, mean KV usage / ``kv_saturation``,
-    mean GPU utilisation / ``gpu_saturation``). Classes are shed from ``shed_p2_at`` (P2) and ``shed_p1_at`` (P1)
+    """Saturation = max(queued work / what drains in ``saturation.queue_s``, mean KV usage / ``saturation.kv``,
+    mean GPU utilisation / ``saturation.gpu``). Classes are shed from ``shed_p2_at`` (P2) and ``shed_p1_at`` (P1)
     and admitted again only below the threshold minus ``shed_hysteresis``, so admission does not flap. KV and GPU
     top out near 1.1, so alone they can shed P2 but never P1: only a growing queue does that."""
 
@@ -81,14 +81,14 @@ class OverloadDetector:
     def update(self, *, queued: int, drain_rate: float, workers: Sequence[Worker]) -> float:
         s = self.settings
         slots = sum(w.lease_cap(s.max_inflight_per_worker) for w in workers)
-        drainable = max(drain_rate * s.queue_saturation_s, float(slots), 1.0)
+        drainable = max(drain_rate * s.saturation.queue_s, float(slots), 1.0)
         sat = queued / drainable
         if workers:
             kv = sum(w.load.kv_cache_usage for w in workers) / len(workers)
-            sat = max(sat, kv / s.kv_saturation)
+            sat = max(sat, kv / s.saturation.kv)
             gpus = [w.load.gpu_utilization for w in workers if w.load.gpu_utilization >= 0]
             if gpus:
-                sat = max(sat, sum(gpus) / len(gpus) / s.gpu_saturation)
+                sat = max(sat, sum(gpus) / len(gpus) / s.saturation.gpu)
         self.saturation = sat
         for prio, threshold in ((P2, s.shed_p2_at), (P1, s.shed_p1_at)):
             if sat >= threshold:

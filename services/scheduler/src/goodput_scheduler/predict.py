@@ -27,7 +27,7 @@ from goodput_contracts.speed import SpeedEstimate
 
 __all__ = ["DEFAULT_SPEED_PRIOR", "ServiceTimePredictor", "WorkerSpeed"]
 
-# The scheduler settings' default priors (PREDICT_PREFILL_S_PER_TOKEN, PREDICT_TPOT_S, PREDICT_TPOT_PER_SEQ_S).
+# The default priors (of the settings PREDICT__PREFILL_S_PER_TOKEN, PREDICT__TPOT_S and PREDICT__TPOT_PER_SEQ_S).
 DEFAULT_SPEED_PRIOR = SpeedEstimate(prefill_s_per_token=0.0001, tpot_base_s=0.001, tpot_per_seq_s=0.00003)
 
 

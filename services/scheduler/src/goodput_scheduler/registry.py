@@ -245,7 +245,7 @@ class WorkerRegistry:
         if worker_id in self._workers and not self._workers[worker_id].removed:
             return self._workers[worker_id]
         worker = Worker(worker_id=worker_id, address=address, channel=self._channel_factory(address),
-                        speed=WorkerSpeed(self.settings.speed_prior()))
+                        speed=WorkerSpeed(self.settings.predict.speed_prior()))
         self._workers[worker_id] = worker
         self._tasks[worker_id] = asyncio.create_task(self._health_loop(worker), name=f"health:{worker_id}")
         log.info("worker added", extra={"worker": worker_id})

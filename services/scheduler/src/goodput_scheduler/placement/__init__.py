@@ -1,8 +1,9 @@
 """Placement as a pipeline of small steps: filters drop workers that cannot take the request, scorers rate the rest
-(higher is better, weighted), a picker chooses. New policies are new steps, not changes to the scheduler, and which
-steps run with which weights and parameters is a declarative profile (``GOODPUT_SCHEDULER_PROFILE``), as in llm-d's
-inference scheduler: typed protocols (:class:`Filter`, :class:`Scorer`, :class:`Picker`, :class:`Observer`), a
-per-cycle :class:`CycleState`, and plugin parameters declared by each step and set in the profile.
+(each in [0, 1], 1 = best; weighted), a picker chooses. New policies are new steps, not changes to the scheduler,
+and which steps run with which weights and parameters is a declarative profile (``GOODPUT_SCHEDULER_PROFILE``), as
+in llm-d's inference scheduler: typed protocols (:class:`Filter`, :class:`Scorer`, :class:`Picker`,
+:class:`Observer`), a per-cycle :class:`CycleState`, and plugin parameters declared by each step and set in the
+profile.
 
 * :mod:`.plugins`: the contract (protocols, cycle state, parameters, plugin specs);
 * :mod:`.filters`: ``healthy``, ``serves_model``, ``serves_class``, ``has_capacity``, ``prefill_gate``;

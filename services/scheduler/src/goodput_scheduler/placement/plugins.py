@@ -1,9 +1,9 @@
 """The placement plugin contract, after llm-d's inference scheduler: a :class:`Filter` drops workers that cannot take
-the request, a :class:`Scorer` rates the rest (higher is better; the profile weights it), a :class:`Picker` chooses
+the request, a :class:`Scorer` rates the rest (in [0, 1], 1 = best; the profile weights it), a :class:`Picker` chooses
 among the scored workers, and an :class:`Observer` learns where a request went. The steps of one placement cycle
 share a :class:`CycleState`. Each plugin declares its ``Parameters`` (a pydantic model: names, types, bounds,
-defaults) which the profile may set; a :class:`PluginSpec` says how settings fill in the parameters a profile leaves
-out, and how to build the plugin.
+defaults), which only the profile sets (one source per parameter: no setting stands in for one); a
+:class:`PluginSpec` says how to build the plugin from them and the :class:`PluginHandle`.
 
 Example (a filter of one's own)::
 
@@ -107,7 +107,8 @@ class Filter(Protocol):
 
 
 class Scorer(Protocol):
-    """One score per worker, in their order; higher is better."""
+    """One score per worker, in their order, each in [0, 1] (1 = best), so that a profile weight w is the most the
+    step can move a worker's total (a test holds every built-in scorer to it)."""
 
     @property
     def name(self) -> str: ...
@@ -150,22 +151,14 @@ class GuardSignals(Protocol):
 
 
 class PlacementSettings(Protocol):
-    """The scheduler settings placement reads: shared limits, and the defaults of plugin parameters."""
+    """The scheduler settings placement reads: what it shares with the rest of the scheduler (the per-worker cap, the
+    class shares, the queue policy) and the tenancy it must honour (cache sharing groups, the workers' own setting).
+    A step's tuning is never here: it is the step's ``Parameters``, set in the profile."""
 
     max_inflight_per_worker: int
     p1_max_share: float
     p2_max_share: float
-    kv_full: float
-    kv_weight: float
-    queue_weight: float
-    prefix_block_chars: int
-    prefix_index_entries: int
-    prefix_balance_slack: float
     cache_sharing_groups: dict[str, list[str]]
-    session_index_entries: int
-    prefill_gate: bool
-    low_prefill_budget_tokens: int
-    p0_prefill_exclusive: bool
 
     @property
     def queue_policy(self) -> str: ...
@@ -189,21 +182,17 @@ StepKind = Literal["filter", "scorer", "picker"]
 
 @dataclass(frozen=True)
 class PluginSpec:
-    """How to build one plugin: its kind, its parameters model, the settings that stand for parameters a profile
-    leaves out, and the factory."""
+    """How to build one plugin: its kind, its parameters model and the factory."""
 
     name: str
     kind: StepKind
     parameters: type[StepParameters]
     build: Callable[[Any, PluginHandle], Any]
-    defaults: Callable[[PlacementSettings], Mapping[str, Any]] = lambda _: {}
 
-    def parse_parameters(self, given: Mapping[str, Any], settings: PlacementSettings | None = None
-                         ) -> StepParameters:
-        """The plugin's parameters: ``given`` (from the profile) over the settings' defaults over the model's.
-        A bad name or value is a ValueError that names the step."""
-        values = {**(self.defaults(settings) if settings is not None else {}), **given}
+    def parse_parameters(self, given: Mapping[str, Any]) -> StepParameters:
+        """The plugin's parameters: ``given`` (from the profile) over the model's defaults. A bad name or value is a
+        ValueError that names the step."""
         try:
-            return self.parameters.model_validate(values)
+            return self.parameters.model_validate(dict(given))
         except ValueError as err:
             raise ValueError(f"bad parameters for {self.kind} {self.name!r}: {err}") from None

@@ -9,9 +9,12 @@ A step is a name, or an object with the name and the step's ``parameters`` (a sc
                  {"name": "prefix_affinity", "weight": 2.0, "parameters": {"block_chars": 64}}],
      "picker": "max_score"}
 
-A parameter the profile leaves out comes from the matching setting (``prefix_affinity.block_chars`` from
-``PREFIX_BLOCK_CHARS``, and so on), else from the step's own default. Unknown steps, unknown parameters and values
-out of bounds are refused when the profile is read, naming the step.
+The profile is the one source of a step's parameters: one it leaves out takes the step's own default (its
+``Parameters`` model), never a setting. What placement shares with the rest of the scheduler comes from the settings
+through the plugin handle: the per-worker cap (``MAX_INFLIGHT_PER_WORKER``), the class shares (``P1_MAX_SHARE``,
+``P2_MAX_SHARE``), the queue policy, and the tenants' cache sharing groups (``CACHE_SHARING_GROUPS``, the workers'
+own setting, which a profile cannot contradict). Unknown steps, unknown parameters and values out of bounds are
+refused when the profile is read, naming the step.
 
 Example:
     >>> profile = Profile.parse('{"scorers": [{"name": "least_loaded", "weight": 1}, '
@@ -70,7 +73,7 @@ __all__ = ["BUILTIN_PLUGINS", "DEFAULT_PROFILE", "Profile", "build_pipeline"]
 
 
 def _has_capacity(p: HasCapacity.Parameters, h: PluginHandle) -> HasCapacity:
-    s = h.settings
+    s = h.settings  # the cap and the class shares are the scheduler's (the latency guard and overload read them too)
     return HasCapacity(max_inflight=s.max_inflight_per_worker, kv_full=p.kv_full,
                        shares={P1: s.p1_max_share, P2: s.p2_max_share},
                        low_limit=h.guard.current if h.guard is not None else None)
@@ -94,32 +97,23 @@ def _serves_class(p: NoParameters, h: PluginHandle) -> ServesClass:
 def _prefix_affinity(p: PrefixAffinity.Parameters, h: PluginHandle) -> PrefixAffinity:
     return PrefixAffinity(PrefixIndex(block_chars=p.block_chars, max_entries=p.index_entries),
                           max_inflight=h.settings.max_inflight_per_worker, balance_slack=p.balance_slack,
-                          scopes=SharingScopes(p.sharing_groups))
+                          scopes=SharingScopes(h.settings.cache_sharing_groups))
 
 
 BUILTIN_PLUGINS: Mapping[str, PluginSpec] = {spec.name: spec for spec in (
     PluginSpec("healthy", "filter", NoParameters, build=lambda p, h: Healthy()),
     PluginSpec("serves_model", "filter", NoParameters, build=lambda p, h: ServesModel()),
     PluginSpec("serves_class", "filter", NoParameters, build=_serves_class),
-    PluginSpec("has_capacity", "filter", HasCapacity.Parameters, build=_has_capacity,
-               defaults=lambda s: {"kv_full": s.kv_full}),
-    PluginSpec("prefill_gate", "filter", PrefillGate.Parameters, build=_prefill_gate,
-               defaults=lambda s: {"enabled": s.prefill_gate, "budget_tokens": s.low_prefill_budget_tokens,
-                                   "p0_exclusive": s.p0_prefill_exclusive}),
+    PluginSpec("has_capacity", "filter", HasCapacity.Parameters, build=_has_capacity),
+    PluginSpec("prefill_gate", "filter", PrefillGate.Parameters, build=_prefill_gate),
     PluginSpec("least_loaded", "scorer", LeastLoaded.Parameters,
-               build=lambda p, h: LeastLoaded(kv_weight=p.kv_weight, queue_weight=p.queue_weight),
-               defaults=lambda s: {"kv_weight": s.kv_weight, "queue_weight": s.queue_weight}),
+               build=lambda p, h: LeastLoaded(kv_weight=p.kv_weight, queue_weight=p.queue_weight)),
     PluginSpec("predicted_finish", "scorer", PredictedFinish.Parameters,
                build=lambda p, h: PredictedFinish(default_output_tokens=p.default_output_tokens)),
-    PluginSpec("least_prefill", "scorer", LeastPrefill.Parameters, build=lambda p, h: LeastPrefill(p.budget_tokens),
-               defaults=lambda s: {"budget_tokens": s.low_prefill_budget_tokens}),
-    PluginSpec("prefix_affinity", "scorer", PrefixAffinity.Parameters, build=_prefix_affinity,
-               defaults=lambda s: {"block_chars": s.prefix_block_chars, "index_entries": s.prefix_index_entries,
-                                   "balance_slack": s.prefix_balance_slack,
-                                   "sharing_groups": s.cache_sharing_groups}),
+    PluginSpec("least_prefill", "scorer", LeastPrefill.Parameters, build=lambda p, h: LeastPrefill(p.budget_tokens)),
+    PluginSpec("prefix_affinity", "scorer", PrefixAffinity.Parameters, build=_prefix_affinity),
     PluginSpec("session_affinity", "scorer", SessionAffinity.Parameters,
-               build=lambda p, h: SessionAffinity(max_entries=p.index_entries),
-               defaults=lambda s: {"index_entries": s.session_index_entries}),
+               build=lambda p, h: SessionAffinity(max_entries=p.index_entries)),
     PluginSpec("max_score", "picker", NoParameters, build=lambda p, h: MaxScore(h.rng)),
     PluginSpec("round_robin", "picker", NoParameters, build=lambda p, h: RoundRobin()),
     PluginSpec("random", "picker", NoParameters, build=lambda p, h: RandomPick(h.rng)),
@@ -127,6 +121,7 @@ BUILTIN_PLUGINS: Mapping[str, PluginSpec] = {spec.name: spec for spec in (
 
 DEFAULT_PROFILE: dict[str, Any] = {
     "filters": ["healthy", "serves_model", "serves_class", "has_capacity", "prefill_gate"],
+    # scores in [0,1], weight = most a step moves a total: session (3) > full prefix match (2) > each load signal (1)
     "scorers": [{"name": "least_loaded", "weight": 1.0},
                 {"name": "least_prefill", "weight": 1.0},
                 {"name": "predicted_finish", "weight": 1.0},
@@ -234,7 +229,7 @@ def build_pipeline(profile: Profile, settings: PlacementSettings, *, registry: C
 
     def build(name: str) -> Any:
         spec = specs[name]
-        return spec.build(spec.parse_parameters(profile.parameters.get(name, {}), settings), handle)
+        return spec.build(spec.parse_parameters(profile.parameters.get(name, {})), handle)
 
     return PlacementPipeline(
         filters=[cast(Filter, build(name)) for name in profile.filters],

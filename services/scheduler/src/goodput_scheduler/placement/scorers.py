@@ -1,4 +1,5 @@
-"""Scorers (higher is better; the profile weights each): ``least_loaded`` (leases held, engine queue, KV usage),
+"""Scorers, each giving every candidate a score in [0, 1] (1 = best) so that the profile's weights mean what they say:
+a scorer of weight w moves a worker's total by at most w. ``least_loaded`` (leases held, engine queue, KV usage),
 ``least_prefill`` (prompt prefill pending on the worker), ``predicted_finish`` (the worker where the request is
 predicted to finish first, from each worker's learned speed), ``prefix_affinity`` (the worker that recently served the
 longest matching prompt prefix of the same tenant, from block hashes in a bounded LRU), ``session_affinity`` (the
@@ -40,7 +41,7 @@ from goodput_scheduler.placement.plugins import CycleState, PlacementRequest, St
 from goodput_scheduler.registry import Worker
 
 __all__ = ["LeastLoaded", "LeastPrefill", "PredictedFinish", "PrefixAffinity", "PrefixIndex", "SessionAffinity",
-           "SharingScopes"]
+           "SharingScopes", "bounded"]
 
 
 class SharingScopes(SharingGroups):
@@ -56,9 +57,24 @@ class SharingScopes(SharingGroups):
         return self.scope(tenant)
 
 
+def bounded(cost: float) -> float:
+    """A cost (0 = none, growing without bound) as a score in (0, 1]: ``1 / (1 + cost)``, 1 for an idle worker.
+    It keeps the order of the costs, does not depend on which other workers are candidates (unlike min-max over
+    the cycle, which would make one lease's difference weigh as much as a full worker's), and keeps small costs
+    near their own scale (a difference of 0.1 scores about 0.1 apart near idle), so load decides between workers
+    about as strongly as it did when these scorers returned the negated cost.
+
+    >>> [round(bounded(c), 3) for c in (0.0, 0.125, 1.0, 3.0, float("inf"))]
+    [1.0, 0.889, 0.5, 0.25, 0.0]
+    """
+    if not cost > 0:  # also NaN: nothing known against the worker
+        return 1.0
+    return 1.0 / (1.0 + cost)
+
+
 class LeastLoaded:
     """Fewer leases held (relative to the engine's batch size), a shorter engine queue and a freer KV cache
-    score higher."""
+    score higher: :func:`bounded` of ``inflight / batch + queue_weight x waiting / batch + kv_weight x KV usage``."""
 
     name = "least_loaded"
 
@@ -66,19 +82,20 @@ class LeastLoaded:
         kv_weight: float = Field(0.1, ge=0, description="Weight of KV-cache usage (polled: a tie-break).")
         queue_weight: float = Field(0.25, ge=0, description="Weight of the engine's waiting queue (polled).")
 
-    def __init__(self, *, kv_weight: float = 1.0, queue_weight: float = 1.0) -> None:
+    def __init__(self, *, kv_weight: float = 0.1, queue_weight: float = 0.25) -> None:
         self.kv_weight = kv_weight
         self.queue_weight = queue_weight
 
     def score(self, state: CycleState, workers: Sequence[Worker]) -> list[float]:
-        return [-(w.inflight / w.capacity + self.queue_weight * w.load.waiting / w.capacity
-                  + self.kv_weight * w.load.kv_cache_usage) for w in workers]
+        return [bounded(w.inflight / w.capacity + self.queue_weight * w.load.waiting / w.capacity
+                        + self.kv_weight * w.load.kv_cache_usage) for w in workers]
 
 
 class LeastPrefill:
     """Less prompt prefill pending on the worker, in engine steps (:func:`step_budget`), scores higher: a new
-    request's first token waits for the prefill ahead of it in the engine. (Short P0 prompts weigh little, so P0
-    requests arriving together share the worker kept free of batch prefill.)"""
+    request's first token waits for the prefill ahead of it in the engine: :func:`bounded` of the pending engine
+    steps (1 with none pending, 0.5 with one step's worth). (Short P0 prompts weigh little, so P0 requests arriving
+    together share the worker kept free of batch prefill.)"""
 
     name = "least_prefill"
 
@@ -89,7 +106,8 @@ class LeastPrefill:
         self.budget_tokens = budget_tokens
 
     def score(self, state: CycleState, workers: Sequence[Worker]) -> list[float]:
-        return [-(w.low_prefill_tokens + w.p0_prefill_tokens) / step_budget(w, self.budget_tokens) for w in workers]
+        return [bounded((w.low_prefill_tokens + w.p0_prefill_tokens) / step_budget(w, self.budget_tokens))
+                for w in workers]
 
 
 class PredictedFinish:
@@ -128,9 +146,9 @@ class PredictedFinish:
             batch=w.inflight, pending_prefill=w.p0_prefill_tokens + w.low_prefill_tokens)
 
     def score(self, state: CycleState, workers: Sequence[Worker]) -> list[float]:
-        finish = [self.predict(state.request, w).total_s for w in workers]
+        finish = [max(self.predict(state.request, w).total_s, 0.0) for w in workers]
         best = min(finish, default=0.0)
-        return [best / f if f > 0 else 1.0 for f in finish]
+        return [best / f if f > best else 1.0 for f in finish]  # in [0, 1]: f > best >= 0
 
 
 class PrefixIndex:
@@ -224,11 +242,8 @@ class PrefixAffinity:
         index_entries: int = Field(65536, ge=16, description="Block hashes remembered (LRU).")
         balance_slack: float = Field(0.1, ge=0, le=1, description="Counts only on workers holding at most this "
                                                                   "share of the cap more leases than the least "
-                                                                  "loaded one.")
-        sharing_groups: dict[str, list[str]] = Field(
-            default_factory=dict, description="Tenants whose prefixes count for each other, {group: [tenant, ...]} "
-                                              "(the workers' cache sharing groups); every other tenant's only for "
-                                              "itself.")
+                                                                  "loaded one (higher: more cache hits, less even "
+                                                                  "load).")
 
     def __init__(self, index: PrefixIndex, *, max_inflight: int = 0, balance_slack: float = 0.1,
                  scopes: SharingScopes | None = None) -> None:
