@@ -82,7 +82,9 @@ def load_settings(cls: type[S]) -> S:
         prefix = env_prefix(cls)
         lines = [f"invalid configuration for {cls.__name__}:"]
         for e in err.errors():
-            name = prefix + "_".join(str(p) for p in e["loc"]).upper()
+            # a group's field is <GROUP>__<FIELD> where the class reads nested variables
+            joiner = cls.model_config.get("env_nested_delimiter") or "_"
+            name = prefix + joiner.join(str(p) for p in e["loc"]).upper()
             lines.append(f"  {name}={e.get('input')!r}: {e['msg']}")
         print("\n".join(lines), file=sys.stderr)
         raise SystemExit(2) from None
