@@ -7,6 +7,7 @@ A response runs through the same path as a chat completion (quotas, cache, RAG, 
 only its wire shape differs. Fields the gateway does not implement (tools, reasoning, ``text.format`` other than
 text, ...) are refused by name.
 
+    >>> from goodput_gateway.schemas import parse
     >>> body = parse(ResponsesRequest, {"input": "Hi", "instructions": "Be brief."})
     >>> [(m.role, m.content) for m in conversation(body, history=[])]
     [('system', 'Be brief.'), ('user', 'Hi')]
