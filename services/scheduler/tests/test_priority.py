@@ -3,6 +3,8 @@ over the scheduler's real gRPC API against stand-in and simulated workers."""
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
@@ -16,7 +18,7 @@ from goodput_scheduler.config import SchedulerSettings
 from goodput_scheduler.guard import LatencyGuard
 from goodput_scheduler.leases import DISPATCH_INTERVAL_S
 from goodput_scheduler.placement import CycleState, PlacementRequest, PrefillGate, PrefixIndex, Profile, step_budget
-from goodput_scheduler.queues import Ticket
+from goodput_scheduler.queues import QUEUE_POLICIES, Ticket
 from goodput_scheduler.registry import Worker
 
 from .conftest import SchedulerHarness, open_lease, profile_with, scheduler_settings
@@ -333,22 +335,43 @@ def test_profile_parsing_and_prefix_index_bounds() -> None:
     assert idx.match(idx.hashes(f"{0:08d}" * 4)) == {}
 
 
-async def test_fifo_policy_is_one_arrival_order_queue(workers) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("policy", "ahead", "served", "shed"), [
+    # the most urgent class first, whatever the arrival order; P2 is shed once the queue saturates
+    ("priority", {"p2-a": 2, "p1": 1, "p0": 0}, ["p0", "p1", "p2-a"], ["p2-b"]),
+    # one arrival-order queue across the classes, and no class is shed (the benchmarks' baseline)
+    ("fifo", {"p2-a": 0, "p1": 1, "p0": 2, "p2-b": 3}, ["p2-a", "p1", "p0", "p2-b"], []),
+])
+async def test_the_queue_policy_decides_the_order_and_what_is_shed(  # type: ignore[no-untyped-def]
+        workers, policy: str, ahead: dict[str, int], served: list[str], shed: list[str]) -> None:
     (a,) = await workers(1)
-    settings = scheduler_settings([a.address], max_inflight_per_worker=1, queue_policy="fifo")
+    # one slot, so each waiting request adds 1.0 to the saturation: P2 is shed from 2.0 (P1 too, by default)
+    settings = scheduler_settings([a.address], max_inflight_per_worker=1, queue_policy=policy, shed_p2_at=2.0)
     async with SchedulerHarness(settings) as h:
         await h.until(lambda: len(h.workers.healthy()) == 1)
         lm = h.leases
         lease = await lm.acquire(req("hold", P2), deadline=None)
-        tickets = [lm.enqueue(req("p2", P2), deadline=None), lm.enqueue(req("p0", P0), deadline=None)]
-        order = []
-        for _ in range(2):
+        tickets, refused = [], []
+        for request_id, priority in [("p2-a", P2), ("p1", P1), ("p0", P0), ("p2-b", P2)]:
+            try:
+                tickets.append(lm.enqueue(req(request_id, priority), deadline=None))
+            except ResourceExhausted as exc:
+                assert "are shed for now" in str(exc)
+                refused.append(request_id)
+        assert {t.request.request_id: lm.position(t) for t in tickets} == ahead
+        assert h.metric("goodput_scheduler_queue_depth", {"priority": "P2"}) == 2 - len(refused)
+        assert h.metric("goodput_scheduler_shed_total", {"priority": "P2", "reason": "overload"}) == len(refused)
+        order: list[str] = []
+        for _ in tickets:
             lm.release(lease, scheduler_pb2.OUTCOME_OK)
             (t,) = [t for t in tickets if t.done and t.request.request_id not in order]
             lease = await lm.wait(t)
             order.append(t.request.request_id)
         lm.release(lease, scheduler_pb2.OUTCOME_OK)
-        assert order == ["p2", "p0"]
+        assert (order, refused) == (served, shed)
+
+
+def test_the_setting_names_every_queue_policy() -> None:
+    assert set(typing.get_args(SchedulerSettings.model_fields["queue_policy"].annotation)) == set(QUEUE_POLICIES)
 
 
 async def test_a_granted_sim_worker_generates_with_the_request_priority(sim_workers) -> None:  # type: ignore[no-untyped-def]

@@ -53,6 +53,9 @@ def test_a_steps_parameters_come_from_the_profile_only(monkeypatch: pytest.Monke
     assert gate.filter(CycleState(batch, [w]), [w]) == []
     (default_gate,) = (f for f in build_pipeline(Profile.parse(""), settings).filters if f.name == "prefill_gate")
     assert default_gate.filter(CycleState(batch, [w]), [w]) == [w]
+    # the fifo baseline keeps no classes apart, so its gate holds nothing back
+    (fifo_gate,) = build_pipeline(profile, SchedulerSettings(queue_policy="fifo")).filters
+    assert fifo_gate.filter(CycleState(batch, [w]), [w]) == [w]
 
 
 @pytest.mark.parametrize(("text", "message"), [

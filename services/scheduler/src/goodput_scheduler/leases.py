@@ -14,7 +14,7 @@
 * The latency guard (:mod:`~goodput_scheduler.guard`) bounds P1/P2 concurrency per worker to protect P0's TTFT.
 * What each grant holds on its worker is booked in :mod:`~goodput_scheduler.leasebook`, the one owner of a
   worker's counters.
-* ``queue_policy=fifo`` replaces the classes with one arrival-order queue (a baseline for benchmarks).
+* The queue policy (:class:`~goodput_scheduler.queues.QueuePolicy`) lays out the queues, their bounds and shedding.
 * Worker-seconds in which a healthy worker had room while a request it could serve waited are counted in
   :mod:`~goodput_scheduler.efficiency`, updated at each change below (what counts, held back on purpose included).
 
@@ -50,7 +50,7 @@ from goodput_scheduler.metrics import SchedulerMetrics
 from goodput_scheduler.overload import DrainRate, OverloadDetector, retry_after_s
 from goodput_scheduler.placement import Decision, HasCapacity, PlacementPipeline, PlacementRequest
 from goodput_scheduler.predict import ServiceTimePredictor
-from goodput_scheduler.queues import CLASSES, P0, P1, P2, ClassQueue, ClassQueues, Ticket
+from goodput_scheduler.queues import CLASSES, P0, P1, P2, QUEUE_POLICIES, ClassQueue, ClassQueues, Ticket
 from goodput_scheduler.registry import Worker, WorkerRegistry
 
 # The lease manager's collaborators lived in this module before; their names stay importable from here.
@@ -75,8 +75,8 @@ class LeaseManager:
         self.registry = registry
         self.pipeline = pipeline
         self.metrics = metrics
-        self.fifo = settings.queue_policy == "fifo"
-        self.queues = ClassQueues(settings)
+        self.policy = QUEUE_POLICIES[settings.queue_policy]
+        self.queues = ClassQueues(self.policy, settings)
         self.overload = OverloadDetector(settings)
         self.drain = DrainRate(clock=self.clock)
         self.predictor = ServiceTimePredictor(prefill_s_per_token=settings.predict.prefill_s_per_token,
@@ -142,7 +142,7 @@ class LeaseManager:
     def retry_after_s(self, prio: int = P2) -> float:
         """When retrying is likely to succeed: the queue ahead drained at the observed rate, and for a class shed
         by overload, the time for saturation to fall back below the class's re-admission level."""
-        shed = not self.fifo and prio in (P1, P2) and self.overload.shedding.get(prio, False)
+        shed = self.policy.sheds_classes and self.overload.shedding.get(prio, False)
         return retry_after_s(
             ahead=self.queues.ahead(prio) + 1, rate=self.drain.rate(self.clock.now()),
             slots=sum(w.lease_cap(self.settings.max_inflight_per_worker) for w in self.registry.healthy()),
@@ -179,19 +179,18 @@ class LeaseManager:
             raise DeadlineExceeded("the request's deadline passed before it was admitted")
         if deadline is not None and self.settings.predict.deadlines:
             self._refuse_if_late(req, prio, deadline, now)
-        max_queue, timeout_s = self.queues.limits(prio)
+        queue = self.queues.of[prio]
         if prio == P0:
             self.guard.note_p0(now)
         self._update_overload()
-        if not self.fifo and prio != P0 and self.overload.shedding[prio]:
+        if self.policy.sheds_classes and self.overload.shedding.get(prio, False):
             self.metrics.shed.labels(label, "overload").inc()
             raise ResourceExhausted(
                 f"overloaded (saturation {self.overload.saturation:.2f}): {label} requests are shed for now",
                 code="overloaded", retry_after_s=self.retry_after_s(prio))
-        queue = self.queues.of(prio)
-        if max_queue and len(queue) >= max_queue:
-            self._make_room(queue, req, prio, max_queue)
-        effective = deadline
+        if queue.max_queue and len(queue) >= queue.max_queue:
+            self._make_room(queue, req, prio)
+        effective, timeout_s = deadline, queue.timeout_s
         if timeout_s > 0:
             effective = min(deadline, now + timeout_s) if deadline is not None else now + timeout_s
         if queue_deadline is not None:
@@ -232,15 +231,14 @@ class LeaseManager:
                 f"deadline is in {left:.2f} s: retry when the queue has drained", code="deadline_unreachable_now",
                 retry_after_s=wait)
 
-    def _make_room(self, queue: ClassQueue, req: PlacementRequest, prio: int, max_queue: int) -> None:
+    def _make_room(self, queue: ClassQueue, req: PlacementRequest, prio: int) -> None:
         """The class queue is full: refuse the request, or (its tenant under its share) push out the newest request
         of the tenant most over its own. Either way the tenant named is the one whose share is full."""
         label = priority_name(prio)
-        full = queue.when_full(req, max_queue)
-        if full is None:  # no shares to weigh: one tenant alone, or the fifo policy
+        full, max_queue = queue.when_full(req), queue.max_queue
+        if full is None:  # no shares to weigh: one tenant alone, or a queue without shares
             self.metrics.shed.labels(label, "queue_full").inc()
-            raise ResourceExhausted(f"the {label if not self.fifo else 'scheduler'} queue is full "
-                                    f"({len(queue)} waiting)", code="queue_full",
+            raise ResourceExhausted(f"the {queue.name} queue is full ({len(queue)} waiting)", code="queue_full",
                                     retry_after_s=self.retry_after_s(prio))
         if full.gives_way is None:
             self.metrics.shed.labels(label, "tenant_share").inc()
@@ -384,7 +382,7 @@ class LeaseManager:
                 f"the request waited {ticket.queue_deadline - ticket.enqueued_at:g} s for a worker, its class's "
                 "queue-wait budget"))
         else:
-            limit = self.queues.limits(ticket.priority)[1]
+            limit = self.queues.of[ticket.priority].timeout_s
             self._fail(ticket, "timeout", DeadlineExceeded(
                 f"the request waited longer than {priority_name(ticket.priority)}'s queue timeout ({limit:g} s)"))
 

@@ -1,14 +1,14 @@
-"""The class queues: where admitted requests wait for a worker.
+"""The class queues: where admitted requests wait for a worker, laid out by a queue policy.
 
 Each class (P0, P1, P2) has one :class:`ClassQueue`; inside it every tenant has a heap ordered by deadline (earliest
-first), and tenants take turns, so one tenant's burst cannot starve another. :class:`ClassQueues` holds the queues of
-one policy (``priority``: the three classes; ``fifo``: one arrival-order queue) with each class's depth and timeout.
+first), and tenants take turns, so one tenant's burst cannot starve another. :class:`ClassQueues` holds the queues a
+:class:`QueuePolicy` lays out (``priority``: the three classes; ``fifo``: one arrival-order queue, a baseline).
 
 A bounded class's depth is shared out between the tenants waiting in it, in proportion to their weights (the latest
 weight each sent): tenant t's share is ``max_queue * w_t / sum(w)`` over the tenants queued there, the arriving one
 counted. When the queue is full, :meth:`ClassQueue.when_full` says what gives way: the arrival itself when its tenant
 already holds its share, else the newest request of the tenant most over its own share. A tenant alone may use the
-whole queue. The fifo policy has no shares.
+whole queue.
 
 Example:
     >>> import asyncio
@@ -29,7 +29,7 @@ A full queue of 4 places, three held by ``big``: ``small`` (share 2) pushes out 
 refused.
 
     >>> async def full() -> list[str]:
-    ...     q, loop, seen = ClassQueue(), asyncio.get_running_loop(), []
+    ...     q, loop, seen = ClassQueue(max_queue=4), asyncio.get_running_loop(), []
     ...     def ticket(i: int, tenant: str) -> Ticket:
     ...         req = PlacementRequest(request_id=f"{tenant}-{i}", tenant=tenant, priority=P0, model="",
     ...                                prompt_tokens=1, max_tokens=1)
@@ -38,7 +38,7 @@ refused.
     ...     for i, tenant in enumerate(["big", "big", "big", "small"]):
     ...         q.push(ticket(i, tenant))
     ...     for i in (4, 5):
-    ...         verdict = q.when_full(ticket(i, "small").request, max_queue=4)
+    ...         verdict = q.when_full(ticket(i, "small").request)
     ...         seen.append(f"{verdict.tenant} holds {verdict.held} of share {verdict.share:g}: "
     ...                     f"{verdict.gives_way.request.request_id if verdict.gives_way else 'refused'}")
     ...         if verdict.gives_way is not None:
@@ -57,7 +57,7 @@ import asyncio
 import collections
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -68,11 +68,11 @@ if TYPE_CHECKING:
     from goodput_scheduler.leasebook import Grant
     from goodput_scheduler.placement import PlacementRequest
 
-__all__ = ["CLASSES", "FIFO", "P0", "P1", "P2", "ClassQueue", "ClassQueues", "ShareFull", "Ticket"]
+__all__ = ["CLASSES", "P0", "P1", "P2", "QUEUE_POLICIES", "ClassQueue", "ClassQueues", "QueuePolicy", "ShareFull",
+           "Ticket"]
 
 P0, P1, P2 = int(types_pb2.PRIORITY_P0), int(types_pb2.PRIORITY_P1), int(types_pb2.PRIORITY_P2)
 CLASSES = (P0, P1, P2)
-FIFO = 0  # the one queue of the fifo policy
 
 
 @dataclass(eq=False)
@@ -90,14 +90,13 @@ class Ticket:
     claimed: bool = False  # the grant became a Lease (or was undone)
     queue_deadline: float | None = None  # the end of its queue-wait budget (Admit.max_queue_wait_s)
 
-    def sort_key(self, fifo: bool) -> tuple[float, int]:
-        if fifo:
-            return (0.0, self.seq)
-        return (self.deadline if self.deadline is not None else math.inf, self.seq)
-
     @property
     def done(self) -> bool:
         return self.future.done()
+
+
+def by_deadline(t: Ticket) -> tuple[float, int]:
+    return (t.deadline if t.deadline is not None else math.inf, t.seq)
 
 
 @dataclass(frozen=True)
@@ -112,15 +111,17 @@ class ShareFull:
 
 class ClassQueue:
     """One class's queue: a heap per tenant (earliest deadline first), tenants served in turn, and the weight of
-    each tenant waiting (for the shares of a bounded depth).
+    each tenant waiting (for the shares of a bounded depth); at most ``max_queue`` requests (0: unbounded), each for
+    at most ``timeout_s`` (0: no timeout). Without ``shares``, one heap holds every tenant's requests, in ``order``.
 
-    >>> q = ClassQueue()
-    >>> len(q), q.tenants
-    (0, 0)
+    >>> q = ClassQueue("P1", max_queue=100, timeout_s=60.0)
+    >>> len(q), q.name, q.max_queue
+    (0, 'P1', 100)
     """
 
-    def __init__(self, *, fifo: bool = False) -> None:
-        self.fifo = fifo
+    def __init__(self, name: str = "", *, max_queue: int = 0, timeout_s: float = 0.0,
+                 order: Callable[[Ticket], tuple[float, int]] = by_deadline, shares: bool = True) -> None:
+        self.name, self.max_queue, self.timeout_s, self.order, self.shares = name, max_queue, timeout_s, order, shares
         self._tenants: collections.OrderedDict[str, list[tuple[tuple[float, int], Ticket]]] = \
             collections.OrderedDict()
         self._weights: dict[str, float] = {}  # of the tenants queued here: the latest weight each sent
@@ -135,11 +136,11 @@ class ClassQueue:
                 yield t
 
     def push(self, t: Ticket) -> None:
-        tenant = "" if self.fifo else t.request.tenant
+        tenant = self._tenant(t.request)
         heap = self._tenants.get(tenant)
         if heap is None:
             heap = self._tenants[tenant] = []
-        heapq.heappush(heap, (t.sort_key(self.fifo), t))
+        heapq.heappush(heap, (self.order(t), t))
         self._weights[tenant] = t.request.tenant_weight
         t.queue = self
         self._size += 1
@@ -162,7 +163,7 @@ class ClassQueue:
         return t
 
     def remove(self, t: Ticket) -> bool:
-        tenant = "" if self.fifo else t.request.tenant
+        tenant = self._tenant(t.request)
         heap = self._tenants.get(tenant)
         if heap is None:
             return False
@@ -180,21 +181,19 @@ class ClassQueue:
 
     def position(self, t: Ticket) -> int:
         """Requests ahead in this queue (an estimate across tenants: those with an earlier key)."""
-        key = t.sort_key(self.fifo)
-        return sum(1 for other in self if other is not t and other.sort_key(self.fifo) < key)
+        key = self.order(t)
+        return sum(1 for other in self if other is not t and self.order(other) < key)
 
-    @property
-    def tenants(self) -> int:
-        """Tenants with requests waiting here."""
-        return len(self._tenants)
+    def _tenant(self, request: PlacementRequest) -> str:
+        return request.tenant if self.shares else ""
 
-    def when_full(self, request: PlacementRequest, max_queue: int) -> ShareFull | None:
+    def when_full(self, request: PlacementRequest) -> ShareFull | None:
         """The queue holds ``max_queue`` requests and ``request`` arrives: what gives way, by the tenants' weighted
         shares of the places (the arriving tenant counted with the weight it sends now, which is kept). None when
-        there are no shares to weigh (the fifo policy, or the arriving tenant is the only one waiting here): the
-        queue is simply full."""
-        tenant = request.tenant
-        if self.fifo or not self._tenants.keys() - {tenant}:
+        there are no shares to weigh (a queue without shares, or the arriving tenant is the only one waiting here):
+        the queue is simply full."""
+        tenant = self._tenant(request)
+        if not self._tenants.keys() - {tenant}:
             return None
         if tenant in self._weights:
             self._weights[tenant] = request.tenant_weight  # the latest weight a tenant sent wins
@@ -205,7 +204,7 @@ class ClassQueue:
             return len(self._tenants.get(name, ()))
 
         def share(name: str) -> float:
-            return max_queue * weights[name] / total
+            return self.max_queue * weights[name] / total
 
         if held(tenant) >= share(tenant):
             return ShareFull(tenant=tenant, held=held(tenant), share=share(tenant), gives_way=None)
@@ -217,54 +216,60 @@ class ClassQueue:
         return max((t for _, t in self._tenants[tenant]), key=lambda t: t.seq)
 
 
-class ClassQueues:
-    """The queues of one policy, most urgent first, with each class's depth and queue timeout from settings."""
+@dataclass(frozen=True)
+class QueuePolicy:
+    """What differs between queue policies (``queue_policy`` names one of :data:`QUEUE_POLICIES`): the queues, most
+    urgent first, each class's (classes may share one) with its bounds, order and shares; what else keeps them apart.
 
-    def __init__(self, settings: SchedulerSettings) -> None:
-        self.settings = settings
-        self.fifo = settings.queue_policy == "fifo"
-        self._queues: dict[int, ClassQueue] = (
-            {FIFO: ClassQueue(fifo=True)} if self.fifo else {p: ClassQueue() for p in CLASSES})
+    >>> from goodput_scheduler.config import SchedulerSettings
+    >>> [(q.name, q.max_queue) for q in ClassQueues(QUEUE_POLICIES["fifo"], SchedulerSettings())]
+    [('scheduler', 200)]
+    """
+
+    queues: Callable[[SchedulerSettings], dict[int, ClassQueue]]
+    sheds_classes: bool  # overload sheds P2, then P1 (P0 is refused only when its own queue is full)
+    gates_classes: bool  # the profile's prefill_gate holds batch prompts back for P0's
+
+
+QUEUE_POLICIES: Mapping[str, QueuePolicy] = {
+    # strict priority between the classes, each with its depth and timeout; tenant shares and deadlines inside one
+    "priority": QueuePolicy(lambda s: {P0: ClassQueue("P0", max_queue=s.p0_max_queue, timeout_s=s.p0_timeout_s),
+                                       P1: ClassQueue("P1", max_queue=s.p1_max_queue, timeout_s=s.p1_timeout_s),
+                                       P2: ClassQueue("P2", max_queue=s.p2_max_queue, timeout_s=s.p2_timeout_s)},
+                            sheds_classes=True, gates_classes=True),
+    # the overload benchmark's baseline: one arrival-order queue for every class, no tenant shares, nothing shed
+    "fifo": QueuePolicy(lambda s: dict.fromkeys(CLASSES, ClassQueue("scheduler", max_queue=s.fifo_max_queue,
+                                                                   order=lambda t: (0.0, t.seq), shares=False)),
+                        sheds_classes=False, gates_classes=False),
+}
+
+
+class ClassQueues:
+    """The queues a policy lays out, most urgent first (several classes may share one)."""
+
+    def __init__(self, policy: QueuePolicy, settings: SchedulerSettings) -> None:
+        self.of: Mapping[int, ClassQueue] = policy.queues(settings)  # the queue each class joins
+        self._all = list(dict.fromkeys(self.of.values()))  # each queue once
 
     def __iter__(self) -> Iterator[ClassQueue]:
         """Most urgent first: the order the dispatcher serves them in."""
-        return iter(self._queues.values())
-
-    def of(self, prio: int) -> ClassQueue:
-        return self._queues[FIFO if self.fifo else prio]
+        return iter(self._all)
 
     def queued(self, prio: int | None = None) -> int:
         if prio is None:
-            return sum(len(q) for q in self._queues.values())
-        if self.fifo:
-            return sum(1 for t in self._queues[FIFO] if t.priority == prio)
-        return len(self._queues[prio])
+            return sum(len(q) for q in self)
+        return sum(1 for t in self.of[prio] if t.priority == prio)
 
     def tenants(self, prio: int) -> int:
         """Tenants with requests of this class waiting (a bounded class's depth is shared out between them)."""
-        if self.fifo:
-            return len({t.request.tenant for t in self._queues[FIFO] if t.priority == prio})
-        return self._queues[prio].tenants
-
-    def limits(self, prio: int) -> tuple[int, float]:
-        """(most requests that may wait, longest wait in seconds); 0 = unbounded / none."""
-        s = self.settings
-        if self.fifo:
-            return s.fifo_max_queue, 0.0
-        return {P0: (s.p0_max_queue, s.p0_timeout_s), P1: (s.p1_max_queue, s.p1_timeout_s),
-                P2: (s.p2_max_queue, s.p2_timeout_s)}[prio]
+        return len({t.request.tenant for t in self.of[prio] if t.priority == prio})
 
     def ahead(self, prio: int) -> int:
         """Queued requests that would be granted before a new one of this class."""
-        if self.fifo:
-            return self.queued()
-        return sum(len(self._queues[p]) for p in CLASSES if p <= prio)
+        return sum(len(q) for q in self._all[:self._all.index(self.of[prio]) + 1])
 
     def position(self, ticket: Ticket) -> int:
         """Requests ahead of a queued ticket (0 once it left the queue)."""
         if ticket.queue is None:
             return 0
-        ahead = ticket.queue.position(ticket)
-        if not self.fifo:
-            ahead += sum(len(self._queues[p]) for p in CLASSES if p < ticket.priority)
-        return ahead
+        return ticket.queue.position(ticket) + sum(len(q) for q in self._all[:self._all.index(ticket.queue)])

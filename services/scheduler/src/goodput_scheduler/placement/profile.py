@@ -67,7 +67,7 @@ from goodput_scheduler.placement.scorers import (
     SessionAffinity,
     SharingScopes,
 )
-from goodput_scheduler.queues import P1, P2
+from goodput_scheduler.queues import P1, P2, QUEUE_POLICIES
 
 __all__ = ["BUILTIN_PLUGINS", "DEFAULT_PROFILE", "Profile", "build_pipeline"]
 
@@ -80,8 +80,7 @@ def _has_capacity(p: HasCapacity.Parameters, h: PluginHandle) -> HasCapacity:
 
 
 def _prefill_gate(p: PrefillGate.Parameters, h: PluginHandle) -> PrefillGate:
-    # the fifo baseline has no classes, so no gate between them
-    return PrefillGate(p.budget_tokens, enabled=p.enabled and h.settings.queue_policy == "priority",
+    return PrefillGate(p.budget_tokens, enabled=p.enabled and QUEUE_POLICIES[h.settings.queue_policy].gates_classes,
                        p0_exclusive=p.p0_exclusive, p0_reserve=h.guard.p0_reserve if h.guard is not None else None)
 
 
