@@ -53,9 +53,7 @@ from goodput_scheduler.predict import ServiceTimePredictor
 from goodput_scheduler.queues import CLASSES, P0, P1, P2, QUEUE_POLICIES, ClassQueue, ClassQueues, Ticket
 from goodput_scheduler.registry import Worker, WorkerRegistry
 
-# The lease manager's collaborators lived in this module before; their names stay importable from here.
-__all__ = ["CLASSES", "DISPATCH_INTERVAL_S", "ClassQueue", "DrainRate", "LatencyGuard", "Lease", "LeaseManager",
-           "OverloadDetector", "SchedulerMetrics", "Ticket"]
+__all__ = ["DISPATCH_INTERVAL_S", "LeaseManager"]
 
 log = logging.getLogger("goodput.scheduler.leases")
 
