@@ -1,5 +1,5 @@
 """What the gateway's tests share besides the gateway itself (:mod:`conftest`): API keys, request bodies, the REST
-call, and the check that an error is in OpenAI's shape."""
+call, the check that an error is in OpenAI's shape, and a clock a test moves instead of sleeping."""
 
 from __future__ import annotations
 
@@ -47,3 +47,24 @@ def assert_openai_error(resp: httpx.Response, status: int, param: str | None = N
     if param is not None:
         assert error["param"] == param
     return error
+
+
+class FakeClock:
+    """A clock the test moves (:meth:`advance`) instead of sleeping: given as the ``clock`` of the code under test.
+    ``reads`` counts the calls, so a test can wait for that code to have looked at the time again.
+
+    >>> clock = FakeClock(100.0)
+    >>> clock.advance(2.5); clock(), clock.reads
+    (102.5, 1)
+    """
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

@@ -2,7 +2,8 @@
 body (:func:`run_job`) as a broker would, twice, late, or never, and workers "die" mid-run. A duplicated or
 redelivered message runs nothing twice; a lost message is sent again by the sweeper and runs once; a dead worker's
 claim lapses and the job runs exactly once more, with one result; the counters agree with the jobs after each.
-The same with a real Celery worker is in test_jobs.py."""
+Time passes on the queue's clock (:class:`FakeClock`), moved by the test, not slept through. The same with a real
+Celery worker is in test_jobs.py."""
 
 from __future__ import annotations
 
@@ -17,14 +18,17 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from goodput_core.errors import ResourceExhausted
+from goodput_testing import wait_until
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.jobs.records import STATES, TERMINAL, Job
 from goodput_gateway.jobs.store import JobQueue
 from goodput_gateway.worker import Sweeper, run_job
 
+from .helpers import FakeClock
+
 LEASE_S = 0.4
-LOST_AFTER_S = 30.0  # the sweeps below pass ``now`` to look past it
+LOST_AFTER_S = 30.0
 
 
 class Broker:
@@ -43,11 +47,13 @@ class Broker:
 
 
 class Runs:
-    """The attempt's work (the gateway's pipeline in a worker): counts runs, answers, or fails as told."""
+    """The attempt's work (the gateway's pipeline in a worker): counts runs, answers, or fails as told; with
+    ``held``, each run waits until the test sets ``release`` (a long generation)."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.hold_s = 0.0
+        self.held = False
+        self.release = threading.Event()
         self.fail: list[BaseException] = []
         self.lock = threading.Lock()
 
@@ -55,7 +61,8 @@ class Runs:
         with self.lock:
             self.count += 1
             n = self.count
-        time.sleep(self.hold_s)
+        if self.held:
+            assert self.release.wait(timeout=10), "the test never released the run"
         if self.fail:
             raise self.fail.pop(0)
         return {"object": "chat.completion", "run": n}
@@ -71,12 +78,17 @@ def broker() -> Broker:
 
 
 @pytest.fixture
-def queue(redis_url: str, redis_prefix: str, broker: Broker) -> Iterator[JobQueue]:
+def clock() -> FakeClock:
+    return FakeClock(time.time())  # wall time: the job keys' TTLs in Redis are computed from it
+
+
+@pytest.fixture
+def queue(redis_url: str, redis_prefix: str, broker: Broker, clock: FakeClock) -> Iterator[JobQueue]:
     settings = GatewaySettings(redis_url=redis_url, jobs={"prefix": redis_prefix, "lease_s": LEASE_S,
                                                           "lost_after_s": LOST_AFTER_S, "retry_base_s": 0.1,
                                                           "retry_cap_s": 0.2})
     client = redis.Redis.from_url(redis_url)
-    yield JobQueue(settings, client, registry=CollectorRegistry(), send=broker.send)
+    yield JobQueue(settings, client, registry=CollectorRegistry(), send=broker.send, clock=clock)
     client.close()
 
 
@@ -101,7 +113,7 @@ def assert_consistent(queue: JobQueue, *job_ids: str) -> None:
 
 def test_a_message_delivered_twice_runs_the_job_once(queue: JobQueue, broker: Broker) -> None:
     runs = Runs()
-    runs.hold_s = 0.2
+    runs.held = True
     job = submit(queue)
     [(job_id, dispatch, _)] = broker.sent
     # The same message delivered four times at once (a broker's redelivery racing the first delivery): one claims.
@@ -115,6 +127,8 @@ def test_a_message_delivered_twice_runs_the_job_once(queue: JobQueue, broker: Br
     threads = [threading.Thread(target=deliver) for _ in range(4)]
     for t in threads:
         t.start()
+    wait_until(lambda: len(outcomes) == 3, timeout=10)  # the three that lost the race returned while one runs
+    runs.release.set()
     for t in threads:
         t.join()
     assert runs.count == 1
@@ -131,14 +145,16 @@ def test_a_message_delivered_twice_runs_the_job_once(queue: JobQueue, broker: Br
     assert_consistent(queue, job.id)
 
 
-def test_a_lost_message_is_sent_again_by_the_sweeper_and_runs_once(queue: JobQueue, broker: Broker) -> None:
+def test_a_lost_message_is_sent_again_by_the_sweeper_and_runs_once(queue: JobQueue, broker: Broker,
+                                                                   clock: FakeClock) -> None:
     runs = Runs()
     broker.lose = True  # stored, but its message never reaches the broker
     job = submit(queue)
     broker.lose = False
     assert broker.sent == [] and queue.load(job.id).state == "queued"  # type: ignore[union-attr]
     assert queue.sweep() == {}  # not overdue yet: a message in a long queue is not taken for lost
-    assert queue.sweep(now=time.time() + LOST_AFTER_S + 1) == {"lost_message": 1}
+    clock.advance(LOST_AFTER_S + 1)
+    assert queue.sweep() == {"lost_message": 1}
     [(job_id, dispatch, delay)] = broker.sent
     assert (job_id, dispatch, delay) == (job.id, 1, 0.0)
     run_job(queue, job_id, runner=runs, dispatch=dispatch)
@@ -147,14 +163,16 @@ def test_a_lost_message_is_sent_again_by_the_sweeper_and_runs_once(queue: JobQue
     assert runs.count == 1
     done = queue.load(job.id)
     assert done is not None and done.state == "completed" and done.attempts == 1
-    assert queue.sweep(now=time.time() + LOST_AFTER_S + 1) == {}  # finished: nothing to recover
+    clock.advance(LOST_AFTER_S + 1)
+    assert queue.sweep() == {}  # finished: nothing to recover
     assert queue.tally("recoveries") == {"lost_message": 1}
     assert queue.tally("messages") == {"claimed": 1, "duplicate": 1}
     assert queue.attempts() == {"completed": 1}
     assert_consistent(queue, job.id)
 
 
-def test_a_parked_jobs_lost_message_is_recovered_and_old_messages_are_stale(queue: JobQueue, broker: Broker) -> None:
+def test_a_parked_jobs_lost_message_is_recovered_and_old_messages_are_stale(queue: JobQueue, broker: Broker,
+                                                                           clock: FakeClock) -> None:
     runs = Runs()
     runs.fail = [ResourceExhausted("scheduler queue is full", code="queue_full", retry_after_s=0.1)]
     job = submit(queue)
@@ -164,7 +182,8 @@ def test_a_parked_jobs_lost_message_is_recovered_and_old_messages_are_stale(queu
     assert parked is not None and parked.state == "parked" and parked.dispatch == 2
     # a copy of dispatch 1's message turns up: stale, the job waits for its second dispatch
     assert run_job(queue, job.id, runner=runs, dispatch=1) is not None and runs.count == 1
-    assert queue.sweep(now=time.time() + LOST_AFTER_S + 1) == {"lost_message": 1}
+    clock.advance(LOST_AFTER_S + 1)
+    assert queue.sweep() == {"lost_message": 1}
     assert broker.sent[-1] == (job.id, 2, 0.0)
     done = run_job(queue, job.id, runner=runs, dispatch=2)
     assert done is not None and done.state == "completed" and done.attempts == 2 and runs.count == 2
@@ -174,7 +193,7 @@ def test_a_parked_jobs_lost_message_is_recovered_and_old_messages_are_stale(queu
 
 
 def test_a_worker_that_dies_mid_run_lets_its_claim_lapse_and_the_job_runs_once_more(
-        queue: JobQueue, broker: Broker) -> None:
+        queue: JobQueue, broker: Broker, clock: FakeClock) -> None:
     runs = Runs()
     job = submit(queue)
     runs.fail = [WorkerDied()]
@@ -186,7 +205,7 @@ def test_a_worker_that_dies_mid_run_lets_its_claim_lapse_and_the_job_runs_once_m
     # While its lease runs, nothing takes the job: not the sweeper, not a copy of the message.
     assert queue.sweep() == {}
     assert run_job(queue, job.id, runner=runs, dispatch=1) is not None and runs.count == 1
-    time.sleep(LEASE_S + 0.1)
+    clock.advance(LEASE_S + 0.1)
     assert queue.sweep() == {"lease_expired": 1}  # lapsed: queued again under a new dispatch
     assert broker.sent[-1] == (job.id, 2, 0.0)
     assert queue.attempts() == {"lost": 1}
@@ -205,13 +224,14 @@ def test_a_worker_that_dies_mid_run_lets_its_claim_lapse_and_the_job_runs_once_m
     assert_consistent(queue, job.id)
 
 
-def test_a_redelivered_message_takes_over_a_dead_workers_lapsed_claim(queue: JobQueue, broker: Broker) -> None:
+def test_a_redelivered_message_takes_over_a_dead_workers_lapsed_claim(queue: JobQueue, broker: Broker,
+                                                                      clock: FakeClock) -> None:
     runs = Runs()
     job = submit(queue)
     runs.fail = [WorkerDied()]
     with pytest.raises(WorkerDied):
         run_job(queue, job.id, runner=runs, dispatch=1)
-    time.sleep(LEASE_S + 0.1)
+    clock.advance(LEASE_S + 0.1)
     # Celery's redelivery of the unacknowledged message comes before the sweeper does: it claims the job afresh.
     done = run_job(queue, job.id, runner=runs, dispatch=1)
     assert done is not None and done.state == "completed" and done.attempts == 2 and runs.count == 2
@@ -221,16 +241,20 @@ def test_a_redelivered_message_takes_over_a_dead_workers_lapsed_claim(queue: Job
     assert_consistent(queue, job.id)
 
 
-def test_a_live_worker_keeps_its_claim_past_the_lease(queue: JobQueue, broker: Broker) -> None:
+def test_a_live_worker_keeps_its_claim_past_the_lease(queue: JobQueue, broker: Broker, clock: FakeClock) -> None:
     runs = Runs()
-    runs.hold_s = LEASE_S * 4  # a long generation: its heartbeat renews the lease
+    runs.held = True  # a long generation: its heartbeat renews the lease
     job = submit(queue)
     worker = threading.Thread(target=run_job, args=(queue, job.id), kwargs={"runner": runs, "dispatch": 1})
     worker.start()
-    while worker.is_alive():  # meanwhile the sweeper and copies of the message find the claim live
-        assert queue.sweep() == {}
+    wait_until(lambda: queue.load(job.id).state == "running", timeout=10)  # type: ignore[union-attr]
+    for _ in range(4):  # four times most of a lease: each time its heartbeat renews it from the new time
+        clock.advance(LEASE_S * 0.75)
+        wait_until(lambda: queue.load(job.id).lease_until == clock.now + LEASE_S, timeout=10,  # type: ignore[union-attr]
+                   message="the heartbeat did not renew the lease")
+        assert queue.sweep() == {}  # meanwhile the sweeper and copies of the message find the claim live
         run_job(queue, job.id, runner=runs, dispatch=1)
-        time.sleep(0.05)
+    runs.release.set()
     worker.join()
     done = queue.load(job.id)
     assert done is not None and done.state == "completed" and done.attempts == 1 and runs.count == 1
@@ -238,9 +262,9 @@ def test_a_live_worker_keeps_its_claim_past_the_lease(queue: JobQueue, broker: B
     assert_consistent(queue, job.id)
 
 
-def test_the_sweeper_expires_jobs_past_their_deadline(queue: JobQueue, broker: Broker) -> None:
+def test_the_sweeper_expires_jobs_past_their_deadline(queue: JobQueue, broker: Broker, clock: FakeClock) -> None:
     runs = Runs()
-    soon = time.time() + 0.3
+    soon = clock.now + 0.3
     queued = submit(queue, deadline_at=soon)
     parked = submit(queue, deadline_at=soon, delay_s=5.0)
     running = submit(queue, deadline_at=soon)
@@ -248,15 +272,18 @@ def test_the_sweeper_expires_jobs_past_their_deadline(queue: JobQueue, broker: B
     with pytest.raises(WorkerDied):
         run_job(queue, running.id, runner=runs, dispatch=1)
     alive = submit(queue, deadline_at=soon)
-    runs.hold_s = 1.0
+    runs.held = True
     worker = threading.Thread(target=run_job, args=(queue, alive.id), kwargs={"runner": runs, "dispatch": 1})
     worker.start()
-    time.sleep(0.6)  # past the deadline, and past the dead worker's lease
+    wait_until(lambda: queue.load(alive.id).state == "running", timeout=10)  # type: ignore[union-attr]
+    clock.advance(0.6)  # past the deadline, and past the dead worker's lease; the live one's heartbeat renews its own
+    wait_until(lambda: queue.load(alive.id).lease_until == clock.now + LEASE_S, timeout=10)  # type: ignore[union-attr]
     # Three expire (the dead worker's attempt counted lost); the live attempt past its deadline may finish.
     assert queue.sweep() == {"deadline": 3}
     for job in (queued, parked, running):
         expired = queue.load(job.id)
         assert expired is not None and expired.state == "expired" and "deadline" in expired.error
+    runs.release.set()
     worker.join()
     assert queue.load(alive.id).state == "completed"  # type: ignore[union-attr]
     # their messages arrive later: nothing runs
@@ -272,8 +299,8 @@ def test_the_sweeper_expires_jobs_past_their_deadline(queue: JobQueue, broker: B
 def test_one_sweep_per_interval_over_every_worker(queue: JobQueue, broker: Broker) -> None:
     a, b = Sweeper(queue, interval_s=0.3), Sweeper(queue, interval_s=0.3)
     assert a.sweep_once() == {} and b.sweep_once() is None  # b's turn is taken this interval
-    time.sleep(0.3)
-    assert b.sweep_once() == {}
+    # the turn is a key that Redis expires after the interval, by Redis's own clock: b waits for it
+    wait_until(lambda: b.sweep_once() == {}, timeout=5, interval=0.05, message="b never got a turn")
 
 
 def test_the_counters_are_exported_from_redis(queue: JobQueue, broker: Broker) -> None:
@@ -306,11 +333,12 @@ def test_cancelling_a_batch_line_never_touches_a_running_one(queue: JobQueue, br
     assert_consistent(queue, waiting.id, started.id)
 
 
-def test_jobs_stored_before_the_indexes_join_them_and_still_run_once(queue: JobQueue, broker: Broker) -> None:
+def test_jobs_stored_before_the_indexes_join_them_and_still_run_once(queue: JobQueue, broker: Broker,
+                                                                     clock: FakeClock) -> None:
     """An upgrade: jobs written by the previous version (no dispatch, listed in a plain set per state) are adopted by
     the sweeper; their messages (no dispatch either) still start them, once."""
     runs = Runs()
-    now = time.time()
+    now = clock.now
     legacy = {"tenant": "acme", "route": "chat", "body": {"messages": []}, "created_at": now, "updated_at": now,
               "deadline_at": now + 3600, "attempts": 0, "next_attempt_at": now, "error": "", "result": None}
     for job_id, state in (("job-old-queued", "queued"), ("job-old-running", "running"), ("job-old-done", "completed")):
@@ -326,7 +354,9 @@ def test_jobs_stored_before_the_indexes_join_them_and_still_run_once(queue: JobQ
         run_job(queue, "job-old-queued", runner=runs, dispatch=None)
     assert queue.load("job-old-queued").state == "completed" and runs.count == 1  # type: ignore[union-attr]
     # The one an old worker was running keeps it for JOBS__LOST_AFTER_S, then is queued again (its attempt lost).
-    assert queue.sweep(now=time.time() + 1) == {}
-    assert queue.sweep(now=time.time() + LOST_AFTER_S + 1) == {"lease_expired": 1}
+    clock.advance(1)
+    assert queue.sweep() == {}
+    clock.advance(LOST_AFTER_S)
+    assert queue.sweep() == {"lease_expired": 1}
     assert broker.sent == [("job-old-running", 1, 0.0)]
     assert_consistent(queue, "job-old-queued", "job-old-running", "job-old-done")

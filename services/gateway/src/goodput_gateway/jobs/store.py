@@ -66,9 +66,10 @@ class JobQueue:
     :mod:`.worker`); a message that could not be sent is sent again by the sweeper."""
 
     def __init__(self, settings: Any, redis_client: Any, *, registry: CollectorRegistry | None = None,
-                 send: Send | None = None) -> None:
+                 send: Send | None = None, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.redis = redis_client
+        self.clock = clock  # wall time: deadlines, leases and due times are stored and compared across processes
         self.prefix = settings.jobs.prefix
         self._send = send or celery_send(settings)
         self.metrics = JobsMetrics(registry, self)
@@ -110,7 +111,7 @@ class JobQueue:
     # ---- writes: every one a compare-and-set ----
     def _write(self, pipe: Any, job: Job, *, old: Job | None, count: tuple[str, str] | None = None) -> None:
         """Queues the writes of ``job`` (and of its indexes and counters) on ``pipe``, inside its MULTI."""
-        now = time.time()
+        now = self.clock()
         job.updated_at = now
         ttl = max(int(max(job.deadline_at - now, 0) + self.settings.jobs.result_ttl_s), 60)
         pipe.set(self._key(job.id), json.dumps(asdict(job)), ex=ttl)
@@ -172,9 +173,9 @@ class JobQueue:
         (default: ``job_deadline_s`` from now)."""
         if route not in ENDPOINTS:
             raise InvalidArgument(f"unknown route {route!r}", param="endpoint")
-        now = time.time()
+        now = self.clock()
         body = {**body, "stream": False, "priority": "P2"}
-        job = Job(id=f"job-{uuid.uuid4().hex}", tenant=tenant, route=route, body=body,
+        job = Job(id=f"job-{uuid.uuid4().hex}", tenant=tenant, route=route, body=body, created_at=now,
                   state="parked" if delay_s > 0 else "queued",
                   deadline_at=deadline_at if deadline_at is not None else now + self.settings.jobs.deadline_s,
                   next_attempt_at=now + delay_s, due_at=now + delay_s, dispatch=1, error=error)
@@ -190,7 +191,7 @@ class JobQueue:
         ``claimed`` (the job is now running under a fresh claim and lease: run it), ``expired`` (its deadline had
         passed), or nothing: ``duplicate``, ``stale``, ``missing`` (see :data:`VERDICTS`). Returns the verdict and
         the job as stored now."""
-        now = time.time()
+        now = self.clock()
         verdict = "missing"
         recovered = False
 
@@ -226,7 +227,7 @@ class JobQueue:
         def change(current: Job) -> Job | None:
             if current.state != "running" or current.claim != job.claim:
                 return None
-            current.lease_until = time.time() + self.settings.jobs.lease_s
+            current.lease_until = self.clock() + self.settings.jobs.lease_s
             return current
         return self.update(job.id, change)[1]
 
@@ -237,7 +238,7 @@ class JobQueue:
         Returns (the job as stored now, whether this attempt's outcome was written)."""
         if state not in ("completed", "parked", "failed"):
             raise ValueError(f"an attempt does not end as {state!r}")
-        now = time.time()
+        now = self.clock()
 
         def change(current: Job) -> Job | None:
             if current.state != "running" or current.claim != job.claim:
@@ -286,10 +287,10 @@ class JobQueue:
         pipe.zrem(self._deadlines(), job_id)
         pipe.execute()
 
-    def sweep(self, *, now: float | None = None) -> dict[str, int]:
+    def sweep(self) -> dict[str, int]:
         """One pass of the sweeper; returns how many jobs it expired (``deadline``), requeued after their worker
         died (``lease_expired``) and sent again (``lost_message``). At most ``job_sweep_batch`` of each."""
-        now = time.time() if now is None else now
+        now = self.clock()
         limit = int(self.settings.jobs.sweep_batch)
         done: Tally[str] = Tally()
 
