@@ -13,7 +13,7 @@ from goodput_gateway.ladder import Ladder, LadderMetrics
 from goodput_gateway.profile import LatencyProfile
 from goodput_gateway.service import GatewayService
 
-from .helpers import AUTH, GatewayFactory, assert_openai_error, chat, post
+from .helpers import AUTH, FakeClock, GatewayFactory, assert_openai_error, chat, post
 
 
 @pytest.fixture
@@ -22,16 +22,16 @@ async def gateway(gateway: GatewayFactory) -> tuple[httpx.AsyncClient, GatewaySe
     return gw.client, gw.service, gw.registry
 
 
-def _ladder(**kw: object) -> tuple[Ladder, list[float]]:
-    now = [0.0]
-    ladder = Ladder(LatencyProfile(), clock=lambda: now[0], interval_s=1.0, min_samples=5, rand=lambda: 0.05,
+def _ladder(**kw: object) -> tuple[Ladder, FakeClock]:
+    now = FakeClock()
+    ladder = Ladder(LatencyProfile(), clock=now, interval_s=1.0, min_samples=5, rand=lambda: 0.05,
                     metrics=LadderMetrics(None), **kw)  # type: ignore[arg-type]
     ladder.level(1)  # the class's first interval starts now
     return ladder, now
 
 
-def _interval(ladder: Ladder, now: list[float], *, missed: bool, n: int = 5) -> None:
-    now[0] += 1.0
+def _interval(ladder: Ladder, now: FakeClock, *, missed: bool, n: int = 5) -> None:
+    now.advance(1.0)
     for _ in range(n):
         ladder.observe(1, missed=missed)
 
@@ -68,8 +68,13 @@ def test_a_few_requests_do_not_move_it_and_a_disabled_ladder_never_does() -> Non
 
 async def test_a_shedding_class_is_refused_before_anything_is_spent(gateway) -> None:  # type: ignore[no-untyped-def]
     client, service, registry = gateway
-    service.ladder._of(1).level, service.ladder._of(1).shed = 5, 0.9  # noqa: SLF001 - P0 at its last step
-    service.ladder.rand = lambda: 0.0
+    ladder, clock = service.ladder, FakeClock()
+    ladder.clock, ladder.rand = clock, lambda: 0.0
+    for _ in range(20):  # interval after interval, P0's answers miss their SLO: the ladder climbs to shedding 90 %
+        clock.advance(ladder.interval_s)
+        for _ in range(ladder.min_samples):
+            ladder.observe(1, missed=True)
+    assert ladder.active(1)[-1] == "shed" and ladder.shed_share(1) == pytest.approx(0.9)
     resp = await post(client, chat(priority="P0"))
     error = assert_openai_error(resp, 429)
     assert error["code"] == "degraded_shed" and float(resp.headers["retry-after"]) >= 1
