@@ -28,11 +28,12 @@ from goodput_gateway.events import StreamEnd, TextDelta
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipeline import Pipeline
 from goodput_gateway.requests import Cost, GenerationRequest, Message
+from goodput_gateway.speculation import MAX_INFLIGHT, MIN_FREE_SLOTS
 
 pytestmark = [pytest.mark.integration]
 
 P0 = types_pb2.PRIORITY_P0
-CAP = 3  # the scheduler's worker's lease slots
+CAP = MIN_FREE_SLOTS + 2  # the scheduler's worker's lease slots
 PRINCIPAL = Principal(tenant="t", max_priority=P0, default_priority=P0)
 
 
@@ -89,10 +90,9 @@ async def load(address: str) -> inference_pb2.GetLoadResponse:
 async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_nothing_leaked(fleet) -> None:  # type: ignore[no-untyped-def]
     stub, known, stranger = fleet
     metrics = GatewayMetrics(CollectorRegistry())
-    # the scheduler's worker has CAP lease slots (MAX_INFLIGHT_PER_WORKER): one to spare is enough to guess here (a
+    # the scheduler's worker has CAP lease slots (MAX_INFLIGHT_PER_WORKER): MIN_FREE_SLOTS to spare, and one more (a
     # finished request's release may reach the scheduler after the next grant)
-    pipeline = Pipeline(GatewaySettings(speculative_start=True, speculative_start_max_inflight=CAP + 1,
-                                        speculative_start_min_free_slots=1), scheduler=stub,
+    pipeline = Pipeline(GatewaySettings(speculative_start=True), scheduler=stub,
                         channel_factory=grpc.aio.insecure_channel, metrics=metrics)
     async with grpc.aio.insecure_channel(known) as channel:
         model = (await inference_pb2_grpc.InferenceStub(channel).GetModelInfo(
@@ -109,8 +109,7 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
         await inference_pb2_grpc.InferenceStub(pipeline._channel(stranger)).GetLoad(inference_pb2.GetLoadRequest(),
                                                                                    timeout=5)
         aborted = (await load(stranger)).aborted_total
-        pipeline.speculation._hints[(model, P0, "")] = ("stranger", stranger)
-        pipeline.speculation._free_slots[stranger] = 2
+        pipeline.speculation.granted(model, P0, "", worker_id="stranger", address=stranger, free_slots=CAP)
         assert await answer(pipeline, model, 10)
         assert counted(metrics, "miss") == 1 and counted(metrics, "hit") == 3
         # the early call was cancelled before it reached the worker, or reached it and was aborted there
@@ -119,8 +118,7 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
         assert (await load(stranger)).aborted_total in (aborted, aborted + 1)
 
         # wrong twice in a row: the gateway stops guessing, but for one request in ten (a probe, which hits here)
-        pipeline.speculation._hints[(model, P0, "")] = ("stranger", stranger)
-        pipeline.speculation._free_slots[stranger] = 2
+        pipeline.speculation.granted(model, P0, "", worker_id="stranger", address=stranger, free_slots=CAP)
         assert await answer(pipeline, model, 11)
         assert counted(metrics, "miss") == 2
         for i in range(9):
@@ -131,12 +129,8 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
 
         # a busy gateway does not guess
         hits = counted(metrics, "hit")
-        pipeline._opening += CAP + 1  # as if that many more requests were being opened
-        try:
-            assert await answer(pipeline, model, 30)
-        finally:
-            pipeline._opening -= CAP + 1
-        assert counted(metrics, "hit") == hits
+        assert pipeline.speculation.guess(model, P0, "", inflight=MAX_INFLIGHT) is not None
+        assert pipeline.speculation.guess(model, P0, "", inflight=MAX_INFLIGHT + 1) is None
 
         # the worker holds all its leases (its cap): its latest grant said no slot was left, so the next request is
         # not started early (it waits in the scheduler's queue and starts on its grant)
@@ -153,7 +147,7 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
                     pass
 
         held = await held_pair("held")
-        assert pipeline.speculation._free_slots[known] == 0
+        assert pipeline.speculation.guess(model, P0, "", inflight=1) is None  # no slot to spare there
         waiting = asyncio.ensure_future(answer(pipeline, model, 31))
         await asyncio.sleep(0.3)
         assert not waiting.done()
@@ -164,7 +158,7 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
         # the same with a stale word of spare slots: the early call starts, the scheduler queues the lease, and the
         # early call is cancelled the moment it says so; the request starts on its grant (nothing ran unadmitted)
         held = await held_pair("again")
-        pipeline.speculation._free_slots[known] = 2
+        pipeline.speculation.granted(model, P0, "", worker_id="worker", address=known, free_slots=CAP)
         waiting = asyncio.ensure_future(answer(pipeline, model, 32))
         await asyncio.sleep(0.3)
         assert not waiting.done()
@@ -173,9 +167,8 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
         assert counted(metrics, "queued") == 1 and counted(metrics, "hit") == hits
 
         # a lease not granted (no worker serves the model: its deadline passes waiting) cancels the early call too
-        pipeline.speculation._hints[("no-such-model", P0, "")] = ("worker", known)
         # slots to spare there (the last grant's word may predate a release)
-        pipeline.speculation._free_slots[known] = CAP
+        pipeline.speculation.granted("no-such-model", P0, "", worker_id="worker", address=known, free_slots=CAP)
         with pytest.raises(GoodputError):
             await answer(pipeline, "no-such-model", 40, deadline_s=1.0)
         assert counted(metrics, "refused") == 1

@@ -19,7 +19,6 @@ _COMPOSED = filters.negate(filters.any_of(filters.health_check(), filters.method
 METHODS = [
     "/goodput.gateway.v1.Gateway/GenerateStream",
     "/goodput.inference.v1.Inference/Generate",
-    "/goodput.inference.v1.Inference/GenerateBatches",
     "/goodput.inference.v1.Inference/GetLoad",
     "/goodput.scheduler.v1.Scheduler/LeaseBatches",
     "/goodput.scheduler.v1.Scheduler/ListWorkers",

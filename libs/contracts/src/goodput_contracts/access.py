@@ -75,8 +75,6 @@ ACCESS: dict[str, dict[str, Rule]] = {
     },
     "inference": {
         _INF + "Generate": _r(*_GW, tenant="tenant"),
-        # Many generations on one stream: each start's tenant is believed because only tenant actors may open it.
-        _INF + "GenerateBatches": _r(*_GW),
         _INF + "GetLoad": _r("scheduler", *_GW, OPERATOR),
         _INF + "GetModelInfo": _r("scheduler", *_GW, OPERATOR),
     },

@@ -256,56 +256,15 @@ class GatewaySettings(ServiceSettings):
                                           "model served. Auto picks the cheapest pool predicted to meet the "
                                           "request's class SLO (goodput_gateway.autoroute); list only models whose "
                                           "answers are good enough for what is sent as auto.")
-    worker_mux: bool = Field(True, description="Requests' generations as messages on long-lived multiplexed "
-                                               "streams to each worker (Inference/GenerateBatches: the fast path, "
-                                               "no call set up per request; tokens that queue up behind a write go "
-                                               "out together) while few run there (WORKER_MUX_MAX_OPEN); false = a "
-                                               "Generate call per request.")
-    worker_mux_max_open: int = Field(8, ge=0, le=100_000,
-                                     description="With WORKER_MUX: most generations to one worker on its "
-                                                 "GenerateBatches streams at once; past that, requests get a "
-                                                 "Generate call each. A stream saves a call's setup (most of the "
-                                                 "gateway's added time when idle) and cuts the gateway's CPU per "
-                                                 "request under load (-20 to -30% at 32-128 streams), but each token "
-                                                 "takes one more event-loop turn on each side (the stream's reader "
-                                                 "hands it to the request's task; the worker's generation to the "
-                                                 "stream's writer): at 128 streams every generation on streams "
-                                                 "added ~5 ms to TTFT p50 (loadtests/reports/worker-mux-ab.md; "
-                                                 "0 was within the runs' spread of 8).")
-    worker_mux_streams: int = Field(8, ge=1, le=1024,
-                                    description="With WORKER_MUX: most GenerateBatches streams to one worker (a "
-                                                "new one opens while every open one carries generations; each "
-                                                "request goes to the least busy); an idle gateway keeps one.")
-    token_gate_per_turn: int = Field(8, ge=0, le=100_000,
-                                     description="Most later tokens (every token of a stream after its first) the "
-                                                 "gateway relays per event-loop turn; the rest wait, in order, for "
-                                                 "the turns after, so a new request's start and first token are not "
-                                                 "queued behind a whole engine step's tokens for every stream "
-                                                 "(goodput_gateway.tokengate). Measured (loadtests/reports/"
-                                                 "token-gate-ab.md, 3 runs each): added TTFT p50 at 128 streams "
-                                                 "+9.0 -> +3.2 ms (gRPC) and +5.2 -> +3.2 ms (REST) with 8, ITL p50 "
-                                                 "unchanged. 0 = no bound.")
     speculative_start: bool = Field(False, description="Opt-in. Start the worker call on the worker the scheduler "
                                                        "granted last for the same model, class and session while "
                                                        "the lease is being granted, where that worker had slots to "
-                                                       "spare (SPECULATIVE_START_MIN_FREE_SLOTS), so the lease's "
+                                                       "spare, so the lease's "
                                                        "round trip overlaps the worker's start; a grant elsewhere, a "
                                                        "queued lease or a refusal cancels it (the worker aborts it) "
                                                        "before the caller sees anything (a wrong guess costs the "
                                                        "guessed worker what it did before the cancel, up to a "
                                                        "prefill step). false = the worker is called after the grant.")
-    speculative_start_min_free_slots: int = Field(4, ge=1, le=1_000_000,
-                                                  description="Speculative starts only on a worker that had at least "
-                                                              "this many lease slots left at its latest grant (the "
-                                                              "scheduler says so in every grant): where the lease "
-                                                              "will very likely be granted there at once, not "
-                                                              "queued.")
-    speculative_start_max_inflight: int = Field(256, ge=0, le=1_000_000,
-                                                description="Speculative starts only while the gateway has at most "
-                                                            "this many requests in flight (the new one included): a "
-                                                            "bound on the work wrong guesses can cost at once.")
-    worker_retry: bool = Field(True, description="Retry once on another worker when a worker fails before "
-                                                 "the first token.")
     embedder_addr: str = Field("", description="Embedder gRPC address (embeddings, indexing); empty = off.")
     retriever_addr: str = Field("", description="Retriever gRPC address (search, RAG); empty = off.")
     knowledge_timeout_s: float = Field(30.0, gt=0, description="Timeout of an embed, search or index call.")

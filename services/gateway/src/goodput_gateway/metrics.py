@@ -64,14 +64,9 @@ class GatewayMetrics:
             "(SPECULATIVE_START), by result: hit (granted on that worker), miss (granted elsewhere: cancelled), "
             "queued (the lease waited in the scheduler's queue: cancelled then), refused (the lease was not "
             "granted: cancelled).", ["result"], registry=registry)
-        self.worker_starts = Counter(
-            "goodput_gateway_worker_starts_total", "Generations started at a worker, by how: stream (on a "
-            "multiplexed GenerateBatches stream, WORKER_MUX) or call (a Generate call of its own: past "
-            "WORKER_MUX_MAX_OPEN, or WORKER_MUX off).", ["transport"],
-            registry=registry)
         self.token_gate_parked = Counter(
             "goodput_gateway_token_gate_parked_total", "Later tokens (after a stream's first) relayed in a later "
-            "event-loop turn than the one they came in, behind TOKEN_GATE_PER_TURN others (0 with the gate off).",
+            "event-loop turn than the one they came in, behind a turn's share of others (goodput_gateway.tokengate).",
             registry=registry)
         self.worker_failures = Counter("goodput_gateway_worker_failures_total",
                                        "Worker calls lost (before or after the first token).", ["phase"],

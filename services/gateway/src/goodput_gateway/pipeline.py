@@ -5,7 +5,7 @@ Tokens flow worker -> gateway -> caller with no buffering; the scheduler only ho
 cancels the worker call, which aborts the request in the engine.
 
 Its parts: the models served (:mod:`.catalogue`), the lease client (:mod:`.leasemux`), speculative start
-(:mod:`.speculation`), the worker client (:mod:`.workermux`, or a Generate call) and the stream of one request
+(:mod:`.speculation`), the worker call (one ``Inference/Generate`` per request) and the stream of one request
 (:mod:`.stream`). It knows nothing of caching, RAG or metering of the answer: the service wraps its token stream.
 
 Example (with a scheduler and its workers up, inside a coroutine)::
@@ -49,7 +49,6 @@ from goodput_gateway.stream import WORKER_LOST, GenerationStream, Lease, StreamS
 from goodput_gateway.timing import Timeline
 from goodput_gateway.tokengate import TokenGate
 from goodput_gateway.tools import worker_tools
-from goodput_gateway.workermux import WorkerStreams
 
 __all__ = ["Pipeline"]
 
@@ -71,14 +70,10 @@ class Pipeline:
         self.catalogue = Catalogue(settings, scheduler=scheduler, breaker=self.breaker)
         self.speculation = Speculation(settings, metrics)
         self.lease_stream = LeaseStream(scheduler)
-        self.worker_streams = WorkerStreams(self._channel, per_worker=settings.worker_mux_streams,
-                                            max_open=settings.worker_mux_max_open) \
-            if settings.worker_mux else None  # the fast path
         self._opening = 0  # requests between open() and their stream
         self.streams = 0  # generation streams open
-        # later tokens at most TOKEN_GATE_PER_TURN per event-loop turn, so first tokens and new requests go first
-        self.token_gate = TokenGate(settings.token_gate_per_turn, on_park=metrics.token_gate_parked.inc) \
-            if settings.token_gate_per_turn else None
+        # later tokens a few per event-loop turn, so first tokens and new requests go first (tokengate.PER_TURN)
+        self.token_gate = TokenGate(on_park=metrics.token_gate_parked.inc)
         self._lease_seq = itertools.count()
         self._background: set[asyncio.Task[None]] = set()
 
@@ -90,16 +85,9 @@ class Pipeline:
 
     def _call_worker(self, address: str, gen: inference_pb2.GenerateRequest, *, deadline: float,
                      span: Span) -> WorkerCall:
-        """Starts ``gen`` at the worker: on a shared stream (WORKER_MUX) while few of this gateway's requests run
-        there (WORKER_MUX_MAX_OPEN); else as a Generate call of its own."""
+        """Starts ``gen`` at the worker, a Generate call of its own: one call per request measured no slower than
+        multiplexed streams at 1-128 streams (loadtests/reports/worker-mux-ab.md, "all-calls")."""
         timeout = max(deadline - time.monotonic(), 0.001)
-        if self.worker_streams is not None:
-            started = self.worker_streams.generate(address, gen, timeout_s=timeout,
-                                                   trace_context=dict(_trace_metadata(span)))
-            if started is not None:
-                self.metrics.worker_starts.labels("stream").inc()
-                return started
-        self.metrics.worker_starts.labels("call").inc()
         return inference_pb2_grpc.InferenceStub(self._channel(address)).Generate(
             gen, timeout=timeout, metadata=_trace_metadata(span))
 
@@ -111,8 +99,6 @@ class Pipeline:
     async def close(self) -> None:
         await self.settle()
         await self.lease_stream.close()
-        if self.worker_streams is not None:
-            await self.worker_streams.close()
         for channel in self._channels.values():
             await channel.close(grace=None)
 
@@ -123,17 +109,16 @@ class Pipeline:
                    timeline: Timeline | None = None, speculate: bool = True) -> GenerationStream:
         """Leases a worker for ``request`` (its priority resolved, its cost estimated) and starts generation;
         returns once the worker accepted the request, so errors surface before any response bytes are sent. A
-        worker that fails before accepting is retried once on another (``worker_retry``).
+        worker that fails before accepting is retried once on another.
 
         With ``speculative_start`` the worker call starts while the lease is being granted, on the worker the
         scheduler granted last for the same model, class and session where it had slots to spare
         (``speculate=False`` for a request the scheduler may well refuse): the scheduler still decides, and a grant
         elsewhere, a refusal or a place in its queue cancels the early call before anything is sent to the
         caller."""
-        attempts = 2 if self.settings.worker_retry else 1
         self._opening += 1
         try:
-            for attempt in range(attempts):
+            for attempt in range(2):
                 early = self._speculate(principal, request, request_id=request_id, model=model, deadline=deadline) \
                     if attempt == 0 and speculate else None
                 try:
@@ -178,7 +163,7 @@ class Pipeline:
                 except WorkerLost as lost:
                     self.metrics.worker_failures.labels("before_first_token").inc()
                     self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
-                    if attempt + 1 == attempts:
+                    if attempt == 1:
                         raise Unavailable(f"the inference worker failed: {lost}") from None
                     log.warning("worker failed before the first token; retrying on another",
                                 extra={"worker": lease.worker_id})

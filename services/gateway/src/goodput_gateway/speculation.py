@@ -14,7 +14,14 @@ from cachetools import TTLCache
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.metrics import GatewayMetrics
 
-__all__ = ["HEAD_START_S", "Early", "Speculation"]
+__all__ = ["HEAD_START_S", "MAX_INFLIGHT", "MIN_FREE_SLOTS", "Early", "Speculation"]
+
+# Guesses only where the lease will very likely be granted at once, not queued: a worker with this many lease slots
+# left at its latest grant (the scheduler says so in every grant).
+MIN_FREE_SLOTS = 4
+# ... and only while the gateway has at most this many requests in flight (the new one included): a bound on the
+# work wrong guesses can cost at once.
+MAX_INFLIGHT = 256
 
 # Speculative start: a grant older than this is no guess for the next one (the fleet may have changed); at most this
 # many guesses kept (one per model and class, and per session with SESSION affinity); a (model, class) is guessed
@@ -64,10 +71,10 @@ class Speculation:
         """The (worker id, address) to start early on, when the last grant of (model, class, session) is recent, its
         worker had slots to spare at its latest grant, the gateway's in-flight requests are within bounds and such
         guesses have lately been right; None otherwise."""
-        if not self.settings.speculative_start or inflight > self.settings.speculative_start_max_inflight:
+        if not self.settings.speculative_start or inflight > MAX_INFLIGHT:
             return None
         hint = self._hints.get((model, priority, affinity))
-        if hint is None or self._free_slots.get(hint[1], 0) < self.settings.speculative_start_min_free_slots:
+        if hint is None or self._free_slots.get(hint[1], 0) < MIN_FREE_SLOTS:
             return None
         key = (model, priority)
         if self._hit_rate.get(key, 1.0) < _HIT_FLOOR:  # lately wrong (an idle fleet of equals, spread at random)

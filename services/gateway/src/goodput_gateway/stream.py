@@ -22,13 +22,11 @@ from goodput_gateway.events import StreamEnd, TextDelta, finish_reason
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.timing import EngineTimes, Timeline
 from goodput_gateway.tokengate import TokenGate
-from goodput_gateway.workermux import MuxCall
 
 __all__ = ["WORKER_LOST", "GenerationStream", "Lease", "StreamStart", "WorkerCall", "WorkerLost"]
 
 log = logging.getLogger("goodput.gateway.pipeline")
-# A worker call: a Generate call, or a generation on the worker's shared stream (read alike).
-WorkerCall: TypeAlias = aio.UnaryStreamCall | MuxCall
+WorkerCall: TypeAlias = aio.UnaryStreamCall  # the worker's Generate call
 # What a worker that went away (crashed, restarted, the connection cut) ends its call with.
 WORKER_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
                grpc.StatusCode.CANCELLED}
@@ -60,7 +58,7 @@ class Owner(Protocol):
     """What a stream needs of the pipeline that opened it."""
 
     metrics: GatewayMetrics
-    token_gate: TokenGate | None
+    token_gate: TokenGate
     streams: int
 
     def report_first_token(self, lease: Lease, ttft_s: float) -> None: ...
@@ -100,8 +98,7 @@ class GenerationStream:
                 if chunk is aio.EOF:
                     raise self._fail(Unavailable("the worker ended the stream without finishing"))
                 kind = chunk.WhichOneof("kind")
-                if self._ttft_s and (gate := self.pipeline.token_gate) is not None and \
-                        (turn := gate.wait()) is not None:
+                if self._ttft_s and (turn := self.pipeline.token_gate.wait()) is not None:
                     await turn  # a later token: after this turn's share (the first token never waits)
                 if kind == "delta":
                     if self._timeline is not None:

@@ -74,14 +74,6 @@ class InferenceSettings(ServiceSettings):
     pool_classes: str = Field("", description='Priority classes the pool serves, e.g. "P0,P1" or "P2"; the '
                                               "scheduler grants only those here while a healthy worker's pool serves "
                                               "the class (its serves_class filter). Empty = every class.")
-    mux_max_generations: int = Field(10_000, ge=1, description="Generations one multiplexed stream "
-                                                                "(GenerateBatches, the gateway's fast path) may have "
-                                                                "open at once; a start past it is refused "
-                                                                "RESOURCE_EXHAUSTED.")
-    mux_max_batch: int = Field(4096, ge=1, le=1_000_000,
-                               description="Messages one GenerateBatches message may carry (a gateway sends what "
-                                           "queued up behind its previous write, 512 at most); a larger batch ends "
-                                           "the stream INVALID_ARGUMENT.")
     stall_after_s: float = Field(30.0, ge=0, description="A worker whose generations have produced no output for this "
                                                          "long is stalled (a hung engine): NOT_SERVING until tokens "
                                                          "come again, so no new work is placed on it; 0 = off. Keep "

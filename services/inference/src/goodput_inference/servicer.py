@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import aclosing
 from dataclasses import asdict
 
 from goodput.common.v1 import types_pb2
@@ -19,14 +17,11 @@ from prometheus_client.core import CounterMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from goodput_core.batching import event_batches, feed, unbatched
 from goodput_core.context import request_context
 from goodput_core.errors import Unavailable
 from goodput_core.sampling import logprobs_to_proto, sampling_from_proto
 
 from goodput_inference.engine import ChatTurn, Delta, Engine, Finished, GenRequest, Started, ToolCall
-from goodput_inference.mux import MAX_BATCH as MUX_EVENTS_PER_MESSAGE
-from goodput_inference.mux import GenerateMux
 from goodput_inference.progress import Progress
 
 log = logging.getLogger("goodput.inference")
@@ -254,11 +249,8 @@ def _load_reader(engine: Engine, attr: str) -> Callable[[], float]:
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def __init__(self, engine: Engine, *, worker_id: str, metrics: WorkerMetrics, pool: str = "default",
                  pool_classes: str = "", aliases: str = "", cost_per_hour: float = 0.0,
-                 progress: Progress | None = None, mux_max_generations: int = 10_000,
-                 mux_max_batch: int = 4096) -> None:
+                 progress: Progress | None = None) -> None:
         self.engine = engine
-        self.mux_max_generations = mux_max_generations  # open generations per GenerateBatches stream
-        self.mux_max_batch = mux_max_batch  # messages per GenerateMuxBatch
         self.worker_id = worker_id
         self.metrics = metrics
         self.pool = pool  # reported in ModelInfo: the scheduler's serves_class filter reads it
@@ -275,27 +267,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         async for chunk in self.generate(request):
             yield chunk
 
-    async def GenerateBatches(self, request_iterator: AsyncIterator[inference_pb2.GenerateMuxBatch],
-                              context: aio.ServicerContext) -> AsyncIterator[inference_pb2.GenerateMuxEventBatch]:
-        """Many generations over one stream (goodput_inference.mux): each runs as :meth:`Generate` would."""
-        events: asyncio.Queue[inference_pb2.GenerateMuxEvent | None | Exception] = asyncio.Queue()
-        mux = GenerateMux(self.generate, events.put_nowait, max_open=self.mux_max_generations,
-                          refuse=lambda: Unavailable("worker is draining") if self.draining else None)
-        requests = unbatched(request_iterator, items=lambda b: b.requests, limit=self.mux_max_batch,
-                             method="GenerateBatches")
-        reader = asyncio.get_running_loop().create_task(feed(requests, mux.handle, close=mux.close, events=events),
-                                                        name="generate-mux")
-        try:
-            async with aclosing(event_batches(events, limit=MUX_EVENTS_PER_MESSAGE,
-                                              wrap=lambda e: inference_pb2.GenerateMuxEventBatch(events=e))) as out:
-                async for batch in out:
-                    yield batch
-        finally:
-            reader.cancel()
-            mux.close()  # idempotent: whatever the reader had not aborted yet
-
     async def generate(self, request: inference_pb2.GenerateRequest) -> AsyncIterator[inference_pb2.GenerateChunk]:
-        """One request's chunks (``started``, deltas, ``finished``), for Generate and GenerateBatches alike."""
+        """One request's chunks (``started``, deltas, ``finished``)."""
         gen = to_gen_request(request)
         outcome = "aborted"
         counted = 0  # of this request's output tokens, those the peak token rate has seen

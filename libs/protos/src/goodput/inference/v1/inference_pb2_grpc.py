@@ -39,11 +39,6 @@ class InferenceStub:
                 request_serializer=goodput_dot_inference_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=goodput_dot_inference_dot_v1_dot_inference__pb2.GenerateChunk.FromString,
                 _registered_method=True)
-        self.GenerateBatches = channel.stream_stream(
-                '/goodput.inference.v1.Inference/GenerateBatches',
-                request_serializer=goodput_dot_inference_dot_v1_dot_inference__pb2.GenerateMuxBatch.SerializeToString,
-                response_deserializer=goodput_dot_inference_dot_v1_dot_inference__pb2.GenerateMuxEventBatch.FromString,
-                _registered_method=True)
         self.GetLoad = channel.unary_unary(
                 '/goodput.inference.v1.Inference/GetLoad',
                 request_serializer=goodput_dot_inference_dot_v1_dot_inference__pb2.GetLoadRequest.SerializeToString,
@@ -70,17 +65,6 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def GenerateBatches(self, request_iterator, context):
-        """Many generations over one long-lived stream (the gateway's fast path: no call set up per request). Each
-        message names its generation (`stream_id`); a generation is the same conversation as a Generate call (`start`,
-        then its chunks: `started`, deltas, `finished`), its failure a `GenerateError` carrying what Generate's status
-        would. What queued up behind a write goes out as one message, each way. `cancel` (or the stream's end) aborts
-        a generation in the engine. Errors of the stream itself: INVALID_ARGUMENT (a batch over the worker's bound).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def GetLoad(self, request, context):
         """The worker's live load, for placement and autoscaling.
         """
@@ -102,11 +86,6 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=goodput_dot_inference_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
                     response_serializer=goodput_dot_inference_dot_v1_dot_inference__pb2.GenerateChunk.SerializeToString,
-            ),
-            'GenerateBatches': grpc.stream_stream_rpc_method_handler(
-                    servicer.GenerateBatches,
-                    request_deserializer=goodput_dot_inference_dot_v1_dot_inference__pb2.GenerateMuxBatch.FromString,
-                    response_serializer=goodput_dot_inference_dot_v1_dot_inference__pb2.GenerateMuxEventBatch.SerializeToString,
             ),
             'GetLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLoad,
@@ -146,33 +125,6 @@ class Inference:
             '/goodput.inference.v1.Inference/Generate',
             goodput_dot_inference_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
             goodput_dot_inference_dot_v1_dot_inference__pb2.GenerateChunk.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def GenerateBatches(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/goodput.inference.v1.Inference/GenerateBatches',
-            goodput_dot_inference_dot_v1_dot_inference__pb2.GenerateMuxBatch.SerializeToString,
-            goodput_dot_inference_dot_v1_dot_inference__pb2.GenerateMuxEventBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,13 +40,6 @@ class InferenceStub:
     Errors: INVALID_ARGUMENT (prompt too long for the context window, bad sampling values, unknown model),
     UNAVAILABLE (the engine is not ready or is draining).
     """
-    GenerateBatches: _grpc.StreamStreamMultiCallable[_inference_pb2.GenerateMuxBatch, _inference_pb2.GenerateMuxEventBatch]
-    """Many generations over one long-lived stream (the gateway's fast path: no call set up per request). Each
-    message names its generation (`stream_id`); a generation is the same conversation as a Generate call (`start`,
-    then its chunks: `started`, deltas, `finished`), its failure a `GenerateError` carrying what Generate's status
-    would. What queued up behind a write goes out as one message, each way. `cancel` (or the stream's end) aborts
-    a generation in the engine. Errors of the stream itself: INVALID_ARGUMENT (a batch over the worker's bound).
-    """
     GetLoad: _grpc.UnaryUnaryMultiCallable[_inference_pb2.GetLoadRequest, _inference_pb2.WorkerLoad]
     """The worker's live load, for placement and autoscaling."""
     GetModelInfo: _grpc.UnaryUnaryMultiCallable[_inference_pb2.GetModelInfoRequest, _inference_pb2.ModelInfo]
@@ -61,13 +54,6 @@ class InferenceAsyncStub(InferenceStub):
     `finish_reason` and `usage`. Cancelling the call aborts the request in the engine and frees its slot.
     Errors: INVALID_ARGUMENT (prompt too long for the context window, bad sampling values, unknown model),
     UNAVAILABLE (the engine is not ready or is draining).
-    """
-    GenerateBatches: _aio.StreamStreamMultiCallable[_inference_pb2.GenerateMuxBatch, _inference_pb2.GenerateMuxEventBatch]  # type: ignore[assignment]
-    """Many generations over one long-lived stream (the gateway's fast path: no call set up per request). Each
-    message names its generation (`stream_id`); a generation is the same conversation as a Generate call (`start`,
-    then its chunks: `started`, deltas, `finished`), its failure a `GenerateError` carrying what Generate's status
-    would. What queued up behind a write goes out as one message, each way. `cancel` (or the stream's end) aborts
-    a generation in the engine. Errors of the stream itself: INVALID_ARGUMENT (a batch over the worker's bound).
     """
     GetLoad: _aio.UnaryUnaryMultiCallable[_inference_pb2.GetLoadRequest, _inference_pb2.WorkerLoad]  # type: ignore[assignment]
     """The worker's live load, for placement and autoscaling."""
@@ -86,19 +72,6 @@ class InferenceServicer(metaclass=_abc_1.ABCMeta):
         `finish_reason` and `usage`. Cancelling the call aborts the request in the engine and frees its slot.
         Errors: INVALID_ARGUMENT (prompt too long for the context window, bad sampling values, unknown model),
         UNAVAILABLE (the engine is not ready or is draining).
-        """
-
-    @_abc_1.abstractmethod
-    def GenerateBatches(
-        self,
-        request_iterator: _MaybeAsyncIterator[_inference_pb2.GenerateMuxBatch],
-        context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_inference_pb2.GenerateMuxEventBatch], _abc.AsyncIterator[_inference_pb2.GenerateMuxEventBatch]]:
-        """Many generations over one long-lived stream (the gateway's fast path: no call set up per request). Each
-        message names its generation (`stream_id`); a generation is the same conversation as a Generate call (`start`,
-        then its chunks: `started`, deltas, `finished`), its failure a `GenerateError` carrying what Generate's status
-        would. What queued up behind a write goes out as one message, each way. `cancel` (or the stream's end) aborts
-        a generation in the engine. Errors of the stream itself: INVALID_ARGUMENT (a batch over the worker's bound).
         """
 
     @_abc_1.abstractmethod

@@ -1,8 +1,9 @@
-"""The gateway's generations over one ``GenerateBatches`` stream per worker (WORKER_MUX, the default), against a
-scheduler process and a simulated worker process, and against in-process simulated workers (the real servicer) over
-gRPC on localhost: answers come as on Generate calls, concurrent requests share one stream, a worker's refusal keeps
-its code and parameter, a worker that dies fails its open generations as worker-lost (retried on another before the
-first token), and a worker that stops answering does not hold a request past its deadline."""
+"""The gateway's worker calls (one ``Inference/Generate`` per request), against a scheduler process and a simulated
+worker process, and against in-process simulated workers (the real servicer) over gRPC on localhost: concurrent
+answers are whole, a worker's refusal keeps its code and parameter, a caller that leaves aborts its request in the
+engine, the token gate changes the relay's order and not the answers, a worker that dies fails its open generations
+as worker-lost (retried on another before the first token), and a worker that stops answering does not hold a
+request past its deadline."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from goodput_gateway.events import StreamEnd, TextDelta
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipeline import Pipeline
 from goodput_gateway.requests import Cost, GenerationRequest, Message
-from goodput_gateway.stream import GenerationStream, Lease
-from goodput_gateway.workermux import MuxCall
+from goodput_gateway.stream import GenerationStream, Lease, WorkerLost
+from goodput_gateway.tokengate import TokenGate
 from goodput_inference.config import InferenceSettings
 from goodput_inference.servicer import InferenceServicer, WorkerMetrics
 from goodput_inference.sim_engine import SimEngine, SimParams
@@ -88,59 +89,46 @@ async def _load(address: str) -> inference_pb2.WorkerLoad:
         return await inference_pb2_grpc.InferenceStub(channel).GetLoad(inference_pb2.GetLoadRequest(), timeout=5)
 
 
-async def test_concurrent_requests_share_one_stream_and_answer_as_generate_calls_do(fleet) -> None:  # type: ignore[no-untyped-def]
+async def test_concurrent_answers_are_whole_refusals_keep_their_code_and_a_caller_gone_aborts(fleet) -> None:  # type: ignore[no-untyped-def]
     stub, worker = fleet
     model = (await stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)).workers[0].model.served_model_name
-    muxed = Pipeline(GatewaySettings(), scheduler=stub, channel_factory=aio.insecure_channel,
-                     metrics=GatewayMetrics(CollectorRegistry()))
-    calls = Pipeline(GatewaySettings(worker_mux=False), scheduler=stub, channel_factory=aio.insecure_channel,
-                     metrics=GatewayMetrics(CollectorRegistry()))
+    pipeline = Pipeline(GatewaySettings(), scheduler=stub, channel_factory=aio.insecure_channel,
+                        metrics=GatewayMetrics(CollectorRegistry()))
     try:
-        assert muxed.worker_streams is not None and calls.worker_streams is None
-        answers = await asyncio.gather(*(_answer(muxed, model, i, max_tokens=3 + i % 5) for i in range(16)))
-        expected = await asyncio.gather(*(_answer(calls, model, i, max_tokens=3 + i % 5) for i in range(16)))
-        assert [(text, end.completion_tokens, end.finish_reason) for text, end in answers] == \
-            [(text, end.completion_tokens, end.finish_reason) for text, end in expected]
-        # at most WORKER_MUX_STREAMS streams to the worker, however many requests ran at once; none left open
-        assert 1 <= len(muxed.worker_streams._streams[worker]) <= GatewaySettings().worker_mux_streams
-        assert muxed.worker_streams.open == 0
+        answers = await asyncio.gather(*(_answer(pipeline, model, i, max_tokens=3 + i % 5) for i in range(16)))
+        assert [end.completion_tokens for _, end in answers] == [3 + i % 5 for i in range(16)]
+        assert all(text for text, _ in answers)
 
-        # the worker's refusal reaches the caller as on a Generate call: its code and parameter kept
+        # the worker's refusal reaches the caller with its code and parameter kept
         with pytest.raises(InvalidArgument) as refused:
-            await _answer(muxed, model, 99, words=200_000)
+            await _answer(pipeline, model, 99, words=200_000)
         assert refused.value.code == "context_length_exceeded" and refused.value.param == "messages"
 
-        # a caller that goes away mid-stream aborts the request in the engine, the stream stays open for the others
+        # a caller that goes away mid-stream aborts the request in the engine
         aborted = (await _load(worker)).aborted_total
         now = time.monotonic()
-        stream = await muxed.open(PRINCIPAL, _request(model, 7, max_tokens=2000), Cost(prompt_tokens=8,
-                                  max_tokens=2000), request_id="gone", model=model, arrived=now, deadline=now + 30)
+        stream = await pipeline.open(PRINCIPAL, _request(model, 7, max_tokens=2000), Cost(prompt_tokens=8,
+                                     max_tokens=2000), request_id="gone", model=model, arrived=now, deadline=now + 30)
         events = stream.events()
         await anext(events)
         await events.aclose()
         await async_wait_until(lambda: _aborted_since(worker, aborted), timeout=10, interval=0.05,
                                message="the abandoned request aborted in the engine")
-        # one request at a time: every one goes on the same stream (the least busy, the first one open)
-        first = muxed.worker_streams._streams[worker][0]
-        for i in range(3):
-            assert (await _answer(muxed, model, 100 + i))[1].completion_tokens == 4
-        assert muxed.worker_streams._streams[worker][0] is first
     finally:
-        await muxed.close()
-        await calls.close()
+        await pipeline.close()
 
 
 async def test_a_token_gate_changes_the_order_of_the_relay_not_the_answers(fleet) -> None:  # type: ignore[no-untyped-def]
-    """TOKEN_GATE_PER_TURN=1: a burst of later tokens is relayed one per event-loop turn; every answer is still
-    whole and the same as without the gate (0), on streams and on calls alike."""
+    """A gate of one later token per event-loop turn: a burst of later tokens waits its turns; every answer is still
+    whole and the same as through the default gate."""
     stub, _ = fleet
     model = (await stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)).workers[0].model.served_model_name
-    gated = Pipeline(GatewaySettings(token_gate_per_turn=1, worker_mux_max_open=4), scheduler=stub,
-                     channel_factory=aio.insecure_channel, metrics=GatewayMetrics(CollectorRegistry()))
-    plain = Pipeline(GatewaySettings(token_gate_per_turn=0, worker_mux_max_open=4), scheduler=stub,
-                     channel_factory=aio.insecure_channel, metrics=GatewayMetrics(CollectorRegistry()))
+    gated = Pipeline(GatewaySettings(), scheduler=stub, channel_factory=aio.insecure_channel,
+                     metrics=GatewayMetrics(CollectorRegistry()))
+    gated.token_gate = TokenGate(per_turn=1, on_park=gated.metrics.token_gate_parked.inc)
+    plain = Pipeline(GatewaySettings(), scheduler=stub, channel_factory=aio.insecure_channel,
+                     metrics=GatewayMetrics(CollectorRegistry()))
     try:
-        assert gated.token_gate is not None and plain.token_gate is None
         answers = await asyncio.gather(*(_answer(gated, model, i, max_tokens=4 + i % 4) for i in range(16)))
         expected = await asyncio.gather(*(_answer(plain, model, i, max_tokens=4 + i % 4) for i in range(16)))
         assert [(text, end.completion_tokens, end.finish_reason) for text, end in answers] == \
@@ -202,26 +190,6 @@ async def _generation(pipeline: Pipeline, address: str, i: int, *, max_tokens: i
     return GenerationStream(pipeline, lease=lease, call=call, start=start, arrived=now, span=span)
 
 
-async def test_past_its_bound_of_open_generations_a_worker_gets_generate_calls() -> None:
-    pipeline = _pipeline(worker_mux_max_open=2, worker_mux_streams=1)
-    try:
-        async with _Worker() as worker:
-            held = [await _generation(pipeline, worker.address, i, max_tokens=2000) for i in range(3)]
-            assert [isinstance(g._call, MuxCall) for g in held] == [True, True, False]
-            assert pipeline.worker_streams is not None and pipeline.worker_streams.open_to(worker.address) == 2
-            assert len(pipeline.worker_streams._streams[worker.address]) == 1  # its bound of streams, 1 here
-            for g in held:
-                await g.aclose()
-            # the streams' generations ended: the next request goes on the stream again
-            again = await _generation(pipeline, worker.address, 9)
-            assert isinstance(again._call, MuxCall)
-            await again.aclose()
-            await async_wait_until(lambda: worker.engine.load().running == 0, timeout=10, interval=0.02,
-                                   message="the closed generations aborted")
-    finally:
-        await pipeline.close()
-
-
 async def test_a_worker_that_dies_fails_its_open_generations_as_worker_lost() -> None:
     pipeline = _pipeline()
     try:
@@ -234,9 +202,7 @@ async def test_a_worker_that_dies_fails_its_open_generations_as_worker_lost() ->
                 with pytest.raises(Unavailable, match="failed mid-stream"):
                     async for _ in s:
                         pass
-            assert pipeline.worker_streams is not None and pipeline.worker_streams.open == 0
         # before it accepted a request, a dead worker is a worker lost (the pipeline retries that on another)
-        from goodput_gateway.stream import WorkerLost
 
         with pytest.raises(WorkerLost):
             await _stream_on(pipeline, worker.address, 9)
@@ -247,12 +213,16 @@ async def test_a_worker_that_dies_fails_its_open_generations_as_worker_lost() ->
 class _Silent(InferenceServicer):
     """A worker that takes generations and never answers (a stand-in for a hung worker process)."""
 
-    async def GenerateBatches(self, request_iterator, context):  # type: ignore[no-untyped-def, override]
-        self.cancelled: list[str] = []
-        async for batch in request_iterator:
-            self.cancelled += [r.stream_id for r in batch.requests if r.HasField("cancel")]
-        if False:  # pragma: no cover - an async generator that yields nothing
-            yield
+    cancelled: list[str]
+
+    async def Generate(self, request, context):  # type: ignore[no-untyped-def, override]
+        self.cancelled = []
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(request.request_id)
+            raise
+        yield  # pragma: no cover - never reached: an async generator that yields nothing
 
 
 async def test_a_worker_that_stops_answering_does_not_hold_a_request_past_its_deadline() -> None:
