@@ -58,7 +58,7 @@ class FakeClock:
     (102.5, 1)
     """
 
-    def __init__(self, now: float = 1000.0) -> None:
+    def __init__(self, now: float = 0.0) -> None:
         self.now = now
         self.reads = 0
 

@@ -2,21 +2,27 @@
 buffers on one Redis) and in this process without one: a resume gets exactly the events after the last one
 received, following a running stream live; the bounds drop the oldest events (a resume before them is 410, the
 newest still resume); the window expires a stream; only its tenant sees it; a generation nobody follows is cut after
-the window, one followed from another replica is not; a replica that dies mid-stream is an error, not a wait."""
+the window, one followed from another replica is not; a replica that dies mid-stream is an error, not a wait.
+The buffers' windows and heartbeats run on a :class:`FakeClock` the test moves; Redis's key expiry keeps its own."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from goodput_core.errors import NotFound, Unavailable, Unimplemented
 from goodput_testing import async_wait_until, dead_port
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.resume import Frame, StreamBuffer, StreamGone, parse_last_event_id, sse_events
+
+from .helpers import FakeClock
 
 TIMING = {"heartbeat_s": 0.05, "live_ttl_s": 1.0, "block_s": 0.05}
 
@@ -73,10 +79,10 @@ async def replicas(request: pytest.FixtureRequest, redis_url: str,
     replica that produced the stream)."""
     made: list[StreamBuffer] = []
 
-    def make(**resume: object) -> tuple[StreamBuffer, StreamBuffer]:
+    def make(*, clock: Callable[[], float] = time.monotonic, **resume: object) -> tuple[StreamBuffer, StreamBuffer]:
         settings = GatewaySettings(resume={"window_s": 30.0, "prefix": redis_prefix, "flush_s": 0.01, **resume})
         pair = [StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url) if request.param == "redis" else None,
-                             **TIMING) for _ in range(2 if request.param == "redis" else 1)]
+                             clock=clock, **TIMING) for _ in range(2 if request.param == "redis" else 1)]
         made.extend(pair)
         return pair[0], pair[-1]
 
@@ -115,18 +121,36 @@ async def test_a_resume_gets_exactly_the_events_after_the_last_one_received(repl
     assert await take(await b.resume(api="sse", tenant="acme", stream_id="req-1", after=12)) == []
 
 
-async def test_a_resume_on_another_replica_before_the_first_flush_waits_for_it(replicas) -> None:  # type: ignore[no-untyped-def]
+class Looking(aioredis.Redis):
+    """A replica's Redis client that counts the streams it looked for and did not find (yet)."""
+
+    missed = 0
+
+    async def xinfo_stream(self, name: Any, full: bool = False) -> Any:
+        try:
+            return await super().xinfo_stream(name, full)
+        except ResponseError:
+            self.missed += 1
+            raise
+
+
+async def test_a_resume_on_another_replica_before_the_first_flush_waits_for_it(redis_url: str,
+                                                                              redis_prefix: str) -> None:
     """A client reconnects to another replica before the producing one has written anything of the stream to Redis
     (its first events are written at its next flush): the stream is looked for again for a moment, not answered
     404."""
-    a, b = replicas(flush_s=0.1)
+    settings = GatewaySettings(resume={"window_s": 30, "prefix": redis_prefix, "flush_s": 0.1})
+    looking = Looking.from_url(redis_url)
+    a = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
+    b = StreamBuffer(settings, redis=looking, **TIMING)
     source = Source()
     client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-early", closer=source.closer)
     resuming = asyncio.ensure_future(b.resume(api="sse", tenant="acme", stream_id="req-early", after=-1))
-    await asyncio.sleep(0.05)  # b has looked once: nothing there yet
+    await async_wait_until(lambda: looking.missed, timeout=5, interval=0.005)  # b has looked: nothing there yet
     source.send(*frames(2), None)
     assert [f.seq for f in await take(await resuming)] == [0, 1]
     await client.aclose()
+    await close(a, b)
 
 
 async def test_only_its_tenant_may_resume_a_stream_and_unknown_ids_are_404(replicas) -> None:  # type: ignore[no-untyped-def]
@@ -168,31 +192,47 @@ async def test_the_bounds_drop_the_oldest_events_and_a_resume_before_them_is_gon
 
 
 async def test_a_stream_expires_its_window_after_its_end(replicas) -> None:  # type: ignore[no-untyped-def]
-    a, b = replicas(window_s=0.4)
+    clock = FakeClock()
+    a, b = replicas(window_s=0.4, clock=clock)
     source = Source()
     client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-5", closer=source.closer)
     source.send(*frames(3), None)
     assert len(await take(client)) == 3
     resumed = await async_wait_until(lambda: _resumable(b, "req-5", after=0), timeout=5)
     assert len(await take(resumed)) == 2  # type: ignore[arg-type]
-    await asyncio.sleep(0.6)
+    clock.advance(0.4)  # the window passes for the buffers
+    if a.redis is not None:  # Redis expires the stream's keys by its own clock
+        prefix = a.settings.resume.prefix
+        await async_wait_until(lambda: _no_keys(a.redis, prefix), timeout=5, message="keys left after the window")
+    else:
+        await async_wait_until(lambda: not a.recordings(), timeout=5)  # forgotten by the flusher's next sweep
     with pytest.raises(NotFound):
         await b.resume(api="sse", tenant="acme", stream_id="req-5", after=0)
-    if a.redis is not None:
-        assert not await a.redis.keys(f"{a.settings.resume.prefix}:*")  # every key expired
-    else:
-        await async_wait_until(lambda: not a.recordings(), timeout=5)  # forgotten by the flusher
+
+
+async def _no_keys(redis: aioredis.Redis, prefix: str) -> bool:
+    return not await redis.keys(f"{prefix}:*")
+
+
+async def _turns(clock: FakeClock, n: int = 2) -> None:
+    """Waits until the code on ``clock`` has read it ``n`` more times: a flusher's turn that began after the clock
+    moved has ended once the next one begins."""
+    reads = clock.reads
+    await async_wait_until(lambda: clock.reads >= reads + n, timeout=5, interval=0.005)
 
 
 async def test_a_generation_nobody_follows_is_cut_after_the_window(replicas) -> None:  # type: ignore[no-untyped-def]
-    a, b = replicas(window_s=0.5)
+    clock = FakeClock()
+    a, b = replicas(window_s=0.5, clock=clock)
     source = Source()
     client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-6", closer=source.closer)
     source.send(*frames(2))
     assert len(await take(client, 2)) == 2
     await client.aclose()
-    await asyncio.sleep(0.2)
+    clock.advance(0.4)
+    await _turns(clock)
     assert source.closed == 0  # within the window: it runs on for a reconnect
+    clock.advance(0.1)
     await async_wait_until(lambda: source.closed == 1, timeout=5, message="the abandoned generation still runs")
 
     async def refused() -> str | None:  # once its end is written (at the flusher's next turn, on another replica)
@@ -238,8 +278,8 @@ async def test_a_replica_that_dies_mid_stream_is_an_error_not_a_wait(redis_url: 
     source.send(*frames(3))
     resumed = await async_wait_until(lambda: _resumable(b, "req-8"), timeout=5)
     assert len(await take(resumed, 3)) == 3
-    assert a._flusher is not None  # noqa: SLF001
-    a._flusher.cancel()  # noqa: SLF001 - the replica dies: nothing more is written, its heartbeat lapses
+    (flusher,) = [t for t in asyncio.all_tasks() if t.get_name() == "stream flusher"]  # a's: b produces nothing
+    flusher.cancel()  # the replica dies: nothing more is written, its heartbeat lapses
     with pytest.raises(Unavailable) as lost:
         await asyncio.wait_for(take(resumed), 5)
     assert lost.value.code == "stream_lost"
@@ -290,10 +330,12 @@ async def test_without_redis_reachable_the_client_is_still_served() -> None:
 
 async def test_with_redis_unreachable_a_generation_nobody_follows_is_still_cut() -> None:
     down = aioredis.Redis.from_url(f"redis://127.0.0.1:{dead_port()}/0", socket_connect_timeout=0.2)
-    a = StreamBuffer(GatewaySettings(resume={"window_s": 0.3, "flush_s": 0.01}), redis=down, **TIMING)
+    clock = FakeClock()
+    a = StreamBuffer(GatewaySettings(resume={"window_s": 0.3, "flush_s": 0.01}), redis=down, clock=clock, **TIMING)
     source = Source()
     await a.stream(source.events(), api="sse", tenant="acme", stream_id="req-12", closer=source.closer).aclose()
     source.send(*frames(2))
+    clock.advance(0.3)
     await async_wait_until(lambda: source.closed == 1, timeout=5, message="the abandoned generation still runs")
     await close(a)
 
