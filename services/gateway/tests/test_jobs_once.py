@@ -7,7 +7,6 @@ Celery worker is in test_jobs.py."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -331,32 +330,3 @@ def test_cancelling_a_batch_line_never_touches_a_running_one(queue: JobQueue, br
     assert run_job(queue, waiting.id, runner=runs, dispatch=1).state == "failed"  # type: ignore[union-attr]
     assert runs.count == 1
     assert_consistent(queue, waiting.id, started.id)
-
-
-def test_jobs_stored_before_the_indexes_join_them_and_still_run_once(queue: JobQueue, broker: Broker,
-                                                                     clock: FakeClock) -> None:
-    """An upgrade: jobs written by the previous version (no dispatch, listed in a plain set per state) are adopted by
-    the sweeper; their messages (no dispatch either) still start them, once."""
-    runs = Runs()
-    now = clock.now
-    legacy = {"tenant": "acme", "route": "chat", "body": {"messages": []}, "created_at": now, "updated_at": now,
-              "deadline_at": now + 3600, "attempts": 0, "next_attempt_at": now, "error": "", "result": None}
-    for job_id, state in (("job-old-queued", "queued"), ("job-old-running", "running"), ("job-old-done", "completed")):
-        queue.redis.set(queue._key(job_id), json.dumps(  # noqa: SLF001
-            {**legacy, "id": job_id, "state": state, "attempts": 0 if state == "queued" else 1}))
-        queue.redis.sadd(f"{queue.prefix}:state:{state}", job_id)
-    queue.redis.hincrby(f"{queue.prefix}:attempts", "completed", 1)  # the finished one's attempt, counted then
-    assert queue.sweep() == {}
-    assert_consistent(queue, "job-old-queued", "job-old-running", "job-old-done")
-    assert not queue.redis.exists(*(f"{queue.prefix}:state:{s}" for s in STATES))
-    # The old message of the queued one runs it, once; a copy does nothing.
-    for _ in range(2):
-        run_job(queue, "job-old-queued", runner=runs, dispatch=None)
-    assert queue.load("job-old-queued").state == "completed" and runs.count == 1  # type: ignore[union-attr]
-    # The one an old worker was running keeps it for JOBS__LOST_AFTER_S, then is queued again (its attempt lost).
-    clock.advance(1)
-    assert queue.sweep() == {}
-    clock.advance(LOST_AFTER_S)
-    assert queue.sweep() == {"lease_expired": 1}
-    assert broker.sent == [("job-old-running", 1, 0.0)]
-    assert_consistent(queue, "job-old-queued", "job-old-running", "job-old-done")

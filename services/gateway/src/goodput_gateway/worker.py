@@ -88,7 +88,7 @@ class JobRunner:
         self._loop.close()
 
 
-def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, Any]], dispatch: int | None = None,
+def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, Any]], dispatch: int,
             rng: random.Random | None = None) -> Job | None:
     """What one delivered message of the job's ``dispatch`` does (the Celery task's body): claims the job and runs
     one attempt (completed, re-parked with a delay, or failed for good), or, when the job is running under a live
@@ -224,7 +224,7 @@ def _register(app: Any, settings: Any) -> None:
     sweepers: list[Sweeper] = []  # the worker's main process sweeps (it also serves the metrics)
 
     @app.task(name="goodput.jobs.run", ignore_result=True)
-    def run(job_id: str, dispatch: int | None = None) -> str:
+    def run(job_id: str, dispatch: int) -> str:
         if not runners:
             runners.append(JobRunner(settings))
         queue = JobQueue(settings, client, send=celery_send(settings))

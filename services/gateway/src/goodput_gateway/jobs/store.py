@@ -186,8 +186,8 @@ class JobQueue:
         self._dispatch(job, delay_s)
         return job
 
-    def claim(self, job_id: str, dispatch: int | None) -> tuple[str, Job | None]:
-        """What a delivered message of ``dispatch`` (None: a message from before dispatches were numbered) does:
+    def claim(self, job_id: str, dispatch: int) -> tuple[str, Job | None]:
+        """What a delivered message of ``dispatch`` does:
         ``claimed`` (the job is now running under a fresh claim and lease: run it), ``expired`` (its deadline had
         passed), or nothing: ``duplicate``, ``stale``, ``missing`` (see :data:`VERDICTS`). Returns the verdict and
         the job as stored now."""
@@ -200,7 +200,7 @@ class JobQueue:
             if job.state in TERMINAL:
                 verdict = "duplicate"
                 return None
-            if dispatch is not None and dispatch != job.dispatch:
+            if dispatch != job.dispatch:
                 verdict = "stale"
                 return None
             if job.state == "running" and job.lease_until > now:
@@ -340,27 +340,6 @@ class JobQueue:
 
         for state in TERMINAL:  # finished jobs whose keys have expired
             self.redis.zremrangebyscore(self._index(state), "-inf", now)
-        self._migrate(now, limit)
         if done:
             log.info("jobs swept", extra=dict(done))
         return dict(done)
-
-
-    def _migrate(self, now: float, limit: int) -> None:
-        """Jobs stored before the state indexes (listed in a plain set per state, ``<p>:state:<state>``) join them,
-        so that the counters and the sweeper see them; their messages (no dispatch) still start them."""
-        for state in STATES:
-            legacy = f"{self.prefix}:state:{state}"
-            for raw in self.redis.spop(legacy, limit) or ():
-                job_id = raw.decode() if isinstance(raw, bytes) else raw
-
-                def adopt(job: Job) -> Job:
-                    # A grace period: its message may still be queued, or an older worker still running it.
-                    if job.state in WAITING and not job.due_at:
-                        job.due_at = max(job.next_attempt_at, now)
-                    if job.state == "running" and not job.claim:
-                        job.lease_until = max(job.lease_until, now + self.settings.jobs.lost_after_s)
-                    return job
-
-                if self.update(job_id, adopt)[0] is None:
-                    self._forget(job_id)
