@@ -1,6 +1,5 @@
 """The garbage collector of a service's process (goodput_core.server.tune_gc): once serving, start-up's objects are
-frozen out of the collector's walks and the youngest generation's threshold is the setting's; a test's in-process
-service leaves the test's collector alone."""
+frozen out of the collector's walks; a test's in-process service leaves the test's collector alone."""
 
 from __future__ import annotations
 
@@ -71,11 +70,11 @@ def _serve(script: str = _SERVICE, **env: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_a_serving_process_freezes_start_up_and_takes_the_threshold() -> None:
-    got = _serve(GOODPUT_GC_GEN0_THRESHOLD="5000")
+def test_a_serving_process_freezes_start_up() -> None:
+    got = _serve()
     assert got["frozen_before"] == 0
     assert got["frozen"] > 10_000  # the modules, the server and its clients: out of every collection's walk
-    assert got["threshold"][0] == 5000 and got["enabled"]
+    assert got["enabled"]
 
 
 def test_a_service_that_finishes_starting_later_is_frozen_once_it_serves() -> None:
@@ -85,19 +84,9 @@ def test_a_service_that_finishes_starting_later_is_frozen_once_it_serves() -> No
     assert got["frozen"] > 20_000
 
 
-def test_the_settings_turn_it_off() -> None:
-    got = _serve(GOODPUT_GC_FREEZE="false")
-    assert got["frozen"] == 0
-    assert got["threshold"][0] == 700  # Python's own
-
-    off = _serve(GOODPUT_GC_GEN0_THRESHOLD="0")
-    assert not off["enabled"]
-
-
 async def test_an_in_process_service_leaves_the_callers_collector_alone() -> None:
     frozen, threshold = gc.get_freeze_count(), gc.get_threshold()
-    runner = ServiceRunner(name="probe", settings=ServiceSettings(insecure_internal=True, drain_grace_s=0,
-                                                                  gc_gen0_threshold=5000),
+    runner = ServiceRunner(name="probe", settings=ServiceSettings(insecure_internal=True, drain_grace_s=0),
                            registry=CollectorRegistry(), provider=None)
     await runner.start()
     try:

@@ -24,7 +24,6 @@ import signal
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
-import grpc
 import uvicorn
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -222,7 +221,7 @@ class ServiceRunner:
         for hook in self.on_start:
             await hook()
         if _owns_process and serving:  # a service's own process (run_main), not a test's in-process service;
-            tune_gc(self.settings)  # one still starting (run's after_start) is tuned once that is done
+            tune_gc()  # one still starting (run's after_start) is tuned once that is done
         log.info("serving", extra={"grpc": address, "http_port": self.settings.http_port,
                                    "metrics_port": metrics_port or self.settings.http_port,
                                    "services": self._service_names})
@@ -260,7 +259,7 @@ class ServiceRunner:
             if starter in done:
                 starter.result()
                 if _owns_process:  # after what the start made too (a worker's engine)
-                    tune_gc(self.settings)
+                    tune_gc()
                 await self.set_serving(True)
             else:
                 starter.cancel()
@@ -295,31 +294,17 @@ class ServiceRunner:
         log.info("stopped")
 
 
-async def wait_channel_ready(channel: aio.Channel, timeout_s: float) -> bool:
-    try:
-        await asyncio.wait_for(channel.channel_ready(), timeout_s)
-        return True
-    except (asyncio.TimeoutError, grpc.RpcError):
-        return False
-
-
 def _status(serving: bool) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
     return health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-def tune_gc(settings: ServiceSettings) -> None:
-    """The garbage collector for a serving process: what start-up made frozen (``gc_freeze``: the oldest generation's
-    collections, which stop the event loop, then walk only what requests made) and the youngest generation's
-    threshold (``gc_gen0_threshold``). Called once the service serves, in a process that :func:`run_main` started (the
-    collector's settings are the whole process's)."""
-    if settings.gc_freeze:
-        gc.collect()  # what start-up left as garbage goes now, not frozen
-        gc.freeze()
-    if settings.gc_gen0_threshold:
-        _, gen1, gen2 = gc.get_threshold()
-        gc.set_threshold(settings.gc_gen0_threshold, gen1, gen2)
-    else:
-        gc.disable()
+def tune_gc() -> None:
+    """What start-up made (modules, the app, its clients) leaves the garbage collector's walks (``gc.freeze``): a
+    collection of the oldest generation then walks only what requests made instead of stopping the event loop for
+    the whole heap (gRPC TTFT p99 at 128 streams +55 against +254 ms: loadtests/reports/gc-freeze-ab.md). Called
+    once the service serves, in a process that :func:`run_main` started (the collector is the whole process's)."""
+    gc.collect()  # what start-up left as garbage goes now, not frozen
+    gc.freeze()
 
 
 EVENT_LOOP_ENV = "GOODPUT_EVENT_LOOP"

@@ -15,10 +15,17 @@ import os
 import sys
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from goodput_contracts.sharing import SharingGroups, parse_sharing_groups
+
+
+class SettingsGroup(BaseModel):
+    """A group of a service's settings: one environment variable per field, ``<prefix><GROUP>__<FIELD>``, or the
+    whole group as JSON in ``<prefix><GROUP>`` (read where the service's config is :func:`service_config` nested)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 def service_config(prefix: str, *, nested: bool = False) -> SettingsConfigDict:
@@ -57,14 +64,6 @@ class ServiceSettings(BaseSettings):
     tls_ca_file: str = Field("", description="PEM CA bundle peers' certificates must chain to.")
     insecure_internal: bool = Field(default_factory=_insecure_default,
                                     description="Plaintext internal gRPC without identities (never in production).")
-    # The garbage collector (goodput_core.server.tune_gc), applied once the service serves.
-    gc_freeze: bool = Field(True, description="Once serving, the objects start-up made (modules, the app, its "
-                            "clients) are left out of the garbage collector's walks (gc.freeze): a collection of the "
-                            "oldest generation then walks only what requests made, instead of pausing the event "
-                            "loop for every stream to walk the whole heap.")
-    gc_gen0_threshold: int = Field(700, ge=0, le=1_000_000, description="Allocations between two collections of "
-                                   "the youngest generation (Python's default 700; 0 = the collector is off, never "
-                                   "in production).")
 
 
 S = TypeVar("S", bound=ServiceSettings)

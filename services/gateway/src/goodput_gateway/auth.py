@@ -217,9 +217,6 @@ class ApiKeyStore:
     def __len__(self) -> int:
         return len(self._by_digest)
 
-    def principals(self) -> list[Principal]:
-        return list(self._by_digest.values())
-
     def tenant_principal(self, tenant: str, *, priority: int) -> Principal:
         """The tenant's own principal (its limits and weight, no key's) at ``priority``, for work it submitted
         earlier that runs without a key (a parked job); Unauthenticated once the tenant has no key any more."""

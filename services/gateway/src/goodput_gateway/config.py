@@ -4,23 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
 from goodput_core.breaker import BreakerSettings
-from goodput_core.settings import ServiceSettings, service_config
+from goodput_core.settings import ServiceSettings, SettingsGroup, service_config
 
 from goodput_gateway.profile import LatencyProfile
 
 
-class _Group(BaseModel):
-    """A group of settings: one environment variable per field, ``GOODPUT_GATEWAY_<GROUP>__<FIELD>``, or the whole
-    group as JSON in ``GOODPUT_GATEWAY_<GROUP>``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class QuotaSettings(_Group):
+class QuotaSettings(SettingsGroup):
     """The per-tenant limits and budgets in Redis (goodput_gateway.quotas)."""
 
     prefix: str = Field("goodput:quota", description="Prefix of the quota counters' Redis keys.")
@@ -36,7 +29,7 @@ class QuotaSettings(_Group):
                                                   "before Redis is tried again.")
 
 
-class MeteringSettings(_Group):
+class MeteringSettings(SettingsGroup):
     """Metered usage (goodput_gateway.metering) and its GPU-seconds estimate."""
 
     usage_prefix: str = Field("goodput:usage", description="Prefix of the usage records' Redis keys.")
@@ -48,7 +41,7 @@ class MeteringSettings(_Group):
                                                                   "throughput at a typical batch (tokens/s).")
 
 
-class Limits(_Group):
+class Limits(SettingsGroup):
     """Input bounds: every field a caller sends has one (REST 400/413/431, gRPC INVALID_ARGUMENT or
     RESOURCE_EXHAUSTED), checked before anything is spent on it."""
 
@@ -86,7 +79,7 @@ class Limits(_Group):
     batch_requests: int = Field(10_000, ge=1, description="Most requests (lines) in one batch.")
 
 
-class LadderSettings(_Group):
+class LadderSettings(SettingsGroup):
     """The degradation ladder (goodput_gateway.ladder)."""
 
     enabled: bool = Field(True, description="Take the latency profile's degradation ladder when a class "
@@ -98,7 +91,7 @@ class LadderSettings(_Group):
     lower_at: float = Field(0.02, ge=0, le=1, description="Share below which the ladder steps back.")
 
 
-class FeedbackSettings(_Group):
+class FeedbackSettings(SettingsGroup):
     """What became of each answer (POST /v1/feedback; goodput_gateway.feedback)."""
 
     ttl_s: float = Field(86_400.0, gt=0, description="How long an answer takes feedback (POST "
@@ -111,7 +104,7 @@ class FeedbackSettings(_Group):
                            "replica knows its own at once, the others within this long.")
 
 
-class TraceSettings(_Group):
+class TraceSettings(SettingsGroup):
     """The workload trace (goodput_gateway.trace_recorder): capacity planning and simulator
     calibration."""
 
@@ -130,7 +123,7 @@ class TraceSettings(_Group):
                                                        "them); empty = a random salt per process.")
 
 
-class RagSettings(_Group):
+class RagSettings(SettingsGroup):
     """Retrieval-augmented generation (goodput_gateway.rag)."""
 
     top_k: int = Field(5, ge=1, le=50, description="RAG: chunks retrieved for a request.")
@@ -142,7 +135,7 @@ class RagSettings(_Group):
                                                          "cut to this length.")
 
 
-class JobSettings(_Group):
+class JobSettings(SettingsGroup):
     """Deferred batch work (goodput_gateway.jobs): parked P2 requests, POST /v1/jobs, the Batch API."""
 
     queue: str = Field("goodput-jobs", description="Celery queue of the job workers "
@@ -168,7 +161,7 @@ class JobSettings(_Group):
     sweep_batch: int = Field(1000, ge=1, description="Most jobs of each kind one sweep handles.")
 
 
-class ResponsesSettings(_Group):
+class ResponsesSettings(SettingsGroup):
     """Stored Responses API responses (goodput_gateway.responses)."""
 
     prefix: str = Field("goodput:responses", description="Prefix of stored responses' Redis keys (the "
@@ -178,7 +171,7 @@ class ResponsesSettings(_Group):
     local_max: int = Field(10_000, ge=1, description="Without Redis: most responses kept in this process.")
 
 
-class ResumeSettings(_Group):
+class ResumeSettings(SettingsGroup):
     """Stream resume (goodput_gateway.resume)."""
 
     window_s: float = Field(0.0, ge=0, description="Stream resume: a streamed answer's events are numbered "

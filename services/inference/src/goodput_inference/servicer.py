@@ -262,13 +262,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def Generate(self, request: inference_pb2.GenerateRequest,
                        context: aio.ServicerContext) -> AsyncIterator[inference_pb2.GenerateChunk]:
+        """One request's chunks (``started``, deltas, ``finished``)."""
         if self.draining:
             raise Unavailable("worker is draining")
-        async for chunk in self.generate(request):
-            yield chunk
-
-    async def generate(self, request: inference_pb2.GenerateRequest) -> AsyncIterator[inference_pb2.GenerateChunk]:
-        """One request's chunks (``started``, deltas, ``finished``)."""
         gen = to_gen_request(request)
         outcome = "aborted"
         counted = 0  # of this request's output tokens, those the peak token rate has seen

@@ -318,9 +318,6 @@ class TritonEngine:
             await self._client.close()
             self._client = None
 
-    def stop_accepting(self) -> None:
-        self._ready = False
-
     # ---- load ------------------------------------------------------------------------------------------------
 
     async def _read_metrics(self) -> None:

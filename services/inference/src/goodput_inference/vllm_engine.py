@@ -176,9 +176,6 @@ class VllmEngine:
             self._engine.shutdown()
             self._engine = None
 
-    def stop_accepting(self) -> None:
-        self._ready = False
-
     # ---- introspection ---------------------------------------------------------------------------------------
 
     def describe(self) -> ModelDescription:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from goodput_contracts.speed import SpeedEstimate
-from goodput_core.settings import ServiceSettings, SharingGroupsSetting, service_config
+from goodput_core.settings import ServiceSettings, SettingsGroup, SharingGroupsSetting, service_config
 
 from goodput_scheduler.endpointslices import SCHEME, ServiceTarget
 from goodput_scheduler.predict import DEFAULT_SPEED_PRIOR
@@ -33,14 +33,7 @@ from goodput_scheduler.predict import DEFAULT_SPEED_PRIOR
 __all__ = ["GuardSettings", "MuxSettings", "PredictSettings", "SaturationSettings", "SchedulerSettings"]
 
 
-class _Group(BaseModel):
-    """A group of settings: one environment variable per field, ``GOODPUT_SCHEDULER_<GROUP>__<FIELD>``, or the whole
-    group as JSON in ``GOODPUT_SCHEDULER_<GROUP>``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class GuardSettings(_Group):
+class GuardSettings(SettingsGroup):
     """The latency guard (goodput_scheduler.guard): P1/P2 leases per worker adapt (AIMD) so P0's TTFT stays near its
     unloaded value, and while P0 traffic is present some workers are kept free of P1/P2 prefill for it."""
 
@@ -66,7 +59,7 @@ class GuardSettings(_Group):
                                                          "target.")
 
 
-class SaturationSettings(_Group):
+class SaturationSettings(SettingsGroup):
     """What counts as saturation 1.0, the overload signal SHED_P2_AT and SHED_P1_AT are compared with (the largest of
     the three)."""
 
@@ -75,7 +68,7 @@ class SaturationSettings(_Group):
     gpu: float = Field(0.98, gt=0, le=1, description="Mean GPU utilisation of the workers (ignored without GPUs).")
 
 
-class PredictSettings(_Group):
+class PredictSettings(SettingsGroup):
     """Deadline prediction (goodput_scheduler.predict) and the speed priors every worker starts from."""
 
     deadlines: bool = Field(True, description="Refuse at once a request predicted not to finish before its deadline "
@@ -96,7 +89,7 @@ class PredictSettings(_Group):
                              tpot_per_seq_s=self.tpot_per_seq_s)
 
 
-class MuxSettings(_Group):
+class MuxSettings(SettingsGroup):
     """Bounds of the multiplexed lease stream (LeaseBatches, the gateway's one lease path)."""
 
     max_leases: int = Field(10_000, ge=1, description="Leases one stream may hold open at once.")

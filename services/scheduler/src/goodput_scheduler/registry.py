@@ -128,7 +128,6 @@ class WorkerRegistry:
         self._channel_factory = channel_factory
         self._workers: dict[str, Worker] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._changed = asyncio.Condition()
         self._reapers: dict[str, asyncio.Task[None]] = {}  # workers whose endpoint is gone, waiting for their leases
         self._kube: ApiClient | None = None
         self.on_change: list[Callable[[], None]] = []
@@ -293,17 +292,7 @@ class WorkerRegistry:
         """Registered workers that take no new grants while their leases finish."""
         return [w for w in self._workers.values() if w.draining and not w.removed]
 
-    async def wait_change(self, timeout: float) -> None:
-        """Waits until a worker's health or load changes (or the timeout passes)."""
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
-
     async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
         for cb in self.on_change:
             cb()
 

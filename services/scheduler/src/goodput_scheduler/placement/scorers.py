@@ -213,11 +213,6 @@ class PrefixIndex:
         while len(self._lru) > self.max_entries:
             self._lru.popitem(last=False)
 
-    def forget_worker(self, worker_id: str) -> None:
-        for entry in self._lru.values():
-            entry.pop(worker_id, None)
-
-
 class _PrefixMatch:
     """One cycle's prefix hashes and the workers that served them (hashed once per cycle, not per worker)."""
 
