@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from goodput_core.breaker import BreakerMetrics, Breakers, BreakerSettings, BreakerState, CircuitBreaker
+from goodput_core.breaker import BreakerMetrics, BreakerSettings, BreakerState, CircuitBreaker
 from goodput_core.errors import InvalidArgument, NotFound, Unavailable
 from goodput_core.settings import ServiceSettings, service_config
 
@@ -101,7 +101,7 @@ async def test_refuses_at_once_while_open_without_calling_the_dependency() -> No
     assert dependency.calls == 0
     assert "retriever" in refused.value.message and refused.value.code == "circuit_open"
     assert refused.value.retry_after_s == pytest.approx(5.0)
-    assert breaker.allow() is False
+    assert breaker.retry_after_s() > 0  # still refusing
 
 
 async def test_retry_after_counts_down_to_the_next_probe() -> None:
@@ -225,7 +225,7 @@ async def test_cancelled_calls_do_not_count_and_free_the_probe_slot() -> None:
     started.clear()
     probe = asyncio.create_task(hung())
     await started.wait()
-    assert breaker.allow() is False  # the only probe slot is taken
+    assert breaker.retry_after_s() > 0  # the only probe slot is taken
     probe.cancel()
     await asyncio.gather(probe, return_exceptions=True)
     assert breaker.state is BreakerState.HALF_OPEN  # neither closed nor reopened...
@@ -257,25 +257,7 @@ async def test_results_of_calls_admitted_before_a_state_change_are_ignored() -> 
     assert breaker.state is BreakerState.HALF_OPEN
     await late.__aexit__(None, None, None)  # its success says nothing of the dependency now
     assert breaker.state is BreakerState.HALF_OPEN
-    assert breaker.allow() is True  # and it took no probe slot
-
-
-async def test_allow_record_release_for_streams() -> None:
-    clock = FakeClock()
-    breaker = CircuitBreaker("inference", failure_threshold=2, clock=clock)
-    for _ in range(2):
-        assert breaker.allow()
-        breaker.record(False)
-    assert breaker.state is BreakerState.OPEN and not breaker.allow()
-    breaker.record(True)  # a stream admitted before it opened ends: ignored
-    assert breaker.state is BreakerState.OPEN
-    clock.advance(5.0)
-    assert breaker.allow() and not breaker.allow()  # one probe
-    breaker.release()  # the client went away mid-stream
-    assert breaker.state is BreakerState.HALF_OPEN
-    assert breaker.allow()
-    breaker.record(True)
-    assert breaker.state is BreakerState.CLOSED
+    assert breaker.retry_after_s() == 0  # and it took no probe slot
 
 
 async def test_metrics() -> None:
@@ -293,7 +275,9 @@ async def test_metrics() -> None:
     await fail(cache)
     assert sample("state", dependency="cache") == 2.0
     for _ in range(3):
-        assert not cache.allow()
+        with pytest.raises(Unavailable):
+            async with cache.guard():
+                pass
     assert sample("rejected_total", dependency="cache") == 3.0
     clock.advance(5.0)
     assert cache.state is BreakerState.HALF_OPEN and sample("state", dependency="cache") == 1.0
@@ -320,21 +304,6 @@ async def test_a_log_line_on_each_transition(caplog: pytest.LogCaptureFixture) -
     moves = [(r.__dict__["dependency"], r.__dict__["from"], r.__dict__["to"], r.levelname) for r in caplog.records]
     assert moves == [("cache", "closed", "open", "WARNING"), ("cache", "open", "half_open", "INFO"),
                      ("cache", "half_open", "closed", "INFO")]
-
-
-async def test_breakers_make_one_breaker_per_dependency() -> None:
-    registry = CollectorRegistry()
-    clock = FakeClock()
-    breakers = Breakers(BreakerSettings(failure_threshold=1), BreakerMetrics(registry, service="gateway"),
-                        ignore=(InvalidArgument,), clock=clock)
-    cache, retriever = breakers.get("cache"), breakers.get("retriever")
-    assert breakers.get("cache") is cache and cache.name == "cache"
-    await fail(retriever)
-    await fail(cache, 1, InvalidArgument("bad"))
-    assert breakers.states() == {"cache": "closed", "retriever": "open"}
-    clock.advance(5.0)
-    assert breakers.states()["retriever"] == "half_open"
-    assert registry.get_sample_value("goodput_gateway_breaker_state", {"dependency": "retriever"}) == 1.0
 
 
 def test_settings_are_validated_and_embed_in_a_service_settings(monkeypatch: pytest.MonkeyPatch) -> None:

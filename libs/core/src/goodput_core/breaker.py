@@ -50,13 +50,11 @@ Example (a fake clock; a service passes none and gets ``time.monotonic``):
     >>> asyncio.run(search(ok=True)), str(breaker.state)
     ('answered', 'closed')
 
-Several breakers of one service share one :class:`BreakerMetrics` (so their metrics are registered once), most
-simply through :class:`Breakers`:
+Several breakers of one service share one :class:`BreakerMetrics` (so their metrics are registered once):
     >>> from prometheus_client import CollectorRegistry
     >>> registry = CollectorRegistry()
-    >>> breakers = Breakers(BreakerSettings(), BreakerMetrics(registry, service="gateway"))
-    >>> breakers.get("cache") is breakers.get("cache"), breakers.states()
-    (True, {'cache': 'closed'})
+    >>> metrics = BreakerMetrics(registry, service="gateway")
+    >>> cache = CircuitBreaker.from_settings("cache", BreakerSettings(), metrics=metrics)
     >>> registry.get_sample_value("goodput_gateway_breaker_state", {"dependency": "cache"})
     0.0
 """
@@ -77,7 +75,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from goodput_core.errors import Unavailable
 
-__all__ = ["BreakerMetrics", "BreakerSettings", "BreakerState", "Breakers", "CircuitBreaker"]
+__all__ = ["BreakerMetrics", "BreakerSettings", "BreakerState", "CircuitBreaker"]
 
 log = logging.getLogger("goodput.breaker")
 
@@ -169,9 +167,7 @@ class _Permit:
 class CircuitBreaker:
     """The breaker of one dependency ``name``; see the module's docstring for what it does.
 
-    Wrap each call in ``async with breaker.guard():``. Code that cannot (a stream consumed elsewhere) calls
-    :meth:`allow` first and then exactly one of :meth:`record` or :meth:`release` for every ``True`` it got.
-    """
+    Wrap each call in ``async with breaker.guard():``."""
 
     def __init__(self, name: str, *, failure_threshold: int = 5, failure_ratio: float = 0.5, window: int = 20,
                  min_calls: int = 10, reset_timeout_s: float = 5.0, max_reset_timeout_s: float = 60.0,
@@ -221,25 +217,6 @@ class CircuitBreaker:
         :class:`~goodput_core.errors.Unavailable` when the breaker refuses the call; how the block ends is recorded
         (see the module's docstring), and its exception, if any, propagates unchanged."""
         return _Guard(self)
-
-    def allow(self) -> bool:
-        """Whether a call may go to the dependency now (a ``True`` while half-open takes a probe slot). Each
-        ``True`` must be followed by one :meth:`record` or :meth:`release`."""
-        return self._admit() is not None
-
-    def record(self, success: bool) -> None:
-        """The outcome of a call :meth:`allow` let through."""
-        self._refresh()
-        if self._state is BreakerState.OPEN or (self._state is BreakerState.HALF_OPEN and self._probes == 0):
-            return  # a call let through before the breaker opened: it says nothing about the dependency now
-        self._settle(_Permit(self._epoch, probe=self._state is BreakerState.HALF_OPEN), success)
-
-    def release(self) -> None:
-        """Ends a call :meth:`allow` let through without an outcome (the caller went away): a probe slot is freed,
-        nothing is counted."""
-        self._refresh()
-        if self._state is BreakerState.HALF_OPEN and self._probes > 0:
-            self._probes -= 1
 
     def retry_after_s(self) -> float:
         """Seconds until the breaker lets a call through again as far as it knows now: 0 when it would; while
@@ -366,31 +343,3 @@ class _Guard:
                         tb: TracebackType | None) -> None:
         if self._permit is not None:
             self._breaker._settle(self._permit, self._breaker._verdict(exc))
-
-
-class Breakers:
-    """One breaker per dependency name, made on first use with the same settings and metrics, e.g. the gateway's
-    ``breakers.get("retriever")``. Passed in like any other dependency (not a global)."""
-
-    def __init__(self, settings: BreakerSettings | None = None, metrics: BreakerMetrics | None = None, *,
-                 ignore: Iterable[type[BaseException]] = (),
-                 is_failure: Callable[[BaseException], bool] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings = settings if settings is not None else BreakerSettings()
-        self.metrics = metrics
-        self.ignore = tuple(ignore)
-        self.is_failure = is_failure
-        self._clock = clock
-        self._breakers: dict[str, CircuitBreaker] = {}
-
-    def get(self, name: str) -> CircuitBreaker:
-        breaker = self._breakers.get(name)
-        if breaker is None:
-            breaker = CircuitBreaker.from_settings(name, self.settings, metrics=self.metrics, clock=self._clock,
-                                                   ignore=self.ignore, is_failure=self.is_failure)
-            self._breakers[name] = breaker
-        return breaker
-
-    def states(self) -> dict[str, str]:
-        """Each known dependency's state, e.g. for a status page or a readiness detail."""
-        return {name: breaker.state.value for name, breaker in self._breakers.items()}

@@ -124,9 +124,6 @@ class _HttpServer(uvicorn.Server):
     drain. (uvicorn's own handler would start its shutdown on the same signal, cutting streams in flight after its
     graceful-shutdown timeout, whatever the drain grace.)"""
 
-    def install_signal_handlers(self) -> None:  # uvicorn < 0.29
-        return None
-
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield

@@ -97,8 +97,8 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
         return make_channel(addr, provider, credentials=credentials)
 
     # to the scheduler replica that leads (its Scheduler health SERVING), following it when it changes
-    # untraced: a lease carries its request's trace context itself (per admit on the shared stream, in the call's
-    # metadata on the per-request one), and an intercepted stream costs every lease message two more hops
+    # untraced: each admit on the lease stream carries its request's trace context, and an intercepted stream costs
+    # every lease message two more hops
     scheduler_channel = make_channel(settings.scheduler_addr, provider, credentials=credentials,
                                      health_service=SCHEDULER_SERVICE, traced=False)
     channels = [scheduler_channel]
