@@ -186,10 +186,6 @@ class Platform:
         """The process name of scheduler replica ``i`` (for kill, restart...)."""
         return "scheduler" if i == 0 else f"scheduler-{i}"
 
-    @staticmethod
-    def gateway_name(i: int) -> str:
-        return "gateway" if i == 0 else f"gateway-{i}"
-
     @property
     def scheduler_http(self) -> str:
         return f"http://{HOST}:{http_port('scheduler', self.port_offset)}"
@@ -201,10 +197,6 @@ class Platform:
     @property
     def cache_grpc(self) -> str:
         return grpc_addr("cache", self.port_offset)
-
-    @property
-    def retriever_grpc(self) -> str:
-        return grpc_addr("retriever", self.port_offset)
 
     def worker_grpc(self, i: int) -> str:
         self._check_worker(i)
