@@ -17,7 +17,7 @@ P0 p99 TTFT against offered load.
     python -m loadtests.overload                       # full run, 4 simulated workers, ~15 min on 2 cores
     python -m loadtests.overload --workers 2 --out loadtests/reports/overload-2workers
     python -m loadtests.overload --quick               # small smoke run (~3 min)
-    python -m loadtests.overload --render loadtests/reports/overload.json   # re-render report + plot
+    python -m loadtests.overload --render loadtests/reports/overload.json   # the report again (templates/overload.md)
 
 A benchmark reports numbers; it does not fail on a missed goal (only when nothing could be served).
 """
@@ -32,10 +32,10 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from loadtests.common import cpu_label, machine_info, markdown_table, percentile, produce, pyplot, summarize
+from loadtests import bench
+from loadtests.common import machine_info, percentile, summarize
 from loadtests.simfleet import LeaseClient, RequestSpec, Result, SimFleet, random_text
 
 CLASSES = ("P0", "P1", "P2")
@@ -211,16 +211,16 @@ def analyse(results: list[Result], *, phase_s: float, slo_ttft: dict[str, float]
     return out
 
 
-async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     system_chars = min(480, SHAPES["P0"][0] // 2)
     systems = {t: f"system: you are the {t} assistant. " + random_text(random.Random(t), system_chars) + "\n"
                for t in TENANTS}
     sim = {"time_scale": args.time_scale, "stream_every": 8, "max_batched_tokens": args.max_batched_tokens}
-    levels = [float(x) for x in args.levels.split(",")]
+    levels: list[float] = args.levels
     slo = {"P0": args.slo_p0_s, "P1": args.slo_p1_s, "P2": float("inf")}
     report: dict[str, Any] = {
-        "benchmark": "overload", "machine": machine_info(),
+        "machine": machine_info(),
         "setup": {"workers": args.workers, "max_num_seqs": args.max_num_seqs, "sim": sim, "phase_s": args.phase_s,
                   "levels": levels, "mix": MIX, "tenants": TENANTS, "shapes": SHAPES, "deadlines_s": DEADLINES,
                   "slo_ttft_s": {"P0": args.slo_p0_s, "P1": args.slo_p1_s, "P2": "completes"},
@@ -239,7 +239,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         client = LeaseClient(fleet.scheduler_addr, rng=random.Random(args.seed + 1))
         unloaded = await unloaded_ttft(client, rng, systems, args.unloaded_n)
         cap = await capacity(client, rng, systems, concurrency=int(args.workers * args.max_num_seqs * 1.25),
-                             warmup_s=args.capacity_warmup_s, measure_s=args.capacity_s)
+                             warmup_s=args.warmup_s, measure_s=args.capacity_s)
         await client.close()
         report["unloaded_p0_ttft"] = summarize(unloaded)
         report["capacity_rps"] = cap
@@ -278,209 +278,93 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-# ---- report ----------------------------------------------------------------------------------------------------
+# ---- goals, report and plot (the prose: templates/overload.md) --------------------------------------------------
 
 
-def _pct(v: float | None) -> str:
-    return "—" if v is None else f"{v * 100:.1f}%"
+def goals(report: dict[str, Any]) -> list[bench.Goal]:
+    """At the top load: P0's p99 TTFT against its unloaded p99 and against FIFO's, P0's success; P2 at every load."""
+    top = report["configs"]["goodput"][-1]["load"] if "goodput" in report["configs"] else None
+
+    def p0_p99(r: dict[str, Any], config: str) -> float | None:
+        return r["configs"][config][-1]["classes"]["P0"]["ttft"]["p99_ms"]
+
+    return [
+        bench.Goal(f"P0 p99 TTFT at {top:g}x ≤ 1.5x unloaded p99", lambda r: (p0_p99(r, "goodput"),
+                   r["unloaded_p0_ttft"]["p99_ms"]), 1.5, at_most=True, judged="ratio", digits=0),
+        bench.Goal(f"P0 success at {top:g}x ≥ 99.9%", lambda r: (
+            r["configs"]["goodput"][-1]["classes"]["P0"]["success_rate"], None), 0.999, unit="%", digits=1),
+        bench.Goal("every P2 request eventually completes (all levels)", lambda r: (min(
+            (s for lv in r["configs"]["goodput"] if (s := lv["classes"]["P2"]["success_rate"]) is not None),
+            default=None), None), 1.0, unit="%", digits=1),
+        bench.Goal(f"P0 p99 TTFT ≥ 10x better than FIFO at {top:g}x", lambda r: (p0_p99(r, "goodput"),
+                   p0_p99(r, "fifo")), 10.0, judged="speedup", digits=0),
+    ] if top is not None else []
 
 
-def _ms(s: dict[str, Any], key: str) -> str:
-    v = s.get(key)
-    return "—" if v is None else f"{v:.0f}"
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    """Per scheduler and level P0's placement reasons, most frequent first; whether the scheduler was sampled; the
+    failures (scheduler, load, class, reasons)."""
+    configs = report["configs"]
+    return {"classes": CLASSES,
+            "placed": {name: [Counter(r[3] for r in lv.get("p0_requests", [])).most_common() for lv in levels]
+                       for name, levels in configs.items()},
+            "sampled": any(lv.get("scheduler") for levels in configs.values() for lv in levels),
+            "failures": [(name, lv["load"], c, errors) for name, levels in configs.items() for lv in levels
+                         for c in CLASSES if (errors := lv["classes"][c].get("errors"))]}
 
 
-def goals(report: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
-    out: list[tuple[str, str, bool | None]] = []
+def figure(report: dict[str, Any]) -> bench.Figure:
     unloaded = report["unloaded_p0_ttft"]["p99_ms"]
-    top = {name: levels[-1] for name, levels in report["configs"].items()}
-    g = top.get("goodput")
-    if g is None:
-        return out
-    p0 = g["classes"]["P0"]
-    p99 = p0["ttft"]["p99_ms"]
-    out.append((f"P0 p99 TTFT at {g['load']:g}x ≤ 1.5x unloaded p99",
-                f"{p99:.0f} ms vs {unloaded:.0f} ms unloaded: {p99 / unloaded:.2f}x" if p99 else "—",
-                None if p99 is None else p99 <= 1.5 * unloaded))
-    out.append((f"P0 success at {g['load']:g}x ≥ 99.9%", _pct(p0["success_rate"]),
-                None if p0["success_rate"] is None else p0["success_rate"] >= 0.999))
-    completed = [lv["classes"]["P2"]["success_rate"] for lv in report["configs"]["goodput"]]
-    out.append(("every P2 request eventually completes (all levels)",
-                ", ".join(_pct(c) for c in completed), all(c == 1.0 for c in completed if c is not None)))
-    f = top.get("fifo")
-    if f is not None and p99:
-        fp99 = f["classes"]["P0"]["ttft"]["p99_ms"]
-        out.append((f"P0 p99 TTFT ≥ 10x better than FIFO at {g['load']:g}x",
-                    f"FIFO {fp99:.0f} ms / goodput {p99:.0f} ms = {fp99 / p99:.1f}x" if fp99 else "—",
-                    None if not fp99 else fp99 / p99 >= 10))
-    return out
+    series = [bench.Series(name, [lv["load"] for lv in levels],
+                           [lv["classes"]["P0"]["ttft"]["p99_ms"] for lv in levels])
+              for name, levels in report["configs"].items()]
+    return bench.Figure("", [bench.Panel(
+        "P0 p99 TTFT under overload (simulated A100 fleet)", "offered load (x measured capacity)",
+        "P0 p99 TTFT (ms, log)", series, yscale="log",
+        lines=[(unloaded, "unloaded p99", ":", "grey"), (1.5 * unloaded, "goal: 1.5x unloaded", "--", "red")])],
+        panel_width=7.0)
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    s = report["setup"]
-    if s.get("engine"):  # --engine vllm: real engines, no simulation
-        fleet = (f"Real workers: {s['engine']}, {s['workers']} workers x {s['max_num_seqs']} sequences, prompts and "
-                 f"answers scaled down to the small model; the workers, the scheduler and the client share "
-                 f"{report['machine'].get('cores_usable')} CPU cores ({cpu_label(report['machine'])}).")
-    else:
-        fleet = (f"Simulated workers (A100 / 7B calibration, `goodput_inference.sim_engine`), {s['workers']} workers "
-                 f"x {s['max_num_seqs']} sequences, {s['sim'].get('max_batched_tokens', 2048)} tokens per engine "
-                 f"step (vLLM's max_num_batched_tokens, chunked prefill), simulated time x{s['sim']['time_scale']} "
-                 f"(every latency below is wall-clock, so also x{s['sim']['time_scale']} an A100's); real scheduler "
-                 f"and worker processes over gRPC on {report['machine'].get('cores_usable')} CPU cores "
-                 f"({cpu_label(report['machine'])}).")
-    lines = [
-        "# Overload benchmark: priority classes vs FIFO and round-robin placement",
-        "",
-        f"Generated {report.get('generated_at', '')} by `python -m loadtests.overload`. {fleet}",
-        "",
-        f"- Capacity (measured in this run, closed loop, all slots busy): **{report['capacity_rps']:.1f} req/s**.",
-        f"- Unloaded P0 TTFT (one request at a time): p50 {report['unloaded_p0_ttft']['p50_ms']:.0f} ms, "
-        f"p99 {report['unloaded_p0_ttft']['p99_ms']:.0f} ms.",
-        f"- Mix: {', '.join(f'{k} {v:.0%}' for k, v in s['mix'].items())}; tenants "
-        f"{', '.join(f'{k} {v:.0%}' for k, v in s['tenants'].items())}; prompt/max_tokens "
-        f"{', '.join(f'{k} ~{c // 4}/{m}' for k, (c, m) in s['shapes'].items())}; Poisson arrivals, "
-        f"{s['phase_s']:g} s per load level.",
-        f"- SLO for goodput: P0 TTFT ≤ {s['slo_ttft_s']['P0']:g} s, P1 TTFT ≤ {s['slo_ttft_s']['P1']:g} s, P2 "
-        "completes. Shed P2 is parked and re-submitted (retry-after / backoff) until it completes; its latency "
-        "counts from its first arrival.",
-        "",
-        "## Goals",
-        "",
-        markdown_table(["goal", "measured", "met"],
-                       [(g, m, "—" if ok is None else ("yes" if ok else "**no**")) for g, m, ok in goals(report)]),
-        "",
-    ]
-    for name, levels in report["configs"].items():
-        lines += [f"## {name}", ""]
-        rows = []
-        for lv in levels:
-            for c in CLASSES:
-                st = lv["classes"][c]
-                rows.append([f"{lv['load']:g}x ({lv['offered_rps']:.1f}/s)", c, st["n"], _pct(st["success_rate"]),
-                             _pct(st["shed_rate"]), _pct(st["expired_rate"]),
-                             _ms(st["ttft"], "p50_ms"), _ms(st["ttft"], "p95_ms"), _ms(st["ttft"], "p99_ms"),
-                             _ms(st["e2e"], "p50_ms"), _ms(st["e2e"], "p95_ms"), _ms(st["e2e"], "p99_ms"),
-                             _ms(st.get("queue_wait") or {}, "p99_ms"), f"{st['goodput_rps']:.2f}",
-                             "—" if not st["retry_after_s"] else f"{st['retry_after_s']['p50_ms'] / 1000:.1f}"])
-        lines += [markdown_table(["load", "class", "n", "success", "shed", "expired", "TTFT p50 ms", "p95", "p99",
-                                  "e2e p50 ms", "p95", "p99", "queue wait p99 ms", "goodput req/s",
-                                  "Retry-After p50 s"], rows), ""]
-    lines += _scheduler_section(report)
-    failures = [f"- {name} {lv['load']:g}x {c}: " + "; ".join(f"{reason} ({count})" for reason, count in errors)
-                for name, levels in report["configs"].items() for lv in levels for c in CLASSES
-                if (errors := lv["classes"][c].get("errors"))]
-    if failures:
-        lines += ["## Failures (why requests did not succeed; most frequent first)", "", *failures, ""]
-    lines += [
-        "## Reading it",
-        "",
-        "- *shed* counts requests refused at least once (RESOURCE_EXHAUSTED with retry-after); P2's are parked and "
-        "retried, so its success column is what finally completed. *expired* requests were dropped in the queue "
-        "before reaching a worker (their deadline or their class's queue timeout).",
-        "- FIFO has no classes: under overload every class waits in one queue, so P0 waits behind batch work.",
-        "- The plot `overload.png` shows P0 p99 TTFT against offered load for each scheduler.",
-    ]
-    return "\n".join(lines)
-
-
-def _scheduler_section(report: dict[str, Any]) -> list[str]:
-    """What the scheduler did in each level (sampled from its /metrics) and where P0 requests were placed."""
-    rows = []
-    for name, levels in report["configs"].items():
-        for lv in levels:
-            sch = lv.get("scheduler") or {}
-            if not sch:
-                continue
-            guard, held, sat = sch.get("guard_limit"), sch.get("inflight_per_worker"), sch.get("saturation")
-            ready = sch.get("p0_ready_workers")
-            reasons = Counter(r[3] for r in lv.get("p0_requests", []))
-            rows.append([name, f"{lv['load']:g}x", "—" if not sat else f"{sat['mean']:.2f}",
-                         "—" if not guard or guard["p50"] >= 1e8 else f"{guard['p10']:.0f} / {guard['p50']:.0f} / "
-                                                                     f"{guard['p90']:.0f}",
-                         "—" if not held else f"{held['mean']:.1f} / {held['p90']:.0f}",
-                         "—" if not ready else f"{ready['p10']:.0f} / {ready['p50']:.0f} / {ready['p90']:.0f}",
-                         ", ".join(f"{k} {v}" for k, v in reasons.most_common()) or "—"])
-    if not rows:
-        return []
-    return ["## What the scheduler did", "",
-            "Sampled from the scheduler's `/metrics` every 0.5 s during each level's arrivals: the saturation signal "
-            "(mean), the latency guard's P1/P2 lease limit per worker (p10 / p50 / p90; — when off), leases held per "
-            "worker (mean / p90), the workers kept free of batch prefill for P0 (p10 / p50 / p90), and the "
-            "placement reason of every P0 request.", "",
-            markdown_table(["scheduler", "load", "saturation", "guard limit", "leases per worker",
-                            "decode-only workers for P0", "P0 placed by"], rows), ""]
-
-
-def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, levels in report["configs"].items():
-        xs = [lv["load"] for lv in levels]
-        ys = [lv["classes"]["P0"]["ttft"]["p99_ms"] for lv in levels]
-        ax.plot(xs, ys, marker="o", label=name)
-    unloaded = report["unloaded_p0_ttft"]["p99_ms"]
-    ax.axhline(unloaded, color="grey", linestyle=":", label="unloaded p99")
-    ax.axhline(1.5 * unloaded, color="red", linestyle="--", label="goal: 1.5x unloaded")
-    ax.set_yscale("log")
-    ax.set_xlabel("offered load (x measured capacity)")
-    ax.set_ylabel("P0 p99 TTFT (ms, log)")
-    ax.set_title("P0 p99 TTFT under overload (simulated A100 fleet)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m loadtests.overload", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", type=int, default=4,
-                    help="simulated workers (the committed reports: 4, and 2 in overload-2workers.md)")
-    ap.add_argument("--max-num-seqs", type=int, default=32, help="per worker (and the scheduler's per-worker cap)")
-    ap.add_argument("--time-scale", type=float, default=4.0, help="simulated time multiplier")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-batched-tokens", type=int, default=512,
                     help="the engines' token budget per step (vLLM's max_num_batched_tokens): small chunks keep a "
                          "long prompt's prefill from stalling everyone's next token")
-    ap.add_argument("--levels", default="0.5,1,2,3", help="offered loads, multiples of capacity")
     ap.add_argument("--phase-s", type=float, default=30.0, help="seconds of arrivals per load level")
     ap.add_argument("--configs", default="goodput,fifo,round_robin")
     ap.add_argument("--slo-p0-s", type=float, default=0.5)
     ap.add_argument("--slo-p1-s", type=float, default=5.0)
     ap.add_argument("--unloaded-n", type=int, default=30)
     ap.add_argument("--capacity-s", type=float, default=15.0)
-    ap.add_argument("--capacity-warmup-s", type=float, default=8.0)
     ap.add_argument("--drain-timeout-s", type=float, default=400.0)
-    ap.add_argument("--base-port", type=int, default=26100)
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--out", type=Path, default=Path("loadtests/out/overload"))
-    ap.add_argument("--quick", action="store_true", help="2 workers, 2 levels, short phases (a smoke run)")
-    ap.add_argument("--engine", choices=("sim", "vllm"), default="sim",
-                    help="vllm: the same scenario at small scale on real vLLM CPU workers (the dev model; prompts "
-                         "and answers scaled down 4x, 4 sequences per worker)")
-    ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="re-render a saved report")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.workers, args.levels, args.phase_s, args.unloaded_n = 2, "1,3", 8.0, 10
-        args.capacity_s, args.capacity_warmup_s = 6.0, 4.0
+
+
+def prepare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.engine == "vllm":
         global SHAPES
         SHAPES = {c: (chars // 4, max(tokens // 4, 4)) for c, (chars, tokens) in SHAPES.items()}
         args.workers, args.max_num_seqs = 2, args.max_num_seqs if args.max_num_seqs != 32 else 4
-    return args
+
+
+def served(report: dict[str, Any], args: argparse.Namespace) -> bool:
+    return sum(lv["classes"][c]["n"] * (lv["classes"][c]["success_rate"] or 0)
+               for levels in report["configs"].values() for lv in levels for c in CLASSES) > 0
+
+
+BENCHMARK = bench.Benchmark(
+    name="overload", doc=__doc__ or "", run=measure, arguments=add_arguments, prepare=prepare, goals=goals,
+    context=context, figure=figure, engines=("sim", "vllm"),
+    engine_help="vllm: the same scenario at small scale on real vLLM CPU workers (the dev model; prompts and "
+                "answers scaled down 4x, 2 workers of 4 sequences)",
+    fleet=bench.Fleet(workers=4, max_num_seqs=32, time_scale=4.0, base_port=26100), seed=7,
+    levels=bench.Option("0.5,1,2,3", "offered loads, multiples of the capacity measured in the same run"),
+    warmup=bench.Option(8.0, "seconds of closed-loop load before the capacity is measured (not counted)",
+                        aliases=("--capacity-warmup-s",)),
+    quick={"workers": 2, "levels": [1.0, 3.0], "phase_s": 8.0, "unloaded_n": 10, "capacity_s": 6.0, "warmup_s": 4.0},
+    quick_help="2 workers, 2 levels, short phases (a smoke run, ~3 min)", ok=served)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    report = produce(args, benchmark, render_markdown, render_plot)
-    for g, m, ok in goals(report):
-        print(f"  {'MET ' if ok else 'MISS' if ok is not None else '  ? '} {g}: {m}")
-    served = sum(lv["classes"][c]["n"] * (lv["classes"][c]["success_rate"] or 0)
-                 for levels in report["configs"].values() for lv in levels for c in CLASSES)
-    return 0 if served > 0 else 1
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from loadtests.bench import markdown
 from loadtests.common import (
     bootstrap_diff_ci,
     cpu_label,
@@ -22,7 +23,8 @@ from loadtests.common import (
     summarize,
     write_report,
 )
-from loadtests.overhead import GOODPUT_PATHS, Sample, analyse_level, render_markdown, schedule
+from loadtests.overhead import BENCHMARK as OVERHEAD
+from loadtests.overhead import GOODPUT_PATHS, Sample, analyse_level, schedule
 
 
 def test_percentile_matches_numpy_linear_interpolation() -> None:
@@ -133,7 +135,7 @@ def test_analyse_level_computes_overhead_and_verdict() -> None:
     report = {"generated_at": "now", "config": {"max_tokens": 8, "priority": "P0", "timeout_s": 60},
               "levels": [level], "machine": machine_info(), "worker": {}, "engine_flags": "x", "platform": "y",
               "packages": {}}
-    md = render_markdown(report)
+    md = markdown(OVERHEAD, report)
     assert "**The goal is missed**" in md
     assert "**FAIL**" in md and "PASS" in md
     # CPU per request side by side: Goodput's gateway + scheduler (12 ms) against the proxy's 45 ms
@@ -172,18 +174,18 @@ async def test_the_floor_under_the_overhead_is_measured_on_a_scheduler_and_repor
     level = analyse_level(1, [Sample(p, 0, ttft_s=0.05, itl_s=[0.02], e2e_s=0.1, deltas=2) for p in GOODPUT_PATHS],
                           wall_s=1.0, stages={"schedule": 0.0015}, load_before=None)
     for client in ("aiohttp", "httpx"):
-        md = render_markdown({"generated_at": "now", "levels": [level], "machine": machine_info(), "worker": {},
-                              "config": {"max_tokens": 8, "priority": "P0", "timeout_s": 60, "http_client": client},
-                              "engine_flags": "x", "platform": "y", "packages": {}, "round_trips": floor})
+        md = markdown(OVERHEAD, {"generated_at": "now", "levels": [level], "machine": machine_info(), "worker": {},
+                                 "config": {"max_tokens": 8, "priority": "P0", "timeout_s": 60, "http_client": client},
+                                 "engine_flags": "x", "platform": "y", "packages": {}, "round_trips": floor})
         assert "## The floor: round trips on this machine" in md and "lease on the scheduler's stream" in md
         assert "first SSE event" in md and "the same, aiohttp client" in md
         # the REST path's floor is the first event with the client that run used
         assert f"(uvicorn's h11 in the gateway, {client} in the client)" in md
     old = {k: v for k, v in floor.items() if k != "first_event"} | {
         "first_event": {k: v for k, v in floor["first_event"].items() if k != "sse_aiohttp"}}
-    md = render_markdown({"generated_at": "now", "levels": [level], "machine": machine_info(), "worker": {},
-                          "config": {"max_tokens": 8, "priority": "P0", "timeout_s": 60},  # a report from before
-                          "engine_flags": "x", "platform": "y", "packages": {}, "round_trips": old})
+    md = markdown(OVERHEAD, {"generated_at": "now", "levels": [level], "machine": machine_info(), "worker": {},
+                             "config": {"max_tokens": 8, "priority": "P0", "timeout_s": 60},  # a report from before
+                             "engine_flags": "x", "platform": "y", "packages": {}, "round_trips": old})
     assert "httpx in the client" in md and "the same, aiohttp client" not in md
 
 

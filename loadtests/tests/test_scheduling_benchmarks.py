@@ -8,7 +8,7 @@ from pathlib import Path
 
 from goodput_testing import async_wait_until
 
-from loadtests import overload, prefix
+from loadtests import bench, overload, prefix
 from loadtests.simfleet import RequestSpec, Result
 
 
@@ -36,13 +36,15 @@ def test_overload_analysis_counts_classes_slo_and_sheds(tmp_path: Path) -> None:
                         "mix": overload.MIX, "tenants": overload.TENANTS, "shapes": overload.SHAPES,
                         "slo_ttft_s": {"P0": 0.5, "P1": 5.0}},
               "configs": {"goodput": [level], "fifo": [level]}}
-    goals = {g: ok for g, _, ok in overload.goals(report)}
-    assert any("P0 success" in g and ok for g, ok in goals.items())
-    markdown = overload.render_markdown(report)
-    assert "P0 p99" in markdown
+    goals = {g["name"]: g["met"] for g in overload.BENCHMARK.evaluate(report)}
+    assert goals["P0 success at 3x ≥ 99.9%"] is True
+    assert goals["P0 p99 TTFT ≥ 10x better than FIFO at 3x"] is False  # the same level for both: 1x
+    markdown = bench.markdown(overload.BENCHMARK, report)
+    # each goal's measured value, the same run's baseline and what is compared with the threshold
+    assert "| P0 p99 TTFT at 3x ≤ 1.5x unloaded p99 | 892 ms | 100 ms | 8.92× | ≤ 1.50× | **no** |" in markdown
     # what the scheduler did: the guard's limit and where P0 requests went, most frequent reason first
     assert "| goodput | 3x | 0.70 | 5 / 24 / 28 | — | — | prefill_gate 2, least_prefill 1 |" in markdown
-    assert overload.render_plot(report, tmp_path / "p.png") is not None
+    assert bench.plot(overload.figure(report), tmp_path / "p.png") is not None
 
 
 def test_prefix_requests_share_system_prompts_only_in_the_shared_scenario() -> None:
