@@ -27,27 +27,22 @@ import random
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-from loadtests.common import machine_info, markdown_table, produce, pyplot
+from loadtests import bench
+from loadtests.common import machine_info
 from loadtests.simfleet import LeaseClient, RequestSpec, Result, random_text
 from loadtests.suite import (
     LOGS,
     Engine,
-    add_common_args,
-    describe_run,
+    declare,
     engine_for,
-    finish_args,
+    figure_title,
     fleet,
-    fmt,
     latency_stats,
     open_loop,
     p0_slo,
-    pct,
     samples,
-    save_figure,
     worker_info,
 )
 
@@ -141,8 +136,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     slo = p0_slo(args.engine)
     rates = [float(x) for x in args.rates.split(",")]
     report: dict[str, Any] = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "benchmark": NAME, "machine": machine_info(), "slo": asdict(slo),
+        "machine": machine_info(), "slo": asdict(slo),
         "setup": {"systems": args.systems, "system_tokens": args.system_tokens, "users": args.users,
                   "question_tokens": args.question_tokens, "max_tokens": args.max_tokens, "rates": rates,
                   "phase_s_wall": args.phase_s, "seed": args.seed},
@@ -156,102 +150,37 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-# ---- report ----------------------------------------------------------------------------------------------------
+# ---- report (the prose: templates/shared_prefix.md) -------------------------------------------------------------
 
 
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    """The shared and unique arms' levels side by side; the errors per arm and rate."""
+    arms = report["arms"]
+    return {"pairs": list(zip(arms.get("shared", {}).get("levels", []), arms.get("unique", {}).get("levels", []),
+                              strict=False)),
+            "errors": [(name, lv["rate"], lv["errors"]) for name, a in arms.items() for lv in a["levels"]
+                       if lv["errors"]]}
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    s, arms = report["setup"], report["arms"]
-    sim = report["engine"]["engine"] == "sim"
-    unit = "req/s (A100 time)" if sim else "req/s"
-    lines = [
-        "# Shared prefix: many users, a few long system prompts",
-        "",
-        describe_run(report),
-        "",
-        f"- {s['systems']} system prompts of ~{s['system_tokens']} tokens, {s['users']} users, questions of "
-        f"{s['question_tokens'].replace(',', '-')} tokens, {s['max_tokens']} output tokens, P0; Poisson arrivals at "
-        f"{', '.join(f'{r:g}' for r in s['rates'])} {unit}, {s['phase_s_wall']:g} s (wall) each, rising; the "
-        "scheduler's default profile (prefix affinity on the gateway's 512-character prefix hint).",
-        "- Arms, each on a fresh fleet, the same arrivals, users and questions:",
-        "",
-        *[f"  - **{name}**: {a['description']}." for name, a in arms.items()],
-        "",
-        "## Headline",
-        "",
-    ]
-    shared, unique = arms.get("shared"), arms.get("unique")
-    if shared and unique:
-        for a, b in zip(shared["levels"], unique["levels"], strict=False):
-            ratio = (b["ttft"]["p50_ms"] / a["ttft"]["p50_ms"]) if a["ttft"]["p50_ms"] and b["ttft"]["p50_ms"] \
-                else None
-            lines.append(f"- {a['rate']:g} {unit}: TTFT p50 shared {fmt(a['ttft']['p50_ms'])} ms vs unique "
-                         f"{fmt(b['ttft']['p50_ms'])} ms ({fmt(ratio, '{:.1f}')}x lower shared), p99 "
-                         f"{fmt(a['ttft']['p99_ms'])} vs {fmt(b['ttft']['p99_ms'])} ms; within the P0 SLO "
-                         f"{pct(a['attainment'], '{:.1f}%')} vs {pct(b['attainment'], '{:.1f}%')}; "
-                         f"prompt from the cache {pct(a['cached_share'])} vs {pct(b['cached_share'])}.")
-    lines.append("- Highest offered rate with ≥ 99% within the P0 SLO: " + "; ".join(
-        f"{name} {fmt(a['capacity_within_slo'], '{:g}')}" + ("" if a["capacity_within_slo"] != s["rates"][-1]
-                                                             else " (every rate)") for name, a in arms.items())
-                 + f" {unit}.")
-    rows = [[name, f"{lv['rate']:g}", lv["offered"], lv["failed"], fmt(lv["ttft"]["p50_ms"]),
-             fmt(lv["ttft"]["p95_ms"]), fmt(lv["ttft"]["p99_ms"]), fmt(lv["tpot"]["p50_ms"], "{:.1f}"),
-             fmt(lv["tpot"]["p99_ms"], "{:.1f}"), pct(lv["attainment"], "{:.1f}%"),
-             fmt(lv["goodput_rps"], "{:.2f}"), pct(lv["cached_share"])]
-            for name, a in arms.items() for lv in a["levels"]]
-    lines += ["", "## Results", "",
-              markdown_table(["arm", f"offered {unit}", "requests", "failed", "TTFT p50 ms", "p95", "p99",
-                              "TPOT p50 ms", "p99", "within SLO", "goodput req/s", "cached"], rows), ""]
-    errors = [f"- {name} at {lv['rate']:g}: {'; '.join(lv['errors'])}" for name, a in arms.items()
-              for lv in a["levels"] if lv["errors"]]
-    if errors:
-        lines += ["Requests not served:", "", *errors, ""]
-    lines += [
-        "## Reading it",
-        "",
-        "- A cached system prompt is not prefilled again: a shared request's prefill is its question (and the "
-        "block the prompt's last token falls in), so TTFT stays near one engine step and the prefill budget each "
-        "step leaves for others is not spent on the same system prompt again; the fleet serves more within the SLO.",
-        "- *tenants* shows the price of isolation: the same prompts, but nothing is shared across tenants (each "
-        "tenant's blocks are salted), so it costs what *unique* costs once its users have warmed up their own "
-        "caches — with many users each sends too few requests for that.",
-        f"- The plot `{NAME}-{report['engine']['engine']}.png` shows TTFT p50/p99 and goodput against the offered "
-        "rate, every arm.",
-    ]
-    return "\n".join(lines)
+def figure(report: dict[str, Any]) -> bench.Figure:
+    """TTFT p50/p99 and goodput against the offered rate, every arm."""
+    arms = report["arms"]
+    colour = {name: f"C{i}" for i, name in enumerate(arms)}
+    rates = [lv["rate"] for a in arms.values() for lv in a["levels"]]
+    offered = sorted(set(rates))
+    xlabel = "offered rate (req/s" + (", A100 time)" if report["engine"]["engine"] == "sim" else ")")
+    ttft = bench.Panel("TTFT vs offered rate", xlabel, "TTFT (ms, log)", [
+        bench.Series(f"{name} {q}", [lv["rate"] for lv in a["levels"]], [lv["ttft"][f"{q}_ms"] for lv in a["levels"]],
+                     style, colour[name]) for name, a in arms.items() for q, style in (("p50", "-"), ("p99", ":"))],
+        lines=[(report["slo"]["ttft_s"] * 1000, "P0 TTFT SLO", "-", "red")], yscale="log", legend_size=7)
+    goodput = bench.Panel("goodput", xlabel, "requests/s within the P0 SLO", [
+        *(bench.Series(name, [lv["rate"] for lv in a["levels"]], [lv["goodput_rps"] for lv in a["levels"]],
+                       color=colour[name]) for name, a in arms.items()),
+        bench.Series("offered", offered, offered, "--", "grey")], legend_size=7)
+    return bench.Figure(figure_title(report, "Shared prefix vs unique prompts"), [ttft, goodput])
 
 
-def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, a in report["arms"].items():
-        xs = [lv["rate"] for lv in a["levels"]]
-        line = ax1.plot(xs, [lv["ttft"]["p50_ms"] for lv in a["levels"]], "-o", markersize=4, label=f"{name} p50")
-        ax1.plot(xs, [lv["ttft"]["p99_ms"] for lv in a["levels"]], ":s", color=line[0].get_color(), markersize=3,
-                 label=f"{name} p99")
-        ax2.plot(xs, [lv["goodput_rps"] for lv in a["levels"]], "-o", color=line[0].get_color(), markersize=4,
-                 label=name)
-    ax2.plot(xs, xs, color="grey", linewidth=0.8, linestyle="--", label="offered")
-    ax1.axhline(report["slo"]["ttft_s"] * 1000, color="red", linewidth=1, label="P0 TTFT SLO")
-    ax1.set_yscale("log")
-    ax1.set_ylabel("TTFT (ms, log)")
-    ax1.set_title("TTFT vs offered rate")
-    ax2.set_ylabel("requests/s within the P0 SLO")
-    ax2.set_title("goodput")
-    sim = report["engine"]["engine"] == "sim"
-    for ax in (ax1, ax2):
-        ax.set_xlabel("offered rate (req/s" + (", A100 time)" if sim else ")"))
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    return save_figure(plt, fig, path, report, "Shared prefix vs unique prompts")
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog=f"python -m loadtests.{NAME}", description=__doc__.split("\n\n")[0])
-    add_common_args(ap, name=NAME, base_port=31300)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--arms", default=None, help=f"comma-separated, of: {', '.join(ARMS)} (default all)")
     ap.add_argument("--systems", type=int, default=None, help="distinct system prompts")
     ap.add_argument("--system-tokens", type=int, default=None)
@@ -260,18 +189,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--rates", default=None, help="offered rates, req/s of engine time, comma-separated")
     ap.add_argument("--phase-s", type=float, default=None, help="wall seconds of arrivals per rate")
-    args = finish_args(ap.parse_args(argv), name=NAME, presets=PRESETS)
+
+
+def prepare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.arms = args.arms or ",".join(ARMS)
     unknown = set(args.arms.split(",")) - set(ARMS)
     if unknown:
         ap.error(f"unknown arms: {', '.join(sorted(unknown))}")
-    return args
+
+
+BENCHMARK = declare(NAME, __doc__ or "", benchmark, presets=PRESETS, base_port=31300, arguments=add_arguments,
+                    prepare=prepare, figure=figure, context=context,
+                    ok=lambda report: any(lv["served"] for a in report["arms"].values() for lv in a["levels"]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    report = produce(args, benchmark, render_markdown, render_plot)
-    return 0 if any(lv["served"] for a in report["arms"].values() for lv in a["levels"]) else 1
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

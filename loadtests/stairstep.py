@@ -24,28 +24,23 @@ import random
 import sys
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-from loadtests.common import machine_info, markdown_table, produce, pyplot, summarize
+from loadtests import bench
+from loadtests.common import machine_info, summarize
 from loadtests.simfleet import LeaseClient, RequestSpec, Result
 from loadtests.suite import (
     LOGS,
     Slo,
-    add_common_args,
     closed_loop,
-    describe_run,
+    declare,
     engine_for,
-    finish_args,
+    figure_title,
     fleet,
-    fmt,
     latency_stats,
     p0_slo,
-    pct,
     prompt_of,
     samples,
-    save_figure,
     worker_info,
 )
 
@@ -116,8 +111,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     slo = p0_slo(args.engine)
     steps = [int(x) for x in args.steps.split(",")]
     report: dict[str, Any] = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "benchmark": NAME, "machine": machine_info(), "engine": engine.describe(), "slo": asdict(slo),
+        "machine": machine_info(), "engine": engine.describe(), "slo": asdict(slo),
         "setup": {"steps": steps, "step_s_wall": args.step_s, "settle_s_wall": args.settle_s,
                   "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "spread": args.spread,
                   "attainment_target": args.attainment, "seed": args.seed},
@@ -162,108 +156,35 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-# ---- report ----------------------------------------------------------------------------------------------------
+# ---- report (the prose: templates/stairstep.md) -----------------------------------------------------------------
 
 
-
-def render_markdown(report: dict[str, Any]) -> str:
-    s, steps = report["setup"], report["steps"]
-    k = report["knee"]
-    after = next((st for st in steps if k is None or st["concurrency"] > k), None)
-    if k is None:
-        verdict = f"**no knee**: already the first step ({steps[0]['concurrency']} stream) misses the P0 SLO"
-    elif after is None:
-        verdict = f"**≥ {k} streams**: every step met the P0 SLO (the knee lies beyond the last step)"
-    else:
-        verdict = (f"**{k} streams**; at {after['concurrency']} only {pct(after['attainment'], '{:.1f}%')} "
-                   f"of the requests met the P0 SLO (TTFT p99 {fmt(after['ttft']['p99_ms'])} ms, TPOT p99 "
-                   f"{fmt(after['tpot']['p99_ms'])} ms)")
-    best = max(steps, key=lambda st: st["goodput_rps"] or 0)
-    rows = [[st["concurrency"], fmt(st.get("in_flight_mean"), "{:.1f}"), st["offered"], st["failed"],
-             fmt(st["ttft"]["p50_ms"]), fmt(st["ttft"]["p95_ms"]), fmt(st["ttft"]["p99_ms"]),
-             fmt(st["tpot"]["p50_ms"], "{:.1f}"), fmt(st["tpot"]["p95_ms"], "{:.1f}"),
-             fmt(st["tpot"]["p99_ms"], "{:.1f}"), fmt(st["queue_wait"]["p99_ms"]), pct(st["attainment"], "{:.1f}%"),
-             fmt(st["goodput_rps"], "{:.2f}"), fmt(st["goodput_tokens_per_s"]), fmt(st["output_tokens_per_s"])]
-            for st in steps]
-    lines = [
-        "# Stair-step concurrency",
-        "",
-        describe_run(report),
-        "",
-        f"- Closed-loop P0 streams (no think time), unique prompts of ~{s['prompt_tokens']} tokens (no prefix-cache "
-        f"hits), {s['max_tokens']} output tokens (each drawn within ±{s.get('spread', 0) * 100:g}% of that, so that "
-        f"the streams do not fall into step); steps of {', '.join(str(c) for c in s['steps'])} streams, each "
-        f"held {s['step_s_wall']:g} s (wall); a step's requests are those arriving after its first "
-        f"{s['settle_s_wall']:g} s. The scheduler runs its defaults.",
-        f"- A step *meets the SLO* when ≥ {s['attainment_target'] * 100:g}% of its requests meet both TTFT and TPOT "
-        "(TPOT: first to last token / (tokens - 1)). *Goodput*: requests (and their output tokens) within the SLO "
-        "per second.",
-        "",
-        f"**Knee** (the largest concurrency that still meets the P0 SLO, every step below it too): {verdict}. "
-        f"Goodput peaks at {best['concurrency']} streams: {fmt(best['goodput_rps'], '{:.2f}')} req/s, "
-        f"{fmt(best['goodput_tokens_per_s'])} output tokens/s within the SLO.",
-        "",
-        markdown_table(["streams", "in flight", "requests", "failed", "TTFT p50 ms", "p95", "p99", "TPOT p50 ms",
-                        "p95", "p99", "queue wait p99 ms", "within SLO", "goodput req/s", "goodput tok/s",
-                        "output tok/s"], rows),
-        "",
-    ]
-    errors = [f"- {st['concurrency']} streams: {'; '.join(st['errors'])}" for st in steps if st["errors"]]
-    if errors:
-        lines += ["Requests not served:", "", *errors, ""]
-    lines += [
-        "## Reading it",
-        "",
-        "- Below the knee every stream's request is in a running batch at once: TTFT is a prefill, TPOT one engine "
-        "step, and both grow with the batch (each sequence adds its KV reads to a step, and every new prompt's "
-        "prefill shares the steps of everyone decoding). Past the knee the step time (TPOT) or the wait for a slot "
-        "(queue wait, TTFT) leaves the SLO; throughput still grows for a while, goodput does not.",
-        "- *Requests* counts every attempt; a request the scheduler sheds (its P0 queue full: "
-        "`GOODPUT_SCHEDULER_P0_MAX_QUEUE`, 20 waiting by default) is *failed*, and its stream sends the next after "
-        "the Retry-After it was given.",
-        "- *Queue wait* is the time a request waited in the scheduler for a lease (every worker at its "
-        "`max_num_seqs`). *In flight*: the requests in the system on average over the step's window; below the "
-        "step's streams by more than a little, the client (sharing the CPU cores with the fleet) sent its next "
-        "requests late, and the step measured less load than its name says.",
-        f"- The plot `{NAME}-{report['engine']['engine']}.png` shows TTFT and TPOT percentiles and goodput against "
-        "concurrency, the SLO and the knee marked.",
-    ]
-    return "\n".join(lines)
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    """The first step past the knee, and the step of the highest goodput."""
+    steps, k = report["steps"], report["knee"]
+    return {"after": next((st for st in steps if k is None or st["concurrency"] > k), None),
+            "best": max(steps, key=lambda st: st["goodput_rps"] or 0)}
 
 
-def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
+def figure(report: dict[str, Any]) -> bench.Figure:
+    """TTFT and TPOT percentiles and goodput per step (one slot per step), the SLO and the knee marked."""
     steps, slo, k = report["steps"], report["slo"], report["knee"]
-    labels = [st["concurrency"] for st in steps]
-    xs = list(range(len(steps)))  # one slot per step, labelled with its streams
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
-    for ax, key, limit, title in ((axes[0], "ttft", slo["ttft_s"], "TTFT"), (axes[1], "tpot", slo["tpot_s"], "TPOT")):
-        for q, style in (("p50", "-"), ("p95", "--"), ("p99", ":")):
-            ax.plot(xs, [st[key][f"{q}_ms"] for st in steps], style, marker="o", markersize=3, label=q)
-        ax.axhline(limit * 1000, color="red", linewidth=1, label="P0 SLO")
-        ax.set_yscale("log")
-        ax.set_ylabel(f"{title} (ms, log)")
-        ax.set_title(f"{title} percentiles")
-    axes[2].plot(xs, [st["goodput_rps"] for st in steps], marker="o", color="tab:green", label="goodput")
-    axes[2].plot(xs, [st["throughput_rps"] for st in steps], marker=".", color="grey", linestyle="--",
-                 label="throughput")
-    axes[2].set_ylabel("requests/s")
-    axes[2].set_title("goodput (within the P0 SLO)")
-    for ax in axes:
-        if k is not None:
-            ax.axvline(labels.index(k), color="tab:purple", linestyle="-.", linewidth=1, label=f"knee: {k}")
-        ax.set_xticks(xs, [str(x) for x in labels], fontsize=7)
-        ax.set_xlabel("concurrent streams")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    return save_figure(plt, fig, path, report, "Stair-step concurrency")
+    labels = [str(st["concurrency"]) for st in steps]
+    xs = list(range(len(steps)))
+    knee_line = [] if k is None else [(labels.index(str(k)), f"knee: {k}", "-.", "tab:purple")]
+    panels = [bench.Panel(f"{title} percentiles", "concurrent streams", f"{title} (ms, log)", [
+        bench.Series(q, xs, [st[key][f"{q}_ms"] for st in steps], style) for q, style in
+        (("p50", "-"), ("p95", "--"), ("p99", ":"))], lines=[(limit * 1000, "P0 SLO", "-", "red")], vlines=knee_line,
+        xticks=labels, yscale="log") for key, limit, title in (("ttft", slo["ttft_s"], "TTFT"),
+                                                                ("tpot", slo["tpot_s"], "TPOT"))]
+    panels.append(bench.Panel("goodput (within the P0 SLO)", "concurrent streams", "requests/s", [
+        bench.Series("goodput", xs, [st["goodput_rps"] for st in steps], color="tab:green"),
+        bench.Series("throughput", xs, [st["throughput_rps"] for st in steps], "--", "grey")],
+        vlines=knee_line, xticks=labels))
+    return bench.Figure(figure_title(report, "Stair-step concurrency"), panels, panel_width=5.0)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog=f"python -m loadtests.{NAME}", description=__doc__.split("\n\n")[0])
-    add_common_args(ap, name=NAME, base_port=31000)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-batched-tokens", type=int, default=None,
                     help="the engine's token budget per step (sim 2048; vllm 0 = its default)")
     ap.add_argument("--steps", default=None, help="concurrency steps, comma-separated")
@@ -277,14 +198,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="prompt and output lengths drawn within (1 +- this) x their mean; 0 = all the same")
     ap.add_argument("--attainment", type=float, default=0.99, help="share within the SLO for a step to meet it")
     ap.add_argument("--drain-timeout-s", type=float, default=300.0)
-    return finish_args(ap.parse_args(argv), name=NAME, presets=PRESETS)
+
+
+BENCHMARK = declare(NAME, __doc__ or "", benchmark, presets=PRESETS, base_port=31000, arguments=add_arguments,
+                    figure=figure, context=context, ok=lambda report: any(st["served"] for st in report["steps"]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    report = produce(args, benchmark, render_markdown, render_plot)
-    print(f"  knee: {report['knee']} streams")
-    return 0 if any(st["served"] for st in report["steps"]) else 1
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

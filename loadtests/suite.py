@@ -34,7 +34,7 @@ import argparse
 import asyncio
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,12 +43,13 @@ from typing import Any
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from grpc import aio
 
+from loadtests import bench
 from loadtests.common import cpu_label, summarize
 from loadtests.simfleet import LeaseClient, RequestSpec, Result, SimFleet, random_text
 
-__all__ = ["ENGINES", "LOGS", "Engine", "Sample", "Slo", "add_common_args", "closed_loop", "describe_run", "engine_for",
-           "finish_args", "fleet", "fmt", "latency_stats", "open_loop", "p0_slo", "pct", "prompt_of", "samples",
-           "save_figure", "slo_line", "worker_info"]
+__all__ = ["ENGINES", "LOGS", "Engine", "Sample", "Slo", "add_common_args", "closed_loop", "declare", "describe_run",
+           "engine_for", "figure_title", "finish_args", "fleet", "fmt", "latency_stats", "open_loop", "p0_slo", "pct",
+           "prompt_of", "samples", "save_figure", "slo_line", "worker_info"]
 
 LOGS = Path("loadtests/out/logs")  # the fleet processes' logs (not committed), a folder per benchmark
 DEV_MODEL = "SmolLM2-135M-Instruct (the dev model, float32)"
@@ -260,6 +261,44 @@ async def open_loop(client: LeaseClient, specs: Iterator[RequestSpec], *, rate: 
 
 
 # ---- arguments and report ----------------------------------------------------------------------------------------
+
+
+def declare(name: str, doc: str, run: Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]], *,
+            presets: dict[str, dict[str, Any]], base_port: int, arguments: Callable[[argparse.ArgumentParser], None],
+            figure: Callable[[dict[str, Any]], bench.Figure | None], ok: Callable[[dict[str, Any]], bool],
+            context: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+            prepare: Callable[[argparse.ArgumentParser, argparse.Namespace], None] | None = None) -> bench.Benchmark:
+    """A load-suite benchmark on the skeleton: ``--engine sim|vllm``, the fleet's options (None: the engine's preset,
+    ``presets["sim"]`` or ``["vllm"]``), ``--max-model-len``, ``--smoke`` (``presets["smoke"]`` where the command
+    line left an option unset) and the report at ``loadtests/out/<name>-<engine>``; its template includes
+    ``_suite.md``, the opening paragraph."""
+    def arguments_(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--max-model-len", type=int, default=None, help="the context window (default: the preset)")
+        arguments(ap)
+
+    def prepare_(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        for k, v in presets[args.engine].items():
+            if getattr(args, k, None) is None:
+                setattr(args, k, v)
+        if prepare is not None:
+            prepare(ap, args)
+
+    return bench.Benchmark(
+        name=name, doc=doc, run=run, arguments=arguments_, prepare=prepare_, figure=figure,
+        context=lambda report: {"dev_model": DEV_MODEL, **(context(report) if context is not None else {})},
+        engines=ENGINES, engine_help="sim: simulated A100 / 7B workers at scale (default); vllm: the real CPU "
+                                     "engine with the dev model at small scale (one worker; starting it takes a minute "
+                                     "or two)",
+        fleet=bench.Fleet(workers=None, max_num_seqs=None, time_scale=2.0, base_port=base_port), seed=20,
+        quick={"engine": "sim", **presets["smoke"]}, quick_help="tiny and fast, on the sim engine (the test)",
+        out="loadtests/out/{name}-{engine}", ok=lambda report, args: ok(report))
+
+
+def figure_title(report: dict[str, Any], title: str) -> str:
+    """A suite plot's title: what ran (the simulated fleet in A100 time, or the CPU engine)."""
+    e = report["engine"]
+    return (f"{title}: {e['workers']} simulated A100/7B worker(s) (A100 time)" if e["engine"] == "sim"
+            else f"{title}: {e['workers']} vLLM CPU worker(s), the dev model")
 
 
 def add_common_args(ap: argparse.ArgumentParser, *, name: str, base_port: int) -> None:

@@ -22,7 +22,8 @@ HOUSE3 = [("prefix", "prefix-house3"), ("overload", "overload-house3"), ("overhe
 COMMITTED = [*HOUSE3, ("prefix", "prefix"), ("overload", "overload"), ("overload", "overload-2workers"),
              ("overload", "overload-vllm"), ("overhead", "overhead"), ("overhead", "overhead-sim"),
              ("overhead", "overhead-sim-2gw"), ("overhead", "overhead-sim-gwcore"), ("overhead", "overhead-sim-mtls"),
-             ("overhead", "overhead-sim-plaintext")]
+             ("overhead", "overhead-sim-plaintext"), ("stairstep", "stairstep-sim"), ("stairstep", "stairstep-vllm"),
+             ("shared_prefix", "shared_prefix-sim"), ("shared_prefix", "shared_prefix-vllm")]
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
