@@ -27,7 +27,7 @@ Usage:
     python -m loadtests.overhead --start                         # own platform (one vLLM worker), minutes on CPU
     python -m loadtests.overhead --api-key KEY                   # against a running platform on the default ports
     python -m loadtests.overhead --smoke --api-key KEY           # 1 and 2 streams, 4 requests, 8 tokens
-    python -m loadtests.overhead --start --engine sim --set GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0  # A/B a setting
+    python -m loadtests.overhead --start --engine sim --set GOODPUT_GATEWAY_SPECULATIVE_START=true  # A/B a setting
     python -m loadtests.overhead --render loadtests/reports/overhead-sim.json   # the report again from its JSON
 
 The platform it starts runs the gateway's defaults (``SPECULATIVE_START`` among them, off): a setting against its
@@ -410,12 +410,10 @@ async def run_level(clients: Clients, concurrency: int, jobs: list[tuple[str, in
 @dataclass(frozen=True)
 class GatewayScrape:
     """One read of the gateway's /metrics: (sum, count) of ``goodput_gateway_hop_seconds`` per stage,
-    ``goodput_gateway_speculative_starts_total`` by result and ``goodput_gateway_worker_starts_total`` by
-    transport."""
+    ``goodput_gateway_speculative_starts_total`` by result."""
 
     stages: dict[str, tuple[float, float]]
     speculative: dict[str, float]
-    transports: dict[str, float] = field(default_factory=dict)
     requests: list[float] = field(default_factory=list)  # goodput_gateway_requests_total, one entry per replica
 
 
@@ -430,7 +428,6 @@ async def scrape_gateway(http: httpx.AsyncClient) -> GatewayScrape | None:
         return None
     stages: dict[str, list[float]] = {}
     speculative: dict[str, float] = {}
-    transports: dict[str, float] = {}
     requests = 0.0
     for family in text_string_to_metric_families(resp.text):
         if family.name == "goodput_gateway_hop_seconds":
@@ -445,11 +442,8 @@ async def scrape_gateway(http: httpx.AsyncClient) -> GatewayScrape | None:
                                 if s.name.endswith("_total")})
         elif family.name == "goodput_gateway_requests":
             requests += sum(s.value for s in family.samples if s.name.endswith("_total"))
-        elif family.name == "goodput_gateway_worker_starts":
-            transports.update({s.labels.get("transport", "?"): s.value for s in family.samples
-                               if s.name.endswith("_total")})
     return GatewayScrape(stages={k: (v[0], v[1]) for k, v in stages.items()}, speculative=speculative,
-                         transports=transports, requests=[requests])
+                         requests=[requests])
 
 
 async def scrape_gateways(https: list[httpx.AsyncClient]) -> GatewayScrape | None:
@@ -463,9 +457,8 @@ async def scrape_gateways(https: list[httpx.AsyncClient]) -> GatewayScrape | Non
         for k, (sum_s, count) in one.stages.items():
             s0, c0 = total.stages.get(k, (0.0, 0.0))
             total.stages[k] = (s0 + sum_s, c0 + count)
-        for mine, theirs in ((total.speculative, one.speculative), (total.transports, one.transports)):
-            for k, v in theirs.items():
-                mine[k] = mine.get(k, 0.0) + v
+        for k, v in one.speculative.items():
+            total.speculative[k] = total.speculative.get(k, 0.0) + v
     return replace(total, requests=[r for one in scrapes if one is not None for r in one.requests])
 
 
@@ -503,12 +496,12 @@ def parse_setting(text: str) -> tuple[str, str]:
     """``--set``'s ``NAME=VALUE``: a platform setting as its environment variable, or one of gRPC's own
     (``GRPC_EXPERIMENTS``, ``GRPC_POLL_STRATEGY``: every service of the platform reads it when it starts).
 
-    >>> parse_setting("GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0")
-    ('GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN', '0')
-    >>> parse_setting("WORKER_MUX=false")
+    >>> parse_setting("GOODPUT_GATEWAY_SPECULATIVE_START=true")
+    ('GOODPUT_GATEWAY_SPECULATIVE_START', 'true')
+    >>> parse_setting("SPECULATIVE=1")
     Traceback (most recent call last):
     ...
-    argparse.ArgumentTypeError: expected GOODPUT_<SERVICE>_<SETTING>=VALUE or GRPC_<NAME>=VALUE, got 'WORKER_MUX=false'
+    argparse.ArgumentTypeError: expected GOODPUT_<SERVICE>_<SETTING>=VALUE or GRPC_<NAME>=VALUE, got 'SPECULATIVE=1'
     >>> parse_setting("GRPC_EXPERIMENTS=-event_engine_client")
     ('GRPC_EXPERIMENTS', '-event_engine_client')
     """
@@ -524,9 +517,9 @@ def changed_settings(environ: Mapping[str, str], given: dict[str, str]) -> dict[
     inherits from the benchmark's environment, and those given with ``--set`` (which win); a value that may be a
     secret (a key, a URL with credentials) as ``(set)``.
 
-    >>> changed_settings({"GOODPUT_API_KEY": "sk-1", "GOODPUT_GATEWAY_WORKER_MUX": "false", "HOME": "/root"},
-    ...                  {"GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN": "0"})
-    {'GOODPUT_API_KEY': '(set)', 'GOODPUT_GATEWAY_WORKER_MUX': 'false', 'GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN': '0'}
+    >>> changed_settings({"GOODPUT_API_KEY": "sk-1", "GOODPUT_GATEWAY_CACHE_SEMANTIC": "false", "HOME": "/root"},
+    ...                  {"GOODPUT_GATEWAY_SPECULATIVE_START": "true"})
+    {'GOODPUT_API_KEY': '(set)', 'GOODPUT_GATEWAY_CACHE_SEMANTIC': 'false', 'GOODPUT_GATEWAY_SPECULATIVE_START': 'true'}
     >>> changed_settings({"GRPC_EXPERIMENTS": ""}, {})
     {'GRPC_EXPERIMENTS': ''}
     """
@@ -953,7 +946,6 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                 walls: dict[str, float] = {}
                 stages: dict[str, float] = {}
                 speculative: dict[str, float] = {}
-                transports: dict[str, float] = {}
                 load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
                 cpu: dict[str, Any] = {}
                 replicas: list[int] = []
@@ -975,11 +967,10 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                             stages = stage_means(before.stages, after.stages)
                             speculative = {k: v - before.speculative.get(k, 0.0)
                                            for k, v in after.speculative.items()}
-                            transports = {k: v - before.transports.get(k, 0.0) for k, v in after.transports.items()}
                             replicas = [int(a - b) for a, b in zip(after.requests, before.requests, strict=True)]
                 results.append(analyse_level(concurrency, samples, wall_s=sum(walls.values()), stages=stages,
                                              load_before=load_before, phase_walls=walls, speculative=speculative,
-                                             transports=transports, cpu=cpu, replicas=replicas))
+                                             cpu=cpu, replicas=replicas))
         return {**out, "worker": worker, "warmup_errors": warm_errors[:5], "levels": results}
     finally:
         await clients.close()
@@ -1012,7 +1003,6 @@ def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, sta
                   load_before: tuple[float, float, float] | None,
                   phase_walls: dict[str, float] | None = None,
                   speculative: dict[str, float] | None = None,
-                  transports: dict[str, float] | None = None,
                   cpu: dict[str, Any] | None = None, replicas: list[int] | None = None) -> dict[str, Any]:
     """Per-path TTFT/ITL summaries, each path minus its direct path (gateway minus worker, LiteLLM proxy minus its
     mock), ratios and the verdict against the goal for one level; only the paths that were run."""
@@ -1057,7 +1047,6 @@ def analyse_level(concurrency: int, samples: list[Sample], *, wall_s: float, sta
             "paths": paths, "overhead": overhead,
             "gateway_stage_mean_ms": {k: v * 1000 for k, v in sorted(stages.items())},
             "speculative_starts": {k: int(v) for k, v in sorted((speculative or {}).items())},
-            "worker_starts": {k: int(v) for k, v in sorted((transports or {}).items())},
             "cpu_per_request": cpu or {},
             "gateway_requests_by_replica": replicas or [],
             "loadavg_before": None if load_before is None else [round(x, 2) for x in load_before]}

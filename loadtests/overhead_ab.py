@@ -10,7 +10,7 @@ variant the median over the runs and their range, of the added TTFT and ITL p50 
 and the scheduler's CPU per request, and each variant against the first (the baseline).
 
 Usage:
-    python -m loadtests.overhead_ab --variant default --variant all-mux:GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=100000 \\
+    python -m loadtests.overhead_ab --variant default --variant speculative:GOODPUT_GATEWAY_SPECULATIVE_START=true \\
         --rounds 3 --concurrency 32,128 --out loadtests/reports/worker-mux-ab
     python -m loadtests.overhead_ab --render loadtests/reports/worker-mux-ab.json   # rewrite the .md and .png
 
@@ -80,8 +80,8 @@ def parse_variant(text: str) -> Variant:
     """``NAME`` or ``NAME:GOODPUT_X=1,GOODPUT_Y=2``, where an item ``gateway-cores=1`` gives the run
     ``--gateway-cores 1`` and ``grpc-channels=16`` gives it ``--grpc-channels 16`` instead of a setting.
 
-    >>> parse_variant("all-mux:GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=100000")
-    Variant('all-mux', {'GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN': '100000'})
+    >>> parse_variant("speculative:GOODPUT_GATEWAY_SPECULATIVE_START=true")
+    Variant('speculative', {'GOODPUT_GATEWAY_SPECULATIVE_START': 'true'})
     >>> parse_variant("default")
     Variant('default', {})
     >>> parse_variant("own-core:gateway-cores=1")

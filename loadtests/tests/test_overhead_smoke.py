@@ -21,10 +21,10 @@ def test_smoke_run_with_two_gateway_replicas(tmp_path: Path) -> None:
     out = tmp_path / "overhead"
     assert overhead.main(["--start", "--engine", "sim", "--smoke", "--gateways", "2", "--port-offset",
                           str(PORT_OFFSET), "--out", str(out),
-                          "--set", "GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0", "--grpc-channels", "3"]) == 0
+                          "--set", "GOODPUT_GATEWAY_SPECULATIVE_START=true", "--grpc-channels", "3"]) == 0
     report = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
     assert report["config"]["gateways"] == 2 and report["config"]["grpc_channels"] == 3
-    assert report["config"]["settings"]["GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN"] == "0"
+    assert report["config"]["settings"]["GOODPUT_GATEWAY_SPECULATIVE_START"] == "true"
     for level in report["levels"]:
         assert all(p["errors"] == 0 and p["ok"] > 0 for p in level["paths"].values()), level["paths"]
         served = level["paths"]["gateway_grpc"]["ok"] + level["paths"]["gateway_rest"]["ok"]
@@ -33,8 +33,8 @@ def test_smoke_run_with_two_gateway_replicas(tmp_path: Path) -> None:
         cpu = level["cpu_per_request"]
         assert set(cpu) == {"gateway", "scheduler"} and cpu["gateway"]["requests"] == served
         assert cpu["gateway"]["ms_per_request"] > 0
-        assert level["worker_starts"].get("stream", 0) == 0 and level["worker_starts"]["call"] > 0  # the setting held
+        assert sum(level["speculative_starts"].values()) > 0  # the setting held
     md = out.with_suffix(".md").read_text(encoding="utf-8")
     assert "2 gateway replicas" in md and "## CPU per request" in md and "Gateway requests per replica" in md
-    assert "settings changed: " in md and "GOODPUT_GATEWAY_WORKER_MUX_MAX_OPEN=0" in md
+    assert "settings changed: " in md and "GOODPUT_GATEWAY_SPECULATIVE_START=true" in md
     assert "3 HTTP/2 connections each" in md
