@@ -167,7 +167,8 @@ class Benchmark:
     (or a function of the report giving them) are judged on every report; ``context(report)`` gives the template
     derived values (numbers and flags, no prose); ``figure(report)`` the plot; ``quick`` the options ``--quick``
     sets (where the command line left them at their defaults); ``ok(report, args)`` False makes the exit status 1;
-    ``out`` the default report path."""
+    ``out`` the default report path; ``reports`` the committed reports it wrote (``loadtests/reports/<name>.json``),
+    which ``loadtests/tests/test_reports.py`` renders again."""
 
     name: str
     doc: str
@@ -187,6 +188,7 @@ class Benchmark:
     quick_help: str = "a small, fast run (a smoke test)"
     out: str = "loadtests/out/{name}"  # --out's default, formatted with the parsed options (``{engine}``)
     ok: Callable[[Report, argparse.Namespace], bool] | None = None
+    reports: tuple[str, ...] = ()
 
     def evaluate(self, report: Report) -> list[dict[str, Any]]:
         goals = self.goals(report) if callable(self.goals) else self.goals

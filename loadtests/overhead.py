@@ -1314,7 +1314,9 @@ BENCHMARK = bench.Benchmark(
                 "without CPU-engine contention)",
     levels=bench.Option(DEFAULT_LEVELS, "comma-separated stream counts", aliases=("--concurrency",)),
     quick={"levels": [1.0, 2.0], "requests_per_level": 4, "max_tokens": 8},
-    quick_help="quick check: 1 and 2 streams, 4 requests, 8 tokens; exit 1 on any failed request", ok=served)
+    quick_help="quick check: 1 and 2 streams, 4 requests, 8 tokens; exit 1 on any failed request", ok=served,
+    reports=("overhead-sim-house3", "overhead", "overhead-sim", "overhead-sim-2gw", "overhead-sim-gwcore",
+             "overhead-sim-mtls", "overhead-sim-plaintext"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -360,7 +360,8 @@ BENCHMARK = bench.Benchmark(
     warmup=bench.Option(8.0, "seconds of closed-loop load before the capacity is measured (not counted)",
                         aliases=("--capacity-warmup-s",)),
     quick={"workers": 2, "levels": [1.0, 3.0], "phase_s": 8.0, "unloaded_n": 10, "capacity_s": 6.0, "warmup_s": 4.0},
-    quick_help="2 workers, 2 levels, short phases (a smoke run, ~3 min)", ok=served)
+    quick_help="2 workers, 2 levels, short phases (a smoke run, ~3 min)", ok=served,
+    reports=("overload-house3", "overload", "overload-2workers", "overload-vllm"))
 
 
 def main(argv: list[str] | None = None) -> int:

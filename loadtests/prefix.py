@@ -142,7 +142,8 @@ BENCHMARK = bench.Benchmark(
     fleet=bench.Fleet(workers=4, max_num_seqs=32, time_scale=1.0, base_port=26500), seed=11,
     quick={"workers": 2, "requests": 120, "systems": 24, "kv_blocks": 1500},
     quick_help="2 workers, 120 requests, 24 system prompts, 1500 KV blocks (a smoke run)",
-    ok=lambda report, args: any(per[n]["ok"] for per in report["scenarios"].values() for n in PLACEMENTS))
+    ok=lambda report, args: any(per[n]["ok"] for per in report["scenarios"].values() for n in PLACEMENTS),
+    reports=("prefix-house3", "prefix"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -291,7 +291,8 @@ def declare(name: str, doc: str, run: Callable[[argparse.Namespace], Coroutine[A
                                      "or two)",
         fleet=bench.Fleet(workers=None, max_num_seqs=None, time_scale=2.0, base_port=base_port), seed=20,
         quick={"engine": "sim", **presets["smoke"]}, quick_help="tiny and fast, on the sim engine (the test)",
-        out="loadtests/out/{name}-{engine}", ok=lambda report, args: ok(report))
+        out="loadtests/out/{name}-{engine}", ok=lambda report, args: ok(report),
+        reports=tuple(f"{name}-{engine}" for engine in ENGINES))
 
 
 def figure_title(report: dict[str, Any], title: str) -> str:

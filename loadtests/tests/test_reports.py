@@ -18,12 +18,11 @@ from loadtests import bench
 REPORTS = Path(__file__).resolve().parents[1] / "reports"
 # the reports of the gateway's third restructuring ("house3"), each against the reference report of the same benchmark
 HOUSE3 = [("prefix", "prefix-house3"), ("overload", "overload-house3"), ("overhead", "overhead-sim-house3")]
-# (benchmark module, committed report): every committed report of the benchmarks on the skeleton
-COMMITTED = [*HOUSE3, ("prefix", "prefix"), ("overload", "overload"), ("overload", "overload-2workers"),
-             ("overload", "overload-vllm"), ("overhead", "overhead"), ("overhead", "overhead-sim"),
-             ("overhead", "overhead-sim-2gw"), ("overhead", "overhead-sim-gwcore"), ("overhead", "overhead-sim-mtls"),
-             ("overhead", "overhead-sim-plaintext"), ("stairstep", "stairstep-sim"), ("stairstep", "stairstep-vllm"),
-             ("shared_prefix", "shared_prefix-sim"), ("shared_prefix", "shared_prefix-vllm")]
+LOADTESTS = REPORTS.parent
+# (benchmark module, committed report): every committed report of every benchmark on the skeleton (its ``reports``)
+COMMITTED = [(path.stem, name) for path in sorted(LOADTESTS.glob("*.py"))
+             if re.search(r"^BENCHMARK = ", path.read_text(encoding="utf-8"), re.MULTILINE)
+             for name in importlib.import_module(f"loadtests.{path.stem}").BENCHMARK.reports]
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
