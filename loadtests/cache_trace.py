@@ -3,6 +3,7 @@ requests the cache avoided, and the TTFT of hits versus misses.
 
     python -m loadtests.cache_trace                       # starts a local platform (1 vLLM worker) for the run
     python -m loadtests.cache_trace --url http://127.0.0.1:8080 --key KEY
+    python -m loadtests.cache_trace --render loadtests/reports/cache_trace.json  # the report again
 
 The trace (seeded) draws support questions with a Zipf-like popularity, as support traffic is: each request is the
 canonical question, an exact repeat, or a hand-written paraphrase; a few are near misses of a popular question (the
@@ -26,7 +27,8 @@ from typing import Any
 
 import httpx
 
-from loadtests.common import cpu_label, machine_info, markdown_table, summarize, write_report
+from loadtests import bench
+from loadtests.common import machine_info, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM = "You are the support assistant of Acme Cloud. Answer in one or two sentences."
@@ -134,65 +136,31 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "e2e_hit": summarize([r["e2e_s"] for r in hits]), "e2e_miss": summarize([r["e2e_s"] for r in misses])}
 
 
-def report(data: dict[str, Any]) -> str:
-    s = data["summary"]
-    pct = lambda x: f"{x * 100:.1f}%"  # noqa: E731
-    kinds = [[k, v["requests"], v["hits"], v["l1"], v["l2"]] for k, v in s["by_kind"].items()]
-    lat = [[name, s[f"ttft_{k}"]["n"], f"{s[f'ttft_{k}']['p50_ms']:.1f}" if s[f"ttft_{k}"]["n"] else "-",
-            f"{s[f'ttft_{k}']['p99_ms']:.1f}" if s[f"ttft_{k}"]["n"] else "-",
-            f"{s[f'e2e_{k}']['p50_ms']:.1f}" if s[f"e2e_{k}"]["n"] else "-"] for name, k in (("hit", "hit"),
-                                                                                             ("miss", "miss"))]
-    m = data["machine"]
-    return "\n".join([
-        "# Cache: a replayed customer-support trace through the gateway", "",
-        f"`python -m loadtests.cache_trace`: {s['requests']} streamed greedy chat requests (seed {data['seed']}, "
-        f"max_tokens {data['max_tokens']}), one at a time, through the gateway with the cache on; "
-        f"{data['platform']} on {cpu_label(m)} ({m.get('cores_usable', '?')} CPUs).", "",
-        f"**Inference requests avoided: {pct(s['avoided_share'])}** ({s['hits']} of {s['requests']}: "
-        f"{s['l1_hits']} exact, {s['l2_hits']} semantic). Wrong hits: {s['wrong_hits']}.", "",
-        markdown_table(["request kind", "requests", "hits", "L1", "L2"], kinds), "",
-        "TTFT at the client (first content chunk):", "",
-        markdown_table(["", "requests", "TTFT p50 ms", "TTFT p99 ms", "whole answer p50 ms"], lat), "",
-        "A near miss (the opposite action, another number) may only hit its own earlier answer (an exact repeat of "
-        "itself), never the question it resembles; time-sensitive questions are never cached. The first "
-        "occurrence of every question is necessarily a miss, so the avoided share is bounded by the trace's "
-        "repetition. A lookup slower than the gateway's cache timeout (0.25 s) is served uncached (`error`).",
-    ])
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", default="", help="a running gateway; empty = start a local platform for the run")
-    ap.add_argument("--key", default="")
-    ap.add_argument("--requests", type=int, default=150)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--port-offset", type=int, default=int(os.environ.get("GOODPUT_TEST_PORT_OFFSET", "3000")))
-    ap.add_argument("--out", default=str(ROOT / "loadtests" / "reports" / "cache_trace"))
-    args = ap.parse_args(argv)
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Replays the trace through the gateway at ``--url``, or through a local platform started for the run."""
     trace = build_trace(args.requests, args.seed)
-    platform = None
-    url, key = args.url, args.key
-    described = f"gateway at {url}"
-    tmp = None
-    if not url:
-        from goodput_cli.supervisor import Platform
+    if args.url:
+        rows, platform = run(args.url, args.key, trace, args.max_tokens), f"gateway at {args.url}"
+    else:
+        rows = _on_local_platform(args, trace)
+        platform = f"local platform ({args.workers} vLLM CPU worker(s), SmolLM2-135M)"
+    return {"seed": args.seed, "max_tokens": args.max_tokens, "platform": platform, "summary": summarise(rows),
+            "requests": rows, "machine": machine_info()}
 
-        tmp = tempfile.TemporaryDirectory(prefix="cache-trace-")
-        prefix = f"goodput:cache:trace-{uuid.uuid4().hex[:8]}"
-        key = "trace-key"
-        platform = Platform(workdir=Path(tmp.name), workers=args.workers, port_offset=args.port_offset,
-                            knowledge=False, cache=True, env={"GOODPUT_CACHE_KEY_PREFIX": prefix},
-                            api_keys=[{"key": key, "tenant": "support", "max_priority": "P0"}])
+
+def _on_local_platform(args: argparse.Namespace, trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from goodput_cli.supervisor import Platform
+
+    prefix = f"goodput:cache:trace-{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory(prefix="cache-trace-") as tmp:
+        platform = Platform(workdir=Path(tmp), workers=args.workers, port_offset=args.port_offset, knowledge=False,
+                            cache=True, env={"GOODPUT_CACHE_KEY_PREFIX": prefix},
+                            api_keys=[{"key": "trace-key", "tenant": "support", "max_priority": "P0"}])
         print("starting a local platform (vLLM on CPU takes a minute or two)...", file=sys.stderr)
         platform.start(timeout_s=900)
-        url = platform.gateway_http
-        described = f"local platform ({args.workers} vLLM CPU worker(s), SmolLM2-135M)"
-    try:
-        rows = run(url, key, trace, args.max_tokens)
-    finally:
-        if platform is not None:
+        try:
+            return run(platform.gateway_http, "trace-key", trace, args.max_tokens)
+        finally:
             platform.stop()
             import redis
 
@@ -201,14 +169,26 @@ def main(argv: list[str] | None = None) -> int:
             if keys:
                 r.delete(*keys)
             r.close()
-        if tmp is not None:
-            tmp.cleanup()
-    data = {"seed": args.seed, "max_tokens": args.max_tokens, "platform": described, "summary": summarise(rows),
-            "requests": rows, "machine": machine_info()}
-    json_path, md_path = write_report(Path(args.out), data, report(data))
-    print(f"wrote {json_path} and {md_path}", file=sys.stderr)
-    return 0
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--url", default="", help="a running gateway; empty = start a local platform for the run")
+    ap.add_argument("--key", default="")
+    ap.add_argument("--requests", type=int, default=150)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--port-offset", type=int, default=int(os.environ.get("GOODPUT_TEST_PORT_OFFSET", "3000")))
+
+
+BENCHMARK = bench.Benchmark(
+    name="cache_trace", doc=__doc__ or "", run=measure, arguments=add_arguments, seed=11,
+    quick={"requests": 20}, quick_help="20 requests (a smoke run)",
+    out=str(ROOT / "loadtests" / "reports" / "cache_trace"), reports=("cache_trace",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())
