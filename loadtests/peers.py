@@ -19,8 +19,10 @@ The tokenizer is the dev model's folder (``make install`` converts it under ``$G
 
     python -m loadtests.peers                                  # against `goodput up`, a few minutes
     python -m loadtests.peers --capture tests/fixtures/peers   # the fixtures (~1 min)
+    python -m loadtests.peers --render loadtests/reports/peers.json   # the report again (templates/peers.md)
 
-Writes ``<out>/peers.json`` and ``.md`` (default ``loadtests/out/peers``), each run's own files under ``<out>/runs``.
+Writes ``<out>.json`` and ``<out>.md`` (default ``loadtests/out/peers/peers``), each run's own files in ``runs/``
+beside them (capture mode: ``capture/``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from loadtests.common import cpu_label, machine_info, markdown_table, percentile, write_report
+from loadtests import bench
+from loadtests.common import machine_info, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ("inference-perf", "aiperf", "guidellm")
@@ -164,7 +167,8 @@ def parse(tool: str, work: Path) -> dict[str, Any]:
 
 def run_tool(tool: str, endpoint: str, spec: argparse.Namespace) -> dict[str, Any]:
     """One run of one tool on one endpoint: its command (sanitized), exit status, parsed results and ``passed``."""
-    work = spec.out / ("capture" if spec.capture else "runs") / f"{tool}-{endpoint}"
+    root = spec.out.resolve().parent  # absolute: each tool runs in its own folder
+    work = root / ("capture" if spec.capture else "runs") / f"{tool}-{endpoint}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     argv, asked = command(tool, endpoint, spec, work)
@@ -188,7 +192,7 @@ def run_tool(tool: str, endpoint: str, spec: argparse.Namespace) -> dict[str, An
         run.update({k: int(run[k]) for k in ("out_min", "out_max") if run[k] is not None})  # counts, not floats
     except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
         run["problem"] = (f"exit status {rc}, no results ({type(err).__name__}): {''.join(log_lines[-1:]).strip()} "
-                          f"(log: {work.relative_to(spec.out)}/tool.log)")
+                          f"(log: {work.relative_to(root)}/tool.log)")
     if "problem" not in run and (run["errors"] or run["ok"] != spec.requests):
         run["problem"] = f"{run['ok']} of {spec.requests} served, {run['errors']} errors: {run['first_error']}"
     elif "problem" not in run and not run["out_min"] == run["out_max"] == asked:
@@ -348,29 +352,8 @@ def capture(spec: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _cell(value: Any) -> str:
-    return "—" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
-
-
-def _row(report: dict[str, Any], r: dict[str, Any]) -> list[str]:
-    return [f"{r['tool']} {report['tools'][r['tool']]['version']}", r["endpoint"], _cell(r.get("ok")),
-            _cell(r.get("errors")), f"{_cell(r.get('out_min'))}–{_cell(r.get('out_max'))} ({r['asked']})",
-            _cell(r.get("ttft_p50_ms")), _cell(r.get("itl_p50_ms")), "ok" if r["passed"] else r["problem"]]
-
-
-def markdown(report: dict[str, Any]) -> str:
-    rows = [_row(report, r) for r in report["runs"]]
-    commands = "\n".join(f"# {r['tool']} {r['endpoint']}\n{' '.join(r['command'])}" for r in report["runs"])
-    return (f"# The field's benchmark clients against Goodput\n\n{report['generated_at']}, {report['cpu']}, "
-            f"{report['machine']['cores_usable']} cores; model `{report['model']}`; per run {report['requests']} "
-            f"streamed requests at concurrency {report['concurrency']}, prompts of about {report['prompt_tokens']} "
-            "tokens, `ignore_eos` and a fixed output length (asked, in brackets). Output tokens: the server's usage as "
-            "each tool recorded it; TTFT and ITL p50 (ms) as each tool measured them.\n\n"
-            + markdown_table(["tool", "endpoint", "ok", "errors", "output tokens", "TTFT p50", "ITL p50", "verdict"],
-                             rows) + f"\n\nThe commands, unchanged CLIs:\n\n```\n{commands}\n```\n")
-
-
-def bench(spec: argparse.Namespace) -> int:
+async def measure(spec: argparse.Namespace) -> dict[str, Any]:
+    """Each tool on each endpoint against the gateway; the model is the first it serves unless ``--model``."""
     if not spec.model:
         request = urllib.request.Request(f"{spec.base_url}/v1/models",
                                          headers={"Authorization": f"Bearer {spec.api_key}"})
@@ -379,24 +362,20 @@ def bench(spec: argparse.Namespace) -> int:
                 spec.model = str(json.load(response)["data"][0]["id"])
         except (OSError, ValueError, KeyError, IndexError) as err:
             print(f"no model from {spec.base_url}/v1/models ({err}): is the platform up (goodput up)?", file=sys.stderr)
-            return 2
-    machine = machine_info()
+            raise SystemExit(2) from err
     report: dict[str, Any] = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine,
-        "cpu": cpu_label(machine), "base_url": spec.base_url, "model": spec.model, "requests": spec.requests,
+        "machine": machine_info(), "base_url": spec.base_url, "model": spec.model, "requests": spec.requests,
         "concurrency": spec.concurrency, "prompt_tokens": spec.prompt_tokens, "output_tokens": spec.output_tokens,
         "tools": {tool: tool_info(spec, tool) for tool in spec.tools}, "runs": []}
     for tool in spec.tools:
         for endpoint in ENDPOINTS:
-            report["runs"].append(run_tool(tool, endpoint, spec))
-            print(" | ".join(_row(report, report["runs"][-1])))
-    json_path, md_path = write_report(spec.out / "peers", report, markdown(report))
-    print(f"report: {md_path} {json_path}")
-    return 0 if all(r["passed"] for r in report["runs"]) else 1
+            run = run_tool(tool, endpoint, spec)
+            report["runs"].append(run)
+            print(f"{tool} {endpoint}: {'ok' if run['passed'] else run['problem']}", flush=True)
+    return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtests.peers", description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--base-url", default="http://127.0.0.1:8080", help="the gateway (run mode)")
     ap.add_argument("--api-key", default=None, help="default: .goodput/dev-key (run mode)")
     ap.add_argument("--model", default=None, help="default: the first of GET /v1/models (capture: the dev model's)")
@@ -409,29 +388,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tools-dir", type=Path, default=Path(os.environ.get("PEERS_DIR", ROOT / ".tools" / "peers")))
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per run")
     ap.add_argument("--capture", type=Path, default=None, help="capture mode: write the fixtures to this folder")
-    ap.add_argument("--out", type=Path, default=Path("loadtests/out/peers"))
-    spec = ap.parse_args(argv)
+
+
+def prepare(ap: argparse.ArgumentParser, spec: argparse.Namespace) -> None:
+    """The tools, the tokenizer and the key checked (not for ``--render``, which runs nothing); the defaults of the
+    mode filled in."""
     spec.tools = [t for t in spec.tools.split(",") if t]
     if unknown := set(spec.tools) - set(TOOLS):
         ap.error(f"unknown tools: {', '.join(sorted(unknown))}")
+    if spec.render is not None:
+        return
     if missing := [t for t in spec.tools if not (spec.tools_dir / f"{t}-venv" / "bin" / t).exists()]:
         ap.error(f"not installed: {', '.join(missing)} (scripts/install-peers.sh)")
     spec.tokenizer = spec.tokenizer or tokenizer_dir()
     if spec.tokenizer is None or not (spec.tokenizer / "tokenizer.json").is_file():
         ap.error("no tokenizer folder: `make install` converts the dev model; or pass --tokenizer DIR")
-    spec.tokenizer, spec.out = spec.tokenizer.resolve(), spec.out.resolve()
+    spec.tokenizer = spec.tokenizer.resolve()
     spec.requests = spec.requests or (4 if spec.capture else 20)
     spec.concurrency = spec.concurrency or (2 if spec.capture else 4)
     if spec.capture:
         from goodput_inference.devmodel import SERVED_NAME
 
         spec.model = spec.model or SERVED_NAME
-        return capture(spec)
-    if spec.api_key is None:
+    elif spec.api_key is None:
         if not (ROOT / ".goodput" / "dev-key").is_file():
             ap.error("no --api-key and no .goodput/dev-key (start the platform: goodput up)")
         spec.api_key = (ROOT / ".goodput" / "dev-key").read_text(encoding="utf-8").strip()
-    return bench(spec)
+
+
+BENCHMARK = bench.Benchmark(name="peers", doc=__doc__ or "", run=measure, arguments=add_arguments, prepare=prepare,
+                            out="loadtests/out/peers/peers",
+                            ok=lambda report, args: all(r["passed"] for r in report["runs"]), reports=("peers",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Capture mode writes fixtures, no report; run mode (and ``--render``) goes through the benchmark runner."""
+    spec = bench.parse(BENCHMARK, argv)
+    return capture(spec) if spec.capture and spec.render is None else bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
