@@ -19,7 +19,7 @@ their ratios, and whether pools beat the shared pool on both (the goal).
 
     python -m loadtests.pools                 # full run, 4 simulated workers, ~5 min on 2 cores
     python -m loadtests.pools --smoke         # 2 workers, a few seconds of arrivals (the test)
-    python -m loadtests.pools --render loadtests/reports/pools.json   # re-render report + plot
+    python -m loadtests.pools --render loadtests/reports/pools.json   # the report again (templates/pools.md)
 
 A benchmark reports numbers; it does not fail on a missed goal (only when nothing could be served).
 """
@@ -34,11 +34,10 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-from loadtests.common import cpu_label, machine_info, markdown_table, produce, pyplot, summarize
+from loadtests import bench
+from loadtests.common import machine_info, summarize
 from loadtests.simfleet import LeaseClient, RequestSpec, Result, SimFleet, random_text
 
 SHAPES = {"P0": (1024, 64), "P2": (2048, 256)}  # (prompt chars ~ 4 per token, max_tokens): chat vs batch generation
@@ -202,13 +201,12 @@ def analyse(results: list[Result], *, phase_s: float = 0.0) -> dict[str, Any]:
     return out
 
 
-async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
     sim = {"time_scale": args.time_scale, "stream_every": 8, "max_batched_tokens": args.max_batched_tokens}
     plan = arrivals(args.seed, rate=args.rate, p0_share=args.p0_share, phase_s=args.phase_s)
     fleets = layouts(args)
     report: dict[str, Any] = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "benchmark": "pools", "machine": machine_info(),
+        "machine": machine_info(),
         "setup": {"workers": args.workers, "sim": sim, "rate_rps": args.rate, "p0_share": args.p0_share,
                   "phase_s": args.phase_s, "shapes": SHAPES, "requests": len(plan),
                   "requests_by_class": dict(Counter(a.spec.priority for a in plan)), "seed": args.seed,
@@ -232,140 +230,64 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
             print(f"[{name}] P0 TTFT p50 {stats['P0']['ttft']['p50_ms'] or 0:.0f} ms p99 "
                   f"{stats['P0']['ttft']['p99_ms'] or 0:.0f} ms; P2 {stats['P2']['output_tokens_per_s'] or 0:.0f} "
                   f"tokens/s; {stats['wall_s']:.0f} s", flush=True)
-    report["comparison"] = compare(report)
     return report
 
 
-def compare(report: dict[str, Any]) -> dict[str, Any]:
-    """Ratios pools / shared: P0 TTFT (lower is better) and P2 output tokens/s (higher is better), and the goal."""
-    s, p = report["configs"]["shared"], report["configs"]["pools"]
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return a / b if a and b else None
-
-    out = {"p0_ttft_p50_ratio": ratio(p["P0"]["ttft"]["p50_ms"], s["P0"]["ttft"]["p50_ms"]),
-           "p0_ttft_p99_ratio": ratio(p["P0"]["ttft"]["p99_ms"], s["P0"]["ttft"]["p99_ms"]),
-           "p2_tokens_per_s_ratio": ratio(p["P2"]["output_tokens_per_s"], s["P2"]["output_tokens_per_s"]),
-           "p2_tokens_per_s_arrivals_ratio": ratio(p["P2"].get("output_tokens_per_s_arrivals"),
-                                                   s["P2"].get("output_tokens_per_s_arrivals"))}
-    p0_better = out["p0_ttft_p99_ratio"] is not None and out["p0_ttft_p99_ratio"] < 1.0
-    p2_better = out["p2_tokens_per_s_ratio"] is not None and out["p2_tokens_per_s_ratio"] > 1.0
-    all_ok = all(c[k]["success_rate"] == 1.0 for c in (s, p) for k in ("P0", "P2"))
-    return {**out, "p0_better": p0_better, "p2_better": p2_better, "all_completed": all_ok,
-            "goal_met": p0_better and p2_better}
+# ---- goals, report and plot (the prose: templates/pools.md) -----------------------------------------------------
 
 
-# ---- report ----------------------------------------------------------------------------------------------------
+def number(report: dict[str, Any], config: str, c: str, *keys: str) -> Any:
+    """``report["configs"][config][c][key]...``; None where a report has no such field."""
+    v = report["configs"][config][c]
+    for k in keys:
+        v = v.get(k)
+    return v
 
 
-def _f(v: float | None, fmt: str = "{:.0f}") -> str:
-    return "—" if v is None else fmt.format(v)
+def pools_vs_shared(c: str, *keys: str) -> Any:
+    """A number of class ``c`` with pools, and the shared pool's (the baseline) in the same run."""
+    return lambda report: (number(report, "pools", c, *keys), number(report, "shared", c, *keys))
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    s, cmp = report["setup"], report["comparison"]
-    fleets = "; ".join(f"**{name}**: " + ", ".join(f"{w['pool']} ({w['classes'] or 'all classes'}, "
-                                                    f"max_num_seqs {w['max_num_seqs']})" for w in fleet)
-                       for name, fleet in s["fleets"].items())
-    rows = []
-    for name, c in report["configs"].items():
-        rows.append([name, c["P0"]["n"], _f((c["P0"]["success_rate"] or 0) * 100, "{:.1f}%"),
-                     _f(c["P0"]["ttft"]["p50_ms"]), _f(c["P0"]["ttft"]["p99_ms"]), _f(c["P0"]["e2e"]["p99_ms"]),
-                     c["P2"]["n"], _f((c["P2"]["success_rate"] or 0) * 100, "{:.1f}%"),
-                     _f(c["P2"]["output_tokens_per_s"]), _f(c["P2"].get("output_tokens_per_s_arrivals")),
-                     _f(c["P2"]["makespan_s"], "{:.1f}"),
-                     _f(c["P2"]["e2e"]["p50_ms"])])
-    verdict = "**met**" if cmp["goal_met"] else "**missed**"
-    lines = [
-        "# Priority pools: two pools vs one shared pool of the same size",
-        "",
-        f"Generated {report.get('generated_at', '')} by `python -m loadtests.pools`. Simulated workers (A100 / 7B "
-        f"calibration, `goodput_inference.sim_engine`), {s['workers']} workers in both configurations, "
-        f"{s['sim']['max_batched_tokens']} tokens per engine step, simulated time x{s['sim']['time_scale']} (every "
-        f"latency below is wall-clock, so also x{s['sim']['time_scale']} an A100's); real scheduler and worker "
-        f"processes over gRPC on {report['machine'].get('cores_usable')} CPU cores "
-        f"({cpu_label(report['machine'])}; load average at start "
-        f"{' / '.join(str(x) for x in report['machine'].get('loadavg_1_5_15', []))}: other work shared the "
-        "cores, so run-to-run noise of a few tens of ms in the tail is expected).",
-        "",
-        f"- Fleets: {fleets}.",
-        f"- Arrivals (the same seeded list for both): Poisson {s['rate_rps']:g} req/s for {s['phase_s']:g} s, "
-        f"{s['requests']} requests ({', '.join(f'{k} {v}' for k, v in s['requests_by_class'].items())}); "
-        f"prompt/max_tokens {', '.join(f'{k} ~{c // 4}/{m}' for k, (c, m) in s['shapes'].items())}. Every "
-        "request runs to completion; overload shedding is off in both (`SHED_P2_AT`/`SHED_P1_AT` 100).",
-        f"- Scheduler settings: {', '.join(f'{k}: `{json.dumps(v)}`' for k, v in s['scheduler'].items())}.",
-        "",
-        "## Result",
-        "",
-        markdown_table(["config", "P0 n", "P0 ok", "P0 TTFT p50 ms", "P0 TTFT p99 ms", "P0 e2e p99 ms", "P2 n",
-                        "P2 ok", "P2 output tokens/s", "while arriving", "P2 makespan s", "P2 e2e p50 ms"], rows),
-        "",
-        f"- P0 TTFT, pools / shared: p50 {_f(cmp['p0_ttft_p50_ratio'], '{:.2f}x')}, p99 "
-        f"{_f(cmp['p0_ttft_p99_ratio'], '{:.2f}x')} (below 1 is better).",
-        f"- P2 output tokens/s, pools / shared: {_f(cmp['p2_tokens_per_s_ratio'], '{:.2f}x')} to the last P2 "
-        f"completion, {_f(cmp.get('p2_tokens_per_s_arrivals_ratio'), '{:.2f}x')} while arrivals last (above 1 is "
-        "better).",
-        f"- Goal (both better with pools): {verdict} — P0 p99 TTFT {'better' if cmp['p0_better'] else 'not better'}"
-        f", P2 throughput {'better' if cmp['p2_better'] else 'not better'}"
-        f"{'' if cmp['all_completed'] else '; not every request completed (see failures)'}.",
-        "",
-    ]
-    failures = [f"- {name} {c}: " + "; ".join(f"{why} ({n})" for why, n in errs)
-                for name, conf in report["configs"].items() for c in ("P0", "P2") if (errs := conf[c]["errors"])]
-    if failures:
-        lines += ["## Failures", "", *failures, ""]
-    lines += [
-        "## Reading it",
-        "",
-        "- P2 output tokens/s is every P2 token generated over the time from the first arrival to the last P2 "
-        "completion: with the same arrivals offered at capacity, the configuration that drains the batch backlog "
-        "sooner has the higher number; it includes the last requests' own latency (a large batch decodes each "
-        "sequence more slowly). *While arriving* counts the tokens generated during the arrivals only (each "
-        "request's tokens spread evenly from its first token to its completion): the rate each fleet sustains.",
-        "- In the shared pool P0 shares engine steps with batch work: the scheduler keeps it fast with strict "
-        "priority, class shares, the latency guard and the prefill gate, each of which also holds P2 back. With "
-        "pools P0 runs on small batches of its own and P2 fills large batches with nothing held back for P0; the "
-        "price is that the interactive pool's idle slots cannot serve P2 (a burst of P0 beyond its size waits, or "
-        "falls back to the batch pool only if the interactive pool is down).",
-        "- P0's p99 rests on about a hundred P0 requests, so it is close to their slowest few; rerun before reading "
-        "a difference of a few tens of ms into it.",
-        "- Pools pay off only because P0's protections stay off the batch pool (no class headroom, latency guard or "
-        "decode-only reserve on a worker whose pool does not serve P0): with them, the guard cuts P2 on every worker "
-        "whenever the one interactive worker's P0 tail rises. And the interactive pool must be sized for P0's "
-        "bursts: every P0 prompt is prefilled there, so its p50 is no better than the shared pool's, where P0 "
-        "prompts spread over every worker.",
-        "- The plot `pools.png` shows both numbers side by side.",
-    ]
-    return "\n".join(lines)
+GOALS = [
+    bench.Goal("P0 TTFT p99 no higher with pools than in one shared pool", pools_vs_shared("P0", "ttft", "p99_ms"),
+               1.0, at_most=True, judged="ratio", digits=0),
+    bench.Goal("P2 output tokens/s no lower with pools than in one shared pool",
+               pools_vs_shared("P2", "output_tokens_per_s"), 1.0, judged="ratio", unit="tokens/s", digits=0),
+]
 
 
-def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    """Pools / shared ratios (P0 TTFT p50 and p99, P2 tokens/s to the last completion and while arriving) and the
+    failures (configuration, class, reasons)."""
+    def ratio(*keys: str) -> float | None:
+        p, s = pools_vs_shared(*keys)(report)
+        return p / s if p and s else None
+
+    return {"ratios": {"p0_p50": ratio("P0", "ttft", "p50_ms"), "p0_p99": ratio("P0", "ttft", "p99_ms"),
+                       "p2": ratio("P2", "output_tokens_per_s"),
+                       "p2_arriving": ratio("P2", "output_tokens_per_s_arrivals")},
+            "failures": [(name, c, errs) for name, conf in report["configs"].items() for c in ("P0", "P2")
+                         if (errs := conf[c]["errors"])]}
+
+
+def figure(report: dict[str, Any]) -> bench.Figure:
     names = list(report["configs"])
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
-    xs = range(len(names))
-    for offset, key in ((-0.2, "p50_ms"), (0.2, "p99_ms")):
-        ax1.bar([x + offset for x in xs], [report["configs"][n]["P0"]["ttft"][key] or 0 for n in names], width=0.4,
-                label=key.removesuffix("_ms"))
-    ax1.set_xticks(list(xs), names)
-    ax1.set_ylabel("P0 TTFT (ms)")
-    ax1.set_title("P0 TTFT (lower is better)")
-    ax1.legend()
-    ax2.bar(list(xs), [report["configs"][n]["P2"]["output_tokens_per_s"] or 0 for n in names], color="tab:green")
-    ax2.set_xticks(list(xs), names)
-    ax2.set_ylabel("P2 output tokens/s")
-    ax2.set_title("P2 throughput (higher is better)")
-    fig.suptitle(f"Priority pools vs one shared pool ({report['setup']['workers']} simulated A100/7B workers)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+
+    def series(label: str, c: str, *keys: str, color: str | None = None) -> bench.Series:
+        return bench.Series(label, range(len(names)), [number(report, n, c, *keys) for n in names], color=color)
+
+    return bench.Figure(
+        f"Priority pools vs one shared pool ({report['setup']['workers']} simulated A100/7B workers)", [
+            bench.Panel("P0 TTFT (lower is better)", "", "P0 TTFT (ms)",
+                        [series("p50", "P0", "ttft", "p50_ms"), series("p99", "P0", "ttft", "p99_ms")], xticks=names),
+            bench.Panel("P2 throughput (higher is better)", "", "P2 output tokens/s",
+                        [series("to the last P2 completion", "P2", "output_tokens_per_s", color="tab:green"),
+                         series("while arriving", "P2", "output_tokens_per_s_arrivals", color="tab:olive")],
+                        xticks=names)], panel_width=4.5)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m loadtests.pools", description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--workers", type=int, default=4, help="simulated workers in each configuration")
     ap.add_argument("--interactive", type=int, default=1, help="of which serve P0/P1 in the pools configuration")
     ap.add_argument("--shared-seqs", type=int, default=32, help="max_num_seqs of the shared pool's workers")
@@ -379,24 +301,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-batched-tokens", type=int, default=512, help="the engines' token budget per step")
     ap.add_argument("--drain-timeout-s", type=float, default=240.0)
     ap.add_argument("--base-port", type=int, default=26300)
-    ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--out", type=Path, default=Path("loadtests/out/pools"))
-    ap.add_argument("--smoke", action="store_true", help="2 workers, a few seconds of light arrivals (the test)")
-    ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="re-render a saved report")
-    args = ap.parse_args(argv)
-    if args.smoke:
-        args.workers, args.interactive, args.phase_s, args.rate, args.time_scale = 2, 1, 3.0, 3.0, 0.5
-        args.drain_timeout_s = 30.0
+
+
+def prepare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if not 0 < args.interactive < args.workers:
         ap.error("--interactive must leave at least one worker to each pool")
-    return args
+
+
+def served(report: dict[str, Any], args: argparse.Namespace) -> bool:
+    return sum((c[k]["success_rate"] or 0) * c[k]["n"] for c in report["configs"].values() for k in ("P0", "P2")) > 0
+
+
+BENCHMARK = bench.Benchmark(
+    name="pools", doc=__doc__ or "", run=measure, arguments=add_arguments, prepare=prepare, goals=GOALS,
+    context=context, figure=figure, seed=11,
+    quick={"workers": 2, "interactive": 1, "phase_s": 3.0, "rate": 3.0, "time_scale": 0.5, "drain_timeout_s": 30.0},
+    quick_help="2 workers, a few seconds of light arrivals (the test)", ok=served, reports=("pools",))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    report = produce(args, benchmark, render_markdown, render_plot)
-    served = sum((c[k]["success_rate"] or 0) * c[k]["n"] for c in report["configs"].values() for k in ("P0", "P2"))
-    return 0 if served > 0 else 1
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
