@@ -44,7 +44,8 @@ from typing import Any
 
 from goodput_contracts.trace import TraceRecord, read_trace, relative
 
-from loadtests.common import cpu_label, machine_info, markdown_table, package_versions, percentile, pyplot, write_report
+from loadtests import bench
+from loadtests.common import machine_info, package_versions, percentile
 from loadtests.replay import (
     DEFAULT_PARAMS,
     Served,
@@ -374,9 +375,12 @@ def evaluate(workload: Sequence[TraceRecord], served: Sequence[Served]) -> dict[
             "paired": paired_errors(workload, served)}
 
 
-async def benchmark(args: argparse.Namespace, console: Any) -> dict[str, Any]:
-    report: dict[str, Any] = {"benchmark": "calibrate", "machine": machine_info()}
-    if args.smoke or args.replay_only:
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from rich.console import Console
+
+    console = Console()
+    report: dict[str, Any] = {"machine": machine_info()}
+    if args.quick or args.replay_only:
         saved = json.loads(args.from_report.read_text(encoding="utf-8")) if args.from_report.exists() else {}
         for k in ("worker", "phases", "engine_cores", "workload_plan", "client_outcomes", "packages",
                   "recorded_machine"):
@@ -397,7 +401,7 @@ async def benchmark(args: argparse.Namespace, console: Any) -> dict[str, Any]:
                      max_batched_tokens=report["worker"]["max_num_batched_tokens"] or 2048)
     report["fit"] = fit
     workload = relative(workload)
-    if args.smoke:
+    if args.quick:
         workload = workload[:args.smoke_requests]
     report["workload"] = {"requests": len(workload), "span_s": round(workload[-1].arrival_s, 3) if workload else 0,
                           "real": by_class(recorded_rows(workload))}
@@ -407,272 +411,94 @@ async def benchmark(args: argparse.Namespace, console: Any) -> dict[str, Any]:
     served = await replay_on_sim(workload, fit["sim_params"], base_port=args.base_port, max_num_seqs=seqs,
                                  logdir=logdir)
     report["calibrated"] = evaluate(workload, served)
-    if not args.smoke and not args.skip_default:
+    if not args.quick and not args.skip_default:
         console.print("replaying them on the simulator's A100 / 7B defaults (for contrast)")
         served = await replay_on_sim(workload, {}, base_port=args.base_port, max_num_seqs=seqs, logdir=logdir)
         report["default"] = evaluate(workload, served)
     report["default_params"] = DEFAULT_PARAMS
-    report["smoke"] = args.smoke
-    report["generated_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    report["smoke"] = args.quick
+    for c in report["calibrated"]["comparison"]:
+        console.print(f"  {c['metric']:<30} real {c['real'] or 0:>9.2f}  sim {c['replayed'] or 0:>9.2f}  error "
+                      f"{(c['rel_error'] or 0) * 100:+.0f}%", highlight=False)
     if hasattr(os, "getloadavg"):
         report["machine"]["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return report
 
 
-# ---- report ---------------------------------------------------------------------------------------------------------
+# ---- report and plot (the prose: templates/calibrate.md) ---------------------------------------------------------
 
-def _f(v: float | None, digits: int = 1) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
-
-
-def _pct(v: float | None) -> str:
-    return "—" if v is None else f"{v * 100:+.0f}%"
-
-
-def _apct(v: float | None) -> str:
-    return "—" if v is None else f"{v * 100:.0f}%"
-
-
-def render_markdown(report: dict[str, Any]) -> str:
-    m = report.get("recorded_machine") or report["machine"]
-    w, fit, p = report["worker"], report["fit"], report["fit"]["sim_params"]
-    cal, wl = report["calibrated"], report["workload"]
-    cpu = cpu_label(m)
-    lines = ["# Simulator calibration: the simulated engine against the vLLM CPU engine", ""]
-    lines += [f"Recorded {report.get('recorded_at')}, fitted and replayed {report['generated_at']}"
-              + (" (**smoke run**: a few workload requests only)" if report.get("smoke") else "") + ". Real engine: "
-              f"vLLM CPU ({w.get('engine')}), the dev model {w.get('served_model_name')} "
-              f"(version {w.get('model_version')}), max_num_seqs {w.get('max_num_seqs')}, max_num_batched_tokens "
-              f"{w.get('max_num_batched_tokens')}, engine threads on core(s) {report.get('engine_cores')}, on "
-              f"**{cpu}** — {m.get('cores_usable')} cores shared by the engine, the gateway, the scheduler and the "
-              f"client (1-min load average {(m.get('loadavg_1_5_15') or ['?'])[0]} at the start).", ""]
-    lines += ["## The error, simulated versus real (the workload the fit did not see)", ""]
-    rows = []
-    default = {c["metric"]: c for c in report["default"]["comparison"]} if report.get("default") else {}
-    for c in cal["comparison"]:
-        unit = "" if c["metric"].startswith("throughput") else " ms"
-        d = default.get(c["metric"])
-        ci = c.get("rel_error_ci95")
-        rows.append([c["metric"] + unit, _f(c["real"], 2), _f(c["replayed"], 2), f"**{_pct(c['rel_error'])}**",
-                     "—" if not ci else f"{_pct(ci[0])} … {_pct(ci[1])}",
-                     _f(d["replayed"], 2) if d else "—", _pct(d["rel_error"]) if d else "—"])
-    lines += [markdown_table(["metric", "real (vLLM CPU)", "sim, calibrated", "error", "error 95% CI",
-                              "sim, A100/7B defaults", "error"], rows), ""]
-    lines += ["Error = simulated / real − 1. Its 95% interval: both runs' requests resampled (bootstrap, 2000 times): "
-              "how much of the error one run's sampling could explain; an interval that straddles 0 is within this "
-              "run's noise.", ""]
-    pr = cal["paired"]
-    lines += [f"Request by request (the same trace line, real and simulated): median |error| TTFT "
-              f"{_apct(pr['ttft']['median_abs_rel'])} (p90 {_apct(pr['ttft']['p90_abs_rel'])}), TPOT "
-              f"{_apct(pr['tpot']['median_abs_rel'])} (p90 {_apct(pr['tpot']['p90_abs_rel'])}). Outcomes on the "
-              "simulator: " + ", ".join(f"{k} {v}" for k, v in sorted(cal["outcomes"].items())) + ".", ""]
-    if cal.get("by_class"):
-        rows = []
-        for cls, comps in cal["by_class"].items():
-            cm = {c["metric"]: c for c in comps}
-            rows.append([cls, *(f"{_f(cm[k]['real'])} / {_f(cm[k]['replayed'])} ({_pct(cm[k]['rel_error'])})"
-                                for k in ("TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"))])
-        lines += ["Per class (real / simulated ms, error):", "",
-                  markdown_table(["class", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"], rows), ""]
-    lines += ["## The fit (from the probes)", ""]
-    pf, df = fit["prefill_fit"], fit["decode_fit"]
-    rows = [["prefill_s_per_token", f"{p['prefill_s_per_token'] * 1000:.4f} ms", "TTFT in uncached prompt tokens, "
-             f"one request at a time ({pf['n']} requests), the simulator's idle step fixed, least relative error",
-             f"{DEFAULT_PARAMS['prefill_s_per_token'] * 1000:.4f} ms"],
-            ["step_base_s", f"{p['step_base_s'] * 1000:.2f} ms", "intercept of TPOT in the sequences decoding "
-             f"together (Theil–Sen, R² {df['r2']:.3f}, {df['n']} requests of ≥ {MIN_DECODE} tokens, 1 to "
-             f"{max(DECODE_PROBE)} streams)",
-             f"{DEFAULT_PARAMS['step_base_s'] * 1000:.2f} ms"],
-            ["step_per_seq_s", f"{p['step_per_seq_s'] * 1000:.3f} ms", "slope of the same line",
-             f"{DEFAULT_PARAMS['step_per_seq_s'] * 1000:.3f} ms"],
-            ["max_batched_tokens", str(p["max_batched_tokens"]), "the worker's (vLLM's scheduler config)",
-             str(DEFAULT_PARAMS["max_batched_tokens"])]]
-    lines += [markdown_table(["SimParams", "fitted (CPU engine)", "from", "A100 / 7B default"], rows), ""]
-    idle = fit.get("idle_ttft") or []
-    if idle:
-        rows = [[r["uncached_tokens"], _f(r["real_ms"]), _f(r["sim_ms"]), _pct(r["rel_error"])] for r in idle]
-        lines += ["An idle engine's TTFT by prompt size, real (median of the probes) and as the fitted simulator "
-                  "computes it (one step of one sequence + tokens × prefill_s_per_token):", "",
-                  markdown_table(["uncached prompt tokens", "real ms", "simulated ms", "error"], rows), ""]
-        lo, hi = idle[0]["rel_error"], idle[-1]["rel_error"]
-        lines += [f"The straight line through the probes is {pf['slope'] * 1000:.3f} ms per token "
-                  f"{pf['intercept'] * 1000:+.1f} ms (R² {pf['r2']:.3f}); the simulator's line must start at its "
-                  f"step, {fit['sim_idle_step_s'] * 1000:.1f} ms, so its slope is the one that minimises the relative "
-                  f"error over the sizes above ({_pct(lo)} at the shortest, {_pct(hi)} at the longest). "
-                  + ("A negative intercept means prefill grows faster than linearly in the prompt on this engine "
-                     "(attention's cost rises with the context), which the simulator's linear prefill cannot "
-                     "follow; and a short prompt's prefill step costs less than a decode step's base plus its tokens, "
-                     "while the simulator charges every step the full base. "
-                     if pf["intercept"] < fit["sim_idle_step_s"] else
-                     "The real line's intercept above the simulator's step is per-request work the simulator does not "
-                     "model (tokenising and templating the prompt, the hops, detokenising the first token). ")
-                  + "Both are shape errors that a fitted constant cannot remove; they are part of the error above.",
-                  ""]
-    plan = report.get("workload_plan") or {}
-    client = ", ".join(f"{k} {v}" for k, v in sorted((report.get("client_outcomes") or {}).items()))
-    lines += ["## What was run", ""]
-    lines += [
-        f"- **Probes** (the fit): prompts of {', '.join(map(str, PREFILL_PROBE))} tokens, {PREFILL_REPEATS} each, "
-        f"one at a time with 2 output tokens; then {', '.join(map(str, DECODE_PROBE))} streams together, "
-        f"{DECODE_REPEATS} rounds, 64-token prompts and up to {DECODE_OUTPUT} output tokens (the model may stop "
-        "earlier: the batch each request saw is read from the trace's own intervals).",
-        f"- **Workload** (the test): {plan.get('steady_n', '?')} requests at {plan.get('steady_rps', '?')}/s "
-        f"({plan.get('load', '?')} × the capacity estimated from the probes, "
-        f"{plan.get('estimated_capacity_rps', '?')} requests/s), then {plan.get('burst_n', '?')} at "
-        f"{plan.get('burst_rps', '?')}/s ({plan.get('burst_load', '?')} ×); P0/P1/P2 30/40/30%; prompts "
-        f"{WORKLOAD_PROMPT[0]}–{WORKLOAD_PROMPT[1]} and outputs {WORKLOAD_OUTPUT[0]}–{WORKLOAD_OUTPUT[1]} tokens, "
-        "log-uniform; prompts of random words (no shared prefix beyond the chat template). "
-        f"{wl['requests']} requests were recorded over {wl['span_s']} s (client-side outcomes: {client}).",
-        "- **Real** numbers are the gateway's trace lines (``TRACE__SAMPLE`` 1.0): TTFT from the gateway's arrival to "
-        "the first token, TPOT the mean after it, as the gateway measured them. **Simulated** numbers: the same "
-        "trace replayed (``loadtests.replay``: same arrival times, classes, prompt tokens, cached prefix and "
-        "output tokens as max_tokens) on one simulated worker with the same max_num_seqs and a scheduler, measured "
-        "by the replay client (lease to first token; no gateway in front, which the real side's TTFT includes).",
-        "- Throughput: output tokens over the span from the first arrival to the last answer. The workload is "
-        "open-loop (arrivals do not wait for answers), so it equals the offered load unless the engine falls "
-        "behind by the end of the burst; it is a weak test, TTFT p99 (queueing in the burst) the strong one.",
-        "- Scheduler: no shedding and no queue limits, on both sides; the gateway's degradation ladder off and "
-        "every class's deadline and queue budget 900 s: the comparison is of engines, not admission policies.",
-        "",
-    ]
-    a100_chunk = 512 * DEFAULT_PARAMS["prefill_s_per_token"] / DEFAULT_PARAMS["step_base_s"]
-    cpu_chunk = 512 * p["prefill_s_per_token"] / p["step_base_s"]
-    tpot_slope = p["step_per_seq_s"] / p["step_base_s"]
-    idle_errs = [abs(r["rel_error"]) for r in fit.get("idle_ttft") or []]
-    idle_err = f"±{max(idle_errs) * 100:.0f}%" if idle_errs else "an unmeasured error"
-    lines += ["## What this error means for the fleet reports", ""]
-    lines += [
-        f"- **This error is for the vLLM CPU engine on this CPU ({cpu}) with a 135M-parameter model, not for an "
-        "A100.** It measures how well the simulator's engine model (continuous batching, a step time linear in the "
-        "batch, prefill linear in tokens, chunked prefill under a token budget, prefix caching) reproduces a real "
-        "vLLM engine's TTFT and TPOT distributions once its three timing constants are fitted, including queueing "
-        "under a burst. It does not validate the A100 / 7B constants themselves: no GPU was measured.",
-        "- The fleet reports run on the **A100 / 7B default calibration**, read from public figures (vLLM's ~12 ms "
-        "inter-token latency at low concurrency rising to ~30 ms at 64 sequences for 7B models; ~0.12 ms of prefill "
-        "per prompt token; 7000 KV blocks of 16 tokens), good to within tens of percent. They set their loads "
-        "relative to the capacity they measure on the same simulated fleet and compare policies on the same "
-        "arrivals, so a constant that is off by a uniform factor rescales every configuration alike and leaves "
-        "the comparisons standing; what they do depend on is the engine model's *shape* and a few *ratios* of "
-        "its constants:",
-        f"  - `pools.md` (separate P0 and P2 pools beat one shared pool: P0 TTFT p99 and P2 throughput) rests on "
-        "how long a P2 prompt's prefill stalls the decodes it shares steps with: a 512-token chunk costs "
-        f"{a100_chunk:.1f} decode-step bases on the A100 constants, {cpu_chunk:.1f} on the CPU engine fitted here. "
-        "With a GPU whose prefill is relatively faster the pooling win shrinks; with slower prefill it grows. The "
-        f"idle-TTFT table above shows the linear prefill model itself within {idle_err} across the probes' sizes.",
-        "  - `overload.md` (P0 p99 TTFT at 3× capacity within 1.5× of unloaded) rests on priority ordering in the "
-        "scheduler's and the engine's queues, which the simulator models as vLLM's priority policy does, and on the "
-        "ratio; the unloaded milliseconds are the A100 constants'. The TTFT p99 error under this run's burst is the "
-        "closest measure here of how well queueing is reproduced.",
-        f"  - `routing.md` (placement by predicted finish time; model `auto`) rests on TPOT being a line in the "
-        "batch size, which is both the simulator's model and the scheduler's speed estimate: in simulation the "
-        "predictor's model is exactly right. On this real engine the line explains little of TPOT's variation "
-        f"(decode fit R² {df['r2']:.2f}: per-sequence slope {tpot_slope:.1%} of the base; prefill steps mixed into "
-        "decodes dominate), so expect a real fleet's prediction error to be larger than routing.md's.",
-        "  - `noisy_neighbour.md`, `ladder.md`, `prefix.md` rest on capacity-relative loads and on the prefix cache "
-        "and admission model; their absolute SLO thresholds (P0 TTFT, the ladder's budgets) are met or missed in "
-        "A100 milliseconds, so a threshold close to a measured value is only as firm as the A100 constants (tens of "
-        "percent) plus the shape error measured here.",
-        "- To plan a real fleet, record a trace on it (`GOODPUT_GATEWAY_TRACE__PATH`), fit the constants to that GPU "
-        "the way this tool does, and replay (`python -m loadtests.replay --sim-config <calibration.json>`).",
-        "",
-    ]
-    lines += ["## Machine", "", markdown_table(["", ""], [
-        ["CPU", f"{cpu}, {m.get('cores_usable')} usable cores of {m.get('cores_total')}"],
-        ["memory", f"{m.get('memory_gib')} GiB"], ["OS / Python", f"{m.get('os')} / {m.get('python')}"],
-        ["load average at the start (1/5/15)", " / ".join(str(x) for x in m.get("loadavg_1_5_15", []))],
-        ["packages", ", ".join(f"{k} {v}" for k, v in (report.get("packages") or {}).items() if v)]]), ""]
-    lines += ["The traces behind it: `calibration-probes.jsonl` (the fit) and `calibration-workload.jsonl` (the test), "
-              "in the gateway's trace format; `python -m loadtests.calibrate --replay-only` fits and replays them "
-              "again without vLLM.", ""]
-    return "\n".join(lines)
-
-
-def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    """The probes' and the workload's sizes, the A100 defaults' errors and each class's by metric, the chunk costs in
+    decode-step bases on both sets of constants, the decode line's slope relative to its base, the largest idle-TTFT
+    error, and whether the real prefill line starts below the simulator's step."""
     fit = report["fit"]
-    for ax, key, title in ((axes[0][0], "prefill_fit", "Prefill probe: TTFT vs uncached prompt tokens"),
-                           (axes[0][1], "decode_fit", "Decode probe: TPOT vs sequences together")):
+    p, d = fit["sim_params"], report.get("default_params") or DEFAULT_PARAMS
+    idle = [abs(r["rel_error"]) for r in fit.get("idle_ttft") or []]
+    return {"prefill_probe": PREFILL_PROBE, "prefill_repeats": PREFILL_REPEATS, "decode_probe": DECODE_PROBE,
+            "decode_repeats": DECODE_REPEATS, "decode_output": DECODE_OUTPUT, "min_decode": MIN_DECODE,
+            "workload_prompt": WORKLOAD_PROMPT, "workload_output": WORKLOAD_OUTPUT, "default_params": d,
+            "defaults": {c["metric"]: c for c in (report.get("default") or {}).get("comparison", [])},
+            "classes": {cls: {c["metric"]: c for c in comps}
+                        for cls, comps in (report["calibrated"].get("by_class") or {}).items()},
+            "a100_chunk": 512 * d["prefill_s_per_token"] / d["step_base_s"],
+            "cpu_chunk": 512 * p["prefill_s_per_token"] / p["step_base_s"],
+            "tpot_slope": p["step_per_seq_s"] / p["step_base_s"], "idle_error": max(idle) if idle else None,
+            "below_step": fit["prefill_fit"]["intercept"] < fit["sim_idle_step_s"]}
+
+
+def figure(report: dict[str, Any]) -> bench.Figure:
+    """The probes with the lines fitted through them, and the workload's TTFT and TPOT percentiles, real and
+    simulated."""
+    fit = report["fit"]
+    panels = []
+    for key, title in (("prefill_fit", "Prefill probe: TTFT vs uncached prompt tokens"),
+                       ("decode_fit", "Decode probe: TPOT vs sequences together")):
         f = fit[key]
-        xs = [p[0] for p in f["points"]]
-        ax.scatter(xs, [p[1] * 1000 for p in f["points"]], s=12, label="real (trace)")
-        lo, hi = min(xs), max(xs)
-        ax.plot([lo, hi], [(f["intercept"] + f["slope"] * x) * 1000 for x in (lo, hi)], color="C1",
-                label=f"straight line (R² {f['r2']:.3f})" if key == "prefill_fit" else f"fit (R² {f['r2']:.3f})")
+        xs = [pt[0] for pt in f["points"]]
+        ends = [min(xs), max(xs)]
+        series = [bench.Series("real (trace)", xs, [pt[1] * 1000 for pt in f["points"]], style=" "),
+                  bench.Series(f"{'straight line' if key == 'prefill_fit' else 'fit'} (R² {f['r2']:.3f})", ends,
+                               [(f["intercept"] + f["slope"] * x) * 1000 for x in ends], color="C1")]
         if key == "prefill_fit":  # what the fitted simulator computes: its idle step + tokens x prefill_s_per_token
-            per_token = fit["sim_params"]["prefill_s_per_token"]
-            ax.plot([lo, hi], [(fit["sim_idle_step_s"] + per_token * x) * 1000 for x in (lo, hi)], color="C2",
-                    ls="--", label="simulator, fitted")
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel(f["x"])
-        ax.set_ylabel("ms")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    workload_real = report["workload"]["real"]["all"]
-    for ax, metric in ((axes[1][0], "ttft"), (axes[1][1], "tpot")):
-        labels = [("real (vLLM CPU)", workload_real), ("sim, calibrated", report["calibrated"]["sim"]["all"])]
-        if report.get("default"):
-            labels.append(("sim, A100/7B defaults", report["default"]["sim"]["all"]))
-        qs = ("p50_ms", "p90_ms", "p99_ms")
-        width = 0.8 / len(labels)
-        for i, (name, s) in enumerate(labels):
-            ax.bar([j + i * width for j in range(len(qs))], [s[metric].get(q) or 0 for q in qs], width, label=name)
-        ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(qs))], [q[:3] for q in qs])
-        ax.set_yscale("log")
-        ax.set_ylabel("ms")
-        ax.set_title(f"Workload {metric.upper()}: real vs simulated", fontsize=9)
-        ax.grid(True, alpha=0.3, axis="y")
-        ax.legend(fontsize=7)
-    fig.suptitle("Simulator calibration against the vLLM CPU engine", fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+            series.append(bench.Series("simulator, fitted", ends, [
+                (fit["sim_idle_step_s"] + fit["sim_params"]["prefill_s_per_token"] * x) * 1000 for x in ends],
+                style="--", color="C2"))
+        panels.append(bench.Panel(title, f["x"], "ms", series, legend_size=7))
+    runs = [("real (vLLM CPU)", report["workload"]["real"]["all"]),
+            ("sim, calibrated", report["calibrated"]["sim"]["all"])]
+    if report.get("default"):
+        runs.append(("sim, A100/7B defaults", report["default"]["sim"]["all"]))
+    qs = ("p50_ms", "p90_ms", "p99_ms")
+    for metric in ("ttft", "tpot"):
+        panels.append(bench.Panel(f"Workload {metric.upper()}: real vs simulated", "percentile", "ms (log)",
+                                  [bench.Series(name, range(len(qs)), [s[metric].get(q) for q in qs])
+                                   for name, s in runs], xticks=[q[:3] for q in qs], yscale="log", legend_size=7))
+    return bench.Figure("Simulator calibration against the vLLM CPU engine", panels, panel_width=4.5)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m loadtests.calibrate", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("loadtests/reports/calibration"))
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--load", type=float, default=0.6, help="steady load, a share of the estimated capacity")
     ap.add_argument("--burst-load", type=float, default=1.5, help="the burst's load, likewise")
     ap.add_argument("--steady-s", type=float, default=150.0)
     ap.add_argument("--burst-s", type=float, default=40.0)
-    ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--port-offset", type=int, default=500, help="the vLLM platform's port offset")
     ap.add_argument("--base-port", type=int, default=27300, help="the simulated fleet's first port")
     ap.add_argument("--skip-default", action="store_true", help="no replay on the A100 / 7B defaults")
     ap.add_argument("--replay-only", action="store_true", help="fit and replay the traces of --from-report's run")
     ap.add_argument("--from-report", type=Path, default=Path("loadtests/reports/calibration.json"),
                     help="with --replay-only / --smoke: the report whose traces (next to it) are used")
-    ap.add_argument("--smoke", action="store_true", help="the committed traces, a few workload requests, one sim "
-                                                         "replay (no vLLM)")
     ap.add_argument("--smoke-requests", type=int, default=8, help=argparse.SUPPRESS)
-    ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="re-render a saved report")
-    return ap.parse_args(argv)
+
+
+BENCHMARK = bench.Benchmark(
+    name="calibrate", doc=__doc__ or "", run=measure, arguments=add_arguments, context=context, figure=figure,
+    seed=11, quick_help="the committed traces, a few workload requests, one sim replay (no vLLM)",
+    out="loadtests/reports/calibration", ok=lambda report, args: report["calibrated"]["sim"]["all"]["n"] > 0,
+    reports=("calibration",))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rich.console import Console
-
-    args = parse_args(argv)
-    console = Console()
-    if args.render is not None:
-        report = json.loads(args.render.read_text(encoding="utf-8"))
-        out = args.render.with_suffix("")
-    else:
-        report = asyncio.run(benchmark(args, console))
-        out = args.out
-    json_path, md_path = write_report(out, report, render_markdown(report))
-    png = render_plot(report, out.parent / f"{out.name}.png")
-    for c in report["calibrated"]["comparison"]:
-        console.print(f"  {c['metric']:<30} real {_f(c['real'], 2):>9}  sim {_f(c['replayed'], 2):>9}  "
-                      f"error {_pct(c['rel_error'])}", highlight=False)
-    console.print(f"report: {md_path} {json_path} {png or ''}".rstrip())
-    return 0 if report["calibrated"]["sim"]["all"]["n"] > 0 else 1
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
