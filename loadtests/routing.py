@@ -30,7 +30,7 @@ serving.
     python -m loadtests.routing                  # full run, 4 workers per part, ~10 min on 2 cores
     python -m loadtests.routing --smoke          # 2 workers per part, a few seconds of arrivals (the test)
     python -m loadtests.routing --parts auto     # one part only
-    python -m loadtests.routing --render loadtests/reports/routing.json   # re-render report + plot
+    python -m loadtests.routing --render loadtests/reports/routing.json   # the report again (templates/routing.md)
 
 A benchmark reports numbers; it does not fail on a missed goal (only when nothing could be served).
 """
@@ -47,7 +47,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +55,8 @@ from goodput.scheduler.v1 import scheduler_pb2
 
 from goodput_gateway.autoroute import QueueWaits, choose, pools_from
 from goodput_gateway.requests import estimate_tokens
-from loadtests.common import cpu_label, machine_info, markdown_table, percentile, produce, pyplot, summarize
+from loadtests import bench
+from loadtests.common import machine_info, percentile, summarize
 from loadtests.simfleet import PRIORITY, LeaseClient, RequestSpec, Result, SimFleet, random_text
 
 # The sim engine's A100 / 7B calibration (SimParams' defaults): what a worker's speed factor multiplies.
@@ -545,7 +545,7 @@ def _errors(pairs: list[tuple[float | None, float | None]]) -> dict[str, Any]:
 def layouts(args: argparse.Namespace) -> dict[str, list[WorkerSpec]]:
     """Part A's fleet (one model, fast and slow workers) and part B's (large and small models).
 
-    >>> ns = parse_args(["--smoke"])
+    >>> ns = bench.parse(BENCHMARK, ["--smoke"])
     >>> [(w.kind, w.speed) for w in layouts(ns)["placement"]], [w.model for w in layouts(ns)["auto"]]
     ([('fast', 1.0), ('slow', 2.5)], ['large', 'small'])
     """
@@ -561,8 +561,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     sim = {"time_scale": args.time_scale, "stream_every": 8, "max_batched_tokens": args.max_batched_tokens}
     fleets = layouts(args)
     report: dict[str, Any] = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "benchmark": "routing", "machine": machine_info(), "smoke": args.smoke,
+        "machine": machine_info(), "smoke": args.quick,
         "setup": {"sim": sim, "seed": args.seed, "phase_s": args.phase_s, "warmup_waves": list(args.warmup_waves),
                   "out_scale": args.out_scale,
                   "scheduler": SCHEDULER_ENV, "a100_7b": A100_7B},
@@ -654,332 +653,86 @@ def compare_auto(part: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# ---- report --------------------------------------------------------------------------------------------------------
+# ---- goals, report and plot (the prose: templates/routing.md) ----------------------------------------------------
 
 
-def _f(v: float | None, fmt: str = "{:.0f}") -> str:
-    return "—" if v is None else fmt.format(v)
+def _versus(part: str, config: str, baseline: str, *keys: str) -> Any:
+    """A value of ``config`` in ``part`` and the same value of ``baseline`` in the same run (``keys`` its path)."""
+    def measure(report: dict[str, Any]) -> tuple[float | None, float | None]:
+        def at(c: dict[str, Any]) -> Any:
+            for k in keys:
+                c = c[k]
+            return c
+        configs = report[part]["configs"]
+        return at(configs[config]), at(configs[baseline])
+    return measure
 
 
-def _x(v: float | None) -> str:
-    return _f(v, "{:.2f}x")
+GOALS = [  # issue 19's goals: no worse than the baseline of the same run (a ratio of 1)
+    bench.Goal("A: e2e p99 with predicted_finish ≤ counts only", _versus("placement", "default", "counts_only",
+               "e2e", "p99_ms"), 1.0, at_most=True, judged="ratio", digits=0),
+    bench.Goal("A: TTFT p99 with predicted_finish ≤ counts only", _versus("placement", "default", "counts_only",
+               "ttft", "p99_ms"), 1.0, at_most=True, judged="ratio", digits=0),
+    bench.Goal("B: auto's batch-share cost ≤ always large", _versus("auto", "auto", "large", "cost", "batch_share"),
+               1.0, at_most=True, judged="ratio", unit="", digits=4),
+    *[bench.Goal(f"B: auto's {c} SLO attainment ≥ always large", _versus("auto", "auto", "large", "classes", c,
+                 "slo_attainment"), 1.0, judged="ratio", unit="%", digits=1) for c in SLO_B],
+]
 
 
-def _pct(v: float | None) -> str:
-    return _f(None if v is None else v * 100, "{:.1f}%")
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    """Each part's fleet grouped (count, worker), its engine's configured speeds (wall-clock ms) and the load average
+    at the end of each configuration."""
+    ts = report["setup"]["sim"]["time_scale"]
+    a100 = report["setup"].get("a100_7b", A100_7B)
+    parts = {p: report[p] for p in ("placement", "auto") if p in report}
+    return {
+        "ts": ts, "parts": parts,
+        "loads": [(name, c["loadavg_end"][0]) for part in parts.values() for name, c in part["configs"].items()
+                  if c.get("loadavg_end")],
+        "fleets": {p: [(n, dict(w)) for w, n in Counter(tuple(w.items()) for w in part["setup"]["fleet"]).items()]
+                   for p, part in parts.items()},
+        "engine": {p: [(kind, *(a100[k] * speed * ts * 1000 for k in ("prefill_s_per_token", "step_base_s",
+                                                                       "step_per_seq_s")))
+                       for kind, speed in sorted({(w["kind"], w["speed"]) for w in part["setup"]["fleet"]})]
+                   for p, part in parts.items()},
+    }
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    s, m = report["setup"], report["machine"]
-    ts = s["sim"]["time_scale"]
-    loads = ", ".join(f"{name} {c['loadavg_end'][0]:g}" for part in ("placement", "auto")
-                      for name, c in report.get(part, {}).get("configs", {}).items() if c.get("loadavg_end"))
-    smoke = (f" --smoke (a smoke run: too short to read numbers into; every max_tokens below x{s.get('out_scale')})"
-             if report.get("smoke") else "")
-    lines = [
-        "# Routing: placement by predicted finish time, and model \"auto\" versus always the large model",
-        "",
-        f"Generated {report.get('generated_at', '')} by `python -m loadtests.routing`"
-        f"{smoke}. **Simulated "
-        f"engine** (`goodput_inference.sim_engine`; no model runs, every worker its own `SimParams`), simulated time "
-        f"x{ts:g}: every latency below is wall-clock, so x{ts:g} the simulated GPU's; real scheduler and worker "
-        f"processes over gRPC on {m.get('cores_usable')} CPU cores ({cpu_label(m)}; load average at start "
-        f"{' / '.join(str(x) for x in m.get('loadavg_1_5_15', []))}, at the end of each configuration "
-        f"{loads or '—'}; other work shared the cores). The client does "
-        "what the gateway does: lease, stream from the granted worker, release with the request's tokens (from which "
-        "the scheduler learns each worker's speed).",
-        "",
-        "Goals (issue 19), reported, not asserted: **placement by predicted finish time** (a fleet of mixed speeds: "
-        "the default profile's `predicted_finish` scorer against counts only) and **`auto` vs always large: cost "
-        "(engine-seconds) and SLO attainment**. (Two priority pools vs one shared pool is `loadtests.pools`.)",
-        "",
-        f"Before the arrivals every configuration warms up alike: waves of {', '.join(map(str, s['warmup_waves']))} "
-        "concurrent short P0 requests (512-token prompts, 48 tokens) per worker of each model, not measured, so "
-        "the scheduler has learned each worker's speed. Scheduler settings in every configuration: "
-        f"`{json.dumps(s['scheduler'])}` (no shedding, no queue limits, each worker's lease cap its own "
-        "max_num_seqs).",
-        "",
-    ]
+QUANTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99, 100)
+
+
+def figure(report: dict[str, Any]) -> bench.Figure | None:
+    """Part A's TTFT and e2e by percentile; part B's cost and SLO attainment, and auto's actual / predicted TTFT."""
+    panels = []
     if "placement" in report:
-        lines += _placement_md(report["placement"], ts)
+        for col, title in ((0, "TTFT"), (1, "end-to-end")):
+            series = [bench.Series(name, list(range(len(QUANTILES))),
+                                   [percentile([r[col] for r in c["requests"]], q) for q in QUANTILES])
+                      for name, c in report["placement"]["configs"].items()]
+            panels.append(bench.Panel(f"A: {title} by percentile, fast+slow fleet", "percentile",
+                                      f"{title} (ms, wall-clock, log)", series, xticks=[f"p{q}" for q in QUANTILES],
+                                      yscale="log"))
     if "auto" in report:
-        lines += _auto_md(report["auto"], ts)
-    lines += ["The plot `routing.png`: part A's TTFT distributions; part B's cost and SLO attainment, and the "
-              "predicted against the actual TTFT of every auto request."]
-    return "\n".join(lines)
-
-
-def _fleet_md(fleet: list[dict[str, Any]]) -> str:
-    kinds = Counter(json.dumps(w, sort_keys=True) for w in fleet)
-    return ", ".join(f"{n} x {w['kind']} (model `{w['model']}`, step and prefill times x{w['speed']:g}, "
-                     f"{w['cost_per_hour']:g}/h, window {w['max_model_len']}, max_num_seqs {w['max_num_seqs']})"
-                     for key, n in kinds.items() for w in [json.loads(key)])
-
-
-def _shapes_md(shapes: Sequence[Sequence[Any]]) -> str:
-    return ", ".join(f"{n} {s * 100:.0f}% ({p} prompt tokens, {o} out)" for n, s, p, o in shapes)
-
-
-def _placement_md(part: dict[str, Any], ts: float) -> list[str]:
-    s, cmp = part["setup"], part["comparison"]
-    rows = []
-    for name, c in part["configs"].items():
-        rows.append([name, f"{c['ok']}/{c['n']}", _f(c["ttft"]["p50_ms"]), _f(c["ttft"]["p99_ms"]),
-                     _f(c["e2e"]["p50_ms"]), _f(c["e2e"]["p99_ms"]), _f(c["queue_wait"]["p99_ms"]),
-                     _f(c["output_tokens_per_s"]),
-                     ", ".join(f"{k} {v * 100:.0f}%" for k, v in c["share_by_kind"].items())])
-    kind_rows = []
-    for name, c in part["configs"].items():
-        for k, v in c["per_kind"].items():
-            kind_rows.append([name, k, v["n"], _f(v["ttft"]["p50_ms"]), _f(v["ttft"]["p99_ms"]),
-                              _f(v["e2e"]["p50_ms"]), _f(v["e2e"]["p99_ms"])])
-    lines = [
-        "## Part A: placement by predicted finish time",
-        "",
-        f"- Fleet (one model): {_fleet_md(s['fleet'])}.",
-        f"- Arrivals (the same seeded list for both): Poisson {s['rate_rps']:.2f} req/s for the phase, "
-        f"{s['requests']} requests, all P0, {_shapes_md(s['shapes'])}; random prompts (no shared prefix). The rate "
-        f"is {s['load'] * 100:.0f}% of the fleet's capacity at full lease caps ({s['capacity_rps']:.2f} req/s, from "
-        "the engine model: every worker running max_num_seqs sequences).",
-        f"- Profiles: **counts_only** `{json.dumps(s['profiles']['counts_only'])}` (lease counts and pending "
-        "prefill only); **default**: the scheduler's default profile (least_loaded, least_prefill, "
-        "predicted_finish, prefix_affinity, session_affinity; the two affinities score nothing here).",
-        "",
-        markdown_table(["profile", "ok", "TTFT p50 ms", "TTFT p99 ms", "e2e p50 ms", "e2e p99 ms",
-                        "queue wait p99 ms", "output tokens/s", "requests by worker type"], rows),
-        "",
-        f"- Default / counts-only: TTFT p50 {_x(cmp['ttft_p50_ratio'])}, p99 {_x(cmp['ttft_p99_ratio'])}; e2e p50 "
-        f"{_x(cmp['e2e_p50_ratio'])}, p99 {_x(cmp['e2e_p99_ratio'])} (below 1 is better); output tokens/s "
-        f"{_x(cmp['tokens_per_s_ratio'])} (above 1 is better)"
-        f"{'' if cmp['all_completed'] else '; not every request completed (see the JSON errors)'}.",
-        "",
-        "By worker type:",
-        "",
-        markdown_table(["profile", "worker", "requests", "TTFT p50 ms", "TTFT p99 ms", "e2e p50 ms", "e2e p99 ms"],
-                       kind_rows),
-        "",
-        *_speeds_md(part, ts),
-        "- Output tokens/s is every token over the time from the first arrival to the last completion: with the "
-        "same open-loop arrivals below capacity both configurations generate the same tokens, so it differs only "
-        "by how long the last requests take.",
-        "- Counts alone already steer work away from slow workers once they fill (a slow worker holds its leases "
-        "longer, so it has fewer free), but while every worker has room a request is as likely to land on a slow "
-        "one as on a fast one. `predicted_finish` sends it where it is predicted to end first: a fast worker until "
-        "its batch is so large that a slow, emptier one would finish sooner.",
-        "",
-    ]
-    return lines
-
-
-def _speeds_md(part: dict[str, Any], ts: float) -> list[str]:
-    """The speeds the scheduler learned by the end, each worker's, under the engine's own (its SimParams)."""
-    rows = []
-    for kind, speed in sorted({(w["kind"], w["speed"]) for w in part["setup"]["fleet"]}):
-        rows.append(["engine (configured)", kind, f"{A100_7B['prefill_s_per_token'] * speed * ts * 1000:.3f}",
-                     f"{A100_7B['step_base_s'] * speed * ts * 1000:.1f}",
-                     f"{A100_7B['step_per_seq_s'] * speed * ts * 1000:.2f}", "—"])
-    for name, c in part["configs"].items():
-        for k, v in c["speed_at_end"].items():
-            rows.append([f"learned, {name}", k, _f(v["prefill_ms_per_token"], "{:.3f}"),
-                         _f(v["tpot_base_ms"], "{:.1f}"), _f(v["tpot_per_seq_ms"], "{:.2f}"), v["samples"]])
-    return [
-        "Speeds the scheduler learned by the end (`ListWorkers`, wall-clock), under the engine's configured ones "
-        "(the simulated step time is base + per sequence x batch + prefill per token x prompt tokens in the step):",
-        "",
-        markdown_table(["", "worker", "prefill ms/token", "TPOT base ms", "TPOT ms per sequence",
-                        "leases learned from"], rows),
-        "",
-        "How the learned numbers can differ from the engine's (compare the rows): the prefill rate has no "
-        "per-request intercept, so the fixed part of a TTFT (the engine step already under way when the request "
-        "arrives, the RPCs) is spread over the prompt's tokens and the rate comes out above the engine's, most after "
-        "short prompts; the TPOT line is fitted against the leases held, and the other requests' prefill chunks that "
-        "share the decode steps grow with the batch too, so the fitted slope can be steeper and the base lower than "
-        "the engine's: right where the batches were, too fast when extrapolated to a nearly empty worker.",
-        "",
-    ]
-
-
-def _auto_md(part: dict[str, Any], ts: float) -> list[str]:
-    s, cmp = part["setup"], part["comparison"]
-    slo = s["slo_sim_s"]
-    rows = []
-    for name, c in part["configs"].items():
-        cl = c["classes"]
-        rows.append([name, f"{c['ok']}/{c['n']}", _f(c["cost"]["batch_share"], "{:.4f}"),
-                     _f(c["cost"]["busy"], "{:.4f}"),
-                     ", ".join(f"{k} {_f(v, '{:.0f}')}" for k, v in c["busy_engine_s"].items()),
-                     *[_pct(cl[k]["slo_attainment"]) if k in cl else "—" for k in ("P0", "P2")],
-                     *[_f(cl[k]["ttft"]["p99_ms"]) if k in cl else "—" for k in ("P0", "P2")],
-                     ", ".join(f"{k} {v * 100:.0f}%" for k, v in c["share_by_model"].items())])
-    class_rows = []
-    for name, c in part["configs"].items():
-        for k, v in c["classes"].items():
-            class_rows.append([name, k, v["n"], _pct(v["ttft_within"]), _pct(v["tpot_within"]),
-                               _pct(v["slo_attainment"]), _f(v["ttft"]["p50_ms"]), _f(v["ttft"]["p99_ms"]),
-                               _f(v["tpot"]["p50_ms"], "{:.1f}"), _f(v["tpot"]["p99_ms"], "{:.1f}"),
-                               ", ".join(f"{m} {n}" for m, n in sorted(v["by_model"].items()))])
-    pred_rows = []
-    auto = part["configs"].get("auto", {})
-    parts_rows = []
-    for model, p in auto.get("prediction", {}).items():
-        for q in ("ttft", "tpot"):
-            e = p[q]
-            pred_rows.append([model, q.upper(), e["n"], _pct(e["median_abs_error"]), _pct(e["p90_abs_error"]),
-                              _f(e["bias"], "{:.2f}")])
-        if "queue_wait" in p:
-            qp, qa, g = p["queue_wait"]["predicted"], p["queue_wait"]["actual"], p["ttft_from_grant"]
-            parts_rows.append([model, f"{_f(qp['p50_ms'])} / {_f(qp['p95_ms'])}", f"{_f(qa['p50_ms'])} / "
-                               f"{_f(qa['p95_ms'])}", _pct(g["median_abs_error"]), _f(g["bias"], "{:.2f}"),
-                               f"{_f(p['pending_prefill_tokens']['p50'])} / "
-                               f"{_f(p['pending_prefill_tokens']['p90'])}"])
-    slo_txt = "; ".join(f"{c} TTFT ≤ {v['ttft_s']:g} s and TPOT ≤ {v['tpot_s'] * 1000:g} ms (wall-clock "
-                        f"{v['ttft_s'] * ts:g} s / {v['tpot_s'] * ts * 1000:g} ms)" for c, v in slo.items())
-    lines = [
-        "## Part B: model \"auto\" versus always the large model",
-        "",
-        f"- Fleet: {_fleet_md(s['fleet'])}. The small model stands for a ~1B model on a cheaper GPU: faster per "
-        "step and per prompt token, a fifth of the price, a quarter of the window.",
-        f"- Arrivals (the same seeded list for both): Poisson {s['rate_rps']:.2f} req/s for the phase, "
-        f"{s['requests']} requests ({', '.join(f'{k} {v}' for k, v in s['requests_by_class'].items())}): P0 "
-        f"{_shapes_md(s['shapes']['P0'])}; P2 {_shapes_md(s['shapes']['P2'])}; {s['beyond_small_window']} of "
-        f"them do not fit the small model's window. The rate is {s['load'] * 100:.0f}% of the large pool's "
-        f"capacity at full lease caps ({s['large_capacity_rps']:.2f} req/s), so always-large is servable.",
-        f"- SLOs in simulated seconds: {slo_txt}. TTFT from the lease request (for auto: from the choice) to the "
-        "first token; TPOT = (last token - first token) / (tokens - 1).",
-        "- **large**: every request asks for `large`. **auto**: each request is routed at its arrival by the "
-        "gateway's `autoroute.pools_from` + `choose` (the cheapest pool predicted to meet the class SLO, else the "
-        "fastest) on a ListWorkers snapshot refreshed every 2 s, with the queue waits of the grants observed into "
-        "a `QueueWaits`, exactly as the gateway's model \"auto\" does.",
-        "",
-        "Cost, defined: **batch-share cost** = Σ over requests of (last token - grant) / time scale (simulated "
-        "engine-seconds) x the pool's cost_per_hour / 3600 / the pool's lease cap (each request's share of a full "
-        "batch: the cost model `auto` itself minimises). **Busy cost** = Σ over pools of the engine-busy seconds "
-        "the workers report (`goodput_worker_engine_busy_seconds_total`: seconds with at least one request, during "
-        "the arrivals and the drain) / time scale x the pool's price / 3600. The fleet is fixed, so its bill is the "
-        "same in both; what auto saves is capacity (an autoscaled fleet would need fewer large workers).",
-        "",
-        markdown_table(["config", "ok", "batch-share cost", "busy cost", "busy engine-s (simulated)",
-                        "P0 SLO met", "P2 SLO met", "P0 TTFT p99 ms", "P2 TTFT p99 ms", "requests by model"], rows),
-        "",
-        f"- Auto / large: batch-share cost {_x(cmp['cost_batch_share_ratio'])}, busy cost "
-        f"{_x(cmp['cost_busy_ratio'])} (below 1 is cheaper); SLO attainment P0 {_x(cmp.get('P0_slo_attainment_ratio'))}"
-        f", P2 {_x(cmp.get('P2_slo_attainment_ratio'))} (1 or above: no worse)"
-        f"{'' if cmp['all_completed'] else '; not every request completed (see the JSON errors)'}.",
-        f"- Auto's choices: {', '.join(f'{k} {v}' for k, v in auto.get('routes', {}).items())}.",
-        "",
-        "Per class (TTFT and TPOT within the class SLO, each alone and both):",
-        "",
-        markdown_table(["config", "class", "n", "TTFT within", "TPOT within", "both", "TTFT p50 ms", "TTFT p99 ms",
-                        "TPOT p50 ms", "TPOT p99 ms", "by model"], class_rows),
-        "",
-        "### The predictor's error (auto run)",
-        "",
-        "For every auto request: actual / predicted, TTFT (lease request to first token; the prediction includes "
-        "the queue wait it expected) and TPOT, per model chosen. |ratio - 1| is the relative error; the bias is the "
-        "median ratio (above 1: slower than predicted).",
-        "",
-        markdown_table(["model", "quantity", "n", "median abs error", "p90 abs error", "bias (median ratio)"],
-                       pred_rows) if pred_rows else "(no auto request finished)",
-        "",
-        "Its TTFT in two parts: the queue wait it added (the recent mean of the grants' queue waits for the model "
-        "and class, `QueueWaits`) against the request's own, and the time from the grant to the first token against "
-        "the rest of the prediction (the worker's learned speed applied to its batch and to the prompt tokens "
-        "still prefilling there, as the snapshot said). The second part is predicted as prefill rate x (pending + "
-        "prompt tokens) + one TPOT: the pending tokens are those of a snapshot up to 2 s old, often prefilled by the "
-        "time the request is granted, and the TPOT adds a decode step on top of the step that finishes the prefill.",
-        "",
-        markdown_table(["model", "queue wait added p50 / p95 ms", "actual queue wait p50 / p95 ms",
-                        "grant -> first token: median abs error", "bias", "pending prefill tokens p50 / p90"],
-                       parts_rows) if parts_rows else "",
-        "",
-        *_speeds_md(part, ts),
-        "What the prediction does not model (`goodput_gateway.autoroute`): the engine's own queue (the scheduler "
-        "keeps it empty by capping leases at the batch size), prefix-cache hits (a cached prompt is faster than "
-        "predicted; none here, the prompts are random), answers that end before max_tokens (none here: the "
-        "simulated engine generates exactly max_tokens), and change within the 2 s the worker list is cached: the "
-        "batch grows after the choice (later requests join it, so the actual TPOT is that of a larger batch), and "
-        "the prefill of prompts granted meanwhile. The queue wait is the recent mean the client measured, not this "
-        "request's. Nor does it know the engine's chunked prefill: a long prompt ahead takes whole steps of the "
-        "step budget, which the learned per-token prefill rate only averages over.",
-        "",
-    ]
-    return lines
-
-
-def _log_axis(ax: Any, which: str) -> None:
-    """A log scale on ``ax``'s ``which`` ("x" or "y") axis, labelled 100, 200, 500, 1000... in plain numbers."""
-    from matplotlib import ticker  # the plot's caller has matplotlib (pyplot() was not None)
-
-    getattr(ax, f"set_{which}scale")("log")
-    axis = getattr(ax, f"{which}axis")
-    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(ticker.NullFormatter())
-
-
-def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
-    panels = (2 if "placement" in report else 0) + (2 if "auto" in report else 0)
-    if not panels:
-        return None
-    fig, grid = plt.subplots(panels // 2, 2, figsize=(10, 4 * panels // 2), squeeze=False)
-    axes = [ax for row in grid for ax in row]
-    i = 0
-    if "placement" in report:
-        for key, title in ((0, "TTFT"), (1, "end-to-end")):
-            ax = axes[i]
-            for name, c in report["placement"]["configs"].items():
-                xs = sorted(r[key] for r in c["requests"])
-                if xs:
-                    ax.plot(xs, [(j + 1) / len(xs) for j in range(len(xs))], label=name)
-            _log_axis(ax, "x")
-            ax.set_xlabel(f"{title} (ms, wall-clock)")
-            ax.set_ylabel("share of requests")
-            ax.set_title(f"A: {title} CDF, fast+slow fleet")
-            ax.legend()
-            i += 1
-    if "auto" in report:
-        part = report["auto"]
-        names = list(part["configs"])
-        ax = axes[i]
-        width = 0.25
+        configs = report["auto"]["configs"]
+        names, top = list(configs), max(c["cost"]["batch_share"] for c in configs.values()) or 1.0
         xs = list(range(len(names)))
-        costs = [part["configs"][n]["cost"]["batch_share"] for n in names]
-        top = max(costs) or 1.0
-        ax.bar([x - width for x in xs], [c / top for c in costs], width, label="batch-share cost (rel.)")
-        for off, cls in ((0.0, "P0"), (width, "P2")):
-            ax.bar([x + off for x in xs], [part["configs"][n]["classes"].get(cls, {}).get("slo_attainment") or 0
-                                           for n in names], width, label=f"{cls} SLO met")
-        ax.set_xticks(list(xs), names)
-        ax.set_ylim(0, 1.3)
-        ax.set_title("B: cost and SLO attainment")
-        ax.legend(loc="upper center", ncol=3, fontsize=7)
-        ax = axes[i + 1]
-        rows = part["configs"].get("auto", {}).get("requests", [])
-        for model in sorted({r[1] for r in rows}):
-            pts = [(r[2], r[3]) for r in rows if r[1] == model]
-            ax.scatter([p for p, _ in pts], [a for _, a in pts], s=8, alpha=0.6, label=model)
-        if rows:
-            lo = min(min(r[2], r[3]) for r in rows)
-            hi = max(max(r[2], r[3]) for r in rows)
-            ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
-            _log_axis(ax, "x")
-            _log_axis(ax, "y")
-            ax.legend()
-        ax.set_xlabel("predicted TTFT (ms)")
-        ax.set_ylabel("actual TTFT (ms)")
-        ax.set_title("B: auto's TTFT, predicted vs actual")
-    fig.suptitle(f"Routing on the simulated fleet (time x{report['setup']['sim']['time_scale']:g})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        panels.append(bench.Panel("B: cost and SLO attainment", "", "share (cost: of the highest)", [
+            bench.Series("batch-share cost (rel.)", xs, [configs[n]["cost"]["batch_share"] / top for n in names]),
+            *[bench.Series(f"{c} SLO met", xs, [configs[n]["classes"].get(c, {}).get("slo_attainment")
+                                                for n in names], style="--") for c in SLO_B]], xticks=names))
+        rows = [r for r in configs.get("auto", {}).get("requests", []) if r[2]]
+        panels.append(bench.Panel("B: auto's TTFT, actual / predicted", "predicted TTFT (ms)",
+                                  "actual / predicted (log)", [
+            bench.Series(model, [r[2] for r in pts], [r[3] / r[2] for r in pts], style=" ")
+            for model in sorted({r[1] for r in rows}) for pts in [sorted((r for r in rows if r[1] == model),
+                                                                         key=lambda r: r[2])]],
+            lines=[(1.0, "as predicted", "-", "grey")], yscale="log"))
+    return bench.Figure(f"Routing on the simulated fleet (time x{report['setup']['sim']['time_scale']:g})", panels,
+                        panel_width=5.0) if panels else None
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m loadtests.routing", description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--parts", default="placement,auto", help="comma-separated: placement, auto")
     ap.add_argument("--fast", type=int, default=2, help="part A: fast (A100 / 7B) workers")
     ap.add_argument("--slow-workers", type=int, default=2, help="part A: slow workers")
@@ -1004,27 +757,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # below the kernel's ephemeral range (from 32768) and the range free_port() draws from (20000 up), so no
     # outgoing connection or test server takes one (scheduler +0 and +90, workers +1.., their metrics +40..)
     ap.add_argument("--base-port", type=int, default=19800)
-    ap.add_argument("--seed", type=int, default=19)
-    ap.add_argument("--out", type=Path, default=Path("loadtests/out/routing"))
-    ap.add_argument("--smoke", action="store_true", help="2 workers per part, a few seconds of arrivals (the test)")
-    ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="re-render a saved report")
-    args = ap.parse_args(argv)
-    args.out_scale = 1.0
+
+
+def prepare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
     if set(args.parts) - {"placement", "auto"}:
         ap.error("--parts takes placement and/or auto")
-    if args.smoke:
-        args.fast, args.slow_workers, args.large, args.small = 1, 1, 1, 1
-        args.phase_s, args.time_scale, args.warmup_waves, args.drain_timeout_s = 3.0, 1.0, (1, 3), 40.0
-        args.out_scale = 0.25  # max_tokens / 4: the drain of a few seconds of arrivals stays short
-    return args
+    args.out_scale = 0.25 if args.quick else 1.0  # the smoke run's max_tokens / 4: the drain stays short
+
+
+def served(report: dict[str, Any], args: argparse.Namespace) -> bool:
+    return sum(c["ok"] for part in ("placement", "auto") for c in report.get(part, {}).get("configs", {}).values()) > 0
+
+
+BENCHMARK = bench.Benchmark(
+    name="routing", doc=__doc__ or "", run=benchmark, arguments=add_arguments, prepare=prepare, goals=GOALS,
+    context=context, figure=figure, seed=19, ok=served,
+    quick={"fast": 1, "slow_workers": 1, "large": 1, "small": 1, "phase_s": 3.0, "time_scale": 1.0,
+           "warmup_waves": (1, 3), "drain_timeout_s": 40.0},
+    quick_help="1 worker of each kind, 3 s of arrivals, max_tokens / 4 (the test)", reports=("routing",))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    report = produce(args, benchmark, render_markdown, render_plot)
-    served = sum(c["ok"] for part in ("placement", "auto") for c in report.get(part, {}).get("configs", {}).values())
-    return 0 if served > 0 else 1
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadtests import routing
-from loadtests.common import free_port_block
+from loadtests.common import free_port_block, pyplot
 
 
 @pytest.mark.integration
@@ -33,4 +33,4 @@ def test_the_smoke_run_serves_every_configuration_and_reports_cost_slo_and_predi
     assert auto["configs"]["auto"]["prediction"]
     markdown = out.with_suffix(".md").read_text()
     assert "Simulated engine" in markdown and "batch-share cost" in markdown and "predictor's error" in markdown
-    assert out.with_suffix(".png").exists() or routing.pyplot() is None  # the plot needs matplotlib
+    assert out.with_suffix(".png").exists() or pyplot() is None  # the plot needs matplotlib
