@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from loadtests.common import cpu_label, machine_info, markdown_table, summarize, write_report
+from loadtests import bench
+from loadtests.common import machine_info, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 GOALS_MS = {"exact_p99": 5.0, "semantic_p99": 20.0}
@@ -272,105 +273,6 @@ def _verifier(args: argparse.Namespace) -> Any:
     return verifier
 
 
-def _verified_section(data: dict[str, Any]) -> list[str]:
-    info = data.get("verifier")
-    sizes = [(size, r) for size, r in data["results"].items() if "semantic_verified" in r]
-    if not info or not sizes:
-        return ["Semantic lookups with the verifier: not measured (no verifier model; `goodput train verifier` "
-                "makes one).", ""]
-    big = sizes[-1][1]
-    met = big["semantic_verified"]["p99_ms"] <= GOALS_MS["semantic_p99"]
-    return ["## With the verifier", "",
-            f"The same semantic lookups with the cache's verifier (`{info['model']}`, {info['threads']} thread(s), "
-            f"candidates from similarity {info['min_similarity']:g} up read in one model call, p >= "
-            f"{info['threshold']:.3f}):", "",
-            markdown_table(["entries", "semantic p50 ms", "semantic p99 ms", "verified p50 ms", "verified p99 ms",
-                            "L2 hits", "verified hits"],
-                           [[size, f"{r['semantic']['p50_ms']:.2f}", f"{r['semantic']['p99_ms']:.2f}",
-                             f"{r['semantic_verified']['p50_ms']:.2f}", f"{r['semantic_verified']['p99_ms']:.2f}",
-                             f"{r['semantic_l2_hit_share'] * 100:.0f}%", f"{r['verified_hit_share'] * 100:.0f}%"]
-                            for size, r in sizes]), "",
-            f"Goal: semantic lookup p99 with verification <= {GOALS_MS['semantic_p99']:g} ms at the largest size: "
-            f"**{'met' if met else 'missed'}** ({big['semantic_verified']['p99_ms']:.2f} ms). The verified hits "
-            "differ from the unverified ones by the candidates the model refused and the ones it accepted under the "
-            "similarity threshold (its lower bound is below it).", ""]
-
-
-def report(data: dict[str, Any]) -> str:
-    rows = []
-    for size, r in data["results"].items():
-        rows.append([size, r.get("l2_search", "exact"), f"{r['exact']['p50_ms']:.2f}", f"{r['exact']['p99_ms']:.2f}",
-                     f"{r['semantic']['p50_ms']:.2f}", f"{r['semantic']['p99_ms']:.2f}",
-                     f"{r['semantic_embedding']['p50_ms']:.2f}", f"{r['semantic_embedding']['p99_ms']:.2f}",
-                     f"{r['semantic_search']['p50_ms']:.2f}", f"{r['semantic_search']['p99_ms']:.2f}",
-                     f"{r['semantic_l2_hit_share'] * 100:.0f}%"])
-    big = data["results"].get("100000") or list(data["results"].values())[-1]
-    m = data["machine"]
-    met = {"exact": big["exact"]["p99_ms"] <= GOALS_MS["exact_p99"],
-           "semantic": big["semantic"]["p99_ms"] <= GOALS_MS["semantic_p99"]}
-    return "\n".join([
-        "# Cache lookup latency", "",
-        f"`python -m loadtests.cache_latency` on {cpu_label(m)} ({m.get('cores_usable', '?')} CPUs, "
-        f"load average {m.get('loadavg_1_5_15', '?')}), local Redis, {data['lookups']} lookups of each kind per "
-        f"size. Questions: {QUESTION_SETS[data.get('questions', 'mock')]} (`--questions "
-        f"{data.get('questions', 'mock')}`). All entries in one partition (worst case). Semantic = the whole "
-        "lookup end to end: an L1 miss, the "
-        f"question embedded every time ({_embedder_text(data)}; the memo of recent questions' vectors off, since "
-        "the benchmark repeats its questions), the partition "
-        "searched (exact cosine below 4096 entries, an HNSW graph re-scored exactly above), the guard, and the hit "
-        "read from Redis. The embedding and search columns time those two parts alone (up to 300 questions).", "",
-        markdown_table(["entries", "L2 search", "exact p50 ms", "exact p99 ms", "semantic p50 ms",
-                        "semantic p99 ms", "embedding p50", "embedding p99", "search p50", "search p99",
-                        "L2 hits"], rows), "",
-        f"Goals at the largest size: exact p99 <= {GOALS_MS['exact_p99']} ms: "
-        f"**{'met' if met['exact'] else 'missed'}** ({big['exact']['p99_ms']:.2f} ms); semantic p99 <= "
-        f"{GOALS_MS['semantic_p99']} ms end to end, embedding included: "
-        f"**{'met' if met['semantic'] else 'missed'}** ({big['semantic']['p99_ms']:.2f} ms).", "",
-        "The exact lookup is one Redis round trip (a pipelined HGET of the entry and ZADD XX of its last use). "
-        "The semantic lookup is dominated by embedding the question on CPU: "
-        f"{big['semantic_embedding']['p50_ms']:.1f} ms p50, {big['semantic_embedding']['p99_ms']:.1f} ms p99 at "
-        f"the largest size, where the HNSW search takes {big['semantic_search']['p50_ms']:.2f} ms p50, "
-        f"{big['semantic_search']['p99_ms']:.2f} ms p99 (the exact numpy scan of 100k took 19.6 ms p50, 63 ms "
-        "p99 in an earlier run of this report). The largest partition's graph was built in "
-        f"{big.get('index_build_seconds', 0):.0f} s in the background (setup, not timed).", "",
-        "The embedding's time grows with the question's length (one unpadded sequence; the model's work is about "
-        "21 MFLOP per token), so the semantic p99 is set by the "
-        f"longest questions looked up ({QUESTION_SETS[data.get('questions', 'mock')]}). Embedding time by "
-        "question length, largest size:", "",
-        markdown_table(["question tokens", "questions", "embedding p50 ms", "embedding p99 ms"],
-                       [[b["tokens"], str(b["n"]), f"{b['p50_ms']:.1f}", f"{b['p99_ms']:.1f}"]
-                        for b in big.get("embedding_by_tokens", [])]), "",
-        _length_verdict(big.get("embedding_by_tokens", []),
-                        big["semantic"]["p50_ms"] - big["semantic_embedding"]["p50_ms"])
-        + " Where the p99 must hold for long questions, "
-        "point the cache at the Embedding service on a GPU (`GOODPUT_CACHE_EMBEDDER_ADDR`); on CPU, give the cache "
-        "pod more cores and `GOODPUT_CACHE_EMBEDDER_THREADS` (or the embedder's threads) to match. "
-        "Tail latencies on this shared machine also move with its load: the exact lookup does the same work at "
-        "every size, yet its p99 in this run was "
-        + ", ".join(f"{r['exact']['p99_ms']:.1f}" for r in data["results"].values()) + " ms across the sizes.",
-        "", *_verified_section(data),
-    ])
-
-
-def _length_verdict(buckets: list[dict[str, Any]], rest_ms: float) -> str:
-    """Up to which question length the embedding fits in the semantic goal at p99 on this machine, leaving the rest
-    of the lookup (``rest_ms``: its median time outside the embedding) its share."""
-    budget = GOALS_MS["semantic_p99"] - max(rest_ms, 0.0)
-    fits = 0
-    while fits < len(buckets) and buckets[fits]["p99_ms"] <= budget:
-        fits += 1
-    head = (f"Leaving the rest of the lookup its median {rest_ms:.1f} ms, the embedding has {budget:.1f} ms of the "
-            f"{GOALS_MS['semantic_p99']:g} ms goal: ")
-    if not buckets:
-        return ""
-    if fits == len(buckets):
-        return head + "enough at p99 for every question length looked up."
-    if fits == 0:
-        return head + "too little at p99 even for the shortest questions: this machine cannot meet it with this model."
-    longest = buckets[fits - 1]["tokens"].split("-")[-1]
-    return head + f"enough at p99 for questions of up to {longest} tokens, not beyond; the longer ones set the p99."
-
-
 def _started_model(args: argparse.Namespace) -> str:
     """The model of the Embedding service this benchmark starts (its settings come from GOODPUT_EMBEDDER_*)."""
     if args.embedder != "service" or args.embedder_addr:
@@ -379,22 +281,6 @@ def _started_model(args: argparse.Namespace) -> str:
 
     started = EmbedderSettings()
     return started.model if started.model == "minilm-onnx-int8" else f"{started.model} on {started.device}"
-
-
-def _embedder_text(data: dict[str, Any]) -> str:
-    if data.get("embedder") != "service":
-        return (f"all-MiniLM-L6-v2 ONNX int8, in-process, {data.get('embed_threads', 1)} intra-op thread(s): "
-                f"`GOODPUT_CACHE_EMBEDDER_THREADS`, idle threads {_spin_text(data)}: `GOODPUT_CACHE_EMBEDDER_SPIN`")
-    if data.get("embedder_addr"):
-        return f"by the Embedding service at `{data['embedder_addr']}` over gRPC: `GOODPUT_CACHE_EMBEDDER_ADDR`"
-    return (f"by the Embedding service over gRPC, `GOODPUT_CACHE_EMBEDDER_ADDR`: a separate process on this machine, "
-            f"{data.get('embedder_model') or 'minilm-onnx-int8'} with {data.get('embed_threads', 1)} intra-op "
-            f"thread(s), idle threads {_spin_text(data)} (`GOODPUT_EMBEDDER_INTRA_OP_SPIN`), its default batching")
-
-
-def _spin_text(data: dict[str, Any]) -> str:
-    spin = data.get("embed_spin")
-    return "sleeping" if spin is False else "spinning"  # reports from before the setting: onnxruntime's default
 
 
 def _by_tokens(seconds: list[float], tokens: list[int]) -> list[dict[str, Any]]:
@@ -407,8 +293,47 @@ def _by_tokens(seconds: list[float], tokens: list[int]) -> list[dict[str, Any]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    results = await run(args)
+    return {"lookups": args.lookups, "verifier": getattr(args, "verifier_info", None), "questions": args.questions,
+            "embed_threads": args.embed_threads, "embed_spin": args.embed_spin, "embedder": args.embedder,
+            "embedder_addr": args.embedder_addr, "embedder_model": _started_model(args), "results": results,
+            "goals_ms": GOALS_MS, "machine": machine_info()}
+
+
+def largest(report: dict[str, Any], key: str = "semantic") -> dict[str, Any]:
+    """The row of the largest size that measured ``key``."""
+    return max((r for r in report["results"].values() if key in r), key=lambda r: int(r["entries"]))
+
+
+def p99_at_largest(key: str) -> Any:
+    return lambda report: (largest(report, key)[key]["p99_ms"], None)
+
+
+def goals(report: dict[str, Any]) -> list[bench.Goal]:
+    verified = any("semantic_verified" in r for r in report["results"].values())
+    return [bench.Goal("exact lookup p99 at the largest size", p99_at_largest("exact"), GOALS_MS["exact_p99"],
+                       at_most=True),
+            bench.Goal("semantic lookup p99 at the largest size, embedding included", p99_at_largest("semantic"),
+                       GOALS_MS["semantic_p99"], at_most=True),
+            *([bench.Goal("semantic lookup p99 with verification at the largest size",
+                          p99_at_largest("semantic_verified"), GOALS_MS["semantic_p99"], at_most=True)]
+              if verified else [])]
+
+
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    """The largest size's row; the median rest of a semantic lookup besides the embedding, the embedding's share of
+    the semantic goal that leaves, and how many question-length buckets (shortest first) fit in it at p99."""
+    big = largest(report)
+    rest = big["semantic"]["p50_ms"] - big["semantic_embedding"]["p50_ms"]
+    budget = GOALS_MS["semantic_p99"] - max(rest, 0.0)
+    buckets = big.get("embedding_by_tokens", [])
+    return {"big": big, "rest_ms": rest, "budget_ms": budget, "goal_ms": GOALS_MS,
+            "fits": next((i for i, b in enumerate(buckets) if b["p99_ms"] > budget), len(buckets)),
+            "verified": {size: r for size, r in report["results"].items() if "semantic_verified" in r}}
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sizes", type=int, nargs="*", default=[1000, 10000, 100000])
     ap.add_argument("--lookups", type=int, default=1000)
     ap.add_argument("--real", type=int, default=200, help="real question pairs stored and looked up")
@@ -427,32 +352,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verifier-model", default="",
                     help="the cache's verifier (default <data-dir>/models/goodput-verifier-minilm when it is there): "
                          "each semantic lookup is also timed with verification; 'none' = not measured")
-    ap.add_argument("--out", default="", help="report path without extension (default loadtests/reports/"
-                                              "cache_latency, with -qqp for --questions qqp)")
-    args = ap.parse_args(argv)
-    if not args.out:
-        args.out = str(ROOT / "loadtests" / "reports" / ("cache_latency" + ("-qqp" if args.questions == "qqp"
-                                                                          else "")))
+
+
+def prepare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The report's default path for Quora's questions; the embedder's threads and spinning as the cache would have them
+    (in-process: the cache's settings; a service started here: the Embedding service's)."""
     from goodput_cache.config import CacheSettings
     from goodput_embedder.config import EmbedderSettings
 
+    if args.out is None and args.questions == "qqp":
+        args.out = Path(f"{BENCHMARK.out}-qqp")
     if args.embed_threads is None:
         args.embed_threads = CacheSettings().embedder_threads
     if args.embedder_addr:
         args.embedder = "service"
-    # whether idle onnxruntime threads spin: the cache's setting in-process, the started service's otherwise
     args.embed_spin = CacheSettings().embedder_spin if args.embedder == "local" else EmbedderSettings().intra_op_spin
-    results = asyncio.run(run(args))
-    data = {"lookups": args.lookups, "verifier": getattr(args, "verifier_info", None), "questions": args.questions,
-            "embed_threads": args.embed_threads,
-            "embed_spin": args.embed_spin, "embedder": args.embedder,
-            "embedder_addr": args.embedder_addr, "embedder_model": _started_model(args), "results": results,
-            "goals_ms": GOALS_MS,
-            "machine": machine_info()}
-    json_path, md_path = write_report(Path(args.out), data, report(data))
-    print(f"wrote {json_path} and {md_path}", file=sys.stderr)
-    return 0
+
+
+BENCHMARK = bench.Benchmark(
+    name="cache_latency", doc=__doc__ or "", run=measure, arguments=add_arguments, prepare=prepare, goals=goals,
+    context=context, quick={"sizes": [300], "lookups": 20, "real": 20},
+    out=str(ROOT / "loadtests" / "reports" / "cache_latency"),  # with -qqp for --questions qqp
+    quick_help="300 entries, 20 lookups of each kind (a smoke run)",
+    reports=("cache_latency", "cache_latency-qqp", "cache_latency-service"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())
