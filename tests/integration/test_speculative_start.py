@@ -106,7 +106,7 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
         # a wrong guess (a worker the scheduler never grants): the answer comes from the granted worker, and the
         # early call is cancelled
         # its channel open
-        await inference_pb2_grpc.InferenceStub(pipeline._channel(stranger)).GetLoad(inference_pb2.GetLoadRequest(),
+        await inference_pb2_grpc.InferenceStub(pipeline.channel(stranger)).GetLoad(inference_pb2.GetLoadRequest(),
                                                                                    timeout=5)
         aborted = (await load(stranger)).aborted_total
         pipeline.speculation.granted(model, P0, "", worker_id="stranger", address=stranger, free_slots=CAP)
@@ -180,7 +180,7 @@ async def test_a_right_guess_serves_the_answer_and_a_wrong_one_is_aborted_with_n
             return sum(w.inflight for w in listed.workers) == 0 and all(w.running == 0 for w in loads)
 
         await async_wait_until(idle, timeout=10, interval=0.05, message="no lease held, no request running")
-        assert pipeline.streams == 0 and pipeline._opening == 0
+        assert pipeline.inflight == 0
     finally:
         await pipeline.close()
 

@@ -184,7 +184,7 @@ async def _generation(pipeline: Pipeline, address: str, i: int, *, max_tokens: i
                       deadline_s: float = 30.0) -> GenerationStream:
     lease = Lease(worker_id="w", address=address)
     now = time.monotonic()
-    call, start, span = await pipeline._start_worker(PRINCIPAL, _request("", i, max_tokens=max_tokens), lease,
+    call, start, span = await pipeline.start_worker(PRINCIPAL, _request("", i, max_tokens=max_tokens), lease,
                                                      request_id=f"r{i}", model="", deadline=now + deadline_s)
     lease.released = True  # no scheduler here: nothing to release
     return GenerationStream(pipeline, lease=lease, call=call, start=start, arrived=now, span=span)

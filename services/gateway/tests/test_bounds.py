@@ -40,7 +40,7 @@ def settings() -> GatewaySettings:
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
     runner = build(settings(), CollectorRegistry(), None)
-    transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
+    transport = httpx.ASGITransport(app=runner.http_app)  # the same app uvicorn serves
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
         yield c
 

@@ -67,7 +67,7 @@ def _client(cache_addr: str, monkeypatch: pytest.MonkeyPatch, registry: Collecto
     settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1",
                                cache_addr=cache_addr, cache_timeout_s=5.0, **overrides)
     runner = build(settings, registry or CollectorRegistry(), None)
-    transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
+    transport = httpx.ASGITransport(app=runner.http_app)  # the same app uvicorn serves
     return httpx.AsyncClient(transport=transport, base_url="http://gw", headers={"Authorization": "Bearer k-a"})
 
 

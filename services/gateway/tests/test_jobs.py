@@ -457,7 +457,7 @@ async def test_job_bodies_are_checked_when_submitted(redis_url: str, redis_prefi
                                jobs={"prefix": redis_prefix}, quotas={"prefix": f"{redis_prefix}:quota"},
                                metering={"usage_prefix": f"{redis_prefix}:usage"})
     runner = build_gateway(settings, CollectorRegistry(), None)
-    transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
+    transport = httpx.ASGITransport(app=runner.http_app)  # the same app uvicorn serves
     async with httpx.AsyncClient(transport=transport, base_url="http://gw",
                                  headers={"Authorization": f"Bearer {API_KEY}"}) as http:
         for body, param, code in (

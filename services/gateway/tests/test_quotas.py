@@ -199,7 +199,7 @@ async def test_knowledge_calls_share_the_tenants_request_limit() -> None:
     keys = json.dumps({"tenants": {"acme": {"rpm": 2}}, "keys": [{"key": "k", "tenant": "acme"}]})
     settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=keys, scheduler_addr="127.0.0.1:1")
     runner = build(settings, CollectorRegistry(), None)
-    transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
+    transport = httpx.ASGITransport(app=runner.http_app)  # the same app uvicorn serves
     async with httpx.AsyncClient(transport=transport, base_url="http://gw",
                                  headers={"Authorization": "Bearer k"}) as client:
         first = await client.post("/v1/embeddings", json={"input": "hello"})
@@ -222,7 +222,7 @@ async def test_usage_with_its_store_down_is_a_503_not_a_500() -> None:
     settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=keys, scheduler_addr="127.0.0.1:1",
                                quota_redis_url=f"redis://127.0.0.1:{dead_port()}/0")
     runner = build(settings, CollectorRegistry(), None)
-    transport = httpx.ASGITransport(app=runner._http_app)  # noqa: SLF001 - the same app uvicorn serves
+    transport = httpx.ASGITransport(app=runner.http_app)  # the same app uvicorn serves
     async with httpx.AsyncClient(transport=transport, base_url="http://gw",
                                  headers={"Authorization": "Bearer k"}) as client:
         resp = await client.get("/v1/usage")

@@ -67,7 +67,7 @@ async def take(it: AsyncIterator[Frame], n: int | None = None) -> list[Frame]:
 async def stored(buffer: StreamBuffer, api: str, tenant: str, stream_id: str) -> None:
     """Waits for the stream's first events in Redis (a loaded machine may run the flusher late)."""
     if buffer.redis is not None:
-        key = buffer._key(api, tenant, stream_id)
+        key = buffer.key(api, tenant, stream_id)
         await async_wait_until(lambda: buffer.redis.exists(key), timeout=5, interval=0.01,  # type: ignore[union-attr]
                                message=f"{key} was never written")
 

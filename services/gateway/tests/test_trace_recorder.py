@@ -90,7 +90,7 @@ async def test_each_answer_is_recorded_without_its_text_or_tenant(tmp_path: Path
     settings = GatewaySettings(grpc_port=0, http_port=0, api_keys=KEYS, scheduler_addr="127.0.0.1:1",
                                trace={"path": str(path), "sample": 1.0})
     runner = build(settings, CollectorRegistry(), None)
-    service = runner._http_app.state.service  # noqa: SLF001
+    service = runner.http_app.state.service
     service.pipeline.catalogue.pin([ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])
 
     async def fake_open(*_a: Any, timeline: Timeline | None = None, **_k: Any) -> _FakeStream:
@@ -98,7 +98,7 @@ async def test_each_answer_is_recorded_without_its_text_or_tenant(tmp_path: Path
 
     service.pipeline.open = fake_open
     body = {"model": "m", "messages": [{"role": "user", "content": SECRET}], "max_tokens": 5, "stream": stream}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=runner._http_app),  # noqa: SLF001
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=runner.http_app),
                                  base_url="http://gw") as client:
         for _ in range(2):
             resp = await client.post("/v1/chat/completions", json=body,

@@ -160,7 +160,7 @@ class ServiceRunner:
         self._gates: dict[str, bool] = {}
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names: list[str] = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
-        self._http_app = http_app
+        self.http_app = http_app
         self._http_servers: list[uvicorn.Server] = []
         self._http_tasks: list[asyncio.Task[None]] = []
         self._gate: DrainGate | None = None
@@ -207,8 +207,8 @@ class ServiceRunner:
         await self.server.start()
         ops = ops_app(self.registry, ready=lambda: self._ready)
         metrics_port = self.settings.metrics_port
-        if self._http_app is not None:
-            self._gate = DrainGate(self._http_app)
+        if self.http_app is not None:
+            self._gate = DrainGate(self.http_app)
             self._serve_http(self._gate, self.settings.http_port)
         elif self.settings.http_port:
             self._serve_http(ops, self.settings.http_port)

@@ -77,7 +77,13 @@ class Pipeline:
         self._lease_seq = itertools.count()
         self._background: set[asyncio.Task[None]] = set()
 
-    def _channel(self, address: str) -> aio.Channel:
+    @property
+    def inflight(self) -> int:
+        """Requests between open() and the end of their stream."""
+        return self._opening + self.streams
+
+    def channel(self, address: str) -> aio.Channel:
+        """The channel to the worker at ``address``, opened on first use and kept."""
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = self._channel_factory(address)
@@ -88,7 +94,7 @@ class Pipeline:
         """Starts ``gen`` at the worker, a Generate call of its own: one call per request measured no slower than
         multiplexed streams at 1-128 streams (loadtests/reports/worker-mux-ab.md, "all-calls")."""
         timeout = max(deadline - time.monotonic(), 0.001)
-        return inference_pb2_grpc.InferenceStub(self._channel(address)).Generate(
+        return inference_pb2_grpc.InferenceStub(self.channel(address)).Generate(
             gen, timeout=timeout, metadata=_trace_metadata(span))
 
     async def settle(self) -> None:
@@ -156,7 +162,7 @@ class Pipeline:
                                 started = await guessed.task  # its failure is this worker's, as below
                             else:
                                 await self.speculation.drop(guessed, "miss")
-                    call, start, span = started or await self._start_worker(
+                    call, start, span = started or await self.start_worker(
                         principal, request, lease, request_id=request_id, model=model, deadline=deadline)
                     return GenerationStream(self, lease=lease, call=call, start=start, arrived=arrived,
                                             timeline=timeline, span=span)
@@ -180,12 +186,12 @@ class Pipeline:
                    deadline: float) -> Early | None:
         """The worker call started early where :meth:`Speculation.guess` says (None: no guess)."""
         hint = self.speculation.guess(model, req.priority, req.affinity(principal.tenant),
-                                      inflight=self._opening + self.streams)
+                                      inflight=self.inflight)
         if hint is None:
             return None
         worker_id, address = hint
         task = asyncio.get_running_loop().create_task(
-            self._start_worker(principal, req, Lease(worker_id=worker_id, address=address), request_id=request_id,
+            self.start_worker(principal, req, Lease(worker_id=worker_id, address=address), request_id=request_id,
                                model=model, deadline=deadline), name=f"early-start-{request_id}")
         return Early(address=address, task=task)
 
@@ -209,7 +215,7 @@ class Pipeline:
         return Lease(worker_id=granted.worker_id, address=granted.address, lease_id=lease_id,
                       free_slots=granted.free_slots)
 
-    async def _start_worker(self, principal: Principal, req: GenerationRequest, lease: Lease, *, request_id: str,
+    async def start_worker(self, principal: Principal, req: GenerationRequest, lease: Lease, *, request_id: str,
                             model: str, deadline: float) -> tuple[WorkerCall, StreamStart, Span]:
         tools, parallel = worker_tools(req)  # tool_choice auto: the worker's template and tool parser take them
         gen = inference_pb2.GenerateRequest(

@@ -184,7 +184,7 @@ class BatchStore:
         return batch
 
     def _jobs(self, batch: Batch) -> list[Job | None]:
-        keys = [self.queue._key(j) for j in batch.jobs]  # noqa: SLF001 - the queue's own key layout
+        keys = [self.queue.key(j) for j in batch.jobs]
         out: list[Job | None] = []
         for i in range(0, len(keys), 500):
             out += [Job.from_json(r) if r is not None else None for r in self.redis.mget(keys[i:i + 500])]

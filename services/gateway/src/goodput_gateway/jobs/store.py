@@ -75,7 +75,8 @@ class JobQueue:
         self.metrics = JobsMetrics(registry, self)
 
     # ---- keys and counters ----
-    def _key(self, job_id: str) -> str:
+    def key(self, job_id: str) -> str:
+        """Where a job's record is stored."""
         return f"{self.prefix}:job:{job_id}"
 
     def _index(self, state: str) -> str:
@@ -99,7 +100,7 @@ class JobQueue:
 
     # ---- reads ----
     def load(self, job_id: str) -> Job | None:
-        raw = self.redis.get(self._key(job_id))
+        raw = self.redis.get(self.key(job_id))
         return None if raw is None else Job.from_json(raw)
 
     def get(self, job_id: str, *, tenant: str) -> Job:
@@ -114,7 +115,7 @@ class JobQueue:
         now = self.clock()
         job.updated_at = now
         ttl = max(int(max(job.deadline_at - now, 0) + self.settings.jobs.result_ttl_s), 60)
-        pipe.set(self._key(job.id), json.dumps(asdict(job)), ex=ttl)
+        pipe.set(self.key(job.id), json.dumps(asdict(job)), ex=ttl)
         if old is not None and old.state != job.state:
             pipe.zrem(self._index(old.state), job.id)
         score = now + ttl if job.state in TERMINAL else job.lease_until if job.state == "running" else job.due_at
@@ -137,7 +138,7 @@ class JobQueue:
         on what another writer stored meanwhile. Returns (the job as stored now, whether this call changed it);
         (None, False) when there is no such job. ``count``: a counter (name, field) added to with the change.
         """
-        key = self._key(job_id)
+        key = self.key(job_id)
         for _ in range(CAS_TRIES):
             with self.redis.pipeline(transaction=True) as pipe:
                 try:

@@ -66,7 +66,8 @@ class StreamBuffer:
     def recordings(self) -> list[Recording]:
         return list(self.by_key.values())
 
-    def _key(self, api: str, tenant: str, stream_id: str) -> str:
+    def key(self, api: str, tenant: str, stream_id: str) -> str:
+        """Where a stream is recorded (in Redis, and in this replica's own map)."""
         return f"{self.settings.resume.prefix}:{api}:{tenant}:{stream_id}"
 
     # ---- producing ---------------------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ class StreamBuffer:
         """Runs ``source`` (an API's wire events for one stream) to its end in a task of its own, recording each
         event, and returns the client's follower of it. ``closer`` (the generation's aclose) runs after the source,
         however it ended; the stream's errors reach every follower after its last event."""
-        key = self._key(api, tenant, stream_id)
+        key = self.key(api, tenant, stream_id)
         rec = Recording(key, stream_id, max_events=self.settings.resume.max_events,
                          max_bytes=self.settings.resume.max_bytes, shared=self.shared is not None, now=self.clock())
         rec.source, rec.closer = source, closer
@@ -193,7 +194,7 @@ class StreamBuffer:
             if not -1 <= after <= MAX_SEQ:
                 raise InvalidArgument("the last event received must be a number from -1", param="after",
                                       code="invalid_value")
-            key = self._key(api, tenant, stream_id)
+            key = self.key(api, tenant, stream_id)
             rec = self.by_key.get(key)
             if rec is not None and rec.end is not None and self.clock() - rec.ended_at >= self.window_s:
                 rec = None  # its window passed (the flusher forgets it at its next turn)
