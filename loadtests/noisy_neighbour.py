@@ -26,7 +26,7 @@ sent from a separate process, so B's client (and its TTFT clock) does not share 
     python -m loadtests.noisy_neighbour                          # 2 and 4 workers, ~9 min on 2 cores
     python -m loadtests.noisy_neighbour --out loadtests/reports/noisy_neighbour   # the reference run
     python -m loadtests.noisy_neighbour --smoke                  # 2 workers, short phases, one quota run (~45 s)
-    python -m loadtests.noisy_neighbour --render loadtests/reports/noisy_neighbour.json   # re-render report + plot
+    python -m loadtests.noisy_neighbour --render loadtests/reports/noisy_neighbour.json   # the report again
 
 A benchmark reports numbers; it does not fail on a missed goal (only when nothing could be served).
 """
@@ -45,20 +45,20 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from loadtests.common import cpu_label, machine_info, markdown_table, percentile, produce, pyplot, summarize
+from loadtests import bench
+from loadtests.common import machine_info, percentile, summarize
 from loadtests.simfleet import random_text
 
-__all__ = ["Outcome", "analyse_flood", "analyse_quiet", "goals", "main", "parse_reset", "refusal_kind",
-           "refusal_problems", "render_markdown", "render_plot"]
+__all__ = ["BENCHMARK", "Outcome", "analyse_flood", "analyse_quiet", "goals", "main", "parse_reset", "refusal_kind",
+           "refusal_problems"]
 
 NOISY, QUIET, PROBE = "tenant-a", "tenant-b", "calibration"
 LABELS = {NOISY: "A", QUIET: "B"}
@@ -503,7 +503,7 @@ async def run_fleet(args: argparse.Namespace, workers: int, pool: ProcessPoolExe
         seq = await sequential_ttft(base, keys[QUIET], QUIET, n=args.unloaded_n, prompt_chars=args.prompt_chars,
                                     max_tokens=args.max_tokens)
         fleet["unloaded_sequential"] = summarize(seq)
-        cap = await capacity(base, keys[PROBE], concurrency=slots + 2, warmup_s=args.capacity_warmup_s,
+        cap = await capacity(base, keys[PROBE], concurrency=slots + 2, warmup_s=args.warmup_s,
                              measure_s=args.capacity_s, prompt_chars=args.prompt_chars, max_tokens=args.max_tokens)
         fleet["capacity"] = cap
         share_rps = cap["rps"] * args.share
@@ -585,10 +585,9 @@ async def run_fleet(args: argparse.Namespace, workers: int, pool: ProcessPoolExe
     return fleet
 
 
-async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "benchmark": "noisy_neighbour", "machine": machine_info(),
+        "machine": machine_info(),
         "setup": {"workers": args.workers, "max_num_seqs": args.max_num_seqs,
                   "sim": {"time_scale": args.time_scale, "stream_every": 8,
                           "max_batched_tokens": args.max_batched_tokens},
@@ -596,7 +595,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                   "alone_s": args.alone_s,
                   "share": args.share, "flood": args.flood, "b_load": args.b_load, "quota_runs": args.quota_runs,
                   "quantum_s": args.quantum_s, "at_share": args.at_share, "unloaded_n": args.unloaded_n,
-                  "seed": args.seed, "p0_max_queue": 20, "smoke": args.smoke,
+                  "seed": args.seed, "p0_max_queue": 20, "smoke": args.quick,
                   "goal_ttft_ratio": TTFT_GOAL_RATIO},
         "fleets": [],
     }
@@ -608,72 +607,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-# ---- report ------------------------------------------------------------------------------------------------------
-
-def _pct(v: float | None) -> str:
-    return "—" if v is None else f"{v * 100:.1f}%"
-
-
-def _num(v: float | None, digits: int = 0) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
-
-
-def _passes(phase: dict[str, Any]) -> str:
-    passed, bound = quota_passes(phase)
-    if bound is None:
-        return "—"
-    return f"**{passed}** / {bound}" if passed > bound else f"{passed} / {bound}"
-
-
-def _span(v: dict[str, Any] | None) -> str:
-    if not v:
-        return "—"
-    return f"{v['min']:g}" if v["min"] == v["max"] else f"{v['min']:g}–{v['max']:g}"
-
-
-def _ratio(v: float | None) -> str:
-    return "—" if v is None else f"{v:.2f}x"
-
-
-def goals(report: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
-    out: list[tuple[str, str, bool | None]] = []
-    for fleet in report["fleets"]:
-        w = fleet["workers"]
-        alone = fleet["phases"]["alone"]["quiet"]["ttft"]["p99_ms"]
-        for name, phase in fleet["phases"].items():
-            if not name.startswith("with_quotas"):
-                continue
-            q, a = phase["quiet"], phase["noisy"]
-            where = f"{w} workers, {name}"
-            out.append((f"{where}: B's P0 success 100%", f"{q['ok']}/{q['n']}",
-                        None if not q["n"] else q["ok"] == q["n"]))
-            p99 = q["ttft"]["p99_ms"]
-            out.append((f"{where}: B's TTFT p99 ≤ {TTFT_GOAL_RATIO}x B alone",
-                        f"{_num(p99)} ms vs {_num(alone)} ms: {_ratio(q.get('p99_vs_alone'))}",
-                        None if q.get("p99_vs_alone") is None else q["p99_vs_alone"] <= TTFT_GOAL_RATIO))
-            fair = fleet["phases"].get(AT_SHARE, {}).get("quiet", {}).get("ttft", {}).get("p99_ms")
-            if fair:
-                out.append((f"{where}: B's TTFT p99 ≤ {TTFT_GOAL_RATIO}x B's when A sends exactly its share "
-                            "(what perfect quotas leave)",
-                            f"{_num(p99)} ms vs {_num(fair)} ms: {_ratio(q.get('p99_vs_at_share'))}",
-                            None if q.get("p99_vs_at_share") is None
-                            else q["p99_vs_at_share"] <= TTFT_GOAL_RATIO))
-            checks = a.get("refusal_checks") or {}
-            kinds = ", ".join(f"{k} {ok}/{n}" for k, (ok, n) in checks.get("ok_by_kind", {}).items())
-            out.append((f"{where}: A refused by its quota, and every refusal a 429 with its code "
-                        "(rate_limit_exceeded; the scheduler's queue_full), Retry-After and x-ratelimit-*-requests "
-                        "(limit = configured, remaining ≥ 0)",
-                        f"{checks.get('by_quota', 0)} refused by the quota; {checks.get('ok', 0)}/"
-                        f"{checks.get('checked', 0)} refusals as promised" + (f" ({kinds})" if kinds else ""),
-                        None if not checks.get("checked")
-                        else checks["by_quota"] > 0 and checks["ok"] == checks["checked"]))
-            passed, bound = quota_passes(phase)
-            if bound is not None:
-                out.append((f"{where}: A passed its rpm quota at most {bound} times (rpm {phase['limits']['rpm']}, a "
-                            f"{phase.get('phase_s', report['setup']['phase_s']):g} s phase)", f"{passed}",
-                            passed <= bound))
-    return out
-
+# ---- goals, report and plot (the prose: templates/noisy_neighbour.md) ------------------------------------------------
 
 def quota_passes(phase: dict[str, Any]) -> tuple[int, int | None]:
     """How many of A's requests the gateway's quotas let through in a phase (admitted, or refused later by the
@@ -686,190 +620,80 @@ def quota_passes(phase: dict[str, Any]) -> tuple[int, int | None]:
     return passed, rpm * math.ceil(phase.get("phase_s", RPM_WINDOW_S) / RPM_WINDOW_S)
 
 
-def _met(ok: bool | None) -> str:
-    return "—" if ok is None else ("yes" if ok else "**no**")
+def _measured(value: float | None, base: float | None = None) -> Callable[[Any], tuple[float | None, float | None]]:
+    return lambda _: (value, base)
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    s, m = report["setup"], report["machine"]
-    lines = [
-        "# Noisy neighbour: one tenant floods P0, another keeps its normal rate",
-        "",
-        f"Generated {report.get('generated_at', '')} by `python -m loadtests.noisy_neighbour"
-        f"{' --smoke' if s.get('smoke') else ''}`. Real gateway (REST, SSE), scheduler and simulated workers "
-        f"(`GOODPUT_INFERENCE_ENGINE=sim`, A100 / 7B calibration) as local processes, started by "
-        f"`goodput_cli.supervisor.Platform` with mutual TLS inside; quota counters in the local Redis. "
-        f"{s['max_num_seqs']} sequences per worker (the scheduler's per-worker cap too), "
-        f"{s['sim']['max_batched_tokens']} tokens per engine step, simulated time x{s['sim']['time_scale']:g} (every "
-        f"latency below is wall-clock). Everything, the load generators included, shared "
-        f"{m.get('cores_usable')} CPU cores ({cpu_label(m)}) with other work: **numbers compare only within one "
-        "run** (and within one fleet size).",
-        "",
-        "## How the shares and limits were chosen",
-        "",
-        f"- Every request is P0, ~{s['prompt_chars'] // 4} prompt tokens (unique text: no prefix-cache reuse), "
-        f"{s['max_tokens']} output tokens, streamed; TTFT is measured by the client at the first content delta.",
-        "- The fleet's P0 capacity is measured in the same run (closed loop through the gateway, slots + 2 "
-        "requests in flight, completions per second after a warm-up).",
-        f"- Two tenants of equal weight: each one's **share** is {s['share']:.0%} of the fleet: share_rps = "
-        f"{s['share']:g} x capacity, share_slots = {s['share']:g} x slots.",
-        f"- A floods at **{s['flood']:g}x share_rps**, B sends **{s['b_load']:g}x share_rps** (its normal rate, "
-        "well under its share); open-loop Poisson, drawn once per fleet size and replayed in every phase "
-        f"({s['phase_s']:g} s of arrivals each" + (f"; *alone*: the first {s['alone_s']:g} s of them"
-                                                    if s.get("alone_s", s["phase_s"]) < s["phase_s"] else "")
-        + "). A is sent from a separate process.",
-        "- *alone*: B only (B's unloaded value, the goal's reference). *without_quotas*: keys without limits (the "
-        f"scheduler's per-tenant shares of the P0 queue, depth {s['p0_max_queue']}, still act). *with_quotas[rpm]*: "
-        "A and B each `rpm` = share_rps x 60 in the keys file's `tenants` (weights 1). "
-        "*with_quotas[rpm+concurrent]*: also `max_concurrent` = share_slots. The quota counters start empty in "
-        "every quota run. "
-        + (f"The gateways quantise rpm limits per {s['quantum_s']} s (`GOODPUT_GATEWAY_QUOTAS__QUANTUM_S`), so A's "
-           "minute is spread over it instead of spent in a burst. " if s.get("quantum_s") else
-           "rpm limits are per minute only (no quantum). ")
-        + (f"*{AT_SHARE}*: A sends exactly its share (no flood, no limits): the load perfect quotas would leave, "
-           "the fair reference for B's TTFT." if s.get("at_share") else ""),
-        "",
-        "## Goals",
-        "",
-        markdown_table(["goal", "measured", "met"], [(g, v, _met(ok)) for g, v, ok in goals(report)]),
-        "",
-        "## Fleets",
-        "",
-        markdown_table(
-            ["workers", "slots", "capacity req/s", "share req/s / slots", "A req/s", "B req/s", "rpm limit",
-             "max_concurrent limit", "B unloaded TTFT p50 / p99 ms (one at a time)"],
-            [[f["workers"], f["slots"], _num(f["capacity"]["rps"], 2),
-              f"{f['share']['rps']:.2f} / {f['share']['slots']}", _num(f["rates_rps"]["A"], 1),
-              _num(f["rates_rps"]["B"], 2), f["limits"]["rpm"], f["limits"]["max_concurrent"],
-              f"{_num(f['unloaded_sequential']['p50_ms'])} / {_num(f['unloaded_sequential']['p99_ms'])}"]
-             for f in report["fleets"]]),
-        "",
-        "## B (normal rate)",
-        "",
-    ]
-    rows = []
-    for f in report["fleets"]:
-        for name, ph in f["phases"].items():
-            q = ph["quiet"]
-            rows.append([f["workers"], name, q["n"], _pct(q["success_rate"]), _num(q["ttft"]["p50_ms"]),
-                         _num(q["ttft"]["p95_ms"]), _num(q["ttft"]["p99_ms"]), _ratio(q.get("p99_vs_alone")),
-                         _ratio(q.get("p99_vs_at_share")), _ratio(q.get("p99_vs_sequential")),
-                         _num(q["e2e"]["p50_ms"]),
-                         "; ".join(f"{k} ({n})" for k, n in q["failures"]) or "—"])
-    lines += [markdown_table(["workers", "run", "n", "success", "TTFT p50 ms", "p95", "p99", "p99 / alone",
-                              f"p99 / {AT_SHARE}", "p99 / one at a time", "e2e p50 ms", "failures"], rows), ""]
-    lines += ["## A (10x its share)", ""]
-    rows = []
-    for f in report["fleets"]:
-        for name, ph in f["phases"].items():
-            a = ph["noisy"]
-            if not a:
+def goals(report: dict[str, Any]) -> list[bench.Goal]:
+    """Per fleet and quota run: B fully served, B's TTFT p99 against B alone (and against A at exactly its share,
+    where the run has it), A refused by its quota with every refusal as promised, A within its rpm bound. The goals
+    are this report's, measured from it (a field an older report lacks leaves its goal unjudged)."""
+    out = []
+    for fleet in report["fleets"]:
+        phases = fleet["phases"]
+        for name, phase in phases.items():
+            if not name.startswith("with_quotas"):
                 continue
-            checks = a.get("refusal_checks")
-            adm = a.get("admitted_headers")
-            ra = a.get("retry_after_s")
-            rows.append([f["workers"], name, a["n"], _num(a["offered_rps"], 1), a["admitted"],
-                         _num(a["admitted_rps"], 2), a["completed"], a["refused"],
-                         "; ".join(f"{k} {n}" for k, n in a["refused_by"]) or "—",
-                         f"{a['refusals_with_retry_after']}/{a['refused']}",
-                         _span(ra),
-                         _passes(ph),
-                         "—" if not checks else f"{checks['ok']}/{checks['checked']}",
-                         "—" if not adm else f"{adm['ok']}/{adm['checked']}",
-                         "; ".join(f"{k} ({n})" for k, n in a["other_failures"]) or "—"])
-    lines += [markdown_table(["workers", "run", "sent", "sent req/s", "admitted", "admitted req/s", "completed",
-                              "refused (429)", "refused by", "with Retry-After", "Retry-After s",
-                              "passed the quota / rpm bound", "refusals as promised",
-                              "admitted with sane x-ratelimit", "other failures"], rows), ""]
-    problems = [f"- {f['workers']} workers, {name}: " + "; ".join(f"{p} ({n})" for p, n in
-                                                                  ph["noisy"]["refusal_checks"]["problems"])
-                for f in report["fleets"] for name, ph in f["phases"].items()
-                if ph["noisy"] and ph["noisy"].get("refusal_checks", {}).get("problems")]
-    problems += [f"- {f['workers']} workers, {name}, {who} admitted: " + "; ".join(f"{p} ({n})" for p, n in
-                                                                                   side["admitted_headers"]["problems"])
-                 for f in report["fleets"] for name, ph in f["phases"].items()
-                 for who, side in (("A", ph["noisy"]), ("B", ph["quiet"]))
-                 if side and side.get("admitted_headers", {}).get("problems")]
-    if problems:
-        lines += ["## What the refusals and responses lacked", "", *problems, ""]
-    rows = []
-    for f in report["fleets"]:
-        for name, ph in f["phases"].items():
-            a = ph["noisy"] or {}
-            rows.append([f["workers"], name, _num(ph["quiet"]["client_lag_p99_ms"], 1),
-                         _num(a.get("client_lag_p99_ms"), 1), _num(ph["drain_s"], 1),
-                         ", ".join(f"{k} {v:g}" for k, v in sorted(ph["gateway_counters"].items())) or "—"])
-    lines += ["## The run itself", "",
-              "How late each load generator sent its requests (p99; a generator short of CPU shows here), how long "
-              "the last requests took after the arrivals ended, and the gateway's quota counters during the phase. "
-              "`fail_open:*` counts quota decisions taken by the gateway's local bound because a quota step took "
-              "longer than `quota_timeout_s` (Redis, or the gateway's own event loop, slow): for `quota_retry_s` "
-              "the local counters decide, and they hold only what this replica counted while failing open, not "
-              "Redis's counts, so a tenant already at its rpm gets up to a fresh minute's worth meanwhile (see "
-              "*passed the quota* above).", "",
-              markdown_table(["workers", "run", "B send lag p99 ms", "A send lag p99 ms", "drain s",
-                              "gateway quota counters"], rows), ""]
-    lines += [
-        "## Reading it",
-        "",
-        "- *p99 / alone* is the goal's ratio: B's TTFT p99 in the run over B's p99 when it runs alone at the same "
-        "arrivals. *p99 / one at a time* compares with B's unloaded TTFT measured one request at a time (stricter: "
-        "it leaves out B's own load).",
-        "- *refusals as promised* (quota runs): 429 with the refusal's code (`rate_limit_exceeded` from the "
-        "gateway's quotas, `queue_full` from the scheduler's queue), a `Retry-After` of at least 1 s, and "
-        "`x-ratelimit-limit-requests` = the configured rpm, `x-ratelimit-remaining-requests` within 0..limit (0 on "
-        "an rpm refusal), a parseable `x-ratelimit-reset-requests` within the minute (the gateway puts them on a "
-        "later refusal by the scheduler too). *admitted with sane x-ratelimit*: the same three headers on A's "
-        "admitted responses.",
-        "- An rpm limit is a moving window of 60 s: a tenant sending 10x its share gets its whole minute's worth "
-        "in the first ~6 s, and the fleet sees that burst (B's requests in it, and while the queue drains, are "
-        "the slow part of B's distribution); `max_concurrent` bounds what A holds at any moment. Every request "
-        "admitted by the quotas counts against the rpm, also those the scheduler then refuses, so in the rpm run "
-        "A's burst spends most of its minute on 429s from the scheduler's queue.",
-        "- Within P0 the engines take prompts first come, first served, and a slot A gives back is taken at once "
-        "by A's next request: even held to its share of the slots, A's prompts share B's prefill steps, and B "
-        "sees a fleet as busy as A's share makes it, not an idle one.",
-        "- Without quotas the scheduler's per-tenant shares of the P0 queue still admit every B request (A's "
-        "newest waiting request gives way), but B then waits behind a fleet full of A's work.",
-        "- The plot `noisy_neighbour.png` shows the distribution of B's TTFT in each run, per fleet size.",
-    ]
-    return "\n".join(lines)
+            q, where = phase["quiet"], f"{fleet['workers']} workers, {name}"
+            out.append(bench.Goal(f"{where}: B's P0 success 100%", _measured(q["success_rate"]), 1.0, unit="%",
+                                  digits=1))
+            for ref, what in (("alone", "B alone"),
+                              (AT_SHARE, "B's when A sends exactly its share (what perfect quotas leave)")):
+                base = phases.get(ref, {}).get("quiet", {}).get("ttft", {}).get("p99_ms")
+                if ref == "alone" or base:
+                    out.append(bench.Goal(f"{where}: B's TTFT p99 ≤ {TTFT_GOAL_RATIO}x {what}",
+                                          _measured(q["ttft"]["p99_ms"], base), TTFT_GOAL_RATIO, at_most=True,
+                                          judged="ratio", digits=0))
+            checks = phase["noisy"].get("refusal_checks") or {}
+            out += [bench.Goal(f"{where}: A refused by its quota", _measured(checks.get("by_quota")), 1, unit="",
+                               digits=0),
+                    bench.Goal(f"{where}: every refusal of A a 429 with its code (rate_limit_exceeded; the "
+                               "scheduler's queue_full), Retry-After and x-ratelimit-*-requests (limit = configured, "
+                               "remaining ≥ 0)",
+                               _measured(checks["ok"] / checks["checked"] if checks.get("checked") else None), 1.0,
+                               unit="%", digits=1)]
+            passed, bound = quota_passes(phase)
+            if bound is not None:
+                out.append(bench.Goal(f"{where}: A passed its rpm quota at most {bound} times (rpm "
+                                      f"{phase['limits']['rpm']}, a "
+                                      f"{phase.get('phase_s', report['setup']['phase_s']):g} s phase)",
+                                      _measured(passed), bound, at_most=True, unit="", digits=0))
+    return out
 
 
-def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    """Per fleet and phase A's passes through its quota and the bound; what refusals and admitted responses lacked
+    (workers, phase, whose admitted responses or "" for A's refusals, problems)."""
     fleets = report["fleets"]
-    if not fleets:
-        return None
-    fig, axes = plt.subplots(1, len(fleets), figsize=(6.5 * len(fleets), 4.5), squeeze=False)
-    for ax, f in zip(axes[0], fleets, strict=True):
-        for name, ph in f["phases"].items():
-            values = sorted(ph["quiet"]["ttft_ms"])
-            if not values:
-                continue
-            ys = [(i + 1) / len(values) for i in range(len(values))]
-            ax.step(values, ys, where="post", label=f"{name} (p99 {ph['quiet']['ttft']['p99_ms']:.0f} ms)")
+    return {"at_share_phase": AT_SHARE, "goal_ratio": TTFT_GOAL_RATIO,
+            "passes": [{name: quota_passes(ph) for name, ph in f["phases"].items()} for f in fleets],
+            "lacked": [(f["workers"], name, "", ph["noisy"]["refusal_checks"]["problems"]) for f in fleets
+                       for name, ph in f["phases"].items()
+                       if ph["noisy"] and ph["noisy"].get("refusal_checks", {}).get("problems")]
+            + [(f["workers"], name, who, side["admitted_headers"]["problems"]) for f in fleets
+               for name, ph in f["phases"].items() for who, side in (("A", ph["noisy"]), ("B", ph["quiet"]))
+               if side and side.get("admitted_headers", {}).get("problems")]}
+
+
+QUANTILES = (*range(0, 100, 5), 99, 100)
+
+
+def figure(report: dict[str, Any]) -> bench.Figure | None:
+    """Per fleet size, B's TTFT by quantile in each run (log scale), and the goal's bound."""
+    panels = []
+    for f in report["fleets"]:
+        series = [bench.Series(f"{name} (p99 {ph['quiet']['ttft']['p99_ms']:.0f} ms)", QUANTILES,
+                               [percentile(ph["quiet"]["ttft_ms"], q) for q in QUANTILES])
+                  for name, ph in f["phases"].items() if ph["quiet"]["ttft_ms"]]
         alone = f["phases"]["alone"]["quiet"]["ttft"]["p99_ms"]
-        if alone:
-            ax.axvline(TTFT_GOAL_RATIO * alone, color="red", linestyle="--",
-                       label=f"goal: p99 ≤ {TTFT_GOAL_RATIO}x alone ({TTFT_GOAL_RATIO * alone:.0f} ms)")
-        ax.set_xscale("log")
-        ax.set_xlabel("B's TTFT (ms, log)")
-        ax.set_ylabel("share of B's requests")
-        ax.set_title(f"{f['workers']} simulated workers: B's P0 TTFT")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        lines = [(TTFT_GOAL_RATIO * alone, f"goal: p99 ≤ {TTFT_GOAL_RATIO}x alone ({TTFT_GOAL_RATIO * alone:.0f} ms)",
+                  "--", "red")] if alone else []
+        panels.append(bench.Panel(f"{f['workers']} simulated workers: B's P0 TTFT", "share of B's requests (%)",
+                                  "B's TTFT (ms, log)", series, lines=lines, yscale="log"))
+    return bench.Figure("", panels, panel_width=6.5) if panels else None
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    doc = __doc__ or ""
-    ap = argparse.ArgumentParser(prog="python -m loadtests.noisy_neighbour", description=doc.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4], help="fleet sizes, one platform each")
     ap.add_argument("--max-num-seqs", type=int, default=8, help="per worker (and the scheduler's per-worker cap)")
     ap.add_argument("--time-scale", type=float, default=4.0,
@@ -893,36 +717,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="skip the reference phase in which A sends exactly its share")
     ap.add_argument("--unloaded-n", type=int, default=30, help="B's requests one at a time (unloaded TTFT)")
     ap.add_argument("--capacity-s", type=float, default=12.0)
-    ap.add_argument("--capacity-warmup-s", type=float, default=6.0)
     ap.add_argument("--port-offset", type=int, default=PORT_OFFSET)
     ap.add_argument("--redis-db", type=int, default=None, help="Redis database (default: the URL's, 0)")
-    ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--out", type=Path, default=Path("loadtests/out/noisy_neighbour"))
-    ap.add_argument("--smoke", action="store_true",
-                    help="one fleet of 2 workers, short phases, the rpm quota run only (a smoke run, ~45 s)")
-    ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="re-render a saved report")
-    args = ap.parse_args(argv)
-    if args.smoke:
-        # 7 s phases: A at 10x its share passes a minute's rpm (60 s x its share) after ~6 s, so the rpm run refuses.
-        args.workers, args.phase_s, args.alone_s, args.time_scale, args.unloaded_n = [2], 7.0, 3.0, 2.0, 5
-        args.capacity_s, args.capacity_warmup_s, args.quota_runs, args.at_share = 3.0, 2.0, ["rpm"], False
-        args.quantum_s = 0  # per minute only: B's Poisson arrivals never meet a quantum in a few seconds
+
+
+def prepare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.alone_s is None or args.alone_s > args.phase_s:
         args.alone_s = args.phase_s
-    return args
 
 
-def served(report: dict[str, Any]) -> int:
+def served(report: dict[str, Any], args: argparse.Namespace) -> bool:
     return sum(ph["quiet"]["ok"] + ((ph["noisy"] or {}).get("completed") or 0)
-               for f in report["fleets"] for ph in f["phases"].values())
+               for f in report["fleets"] for ph in f["phases"].values()) > 0
+
+
+BENCHMARK = bench.Benchmark(
+    name="noisy_neighbour", doc=__doc__ or "", run=measure, arguments=add_arguments, prepare=prepare, goals=goals,
+    context=context, figure=figure, seed=11,
+    warmup=bench.Option(6.0, "seconds of closed-loop load before the capacity is measured (not counted)",
+                        aliases=("--capacity-warmup-s",)),
+    # 7 s phases: A at 10x its share passes a minute's rpm (60 s x its share) after ~6 s, so the rpm run refuses;
+    # per minute only (no quantum): B's Poisson arrivals never meet a quantum in a few seconds.
+    quick={"workers": [2], "phase_s": 7.0, "alone_s": 3.0, "time_scale": 2.0, "unloaded_n": 5, "capacity_s": 3.0,
+           "warmup_s": 2.0, "quota_runs": ["rpm"], "at_share": False, "quantum_s": 0},
+    quick_help="one fleet of 2 workers, short phases, the rpm quota run only (a smoke run, ~45 s)", ok=served,
+    reports=("noisy_neighbour",))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    report = produce(args, benchmark, render_markdown, render_plot)
-    for g, measured, ok in goals(report):
-        print(f"  {'MET ' if ok else 'MISS' if ok is not None else '  ? '} {g}: {measured}")
-    return 0 if served(report) > 0 else 1
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from loadtests import noisy_neighbour as nn
+from loadtests.common import cpu_label
 from loadtests.noisy_neighbour import Outcome
 
 SMOKE_PORT_OFFSET = 3450  # beside the benchmark's own 3400: a smoke test can run while the benchmark does
@@ -78,7 +79,7 @@ def test_smoke_run_reports_every_phase_with_the_cpu_named(smoke: tuple[dict[str,
     assert list(fleet["phases"]) == ["alone", "without_quotas", "with_quotas[rpm]"]
     assert fleet["capacity"]["rps"] > 0 and fleet["limits"]["rpm"] >= 1
     markdown = out.with_suffix(".md").read_text(encoding="utf-8")
-    assert nn.cpu_label(report["machine"]) in markdown
+    assert cpu_label(report["machine"]) in markdown
     assert "## Goals" in markdown and "with_quotas[rpm]" in markdown
     # --render re-renders the same report from its JSON
     assert nn.main(["--render", str(out.with_suffix(".json"))]) == 0
