@@ -355,13 +355,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def prepare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The report's default path for Quora's questions; the embedder's threads and spinning as the cache would have them
-    (in-process: the cache's settings; a service started here: the Embedding service's)."""
+    """The report's default path for Quora's questions and for a smoke run; the embedder's threads and spinning as
+    the cache would have them (in-process: the cache's settings; a service started here: the Embedding service's)."""
     from goodput_cache.config import CacheSettings
     from goodput_embedder.config import EmbedderSettings
 
-    if args.out is None and args.questions == "qqp":
-        args.out = Path(f"{BENCHMARK.out}-qqp")
+    if args.out is None and (args.quick or args.questions == "qqp"):  # a smoke run leaves the reports alone
+        args.out = ROOT / "loadtests" / "out" / "cache_latency" if args.quick else Path(f"{BENCHMARK.out}-qqp")
     if args.embed_threads is None:
         args.embed_threads = CacheSettings().embedder_threads
     if args.embedder_addr:
