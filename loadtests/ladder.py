@@ -33,15 +33,15 @@ the degradation steps the gateway reports (``X-Goodput-Degraded`` header, ``good
 ``goodput_timing.degraded`` on the last). A request *met its SLO* when it was served (200, whole stream) with TTFT
 <= ``slo.ttft_s`` and TPOT <= ``slo.tpot_s``; *share within SLO* = met / offered; *goodput* = output tokens of the
 requests that met their SLO per second of the step (and per engine-busy second, from the workers'
-``goodput_worker_engine_busy_seconds_total``). The headline is the ratio ladder / no ladder of both at 2x capacity
-(goal: >= 1.5x), over every request of the step: the ladder's reaction time counts (it moves one step per
+``goodput_worker_engine_busy_seconds_total``). The goals: ladder / no ladder of both at 2x capacity >= 1.5x,
+over every request of the step: the ladder's reaction time counts (it moves one step per
 ``ladder_interval_s`` on finished requests, and starts a step at the level the previous one left); the requests of
 each step's second half are reported beside it.
 
     python -m loadtests.ladder                                  # 2 workers, ~10 min on 2 cores, ports +4100/+4140
     python -m loadtests.ladder --out loadtests/reports/ladder   # the reference run
     python -m loadtests.ladder --quick                          # a smoke run (1 worker, 2 short steps)
-    python -m loadtests.ladder --render loadtests/reports/ladder.json   # re-render report + plot
+    python -m loadtests.ladder --render loadtests/reports/ladder.json   # the report again (templates/ladder.md)
 
 A benchmark reports numbers; it does not fail on a missed goal (only when nothing could be served).
 """
@@ -62,17 +62,17 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from loadtests.common import cpu_label, machine_info, markdown_table, percentile, produce, pyplot, summarize
+from loadtests import bench
+from loadtests.common import cpu_label, machine_info, percentile, summarize
 from loadtests.simfleet import random_text
 
-__all__ = ["ARMS", "Outcome", "RetrievalCost", "Slo", "analyse_run", "capacity_from_ramp", "headline", "main",
-           "render_markdown", "render_plot", "settled", "stand_in_hits", "timeline"]
+__all__ = ["ARMS", "BENCHMARK", "Outcome", "RetrievalCost", "Slo", "analyse_run", "capacity_from_ramp", "focus",
+           "goals", "main", "settled", "stand_in_hits", "timeline"]
 
 LADDER, NO_LADDER = "ladder", "no_ladder"
 ARMS = (LADDER, NO_LADDER)
@@ -575,36 +575,77 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
-def headline(report: dict[str, Any]) -> dict[str, Any] | None:
-    """Ladder / no ladder, share within SLO and goodput, at the step nearest to 2x capacity, against the goal.
+def focus(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The step the goals judge: the one nearest the goal's load multiple (2x capacity), None without steps.
 
-    >>> steps = [{"multiple": 2.0, "arms": {"ladder": {"share_within_slo": 0.6, "goodput_tok_s": 30.0},
-    ...                                     "no_ladder": {"share_within_slo": 0.3, "goodput_tok_s": 24.0}}}]
-    >>> h = headline({"steps": steps})
-    >>> h["share_ratio"], h["goodput_ratio"], h["share_met"], h["goodput_met"]
-    (2.0, 1.25, True, False)
+    >>> focus({"steps": [{"multiple": 1.0}, {"multiple": 1.5}, {"multiple": 3.0}]})
+    {'multiple': 1.5}
     """
-    steps = report.get("steps") or []
-    if not steps:
+    multiple = ((report.get("setup") or {}).get("goal") or {}).get("multiple", GOAL_MULTIPLE)
+    return min(report.get("steps") or (), key=lambda st: abs(st["multiple"] - multiple), default=None)
+
+
+def goals(report: dict[str, Any]) -> list[bench.Goal]:
+    """Ladder / no ladder at the focus step, every request of it: share within SLO and goodput, each against the
+    ratio the report's run was held to (>= 1.5x)."""
+    goal = {"ratio": GOAL_RATIO, "multiple": GOAL_MULTIPLE, **((report.get("setup") or {}).get("goal") or {})}
+
+    def at(key: str) -> Any:
+        def measure(r: dict[str, Any]) -> tuple[float | None, float | None]:
+            arms = (focus(r) or {})["arms"]  # no step: a KeyError, the goal unjudged
+            return arms[LADDER][key], arms[NO_LADDER][key]
+        return measure
+
+    where = f"at {goal['multiple']:g}x capacity: ladder ≥ {goal['ratio']:g}x no ladder"
+    return [bench.Goal(f"share of requests within SLO {where}", at("share_within_slo"), goal["ratio"],
+                       judged="ratio", unit="%", digits=1),
+            bench.Goal(f"goodput (output tokens/s of requests within SLO) {where}", at("goodput_tok_s"),
+                       goal["ratio"], judged="ratio", unit="tok/s", digits=1)]
+
+
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    """The focus step, and its second half's ratios ladder / no ladder (inf: the arm without the ladder had none)."""
+    step = focus(report)
+    half = [((step or {}).get("arms", {}).get(arm) or {}).get("settled") or {} for arm in ARMS]
+    return {"arms": ARMS, "focus": step,
+            "half_ratio": {k: _ratio(half[0].get(k), half[1].get(k)) for k in ("share_within_slo", "goodput_tok_s")}}
+
+
+def figure(report: dict[str, Any]) -> bench.Figure | None:
+    """Share within SLO and goodput of both arms against the load multiple (the steps' second halves dotted; the
+    titles: the ratio at the focus step), and the focus step over time."""
+    steps, step = report["steps"], focus(report)
+    if step is None:
         return None
-    step = min(steps, key=lambda s: abs(s["multiple"] - GOAL_MULTIPLE))
-    on, off = step["arms"].get(LADDER), step["arms"].get(NO_LADDER)
-    if not on or not off:
-        return None
-    share = _ratio(on["share_within_slo"], off["share_within_slo"])
-    goodput = _ratio(on["goodput_tok_s"], off["goodput_tok_s"])
-    out: dict[str, Any] = {"multiple": step["multiple"], "share_ratio": share, "goodput_ratio": goodput,
-                           "share": [on["share_within_slo"], off["share_within_slo"]],
-                           "goodput": [on["goodput_tok_s"], off["goodput_tok_s"]],
-                           "share_met": None if share is None else share >= GOAL_RATIO,
-                           "goodput_met": None if goodput is None else goodput >= GOAL_RATIO}
-    if on.get("settled") and off.get("settled"):
-        a, b = on["settled"], off["settled"]
-        out["settled"] = {"share": [a["share_within_slo"], b["share_within_slo"]],
-                          "goodput": [a["goodput_tok_s"], b["goodput_tok_s"]],
-                          "share_ratio": _ratio(a["share_within_slo"], b["share_within_slo"]),
-                          "goodput_ratio": _ratio(a["goodput_tok_s"], b["goodput_tok_s"])}
-    return out
+    m, s = step["multiple"], report["setup"]
+    panels = []
+    for key, scale, title, ylabel in (("share_within_slo", 100, "share within SLO", "requests within SLO (%)"),
+                                      ("goodput_tok_s", 1, "goodput", "goodput (output tokens/s within SLO)")):
+        series = []
+        for arm, style, color, light in ((LADDER, "-", "tab:blue", "#9ecae1"), (NO_LADDER, "--", "tab:green",
+                                                                               "#a1d99b")):
+            runs = [(st["multiple"], st["arms"][arm]) for st in steps if arm in st["arms"]]
+            xs, label = [x for x, _ in runs], arm.replace("_", " ")
+            series.append(bench.Series(label, xs, [scale * (r[key] or 0.0) for _, r in runs], style, color))
+            if all(r.get("settled") for _, r in runs):
+                series.append(bench.Series(f"{label}, second half of each step", xs,
+                                           [scale * (r["settled"][key] or 0.0) for _, r in runs], ":", light))
+        v = _ratio((step["arms"].get(LADDER) or {}).get(key), (step["arms"].get(NO_LADDER) or {}).get(key))
+        ratio = "—" if v is None else "∞" if v == float("inf") else f"{v:.2f}x"
+        panels.append(bench.Panel(f"{title}; at {m:g}x: {ratio}", "offered load (x capacity)", ylabel, series,
+                                  vlines=[(m, "", ":", "grey")]))
+    over_time = []
+    for arm, what, style, color in ((LADDER, "met", "-", "tab:blue"), (LADDER, "shed", ":", "grey"),
+                                    (NO_LADDER, "met", "--", "tab:green")):
+        buckets = (step["arms"].get(arm) or {}).get("timeline") or []
+        over_time.append(bench.Series(f"{arm.replace('_', ' ')}: {'within SLO' if what == 'met' else what}",
+                                      [b["t"] for b in buckets], [100 * b[what] / b["n"] if b["n"] else 0.0
+                                                                  for b in buckets], style, color))
+    panels.append(bench.Panel(f"the {m:g}x step over time", f"arrival within the {m:g}x step (s, buckets)",
+                              "share of the bucket's requests (%)", over_time))
+    return bench.Figure(f"P0 RAG, ladder on vs off: {s['workers']} simulated workers, SLO TTFT "
+                        f"{s['slo']['ttft_s']:g} s, TPOT {s['slo']['tpot_s']:g} s ({cpu_label(report['machine'])})",
+                        panels, panel_width=5.7)
 
 
 # ---- the platforms -------------------------------------------------------------------------------------------------
@@ -835,14 +876,13 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     keys = [{"id": "ladder-bench", "key": key, "tenant": TENANT, "max_priority": "P0", "default_priority": "P0"}]
     knows = gateway_knows()
     report: dict[str, Any] = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "benchmark": "ladder", "machine": machine_info(), "source": source_version(),
+        "machine": machine_info(), "source": source_version(),
         "setup": {"workers": args.workers, "max_num_seqs": args.max_num_seqs, "sim": sim_config(args),
                   "question_chars": args.question_chars, "max_tokens": args.max_tokens, "top_k": args.top_k,
                   "retriever": {"stand_in": True, "base_s": cost.base_s, "per_chunk_s": cost.per_chunk_s,
                                 "rerank_s": cost.rerank_s, "chunk_chars": cost.chunk_chars},
                   "latency_profile": latency_profile(args), "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
-                  "multiples": args.multiples, "step_s": args.step_s, "ramp": args.ramp,
+                  "multiples": args.levels, "step_s": args.step_s, "ramp": args.ramp,
                   "ramp_s": args.ramp_s, "capacity_share": args.capacity_share, "seed": args.seed,
                   "quick": args.quick,
                   "gateway_settings_present": knows,
@@ -893,7 +933,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                            f" tokens, SLO TTFT {slo.ttft_s * 1000:.0f} ms TPOT {slo.tpot_s * 1000:.0f} ms")
             # 1. capacity, on the arm without the ladder
             slots = args.workers * args.max_num_seqs
-            tp = await throughput(base.gateway_http, key, concurrency=slots + 2, warmup_s=args.throughput_warmup_s,
+            tp = await throughput(base.gateway_http, key, concurrency=slots + 2, warmup_s=args.warmup_s,
                                   measure_s=args.throughput_s, question_chars=args.question_chars,
                                   max_tokens=args.max_tokens)
             stand_in.drain()
@@ -918,7 +958,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
             progress.print(f"capacity: {cap:.2f} req/s ({'' if found else 'NOT '}at >= {args.capacity_share:.0%} "
                            "within SLO)")
             # 2. the steps, both arms on the same arrivals
-            for k, multiple in enumerate(args.multiples):
+            for k, multiple in enumerate(args.levels):
                 rate = cap * multiple
                 arrivals = poisson(random.Random(f"{args.seed}-step-{k}"), rate, args.step_s)
                 step: dict[str, Any] = {"multiple": multiple, "rate_rps": rate, "n": len(arrivals), "arms": {},
@@ -943,315 +983,12 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
             print(f"could not delete this run's Redis keys: {err}", file=sys.stderr)
         for w in workdirs.values():
             w.cleanup()
-    report["headline"] = headline(report)
     return report
 
 
-# ---- report ------------------------------------------------------------------------------------------------------
+# ---- the command line (the report's prose: templates/ladder.md) ----------------------------------------------------
 
-def _pct(v: float | None) -> str:
-    return "—" if v is None else f"{v * 100:.1f}%"
-
-
-def _num(v: float | None, digits: int = 0) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
-
-
-def _x(v: float | None) -> str:
-    if v is None:
-        return "—"
-    return "∞" if v == float("inf") else f"{v:.2f}x"
-
-
-def _verdict(ok: bool | None) -> str:
-    return "—" if ok is None else ("**MET**" if ok else "**MISSED**")
-
-
-def _steps_cell(r: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in r["degraded_steps"].items()) or "—"
-
-
-def _searches_cell(r: dict[str, Any]) -> str:
-    s = r.get("searches")
-    if not s:
-        return "—"
-    top_k = ", ".join(f"{k}: {v}" for k, v in s["top_k"].items())
-    return f"{s['n']} ({s['reranked']} reranked; top_k {top_k})"
-
-
-def _others(r: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in r["outcomes"].items() if k not in ("served", f"429 {SHED_CODE}")) or "—"
-
-
-def headline_lines(report: dict[str, Any]) -> list[str]:
-    h = report.get("headline")
-    if not h:
-        return ["No step with both arms: no headline."]
-    rows = [["share of requests within SLO", _pct(h["share"][0]), _pct(h["share"][1]), _x(h["share_ratio"]),
-             _verdict(h["share_met"])],
-            ["goodput (output tokens/s of requests within SLO)", _num(h["goodput"][0], 1), _num(h["goodput"][1], 1),
-             _x(h["goodput_ratio"]), _verdict(h["goodput_met"])]]
-    st = h.get("settled")
-    if st:
-        rows += [["share within SLO, second half of the step", _pct(st["share"][0]), _pct(st["share"][1]),
-                  _x(st["share_ratio"]), "(for reading)"],
-                 ["goodput, second half of the step", _num(st["goodput"][0], 1), _num(st["goodput"][1], 1),
-                  _x(st["goodput_ratio"]), "(for reading)"]]
-    return [
-        f"At **{h['multiple']:g}x capacity**, every request of the step (goal: ladder / no ladder ≥ {GOAL_RATIO:g}x "
-        f"at {GOAL_MULTIPLE:g}x capacity):",
-        "",
-        markdown_table(["measure", "ladder", "no ladder", "ratio", "goal"], rows),
-        "",
-        "The goal is judged on the whole step, the ladder's reaction time included (the load rises step by step; "
-        "the ladder moves one step per `ladder_interval_s` on requests that have finished). The second half of "
-        "the step shows the load once the ladder had time to settle.",
-    ]
-
-
-def _gateway_cell(r: dict[str, Any]) -> str:
-    """The gateway's own view of a run: its ladder's level and shed share at the end, and its SLO judgement."""
-    g = r.get("gateway_metrics") or {}
-    parts = []
-    level = g.get("goodput_gateway_ladder_level{priority=P0}")
-    shed = g.get("goodput_gateway_ladder_shed_share{priority=P0}")
-    if level or shed:
-        parts.append(f"level {level or 0:g}" + (f", shedding {shed:.0%}" if shed else ""))
-    met = g.get("goodput_gateway_slo_requests_total{priority=P0,result=met}", 0)
-    missed = g.get("goodput_gateway_slo_requests_total{priority=P0,result=missed}", 0)
-    if met or missed:
-        parts.append(f"met {met:g} / missed {missed:g}")
-    expired = sum(v for k, v in g.items() if k.startswith("goodput_gateway_deadline_refusals_total"))
-    if expired:
-        parts.append(f"deadline refusals {expired:g}")
-    return "; ".join(parts) or "—"
-
-
-def render_markdown(report: dict[str, Any]) -> str:
-    s, m = report["setup"], report["machine"]
-    rc, sim = s["retriever"], s["sim"]
-    cap = report.get("capacity") or {}
-    knows = s.get("gateway_settings_present") or {}
-    lines = [
-        "# Degradation ladder: P0 RAG with a slow retrieval leg at rising load, ladder on vs off",
-        "",
-        f"Generated {report.get('generated_at', '')} by `python -m loadtests.ladder"
-        f"{' --quick' if s.get('quick') else ''}`"
-        + (f" at commit `{report['source']}`" if report.get("source") else "")
-        + f" on **{cpu_label(m)}**, {m.get('cores_usable')} CPU cores usable, shared by everything below (platforms, "
-        "stand-in retriever, load generator) and by other work on the machine: **numbers compare only within this "
-        "run.**",
-        "",
-    ]
-    if not knows.get("ladder", True):
-        lines += ["> **The gateway this ran against had no `ladder_enabled` setting: both arms ran the same "
-                  "gateway, and the comparison below measures nothing but noise.**", ""]
-    lines += ["## Headline", "", *headline_lines(report), ""]
-    lines += [
-        "## Set-up",
-        "",
-        f"- Two platforms (`goodput_cli.supervisor.Platform`), each {s['workers']} simulated worker(s) "
-        f"(`GOODPUT_INFERENCE_ENGINE=sim`, A100 / 7B calibration, simulated time x{sim['time_scale']:g}, "
-        f"{sim['max_batched_tokens']} tokens per engine step, {s['max_num_seqs']} sequences per worker), the real "
-        "scheduler and gateway, mutual TLS inside; identical settings except `GOODPUT_GATEWAY_LADDER__ENABLED` "
-        "(`true`: arm *ladder*; `false`: arm *no ladder*). One platform carries load at a time; the arm that goes "
-        "first alternates from step to step.",
-        f"- **The retriever is a benchmark stand-in**, served by this module (not `goodput_retriever`): "
-        f"`Retrieval/Search` sleeps {rc['base_s'] * 1000:.0f} ms + {rc['per_chunk_s'] * 1000:.0f} ms x top_k + "
-        f"{rc['rerank_s'] * 1000:.0f} ms when asked to rerank, and answers top_k synthetic chunks of "
-        f"{rc['chunk_chars']} characters derived from the query. The gateways ask for top_k = {s['top_k']} "
-        "with rerank (`GOODPUT_GATEWAY_RAG__RERANK=true`); the ladder's `skip_rerank` drops the rerank, its "
-        "`fewer_chunks` halves top_k (a shorter prompt, a cheaper prefill). The rerank runs under the caller's "
-        "rerank budget, as the retriever's does. No response cache runs (`exact_cache_only` changes nothing) and "
-        "the profile names no fallback model (`fallback_model` is a step that changes nothing).",
-        "- Everything else is the platform's defaults: the scheduler's P0 queue (depth, queue-wait budget) and "
-        "deadline prediction, the gateway's circuit breakers and ladder settings (`ladder_interval_s`, "
-        "`ladder_raise_at`, `ladder_lower_at`). The arm without the ladder still has all of them.",
-        f"- Traffic: P0 chat requests, streamed, each with `knowledge_base` (a RAG request), a unique question of "
-        f"~{s['question_chars']} characters, {s['max_tokens']} output tokens; open-loop Poisson arrivals.",
-        f"- Latency profile of both arms (`GOODPUT_GATEWAY_LATENCY_PROFILE`): `{json.dumps(s['latency_profile'])}`. "
-        f"**SLO: TTFT ≤ {s['slo']['ttft_s'] * 1000:.0f} ms, TPOT ≤ {s['slo']['tpot_s'] * 1000:.0f} ms**, chosen "
-        "for the simulated engine at this time scale (see the unloaded values below).",
-        "- A request *met its SLO* when it was served (200 and the whole stream) with TTFT (client-side, to the "
-        "first content delta) and TPOT (the rest of the stream over the output tokens after the first) within "
-        "the SLO. *Share within SLO* = met / offered (a shed request counts as missed). *Goodput* = output tokens "
-        "of the requests within SLO per second of the step; per engine-second divides by the workers' "
-        "`goodput_worker_engine_busy_seconds_total` over the step.",
-        "",
-    ]
-    warm = report.get("warmup") or {}
-    if warm:
-        lines += ["## Unloaded (warm-up, one request at a time)", "",
-                  markdown_table(["arm", "n", "TTFT p50 ms", "TPOT p50 ms", "prompt tokens", "chunks", "steps"],
-                                 [[arm, w["n"], _num(w["ttft"]["p50_ms"]), _num(w["tpot"]["p50_ms"]),
-                                   _num(w["prompt_tokens_mean"]), _num(w["sources_mean"], 1), _steps_cell(w)]
-                                  for arm, w in warm.items()]), ""]
-    if cap:
-        tp = cap["throughput"]
-        lines += [
-            "## Capacity (arm *no ladder*)",
-            "",
-            f"Throughput with {tp['concurrency']} requests in flight: **{tp['rps']:.2f} req/s** "
-            f"({tp['completed_in_window']} completed in {tp['measure_s']:g} s after {tp['warmup_s']:g} s of "
-            f"warm-up). Then {s['ramp_s']:g} s of Poisson arrivals at each fraction of it, rising; capacity = the "
-            f"offered rate of the last before the first with less than {cap['share']:.0%} of the requests within "
-            f"SLO: **{cap['rps']:.2f} req/s**"
-            + ("" if cap["found"] else " (the first rate of the ramp missed it already: its rate is used)") + ".",
-            "",
-            markdown_table(["fraction of throughput", "offered req/s", "n", "within SLO", "TTFT p50 ms",
-                            "TTFT p95 ms", "outcomes"],
-                           [[f"{r['fraction']:.2f}", _num(r["offered_rps"], 2), r["n"], _pct(r["share_within_slo"]),
-                             _num(r["ttft"]["p50_ms"]), _num(r["ttft"]["p95_ms"]),
-                             ", ".join(f"{k} {v}" for k, v in r["outcomes"].items())] for r in cap["ramp"]]),
-            "",
-        ]
-    rows = []
-    for st in report["steps"]:
-        for arm in ARMS:
-            r = st["arms"].get(arm)
-            if not r:
-                continue
-            half = r.get("settled") or {}
-            rows.append([f"{st['multiple']:g}x", arm.replace("_", " "), _num(r["offered_rps"], 2), r["n"],
-                         _pct(r["share_within_slo"]), _num(r["goodput_tok_s"], 1),
-                         _num(r["goodput_tok_per_engine_s"], 1), _pct(half.get("share_within_slo")),
-                         _num(half.get("goodput_tok_s"), 1), _num(r["ttft"]["p50_ms"]), _num(r["ttft"]["p95_ms"]),
-                         _pct(r["shed_share"]), _steps_cell(r), _others(r)])
-    lines += ["## Per load step", "",
-              "*second half*: the requests that arrived in the second half of the step.", "",
-              markdown_table(["load", "arm", "offered req/s", "n", "within SLO", "goodput tok/s",
-                              "goodput tok/engine-s", "within SLO, second half", "goodput tok/s, second half",
-                              "TTFT p50 ms (served)", "TTFT p95 ms (served)", "shed",
-                              "degradation steps taken (requests)", "other outcomes"], rows), ""]
-    if report["steps"]:
-        focus = min(report["steps"], key=lambda st: abs(st["multiple"] - GOAL_MULTIPLE))
-        on, off = ((focus["arms"].get(arm) or {}).get("timeline") or [] for arm in ARMS)
-        if on and off and len(on) == len(off):
-            lines += [f"## The {focus['multiple']:g}x step over time", "",
-                      "The step's requests by arrival time: how the ladder's moves show (it climbs one step per "
-                      "`ladder_interval_s` on requests that have finished, and sheds 10% more per interval while "
-                      "more than `ladder_raise_at` of them missed).", "",
-                      markdown_table(["arrival s", "n", "ladder: within SLO", "ladder: shed", "ladder: degraded",
-                                      "ladder: TTFT p50 ms", "no ladder: within SLO", "no ladder: TTFT p50 ms"],
-                                     [[f"{a['t']:g}–{a['t'] + (on[1]['t'] - on[0]['t'] if len(on) > 1 else 0):g}",
-                                       a["n"], f"{a['met']}", f"{a['shed']}", f"{a['degraded']}",
-                                       _num(a["ttft_p50_ms"]), f"{b['met']}", _num(b["ttft_p50_ms"])]
-                                      for a, b in zip(on, off, strict=True)]), ""]
-    rows = []
-    for st in report["steps"]:
-        for arm in ARMS:
-            r = st["arms"].get(arm)
-            if not r:
-                continue
-            rows.append([f"{st['multiple']:g}x", arm.replace("_", " "), _num(r["retrieval_stage"]["p50_ms"]),
-                         _num(r["prompt_tokens_mean"]), _num(r["sources_mean"], 1), _num(r["tpot"]["p50_ms"]),
-                         _searches_cell(r), _num(r["client_lag_p99_ms"], 1), _num(r["drain_s"], 1),
-                         _gateway_cell(r)])
-    lines += ["## What each arm's requests cost", "",
-              "Retrieval stage as the gateway timed it (`goodput_timing` on the last chunk), the prompt and chunks "
-              "of the served requests, the searches the stand-in retriever received (how many reranked, by top_k), "
-              "how late the load generator sent (p99; a generator short of CPU shows here), how long the last "
-              "requests took after the arrivals ended, and the gateway's own view from its /metrics: its ladder's "
-              "level and shed share at the end of the run, its SLO judgement of the answers it finished, the "
-              "requests it refused for their deadline.", "",
-              markdown_table(["load", "arm", "retrieval p50 ms", "prompt tokens", "chunks", "TPOT p50 ms",
-                              "searches", "send lag p99 ms", "drain s", "gateway"], rows), ""]
-    said = []
-    for st in report["steps"]:
-        for arm, r in st["arms"].items():
-            told: Counter[str] = Counter()
-            for m, n in r.get("messages") or ():
-                told[_gist(m)] += n
-            if told:
-                said.append(f"- {st['multiple']:g}x, {arm.replace('_', ' ')}: "
-                            + "; ".join(f"{m} ({n})" for m, n in told.most_common()))
-    if said:
-        lines += ["## What the requests not served were told", "",
-                  "The most frequent refusals and errors other than the ladder's shed, with their messages.", "",
-                  *said, ""]
-    lines += [
-        "## Reading it",
-        "",
-        "- Each step's arrivals are the same for both arms (same seed, same times; only the questions' text "
-        "differs, so no arm reuses the other's prefix cache).",
-        "- *shed* is the ladder's last step (429 `degraded_shed`); *other outcomes* are refusals by the scheduler "
-        "(`queue_full`, `deadline_unreachable_now`), 504s of a passed deadline and the like: the arm without the "
-        "ladder still has the scheduler's admission control and the deadlines.",
-        "- Without the ladder, an overload fills the P0 queue (its depth, then its queue-wait budget): the requests "
-        "served have waited for a worker about as long as the budget allows and miss the TTFT SLO, the others are "
-        "refused. The ladder's first steps make each request cheaper (no rerank, half the chunks: a shorter "
-        "retrieval and prefill), its last sheds a share of them at the gateway before they queue.",
-        "- The ladder's level and shed share carry over from one step to the next (it moves only on finished "
-        "requests): a step starts where the previous one left it, shedding hard after a heavier step, and a step "
-        "that begins in overload spends its first seconds climbing while the queue is full. *The step over time* "
-        "and the third panel of the plot show it; the result of one step depends on that state, so compare the "
-        "arms step by step, not a step's number with another run's.",
-        "- The plot `ladder.png` shows the share within SLO and the goodput of both arms against the load multiple "
-        "(the second halves of the steps faint), and the 2x step over time.",
-    ]
-    return "\n".join(lines)
-
-
-def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
-    steps = report["steps"]
-    if not steps:
-        return None
-    h = report.get("headline")
-    focus = min(steps, key=lambda st: abs(st["multiple"] - GOAL_MULTIPLE))
-    fig, (left, right, over_time) = plt.subplots(1, 3, figsize=(17, 4.8))
-    for arm, style, color in ((LADDER, "o-", "tab:blue"), (NO_LADDER, "s--", "tab:green")):
-        xs = [st["multiple"] for st in steps if arm in st["arms"]]
-        share = [100 * (st["arms"][arm]["share_within_slo"] or 0.0) for st in steps if arm in st["arms"]]
-        goodput = [st["arms"][arm]["goodput_tok_s"] or 0.0 for st in steps if arm in st["arms"]]
-        label = arm.replace("_", " ")
-        left.plot(xs, share, style, color=color, label=label)
-        right.plot(xs, goodput, style, color=color, label=label)
-        half = [st["arms"][arm].get("settled") or {} for st in steps if arm in st["arms"]]
-        if all(half):
-            faint = {"color": color, "alpha": 0.35, "linewidth": 1, "label": f"{label}, second half of each step"}
-            left.plot(xs, [100 * (h["share_within_slo"] or 0.0) for h in half], style, **faint)
-            right.plot(xs, [h["goodput_tok_s"] or 0.0 for h in half], style, **faint)
-        buckets = (focus["arms"].get(arm) or {}).get("timeline") or []
-        if buckets:
-            ts = [b["t"] for b in buckets]
-            over_time.plot(ts, [100 * b["met"] / b["n"] if b["n"] else 0.0 for b in buckets], style,
-                           color=color, label=f"{label}: within SLO")
-            if arm == LADDER:
-                over_time.plot(ts, [100 * b["shed"] / b["n"] if b["n"] else 0.0 for b in buckets], ":",
-                               color="grey", label=f"{label}: shed")
-    for ax in (left, right):
-        ax.axvline(GOAL_MULTIPLE, color="grey", linestyle=":", linewidth=1)
-        ax.set_xlabel("offered load (x capacity)")
-    for ax in (left, right, over_time):
-        ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    left.set_ylabel("requests within SLO (%)")
-    left.set_ylim(0, 105)
-    right.set_ylabel("goodput (output tokens/s within SLO)")
-    right.set_ylim(bottom=0)
-    over_time.set_xlabel(f"arrival within the {focus['multiple']:g}x step (s, buckets)")
-    over_time.set_ylabel("share of the bucket's requests (%)")
-    over_time.set_ylim(0, 105)
-    over_time.set_title(f"the {focus['multiple']:g}x step over time")
-    if h:
-        left.set_title(f"share within SLO; at {h['multiple']:g}x: {_x(h['share_ratio'])}")
-        right.set_title(f"goodput; at {h['multiple']:g}x: {_x(h['goodput_ratio'])}")
-    s = report["setup"]
-    fig.suptitle(f"P0 RAG, ladder on vs off: {s['workers']} simulated workers, SLO TTFT {s['slo']['ttft_s']:g} s, "
-                 f"TPOT {s['slo']['tpot_s']:g} s ({cpu_label(report['machine'])})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    doc = __doc__ or ""
-    ap = argparse.ArgumentParser(prog="python -m loadtests.ladder", description=doc.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--workers", type=int, default=2, help="simulated workers per platform")
     ap.add_argument("--max-num-seqs", type=int, default=8, help="per worker (and the scheduler's per-worker cap)")
     ap.add_argument("--time-scale", type=float, default=4.0,
@@ -1270,8 +1007,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--slo-tpot-s", type=float, default=0.15, help="P0 SLO: time per output token")
     ap.add_argument("--retrieval-budget-s", type=float, default=0.5,
                     help="P0 retrieval budget (the hop's timeout; a search over it counts as a miss for the ladder)")
-    ap.add_argument("--multiples", type=float, nargs="+", default=[0.5, 1.0, 1.5, 2.0, 3.0],
-                    help="load steps, in multiples of the measured capacity")
     ap.add_argument("--step-s", type=float, default=40.0, help="seconds of arrivals per step and arm")
     ap.add_argument("--ramp", type=float, nargs="+", default=[0.5, 0.65, 0.8, 0.9, 1.0, 1.1],
                     help="the capacity ramp's rates, rising, in fractions of the measured throughput")
@@ -1280,41 +1015,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="capacity: the ramp's offered rate before the first with less than this share of requests "
                          "within SLO")
     ap.add_argument("--throughput-s", type=float, default=10.0)
-    ap.add_argument("--throughput-warmup-s", type=float, default=5.0)
     ap.add_argument("--warmup-n", type=int, default=8, help="requests one at a time per arm before measuring")
     ap.add_argument("--pause-s", type=float, default=1.0, help="quiet time between runs")
     ap.add_argument("--port-offset", type=int, default=PORT_OFFSET,
                     help=f"the ladder arm's platform; the other's is {ARM_SHIFT} above")
     ap.add_argument("--redis-db", type=int, default=None, help="Redis database (default: the URL's, 0)")
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--out", type=Path, default=Path("loadtests/out/ladder"))
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (lines only)")
-    ap.add_argument("--quick", action="store_true",
-                    help="a smoke run: 1 worker, one ramp rate, steps at 1x and 2x of a few seconds each (~1.5 min)")
-    ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="re-render a saved report")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.workers, args.multiples, args.step_s, args.ramp, args.ramp_s = 1, [1.0, 2.0], 4.0, [0.8], 3.0
-        args.throughput_s, args.throughput_warmup_s, args.warmup_n, args.pause_s = 4.0, 3.0, 2, 0.3
-    return args
 
 
-def served(report: dict[str, Any]) -> int:
-    return sum(r["served"] for st in report["steps"] for r in st["arms"].values())
+BENCHMARK = bench.Benchmark(
+    name="ladder", doc=__doc__ or "", run=benchmark, arguments=add_arguments, goals=goals, context=context,
+    figure=figure, seed=7,
+    levels=bench.Option("0.5,1,1.5,2,3", "load steps, in multiples of the measured capacity",
+                        aliases=("--multiples",)),
+    warmup=bench.Option(5.0, "seconds of the throughput's closed loop before it is measured (not counted)",
+                        aliases=("--throughput-warmup-s",)),
+    quick={"workers": 1, "levels": [1.0, 2.0], "step_s": 4.0, "ramp": [0.8], "ramp_s": 3.0, "throughput_s": 4.0,
+           "warmup_s": 3.0, "warmup_n": 2, "pause_s": 0.3},
+    quick_help="a smoke run: 1 worker, one ramp rate, steps at 1x and 2x of a few seconds each (~1.5 min)",
+    ok=lambda report, args: sum(r["served"] for st in report["steps"] for r in st["arms"].values()) > 0,
+    reports=("ladder",))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    report = produce(args, benchmark, render_markdown, render_plot)
-    print(f"CPU: {cpu_label(report['machine'])}")
-    h = report.get("headline")
-    if h:
-        for what, ratio, ok in (("share within SLO", h["share_ratio"], h["share_met"]),
-                                ("goodput", h["goodput_ratio"], h["goodput_met"])):
-            verdict = "MET" if ok else "MISSED" if ok is not None else "?"
-            print(f"  {verdict:6} {what}: ladder / no ladder = {_x(ratio)} at {h['multiple']:g}x capacity "
-                  f"(goal >= {GOAL_RATIO:g}x)")
-    return 0 if served(report) > 0 else 1
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
