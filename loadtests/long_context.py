@@ -18,6 +18,7 @@ The worker streams every token (``stream_every`` 1 on the sim), so a gap is one 
     python -m loadtests.long_context --out loadtests/reports/long_context-sim    # 1 simulated worker, ~6 min
     python -m loadtests.long_context --engine vllm --out loadtests/reports/long_context-vllm   # ~8 min
     python -m loadtests.long_context --smoke       # a small window, two lengths (the test)
+    python -m loadtests.long_context --render loadtests/reports/long_context-sim.json   # re-render report + plot
 
 A benchmark reports numbers; it does not fail on a missed goal (only when nothing could be served).
 """
@@ -30,27 +31,22 @@ import random
 import sys
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-from loadtests.common import machine_info, markdown_table, percentile, produce, pyplot, summarize
+from loadtests import bench
+from loadtests.common import machine_info, percentile, summarize
 from loadtests.simfleet import LeaseClient, RequestSpec, Result
 from loadtests.suite import (
     LOGS,
     Engine,
-    add_common_args,
     closed_loop,
-    describe_run,
+    declare,
     engine_for,
-    finish_args,
+    figure_title,
     fleet,
-    fmt,
     p0_slo,
-    pct,
     prompt_of,
     samples,
-    save_figure,
     worker_info,
 )
 
@@ -210,8 +206,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     slo = p0_slo(args.engine)
     lengths = lengths_of(args.lengths, window=args.max_model_len, max_tokens=args.max_tokens)
     report: dict[str, Any] = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "benchmark": NAME, "machine": machine_info(), "slo": asdict(slo),
+        "machine": machine_info(), "slo": asdict(slo),
         "setup": {"lengths": lengths, "repeats": args.repeats, "max_tokens": args.max_tokens, "chunks": args.chunks,
                   "background": args.background, "background_prompt_tokens": args.background_prompt_tokens,
                   "background_max_tokens": args.background_max_tokens, "gap_s_wall": args.gap_s,
@@ -267,134 +262,45 @@ def summarize_growth(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# ---- report ----------------------------------------------------------------------------------------------------
+# ---- report (the prose: templates/long_context.md) -------------------------------------------------------------
 
 
+def goals(report: dict[str, Any]) -> list[bench.Goal]:
+    """What the P0 SLO judges, each arm: the TPOT of the other streams' requests decoding during the longest prompt's
+    prefill."""
+    def tpot(arm: str) -> Any:
+        return lambda r: (r["summary"][arm]["background_request_tpot_p99_ms"], None)
 
-def render_markdown(report: dict[str, Any]) -> str:
-    s, arms, summ = report["setup"], report["arms"], report["summary"]
-    slo_ms = report["slo"]["tpot_s"] * 1000
-    sim = report["engine"]["engine"] == "sim"
-    lines = [
-        "# Long context: TTFT growth and chunked prefill",
-        "",
-        describe_run(report),
-        "",
-        "- Arms, each on a fresh worker: "
-        + "; ".join(f"**{name}**: {a['budget_tokens']} tokens per engine step"
-                    + (" (the whole window: a prompt is prefilled in one step, no chunking)" if name == UNCHUNKED
-                       else " (chunked prefill)") for name, a in arms.items()) + ".",
-        f"- Prompt lengths {', '.join(str(x) for x in s['lengths'])} tokens (unique prompts, no prefix-cache "
-        f"hits), {s['max_tokens']} output tokens, each {s['repeats']}x, one at a time: first with nothing else "
-        f"running (*unloaded*), then while {s['background']} closed-loop P0 chat streams (~"
-        f"{s['background_prompt_tokens']}-token prompts, {s['background_max_tokens']} output tokens) decode "
-        f"(*loaded*), {s['gap_s_wall']:g} s (wall) between long prompts.",
-        f"- *Background during prefill*: every background token whose gap from the previous one overlapped a loaded "
-        f"long prompt's prefill (its arrival to its first token); per token time p50/p99, the longest gap, and the "
-        f"share of those tokens over the P0 TPOT SLO ({slo_ms:g} ms). *Quiet*: the background's tokens that "
-        "overlapped no long prefill. *Their requests' TPOT*: the TPOT (first to last token over the tokens) of the "
-        "background requests that decoded during such a prefill, p50/p99, and the share within the SLO.",
-        "",
-        "## Headline",
-        "",
-    ]
-    for name, g in summ.items():
-        lines.append(f"- {name}: unloaded TTFT {fmt(g['ttft_short_ms'])} ms at {s['lengths'][0]} tokens -> "
-                     f"{fmt(g['ttft_long_ms'])} ms at {s['lengths'][-1]} tokens ({fmt(g['growth'], '{:.1f}')}x; "
-                     f"{fmt(g['ms_per_1k_tokens'], '{:.1f}')} ms per 1k prompt tokens); the other streams' p99 time "
-                     f"per token during a prefill up to {fmt(g['background_p99_worst_ms'])} ms, longest stall "
-                     f"{fmt(g['background_max_gap_ms'])} ms (quiet p99 "
-                     f"{fmt(arms[name]['background_quiet']['p99_ms'])} ms); during the longest prompt's prefill their "
-                     f"requests' TPOT p99 {fmt(g.get('background_request_tpot_p99_ms'))} ms, "
-                     f"{pct(g.get('background_within_tpot_slo'))} within the TPOT SLO.")
-    lines += ["", "## Per prompt length", ""]
-    rows = []
-    for name, a in arms.items():
-        for row in a["lengths"]:
-            b = row["background_during_prefill"]
-            rows.append([name, row["prompt_tokens"], fmt(row["worker_prompt_tokens"]),
-                         fmt(row["unloaded_ttft"]["p50_ms"]), fmt(row["loaded_ttft"]["p50_ms"]),
-                         fmt(row["loaded_ttft"]["p99_ms"]), b["n"], fmt(b["p50_ms"], "{:.1f}"),
-                         fmt(b["p99_ms"], "{:.1f}"), fmt(b["max_gap_ms"]), pct(b["over_slo"]),
-                         *_requests_cells(row.get("background_requests", {})), row["failed"]])
-        q = a["background_quiet"]
-        rows.append([name, "quiet", "", "", "", "", q["n"], fmt(q["p50_ms"], "{:.1f}"), fmt(q["p99_ms"], "{:.1f}"),
-                     fmt(q["max_gap_ms"]), pct(q["over_slo"]), "", "", "", a["background_failed"]])
-    lines += [markdown_table(["arm", "prompt tokens", "worker counted", "TTFT unloaded p50 ms", "loaded p50",
-                              "loaded max", "background tokens", "bg ms/token p50", "p99", "longest gap ms",
-                              f"tokens over {slo_ms:g} ms", "their requests' TPOT p50 ms", "p99",
-                              "within TPOT SLO", "failed"], rows), ""]
-    lines += [
-        "## Reading it",
-        "",
-        "- Unloaded TTFT grows about linearly with the prompt: prefill is compute-bound, linear in tokens "
-        + ("(the simulated engine models it as linear; real attention adds a term quadratic in the length, small "
-           "for a 7B model below ~8k tokens and growing beyond)." if sim else
-           "(attention's quadratic term shows at the longest prompts)."),
-        "- Without chunking the long prompt is prefilled in one engine step and every running stream waits for that "
-        "step: their next token comes a whole prefill later (the longest gap). With chunked prefill each step "
-        "carries at most the budget of prompt tokens beside the decodes, so the others' tokens keep coming, each "
-        "step a little slower, for more steps; the long prompt itself gets its first token a little later.",
-        "- The smaller the budget, the less each step carries beside the decodes (the others' time per token stays "
-        "nearer their quiet value) and the more steps the prompt takes (each step's fixed cost paid again: the "
-        "long prompt's TTFT grows).",
-        "- The P0 SLO judges a request's *mean* TPOT, which one stall in a long answer hardly moves: the background "
-        "requests can stay within it in every arm while the unchunked arm freezes their streams for the whole "
-        "prefill (the longest gap). Chunking is about that freeze, and with a small budget about keeping every "
-        "token's latency near the SLO, not about the mean.",
-        f"- The plot `{NAME}-{report['engine']['engine']}.png` shows TTFT against prompt length and the other "
-        "streams' p99 time per token during the prefill, both arms.",
-    ]
-    return "\n".join(lines)
+    return [bench.Goal(f"{arm}: the other streams' TPOT p99 during the longest prefill ≤ the P0 TPOT SLO", tpot(arm),
+                       report["slo"]["tpot_s"] * 1000, at_most=True, digits=0) for arm in report["arms"]]
 
 
-def _requests_cells(r: dict[str, Any]) -> list[str]:
-    return [fmt(r.get("p50_ms"), "{:.1f}"), fmt(r.get("p99_ms"), "{:.1f}"), pct(r.get("within_tpot_slo"))]
-
-
-def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+def figure(report: dict[str, Any]) -> bench.Figure:
+    """TTFT against prompt length (unloaded, loaded) and the other streams' time per token during the prefill."""
+    arms, n = report["arms"], report["setup"]["background"]
     palette = ["tab:blue", "tab:green", "tab:purple", "tab:orange"]
-    colors = {name: "tab:red" if name == UNCHUNKED else palette[i % len(palette)]
-              for i, name in enumerate(report["arms"])}
-    for name, a in report["arms"].items():
-        xs = [row["prompt_tokens"] for row in a["lengths"]]
-        c = colors.get(name, "grey")
-        ax1.plot(xs, [row["unloaded_ttft"]["p50_ms"] for row in a["lengths"]], "-o", color=c, markersize=4,
-                 label=f"{name}, unloaded")
-        ax1.plot(xs, [row["loaded_ttft"]["p50_ms"] for row in a["lengths"]], "--s", color=c, markersize=4,
-                 label=f"{name}, with {report['setup']['background']} streams")
-        bg = [row["background_during_prefill"] for row in a["lengths"]]
-        ax2.plot(xs, [b["p99_ms"] for b in bg], "-o", color=c, markersize=4, label=f"{name}: p99 ms/token")
-        ax2.plot(xs, [b["max_gap_ms"] for b in bg], ":^", color=c, markersize=4, label=f"{name}: longest gap")
-        ax2.plot(xs, [row.get("background_requests", {}).get("p99_ms") for row in a["lengths"]], "--x", color=c,
-                 markersize=4, label=f"{name}: their requests' TPOT p99")
-        ax2.axhline(a["background_quiet"]["p99_ms"] or 0, color=c, linewidth=0.8, alpha=0.5,
-                    label=f"{name}: quiet p99")
-    ax1.axhline(report["slo"]["ttft_s"] * 1000, color="black", linewidth=1, linestyle="-.", label="P0 TTFT SLO")
-    ax2.axhline(report["slo"]["tpot_s"] * 1000, color="black", linewidth=1, linestyle="-.", label="P0 TPOT SLO")
-    ticks = report["setup"]["lengths"]
-    for ax in (ax1, ax2):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [str(x) for x in ticks], fontsize=7)
-        ax.xaxis.set_minor_locator(plt.NullLocator())
-        ax.set_yscale("log")
-        ax.set_xlabel("prompt tokens (log)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    ax1.set_ylabel("TTFT p50 (ms, log)")
-    ax1.set_title("TTFT vs prompt length")
-    ax2.set_ylabel("ms (log)")
-    ax2.set_title("other streams' time per token during the prefill")
-    return save_figure(plt, fig, path, report, "Long context")
+    colour = {name: "tab:red" if name == UNCHUNKED else palette[i % len(palette)] for i, name in enumerate(arms)}
+    xs = {name: [row["prompt_tokens"] for row in a["lengths"]] for name, a in arms.items()}
+    ttft = bench.Panel("TTFT vs prompt length", "prompt tokens (log)", "TTFT p50 (ms, log)", [
+        bench.Series(f"{name}, {what}", xs[name], [row[key]["p50_ms"] for row in a["lengths"]], style, colour[name])
+        for name, a in arms.items()
+        for what, key, style in (("unloaded", "unloaded_ttft", "-"), (f"with {n} streams", "loaded_ttft", "--"))],
+        lines=[(report["slo"]["ttft_s"] * 1000, "P0 TTFT SLO", "-.", "black")], xscale="log2", yscale="log",
+        legend_size=7)
+    others = bench.Panel("other streams' time per token during the prefill", "prompt tokens (log)", "ms (log)", [
+        bench.Series(f"{name}: {what}", xs[name], [get(row) for row in a["lengths"]], style, colour[name])
+        for name, a in arms.items() for what, get, style in (
+            ("p99 ms/token", lambda row: row["background_during_prefill"]["p99_ms"], "-"),
+            ("longest gap", lambda row: row["background_during_prefill"]["max_gap_ms"], ":"),
+            ("their requests' TPOT p99", lambda row: row.get("background_requests", {}).get("p99_ms"), "--"))],
+        lines=[*((a["background_quiet"]["p99_ms"], f"{name}: quiet p99", "-", colour[name]) for name, a in arms.items()
+                 if a["background_quiet"]["p99_ms"]),
+               (report["slo"]["tpot_s"] * 1000, "P0 TPOT SLO", "-.", "black")], xscale="log2", yscale="log",
+        legend_size=7)
+    return bench.Figure(figure_title(report, "Long context"), [ttft, others])
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog=f"python -m loadtests.{NAME}", description=__doc__.split("\n\n")[0])
-    add_common_args(ap, name=NAME, base_port=31100)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--chunks", default=None, help="the chunked arms' tokens per step (sim 512,2048; vllm 256); "
                                                    "an unchunked arm always runs")
     ap.add_argument("--lengths", default=None, help="prompt lengths in tokens; max = the window less the answer")
@@ -405,14 +311,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--background-max-tokens", type=int, default=None)
     ap.add_argument("--gap-s", type=float, default=None, help="wall seconds between long prompts")
     ap.add_argument("--settle-s", type=float, default=2.0, help="wall seconds of background before the first")
-    return finish_args(ap.parse_args(argv), name=NAME, presets=PRESETS)
+
+
+BENCHMARK = declare(NAME, __doc__ or "", benchmark, presets=PRESETS, base_port=31100, arguments=add_arguments,
+                    goals=goals, figure=figure,
+                    ok=lambda report: any(row["loaded_ttft"]["n"] for a in report["arms"].values()
+                                          for row in a["lengths"]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    report = produce(args, benchmark, render_markdown, render_plot)
-    served = sum(1 for a in report["arms"].values() for row in a["lengths"] if row["loaded_ttft"]["n"])
-    return 0 if served else 1
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ later turns (5+), the share of turns placed on the worker of the previous turn, 
     python -m loadtests.multiturn --out loadtests/reports/multiturn-sim      # 4 simulated workers, ~10 min
     python -m loadtests.multiturn --engine vllm --out loadtests/reports/multiturn-vllm   # 1 CPU worker, ~7 min
     python -m loadtests.multiturn --smoke      # 2 simulated workers, 4 short sessions, 2 arms (the test)
+    python -m loadtests.multiturn --render loadtests/reports/multiturn-sim.json   # re-render report + plot
 
 A benchmark reports numbers; it does not fail on a missed goal (only when nothing could be served).
 """
@@ -36,27 +37,23 @@ import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from goodput_scheduler.placement.profile import DEFAULT_PROFILE
-from loadtests.common import machine_info, markdown_table, produce, pyplot, summarize
+from loadtests import bench
+from loadtests.common import machine_info, summarize
 from loadtests.simfleet import LeaseClient, RequestSpec, Result, random_text
 from loadtests.suite import (
+    CHARS_PER_TOKEN,
     LOGS,
     Engine,
-    add_common_args,
-    describe_run,
+    declare,
     engine_for,
-    finish_args,
+    figure_title,
     fleet,
-    fmt,
     latency_stats,
     p0_slo,
-    pct,
     samples,
-    save_figure,
     worker_info,
 )
 
@@ -217,8 +214,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     sessions = conversations(args, engine_for(args))
     n_turns = Counter(len(s) for s in sessions)
     report: dict[str, Any] = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "benchmark": NAME, "machine": machine_info(), "slo": asdict(slo),
+        "machine": machine_info(), "slo": asdict(slo),
         "setup": {"sessions": args.sessions, "concurrent": args.concurrent, "turns": args.turns,
                   "turn_counts": dict(sorted(n_turns.items())), "requests": sum(len(s) for s in sessions),
                   "system_tokens": args.system_tokens, "tenants": args.tenants, "user_tokens": args.user_tokens,
@@ -238,125 +234,52 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-# ---- report ----------------------------------------------------------------------------------------------------
+# ---- report (the prose: templates/multiturn.md) ----------------------------------------------------------------
 
 
+def later_p50(report: dict[str, Any], arm: str) -> float | None:
+    """The arm's TTFT p50 over turns ``LATER_TURN``+ (ms)."""
+    return report["arms"][arm]["later"]["ttft"]["p50_ms"]
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    s, arms = report["setup"], report["arms"]
-    sim = report["engine"]["engine"] == "sim"
-    base = arms.get("affinity")
-    lines = [
-        "# Multi-turn conversations: TTFT per turn, prefix caching and session affinity",
-        "",
-        describe_run(report),
-        "",
-        f"- {s['sessions']} sessions ({', '.join(f'{n} of {k} turns' for k, n in s['turn_counts'].items())}; "
-        f"{s['requests']} requests), {s['concurrent']} at a time; {s['tenants']} tenant(s), each with a "
-        f"~{s['system_tokens']}-token system prompt; user messages of {s['user_tokens'].replace(',', '-')} tokens; "
-        f"answers of {s['max_tokens']} tokens, put back into the history; a think time of {s['think_s']:g} s "
-        "(0.5-1.5x) after each answer. Turn k's prompt is the whole conversation so far (up to "
-        f"~{s['longest_prompt_chars'] // (4 if sim else 3.3):.0f} tokens), P0.",
-        "- Every arm replays the same sessions on a fresh fleet (cold caches):",
-        "",
-    ]
-    for name, a in arms.items():
-        extra = ""
-        if name == "no_cache":
-            extra = (" — on the sim **emulated**: each request is its own tenant, so the per-tenant cache salt keeps "
-                     "any block from being reused (the simulated engine ignores ENABLE_PREFIX_CACHING)" if sim
-                     else " — `GOODPUT_INFERENCE_ENABLE_PREFIX_CACHING=false` on the worker")
-        lines.append(f"  - **{name}**: {a['description']}{extra}.")
-    if not sim and report["engine"]["workers"] == 1:
-        lines.append("  - With one worker every turn lands on it whatever the profile: session affinity cannot be "
-                     "measured here (the simulated fleet measures it).")
-    lines += ["", "## Headline", ""]
-    for name, a in arms.items():
-        t, lt = a["all"]["ttft"], a["later"]["ttft"]
-        vs = ""
-        if base is not None and name != "affinity" and lt["p50_ms"] and base["later"]["ttft"]["p50_ms"]:
-            vs = f" ({lt['p50_ms'] / base['later']['ttft']['p50_ms']:.2f}x affinity's)"
-        lines.append(f"- {name}: TTFT p50 {fmt(t['p50_ms'])} ms, p95 {fmt(t['p95_ms'])} ms over all turns; turns "
-                     f"{LATER_TURN}+ p50 {fmt(lt['p50_ms'])} ms{vs}, p95 {fmt(lt['p95_ms'])} ms; prompt served from "
-                     f"the cache {pct(a['all']['cached_share'])}; turns on the previous turn's worker "
-                     f"{pct(a['same_worker_share'])}; within the P0 SLO {pct(a['all']['attainment'])}.")
-    lines += ["", "## TTFT per turn (p50 / p95 ms, cached share of the prompt)", ""]
+def goals(report: dict[str, Any]) -> list[bench.Goal]:
+    """What caching and session affinity save: each other arm's TTFT p50 on the later turns against affinity's."""
+    def vs_affinity(arm: str) -> Any:
+        return lambda r: (later_p50(r, arm), later_p50(r, "affinity"))
+
+    others = [arm for arm in report["arms"] if arm != "affinity"] if "affinity" in report["arms"] else []
+    return [bench.Goal(f"turns {LATER_TURN}+: {arm}'s TTFT p50 ≥ 1x affinity's", vs_affinity(arm), 1.0,
+                       judged="ratio", digits=0) for arm in others]
+
+
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    """Per turn, each arm's row (None where the arm had no such turn); the longest prompt in tokens; whether the
+    gateway's 512-character prefix hint falls inside the system prompt."""
+    arms, s = report["arms"], report["setup"]
+    cpt = CHARS_PER_TOKEN[report["engine"]["engine"]]
     turns = sorted({row["turn"] for a in arms.values() for row in a["turns"]})
-    rows = []
-    for k in turns:
-        row: list[Any] = [k]
-        for a in arms.values():
-            r = next((x for x in a["turns"] if x["turn"] == k), None)
-            row.append("—" if r is None else f"{fmt(r['ttft']['p50_ms'])} / {fmt(r['ttft']['p95_ms'])} "
-                                             f"({pct(r['cached_share'])})")
-        first = next((x for a in arms.values() for x in a["turns"] if x["turn"] == k), None)
-        row.insert(1, "—" if first is None else f"{first['n']}")
-        row.insert(2, fmt(first["prompt_tokens_mean"]) if first else "—")
-        rows.append(row)
-    lines += [markdown_table(["turn", "requests", "prompt tokens (mean)", *arms], rows), ""]
-    lines += ["## Per arm", ""]
-    rows = [[name, a["all"]["offered"], a["failed"], fmt(a["all"]["ttft"]["p50_ms"]), fmt(a["all"]["ttft"]["p95_ms"]),
-             fmt(a["all"]["ttft"]["p99_ms"]), fmt(a["all"]["tpot"]["p50_ms"], "{:.1f}"),
-             pct(a["all"]["attainment"]), fmt(a["all"]["goodput_rps"], "{:.2f}"), pct(a["all"]["cached_share"]),
-             pct(a["same_worker_share"]), ", ".join(f"{k} {v}" for k, v in a["placement_reasons"].items())]
-            for name, a in arms.items()]
-    lines += [markdown_table(["arm", "requests", "failed", "TTFT p50 ms", "p95", "p99", "TPOT p50 ms", "within SLO",
-                              "goodput req/s", "cached", "same worker", "placed by"], rows), ""]
-    errors = [f"- {name}: {'; '.join(a['errors'])}" for name, a in arms.items() if a["errors"]]
-    if errors:
-        lines += ["Requests not served:", "", *errors, ""]
-    lines += [
-        "## Reading it",
-        "",
-        "- Without a prefix cache every turn prefills the whole conversation, so TTFT grows with the turn; with it, "
-        "a turn prefills only what is new since its previous turn's prompt (the last answer and the new user "
-        "message) — if it lands on the worker that holds the history. The answers put back into the history are "
-        "text of the answer's length, not the generated text (the client does not keep it), so no engine can reuse "
-        "an answer's own KV blocks: the reuse measured is of the previous turns' prompts.",
-        "- Session affinity sends a turn to the worker that served the conversation's last turn. Prefix affinity "
-        "alone sees only the gateway's prefix hint, the first 512 characters"
-        + (", here all inside the system prompt, which every conversation of a tenant shares: it can keep a "
-           "tenant's conversations together (within its balance slack) but not tell them apart."
-           if s["system_tokens"] * (4 if sim else 3.3) >= 512 else
-           ": the system prompt and the start of the first user message."),
-        "- The last turns are few (only the longest sessions have them) and run as the load falls off at the end of "
-        "the run: their TTFT is lower for that.",
-        f"- The plot `{NAME}-{report['engine']['engine']}.png` shows TTFT p50 per turn and the cached share per "
-        "turn, every arm.",
-    ]
-    return "\n".join(lines)
+    per_turn = [[next((x for x in a["turns"] if x["turn"] == k), None) for a in arms.values()] for k in turns]
+    return {"per_turn": [(k, next(r for r in rows if r is not None), rows) for k, rows in zip(turns, per_turn,
+                                                                                              strict=True)],
+            "later_turn": LATER_TURN, "longest_prompt_tokens": s["longest_prompt_chars"] // cpt,
+            "hint_in_system_prompt": s["system_tokens"] * cpt >= 512}
 
 
-def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, a in report["arms"].items():
-        xs = [row["turn"] for row in a["turns"]]
-        line = ax1.plot(xs, [row["ttft"]["p50_ms"] for row in a["turns"]], "-o", markersize=4, label=f"{name} p50")
-        ax1.plot(xs, [row["ttft"]["p95_ms"] for row in a["turns"]], ":", color=line[0].get_color(), linewidth=1,
-                 label=f"{name} p95")
-        ax2.plot(xs, [(row["cached_share"] or 0) * 100 for row in a["turns"]], "-o", markersize=4, label=name)
-    ax1.set_yscale("log")
-    ax1.set_ylabel("TTFT (ms, log)")
-    ax1.set_title("TTFT per turn")
-    ax2.set_ylabel("% of the prompt served from the prefix cache")
-    ax2.set_ylim(0, 100)
-    ax2.set_title("prefix-cache hits per turn")
-    turns = sorted({row["turn"] for a in report["arms"].values() for row in a["turns"]})
-    for ax in (ax1, ax2):
-        ax.set_xlabel("turn")
-        ax.set_xticks(turns)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, ncol=2 if ax is ax1 else 1)
-    return save_figure(plt, fig, path, report, "Multi-turn conversations")
+def figure(report: dict[str, Any]) -> bench.Figure:
+    """TTFT p50/p95 and the cached share per turn, every arm."""
+    arms = report["arms"]
+    colour = {name: f"C{i}" for i, name in enumerate(arms)}
+    xs = {name: [row["turn"] for row in a["turns"]] for name, a in arms.items()}
+    ttft = bench.Panel("TTFT per turn", "turn", "TTFT (ms, log)", [
+        bench.Series(f"{name} {q}", xs[name], [row["ttft"][f"{q}_ms"] for row in a["turns"]], style, colour[name])
+        for name, a in arms.items() for q, style in (("p50", "-"), ("p95", ":"))], yscale="log", legend_size=7)
+    cached = bench.Panel("prefix-cache hits per turn", "turn", "% of the prompt served from the prefix cache", [
+        bench.Series(name, xs[name], [(row["cached_share"] or 0) * 100 for row in a["turns"]], color=colour[name])
+        for name, a in arms.items()], legend_size=7)
+    return bench.Figure(figure_title(report, "Multi-turn conversations"), [ttft, cached])
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog=f"python -m loadtests.{NAME}", description=__doc__.split("\n\n")[0])
-    add_common_args(ap, name=NAME, base_port=31200)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--arms", default=None, help=f"comma-separated, of: {', '.join(ARMS)}")
     ap.add_argument("--sessions", type=int, default=None)
     ap.add_argument("--concurrent", type=int, default=None, help="sessions at a time")
@@ -366,17 +289,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--user-tokens", default=None, help="MIN,MAX tokens of a user message")
     ap.add_argument("--max-tokens", type=int, default=None, help="tokens of an answer")
     ap.add_argument("--think-s", type=float, default=None, help="think time after an answer (engine time)")
-    args = finish_args(ap.parse_args(argv), name=NAME, presets=PRESETS)
+
+
+def prepare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     unknown = set(args.arms.split(",")) - set(ARMS)
     if unknown:
         ap.error(f"unknown arms: {', '.join(sorted(unknown))}")
-    return args
+
+
+BENCHMARK = declare(NAME, __doc__ or "", benchmark, presets=PRESETS, base_port=31200, arguments=add_arguments,
+                    prepare=prepare, goals=goals, context=context, figure=figure,
+                    ok=lambda report: any(a["all"]["served"] for a in report["arms"].values()))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    report = produce(args, benchmark, render_markdown, render_plot)
-    return 0 if any(a["all"]["served"] for a in report["arms"].values()) else 1
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What the load suite's four benchmarks (``stairstep``, ``long_context``, ``multiturn``, ``shared_prefix``) share:
 the engine they run on, the P0 SLO they judge by, latencies in engine time, goodput, the client loops (closed-loop
-streams, open-loop Poisson arrivals) and the report's opening paragraph.
+streams, open-loop Poisson arrivals), the declaration on the skeleton (:func:`declare`) and the plot's title;
+the report's opening paragraph is ``templates/_suite.md``.
 
 Each benchmark runs on one of two engines, both behind the real worker and scheduler processes
 (:class:`loadtests.simfleet.SimFleet`; the client does per request what the gateway does: lease -> stream ->
@@ -44,12 +45,11 @@ from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from grpc import aio
 
 from loadtests import bench
-from loadtests.common import cpu_label, summarize
+from loadtests.common import summarize
 from loadtests.simfleet import LeaseClient, RequestSpec, Result, SimFleet, random_text
 
-__all__ = ["ENGINES", "LOGS", "Engine", "Sample", "Slo", "add_common_args", "closed_loop", "declare", "describe_run",
-           "engine_for", "figure_title", "finish_args", "fleet", "fmt", "latency_stats", "open_loop", "p0_slo", "pct",
-           "prompt_of", "samples", "save_figure", "slo_line", "worker_info"]
+__all__ = ["CHARS_PER_TOKEN", "ENGINES", "LOGS", "Engine", "Sample", "Slo", "closed_loop", "declare", "engine_for",
+           "figure_title", "fleet", "latency_stats", "open_loop", "p0_slo", "prompt_of", "samples", "worker_info"]
 
 LOGS = Path("loadtests/out/logs")  # the fleet processes' logs (not committed), a folder per benchmark
 DEV_MODEL = "SmolLM2-135M-Instruct (the dev model, float32)"
@@ -267,7 +267,8 @@ def declare(name: str, doc: str, run: Callable[[argparse.Namespace], Coroutine[A
             presets: dict[str, dict[str, Any]], base_port: int, arguments: Callable[[argparse.ArgumentParser], None],
             figure: Callable[[dict[str, Any]], bench.Figure | None], ok: Callable[[dict[str, Any]], bool],
             context: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-            prepare: Callable[[argparse.ArgumentParser, argparse.Namespace], None] | None = None) -> bench.Benchmark:
+            prepare: Callable[[argparse.ArgumentParser, argparse.Namespace], None] | None = None,
+            goals: Sequence[bench.Goal] | Callable[[dict[str, Any]], Sequence[bench.Goal]] = ()) -> bench.Benchmark:
     """A load-suite benchmark on the skeleton: ``--engine sim|vllm``, the fleet's options (None: the engine's preset,
     ``presets["sim"]`` or ``["vllm"]``), ``--max-model-len``, ``--smoke`` (``presets["smoke"]`` where the command
     line left an option unset) and the report at ``loadtests/out/<name>-<engine>``; its template includes
@@ -284,7 +285,7 @@ def declare(name: str, doc: str, run: Callable[[argparse.Namespace], Coroutine[A
             prepare(ap, args)
 
     return bench.Benchmark(
-        name=name, doc=doc, run=run, arguments=arguments_, prepare=prepare_, figure=figure,
+        name=name, doc=doc, run=run, arguments=arguments_, prepare=prepare_, goals=goals, figure=figure,
         context=lambda report: {"dev_model": DEV_MODEL, **(context(report) if context is not None else {})},
         engines=ENGINES, engine_help="sim: simulated A100 / 7B workers at scale (default); vllm: the real CPU "
                                      "engine with the dev model at small scale (one worker; starting it takes a minute "
@@ -300,91 +301,3 @@ def figure_title(report: dict[str, Any], title: str) -> str:
     e = report["engine"]
     return (f"{title}: {e['workers']} simulated A100/7B worker(s) (A100 time)" if e["engine"] == "sim"
             else f"{title}: {e['workers']} vLLM CPU worker(s), the dev model")
-
-
-def add_common_args(ap: argparse.ArgumentParser, *, name: str, base_port: int) -> None:
-    ap.add_argument("--engine", choices=ENGINES, default="sim",
-                    help="sim: simulated A100 / 7B workers at scale (default); vllm: the real CPU engine with the dev "
-                         "model at small scale (one worker; starting it takes a minute or two)")
-    ap.add_argument("--time-scale", type=float, default=2.0,
-                    help="sim: the simulated GPU runs this many times slower than an A100, so 2 CPU cores keep up; "
-                         "the reports divide wall-clock by it")
-    ap.add_argument("--workers", type=int, default=None, help="workers (default: the engine's preset)")
-    ap.add_argument("--max-num-seqs", type=int, default=None, help="sequences per worker (default: the preset)")
-    ap.add_argument("--max-model-len", type=int, default=None, help="the context window (default: the preset)")
-    ap.add_argument("--base-port", type=int, default=base_port, help="the scheduler's port; workers the next ones")
-    ap.add_argument("--seed", type=int, default=20)
-    ap.add_argument("--out", type=Path, default=None,
-                    help=f"report path without suffix (default loadtests/out/{name}-ENGINE)")
-    ap.add_argument("--smoke", action="store_true", help="tiny and fast, on the sim engine (the test)")
-    ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="re-render a saved report")
-
-
-def finish_args(args: argparse.Namespace, *, name: str, presets: dict[str, dict[str, Any]]) -> argparse.Namespace:
-    """Fills what the command line left unset (None) from the engine's preset (``presets["sim"]`` or
-    ``["vllm"]``); ``--smoke`` takes ``presets["smoke"]`` over everything, on the sim engine."""
-    if args.smoke:
-        args.engine = "sim"
-        for k, v in presets.get("smoke", {}).items():
-            setattr(args, k, v)
-    for k, v in presets[args.engine].items():
-        if getattr(args, k, None) is None:
-            setattr(args, k, v)
-    if args.out is None:
-        args.out = Path(f"loadtests/out/{name}-{args.engine}")
-    return args
-
-
-def slo_line(slo: dict[str, Any]) -> str:
-    return f"P0 SLO: TTFT ≤ {slo['ttft_s']:g} s and TPOT ≤ {slo['tpot_s'] * 1000:g} ms, from {slo['source']}"
-
-
-def describe_run(report: dict[str, Any]) -> str:
-    """The report's opening paragraph: which engine (simulated or real), at what scale, on which CPU, the SLO."""
-    e, m = report["engine"], report["machine"]
-    command = f"python -m loadtests.{report['benchmark']}" + (" --engine vllm" if e["engine"] == "vllm" else "")
-    cores = f"{m.get('cores_usable')} CPU cores ({cpu_label(m)})"
-    if e["engine"] == "sim":
-        sim = e.get("sim", {})
-        budget = e.get("step_budget") or (f"{sim.get('max_batched_tokens', 2048)} tokens per engine step (chunked "
-                                          "prefill)")
-        what = (f"**Simulated fleet, at scale**: {e['workers']} simulated A100-80GB / 7B worker(s) "
-                f"(`goodput_inference.sim_engine`'s calibration; no model runs) x {e['max_num_seqs']} sequences, a "
-                f"{e['max_model_len']}-token window, {budget}. The "
-                f"simulated GPU runs x{sim.get('time_scale', 1):g} slower than an A100 so that {cores} keep up; "
-                f"**every latency and rate below is in A100 time** (wall-clock / {sim.get('time_scale', 1):g}; the "
-                "platform's own overhead, a few ms, is divided likewise).")
-    else:
-        budget = e.get("step_budget") or "max_num_batched_tokens " + e.get("worker_env", {}).get(
-            "GOODPUT_INFERENCE_MAX_NUM_BATCHED_TOKENS", "at the engine's default")
-        what = (f"**Real CPU engine, small scale**: {e['workers']} vLLM worker(s) (CPU build) serving {DEV_MODEL} x "
-                f"{e['max_num_seqs']} sequences, a {e['max_model_len']}-token window, {budget}; the engine, the "
-                f"scheduler and the client share {cores}; wall-clock times.")
-    return (f"Generated {report.get('generated_at', '')} by `{command}`. {what} Real worker and scheduler processes "
-            "over gRPC; the client does per request what the gateway does (lease, stream from the worker, "
-            f"release). {slo_line(report['slo'])}.")
-
-
-def fmt(v: float | None, spec: str = "{:.0f}") -> str:
-    """A table cell: the value formatted, an em dash for none.
-
-    >>> fmt(12.345, "{:.1f}"), fmt(None), pct(0.25), pct(None)
-    ('12.3', '—', '25%', '—')
-    """
-    return "—" if v is None else spec.format(v)
-
-
-def pct(v: float | None, spec: str = "{:.0f}%") -> str:
-    """A share (0..1) as a percentage cell, an em dash for none."""
-    return "—" if v is None else spec.format(v * 100)
-
-
-def save_figure(plt: Any, fig: Any, path: Path, report: dict[str, Any], title: str) -> Path:
-    """Titles the figure with what ran (the simulated fleet in A100 time, or the CPU engine), writes it, closes it."""
-    e = report["engine"]
-    fig.suptitle(f"{title}: {e['workers']} simulated A100/7B worker(s) (A100 time)" if e["engine"] == "sim"
-                 else f"{title}: {e['workers']} vLLM CPU worker(s), the dev model")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
