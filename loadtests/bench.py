@@ -76,9 +76,11 @@ class Goal:
         """The goal against a report; a report without the fields it reads leaves it unjudged (``met`` None)."""
         try:
             value, base = self.measure(report)
-        except (KeyError, IndexError, TypeError):
+        except (KeyError, IndexError, TypeError, ValueError):  # a field or a row the report lacks
             value, base = None, None
-        ratio = value / base if value is not None and base else None
+        # a zero baseline (the baseline served nothing) against a positive value: an infinite ratio, judged
+        ratio = None if value is None or base is None or base == value == 0 else (
+            value / base if base else math.copysign(math.inf, value))
         judged = {"value": value, "ratio": ratio, "diff": None if value is None or base is None else value - base,
                   "speedup": base / value if base is not None and value else None,
                   "change": None if ratio is None else ratio - 1}[self.judged]
@@ -95,7 +97,8 @@ def fmt_goal(goal: Mapping[str, Any], key: str) -> str:
         return "—"
     kind, unit, digits = (goal["kind"] if key in ("judged", "threshold") else "value"), goal["unit"], goal["digits"]
     text = {"value": f"{v * 100:.{digits}f}%" if unit == "%" else f"{v:.{digits}f} {unit}".rstrip(),
-            "diff": f"{v:+.{digits}f} {unit}".rstrip(), "ratio": f"{v:.2f}×", "speedup": f"{v:.2f}×",
+            "diff": f"{v:+.{digits}f} {unit}".rstrip(), "ratio": "∞" if math.isinf(v) else f"{v:.2f}×",
+            "speedup": "∞" if math.isinf(v) else f"{v:.2f}×",
             "change": f"{v * 100:+.1f}%"}[kind]
     return ("≤ " if goal["at_most"] else "≥ ") + text if key == "threshold" else text
 
