@@ -28,19 +28,18 @@ chooses its threshold on their validation part (``goodput_crossencoder.datasets`
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from loadtests.common import cpu_label, machine_info, markdown_table, package_versions, write_report
+from loadtests import bench
+from loadtests.common import machine_info, package_versions
 
 ROOT = Path(__file__).resolve().parent.parent
 THRESHOLDS = [0.80, 0.85, 0.86, 0.87, 0.88, 0.89, 0.90, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98]
@@ -62,14 +61,6 @@ class PairSet:
     own: list[int]          # index in `stored` of each query's own first sentence
     labels: list[int]       # 1 = paraphrase
     positives: set[tuple[str, str]]  # (stored text, query text) labelled paraphrases (either direction)
-
-
-def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
 
 
 def load_sets(data_dir: Path, max_pairs: int, seed: int, part: str = "test") -> list[PairSet]:
@@ -303,7 +294,7 @@ def evaluate_gptcache(ps: PairSet, emb: MemoEmbedder, workdir: Path) -> list[dic
     return rows
 
 
-def choose_threshold(results: dict[str, Any], margin: float) -> dict[str, Any]:
+def choose_threshold(results: dict[str, Any], margin: float) -> float:
     """The lowest threshold within 0.92-0.97 whose wrong-hit share under the cache's rule (guard and ambiguity
     ``margin``) is <= 1% on GPTCache's mock pairs (the set the goal and GPTCache's published numbers are about); when
     none is, the service default (a share measured on a handful of wrong hits does not justify trading away half the
@@ -312,23 +303,9 @@ def choose_threshold(results: dict[str, Any], margin: float) -> dict[str, Any]:
     word-swapped near-copies (PAWS) rather than by the threshold."""
     from goodput_cache.config import DEFAULT_THRESHOLD
 
-    if "gptcache_mock" not in results:
-        return {"threshold": DEFAULT_THRESHOLD, "rule": "no mock pairs evaluated: the service default"}
-    rows = {t: _pick(results["gptcache_mock"]["goodput"], t, True, margin) for t in THRESHOLDS if 0.92 <= t <= 0.97}
-    for t, row in rows.items():
-        if row["wrong_hit_share"] <= GOAL_WRONG_SHARE:
-            return {"threshold": t, "rule": f"the lowest in 0.92-0.97 whose wrong-hit share is <= 1% on GPTCache's "
-                                            f"mock pairs with the guard and ambiguity margin {margin:g} "
-                                            f"({row['hits']} hits, {row['wrong_hits']} wrong)"}
-    best = min(rows, key=lambda t: (rows[t]["wrong_hit_share"], t))
-    keep = rows[DEFAULT_THRESHOLD]
-    return {"threshold": DEFAULT_THRESHOLD,
-            "rule": f"no threshold in 0.92-0.97 met 1% on the mock pairs, so the service default is kept: "
-                    f"{DEFAULT_THRESHOLD} serves {keep['hits']} hits with {keep['wrong_hits']} wrong "
-                    f"({keep['wrong_hit_share'] * 100:.1f}%); the lowest share, {best} "
-                    f"({rows[best]['wrong_hit_share'] * 100:.1f}%), serves {rows[best]['hits']} hits with "
-                    f"{rows[best]['wrong_hits']} wrong: {keep['wrong_hits'] - rows[best]['wrong_hits']} fewer wrong "
-                    f"hits for {keep['correct_hits'] - rows[best]['correct_hits']} fewer correct ones"}
+    mock = results.get("gptcache_mock")
+    return next((t for t in THRESHOLDS if mock and 0.92 <= t <= 0.97
+                 and _pick(mock["goodput"], t, True, margin)["wrong_hit_share"] <= GOAL_WRONG_SHARE), DEFAULT_THRESHOLD)
 
 
 def _gptcache_at(res: dict[str, Any], t: float) -> dict[str, Any]:
@@ -340,260 +317,19 @@ def _pick(rows: list[dict[str, Any]], t: float, guard: bool, margin: float = 0.0
                 and abs(r.get("margin", 0.0) - margin) < 1e-9)
 
 
-def plot(results: dict[str, Any], path: Path, margin: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(results)
-    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4.2))
-    for ax, name in zip(np.atleast_1d(axes), names, strict=True):
-        res = results[name]
-        for guard, m, style, label in ((False, 0.0, "o--", "no guard"), (True, 0.0, "s:", "guard"),
-                                       (True, margin, "D-", f"cache: guard + margin {margin:g}")):
-            rows = [r for r in res["goodput"] if r["guard"] == guard and r["margin"] == m]
-            ax.plot([r["hit_rate"] * 100 for r in rows], [r["wrong_hit_share"] * 100 for r in rows], style,
-                    label="goodput " + label)
-            for r in rows:
-                if r["threshold"] in (0.9, 0.95, 0.97):
-                    ax.annotate(f"{r['threshold']:.2f}", (r["hit_rate"] * 100, r["wrong_hit_share"] * 100),
-                                fontsize=7, textcoords="offset points", xytext=(3, 3))
-        g = res["gptcache"]
-        ax.plot([r["hit_rate"] * 100 for r in g], [r["wrong_hit_share"] * 100 for r in g], "x:", color="red",
-                label="GPTCache")
-        for r in g:
-            ax.annotate(f"G{r['threshold']:.2f}", (r["hit_rate"] * 100, r["wrong_hit_share"] * 100), fontsize=7,
-                        color="red", textcoords="offset points", xytext=(3, -9))
-        ax.axhline(GOAL_WRONG_SHARE * 100, color="grey", lw=0.8)
-        ax.set_title(name)
-        ax.set_xlabel("hit rate (% of lookups)")
-        ax.set_ylabel("wrong hits (% of hits)")
-        ax.legend(fontsize=7)
-    fig.suptitle("Semantic cache: hit rate vs wrong-hit share as the threshold moves (same embedding model)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def report(data: dict[str, Any]) -> str:
-    pct = lambda x: f"{x * 100:.1f}%"  # noqa: E731
-    hw = lambda r: f"{pct(r['hit_rate'])} / {pct(r['wrong_hit_share'])}"  # noqa: E731
-    m = data["margin"]
-    lines = ["# Semantic cache evaluation", "",
-             f"Generated by `python -m loadtests.cache_eval` on {cpu_label(data['machine'])} "
-             f"({data['machine'].get('cores_usable', '?')} CPUs). Embedding: all-MiniLM-L6-v2 ONNX int8 for both "
-             "caches. Pairs sampled per set: up to " + str(data["max_pairs"]) + f" (seed {data['seed']}), QQP, PAWS "
-             f"and MRPC from the **{data.get('part', 'all')}** part of the split the verifier was trained on "
-             "(`goodput_crossencoder.datasets`: train 60%, validation 10%, test 30%, by connected component of the "
-             "sentences), GPTCache's mock pairs all of them (never trained on).", "",
-             "Method: the first sentence of every pair is stored in one partition; the second is looked up. A hit "
-             "is wrong unless the pair is a paraphrase and the entry found is its own first sentence (or another "
-             "labelled paraphrase). Hit rate = hits / lookups; wrong = wrong hits / hits; recall = correct hits / "
-             "lookups with a right answer stored (paraphrases, verbatim repeats). GPTCache's threshold is on its "
-             "own scale (0.95 there = cosine 0.90).", "",
-             "Three decision rules over the same 4 nearest candidates: *no guard* (the best candidate if it reaches "
-             "the threshold: GPTCache's rule), *+ guard* (the best candidate the near-miss guard lets through) and "
-             f"*cache* (what the service does: the guard, and a miss when a second candidate the guard lets through "
-             f"is within {m:g} similarity of the best, since its answer differs: `GOODPUT_CACHE_AMBIGUITY_MARGIN`).",
-             "", f"**Default threshold chosen: {data['chosen']['threshold']}** — {data['chosen']['rule']}.", ""]
-    lines += verifier_section(data)
-    lines += ["## Against the goal (wrong-hit share <= 1% at a hit rate at least GPTCache's at 0.95)", "",
-              "At GPTCache's hit rate: the strictest goodput threshold whose hit rate (with the cache's rule) is "
-              "still at least GPTCache's at 0.95, and its wrong-hit share:", ""]
-    rows = []
-    for name, res in data["results"].items():
-        g95 = _gptcache_at(res, 0.95)
-        same = [r for r in res["goodput"] if r["guard"] and r["margin"] == m and r["hit_rate"] >= g95["hit_rate"]]
-        best = max(same, key=lambda r: r["threshold"]) if same else None
-        guard_only = _pick(res["goodput"], best["threshold"], True) if best else None
-        rows.append([name, res["lookups"], hw(g95),
-                     f"{best['threshold']:.2f}: {hw(best)}" if best else "none reaches it",
-                     hw(guard_only) if guard_only else "",
-                     ("yes" if best["wrong_hit_share"] <= GOAL_WRONG_SHARE else "no") if best else "no"])
-    lines.append(markdown_table(["set", "lookups", "GPTCache 0.95: hit / wrong", "goodput cache rule: threshold: "
-                                 "hit / wrong", "same threshold, guard only", "goal met"], rows))
-    t = data["chosen"]["threshold"]
-    lines += ["", f"At the default threshold ({t}):", ""]
-    rows = []
-    for name, res in data["results"].items():
-        g95 = _gptcache_at(res, 0.95)
-        rows.append([name, hw(g95), hw(_pick(res["goodput"], t, False)), hw(_pick(res["goodput"], t, True)),
-                     hw(_pick(res["goodput"], t, True, m))])
-    lines.append(markdown_table(["set", "GPTCache 0.95: hit / wrong", "no guard", "+ guard", "cache"], rows))
-    lines += ["", "## What the guard buys", "", "Wrong hits removed and correct hits lost by the guard (no ambiguity "
-              "margin), at the same threshold:", ""]
-    rows = []
-    for name, res in data["results"].items():
-        for thr in dict.fromkeys((0.90, 0.95, t)):
-            a, b = _pick(res["goodput"], thr, False), _pick(res["goodput"], thr, True)
-            rows.append([name, f"{thr:.2f}", a["wrong_hits"], b["wrong_hits"], a["correct_hits"], b["correct_hits"],
-                         f"{pct(a['wrong_hit_share'])} -> {pct(b['wrong_hit_share'])}"])
-    lines.append(markdown_table(["set", "threshold", "wrong hits", "+ guard", "correct hits", "+ guard",
-                                 "wrong share"], rows))
-    lines += ["", "## What the ambiguity margin buys", "", "With the guard, at the same threshold, by margin: hits, "
-              "wrong hits and correct hits (a margin turns near-ties between two stored answers into misses):", ""]
-    margins = sorted({r["margin"] for r in next(iter(data["results"].values()))["goodput"] if r["guard"]})
-    rows = []
-    for name, res in data["results"].items():
-        for thr in dict.fromkeys((0.88, 0.90, t)):
-            cells = [_pick(res["goodput"], thr, True, mm) for mm in margins]
-            rows.append([name, f"{thr:.2f}", *[f"{c['hits']} / {c['wrong_hits']} / {c['correct_hits']} "
-                                               f"({pct(c['wrong_hit_share'])})" for c in cells]])
-    lines.append(markdown_table(["set", "threshold", *[f"margin {mm:g}: hits / wrong / correct" for mm in margins]],
-                                rows))
-    lines += ["", "## Threshold sweep (goodput)", ""]
-    for name, res in data["results"].items():
-        lines += [f"### {name} ({res['lookups']} lookups, {res['paraphrases']} paraphrases)", ""]
-        rows = []
-        for thr in THRESHOLDS:
-            cells = [_pick(res["goodput"], thr, False), _pick(res["goodput"], thr, True),
-                     _pick(res["goodput"], thr, True, m)]
-            rows.append([f"{thr:.2f}", *[f"{pct(c['hit_rate'])} / {pct(c['wrong_hit_share'])} / {pct(c['recall'])}"
-                                         for c in cells]])
-        lines.append(markdown_table(["threshold", "no guard: hit / wrong / recall", "+ guard", f"cache (margin {m:g})"],
-                                    rows))
-        lines += ["", "GPTCache on the same pairs:", ""]
-        lines.append(markdown_table(["GPTCache threshold", "cosine equiv.", "hit rate", "wrong", "recall"],
-                                    [[f"{r['threshold']:.2f}", r["cosine_equivalent"], pct(r["hit_rate"]),
-                                      pct(r["wrong_hit_share"]), pct(r["recall"])] for r in res["gptcache"]]))
-        lines.append("")
-    lines += ["## Reading the guard's effect", "",
-              "At the same threshold the guard removes wrong hits that differ in negation, antonyms, numbers, dates "
-              "or named entities (and names that trade places), at the cost of some correct hits (recall); the "
-              "sweep above shows both sides. Word-swapped near-copies without such cues (most PAWS negatives) "
-              "remain indistinguishable to a sentence embedding and to the guard. The ambiguity margin catches "
-              "what neither can: a question that two stored questions fit about equally well, where picking the "
-              "closer one is a guess.", "",
-              "![curve](cache_eval.png)"]
-    return "\n".join(lines)
-
-
 def _vpick(rows: list[dict[str, Any]], bound: float, guard: bool, t: float) -> dict[str, Any]:
     return next(r for r in rows if abs(r["bound"] - bound) < 1e-9 and r["guard"] == guard
                 and abs(r["threshold"] - t) < 1e-6)
 
 
-def verifier_section(data: dict[str, Any]) -> list[str]:
-    from goodput_cache.config import DEFAULT_VERIFY_MIN_SIMILARITY, CacheSettings
-
-    info = data.get("verifier")
-    if not info:
-        return ["## The verifier", "", "Not evaluated: no verifier model (`goodput train verifier --data-dir DIR` "
-                "makes one).", ""]
-    pct = lambda x: f"{x * 100:.1f}%"  # noqa: E731
-    hwr = lambda r: f"{pct(r['hit_rate'])} / {pct(r['wrong_hit_share'])} / {pct(r['recall'])}"  # noqa: E731
-    t = round(info["threshold"], 4)
-    bound = DEFAULT_VERIFY_MIN_SIMILARITY
-    guard = CacheSettings.model_fields["verify_with_guard"].default
-    cache_t = data["chosen"]["threshold"]
-    card = info.get("card") or {}
-    lines = ["## The verifier (the fourth rule)", "",
-             f"`{info['model']}` ({card.get('layers')} MiniLM layers, pairs cut to {card.get('max_length')} tokens) "
-             f"reads the question and each candidate from similarity {bound:g} up (top {TOP_K}); the most probable "
-             f"candidate at or above **{t:.4f}** (the threshold in its model card: chosen on the validation part of "
-             "QQP, PAWS and MRPC for 95% precision) is served. Pairs below are from the "
-             f"**{data.get('part', 'test')}** part: the verifier never trained or tuned on them.", "",
-             "Hit / wrong / recall (recall = correct hits / lookups with a right answer stored):", ""]
-    rows = []
-    for name, res in data["results"].items():
-        v = res.get("verifier")
-        if not v:
-            continue
-        goal = GOAL_VERIFIED_WRONG.get(name, 0.05)
-        main_row = _vpick(v["rows"], bound, guard, t)
-        other = _vpick(v["rows"], bound, not guard, t)
-        met = main_row["wrong_hit_share"] <= goal and main_row["recall"] >= GOAL_VERIFIED_RECALL
-        rows.append([name, res["lookups"], hwr(_pick(res["goodput"], cache_t, True, data["margin"])),
-                     hwr(main_row), hwr(other), f"≤ {goal * 100:g}% at ≥ {GOAL_VERIFIED_RECALL * 100:g}%",
-                     "**met**" if met else "missed"])
-    lines.append(markdown_table(["set", "lookups", f"cache rule ({cache_t}, guard, margin): hit / wrong / recall",
-                                 f"verifier ({'guard' if guard else 'no guard'}, bound {bound:g}, p ≥ {t:.2f})",
-                                 f"verifier ({'no guard' if guard else 'guard'})", "goal: wrong at recall", "goal"],
-                                rows))
-    lines += ["", "Does the near-miss guard still help in front of the verifier? Wrong and correct hits at the same "
-              "bound and threshold, with and without it:", ""]
-    rows = []
-    for name, res in data["results"].items():
-        v = res.get("verifier")
-        if not v:
-            continue
-        a, b = _vpick(v["rows"], bound, False, t), _vpick(v["rows"], bound, True, t)
-        rows.append([name, a["wrong_hits"], b["wrong_hits"], a["correct_hits"], b["correct_hits"],
-                     f"{pct(a['wrong_hit_share'])} -> {pct(b['wrong_hit_share'])}",
-                     f"{v['verify_ms_per_pair']:.2f}"])
-    lines.append(markdown_table(["set", "wrong hits, no guard", "with guard", "correct hits, no guard", "with guard",
-                                 "wrong share", "verifier ms per pair (batched)"], rows))
-    lines += ["", "The best operating point on each set (the highest recall whose wrong share meets the goal, over "
-              "every bound, threshold and guard setting swept). It is read off the same pairs it is scored on: an "
-              "upper bound of what tuning per set could give, not the default:", ""]
-    rows = []
-    for name, res in data["results"].items():
-        v = res.get("verifier")
-        if not v:
-            continue
-        goal = GOAL_VERIFIED_WRONG.get(name, 0.05)
-        ok = [r for r in v["rows"] if r["hits"] and r["wrong_hit_share"] <= goal]
-        best = max(ok, key=lambda r: (r["recall"], -r["wrong_hit_share"])) if ok else None
-        rows.append([name, f"≤ {goal * 100:g}%", "none" if best is None else
-                     f"bound {best['bound']:g}, p ≥ {best['threshold']:g}, {'guard' if best['guard'] else 'no guard'}",
-                     "" if best is None else hwr(best)])
-    lines.append(markdown_table(["set", "wrong-share goal", "best setting", "hit / wrong / recall"], rows))
-    for name, res in data["results"].items():
-        v = res.get("verifier")
-        if not v:
-            continue
-        lines += ["", f"Sweep, {name} (bound {bound:g}): hit / wrong / recall by probability threshold", ""]
-        ts = sorted({r["threshold"] for r in v["rows"]})
-        lines.append(markdown_table(["p ≥", "no guard", "guard"],
-                                    [[f"{x:g}", hwr(_vpick(v["rows"], bound, False, x)),
-                                      hwr(_vpick(v["rows"], bound, True, x))] for x in ts]))
-    per_set = ((card.get("validation") or {}).get("per_set") or {})
-    if per_set:
-        aucs = ", ".join(f"{name} {m['roc_auc']:.3f}" for name, m in per_set.items())
-        lines += ["", "Reading it: the verifier separates paraphrases from non-paraphrases on its validation pairs "
-                  "with "
-                  f"ROC AUC {aucs} (0.5 = chance). PAWS's word-swapped negatives are what it learned least. To hold "
-                  "95% precision over all validation pairs its threshold must sit where few true paraphrases reach "
-                  "it, so in the cache it serves few hits: the sweep above shows what lower thresholds trade. Its "
-                  f"training took {card.get('train_seconds', 0):.0f} s on {(card.get('machine') or {}).get('cpu')} "
-                  f"({(card.get('machine') or {}).get('cores')} cores): a cross-encoder from a sentence embedder "
-                  "needs far more steps (and data) than that to judge paraphrases well; a stronger paraphrase "
-                  "cross-encoder loads the same way (`GOODPUT_CACHE_VERIFIER_MODEL`)."]
-    lines.append("")
-    return lines
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"),
-                    help="folder with qqp/, paws/, mrpc/, gptcache_mock/ (default ../shared/data from the repo)")
-    ap.add_argument("--out", default=str(ROOT / "loadtests" / "reports" / "cache_eval"))
-    ap.add_argument("--max-pairs", type=int, default=5000, help="pairs sampled per set (0 = all)")
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--margin", type=float, default=None, help="ambiguity margin of the cache rule (default: the "
-                    "service's GOODPUT_CACHE_AMBIGUITY_MARGIN default)")
-    ap.add_argument("--workdir", default="", help="scratch folder for GPTCache's stores (default: a temp dir)")
-    ap.add_argument("--part", choices=["test", "validation", "all"], default="test",
-                    help="which part of the split the pairs come from (default test: never trained or tuned on)")
-    ap.add_argument("--verifier-model", default="",
-                    help="cross-encoder folder (default <data-dir>/models/goodput-verifier-minilm; absent: the "
-                         "verifier rule is not evaluated)")
-    args = ap.parse_args(argv)
-    if args.margin is None:
-        from goodput_cache.config import DEFAULT_AMBIGUITY_MARGIN
-
-        args.margin = DEFAULT_AMBIGUITY_MARGIN
-    if args.margin not in MARGINS:
-        ap.error(f"--margin must be one of the swept margins {MARGINS}")
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
     import atexit
     import shutil
     import tempfile
 
+    from goodput_crossencoder.card import default_model_dir, read_card
+
     data_dir = Path(args.data_dir)
-    if not (data_dir / "qqp").is_dir():
-        print(f"no evaluation data under {data_dir} (expected qqp/, paws/, mrpc/, gptcache_mock/)", file=sys.stderr)
-        return 2
     started = time.perf_counter()
     emb = MemoEmbedder()
     results: dict[str, Any] = {}
@@ -603,8 +339,6 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="cache-eval-", dir=shm if shm.is_dir() else None))
     if not args.workdir:
         atexit.register(shutil.rmtree, workdir, True)
-    from goodput_crossencoder.card import default_model_dir, read_card
-
     verifier_path = Path(args.verifier_model) if args.verifier_model else default_model_dir(data_dir, "verifier")
     judge = VerifierJudge(verifier_path) if (verifier_path / "config.json").is_file() else None
     if judge is None:
@@ -623,10 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     data: dict[str, Any] = {"max_pairs": args.max_pairs, "seed": args.seed, "thresholds": THRESHOLDS,
                             "results": results, "machine": machine_info(),
                             "packages": package_versions(["gptcache", "faiss-cpu", "onnxruntime", "numpy"]),
-                            "seconds": time.perf_counter() - started}
-    data["margin"] = args.margin
-    data["chosen"] = choose_threshold(results, args.margin)
-    data["part"] = args.part
+                            "seconds": time.perf_counter() - started, "margin": args.margin,
+                            "chosen": {"threshold": choose_threshold(results, args.margin)}, "part": args.part}
     if judge is not None:
         card = read_card(verifier_path)
         data["verifier"] = {"model": judge.name, "threshold": judge.threshold,
@@ -634,12 +366,135 @@ def main(argv: list[str] | None = None) -> int:
                                 "layers": card.layers, "max_length": card.max_length,
                                 "train_seconds": card.train_seconds, "machine": card.machine,
                                 "training": card.training, "validation": card.validation}}
-    out = Path(args.out)
-    json_path, md_path = write_report(out, data, report(data))
-    plot(results, out.parent / f"{out.name}.png", args.margin)
-    print(f"wrote {json_path}, {md_path} and {out.name}.png", file=sys.stderr)
-    return 0
+    return data
+
+
+# ---- goals, report and plot (the prose: templates/cache_eval.md) ------------------------------------------------
+
+
+def _at_gptcache_rate(report: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The strictest threshold whose cache-rule hit rate is still at least GPTCache's at 0.95 (its row), or None."""
+    res = report["results"][name]
+    g95 = _gptcache_at(res, 0.95)
+    same = [r for r in res["goodput"] if r["guard"] and r["margin"] == report["margin"]
+            and r["hit_rate"] >= g95["hit_rate"]]
+    return max(same, key=lambda r: r["threshold"]) if same else None
+
+
+def _verifier_setting(report: dict[str, Any]) -> tuple[float, bool, float]:
+    """The service's verifier setting: its lower similarity bound, whether the guard runs first, its threshold."""
+    from goodput_cache.config import DEFAULT_VERIFY_MIN_SIMILARITY, CacheSettings
+
+    return (DEFAULT_VERIFY_MIN_SIMILARITY, CacheSettings.model_fields["verify_with_guard"].default,
+            round(report["verifier"]["threshold"], 4))
+
+
+def goals(report: dict[str, Any]) -> list[bench.Goal]:
+    """Per set: the cache rule's wrong-hit share at GPTCache's hit rate against GPTCache's; the verifier's wrong-hit
+    share and recall at its validated threshold against the cache rule's at the default threshold."""
+    def at_gptcache(name: str) -> Callable[[dict[str, Any]], tuple[float | None, float | None]]:
+        return lambda r: ((_at_gptcache_rate(r, name) or {}).get("wrong_hit_share"),
+                          _gptcache_at(r["results"][name], 0.95)["wrong_hit_share"])
+
+    def verified(name: str, key: str) -> Callable[[dict[str, Any]], tuple[float | None, float | None]]:
+        def measure(r: dict[str, Any]) -> tuple[float | None, float | None]:
+            bound, guard, t = _verifier_setting(r)
+            rows = r["results"][name]
+            return (_vpick(rows["verifier"]["rows"], bound, guard, t)[key],
+                    _pick(rows["goodput"], r["chosen"]["threshold"], True, r["margin"])[key])
+        return measure
+
+    out = [bench.Goal(f"{name}: wrong-hit share ≤ 1% at GPTCache 0.95's hit rate (baseline: GPTCache)",
+                      at_gptcache(name), GOAL_WRONG_SHARE, at_most=True, unit="%", digits=1)
+           for name in report["results"]]
+    if report.get("verifier"):
+        for name, res in report["results"].items():
+            if res.get("verifier"):
+                wrong = GOAL_VERIFIED_WRONG.get(name, 0.05)
+                out += [bench.Goal(f"{name}, verifier: wrong-hit share ≤ {wrong * 100:g}% (baseline: the cache rule)",
+                                   verified(name, "wrong_hit_share"), wrong, at_most=True, unit="%", digits=1),
+                        bench.Goal(f"{name}, verifier: recall ≥ {GOAL_VERIFIED_RECALL * 100:g}% (baseline: the cache "
+                                   "rule)", verified(name, "recall"), GOAL_VERIFIED_RECALL, unit="%", digits=1)]
+    return out
+
+
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    """The rows the tables show: lookups into the sweeps (``pick``, ``vpick``, ``gptcache_at``), the chosen threshold's
+    row on the mock pairs and the lowest wrong share in 0.92-0.97, each set's row at GPTCache's hit rate, the
+    verifier's setting and each set's best verifier operating point within its goal."""
+    margin, t = report["margin"], report["chosen"]["threshold"]
+    results = report["results"]
+    mock = results.get("gptcache_mock")
+    window = [_pick(mock["goodput"], x, True, margin) for x in THRESHOLDS if 0.92 <= x <= 0.97] if mock else []
+    out: dict[str, Any] = {
+        "pick": _pick, "vpick": _vpick, "gptcache_at": _gptcache_at, "all_thresholds": THRESHOLDS, "top_k": TOP_K,
+        "chosen_row": _pick(mock["goodput"], t, True, margin) if mock else None,
+        "lowest": min(window, key=lambda r: (r["wrong_hit_share"], r["threshold"])) if window else None,
+        "goal_wrong": GOAL_WRONG_SHARE, "goal_recall": GOAL_VERIFIED_RECALL,
+        "margins": sorted({r["margin"] for r in next(iter(results.values()))["goodput"] if r["guard"]}),
+        "at_gptcache": {name: _at_gptcache_rate(report, name) for name in results}}
+    if report.get("verifier"):
+        out["bound"], out["guard"], out["vt"] = _verifier_setting(report)
+        out["verifier_goal"] = {name: GOAL_VERIFIED_WRONG.get(name, 0.05) for name in results}
+        out["best"] = {name: max((r for r in res["verifier"]["rows"] if r["hits"] and r["wrong_hit_share"]
+                                  <= out["verifier_goal"][name]), key=lambda r: (r["recall"], -r["wrong_hit_share"]),
+                                 default=None) for name, res in results.items() if res.get("verifier")}
+    return out
+
+
+def figure(report: dict[str, Any]) -> bench.Figure:
+    margin = report["margin"]
+
+    def curve(label: str, rows: list[dict[str, Any]], style: str, color: str | None = None) -> bench.Series:
+        return bench.Series(label, [r["hit_rate"] * 100 for r in rows], [r["wrong_hit_share"] * 100 for r in rows],
+                            style, color)
+
+    return bench.Figure("Semantic cache: hit rate vs wrong-hit share as the threshold moves (same embedding model)", [
+        bench.Panel(name, "hit rate (% of lookups)", "wrong hits (% of hits)", [
+            *(curve("goodput " + label, [r for r in res["goodput"] if r["guard"] == guard and r["margin"] == m],
+                    style) for guard, m, style, label in ((False, 0.0, "--", "no guard"), (True, 0.0, ":", "guard"),
+                                                          (True, margin, "-", f"cache: guard + margin {margin:g}"))),
+            curve("GPTCache", res["gptcache"], ":", "red")],
+            lines=[(GOAL_WRONG_SHARE * 100, "goal: 1% wrong", "-", "grey")], legend_size=7)
+        for name, res in report["results"].items()], panel_width=5.0)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"),
+                    help="folder with qqp/, paws/, mrpc/, gptcache_mock/ (default ../shared/data from the repo)")
+    ap.add_argument("--max-pairs", type=int, default=5000, help="pairs sampled per set (0 = all)")
+    ap.add_argument("--margin", type=float, default=None, help="ambiguity margin of the cache rule (default: the "
+                    "service's GOODPUT_CACHE_AMBIGUITY_MARGIN default)")
+    ap.add_argument("--workdir", default="", help="scratch folder for GPTCache's stores (default: a temp dir)")
+    ap.add_argument("--part", choices=["test", "validation", "all"], default="test",
+                    help="which part of the split the pairs come from (default test: never trained or tuned on)")
+    ap.add_argument("--verifier-model", default="",
+                    help="cross-encoder folder (default <data-dir>/models/goodput-verifier-minilm; absent: the "
+                         "verifier rule is not evaluated)")
+
+
+def prepare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from goodput_cache.config import DEFAULT_AMBIGUITY_MARGIN
+
+    if args.margin is None:
+        args.margin = DEFAULT_AMBIGUITY_MARGIN
+    if args.margin not in MARGINS:
+        ap.error(f"--margin must be one of the swept margins {MARGINS}")
+    if args.render is None and not (Path(args.data_dir) / "qqp").is_dir():
+        ap.error(f"no evaluation data under {args.data_dir} (expected qqp/, paws/, mrpc/, gptcache_mock/)")
+    if args.quick and args.out is None:  # a smoke run leaves the committed report alone
+        args.out = ROOT / "loadtests" / "out" / "cache_eval"
+
+
+BENCHMARK = bench.Benchmark(
+    name="cache_eval", doc=__doc__ or "", run=measure, arguments=add_arguments, prepare=prepare, goals=goals,
+    context=context, figure=figure, seed=7, quick={"max_pairs": 200}, quick_help="200 pairs per set (a smoke run)",
+    out=str(ROOT / "loadtests" / "reports" / "cache_eval"), reports=("cache_eval",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())
