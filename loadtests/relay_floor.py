@@ -18,7 +18,7 @@ every stream one after another.
 
     python -m loadtests.relay_floor --out loadtests/reports/relay-floor      # 1, 8, 32, 128 streams, ~2 min
     python -m loadtests.relay_floor --smoke                                  # the test: 1 and 2 streams
-    python -m loadtests.relay_floor --render loadtests/reports/relay-floor.json
+    python -m loadtests.relay_floor --render loadtests/reports/relay-floor.json  # templates/relay_floor.md
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import statistics
 import sys
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from goodput.common.v1 import types_pb2
@@ -40,18 +38,10 @@ from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 
 from goodput_core.clients import GRPC_EXPERIMENTS
 
-from loadtests.common import (
-    cpu_label,
-    cpu_seconds,
-    free_port_block,
-    machine_info,
-    markdown_table,
-    package_versions,
-    produce,
-    pyplot,
-)
+from loadtests import bench
+from loadtests.common import cpu_label, cpu_seconds, free_port_block, machine_info, package_versions
 
-__all__ = ["main"]
+__all__ = ["BENCHMARK", "main"]
 
 GOAL_TTFT_MS, GOAL_ITL_MS = 2.0, 0.2  # the gateway's goals (issue: a gateway fast path)
 
@@ -158,7 +148,7 @@ def _placement() -> tuple[list[int], list[int]]:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     machine = machine_info()
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = [int(c) for c in args.levels]
     base = free_port_block(2)
     relay_cores, other_cores = _placement()
     mine = os.sched_getaffinity(0)
@@ -223,88 +213,63 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for process in (relay, upstream):
             process.kill()
             process.join(5)
-    return {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "benchmark": "relay_floor",
-            "machine": machine,
+    return {"machine": machine,
             "config": {"concurrency": levels, "rounds": args.rounds, "requests_per_stream": args.requests_per_stream,
                        "tokens": args.tokens, "step_base_ms": args.step_base_ms,
                        "step_per_stream_ms": args.step_per_stream_ms, "relay_cores": relay_cores,
-                       "other_cores": other_cores, "smoke": args.smoke, "grpc_experiments": experiments},
+                       "other_cores": other_cores, "smoke": args.quick, "grpc_experiments": experiments},
             "packages": package_versions(["grpcio", "protobuf", "uvloop"]), "levels": results}
 
 
-def _ms(value: float | None, digits: int = 2) -> str:
-    return "—" if value is None else f"{value:+.{digits}f}"
+def goals(report: dict[str, Any]) -> list[bench.Goal]:
+    """At every level, the bare relay's added TTFT and ITL p50 (relay minus direct, the median over the rounds)
+    against the gateway's goals: what the floor leaves of them."""
+    def added(i: int, key: str) -> Any:
+        return lambda r: (r["levels"][i][key], None)
+
+    return [bench.Goal(f"{lv['concurrency']} stream{'s' if lv['concurrency'] != 1 else ''}: the relay adds "
+                       f"≤ {goal:g} ms to {metric.upper()} p50", added(i, f"{metric}_p50_diff_ms"), goal,
+                       at_most=True, digits=2 if metric == "ttft" else 3)
+            for i, lv in enumerate(report["levels"]) for metric, goal in (("ttft", GOAL_TTFT_MS), ("itl", GOAL_ITL_MS))]
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    cfg = report["config"]
-    machine = report.get("machine") or {}
-    placement = (f"the relay alone on core {', '.join(map(str, cfg['relay_cores']))}, the client and the upstream on "
-                 f"{', '.join(map(str, cfg['other_cores']))}") if cfg["relay_cores"] else "every process on one core"
-    lines = ["# The relay floor: a bare grpc.aio relay against its upstream called directly", "",
-             f"Measured {report.get('generated_at', '?')} on {cpu_label(machine)}, {machine.get('cores_usable')} "
-             f"usable cores ({placement}); {cfg['rounds']} round{'s' if cfg['rounds'] != 1 else ''} per level, "
-             f"{cfg['requests_per_stream']} requests per stream, {cfg['tokens']} tokens per answer; an engine step "
-             f"(every stream's token at the same moment) every {cfg['step_base_ms']:g} ms + "
-             f"{cfg['step_per_stream_ms']:g} ms per open stream, as the simulated engine's. grpcio "
-             f"{report.get('packages', {}).get('grpcio')}"
-             + (f", the relay and the upstream with GRPC_EXPERIMENTS={cfg['grpc_experiments']!r}"
-                if "grpc_experiments" in cfg else "") + ".", "",
-             "The relay does nothing but forward: what it adds is the least a Python grpc.aio gateway adds. The "
-             f"gateway's goals are at most {GOAL_TTFT_MS:g} ms added TTFT p50 and {GOAL_ITL_MS:g} ms added ITL "
-             "p50.", ""]
-    rows = [[lv["concurrency"], _ms(lv["ttft_p50_diff_ms"]),
-             " / ".join(_ms(r["ttft_p50_diff_ms"]) for r in lv["rounds"]),
-             _ms(lv["itl_p50_diff_ms"], 3),
-             "—" if lv["relay_cpu_us_per_message"] is None else f"{lv['relay_cpu_us_per_message']:.0f}",
-             "—" if lv["relay_busy_share"] is None else f"{lv['relay_busy_share'] * 100:.0f}%",
-             f"{statistics.median(r['direct']['ttft_p50_ms'] for r in lv['rounds']):.1f}"]
-            for lv in report["levels"]]
-    lines.append(markdown_table(["streams", "ΔTTFT p50 ms (median)", "per round", "ΔITL p50 ms",
-                                 "relay CPU µs per message", "relay core busy", "direct TTFT p50 ms"], rows))
-    lines += ["", "Δ: relay minus direct, same round. A relay core's busy share near 100% means a step's tokens for "
-              "every stream are still being relayed when the next step's come: each new request's first token then "
-              "waits behind the others' tokens, which is what the TTFT difference at high concurrency measures."]
-    return "\n".join(lines) + "\n"
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    return {"goal_ttft_ms": GOAL_TTFT_MS, "goal_itl_ms": GOAL_ITL_MS,
+            "direct_ttft_ms": [statistics.median(r["direct"]["ttft_p50_ms"] for r in lv["rounds"])
+                               for lv in report["levels"]]}
 
 
-def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None or not report["levels"]:
-        return None
+def figure(report: dict[str, Any]) -> bench.Figure | None:
     levels = report["levels"]
     xs = [lv["concurrency"] for lv in levels]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(xs, [lv["ttft_p50_diff_ms"] for lv in levels], marker="o", label="bare relay")
-    left.axhline(GOAL_TTFT_MS, color="grey", linestyle="--", label=f"gateway goal {GOAL_TTFT_MS:g} ms")
-    left.set(xscale="log", xlabel="streams", ylabel="added TTFT p50 (ms)", title="relay minus direct")
-    left.legend()
-    right.plot(xs, [lv["relay_cpu_us_per_message"] for lv in levels], marker="o")
-    right.set(xscale="log", xlabel="streams", ylabel="µs", title="relay CPU per relayed message")
-    fig.suptitle(f"grpc.aio relay floor ({cpu_label(report.get('machine') or {})})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return None if not levels else bench.Figure(f"grpc.aio relay floor ({cpu_label(report.get('machine') or {})})", [
+        bench.Panel("relay minus direct", "streams", "added TTFT p50 (ms)",
+                    [bench.Series("bare relay", xs, [lv["ttft_p50_diff_ms"] for lv in levels])],
+                    lines=[(GOAL_TTFT_MS, f"gateway goal {GOAL_TTFT_MS:g} ms", "--", "grey")], xscale="log2"),
+        bench.Panel("relay CPU per relayed message", "streams", "µs",
+                    [bench.Series("bare relay", xs, [lv["relay_cpu_us_per_message"] for lv in levels])],
+                    xscale="log2")], panel_width=5.0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--concurrency", default="1,8,32,128", help="comma-separated stream counts")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds per level (each: direct, then the relay)")
     ap.add_argument("--requests-per-stream", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=32, help="tokens per answer")
     ap.add_argument("--step-base-ms", type=float, default=12.0, help="the engine step with an empty batch (the "
                     "simulated engine's)")
     ap.add_argument("--step-per-stream-ms", type=float, default=0.3, help="what each open stream adds to the step")
-    ap.add_argument("--out", type=Path, default=Path("loadtests/out/relay-floor"))
-    ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="only rewrite the .md and .png")
-    ap.add_argument("--smoke", action="store_true", help="the test: 1 and 2 streams, 1 round, 2 requests, 4 tokens")
-    args = ap.parse_args(argv)
-    if args.smoke:
-        args.concurrency, args.rounds, args.requests_per_stream, args.tokens = "1,2", 1, 2, 4
-    produce(args, run, render_markdown, render_plot)
-    return 0
+
+
+BENCHMARK = bench.Benchmark(
+    name="relay_floor", doc=__doc__ or "", run=run, arguments=add_arguments, goals=goals, context=context,
+    figure=figure, levels=bench.Option("1,8,32,128", "comma-separated stream counts", aliases=("--concurrency",)),
+    quick={"levels": [1.0, 2.0], "rounds": 1, "requests_per_stream": 2, "tokens": 4},
+    quick_help="the test: 1 and 2 streams, 1 round, 2 requests, 4 tokens", out="loadtests/out/relay-floor",
+    reports=("relay-floor",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
