@@ -17,8 +17,8 @@ Usage:
 A variant is ``NAME`` or ``NAME:GOODPUT_X=1,GOODPUT_Y=2`` (the settings given to its platform with ``--set``; an item
 ``gateway-cores=1`` runs it with ``--gateway-cores 1``, the gateway on a core of its own; the first variant is the
 baseline). Every run's own report (JSON, Markdown, plot) is kept under ``<out>-runs/`` (its JSON
-alone renders the rest again: ``python -m loadtests.overhead --render``). Writes ``<out>.json``, ``<out>.md`` and
-``<out>.png``.
+alone renders the rest again: ``python -m loadtests.overhead --render``). Writes ``<out>.json``, ``<out>.md``
+(``templates/overhead_ab.md``) and ``<out>.png``.
 """
 
 from __future__ import annotations
@@ -30,15 +30,13 @@ import statistics
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from loadtests import overhead
-from loadtests.common import cpu_label, markdown_table, write_report
+from loadtests import bench, overhead
 
-__all__ = ["Variant", "compare", "main", "parse_variant"]
+__all__ = ["BENCHMARK", "Variant", "compare", "main", "parse_variant"]
 
 # (label, path in a level of an overhead report)
 METRICS: list[tuple[str, tuple[str, ...]]] = [
@@ -66,14 +64,6 @@ class Variant:
         cores = f", gateway_cores={self.gateway_cores!r}" if self.gateway_cores else ""
         channels = f", grpc_channels={self.grpc_channels}" if self.grpc_channels else ""
         return f"Variant({self.name!r}, {self.settings!r}{cores}{channels})"
-
-    def describe(self) -> str:
-        parts = [f"`{k}={v}`" for k, v in self.settings.items()]
-        if self.gateway_cores:
-            parts.append(f"`--gateway-cores {self.gateway_cores}` (the gateway on core(s) of its own)")
-        if self.grpc_channels:
-            parts.append(f"`--grpc-channels {self.grpc_channels}` (the client's connections per gRPC path)")
-        return ", ".join(parts) or "the defaults"
 
 
 def parse_variant(text: str) -> Variant:
@@ -150,92 +140,59 @@ def compare(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
-def _cell(cell: dict[str, Any] | None, label: str, *, baseline: bool) -> str:
-    if cell is None:
-        return "—"
-    sign = "+" if "Δ" in label else ""  # an added latency is signed, a CPU time is not
-    text = f"{cell['median']:{sign}.2f} ({cell['min']:{sign}.2f} … {cell['max']:{sign}.2f})"
-    if not baseline and cell["vs_baseline"] is not None:
-        text += f", {cell['vs_baseline']:+.2f}"
-    return text
+GOAL_METRIC = "gRPC ΔTTFT p50 ms"  # the overhead benchmark's goal is on it
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    variants: list[dict[str, Any]] = report["variants"]
-    names = [v["name"] for v in variants]
-    machine = report.get("machine") or {}
-    lines = [f"# Overhead benchmark, setting against setting: {names[0]} (the baseline)"
-             + "".join(f", {n}" for n in names[1:]), ""]
-    lines += [f"Measured {report.get('generated_at', '?')} on {cpu_label(machine)}, {machine.get('cores_usable')} "
-              f"usable cores; {report['rounds']} run{'s' if report['rounds'] != 1 else ''} per variant, "
-              "the variants taking turns; each run "
-              f"`python -m loadtests.overhead --start --engine {report['engine']}` at "
-              f"{', '.join(str(c) for c in report['concurrency'])} streams, {report['max_tokens']} tokens per answer "
-              "(its own platform and its own direct baseline: every number is that run's gateway minus direct).", ""]
-    lines += ["| variant | settings |", "|---|---|"]
-    lines += [f"| {v['name']}{' (baseline)' if i == 0 else ''} | "
-              + Variant(v["name"], v["settings"], v.get("gateway_cores"), v.get("grpc_channels")).describe() + " |"
-              for i, v in enumerate(variants)]
-    lines += ["", "Each cell: the median over the runs (smallest … largest), and for the other variants the median's "
-              f"difference from {names[0]}'s. Lower is better everywhere.", ""]
-    for row in report["levels"]:
-        lines += [f"## {row['concurrency']} stream{'s' if row['concurrency'] != 1 else ''}", ""]
-        measured = [label for label, _ in METRICS if all(label in row["variants"][n] for n in names)]  # an older
-        lines.append(markdown_table(["metric"] + names,  # report lacks the metrics added since
-                                    [[label] + [_cell(row["variants"][n][label], label, baseline=i == 0)
-                                                for i, n in enumerate(names)] for label in measured]))
-        lines.append("")
-    lines += ["## The runs", ""]
-    lines.append(markdown_table(["variant", "run", "load average at start", "report"],
-                                [[r["variant"], r["round"], " / ".join(str(x) for x in r.get("loadavg") or []),
-                                  f"`{Path(r['report']).with_suffix('.json')}`"] for r in report["runs"]]))
-    lines += ["", "A run's own report (Markdown and plot) from its JSON: `python -m loadtests.overhead --render JSON`."]
-    return "\n".join(lines) + "\n"
-
-
-def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    from loadtests.common import pyplot
-
-    plt = pyplot()
-    if plt is None:
-        return None
+def goals(report: dict[str, Any]) -> list[bench.Goal]:
+    """At every level, each variant's gRPC added TTFT p50 (the median over its runs) against the overhead
+    benchmark's goal, the baseline variant's median beside it."""
     names = [v["name"] for v in report["variants"]]
-    levels = [row["concurrency"] for row in report["levels"]]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, label in zip(axes, ("gRPC ΔTTFT p50 ms", "gateway CPU ms/request"), strict=True):
-        for i, name in enumerate(names):
-            cells = [row["variants"][name][label] for row in report["levels"]]
-            xs = [x + (i - (len(names) - 1) / 2) * 0.12 for x in range(len(levels))]
-            med = [c["median"] if c else float("nan") for c in cells]
-            err = [[(c["median"] - c["min"]) if c else 0 for c in cells], [(c["max"] - c["median"]) if c else 0
-                                                                            for c in cells]]
-            ax.errorbar(xs, med, yerr=err, fmt="o-", capsize=4, label=name)
-        ax.set_xticks(range(len(levels)), [str(c) for c in levels])
-        ax.set_xlabel("concurrent streams")
-        ax.set_title(label + " (median, range over runs)")
-        ax.grid(alpha=0.3)
-    axes[0].axhline(overhead.GOAL_TTFT_P50_MS, color="grey", ls="--", lw=1, label="goal")
-    axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+
+    def median(i: int, name: str) -> Any:
+        def measure(r: dict[str, Any]) -> tuple[float | None, float | None]:
+            cells = r["levels"][i]["variants"]
+            base = None if name == names[0] else cells[names[0]][GOAL_METRIC]["median"]
+            return cells[name][GOAL_METRIC]["median"], base
+        return measure
+
+    return [bench.Goal(f"{name}, {row['concurrency']} stream{'s' if row['concurrency'] != 1 else ''}: gRPC TTFT "
+                       f"p50 added ≤ {overhead.GOAL_TTFT_P50_MS:g} ms", median(i, name), overhead.GOAL_TTFT_P50_MS,
+                       at_most=True)
+            for i, row in enumerate(report["levels"]) for name in names]
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m loadtests.overhead_ab", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def context(report: dict[str, Any]) -> dict[str, Any]:
+    return {"names": [v["name"] for v in report["variants"]],  # an older report lacks the metrics added since:
+            "measured": [[label for label, _ in METRICS if all(label in v for v in row["variants"].values())]
+                         for row in report["levels"]]}
+
+
+def figure(report: dict[str, Any]) -> bench.Figure:
+    """Per panel, each variant's median over its runs with their range as a band."""
+    names = [v["name"] for v in report["variants"]]
+    rows, xs = report["levels"], list(range(len(report["levels"])))
+
+    def series(label: str, name: str, key: str) -> list[float | None]:
+        return [row["variants"][name][label][key] if row["variants"][name].get(label) else None for row in rows]
+
+    return bench.Figure("", [bench.Panel(f"{label} (median, range over runs)", "concurrent streams", "", [
+        bench.Series(name, xs, series(label, name, "median"), color=f"C{i}",  # the band in its line's colour
+                     band=(series(label, name, "min"), series(label, name, "max"))) for i, name in enumerate(names)],
+        lines=[(overhead.GOAL_TTFT_P50_MS, "goal", "--", "grey")] if label == GOAL_METRIC else [],
+        xticks=[str(row["concurrency"]) for row in rows]) for label in (GOAL_METRIC, "gateway CPU ms/request")],
+        panel_width=5.5)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--variant", dest="variants", type=parse_variant, action="append", default=[],
                     help="NAME or NAME:GOODPUT_X=1,...,gateway-cores=CORES (repeat; the first is the baseline)")
     ap.add_argument("--rounds", type=int, default=3, help="runs per variant (default 3)")
-    ap.add_argument("--concurrency", default="32,128", help="the levels of every run (default 32,128)")
     ap.add_argument("--requests-per-level", type=int, default=None, help="per path and level (overhead's default)")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--engine", default="sim", choices=["sim", "vllm"])
     ap.add_argument("--port-offset", type=int, default=700, help="port offset of every run's platform")
-    ap.add_argument("--out", type=Path, default=Path("loadtests/out/overhead-ab"))
-    ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="only rewrite the .md and .png")
-    args = ap.parse_args(argv)
+
+
+def prepare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.render is None:
         if not args.variants:
             ap.error("name at least one --variant (the first is the baseline)")
@@ -243,61 +200,72 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             ap.error("every --variant needs a name of its own")
         if args.rounds < 1:
             ap.error("--rounds must be at least 1")
-    return args
+
+
+async def run_overhead(argv: list[str]) -> dict[str, Any] | None:
+    """One ``loadtests.overhead`` run in this event loop (``bench.main`` would start one of its own), its report
+    written as that benchmark writes it; None where a path served no request."""
+    args = bench.parse(overhead.BENCHMARK, argv)
+    report = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "benchmark": "overhead",
+              **await overhead.BENCHMARK.run(args)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_name(f"{args.out.name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n",
+                                                           encoding="utf-8")
+    bench.render(overhead.BENCHMARK, report, args.out)
+    return report if overhead.served(report, args) else None
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every variant ``--rounds`` times, taking turns, each run a whole ``loadtests.overhead --start``."""
+    console = Console()
+    concurrency = [int(c) for c in args.levels]
+    runs: dict[str, list[dict[str, Any]]] = {v.name: [] for v in args.variants}
+    listed = []
+    for rnd in range(1, args.rounds + 1):
+        for v in args.variants:
+            console.rule(f"{v.name}, run {rnd} of {args.rounds}")
+            run_out = args.out.parent / f"{args.out.name}-runs" / f"{v.name}-{rnd}"
+            argv_run = ["--start", "--engine", args.engine, "--concurrency", ",".join(map(str, concurrency)),
+                        "--max-tokens", str(args.max_tokens), "--port-offset", str(args.port_offset),
+                        "--out", str(run_out)]
+            if args.requests_per_level:
+                argv_run += ["--requests-per-level", str(args.requests_per_level)]
+            for name, value in v.settings.items():
+                argv_run += ["--set", f"{name}={value}"]
+            if v.gateway_cores:
+                argv_run += ["--gateway-cores", v.gateway_cores]
+            if v.grpc_channels:
+                argv_run += ["--grpc-channels", str(v.grpc_channels)]
+            saved = await run_overhead(argv_run)
+            if saved is None:
+                console.print(f"[red]{v.name} run {rnd}: a path served no request; left out[/red]")
+                continue
+            # the run's platform folder (logs, certificates) is scratch once the run went well
+            shutil.rmtree(run_out.parent / f"{run_out.name}-platform", ignore_errors=True)
+            runs[v.name].append(saved)
+            listed.append({"variant": v.name, "round": rnd, "report": str(run_out.with_suffix(".json")),
+                           "loadavg": saved.get("machine", {}).get("loadavg_1_5_15")})
+    if any(not r for r in runs.values()):
+        raise SystemExit("a variant has no complete run: no comparison")
+    return {"engine": args.engine, "rounds": args.rounds, "concurrency": concurrency, "max_tokens": args.max_tokens,
+            "machine": next(iter(runs.values()))[0].get("machine"),
+            "variants": [{"name": v.name, "settings": v.settings, "gateway_cores": v.gateway_cores,
+                          "grpc_channels": v.grpc_channels} for v in args.variants],
+            "levels": compare(runs), "runs": listed}
+
+
+BENCHMARK = bench.Benchmark(
+    name="overhead_ab", doc=__doc__ or "", run=run, arguments=add_arguments, prepare=prepare, goals=goals,
+    context=context, figure=figure, engines=("sim", "vllm"), engine_help="every run's engine",
+    levels=bench.Option("32,128", "the levels of every run (default 32,128)", aliases=("--concurrency",)),
+    quick={"rounds": 1, "levels": [2.0], "requests_per_level": 4, "max_tokens": 4},
+    quick_help="one run per variant at 2 streams, 4 requests, 4 tokens", out="loadtests/out/overhead-ab",
+    reports=("worker-mux-ab", "worker-mux-ab-large", "gateway-core-ab", "gateway-core-calls-ab", "gc-freeze-ab",
+             "token-gate-ab", "token-gate4-ab", "grpc-channels-ab", "grpc-client-ab"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    console = Console()
-    if args.render is not None:
-        report = json.loads(args.render.read_text(encoding="utf-8"))
-        out = args.render.with_suffix("")
-    else:
-        runs: dict[str, list[dict[str, Any]]] = {v.name: [] for v in args.variants}
-        listed = []
-        runs_dir = args.out.parent / f"{args.out.name}-runs"
-        for rnd in range(1, args.rounds + 1):
-            for v in args.variants:
-                console.rule(f"{v.name}, run {rnd} of {args.rounds}")
-                run_out = runs_dir / f"{v.name}-{rnd}"
-                argv_run = ["--start", "--engine", args.engine, "--concurrency", args.concurrency,
-                            "--max-tokens", str(args.max_tokens), "--port-offset", str(args.port_offset),
-                            "--out", str(run_out)]
-                if args.requests_per_level:
-                    argv_run += ["--requests-per-level", str(args.requests_per_level)]
-                for name, value in v.settings.items():
-                    argv_run += ["--set", f"{name}={value}"]
-                if v.gateway_cores:
-                    argv_run += ["--gateway-cores", v.gateway_cores]
-                if v.grpc_channels:
-                    argv_run += ["--grpc-channels", str(v.grpc_channels)]
-                if overhead.main(argv_run) != 0:
-                    console.print(f"[red]{v.name} run {rnd}: a path served no request; left out[/red]")
-                    continue
-                # the run's platform folder (logs, certificates) is scratch once the run went well
-                shutil.rmtree(run_out.parent / f"{run_out.name}-platform", ignore_errors=True)
-                saved = json.loads(run_out.with_suffix(".json").read_text(encoding="utf-8"))
-                runs[v.name].append(saved)
-                listed.append({"variant": v.name, "round": rnd, "report": str(run_out.with_suffix(".json")),
-                               "loadavg": saved.get("machine", {}).get("loadavg_1_5_15")})
-        if any(not r for r in runs.values()):
-            console.print("[red]a variant has no complete run: no comparison[/red]")
-            return 1
-        first = next(iter(runs.values()))[0]
-        report = {"benchmark": "overhead_ab", "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  "engine": args.engine, "rounds": args.rounds,
-                  "concurrency": [int(c) for c in args.concurrency.split(",")], "max_tokens": args.max_tokens,
-                  "machine": first.get("machine"),
-                  "variants": [{"name": v.name, "settings": v.settings, "gateway_cores": v.gateway_cores,
-                                "grpc_channels": v.grpc_channels}
-                               for v in args.variants],
-                  "levels": compare(runs), "runs": listed}
-        out = args.out
-    json_path, md_path = write_report(out, report, render_markdown(report))
-    png = render_plot(report, out.parent / f"{out.name}.png")
-    console.print(md_path.read_text(encoding="utf-8"))
-    console.print(f"report: {json_path}, {md_path}" + (f", {png}" if png else ""))
-    return 0
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
