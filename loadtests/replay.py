@@ -27,7 +27,8 @@ TPOT p50/p99, end-to-end latency and throughput per class and overall, next to t
     python -m loadtests.replay --trace t.jsonl --sim-config loadtests/reports/calibration.json   # the CPU engine
     python -m loadtests.replay --smoke                                  # a small synthetic trace on 1 sim worker
 
-Writes ``<out>.json`` and ``<out>.md`` (default ``loadtests/out/replay``). Exit status 1 when nothing was served.
+Writes ``<out>.json`` and ``<out>.md`` (``templates/replay.md``; default ``loadtests/out/replay``). Exit status 1 when
+nothing was served.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +50,11 @@ import httpx
 
 from goodput_contracts.trace import PRIORITIES, TraceRecord, read_trace, relative
 
-from loadtests.common import cpu_label, machine_info, markdown_table, percentile, produce, summarize
+from loadtests import bench
+from loadtests.common import machine_info, percentile, summarize
 from loadtests.simfleet import LeaseClient, RequestSpec, SimFleet, random_text
 
-__all__ = ["Served", "SimPrompts", "TokenizerPrompts", "compare", "replay_gateway", "replay_sim", "stats",
+__all__ = ["BENCHMARK", "Served", "SimPrompts", "TokenizerPrompts", "compare", "replay_gateway", "replay_sim", "stats",
            "synthetic_trace"]
 
 DEADLINE_S = 600.0  # per request: a replay measures latency, it does not give up on slow answers
@@ -412,7 +413,7 @@ def prepare(records: Sequence[TraceRecord], *, limit: int | None = None,
 
 
 async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
-    if args.smoke:
+    if args.quick:
         records = synthetic_trace(args.smoke_requests, rate=6.0, seed=3, prompt_tokens=(16, 512),
                                   output_tokens=(4, 32))
         trace_name = f"synthetic ({args.smoke_requests} requests at 6/s, seed 3)"
@@ -424,7 +425,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("the trace has no request to replay")
     sample = min((r.sample for r in todo), default=1.0)
     report: dict[str, Any] = {
-        "benchmark": "replay", "machine": machine_info(), "trace": trace_name, "requests": len(todo),
+        "machine": machine_info(), "trace": trace_name, "requests": len(todo),
         "skipped": skipped, "trace_sample": sample, "speed": args.speed, "engine": args.engine,
         "models_in_trace": sorted({r.model for r in todo if r.model}), "arrival_span_s": todo[-1].arrival_s,
     }
@@ -447,7 +448,6 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         report["target"] = (f"{args.workers} simulated worker(s) (max_num_seqs {args.max_num_seqs}) and a scheduler "
                             "with its default settings")
     report["wall_s"] = round(time.monotonic() - started, 1)
-    report["generated_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     report["outcomes"] = outcomes(served)
     report["errors"] = sorted({s.error for s in served if s.error})[:5]
     report["replayed"] = by_class(served_rows(served))
@@ -488,71 +488,10 @@ async def _replay_vllm(todo: list[TraceRecord], args: argparse.Namespace, report
     return served
 
 
-# ---- report ---------------------------------------------------------------------------------------------------------
+# ---- the command line ---------------------------------------------------------------------------------------------
 
-def _f(v: float | None, digits: int = 1) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
-
-
-def _pct(v: float | None) -> str:
-    return "—" if v is None else f"{v * 100:+.1f}%"
-
-
-def _apct(v: float | None) -> str:
-    return "—" if v is None else f"{v * 100:.1f}%"
-
-
-def class_table(block: dict[str, Any]) -> str:
-    rows = []
-    for name, s in block.items():
-        rows.append([name, s["n"], _f(s["ttft"]["p50_ms"]), _f(s["ttft"]["p99_ms"]), _f(s["tpot"]["p50_ms"], 2),
-                     _f(s["tpot"]["p99_ms"], 2), _f(s["e2e"]["p50_ms"], 0), _f(s["e2e"]["p99_ms"], 0),
-                     _f(s["output_tokens_per_s"]), _f(s["requests_per_s"], 2)])
-    return markdown_table(["class", "served", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "e2e p50", "e2e p99",
-                           "output tok/s", "req/s"], rows)
-
-
-def render_markdown(report: dict[str, Any]) -> str:
-    m = report["machine"]
-    lines = ["# Trace replay", "",
-             f"Generated {report.get('generated_at', '?')}. Trace: {report['trace']} — {report['requests']} requests "
-             f"over {report['arrival_span_s']:.1f} s as recorded, replayed at speed ×{report['speed']:g} against "
-             f"{report['target']}.", ""]
-    if report.get("sim_params"):
-        lines += ["Simulated engine: " + ", ".join(f"{k} {v}" for k, v in report["sim_params"].items()) + ".", ""]
-    sk = report["skipped"]
-    lines += [f"Left out: {sk['cache_hit']} answers from the response cache, {sk['no_tokens']} without token counts. "
-              f"The trace was recorded at a sample of {report['trace_sample']:g}"
-              + (f" (×{1 / report['trace_sample']:g} speed approximates the full arrival rate)"
-                 if report["trace_sample"] < 1 else "") + ".", ""]
-    lines += ["Outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items()))
-              + f"; wall time {report['wall_s']} s.", ""]
-    if report.get("errors"):
-        lines += ["Errors seen: " + "; ".join(f"`{e}`" for e in report["errors"]), ""]
-    lines += ["## Replayed (ms; throughput over the replay's span)", "", class_table(report["replayed"]), ""]
-    asked, got = report["output_tokens_asked"], report["replayed"]["all"].get("output_tokens")
-    if got is not None:
-        lines += [f"Output tokens: {got} generated of {asked} asked for (a real engine may stop early).", ""]
-    if report.get("recorded"):
-        lines += ["## As recorded in the trace", "", class_table(report["recorded"]), ""]
-        rows = [[c["metric"], _f(c["real"], 2), _f(c["replayed"], 2), _pct(c["rel_error"])]
-                for c in report["comparison"]]
-        lines += ["## Replayed versus recorded", "",
-                  markdown_table(["metric", "recorded", "replayed", "error"], rows), ""]
-        p = report["paired"]
-        lines += [f"Request by request: median |error| TTFT {_apct(p['ttft']['median_abs_rel'])}, TPOT "
-                  f"{_apct(p['tpot']['median_abs_rel'])} (p90 {_apct(p['ttft']['p90_abs_rel'])}, "
-                  f"{_apct(p['tpot']['p90_abs_rel'])}).", ""]
-    lines += ["## Machine", "", f"{cpu_label(m)}, {m.get('cores_usable')} usable cores; 1-min load average "
-              f"{(m.get('loadavg_1_5_15') or ['?'])[0]} at the start.", ""]
-    return "\n".join(lines)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m loadtests.replay", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--trace", type=Path, help="the trace file (JSONL, goodput_contracts.trace)")
-    ap.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     ap.add_argument("--gateway", default="", help="replay through a running platform's gateway REST URL instead")
     ap.add_argument("--api-key", default="", help="with --gateway: the key (it must allow every class replayed)")
     ap.add_argument("--model", default="", help="with --gateway: the model to ask for (default: the gateway's)")
@@ -565,12 +504,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--base-port", type=int, default=27100, help="sim: the fleet's first port")
     ap.add_argument("--port-offset", type=int, default=400, help="vllm: the platform's port offset")
     ap.add_argument("--keep-requests", action="store_true", help="every request's numbers in the JSON report")
-    ap.add_argument("--out", type=Path, default=Path("loadtests/out/replay"))
-    ap.add_argument("--render", type=Path, default=None, metavar="JSON", help="re-render a saved report")
-    ap.add_argument("--smoke", action="store_true", help="a small synthetic trace on one simulated worker")
     ap.add_argument("--smoke-requests", type=int, default=30, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.smoke:
+
+
+def check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.quick:
         if args.engine != "sim" or args.gateway:
             ap.error("--smoke runs on the simulated engine only")
     elif args.render is None and args.trace is None:
@@ -579,13 +517,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--gateway needs --api-key")
     if args.speed <= 0:
         ap.error("--speed must be positive")
-    return args
+
+
+BENCHMARK = bench.Benchmark(
+    name="replay", doc=__doc__ or "", run=benchmark, arguments=add_arguments, prepare=check, engines=("sim", "vllm"),
+    engine_help="sim: a fleet of simulated workers; vllm: a platform of vLLM CPU workers started by the replay",
+    quick_help="a small synthetic trace on one simulated worker", out="loadtests/out/replay",
+    ok=lambda report, args: report["replayed"]["all"]["n"] > 0)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    report = produce(args, benchmark, render_markdown)
-    return 0 if report["replayed"]["all"]["n"] > 0 else 1
+    return bench.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
