@@ -11,14 +11,13 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import platform
 import random
 import socket
 import sys
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -27,8 +26,8 @@ from typing import Any
 from goodput_core.cpu import cpu_info
 
 __all__ = [
-    "PERCENTILES", "bootstrap_diff_ci", "cpu_label", "fmt_ms", "free_port_block", "machine_info", "markdown_table",
-    "package_versions", "percentile", "produce", "pyplot", "summarize", "write_report",
+    "PERCENTILES", "bootstrap_diff_ci", "cpu_label", "free_port_block", "machine_info", "markdown_table",
+    "package_versions", "percentile", "pyplot", "summarize", "write_report",
 ]
 
 PERCENTILES = (50, 95, 99)
@@ -115,11 +114,6 @@ def bootstrap_diff_ci(a: Sequence[float], b: Sequence[float], *, q: float = 50, 
     tail = (1 - confidence) / 2 * 100
     lo, hi = np.percentile(diffs, [tail, 100 - tail])
     return float(lo), float(hi)
-
-
-def fmt_ms(seconds: float | None, digits: int = 2) -> str:
-    """Seconds as milliseconds for a table cell; an em dash for no value."""
-    return "—" if seconds is None else f"{seconds * 1000:.{digits}f}"
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -248,20 +242,3 @@ def write_report(out: Path, data: dict[str, Any], markdown: str) -> tuple[Path, 
     json_path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
     md_path.write_text(markdown.rstrip() + "\n", encoding="utf-8")
     return json_path, md_path
-
-
-def produce(args: Any, run: Callable[[Any], Coroutine[Any, Any, dict[str, Any]]],
-            markdown: Callable[[dict[str, Any]], str],
-            plot: Callable[[dict[str, Any], Path], Path | None] | None = None) -> dict[str, Any]:
-    """A benchmark's report: measured by ``run(args)``, or re-rendered from the JSON ``args.render`` names; written
-    as ``<args.out>.json`` / ``.md`` (and ``.png`` with ``plot``), their paths printed; returns it."""
-    if args.render:
-        report: dict[str, Any] = json.loads(args.render.read_text(encoding="utf-8"))
-        out = args.render.with_suffix("")
-    else:
-        report = asyncio.run(run(args))
-        out = args.out
-    json_path, md_path = write_report(out, report, markdown(report))
-    png = plot(report, out.parent / f"{out.name}.png") if plot is not None else None
-    print(f"report: {md_path} {json_path} {png or ''}".rstrip())
-    return report

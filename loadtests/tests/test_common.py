@@ -16,7 +16,6 @@ from loadtests.common import (
     bootstrap_diff_ci,
     cpu_label,
     cpu_seconds,
-    fmt_ms,
     machine_info,
     markdown_table,
     percentile,
@@ -64,9 +63,7 @@ def test_bootstrap_interval_contains_a_real_shift_and_excludes_zero() -> None:
     assert bootstrap_diff_ci([], base) is None
 
 
-def test_markdown_table_and_ms_formatting() -> None:
-    assert fmt_ms(None) == "—"
-    assert fmt_ms(0.0012345) == "1.23"
+def test_markdown_table() -> None:
     table = markdown_table(["a", "b"], [[1, "x|y"]])
     assert table.splitlines() == ["| a | b |", "|---|---|", "| 1 | x\\|y |"]
 
