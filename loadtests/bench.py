@@ -49,7 +49,7 @@ from typing import Any, Literal
 from loadtests.common import cpu_label, pyplot
 
 __all__ = ["Benchmark", "Figure", "Fleet", "Goal", "Option", "Panel", "Series", "fmt_goal", "main", "markdown",
-           "plot", "render", "unwrap"]
+           "measure", "plot", "render", "unwrap"]
 
 Report = dict[str, Any]
 TEMPLATES = Path(__file__).with_name("templates")
@@ -259,21 +259,26 @@ def parse(bench: Benchmark, argv: Sequence[str] | None = None) -> argparse.Names
     return args
 
 
+async def measure(bench: Benchmark, args: argparse.Namespace) -> Report:
+    """Runs the benchmark in the running event loop (one benchmark may run another) and writes ``<args.out>.json``;
+    returns the report."""
+    report = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "benchmark": bench.name,
+              **await bench.run(args)}
+    json_path = args.out.parent / f"{args.out.name}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    return report
+
+
 def main(bench: Benchmark, argv: Sequence[str] | None = None) -> int:
     """Runs the benchmark (or re-renders a saved report), writes its report files and prints its goals."""
     args = parse(bench, argv)
     if args.render is not None:
         report: Report = json.loads(args.render.read_text(encoding="utf-8"))
         out = args.render.with_suffix("")
-        json_path = args.render
     else:
-        measured = asyncio.run(bench.run(args))
-        report = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "benchmark": bench.name,
-                  **measured}
+        report = asyncio.run(measure(bench, args))
         out = args.out
-        json_path = out.parent / f"{out.name}.json"
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     md, png = render(bench, report, out, keep_notes=args.render is not None)
     for g in bench.evaluate(report):
         state = {True: "MET ", False: "MISS", None: "  ? "}[g["met"]]
@@ -283,7 +288,7 @@ def main(bench: Benchmark, argv: Sequence[str] | None = None) -> int:
         judged = "" if g["kind"] == "value" else f"; {fmt_goal(g, 'judged')}"
         print(f"  {state} {g['name']}: {fmt_goal(g, 'value')}{base}{judged}, goal {fmt_goal(g, 'threshold')}",
               flush=True)
-    print(f"report: {md} {json_path} {png or ''}".rstrip(), flush=True)
+    print(f"report: {md} {out.parent / f'{out.name}.json'} {png or ''}".rstrip(), flush=True)
     return 0 if bench.ok is None or bench.ok(report, args) else 1
 
 

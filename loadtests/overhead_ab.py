@@ -24,12 +24,10 @@ alone renders the rest again: ``python -m loadtests.overhead --render``). Writes
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from typing import Any
 
 from rich.console import Console
@@ -203,14 +201,10 @@ def prepare(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 async def run_overhead(argv: list[str]) -> dict[str, Any] | None:
-    """One ``loadtests.overhead`` run in this event loop (``bench.main`` would start one of its own), its report
-    written as that benchmark writes it; None where a path served no request."""
+    """One ``loadtests.overhead`` run in this event loop, its report written as that benchmark writes it; None where
+    a path served no request."""
     args = bench.parse(overhead.BENCHMARK, argv)
-    report = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "benchmark": "overhead",
-              **await overhead.BENCHMARK.run(args)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_name(f"{args.out.name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n",
-                                                           encoding="utf-8")
+    report = await bench.measure(overhead.BENCHMARK, args)
     bench.render(overhead.BENCHMARK, report, args.out)
     return report if overhead.served(report, args) else None
 
