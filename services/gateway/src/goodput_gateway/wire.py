@@ -1,6 +1,6 @@
 """OpenAI's wire format, in one place: the JSON answer of chat and completions (:func:`completion_body`), their
 server-sent chunks (:func:`stream_events`), errors in OpenAI's shape (:func:`error_response`), and the headers a
-generation's response carries. The REST routes (:mod:`goodput_gateway.rest`) and the jobs worker shape their answers
+generation's response carries. The REST routes (:mod:`goodput_gateway.api`) and the jobs worker shape their answers
 here; nothing here knows how an answer was made.
 """
 
@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
+from itertools import accumulate
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -77,10 +78,7 @@ def logprobs_json(tokens: Sequence[TokenLogprob], *, route: str, offset: int = 0
         return {"content": [{"token": t.token, "logprob": _logprob(t.logprob), "bytes": list(t.token.encode()),
                              "top_logprobs": [{"token": tok, "logprob": _logprob(lp), "bytes": list(tok.encode())}
                                               for tok, lp in t.top]} for t in tokens], "refusal": None}
-    offsets = []
-    for t in tokens:
-        offsets.append(offset)
-        offset += len(t.token)
+    offsets = list(accumulate((len(t.token) for t in tokens), initial=offset))[:-1]
     return {"tokens": [t.token for t in tokens],
             "token_logprobs": [None if math.isnan(t.logprob) else _logprob(t.logprob) for t in tokens],
             "top_logprobs": [{tok: _logprob(lp) for tok, lp in t.top} for t in tokens], "text_offset": offsets}
@@ -231,24 +229,19 @@ async def stream_events(generation: Generation, route: str, span: trace.Span) ->
                 sent[event.index] += len(event.text)
             else:
                 finish = event.finish_reason
-                if calling_now:
+                # tool_choice auto: the calls the model chose, each whole, after any text
+                calls: Sequence[dict[str, Any]] | None = event.tool_calls
+                if calling_now:  # a named function's call is sent already; a `required` answer's is whole now
                     calls = [{"index": 0}] if function is not None else tool_calls(opened.request, "".join(held))
-                    if function is None:
-                        if calls:
-                            for i, call in enumerate(calls):
-                                yield sse(chunk(None, None, calls=[{"index": i, **call}]))
-                        else:  # not a whole call (cut by max_tokens): the text as it came
-                            yield sse(chunk("".join(held), None))
-                    if calls and finish == "stop":
-                        finish = "tool_calls"
-                elif event.tool_calls:  # tool_choice auto: the calls the model chose, each whole, after any text
-                    for i, call in enumerate(event.tool_calls):
+                if function is None:
+                    for i, call in enumerate(calls or ()):
                         yield sse(chunk(None, None, calls=[{"index": i, **call}]))
-                    if finish == "stop":
-                        finish = "tool_calls"
-                closing = [chunk(None if route == "chat" else "", finish)]
-                closing += [chunk(None if route == "chat" else "", reason, index=i)
-                            for i, reason in enumerate(event.finish_reasons[1:n], start=1)]
+                    if calling_now and not calls:  # not a whole call (cut by max_tokens): the text as it came
+                        yield sse(chunk("".join(held), None))
+                if calls and finish == "stop":
+                    finish = "tool_calls"
+                closing = [chunk(None, finish)]
+                closing += [chunk(None, reason, index=i) for i, reason in enumerate(event.finish_reasons[1:n], start=1)]
                 if opened.request.include_usage:
                     closing.append({"id": cid, "object": obj, "created": created, "model": model, "choices": [],
                                     "usage": _usage(event)})

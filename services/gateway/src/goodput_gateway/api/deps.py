@@ -30,12 +30,14 @@ from goodput_gateway.service import GatewayService
 __all__ = ["Batches", "Caller", "JsonBody", "Jobs", "Responses", "Service", "Streams", "read_json"]
 
 
-async def _service(request: Request) -> GatewayService:
-    service: GatewayService = request.app.state.service
-    return service
+def _state(name: str) -> Callable[[Request], Awaitable[Any]]:
+    """A dependency giving what :func:`goodput_gateway.api.create_app` put on ``app.state`` as ``name``."""
+    async def get(request: Request) -> Any:
+        return getattr(request.app.state, name)
+    return get
 
 
-Service = Annotated[GatewayService, Depends(_service)]
+Service = Annotated[GatewayService, Depends(_state("service"))]
 
 
 async def _caller(request: Request, service: Service) -> Principal:
@@ -53,8 +55,7 @@ async def read_json(request: Request, service: GatewayService) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise InvalidArgument(f"request body is not valid UTF-8 (byte {err.start})",
-                              code="invalid_encoding") from None
+        raise InvalidArgument(f"request body is not valid UTF-8 (byte {err.start})", code="invalid_encoding") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
@@ -67,15 +68,6 @@ async def _json_body(request: Request, service: Service, _: Caller) -> Any:
 
 
 JsonBody = Annotated[Any, Depends(_json_body)]
-
-
-def _state(name: str) -> Callable[[Request], Awaitable[Any]]:
-    """A dependency giving what :func:`goodput_gateway.api.create_app` put on ``app.state`` as ``name``."""
-    async def get(request: Request) -> Any:
-        return getattr(request.app.state, name)
-    return get
-
-
 Streams = Annotated[StreamBuffer, Depends(_state("streams"))]
 Responses = Annotated[ResponseStore, Depends(_state("responses"))]
 Jobs = Annotated[JobQueue, Depends(_state("jobs"))]
