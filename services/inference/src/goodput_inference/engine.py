@@ -14,7 +14,8 @@ from goodput_core.errors import InvalidArgument
 from goodput_core.sampling import Sampling, TokenLogprob
 
 __all__ = ["ChatTurn", "Delta", "Engine", "EngineTiming", "Finished", "GenEvent", "GenRequest", "Load",
-           "ModelDescription", "Sampling", "Started", "ToolCall", "truncate"]
+           "ModelDescription", "Sampling", "Started", "ToolCall", "check_model", "max_tokens_for", "prompt_limit",
+           "truncate"]
 
 
 @dataclass(frozen=True)
@@ -148,3 +149,31 @@ def truncate(ids: list[int], keep: int | None, limit: int) -> list[int]:
         raise InvalidArgument(f"truncate_prompt_tokens ({keep}) must be at most the prompt limit of {limit} tokens",
                               param="truncate_prompt_tokens", code="invalid_value")
     return ids[-(limit if keep == -1 else keep):]
+
+
+def check_model(request: GenRequest, served_model_name: str) -> None:
+    """A request that names another model than the one served here is refused."""
+    if request.model and request.model != served_model_name:
+        raise InvalidArgument(f"model {request.model!r} is not served here; use {served_model_name!r}",
+                              param="model", code="model_not_found")
+
+
+def prompt_limit(max_model_len: int, max_prompt_tokens: int) -> int:
+    """The longest prompt accepted: the context window less one token, or the ``max_prompt_tokens`` setting if lower.
+
+    >>> prompt_limit(2048, 0), prompt_limit(2048, 1000)
+    (2047, 1000)
+    """
+    return min(max_model_len - 1, max_prompt_tokens or max_model_len)
+
+
+def max_tokens_for(prompt_tokens: int, sampling: Sampling, *, default_max_tokens: int, max_model_len: int) -> int:
+    """The request's max_tokens (by default as many as the window leaves, up to ``default_max_tokens``); refused
+    when prompt and answer cannot fit the context window."""
+    max_tokens = sampling.max_tokens or min(default_max_tokens, max_model_len - prompt_tokens)
+    if max_tokens < 1:
+        raise InvalidArgument("max_tokens must be at least 1", param="max_tokens")
+    if prompt_tokens + max_tokens > max_model_len:
+        raise InvalidArgument(f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the context "
+                              f"window of {max_model_len} tokens", param="max_tokens", code="context_length_exceeded")
+    return max_tokens

@@ -66,6 +66,9 @@ from goodput_inference.engine import (
     Load,
     ModelDescription,
     Started,
+    check_model,
+    max_tokens_for,
+    prompt_limit,
     truncate,
 )
 from goodput_inference.tenancy import CacheSalts
@@ -179,10 +182,7 @@ class SimEngine:
                     prefix_cache_queries=self.prompt_tokens_total, prefix_cache_hits=self.prefix_hit_tokens)
 
     def _max_prompt_tokens(self) -> int:
-        limit = self.settings.max_model_len - 1
-        if self.settings.max_prompt_tokens:
-            limit = min(limit, self.settings.max_prompt_tokens)
-        return limit
+        return prompt_limit(self.settings.max_model_len, self.settings.max_prompt_tokens)
 
     # ---- requests --------------------------------------------------------------------------------------------
 
@@ -206,42 +206,30 @@ class SimEngine:
     async def generate(self, request: GenRequest) -> AsyncIterator[GenEvent]:
         if not self._ready:
             raise Unavailable("the engine is not ready (loading or draining)")
-        if request.model and request.model != self.served_model_name:
-            raise InvalidArgument(f"model {request.model!r} is not served here; use {self.served_model_name!r}",
-                                  param="model", code="model_not_found")
-        if request.sampling.structured:  # refused by name: a simulated answer cannot honour a schema
-            raise InvalidArgument("the simulated engine does not implement structured output (response_format)",
-                                  param="response_format", code="unsupported_parameter")
-        if request.sampling.n > 1:  # one simulated answer per request
-            raise InvalidArgument("the simulated engine does not implement n > 1", param="n",
-                                  code="unsupported_parameter")
-        if request.sampling.logit_bias:  # nor logits to bias
-            raise InvalidArgument("the simulated engine does not implement logit_bias", param="logit_bias",
-                                  code="unsupported_parameter")
-        if request.sampling.logprobs is not None:  # nor has it any probabilities to report
-            raise InvalidArgument("the simulated engine does not implement logprobs", param="logprobs",
-                                  code="unsupported_parameter")
-        if request.sampling.stop_token_ids:  # nor token ids: its answer is placeholder text
-            raise InvalidArgument("the simulated engine does not implement stop_token_ids", param="stop_token_ids",
-                                  code="unsupported_parameter")
+        check_model(request, self.served_model_name)
+        s = request.sampling
+        # Refused by name: a placeholder answer has no schema, logits, probabilities or token ids, and is only one.
+        for refused, param, what in ((s.structured, "response_format", "structured output (response_format)"),
+                                     (s.n > 1, "n", "n > 1"), (bool(s.logit_bias), "logit_bias", "logit_bias"),
+                                     (s.logprobs is not None, "logprobs", "logprobs"),
+                                     (bool(s.stop_token_ids), "stop_token_ids", "stop_token_ids")):
+            if refused:
+                raise InvalidArgument(f"the simulated engine does not implement {what}", param=param,
+                                      code="unsupported_parameter")
         if request.tools:  # nor a model that could choose to call a function
             raise InvalidArgument("the simulated engine has no tool-call parser: tool_choice 'auto' is not "
                                   "implemented", param="tool_choice", code="unsupported_value")
         text = self._text(request)
         prompt_tokens = max(1, math.ceil(len(text) / self.params.chars_per_token))
-        if request.sampling.truncate_prompt_tokens is not None:  # the prompt's last tokens, as vLLM keeps them
-            prompt_tokens = len(truncate(list(range(prompt_tokens)), request.sampling.truncate_prompt_tokens,
+        if s.truncate_prompt_tokens is not None:  # the prompt's last tokens, as vLLM keeps them
+            prompt_tokens = len(truncate(list(range(prompt_tokens)), s.truncate_prompt_tokens,
                                          self._max_prompt_tokens()))
             text = text[-math.ceil(prompt_tokens * self.params.chars_per_token):]
         if prompt_tokens > self._max_prompt_tokens():
             raise InvalidArgument(f"prompt has {prompt_tokens} tokens; the limit is {self._max_prompt_tokens()}",
                                   param="messages", code="context_length_exceeded")
-        max_tokens = request.sampling.max_tokens or min(self.settings.default_max_tokens,
-                                                        self.settings.max_model_len - prompt_tokens)
-        if prompt_tokens + max_tokens > self.settings.max_model_len:
-            raise InvalidArgument(f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
-                                  f"context window of {self.settings.max_model_len} tokens", param="max_tokens",
-                                  code="context_length_exceeded")
+        max_tokens = max_tokens_for(prompt_tokens, s, default_max_tokens=self.settings.default_max_tokens,
+                                    max_model_len=self.settings.max_model_len)
         priority = max(request.priority - 1, 0) if self.settings.scheduling_policy == "priority" else 0
         seq = _Seq(request_id=request.request_id, priority=priority, arrival=next(self._seq),
                    prompt_tokens=prompt_tokens, max_tokens=max_tokens,

@@ -64,6 +64,9 @@ from goodput_inference.engine import (
     Load,
     ModelDescription,
     Started,
+    check_model,
+    max_tokens_for,
+    prompt_limit,
 )
 
 log = logging.getLogger("goodput.inference.triton")
@@ -382,10 +385,7 @@ class TritonEngine:
                 "device": "gpu" if self._metrics.gpu_utilization is not None else "unknown"}
 
     def _max_prompt_tokens(self) -> int:
-        limit = self._max_model_len - 1
-        if self.settings.max_prompt_tokens:
-            limit = min(limit, self.settings.max_prompt_tokens)
-        return limit
+        return prompt_limit(self._max_model_len, self.settings.max_prompt_tokens)
 
     # ---- generation ------------------------------------------------------------------------------------------
 
@@ -425,9 +425,7 @@ class TritonEngine:
     async def generate(self, request: GenRequest) -> AsyncIterator[GenEvent]:
         if not self._ready or self._stub is None:
             raise Unavailable("the engine is not ready (connecting or draining)")
-        if request.model and request.model != self.served_model_name:
-            raise InvalidArgument(f"model {request.model!r} is not served here; use {self.served_model_name!r}",
-                                  param="model", code="model_not_found")
+        check_model(request, self.served_model_name)
         from tritonclient.grpc import InferInput, InferResult
         from tritonclient.grpc._utils import _get_inference_request
 
@@ -439,13 +437,8 @@ class TritonEngine:
                                   f"(context window {self._max_model_len} tokens)",
                                   param="messages", code="context_length_exceeded")
         s = request.sampling
-        max_tokens = s.max_tokens or min(self.settings.default_max_tokens, self._max_model_len - prompt_tokens)
-        if max_tokens < 1:
-            raise InvalidArgument("max_tokens must be at least 1", param="max_tokens")
-        if prompt_tokens + max_tokens > self._max_model_len:
-            raise InvalidArgument(
-                f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the context window of "
-                f"{self._max_model_len} tokens", param="max_tokens", code="context_length_exceeded")
+        max_tokens = max_tokens_for(prompt_tokens, s, default_max_tokens=self.settings.default_max_tokens,
+                                    max_model_len=self._max_model_len)
         sampling = {k: getattr(s, k) for k in _VLLM_SAMPLING if getattr(s, k) is not None}
         sampling.update(s.vllm_extensions())  # vLLM's own (its Triton backend takes them in sampling_parameters)
         tensors = request_inputs(self.settings.triton_protocol, prompt=text, sampling=sampling,

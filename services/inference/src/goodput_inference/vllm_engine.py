@@ -38,6 +38,9 @@ from goodput_inference.engine import (
     Load,
     ModelDescription,
     Started,
+    check_model,
+    max_tokens_for,
+    prompt_limit,
     truncate,
 )
 from goodput_inference.gpu import GpuMonitor
@@ -231,10 +234,7 @@ class VllmEngine:
         return self._inflight
 
     def _max_prompt_tokens(self) -> int:
-        limit = self._max_model_len - 1
-        if self.settings.max_prompt_tokens:
-            limit = min(limit, self.settings.max_prompt_tokens)
-        return limit
+        return prompt_limit(self._max_model_len, self.settings.max_prompt_tokens)
 
     # ---- generation ------------------------------------------------------------------------------------------
 
@@ -259,7 +259,7 @@ class VllmEngine:
 
     def _prompt_logprobs(self, ids: list[int], entries: Any, k: int) -> tuple[TokenLogprob, ...]:
         """The prompt's tokens (their text as the tokenizer decodes each) with vLLM's prompt logprobs."""
-        return tuple(_prompt_entry(candidates, token_id, k, self._tokenizer.decode([token_id]))
+        return tuple(_token_entry(candidates, token_id, k, self._tokenizer.decode([token_id]))
                      for token_id, candidates in zip(ids, entries, strict=False))
 
     def _sampling_params(self, request: GenRequest, prompt_len: int) -> Any:
@@ -267,13 +267,8 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind
 
         s = request.sampling
-        max_tokens = s.max_tokens or min(self.settings.default_max_tokens, self._max_model_len - prompt_len)
-        if max_tokens < 1:
-            raise InvalidArgument("max_tokens must be at least 1", param="max_tokens")
-        if prompt_len + max_tokens > self._max_model_len:
-            raise InvalidArgument(
-                f"prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) exceeds the context window of "
-                f"{self._max_model_len} tokens", param="max_tokens", code="context_length_exceeded")
+        max_tokens = max_tokens_for(prompt_len, s, default_max_tokens=self.settings.default_max_tokens,
+                                    max_model_len=self._max_model_len)
         kwargs: dict[str, Any] = {**self._sampling_defaults, "max_tokens": max_tokens,
                                   "output_kind": RequestOutputKind.DELTA}
         for name in ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty"):
@@ -335,9 +330,7 @@ class VllmEngine:
     async def generate(self, request: GenRequest) -> AsyncIterator[GenEvent]:
         if not self._ready or self._engine is None:
             raise Unavailable("the engine is not ready (loading or draining)")
-        if request.model and request.model != self.served_model_name:
-            raise InvalidArgument(f"model {request.model!r} is not served here; use {self.served_model_name!r}",
-                                  param="model", code="model_not_found")
+        check_model(request, self.served_model_name)
         from vllm.inputs import TokensPrompt
 
         entered = time.monotonic()
@@ -392,8 +385,10 @@ class VllmEngine:
                 self._aborted += 1
 
 
-def _prompt_entry(candidates: Any, token_id: int, k: int, token: str) -> TokenLogprob:
-    """A prompt token's entry: vLLM gives none for the first (nothing precedes it): its logprob is NaN then."""
+def _token_entry(candidates: Any, token_id: int, k: int, token: str) -> TokenLogprob:
+    """A token's entry: vLLM gives, per token, a dict of token id -> ``Logprob(logprob, rank, decoded_token)``
+    holding the k most likely (ranks 1..k) and the token itself (whatever its rank); none for the prompt's first
+    token (nothing precedes it): its logprob is NaN then."""
     if candidates is None:
         return TokenLogprob(token=token, logprob=float("nan"))
     own = candidates.get(token_id)
@@ -403,17 +398,9 @@ def _prompt_entry(candidates: Any, token_id: int, k: int, token: str) -> TokenLo
 
 
 def _logprobs(completion: Any, k: int) -> tuple[TokenLogprob, ...]:
-    """The new tokens of a delta output with their log probabilities: vLLM gives, per token, a dict of token id ->
-    ``Logprob(logprob, rank, decoded_token)`` holding the k most likely (ranks 1..k) and the sampled token (whatever
-    its rank)."""
-    out = []
-    for token_id, candidates in zip(completion.token_ids, completion.logprobs or (), strict=False):
-        sampled = candidates.get(token_id)
-        top = sorted((c for c in candidates.values() if c.rank is not None and c.rank <= k), key=lambda c: c.rank)
-        out.append(TokenLogprob(token=(sampled.decoded_token or "") if sampled is not None else "",
-                                logprob=float(sampled.logprob) if sampled is not None else float("-inf"),
-                                top=tuple((c.decoded_token or "", float(c.logprob)) for c in top[:k])))
-    return tuple(out)
+    """The new tokens of a delta output with their log probabilities (a token's text as vLLM decoded it)."""
+    return tuple(_token_entry(candidates, token_id, k, getattr(candidates.get(token_id), "decoded_token", "") or "")
+                 for token_id, candidates in zip(completion.token_ids, completion.logprobs or (), strict=False))
 
 
 def _timing(out: Any, preprocess_s: float) -> EngineTiming:
