@@ -232,8 +232,7 @@ class ApiKeyStore:
             raise Unauthenticated("missing API key: send `Authorization: Bearer <key>`", code="missing_api_key")
         scheme, _, key = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
-            raise Unauthenticated("malformed Authorization header: expected `Bearer <key>`",
-                                  code="invalid_api_key")
+            raise Unauthenticated("malformed Authorization header: expected `Bearer <key>`", code="invalid_api_key")
         found = self._by_digest.get(hashlib.sha256(key.strip().encode("utf-8", "surrogateescape")).digest())
         if found is None:
             raise Unauthenticated("invalid API key", code="invalid_api_key")

@@ -118,12 +118,10 @@ class Meter:
             n = getattr(usage, f"{kind}_tokens")
             if n:
                 m.tokens.labels(label, model, kind).inc(n)
-        if usage.cache_hits:
-            m.cache_hits.labels(label, model).inc(usage.cache_hits)
-        if usage.saved_tokens:
-            m.saved.labels(label, model).inc(usage.saved_tokens)
-        if usage.gpu_seconds:
-            m.gpu_seconds.labels(label, model).inc(usage.gpu_seconds)
+        for counter, n in ((m.cache_hits, usage.cache_hits), (m.saved, usage.saved_tokens),
+                           (m.gpu_seconds, usage.gpu_seconds)):
+            if n:
+                counter.labels(label, model).inc(n)
         day = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
         self._pending[(tenant, day, model)].add(usage)
 

@@ -109,8 +109,6 @@ class QuotaExhausted(RateLimited):
         super().__init__(message, headers=headers, retry_after_s=retry_after_s, code="insufficient_quota")
 
 
-
-
 @dataclass
 class _Window:
     """What one scope's rate limits showed at admission (for the x-ratelimit headers)."""
@@ -118,6 +116,18 @@ class _Window:
     limit: int
     remaining: int
     reset_s: float
+
+
+async def _rpm_window(backend: Backend, scope: Scope) -> _Window:
+    item = backend.rpm_item(scope)
+    stats = await backend.moving.get_window_stats(item, *scope.id())
+    return _Window(item.amount, stats.remaining, stats.reset_time - time.time())
+
+
+async def _tpm_window(backend: Backend, scope: Scope) -> _Window:
+    item = backend.tpm_item(scope)
+    stats = await backend.fixed.get_window_stats(item, *scope.id())
+    return _Window(item.amount, stats.remaining, stats.reset_time - time.time() if stats.reset_time else 60.0)
 
 
 def _headers(requests: list[_Window], tokens: list[_Window]) -> dict[str, str]:
@@ -131,8 +141,6 @@ def _headers(requests: list[_Window], tokens: list[_Window]) -> dict[str, str]:
         out[f"x-ratelimit-remaining-{kind}"] = str(max(w.remaining, 0))
         out[f"x-ratelimit-reset-{kind}"] = format_reset(max(w.reset_s, 0.0))
     return out
-
-
 
 
 @dataclass
@@ -272,20 +280,8 @@ class Quotas:
     @staticmethod
     async def _windows(backend: Backend, scopes: list[Scope]) -> tuple[list[_Window], list[_Window]]:
         """Each scope's request and token windows as they stand, without counting anything in them."""
-        requests: list[_Window] = []
-        tokens: list[_Window] = []
-        now = time.time()
-        for s in scopes:
-            if s.quota.rpm:
-                item = backend.rpm_item(s)
-                stats = await backend.moving.get_window_stats(item, *s.id())
-                requests.append(_Window(item.amount, stats.remaining, stats.reset_time - now))
-            if s.quota.tpm:
-                item = backend.tpm_item(s)
-                stats = await backend.fixed.get_window_stats(item, *s.id())
-                reset_s = stats.reset_time - now if stats.reset_time else 60.0
-                tokens.append(_Window(item.amount, stats.remaining, reset_s))
-        return requests, tokens
+        return ([await _rpm_window(backend, s) for s in scopes if s.quota.rpm],
+                [await _tpm_window(backend, s) for s in scopes if s.quota.tpm])
 
     async def _admit(self, backend: Backend, principal: Principal, scopes: list[Scope], member: str,
                      prompt_tokens: int, timeout_s: float) -> Admission:
@@ -316,32 +312,26 @@ class Quotas:
             requests: list[_Window] = []
             tokens: list[_Window] = []
             # requests per minute (moving window)
-            for s in scopes:
-                if not s.quota.rpm:
-                    continue
+            for s in [s for s in scopes if s.quota.rpm]:
                 item = backend.rpm_item(s)
                 if self.settings.quotas.quantum_s:  # quantised: a share of the minute's requests per quantum
                     quantum = backend.quantum_item(s, self.settings.quotas.quantum_s)
                     if not await guarded(backend.moving.hit(quantum, *s.id())):
-                        stats = await guarded(backend.moving.get_window_stats(item, *s.id()))
-                        requests.append(_Window(item.amount, stats.remaining, stats.reset_time - time.time()))
+                        requests.append(await guarded(_rpm_window(backend, s)))
                         q_stats = await guarded(backend.moving.get_window_stats(quantum, *s.id()))
                         raise self._refuse(principal, "rpm", RateLimited(
                             f"{s.describe()} is over its limit of {item.amount} requests per minute, enforced as "
                             f"{quantum.amount} per {quantum.multiples} s", headers=_headers(requests, tokens),
                             retry_after_s=max(q_stats.reset_time - time.time(), 0.05)))
                 ok = await guarded(backend.moving.hit(item, *s.id()))
-                stats = await guarded(backend.moving.get_window_stats(item, *s.id()))
-                requests.append(_Window(item.amount, stats.remaining, stats.reset_time - time.time()))
+                requests.append(await guarded(_rpm_window(backend, s)))
                 if not ok:
                     raise self._refuse(principal, "rpm", RateLimited(
                         f"{s.describe()} is over its limit of {item.amount} requests per minute",
                         headers=_headers(requests, tokens), retry_after_s=max(requests[-1].reset_s, 0.05)))
             # tokens per minute (fixed window): the prompt now, corrected at the end
             counted: list[Scope] = []
-            for s in scopes:
-                if not s.quota.tpm:
-                    continue
+            for s in [s for s in scopes if s.quota.tpm]:
                 item = backend.tpm_item(s)
                 if prompt_tokens > item.amount:
                     raise self._refuse(principal, "tpm", RateLimited(
@@ -352,16 +342,14 @@ class Quotas:
                     counted.append(s)
                 else:  # the window counted the refused prompt too: given back before its stats are read
                     await guarded(backend.add_tokens(s, -prompt_tokens))
-                stats = await guarded(backend.fixed.get_window_stats(item, *s.id()))
-                reset_s = stats.reset_time - time.time() if stats.reset_time else 60.0
-                tokens.append(_Window(item.amount, stats.remaining, reset_s))
+                tokens.append(await guarded(_tpm_window(backend, s)))
                 if not ok:
                     for other in counted:
                         await guarded(backend.add_tokens(other, -prompt_tokens))
                     raise self._refuse(principal, "tpm", RateLimited(
                         f"{s.describe()} is over its limit of {item.amount} tokens per minute "
                         f"(this request: {prompt_tokens} prompt tokens)",
-                        headers=_headers(requests, tokens), retry_after_s=max(reset_s, 0.05)))
+                        headers=_headers(requests, tokens), retry_after_s=max(tokens[-1].reset_s, 0.05)))
         except BaseException:
             await backend.release(scopes, member)
             raise

@@ -99,8 +99,7 @@ class ResponseStore:
     def __init__(self, settings: GatewaySettings, *, redis: aioredis.Redis | None) -> None:
         self.settings = settings
         self.redis = redis
-        self._local: TTLCache[str, str] = TTLCache(maxsize=settings.responses.local_max,
-                                                   ttl=settings.responses.ttl_s)
+        self._local: TTLCache[str, str] = TTLCache(maxsize=settings.responses.local_max, ttl=settings.responses.ttl_s)
 
     def _key(self, tenant: str, response_id: str) -> str:
         return f"{self.settings.responses.prefix}:{tenant}:{response_id}"
@@ -124,8 +123,7 @@ class ResponseStore:
             raise Unavailable(f"the response store is unavailable ({type(err).__name__})",
                               code="store_unavailable") from None
         if raw is None:
-            raise NotFound(f"Response with id '{response_id[:128]}' not found.", param=param,
-                           code="response_not_found")
+            raise NotFound(f"Response with id '{response_id[:128]}' not found.", param=param, code="response_not_found")
         stored: dict[str, Any] = json.loads(raw)
         return stored
 

@@ -34,7 +34,7 @@ from goodput_gateway.__main__ import Wiring, compose
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.generation import Call
 from goodput_gateway.generation_schemas import ChatCompletionRequest, CompletionRequest
-from goodput_gateway.jobs.messages import celery_client, celery_send
+from goodput_gateway.jobs.messages import celery_client
 from goodput_gateway.jobs.metrics import JobsMetrics
 from goodput_gateway.jobs.records import RETRYABLE, Job, retry_delay
 from goodput_gateway.jobs.store import JobQueue
@@ -64,14 +64,13 @@ class JobRunner:
             own = CollectorRegistry()  # joined once whole: a composition that failed half-way leaves nothing behind
             self._wiring = compose(self.settings, own, None)
             self.registry.register(own)
-        p2 = types_pb2.PRIORITY_P2
         schema = ChatCompletionRequest if job.route == "chat" else CompletionRequest
 
         async def parse_body() -> Any:
             return parse(schema, job.body).to_request()
 
         # The job runs as its tenant, under the tenant's limits and budget (not around them).
-        principal = self._wiring.service.keys.tenant_principal(job.tenant, priority=p2)
+        principal = self._wiring.service.keys.tenant_principal(job.tenant, priority=types_pb2.PRIORITY_P2)
         call = Call(parse=parse_body, principal=principal, request_id=f"req-{job.id.removeprefix('job-')}")
         try:
             async with await self._wiring.service.open(call) as generation:
@@ -125,7 +124,6 @@ class Heartbeat:
 
     def __init__(self, queue: JobQueue, job: Job) -> None:
         self.queue, self.job = queue, job
-        self.lost = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{job.id}", daemon=True)
 
@@ -134,9 +132,7 @@ class Heartbeat:
         while not self._stop.wait(every):
             try:
                 if not self.queue.renew(self.job):
-                    self.lost = True
-                    log.warning("job claim lost while running; its outcome will be dropped",
-                                extra={"job": self.job.id})
+                    log.warning("job claim lost while running; its outcome will be dropped", extra={"job": self.job.id})
                     return
             except Exception as err:  # noqa: BLE001 - Redis blinked: the lease has room for the next try
                 log.warning("job lease not renewed", extra={"job": self.job.id, "error": repr(err)[:200]})
@@ -220,23 +216,20 @@ def _register(app: Any, settings: Any) -> None:
 
     client = redis.Redis.from_url(settings.redis_url)
     runners: list[JobRunner] = []  # one per process that runs tasks (a prefork child), made on its first task
-
     sweepers: list[Sweeper] = []  # the worker's main process sweeps (it also serves the metrics)
 
     @app.task(name="goodput.jobs.run", ignore_result=True)
     def run(job_id: str, dispatch: int) -> str:
         if not runners:
             runners.append(JobRunner(settings))
-        queue = JobQueue(settings, client, send=celery_send(settings))
-        job = run_job(queue, job_id, runner=runners[0], dispatch=dispatch)
+        job = run_job(JobQueue(settings, client), job_id, runner=runners[0], dispatch=dispatch)
         return job.state if job else "missing"
 
     @signals.worker_ready.connect(weak=False)
     def _ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", app) is app:  # signals are process-wide; only this app's worker serves
             serve_metrics(settings, client)
-            sweeper = Sweeper(JobQueue(settings, client, send=celery_send(settings)),
-                              interval_s=settings.jobs.sweep_interval_s)
+            sweeper = Sweeper(JobQueue(settings, client), interval_s=settings.jobs.sweep_interval_s)
             sweeper.start()
             sweepers.append(sweeper)
 
@@ -259,7 +252,7 @@ def serve_metrics(settings: Any, redis_client: Any) -> tuple[Any, Any] | None:
     from prometheus_client import start_http_server
 
     # Its own thread serves the scrape: it reads Redis then, but waits half a second at most (then the last values).
-    JobsMetrics(REGISTRY, JobQueue(settings, redis_client, send=celery_send(settings)), scrape_wait_s=0.5)
+    JobsMetrics(REGISTRY, JobQueue(settings, redis_client), scrape_wait_s=0.5)
     server, thread = start_http_server(settings.jobs.worker_http_port, addr=settings.grpc_host, registry=REGISTRY)
     log.info("jobs worker metrics", extra={"addr": settings.grpc_host, "port": settings.jobs.worker_http_port})
     return server, thread

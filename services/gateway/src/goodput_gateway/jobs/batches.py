@@ -104,7 +104,7 @@ class BatchStore:
         self.queue = queue
         self.redis = queue.redis
         self.settings = queue.settings
-        self.prefix = f"{queue.prefix}"
+        self.prefix = queue.prefix
 
     # ---- files ----
     def _file_key(self, file_id: str) -> str:
@@ -167,8 +167,7 @@ class BatchStore:
         now = int(time.time())
         expires = now + parse_window(window)
         route = ROUTES[endpoint]
-        jobs = [self.queue.submit(tenant=tenant, route=route, body=body, deadline_at=expires).id
-                for _, body in bodies]
+        jobs = [self.queue.submit(tenant=tenant, route=route, body=body, deadline_at=expires).id for _, body in bodies]
         batch = Batch(id=f"batch_{uuid.uuid4().hex}", tenant=tenant, endpoint=endpoint, input_file_id=input_file_id,
                       created_at=now, expires_at=expires, jobs=jobs, custom_ids=[c for c, _ in bodies],
                       completion_window=window, metadata=metadata)

@@ -33,7 +33,6 @@ def celery_client(settings: Any) -> Any:
 
 def celery_send(settings: Any) -> Send:
     def send(job_id: str, dispatch: int, delay_s: float) -> None:
-        app = celery_client(settings)
-        app.send_task("goodput.jobs.run", args=[job_id, dispatch], countdown=max(delay_s, 0.0),
-                      queue=settings.jobs.queue)
+        celery_client(settings).send_task("goodput.jobs.run", args=[job_id, dispatch], countdown=max(delay_s, 0.0),
+                                          queue=settings.jobs.queue)
     return send

@@ -4,6 +4,7 @@ shares read from Redis off the scrape path."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -39,25 +40,17 @@ class JobsMetrics:
             jobs = Gauge("goodput_gateway_deferred_jobs", "Deferred jobs by state (from Redis, all processes; "
                          "NaN until first read).", ["state"], registry=registry)
             for state in STATES:
-                jobs.labels(state).set_function(_last_count(self.readings.add(state, _counter(queue, state))))
-            for name, key, label, known, doc in (
-                    ("attempts", "attempts", "outcome", OUTCOMES, "Attempts of deferred jobs by outcome (lost: its "
-                     "worker died and its claim lapsed)"),
-                    ("messages", "messages", "verdict", VERDICTS, "Deferred jobs' messages by what they did "
-                     "(duplicate, stale: nothing, the job had run or was running)"),
-                    ("recoveries", "recoveries", "reason", RECOVERIES, "Deferred jobs the sweeper sent again "
-                     "(lost_message), requeued after their worker died (lease_expired) or expired (deadline)")):
-                read = self.readings.add(name, _tally(queue, key))
+                jobs.labels(state).set_function(_last_count(self.readings.add(state, partial(queue.count, state))))
+            for name, label, known, doc in (
+                    ("attempts", "outcome", OUTCOMES, "Attempts of deferred jobs by outcome (lost: its worker died "
+                     "and its claim lapsed)"),
+                    ("messages", "verdict", VERDICTS, "Deferred jobs' messages by what they did (duplicate, stale: "
+                     "nothing, the job had run or was running)"),
+                    ("recoveries", "reason", RECOVERIES, "Deferred jobs the sweeper sent again (lost_message), "
+                     "requeued after their worker died (lease_expired) or expired (deadline)")):
+                read = self.readings.add(name, partial(queue.tally, name))
                 registry.register(SharedCounter(f"goodput_gateway_deferred_job_{name}",
                                                 f"{doc} (from Redis, all processes).", label, read=read, known=known))
-
-
-def _counter(queue: JobCounts, state: str) -> Callable[[], int]:
-    return lambda: queue.count(state)
-
-
-def _tally(queue: JobCounts, name: str) -> Callable[[], dict[str, int]]:
-    return lambda: queue.tally(name)
 
 
 def _last_count(last: Callable[[], Any]) -> Callable[[], float]:

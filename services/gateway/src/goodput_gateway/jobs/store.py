@@ -71,6 +71,7 @@ class JobQueue:
         self.redis = redis_client
         self.clock = clock  # wall time: deadlines, leases and due times are stored and compared across processes
         self.prefix = settings.jobs.prefix
+        self._deadlines = f"{self.prefix}:deadlines"  # unfinished jobs by deadline
         self._send = send or celery_send(settings)
         self.metrics = JobsMetrics(registry, self)
 
@@ -81,9 +82,6 @@ class JobQueue:
 
     def _index(self, state: str) -> str:
         return f"{self.prefix}:index:{state}"
-
-    def _deadlines(self) -> str:
-        return f"{self.prefix}:deadlines"
 
     def count(self, state: str) -> int:
         """Jobs in ``state`` (finished ones until their key expires)."""
@@ -121,9 +119,9 @@ class JobQueue:
         score = now + ttl if job.state in TERMINAL else job.lease_until if job.state == "running" else job.due_at
         pipe.zadd(self._index(job.state), {job.id: score})
         if job.state in TERMINAL:
-            pipe.zrem(self._deadlines(), job.id)
+            pipe.zrem(self._deadlines, job.id)
         else:
-            pipe.zadd(self._deadlines(), {job.id: job.deadline_at})
+            pipe.zadd(self._deadlines, {job.id: job.deadline_at})
         if old is not None and old.state == "running" and (job.state != "running" or job.claim != old.claim):
             # The attempt under old.claim has ended: with the state it wrote, or lost (the claim lapsed).
             outcome = job.state if job.state in ("completed", "parked", "failed") else "lost"
@@ -161,7 +159,6 @@ class JobQueue:
         raise Unavailable(f"job {job_id} is changing too often to update; try again", code="job_busy")
 
     def _dispatch(self, job: Job, delay_s: float) -> None:
-        """Sends the message of the job's current dispatch; if that fails, the sweeper sends it later."""
         try:
             self._send(job.id, job.dispatch, delay_s)
         except Exception as err:  # noqa: BLE001 - the job is stored; a lost message is the sweeper's to recover
@@ -273,8 +270,7 @@ class JobQueue:
     def lead(self, hold_s: float, owner: str) -> bool:
         """True when ``owner`` may sweep now: one sweep per ``hold_s`` over every process (others that ask
         meanwhile get False). Sweeping twice at once would be safe too: every step is a compare-and-set."""
-        ok = self.redis.set(f"{self.prefix}:sweeper", owner, nx=True, px=max(int(hold_s * 1000), 1))
-        return bool(ok)
+        return bool(self.redis.set(f"{self.prefix}:sweeper", owner, nx=True, px=max(int(hold_s * 1000), 1)))
 
     def _due(self, index: str, before: float, limit: int) -> list[str]:
         ids = self.redis.zrangebyscore(index, "-inf", before, start=0, num=limit)
@@ -285,7 +281,7 @@ class JobQueue:
         pipe = self.redis.pipeline(transaction=True)
         for state in STATES:
             pipe.zrem(self._index(state), job_id)
-        pipe.zrem(self._deadlines(), job_id)
+        pipe.zrem(self._deadlines, job_id)
         pipe.execute()
 
     def sweep(self) -> dict[str, int]:
@@ -310,10 +306,10 @@ class JobQueue:
             job.state, job.claim, job.error = "expired", "", job.error or "the job's deadline passed"
             return job
 
-        for job_id in self._due(self._deadlines(), now, limit):
+        for job_id in self._due(self._deadlines, now, limit):
             if sweep_one(job_id, "deadline", expire) is None and (job := self.load(job_id)) is not None \
                     and job.state in TERMINAL:
-                self.redis.zrem(self._deadlines(), job_id)  # repair: a finished job is never due
+                self.redis.zrem(self._deadlines, job_id)  # repair: a finished job is never due
 
         def requeue(job: Job) -> Job | None:  # its worker died: the claim lapsed
             if job.state != "running" or job.lease_until > now:

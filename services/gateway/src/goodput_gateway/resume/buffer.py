@@ -132,8 +132,7 @@ class StreamBuffer:
         rec.end, rec.ended_at = end, self.clock()
         rec.notify()
         if rec.left:
-            self.metrics.detached.labels({"done": "finished", "abandoned": "abandoned"}.get(end.status,
-                                                                                          "failed")).inc()
+            self.metrics.detached.labels({"done": "finished", "abandoned": "abandoned"}.get(end.status, "failed")).inc()
         if rec.shared:
             self.dirty.add(rec)
             self._kick.set()

@@ -42,8 +42,7 @@ class ResumeMetrics:
 class Recording:
     """One stream's events as produced, the newest within the bounds, and who follows them in this process."""
 
-    def __init__(self, key: str, stream_id: str, *, max_events: int, max_bytes: int, shared: bool,
-                 now: float) -> None:
+    def __init__(self, key: str, stream_id: str, *, max_events: int, max_bytes: int, shared: bool, now: float) -> None:
         self.key = key
         self.stream_id = stream_id
         self._max_events = max_events
