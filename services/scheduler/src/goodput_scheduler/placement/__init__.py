@@ -65,7 +65,6 @@ from goodput_scheduler.placement.scorers import (
     PrefixAffinity,
     PrefixIndex,
     SessionAffinity,
-    SharingScopes,
 )
 
 __all__ = [
@@ -73,6 +72,5 @@ __all__ = [
     "GuardSignals", "HasCapacity", "Healthy", "LeastLoaded", "LeastPrefill", "MaxScore", "Observer", "Picker",
     "PlacementPipeline", "PlacementRequest", "PlacementSettings", "PluginHandle", "PluginSpec", "PredictedFinish",
     "PrefillGate", "PrefixAffinity", "PrefixIndex", "Profile", "RandomPick", "RoundRobin", "ScoredWorker", "Scorer",
-    "ServesClass", "ServesModel", "SessionAffinity", "SharingScopes", "StepParameters", "build_pipeline",
-    "step_budget",
+    "ServesClass", "ServesModel", "SessionAffinity", "StepParameters", "build_pipeline", "step_budget",
 ]

@@ -41,6 +41,7 @@ from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Counter
 
+from goodput_contracts.sharing import SharingGroups
 from goodput_core.priority import priority_name
 
 from goodput_scheduler.clock import Clock, SystemClock
@@ -65,7 +66,6 @@ from goodput_scheduler.placement.scorers import (
     PrefixAffinity,
     PrefixIndex,
     SessionAffinity,
-    SharingScopes,
 )
 from goodput_scheduler.queues import P1, P2, QUEUE_POLICIES
 
@@ -96,7 +96,7 @@ def _serves_class(p: NoParameters, h: PluginHandle) -> ServesClass:
 def _prefix_affinity(p: PrefixAffinity.Parameters, h: PluginHandle) -> PrefixAffinity:
     return PrefixAffinity(PrefixIndex(block_chars=p.block_chars, max_entries=p.index_entries),
                           max_inflight=h.settings.max_inflight_per_worker, balance_slack=p.balance_slack,
-                          scopes=SharingScopes(h.settings.cache_sharing_groups))
+                          scopes=SharingGroups(h.settings.cache_sharing_groups))
 
 
 BUILTIN_PLUGINS: Mapping[str, PluginSpec] = {spec.name: spec for spec in (

@@ -30,6 +30,7 @@ import collections
 import hashlib
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pydantic import Field
 
@@ -41,20 +42,7 @@ from goodput_scheduler.placement.plugins import CycleState, PlacementRequest, St
 from goodput_scheduler.registry import Worker
 
 __all__ = ["LeastLoaded", "LeastPrefill", "PredictedFinish", "PrefixAffinity", "PrefixIndex", "SessionAffinity",
-           "SharingScopes", "bounded"]
-
-
-class SharingScopes(SharingGroups):
-    """Who shares prefix affinity with a tenant: its cache sharing group (``{"group": ["tenant", ...]}``), else
-    the tenant alone. Group and tenant scopes never collide, whatever the names.
-
-    >>> scopes = SharingScopes({"partners": ["acme", "globex"]})
-    >>> scopes.of("acme"), scopes.of("globex"), scopes.of("initech"), scopes.of("partners")
-    ('group:partners', 'group:partners', 'tenant:initech', 'tenant:partners')
-    """
-
-    def of(self, tenant: str) -> str:
-        return self.scope(tenant)
+           "bounded"]
 
 
 def bounded(cost: float) -> float:
@@ -213,14 +201,13 @@ class PrefixIndex:
         while len(self._lru) > self.max_entries:
             self._lru.popitem(last=False)
 
+
+@dataclass(slots=True)
 class _PrefixMatch:
     """One cycle's prefix hashes and the workers that served them (hashed once per cycle, not per worker)."""
 
-    __slots__ = ("hashes", "matches")
-
-    def __init__(self, hashes: list[bytes], matches: dict[str, int]) -> None:
-        self.hashes = hashes
-        self.matches = matches
+    hashes: list[bytes]
+    matches: dict[str, int]
 
 
 class PrefixAffinity:
@@ -235,22 +222,21 @@ class PrefixAffinity:
     class Parameters(StepParameters):
         block_chars: int = Field(128, ge=8, description="Characters per hashed block.")
         index_entries: int = Field(65536, ge=16, description="Block hashes remembered (LRU).")
-        balance_slack: float = Field(0.1, ge=0, le=1, description="Counts only on workers holding at most this "
-                                                                  "share of the cap more leases than the least "
-                                                                  "loaded one (higher: more cache hits, less even "
-                                                                  "load).")
+        balance_slack: float = Field(0.1, ge=0, le=1, description="Counts only on workers holding at most this share "
+                                     "of the cap more leases than the least loaded one (higher: more cache hits, less "
+                                     "even load).")
 
     def __init__(self, index: PrefixIndex, *, max_inflight: int = 0, balance_slack: float = 0.1,
-                 scopes: SharingScopes | None = None) -> None:
+                 scopes: SharingGroups | None = None) -> None:
         self.index = index
         self.max_inflight = max_inflight
         self.balance_slack = balance_slack
-        self.scopes = scopes or SharingScopes()
+        self.scopes = scopes or SharingGroups()
 
     def _match(self, state: CycleState) -> _PrefixMatch:
         found = state.read(self.name, _PrefixMatch)
         if found is None:
-            hashes = self.index.hashes(state.request.prefix_hint, scope=self.scopes.of(state.request.tenant))
+            hashes = self.index.hashes(state.request.prefix_hint, scope=self.scopes.scope(state.request.tenant))
             found = _PrefixMatch(hashes, self.index.match(hashes))
             state.write(self.name, found)
         return found
