@@ -35,6 +35,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
+from functools import partial
 
 from goodput.scheduler.v1 import scheduler_pb2
 
@@ -95,9 +96,9 @@ class LeaseManager:
     def _bind_gauges(self) -> None:
         m = self.metrics
         for prio in CLASSES:
-            m.queue_depth.labels(priority_name(prio)).set_function(self._depth_reader(prio))
-            m.queue_tenants.labels(priority_name(prio)).set_function(self._tenants_reader(prio))
-            m.shedding.labels(priority_name(prio)).set_function(self._shedding_reader(prio))
+            m.queue_depth.labels(priority_name(prio)).set_function(partial(self.queued, prio))
+            m.queue_tenants.labels(priority_name(prio)).set_function(partial(self.queues.tenants, prio))
+            m.shedding.labels(priority_name(prio)).set_function(partial(self.overload.sheds, prio))
         m.saturation.set_function(lambda: self.overload.saturation)
         m.drain_rate.set_function(lambda: self.drain.rate(self.clock.now()))
         m.guard_limit.set_function(lambda: min(self.guard.current(), 1e9))
@@ -105,15 +106,6 @@ class LeaseManager:
         m.p0_ready_workers.set_function(lambda: float(self.guard.p0_reserve()))
         m.idle_while_queued.set_function(self.efficiency.seconds)
         m.queued_with_idle_workers.set_function(lambda: float(self.efficiency.active))
-
-    def _depth_reader(self, prio: int) -> Callable[[], float]:
-        return lambda: float(self.queued(prio))
-
-    def _tenants_reader(self, prio: int) -> Callable[[], float]:
-        return lambda: float(self.queues.tenants(prio))
-
-    def _shedding_reader(self, prio: int) -> Callable[[], float]:
-        return lambda: float(self.overload.shedding.get(prio, False))
 
     def _inflight_changed(self, worker: Worker) -> None:
         self.metrics.inflight.labels(worker.worker_id).set(worker.inflight)
@@ -133,14 +125,10 @@ class LeaseManager:
     def queued(self, prio: int | None = None) -> int:
         return self.queues.queued(prio)
 
-    @property
-    def waiting(self) -> int:
-        return self.queued()
-
     def retry_after_s(self, prio: int = P2) -> float:
         """When retrying is likely to succeed: the queue ahead drained at the observed rate, and for a class shed
         by overload, the time for saturation to fall back below the class's re-admission level."""
-        shed = self.policy.sheds_classes and self.overload.shedding.get(prio, False)
+        shed = self.policy.sheds_classes and self.overload.sheds(prio)
         return retry_after_s(
             ahead=self.queues.ahead(prio) + 1, rate=self.drain.rate(self.clock.now()),
             slots=sum(w.lease_cap(self.settings.max_inflight_per_worker) for w in self.registry.healthy()),
@@ -181,18 +169,15 @@ class LeaseManager:
         if prio == P0:
             self.guard.note_p0(now)
         self._update_overload()
-        if self.policy.sheds_classes and self.overload.shedding.get(prio, False):
+        if self.policy.sheds_classes and self.overload.sheds(prio):
             self.metrics.shed.labels(label, "overload").inc()
             raise ResourceExhausted(
                 f"overloaded (saturation {self.overload.saturation:.2f}): {label} requests are shed for now",
                 code="overloaded", retry_after_s=self.retry_after_s(prio))
         if queue.max_queue and len(queue) >= queue.max_queue:
             self._make_room(queue, req, prio)
-        effective, timeout_s = deadline, queue.timeout_s
-        if timeout_s > 0:
-            effective = min(deadline, now + timeout_s) if deadline is not None else now + timeout_s
-        if queue_deadline is not None:
-            effective = min(effective, queue_deadline) if effective is not None else queue_deadline
+        timeout = now + queue.timeout_s if queue.timeout_s > 0 else None
+        effective = min((d for d in (deadline, timeout, queue_deadline) if d is not None), default=None)
         ticket = Ticket(request=req, priority=prio, deadline=effective, call_deadline=deadline, enqueued_at=now,
                         queue_deadline=queue_deadline,
                         seq=next(self._seq), future=asyncio.get_running_loop().create_future())
@@ -370,12 +355,11 @@ class LeaseManager:
         ticket.future.set_exception(err)
 
     def _drop_expired(self, ticket: Ticket) -> None:
-        if ticket.call_deadline is not None and ticket.deadline is not None \
-                and ticket.call_deadline <= ticket.deadline:
-            self._fail(ticket, "deadline",
-                       DeadlineExceeded("the request's deadline passed while it waited for a worker"))
-        elif ticket.queue_deadline is not None and ticket.deadline is not None \
-                and ticket.queue_deadline <= ticket.deadline:
+        """Fails a ticket whose deadline passed, naming the bound that set it (the earliest of the three)."""
+        if ticket.deadline == ticket.call_deadline:
+            self._fail(ticket, "deadline", DeadlineExceeded(
+                "the request's deadline passed while it waited for a worker"))
+        elif ticket.deadline == ticket.queue_deadline and ticket.queue_deadline is not None:
             self._fail(ticket, "queue_budget", DeadlineExceeded(
                 f"the request waited {ticket.queue_deadline - ticket.enqueued_at:g} s for a worker, its class's "
                 "queue-wait budget"))

@@ -97,6 +97,9 @@ class OverloadDetector:
                 self.shedding[prio] = False
         return sat
 
+    def sheds(self, prio: int) -> bool:
+        return self.shedding.get(prio, False)
+
     def exit_level(self, prio: int) -> float:
         s = self.settings
         return (s.shed_p2_at if prio == P2 else s.shed_p1_at) - s.shed_hysteresis
