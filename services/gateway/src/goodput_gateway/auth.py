@@ -152,11 +152,9 @@ class _KeysDocument(BaseModel):
 def _quota(*layers: _Limits | None) -> Quota:
     """The first value set in ``layers`` for each limit (the most specific layer first)."""
     values: dict[str, Any] = {}
-    for name in ("rpm", "tpm", "max_concurrent", "monthly_tokens", "monthly_soft"):
-        for layer in layers:
-            if layer is not None and getattr(layer, name) is not None:
-                values[name] = getattr(layer, name)
-                break
+    for layer in reversed(layers):
+        if layer is not None:
+            values.update(layer.model_dump(include=set(_Limits.model_fields), exclude_none=True))
     return Quota(**values)
 
 

@@ -150,12 +150,9 @@ class Meter:
                         for period in (day, day[:7]):
                             key = self._key(tenant, period)
                             for name, value in asdict(usage).items():
-                                if not value:
-                                    continue
-                                if isinstance(value, float):
-                                    pipe.hincrbyfloat(key, f"{model}|{name}", value)
-                                else:
-                                    pipe.hincrby(key, f"{model}|{name}", value)
+                                if value:
+                                    incr = pipe.hincrbyfloat if isinstance(value, float) else pipe.hincrby
+                                    incr(key, f"{model}|{name}", value)
                             pipe.expire(key, ttl)
                             pipe.sadd(self._tenants_key(period), tenant)
                             pipe.expire(self._tenants_key(period), ttl)
@@ -178,8 +175,7 @@ class Meter:
         for field_, value in raw.items():
             f = field_.decode() if isinstance(field_, bytes) else str(field_)
             model, _, name = f.rpartition("|")
-            v = value.decode() if isinstance(value, bytes) else str(value)
-            out[model][name] = float(v) if name == "gpu_seconds" else int(v)
+            out[model][name] = float(value) if name == "gpu_seconds" else int(value)
         return dict(sorted(out.items()))
 
     async def tenants(self, period: str) -> list[str]:

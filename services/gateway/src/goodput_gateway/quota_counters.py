@@ -4,6 +4,7 @@ scopes (a tenant, an API key) it counts for; :mod:`goodput_gateway.quotas` admit
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -66,7 +67,7 @@ class Backend:
         self.prefix = prefix
         self.share = share  # the fraction of each limit this backend enforces (the fail-open bound)
         self._acquire = redis.register_script(_ACQUIRE) if redis is not None else None
-        self._local_inflight: dict[tuple[str, str], set[str]] = {}
+        self._local_inflight: defaultdict[tuple[str, str], set[str]] = defaultdict(set)
 
     def _bound(self, limit: int) -> int:
         return max(1, math.floor(limit * self.share)) if self.share < 1 else limit
@@ -101,10 +102,10 @@ class Backend:
                                                                   for s in bounded)]))
             return bounded[full - 1] if full else None
         for s in bounded:
-            if len(self._local_inflight.get(s.id(), ())) >= self._bound(s.quota.max_concurrent):
+            if len(self._local_inflight[s.id()]) >= self._bound(s.quota.max_concurrent):
                 return s
         for s in bounded:
-            self._local_inflight.setdefault(s.id(), set()).add(member)
+            self._local_inflight[s.id()].add(member)
         return None
 
     async def release(self, scopes: list[Scope], member: str) -> None:
@@ -118,11 +119,7 @@ class Backend:
                 await pipe.execute()
             return
         for s in bounded:
-            members = self._local_inflight.get(s.id())
-            if members is not None:
-                members.discard(member)
-                if not members:
-                    del self._local_inflight[s.id()]
+            self._local_inflight[s.id()].discard(member)
 
     # ---- monthly budget ----
     async def month_used(self, scopes: list[Scope], month: str) -> list[int]:

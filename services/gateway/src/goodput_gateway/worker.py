@@ -3,11 +3,9 @@
 own composition root (:func:`goodput_gateway.__main__.compose`, built once per worker process on one event loop
 that lives as long as the process) at P2, as the tenant that submitted it.
 
-A message starts an attempt only by claiming the job (:meth:`JobQueue.claim`), so a redelivered or duplicated
-message runs nothing twice; the claim's lease is renewed while the attempt runs (:class:`Heartbeat`), and the
-outcome is written only under that claim. Shed again, or the scheduler unreachable (restarting), a job is re-parked
-with :func:`retry_delay` until it completes or its deadline passes. The worker's main process also runs the
-:class:`Sweeper` (lost messages, dead workers' claims, deadlines).
+A message starts an attempt only by claiming the job (:meth:`JobQueue.claim`); the claim's lease is renewed while
+the attempt runs (:class:`Heartbeat`) and the outcome is written only under that claim (:mod:`goodput_gateway.jobs`
+tells the whole policy). The worker's main process also runs the :class:`Sweeper`.
 
 Example (in a worker process, with the scheduler and the jobs' Redis up)::
 

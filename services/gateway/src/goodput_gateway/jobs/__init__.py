@@ -11,11 +11,8 @@
   OpenAI-shaped body the synchronous call would have returned.
 
 State lives in Redis (a key per job, a sorted set per state), never in a scheduler or gateway process, so a job
-survives restarts of either. Each job runs effectively once (:mod:`.store`): its message is delivered at least once
-(acknowledged late, redelivered after a worker crash) and an attempt starts only by claiming the job atomically, so
-a duplicated or redelivered message runs nothing twice; a worker that dies lets its claim's lease lapse; the
-outcome is written only under the claim; and a sweeper in the jobs workers sends lost messages again, requeues jobs
-whose worker died and expires jobs past their deadline.
+survives restarts of either. Each job runs effectively once, though its message may come twice or be lost and its
+worker may die (:mod:`.store` tells how: claims, leases and a sweeper in the jobs workers).
 
 A worker serves ``/metrics`` (any other path answers the same, so it doubles as the probes' ``/healthz``) on
 ``jobs_worker_http_port`` once it is ready: jobs by state, attempts, messages and recoveries, all read from Redis,

@@ -1,6 +1,4 @@
-"""The recorded streams of a gateway (:class:`StreamBuffer`): each produced by a task of its own, followed by its
-client here, resumed from here or, with Redis, from any replica (:mod:`.shared`). See :mod:`goodput_gateway.resume`.
-"""
+"""The recorded streams of a gateway (:class:`StreamBuffer`); see :mod:`goodput_gateway.resume`."""
 
 from __future__ import annotations
 
@@ -18,7 +16,6 @@ from goodput_core.errors import GoodputError, Internal, InvalidArgument, Unavail
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.resume.frames import (
-    CLOSE_WAIT_S,
     MAX_SEQ,
     OUTCOMES,
     End,
@@ -42,7 +39,7 @@ class StreamBuffer:
     def __init__(self, settings: GatewaySettings, *, redis: aioredis.Redis | None,
                  registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.monotonic,
                  heartbeat_s: float = 1.0, live_ttl_s: float = 10.0, block_s: float = 0.5,
-                 close_wait_s: float = CLOSE_WAIT_S) -> None:
+                 close_wait_s: float = 5.0) -> None:
         self.settings = settings
         self.redis = redis  # the shared store's; None = this process only
         self.window_s = settings.resume.window_s

@@ -26,8 +26,6 @@ MAX_SEQ = 10**12
 # A stream id not (yet) in Redis is looked for this long (at least four flushes) before it is answered 404: the replica
 # producing it writes its first events at its next flush.
 UNKNOWN_AFTER_S = 0.25
-# close() waits this long (at most) for the producers and the flusher it cancelled
-CLOSE_WAIT_S = 5.0
 # outcomes of a resume by the error code that refused it (goodput_gateway_stream_resumes_total)
 OUTCOMES = {"resume_disabled": "disabled", "stream_not_found": "not_found", "stream_events_dropped": "evicted",
              "stream_abandoned": "abandoned", "store_unavailable": "error"}
@@ -75,8 +73,7 @@ class End:
             raise abandoned(stream_id)
         if self.error:
             e = self.error
-            status = grpc.StatusCode[e["status"]] if e.get("status") in grpc.StatusCode.__members__ \
-                else grpc.StatusCode.INTERNAL
+            status = grpc.StatusCode.__members__.get(e.get("status", ""), grpc.StatusCode.INTERNAL)
             raise from_status(status, str(e.get("message", "")), code=e.get("code"), param=e.get("param"),
                               retry_after_s=e.get("retry_after_s"))
 

@@ -1,8 +1,5 @@
-"""The shared store of the recorded streams: Redis, so a client resumes on any replica. Each stream is a Redis
-stream (``XADD`` with the event's number as its entry id, ``0-<seq + 1>``; ``XTRIM MINID`` for the bounds;
-``PEXPIRE`` the window after its end), written by the buffer's flusher (:meth:`RedisStreams.write`) and followed by
-a reader elsewhere with one blocking ``XREAD`` (:meth:`RedisStreams.open`). A heartbeat key marks the producer alive,
-a reader key marks a follower elsewhere."""
+"""The shared store of the recorded streams (its layout: :mod:`goodput_gateway.resume`), written by the buffer's
+flusher (:meth:`RedisStreams.write`) and followed by a reader on any replica (:meth:`RedisStreams.open`)."""
 
 from __future__ import annotations
 
