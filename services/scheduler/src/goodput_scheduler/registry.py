@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -58,12 +57,11 @@ class Worker:
     load: inference_pb2.WorkerLoad = field(default_factory=inference_pb2.WorkerLoad)
     model: inference_pb2.ModelInfo | None = None
     # What the scheduler's own grants hold here; changed only through leasebook.Hold (read it through the
-    # properties below).
+    # properties below, documented on Occupancy).
     occupancy: Occupancy = field(default_factory=Occupancy)
     consecutive_failures: int = 0
     consecutive_passes: int = 0
     last_error: str = ""
-    last_check: float = 0.0
     removed: bool = False
     # Its endpoint is terminating, not ready or gone (k8s:/// discovery): no new grants, its leases finish.
     draining: bool = False
@@ -98,27 +96,22 @@ class Worker:
 
     @property
     def inflight(self) -> int:
-        """Leases held here."""
         return self.occupancy.inflight
 
     @property
     def low_inflight(self) -> int:
-        """Of which P1/P2 (bounded by the latency guard)."""
         return self.occupancy.low_inflight
 
     @property
     def p0_prefilling(self) -> int:
-        """P0 leases whose first token has not come yet (their prompts are being prefilled)."""
         return self.occupancy.p0_prefilling
 
     @property
     def p0_prefill_tokens(self) -> int:
-        """Estimated prompt tokens of those P0 leases."""
         return self.occupancy.p0_prefill_tokens
 
     @property
     def low_prefill_tokens(self) -> int:
-        """Estimated prompt tokens of P1/P2 leases without a first token yet (bounded by the prefill gate)."""
         return self.occupancy.low_prefill_tokens
 
 
@@ -167,11 +160,10 @@ class WorkerRegistry:
         for address, state in states.items():
             worker = self._workers.get(address)
             if state is EndpointState.READY:
+                known.add(address)
                 if worker is None:
                     self.add(address)
-                    known.add(address)
                 else:
-                    known.add(address)
                     await self.set_draining(address, False, reason="endpoint ready")
             elif worker is not None and address in known:
                 # an endpoint seen first while not ready is not added: nothing would be granted there
@@ -319,7 +311,6 @@ class WorkerRegistry:
         except (grpc.RpcError, _NotServing, asyncio.TimeoutError) as err:
             passed = False
             error = err.details() if isinstance(err, grpc.RpcError) and err.details() else str(err) or "timeout"
-        worker.last_check = time.monotonic()
         await self._record(worker, passed, error, eject_now=eject_on_failure)
         return passed
 
