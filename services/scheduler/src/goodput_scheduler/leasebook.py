@@ -108,11 +108,6 @@ class Hold:
         """No first token yet (and not freed)."""
         return self._prefilling
 
-    @property
-    def held(self) -> bool:
-        """Not freed yet."""
-        return self._held
-
     def end_prefill(self) -> bool:
         """The prompt is prefilled (first token). Returns whether this call ended it."""
         if not self._prefilling:
@@ -168,10 +163,6 @@ class Lease:
     pending_prefill: int = 0  # prompt tokens ahead of it in its worker's prefill when it was granted
 
     @property
-    def released(self) -> bool:
-        return not self.hold.held
-
-    @property
     def prefilling(self) -> bool:
         """No first token reported yet."""
         return self.hold.prefilling
@@ -181,16 +172,9 @@ class LeaseBook:
     """The leases held now, by request id, and every change to a worker's occupancy. ``on_change(worker)`` runs
     after each change (the scheduler mirrors ``inflight`` into its per-worker gauge)."""
 
-    def __init__(self, *, on_change: Callable[[Worker], None] | None = None) -> None:
+    def __init__(self, *, on_change: Callable[[Worker], None]) -> None:
         self.leases: dict[str, Lease] = {}
-        self._on_change = on_change
-
-    def __len__(self) -> int:
-        return len(self.leases)
-
-    def _changed(self, worker: Worker) -> None:
-        if self._on_change is not None:
-            self._on_change(worker)
+        self._changed = on_change
 
     def hold(self, decision: Decision, request: PlacementRequest, priority: int) -> Grant:
         """A request was placed: its slot and prompt prefill count on the worker from now on."""
@@ -219,9 +203,7 @@ class LeaseBook:
 
     def first_token(self, lease: Lease) -> bool:
         """The lease's prompt is prefilled. Returns whether this was news (not released, not reported before)."""
-        if lease.released:
-            return False
-        return lease.hold.end_prefill()
+        return lease.hold.end_prefill()  # freeing a hold ends its prefill: a released lease is never news
 
     def close(self, lease: Lease) -> bool:
         """The lease is released. Returns whether it was still held."""

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from goodput.scheduler.v1 import scheduler_pb2
 from opentelemetry import propagate, trace
@@ -32,7 +32,6 @@ __all__ = ["LeaseMux", "error_event"]
 
 log = logging.getLogger("goodput.scheduler.mux")
 _tracer = trace.get_tracer("goodput.scheduler")
-_EMPTY: Mapping[str, str] = {}
 
 Event = scheduler_pb2.LeaseMuxEvent
 
@@ -49,7 +48,6 @@ class _Open:
     lease: Lease | None = None
     waiter: asyncio.Task[None] | None = None
     tenant: str = ""
-    done: bool = field(default=False)
     span: trace.Span | None = None  # the admission, in the request's trace (ended at the grant or the refusal)
 
 
@@ -64,9 +62,6 @@ class LeaseMux:
         self.max_leases = max_leases
         self._parse_weight = parse_weight
         self._open: dict[str, _Open] = {}
-
-    def __len__(self) -> int:
-        return len(self._open)
 
     def handle(self, msg: scheduler_pb2.LeaseMuxRequest) -> None:
         lease_id = msg.lease_id
@@ -94,8 +89,7 @@ class LeaseMux:
             elif kind == "cancel":
                 self._finish(lease_id, entry, scheduler_pb2.OUTCOME_CANCELLED)
 
-    def _admit(self, lease_id: str, a: scheduler_pb2.Admit, timeout_s: float,
-               trace_context: Mapping[str, str] = _EMPTY) -> None:
+    def _admit(self, lease_id: str, a: scheduler_pb2.Admit, timeout_s: float, trace_context: Mapping[str, str]) -> None:
         if lease_id in self._open:
             self.emit(error_event(lease_id, InvalidArgument(f"lease {lease_id!r} is already open on this stream",
                                                             param="lease_id")))
