@@ -243,7 +243,6 @@ class ChatCompletionRequest(_Generation):
     """``POST /v1/chat/completions``."""
 
     UNSUPPORTED = {**_Generation.UNSUPPORTED, "functions": (None, []), "function_call": (None, "none"),
-
                    "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
                    "reasoning_effort": (None,), "verbosity": (None,), "web_search_options": (None,),
                    # vLLM's chat-only fields, at their defaults
@@ -277,7 +276,7 @@ class ChatCompletionRequest(_Generation):
         if self.logprobs:
             structured["logprobs"] = self.top_logprobs or 0
         tools = self._tools()
-        if tools and structured.get("json_schema") or tools and structured.get("json_object"):
+        if tools and (structured.get("json_schema") or structured.get("json_object")):
             raise InvalidArgument("tools and a JSON response_format cannot be combined", param="response_format",
                                   code="invalid_value")
         return GenerationRequest(messages=messages, kind="chat", tools=tools, **self._common(
@@ -357,12 +356,7 @@ def to_body(req: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body["response_format"] = {"type": "json_object"}
     if s.logprobs is not None:
         body.update({"logprobs": True, "top_logprobs": s.logprobs} if req.kind == "chat" else {"logprobs": s.logprobs})
-    if req.session_id:
-        body["user"] = req.session_id
-    if req.cache_key:
-        body["prompt_cache_key"] = req.cache_key
-    if req.safety_identifier:
-        body["safety_identifier"] = req.safety_identifier
-    if req.knowledge_base:
-        body["knowledge_base"] = req.knowledge_base
+    extras = {"user": req.session_id, "prompt_cache_key": req.cache_key, "safety_identifier": req.safety_identifier,
+              "knowledge_base": req.knowledge_base}
+    body.update({name: value for name, value in extras.items() if value})
     return ("chat" if req.kind == "chat" else "completions"), body

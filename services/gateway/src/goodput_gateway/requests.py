@@ -116,38 +116,36 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
     """The domain checks that need no knowledge of the model: emptiness, roles, sizes, sampling ranges, the priority
     class. Every string and list a caller sends is bounded here by a setting (REST bodies are bounded in bytes
     before they are parsed; gRPC messages by ``max_grpc_message_bytes``)."""
+    limits = settings.limits
     check_priority(req.priority)
     if req.messages and req.prompt:
         raise InvalidArgument("set either messages or prompt, not both", param="messages")
     if not req.messages and not req.prompt:
         param = "messages" if req.kind == "chat" else "prompt"
         raise InvalidArgument(f"'{param}' must not be empty", param=param, code="invalid_value")
-    if len(req.messages) > settings.limits.messages:
-        raise InvalidArgument(f"too many messages ({len(req.messages)}); the limit is {settings.limits.messages}",
+    if len(req.messages) > limits.messages:
+        raise InvalidArgument(f"too many messages ({len(req.messages)}); the limit is {limits.messages}",
                               param="messages", code="invalid_value")
     for i, m in enumerate(req.messages):
         if m.role not in ROLES:
             raise InvalidArgument(f"messages[{i}].role {m.role[:32]!r} is not one of {sorted(ROLES)}",
                                   param=f"messages[{i}].role", code="invalid_value")
-        check_length(m.name, settings.limits.name_chars, param=f"messages[{i}].name")
-        if len(m.content) > settings.limits.message_chars:
+        check_length(m.name, limits.name_chars, param=f"messages[{i}].name")
+        if len(m.content) > limits.message_chars:
             raise InvalidArgument(f"messages[{i}].content has {len(m.content)} characters; the limit is "
-                                  f"{settings.limits.message_chars}", param=f"messages[{i}].content",
+                                  f"{limits.message_chars}", param=f"messages[{i}].content",
                                   code="context_length_exceeded")
-    if len(req.prompt) > settings.limits.message_chars:
-        raise InvalidArgument(f"the prompt has {len(req.prompt)} characters; the limit is "
-                              f"{settings.limits.message_chars}",
+    if len(req.prompt) > limits.message_chars:
+        raise InvalidArgument(f"the prompt has {len(req.prompt)} characters; the limit is {limits.message_chars}",
                               param="prompt", code="context_length_exceeded")
-    if req.prompt_chars() > settings.limits.prompt_chars:
-        raise InvalidArgument(f"the prompt has {req.prompt_chars()} characters; the limit is "
-                              f"{settings.limits.prompt_chars}", param="messages" if req.messages else "prompt",
-                              code="context_length_exceeded")
+    if req.prompt_chars() > limits.prompt_chars:
+        raise InvalidArgument(f"the prompt has {req.prompt_chars()} characters; the limit is {limits.prompt_chars}",
+                              param="messages" if req.messages else "prompt", code="context_length_exceeded")
     s = req.sampling
     if s.json_schema is not None:
-        if len(s.json_schema) > settings.limits.response_schema_chars:
+        if len(s.json_schema) > limits.response_schema_chars:
             raise InvalidArgument(f"the response_format schema has {len(s.json_schema)} characters; the limit is "
-                                  f"{settings.limits.response_schema_chars}", param="response_format",
-                                  code="invalid_value")
+                                  f"{limits.response_schema_chars}", param="response_format", code="invalid_value")
         try:
             schema = json.loads(s.json_schema)
         except ValueError:
@@ -155,8 +153,8 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
         if not isinstance(schema, dict):
             raise InvalidArgument("the response_format schema must be a JSON object (a JSON Schema document)",
                                   param="response_format", code="invalid_value")
-    if not 1 <= s.n <= settings.limits.choices:
-        raise InvalidArgument(f"n asks for {s.n} answers; the limit is {settings.limits.choices}", param="n",
+    if not 1 <= s.n <= limits.choices:
+        raise InvalidArgument(f"n asks for {s.n} answers; the limit is {limits.choices}", param="n",
                               code="invalid_value")
     if s.n > 1 and req.tools:
         raise InvalidArgument("n > 1 with tools is not supported", param="n", code="unsupported_value")
@@ -164,17 +162,17 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
         # the tool parser holds back text that may be a call; its tokens' logprobs would not match what streams
         raise InvalidArgument("logprobs with tool_choice 'auto' is not supported", param="logprobs",
                               code="unsupported_value")
-    if len(s.logit_bias) > settings.limits.logit_bias:
-        raise InvalidArgument(f"logit_bias has {len(s.logit_bias)} entries; the limit is {settings.limits.logit_bias}",
+    if len(s.logit_bias) > limits.logit_bias:
+        raise InvalidArgument(f"logit_bias has {len(s.logit_bias)} entries; the limit is {limits.logit_bias}",
                               param="logit_bias", code="invalid_value")
     if any(not -100 <= b <= 100 for _, b in s.logit_bias):
         raise InvalidArgument("a logit_bias value is outside -100 to 100", param="logit_bias", code="invalid_value")
-    if len(req.tools) > settings.limits.tools_chars:
-        raise InvalidArgument(f"the tools take {len(req.tools)} characters; the limit is {settings.limits.tools_chars}",
+    if len(req.tools) > limits.tools_chars:
+        raise InvalidArgument(f"the tools take {len(req.tools)} characters; the limit is {limits.tools_chars}",
                               param="tools", code="invalid_value")
-    if s.logprobs is not None and not 0 <= s.logprobs <= settings.limits.top_logprobs:
+    if s.logprobs is not None and not 0 <= s.logprobs <= limits.top_logprobs:
         raise InvalidArgument(f"logprobs asks for {s.logprobs} top tokens per position; the limit is "
-                              f"{settings.limits.top_logprobs}", param="top_logprobs", code="invalid_value")
+                              f"{limits.top_logprobs}", param="top_logprobs", code="invalid_value")
     if s.structured and req.kind != "chat":
         raise InvalidArgument("structured output (response_format) is for chat requests", param="response_format",
                               code="unsupported_parameter")
@@ -184,11 +182,10 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
         value = getattr(s, name)
         if value is not None and not (math.isfinite(value) and lo <= value <= hi):
             raise InvalidArgument(f"'{name}' must be between {lo:g} and {hi:g}", param=name, code="invalid_value")
-    if len(s.stop) > settings.limits.stop_sequences:
-        raise InvalidArgument(f"at most {settings.limits.stop_sequences} stop sequences", param="stop",
-                              code="invalid_value")
-    if len(s.stop_token_ids) > settings.limits.stop_sequences:  # one bound for both kinds of stop condition
-        raise InvalidArgument(f"at most {settings.limits.stop_sequences} stop_token_ids", param="stop_token_ids",
+    if len(s.stop) > limits.stop_sequences:
+        raise InvalidArgument(f"at most {limits.stop_sequences} stop sequences", param="stop", code="invalid_value")
+    if len(s.stop_token_ids) > limits.stop_sequences:  # one bound for both kinds of stop condition
+        raise InvalidArgument(f"at most {limits.stop_sequences} stop_token_ids", param="stop_token_ids",
                               code="invalid_value")
     if any(not 0 <= t < 2**31 for t in s.stop_token_ids):
         raise InvalidArgument("stop_token_ids are token ids, from 0", param="stop_token_ids", code="invalid_value")
@@ -203,12 +200,12 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
         if value is not None and not lo <= value <= hi:
             raise InvalidArgument(f"'{name}' must be between {lo} and {hi}", param=name, code="invalid_value")
     for i, stop in enumerate(s.stop):
-        check_length(stop, settings.limits.stop_chars, param=f"stop[{i}]")
-    check_length(req.model, settings.limits.name_chars, param="model")
-    check_length(req.session_id, settings.limits.name_chars, param="user")  # gRPC: session_id
-    check_length(req.knowledge_base, settings.limits.name_chars, param="knowledge_base")
-    check_length(req.cache_key, settings.limits.name_chars, param="prompt_cache_key")
-    check_length(req.safety_identifier, settings.limits.name_chars, param="safety_identifier")
+        check_length(stop, limits.stop_chars, param=f"stop[{i}]")
+    check_length(req.model, limits.name_chars, param="model")
+    check_length(req.session_id, limits.name_chars, param="user")  # gRPC: session_id
+    check_length(req.knowledge_base, limits.name_chars, param="knowledge_base")
+    check_length(req.cache_key, limits.name_chars, param="prompt_cache_key")
+    check_length(req.safety_identifier, limits.name_chars, param="safety_identifier")
 
 
 @dataclass(frozen=True)

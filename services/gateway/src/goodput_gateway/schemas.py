@@ -94,9 +94,6 @@ def _invalid(err: ValidationError) -> InvalidArgument:
     return InvalidArgument(f"'{param}': {e['msg'][:1].lower()}{e['msg'][1:]}", param=param, code=code)
 
 
-# ---- embeddings and knowledge bases --------------------------------------------------------------------------
-
-
 class EmbeddingsRequest(Body):
     """``POST /v1/embeddings``."""
 

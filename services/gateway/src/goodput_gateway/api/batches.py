@@ -1,7 +1,5 @@
 """OpenAI's Files and Batch REST routes (:mod:`goodput_gateway.jobs.batches` keeps them): ``/v1/files`` (upload,
-list, get, content, delete) and ``/v1/batches`` (create, get, cancel, list), each scoped to the caller's tenant.
-
-"""
+list, get, content, delete) and ``/v1/batches`` (create, get, cancel, list), each scoped to the caller's tenant."""
 
 from __future__ import annotations
 
@@ -68,8 +66,8 @@ def check_lines(content: bytes, *, endpoint: str, settings: Any) -> list[tuple[s
         seen.add(custom_id)
         if line.get("method") != "POST" or line.get("url") != endpoint:
             raise bad(f"method must be POST and url {endpoint} (the batch's endpoint)")
-        if set(line) - {"custom_id", "method", "url", "body"}:
-            raise bad(f"unrecognized field {sorted(set(line) - {'custom_id', 'method', 'url', 'body'})[0]!r}")
+        if unknown := set(line) - {"custom_id", "method", "url", "body"}:
+            raise bad(f"unrecognized field {min(unknown)!r}")
         if not isinstance(body, dict) or body.get("stream"):
             raise bad("body must be a JSON object of a non-streaming request")
         try:

@@ -31,8 +31,7 @@ async def create_job(caller: Caller, body: JsonBody, service: Service, jobs: Job
         validate(parse(ChatCompletionRequest if route == "chat" else CompletionRequest, submitted.body)
                  .to_request(), service.settings)
     except InvalidArgument as err:
-        raise InvalidArgument(err.message, param=f"body.{err.param}" if err.param else "body",
-                              code=err.code) from None
+        raise InvalidArgument(err.message, param=f"body.{err.param}" if err.param else "body", code=err.code) from None
     job = await asyncio.to_thread(jobs.submit, tenant=caller.tenant, route=route, body=submitted.body)
     return JSONResponse(job.public(), status_code=202, headers={JOB_HEADER: job.id})
 

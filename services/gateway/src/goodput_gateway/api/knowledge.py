@@ -22,11 +22,6 @@ __all__ = ["router"]
 router = APIRouter()
 
 
-def sources_json(hits: Any) -> list[dict[str, Any]]:
-    return [{"chunk_id": h.chunk_id, "document_id": h.document_id, "score": round(float(h.score), 6),
-             "text": h.text} for h in hits]
-
-
 @router.post("/v1/embeddings")
 async def embeddings(principal: Caller, raw: JsonBody, service: Service) -> JSONResponse:
     body = parse(EmbeddingsRequest, raw)
@@ -34,12 +29,10 @@ async def embeddings(principal: Caller, raw: JsonBody, service: Service) -> JSON
     async with service.metered(principal, what="embeddings", tokens=estimate_tokens(chars(body.input))) as adm:
         r = await require(service.knowledge).embed(body.input, "" if model == "default" else model)
         adm.used = r.tokens
-    data = []
-    for i, v in enumerate(r.vectors):
-        values: Any = v
-        if body.encoding_format == "base64":
-            values = base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
-        data.append({"object": "embedding", "index": i, "embedding": values})
+    b64 = body.encoding_format == "base64"
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() if b64 else v}
+            for i, v in enumerate(r.vectors)]
     return JSONResponse({"object": "list", "data": data, "model": r.model,
                          "usage": {"prompt_tokens": r.tokens, "total_tokens": r.tokens}}, headers=adm.headers)
 
@@ -51,8 +44,10 @@ async def search(kb: str, principal: Caller, raw: JsonBody, service: Service) ->
         r = await require(service.knowledge).search(principal.tenant, kb, body.query or "", top_k=body.top_k or 0,
                                              fusion=body.fusion or "", dense_weight=body.dense_weight,
                                              rerank=body.rerank)
-    body_out: dict[str, Any] = {"object": "list", "data": sources_json(r.hits), "degraded": r.degraded,
-                                "notes": list(r.notes), "kb_version": r.kb_version}
+    hits = [{"chunk_id": h.chunk_id, "document_id": h.document_id, "score": round(float(h.score), 6), "text": h.text}
+            for h in r.hits]
+    body_out: dict[str, Any] = {"object": "list", "data": hits, "degraded": r.degraded, "notes": list(r.notes),
+                                "kb_version": r.kb_version}
     if r.rerank.status:  # asked for: applied, or skipped and why
         body_out["rerank"] = {"status": r.rerank.status, "reason": r.rerank.reason, "model": r.rerank.model}
     return JSONResponse(body_out, headers=adm.headers)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from itertools import count
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -93,12 +94,11 @@ class _Answer:
         return await self.finished(generation.opened, text, end)
 
     async def events(self, generation: Generation, span: trace.Span) -> AsyncIterator[bytes]:
-        seq, item_id, opened = 0, self.item_id, generation.opened
+        numbers, item_id, opened = count(), self.item_id, generation.opened
+        at = {"item_id": item_id, "output_index": 0, "content_index": 0}  # the one text part of the one message
 
         def ev(kind: str, **fields: Any) -> bytes:
-            nonlocal seq
-            seq += 1
-            return event(kind, seq - 1, **fields)
+            return event(kind, next(numbers), **fields)
 
         start = response_json(self.rid, self.body, opened.model, self.created, status="in_progress", output=[],
                               end=None)
@@ -107,19 +107,16 @@ class _Answer:
             yield ev("response.created", response=start)
             yield ev("response.in_progress", response=start)
             yield ev("response.output_item.added", output_index=0, item=message_item(item_id, "", "in_progress"))
-            yield ev("response.content_part.added", item_id=item_id, output_index=0, content_index=0,
-                     part={"type": "output_text", "text": "", "annotations": []})
+            yield ev("response.content_part.added", **at, part={"type": "output_text", "text": "", "annotations": []})
             async for delta in generation:
                 if isinstance(delta, TextDelta):
                     if delta.text:
                         parts.append(delta.text)
-                        yield ev("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
-                                 delta=delta.text, logprobs=[])
+                        yield ev("response.output_text.delta", **at, delta=delta.text, logprobs=[])
                     continue
                 text = "".join(parts)
-                yield ev("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=text,
-                         logprobs=[])
-                yield ev("response.content_part.done", item_id=item_id, output_index=0, content_index=0,
+                yield ev("response.output_text.done", **at, text=text, logprobs=[])
+                yield ev("response.content_part.done", **at,
                          part={"type": "output_text", "text": text, "annotations": []})
                 yield ev("response.output_item.done", output_index=0, item=message_item(item_id, text, "completed"))
                 response = await self.finished(opened, text, delta)
