@@ -180,7 +180,6 @@ class EndpointSliceWatch:
         self._slices: dict[str, dict[str, EndpointState]] = {}
         self._published: dict[str, EndpointState] | None = None
         self.resource_version: str | None = None
-        self.lists = 0  # list requests made (each 410 Gone costs one)
         self._failures = 0  # in a row; an event from the server resets it
 
     async def run(self) -> None:
@@ -219,7 +218,6 @@ class EndpointSliceWatch:
     async def _relist(self) -> None:
         listed = await self._api().list_namespaced_endpoint_slice(self.target.namespace,
                                                                   label_selector=self.target.label_selector)
-        self.lists += 1
         self._slices = {}
         for item in listed.items or []:
             obj = self.api.sanitize_for_serialization(item)  # the JSON form, as watch events carry it

@@ -82,7 +82,6 @@ class LeaderElector:
         self.ttl_s, self.renew_s, self.retry_s = ttl_s, renew_s, retry_s
         self.on_elected, self.on_lost = on_elected, on_lost
         self.leader = False
-        self.changes = 0  # times this replica became leader (a metric)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -110,7 +109,6 @@ class LeaderElector:
             return
         self.leader = leader
         if leader:
-            self.changes += 1
             log.warning("elected leader")
             await self.on_elected()
         else:

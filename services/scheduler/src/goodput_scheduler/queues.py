@@ -137,10 +137,7 @@ class ClassQueue:
 
     def push(self, t: Ticket) -> None:
         tenant = self._tenant(t.request)
-        heap = self._tenants.get(tenant)
-        if heap is None:
-            heap = self._tenants[tenant] = []
-        heapq.heappush(heap, (self.order(t), t))
+        heapq.heappush(self._tenants.setdefault(tenant, []), (self.order(t), t))
         self._weights[tenant] = t.request.tenant_weight
         t.queue = self
         self._size += 1

@@ -102,9 +102,7 @@ class PlacementPipeline:
             margin = col[chosen] - sum(col) / len(col)
             if margin > best:
                 best, reason = margin, scorer.name
-        if not reason:
-            reason = self.scorers[0][1].name if self.scorers else "first_fit"
-        return reason
+        return reason or (self.scorers[0][1].name if self.scorers else "first_fit")
 
     def commit(self, req: PlacementRequest, decision: Decision) -> None:
         """Tells stateful steps (affinity) where the request went."""
