@@ -53,10 +53,8 @@ def build(settings: SchedulerSettings, registry: CollectorRegistry, provider: Tr
     workers = WorkerRegistry(settings, channel_factory=lambda addr: make_channel(addr, provider,
                                                                                 credentials=credentials))
     guard = LatencyGuard(settings, clock=clock)
-    pipeline = build_pipeline(Profile.parse(settings.profile), settings, registry=registry, guard=guard,
-                              clock=clock)
-    leases = LeaseManager(settings, workers, pipeline, SchedulerMetrics(registry, workers), guard=guard,
-                          clock=clock)
+    pipeline = build_pipeline(Profile.parse(settings.profile), settings, registry=registry, guard=guard, clock=clock)
+    leases = LeaseManager(settings, workers, pipeline, SchedulerMetrics(registry, workers), guard=guard, clock=clock)
     servicer = SchedulerServicer(leases, workers, mux_max_leases=settings.mux.max_leases,
                                  mux_max_batch=settings.mux.max_batch)
     runner = ServiceRunner(name="scheduler", settings=settings, registry=registry, provider=provider)

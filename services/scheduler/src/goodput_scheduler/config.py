@@ -55,8 +55,7 @@ class GuardSettings(SettingsGroup):
     percentile: float = Field(0.95, gt=0, lt=1, description="P0 TTFT percentile the guard compares to the target.")
     min_samples: int = Field(8, ge=1, description="P0 TTFTs the guard waits for before a verdict (at most ten "
                                                   "intervals).")
-    decrease: float = Field(0.5, gt=0, lt=1, description="Factor applied to the P1/P2 limit when P0 misses the "
-                                                         "target.")
+    decrease: float = Field(0.5, gt=0, lt=1, description="Factor applied to the P1/P2 limit when P0 misses the target.")
 
 
 class SaturationSettings(SettingsGroup):
@@ -114,12 +113,10 @@ class SchedulerSettings(ServiceSettings):
     discovery_interval_s: float = Field(5.0, gt=0, description="Seconds between DNS look-ups of `dns:///` "
                                                                 "worker entries.")
     kube_api_url: str = Field("", description="Kubernetes API server URL for `k8s:///` worker entries, used as is "
-                                              "without credentials (e.g. `kubectl proxy`'s http://127.0.0.1:8001); "
-                                              "empty = the pod's service account in a cluster, else the kubeconfig "
-                                              "(KUBECONFIG or ~/.kube/config).")
-    worker_drain_timeout_s: float = Field(120.0, gt=0, description="Longest a worker whose Kubernetes endpoint is "
-                                                                   "gone is kept for its leases to be released "
-                                                                   "before it is removed anyway.")
+                              "without credentials (e.g. `kubectl proxy`'s http://127.0.0.1:8001); empty = the pod's "
+                              "service account in a cluster, else the kubeconfig (KUBECONFIG or ~/.kube/config).")
+    worker_drain_timeout_s: float = Field(120.0, gt=0, description="Longest a worker whose Kubernetes endpoint is gone "
+                                          "is kept for its leases to be released before it is removed anyway.")
     health_interval_s: float = Field(1.0, gt=0, description="Seconds between health/load checks of a worker.")
     health_timeout_s: float = Field(1.0, gt=0, description="Timeout of one health or load check.")
     unhealthy_after: int = Field(2, ge=1, description="Consecutive failed checks that eject a worker.")
@@ -152,9 +149,8 @@ class SchedulerSettings(ServiceSettings):
     saturation: SaturationSettings = Field(default_factory=SaturationSettings)
     predict: PredictSettings = Field(default_factory=PredictSettings)
     # ---- placement: the steps and their parameters are the profile's (goodput_scheduler.placement.profile) ----
-    profile: str = Field("", description="Placement profile: JSON, or the path of a JSON/YAML file "
-                                         "(filters, weighted scorers, picker, each step's parameters); empty = the "
-                                         "default profile.")
+    profile: str = Field("", description="Placement profile: JSON, or the path of a JSON/YAML file (filters, weighted "
+                         "scorers, picker, each step's parameters); empty = the default profile.")
     cache_sharing_groups: SharingGroupsSetting = Field(
         default_factory=dict, description='Prefix and session affinity: tenants whose prompts count for each other, '
         'JSON {"group": ["tenant-a", "tenant-b"]} (the workers\' setting of the same name); affinity never crosses '

@@ -34,8 +34,7 @@ class SchedulerMetrics:
         self.shed = Counter("goodput_scheduler_shed_total", "Requests refused or dropped before a grant, by reason "
                             "(queue_full, tenant_share, overload, deadline, timeout, no_worker).",
                             ["priority", "reason"], registry=registry)
-        self.inflight = Gauge("goodput_scheduler_inflight", "Leases held per worker.", ["worker"],
-                              registry=registry)
+        self.inflight = Gauge("goodput_scheduler_inflight", "Leases held per worker.", ["worker"], registry=registry)
         self.placements = Counter("goodput_scheduler_placements_total", "Placement decisions.",
                                   ["worker", "reason"], registry=registry)
         self.releases = Counter("goodput_scheduler_releases_total", "Leases released, by outcome.", ["outcome"],

@@ -121,8 +121,7 @@ class LeaseMux:
                 self._granted(lease_id, entry, self.leases.claim(ticket))  # placed at once: granted without a task
                 return
             if not ticket.done:
-                self.emit(Event(lease_id=lease_id, queued=scheduler_pb2.Queued(
-                    position=self.leases.position(ticket))))
+                self.emit(Event(lease_id=lease_id, queued=scheduler_pb2.Queued(position=self.leases.position(ticket))))
             entry.waiter = asyncio.get_running_loop().create_task(self._wait(lease_id, entry, ticket),
                                                                   name=f"lease-{lease_id}")
 

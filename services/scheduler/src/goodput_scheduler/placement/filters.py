@@ -25,8 +25,7 @@ from goodput_scheduler.placement.plugins import CycleState, PlacementRequest, St
 from goodput_scheduler.queues import P0, P1, P2
 from goodput_scheduler.registry import Worker
 
-__all__ = ["DEFAULT_STEP_TOKENS", "HasCapacity", "Healthy", "PrefillGate", "ServesClass", "ServesModel",
-           "step_budget"]
+__all__ = ["DEFAULT_STEP_TOKENS", "HasCapacity", "Healthy", "PrefillGate", "ServesClass", "ServesModel", "step_budget"]
 
 DEFAULT_STEP_TOKENS = 2048  # vLLM's max_num_batched_tokens for online serving, when a worker does not say
 _MORE_URGENT = {P1: (P0,), P2: (P0, P1)}
