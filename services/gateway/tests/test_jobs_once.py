@@ -104,7 +104,7 @@ def assert_consistent(queue: JobQueue, *job_ids: str) -> None:
         assert job is not None
         indexes = [s for s in STATES if queue.redis.zscore(queue._index(s), job_id) is not None]  # noqa: SLF001
         assert indexes == [job.state], (job_id, indexes, job.state)
-        assert (queue.redis.zscore(queue._deadlines(), job_id) is not None) == (job.state not in TERMINAL)  # noqa: SLF001
+        assert (queue.redis.zscore(queue._deadlines, job_id) is not None) == (job.state not in TERMINAL)  # noqa: SLF001
         ended += job.attempts - (1 if job.state == "running" else 0)
     assert sum(queue.count(s) for s in STATES) == len(job_ids)
     assert sum(queue.attempts().values()) == ended
@@ -289,7 +289,7 @@ def test_the_sweeper_expires_jobs_past_their_deadline(queue: JobQueue, broker: B
     for job in (queued, parked, running):
         run_job(queue, job.id, runner=runs, dispatch=1)
     assert runs.count == 2
-    assert queue.count("expired") == 3 and queue.redis.zcard(queue._deadlines()) == 0  # noqa: SLF001
+    assert queue.count("expired") == 3 and queue.redis.zcard(queue._deadlines) == 0  # noqa: SLF001
     assert queue.tally("recoveries") == {"deadline": 3}
     assert queue.attempts() == {"lost": 1, "completed": 1}
     assert_consistent(queue, queued.id, parked.id, running.id, alive.id)

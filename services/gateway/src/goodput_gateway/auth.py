@@ -89,9 +89,8 @@ class Principal:
         if check_priority(requested) == types_pb2.PRIORITY_UNSPECIFIED:
             return self.default_priority
         if more_urgent(requested, self.max_priority):
-            raise PermissionDenied(
-                f"priority {priority_name(requested)} is above this API key's allowance "
-                f"({priority_name(self.max_priority)})", param="priority")
+            raise PermissionDenied(f"priority {priority_name(requested)} is above this API key's allowance "
+                                   f"({priority_name(self.max_priority)})", param="priority")
         return requested
 
 
@@ -181,8 +180,7 @@ def parse_keys_document(source: str, doc: Any) -> list[tuple[bytes, Principal]]:
         if more_urgent(default_p, max_p):
             raise ValueError(f"{source}: key #{i} default_priority is above max_priority")
         tenant = parsed.tenants.get(item.tenant)
-        weight = (tenant.weight if tenant is not None and tenant.weight is not None
-                  else parsed.defaults.weight if parsed.defaults.weight is not None else 1.0)
+        weight = next((t.weight for t in (tenant, parsed.defaults) if t is not None and t.weight is not None), 1.0)
         entries.append((bytes.fromhex(digest), Principal(
             tenant=item.tenant, max_priority=max_p, default_priority=default_p, key_id=item.id or digest[:12],
             weight=float(weight), tenant_quota=_quota(tenant, parsed.defaults), key_quota=_quota(item),
@@ -193,24 +191,22 @@ def parse_keys_document(source: str, doc: Any) -> list[tuple[bytes, Principal]]:
 class ApiKeyStore:
     """The keys, by digest. :meth:`replace` swaps them all at once (a reload)."""
 
-    def __init__(self, entries: list[tuple[bytes, Principal]]) -> None:
-        self._by_digest = self._index(entries)
+    _by_digest: dict[bytes, Principal]
 
-    @staticmethod
-    def _index(entries: list[tuple[bytes, Principal]]) -> dict[bytes, Principal]:
-        index: dict[bytes, Principal] = {}
-        for digest, principal in entries:
-            if digest in index:
-                raise ValueError(f"the key of tenant {principal.tenant!r} ({principal.key_id}) is listed twice")
-            index[digest] = principal
-        return index
+    def __init__(self, entries: list[tuple[bytes, Principal]]) -> None:
+        self.replace(entries)
 
     @classmethod
     def from_sources(cls, *, file: str = "", inline: str = "") -> ApiKeyStore:
         return cls(load_entries(file=file, inline=inline))
 
     def replace(self, entries: list[tuple[bytes, Principal]]) -> None:
-        self._by_digest = self._index(entries)
+        index: dict[bytes, Principal] = {}
+        for digest, principal in entries:
+            if digest in index:
+                raise ValueError(f"the key of tenant {principal.tenant!r} ({principal.key_id}) is listed twice")
+            index[digest] = principal
+        self._by_digest = index
 
     def __len__(self) -> int:
         return len(self._by_digest)

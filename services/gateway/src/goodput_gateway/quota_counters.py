@@ -97,9 +97,9 @@ class Backend:
         if not bounded:
             return None
         if self._acquire is not None:
-            full = int(await self._acquire(keys=[self._inflight_key(s) for s in bounded],
-                                           args=[ttl_s, member, *(self._bound(s.quota.max_concurrent)
-                                                                  for s in bounded)]))
+            keys = [self._inflight_key(s) for s in bounded]
+            limits = [self._bound(s.quota.max_concurrent) for s in bounded]
+            full = int(await self._acquire(keys=keys, args=[ttl_s, member, *limits]))
             return bounded[full - 1] if full else None
         for s in bounded:
             if len(self._local_inflight[s.id()]) >= self._bound(s.quota.max_concurrent):

@@ -76,8 +76,7 @@ def format_reset(seconds: float) -> str:
         return f"{max(int(seconds * 1000), 0)}ms"
     if seconds < 60:
         return f"{seconds:.1f}s".replace(".0s", "s")
-    total = int(seconds)
-    h, rest = divmod(total, 3600)
+    h, rest = divmod(int(seconds), 3600)
     m, s = divmod(rest, 60)
     return f"{h}h{m}m{s}s" if h else f"{m}m{s}s"
 

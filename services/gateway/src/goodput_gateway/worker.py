@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import threading
 import uuid
 from collections.abc import Callable
@@ -85,8 +84,7 @@ class JobRunner:
         self._loop.close()
 
 
-def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, Any]], dispatch: int,
-            rng: random.Random | None = None) -> Job | None:
+def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, Any]], dispatch: int) -> Job | None:
     """What one delivered message of the job's ``dispatch`` does (the Celery task's body): claims the job and runs
     one attempt (completed, re-parked with a delay, or failed for good), or, when the job is running under a live
     claim, finished or waiting for a later dispatch, nothing. Returns the job as stored afterwards."""
@@ -103,7 +101,7 @@ def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, A
         if err.code == "insufficient_quota":  # the tenant's monthly budget is spent: no retry helps this month
             return queue.finish(job, "failed", error=error)[0]
         delay = retry_delay(job.attempts, err.retry_after_s, base_s=queue.settings.jobs.retry_base_s,
-                            cap_s=queue.settings.jobs.retry_cap_s, rng=rng)
+                            cap_s=queue.settings.jobs.retry_cap_s)
         log.info("job parked", extra={"job": job.id, "delay_s": round(delay, 2), "error": error})
         return queue.finish(job, "parked", error=error, delay_s=delay)[0]
     except GoodputError as err:
@@ -111,7 +109,7 @@ def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, A
     except Exception as err:  # a fault of this worker (not of the request): retried later, like a shed attempt
         log.exception("job attempt failed", extra={"job": job.id})
         delay = retry_delay(job.attempts, None, base_s=queue.settings.jobs.retry_base_s,
-                            cap_s=queue.settings.jobs.retry_cap_s, rng=rng)
+                            cap_s=queue.settings.jobs.retry_cap_s)
         return queue.finish(job, "parked", error=f"Internal: {type(err).__name__}", delay_s=delay)[0]
     return queue.finish(job, "completed", result=result)[0]
 

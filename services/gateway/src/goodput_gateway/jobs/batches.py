@@ -226,12 +226,8 @@ class BatchStore:
             batch.output_file_id = self._result_file(batch, "output", out_lines).id
         if err_lines:
             batch.error_file_id = self._result_file(batch, "error", err_lines).id
-        if batch.status == "cancelling":
-            batch.status = "cancelled"
-        elif any(j is None or j.state == "expired" for j in jobs):
-            batch.status = "expired"
-        else:
-            batch.status = "completed"
+        expired = any(j is None or j.state == "expired" for j in jobs)
+        batch.status = "cancelled" if batch.status == "cancelling" else "expired" if expired else "completed"
         batch.finished_at = int(time.time())
         self._save(batch)
 

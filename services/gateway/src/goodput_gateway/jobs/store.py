@@ -190,8 +190,7 @@ class JobQueue:
         passed), or nothing: ``duplicate``, ``stale``, ``missing`` (see :data:`VERDICTS`). Returns the verdict and
         the job as stored now."""
         now = self.clock()
-        verdict = "missing"
-        recovered = False
+        verdict, recovered = "missing", False
 
         def change(job: Job) -> Job | None:
             nonlocal verdict, recovered

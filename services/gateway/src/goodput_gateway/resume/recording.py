@@ -91,8 +91,7 @@ class Recording:
         """The events from number ``seq`` on; None when some of them were dropped."""
         if seq < self.first:
             return None
-        return [Frame(s, d) for s, d in zip(itertools.count(seq),
-                                            itertools.islice(self.frames, seq - self.first, None))]
+        return [Frame(s, d) for s, d in enumerate(itertools.islice(self.frames, seq - self.first, None), seq)]
 
     def notify(self) -> None:
         if self._waiting:

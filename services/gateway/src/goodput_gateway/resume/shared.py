@@ -44,8 +44,6 @@ class RedisStreams:
         self.redis = redis
 
     async def open(self, key: str, stream_id: str, after: int) -> AsyncGenerator[Frame, None]:
-        # a stream that began a moment ago on another replica may not be written yet (every resume_flush_s): it is
-        # looked for again for a little while before it is called unknown
         give_up = time.monotonic() + max(4 * self.buffer.settings.resume.flush_s, UNKNOWN_AFTER_S)
         while True:
             try:
