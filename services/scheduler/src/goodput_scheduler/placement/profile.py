@@ -176,26 +176,17 @@ class Profile:
             raise ValueError("a placement profile is a JSON object")
         parameters: dict[str, dict[str, Any]] = {}
 
-        def keep(name: str, kind: StepKind, params: dict[str, Any] | None) -> None:
-            if params is None:
-                return
-            if name in parameters and parameters[name] != params:
+        def step(entry: object, kind: StepKind) -> tuple[str, float]:
+            """(name, weight) of one entry; its parameters are kept by step name, the same wherever it is listed."""
+            name, weight, params = _step(entry, kind)
+            if params is not None and parameters.setdefault(name, dict(params)) != params:
                 raise ValueError(f"{kind} {name!r} is listed twice with different parameters")
-            parameters[name] = dict(params)
+            return name, weight
 
-        filters: list[str] = []
-        for entry in doc.get("filters", DEFAULT_PROFILE["filters"]):
-            name, _, params = _step(entry, "filter")
-            keep(name, "filter", params)
-            filters.append(name)
-        scorers: list[tuple[str, float]] = []
-        for entry in doc.get("scorers", DEFAULT_PROFILE["scorers"]):
-            name, weight, params = _step(entry, "scorer")
-            keep(name, "scorer", params)
-            scorers.append((name, weight))
-        picker, _, params = _step(doc.get("picker", "max_score"), "picker")
-        keep(picker, "picker", params)
-        profile = cls(filters=tuple(filters), scorers=tuple(scorers), picker=picker, parameters=parameters)
+        filters = tuple(step(entry, "filter")[0] for entry in doc.get("filters", DEFAULT_PROFILE["filters"]))
+        scorers = tuple(step(entry, "scorer") for entry in doc.get("scorers", DEFAULT_PROFILE["scorers"]))
+        picker, _ = step(doc.get("picker", "max_score"), "picker")
+        profile = cls(filters=filters, scorers=scorers, picker=picker, parameters=parameters)
         profile.validate()
         return profile
 
