@@ -191,12 +191,8 @@ class KubernetesLease:
         if self._client is not None:
             await self._client.close()
 
-    @staticmethod
-    def _now() -> datetime:
-        return datetime.now(timezone.utc)
-
     def _body(self, *, resource_version: str | None, acquired: datetime | None, transitions: int) -> dict[str, Any]:
-        now = self._now()
+        now = datetime.now(timezone.utc)
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if resource_version is not None:
             meta["resourceVersion"] = resource_version
@@ -236,7 +232,7 @@ class KubernetesLease:
                 return False
             renewed = spec.renew_time or spec.acquire_time
             duration = spec.lease_duration_seconds or 0
-            if holder and renewed is not None and renewed + timedelta(seconds=duration) > self._now():
+            if holder and renewed is not None and renewed + timedelta(seconds=duration) > datetime.now(timezone.utc):
                 return False  # held, and not expired
         transitions = (spec.lease_transitions or 0) + (0 if mine else 1)
         body = self._body(resource_version=lease.metadata.resource_version,

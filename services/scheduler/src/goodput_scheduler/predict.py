@@ -111,7 +111,7 @@ class WorkerSpeed:
             self._xy += a * (batch * tpot - self._xy)
         tokens = prompt_tokens + max(pending_prefill, 0)
         if tokens > 0:  # the first token also waited one decode step
-            per_token = max(ttft_s - self._tpot_at(batch), 0.0) / tokens
+            per_token = max(ttft_s - self.estimate().tpot_at(batch), 0.0) / tokens
             self._prefill += (self.alpha if self.samples > 1 else 1.0) * (per_token - self._prefill)
 
     def _line(self) -> tuple[float, float]:
@@ -129,10 +129,6 @@ class WorkerSpeed:
         ratio = p.tpot_per_seq_s / p.tpot_base_s if p.tpot_base_s > 0 else 0.0
         base = self._y / (1.0 + ratio * self._x)
         return base, ratio * base
-
-    def _tpot_at(self, batch: float) -> float:
-        base, slope = self._line()
-        return base + slope * batch
 
     def estimate(self) -> SpeedEstimate:
         base, slope = self._line()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import asdict
 
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
@@ -20,16 +21,12 @@ MAX_BATCH = 512  # lease events in one LeaseBatches message (a few hundred bytes
 
 
 def worker_status(w: Worker, *, max_inflight: int = 0) -> scheduler_pb2.WorkerStatus:
-    speed = w.speed.estimate()
     status = scheduler_pb2.WorkerStatus(worker_id=w.worker_id, address=w.address, healthy=w.placeable,
                                         inflight=w.inflight, last_error=w.last_error,
                                         consecutive_failures=w.consecutive_failures, draining=w.draining,
                                         lease_cap=w.lease_cap(max_inflight),
                                         pending_prefill_tokens=w.p0_prefill_tokens + w.low_prefill_tokens,
-                                        speed=scheduler_pb2.SpeedEstimate(
-                                            prefill_s_per_token=speed.prefill_s_per_token,
-                                            tpot_base_s=speed.tpot_base_s, tpot_per_seq_s=speed.tpot_per_seq_s,
-                                            samples=speed.samples))
+                                        speed=scheduler_pb2.SpeedEstimate(**asdict(w.speed.estimate())))
     status.load.CopyFrom(w.load)
     if w.model is not None:
         status.model.CopyFrom(w.model)
