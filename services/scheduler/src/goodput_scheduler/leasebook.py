@@ -35,53 +35,21 @@ if TYPE_CHECKING:
 __all__ = ["Grant", "Hold", "Lease", "LeaseBook", "Occupancy"]
 
 
+@dataclass(slots=True, eq=False)
 class Occupancy:
     """What the scheduler's grants hold on one worker, read by placement (capacity, the prefill gate, load
-    scores). The scheduler counts these itself, so they are never stale; they change only through :class:`Hold`."""
+    scores). The scheduler counts these itself, so they are never stale; only :class:`Hold` changes them."""
 
-    __slots__ = ("_inflight", "_low_inflight", "_p0_prefill_tokens", "_p0_prefilling", "_low_prefill_tokens")
-
-    def __init__(self) -> None:
-        self._inflight = 0
-        self._low_inflight = 0
-        self._p0_prefilling = 0
-        self._p0_prefill_tokens = 0
-        self._low_prefill_tokens = 0
-
-    @property
-    def inflight(self) -> int:
-        """Leases held (granted and not yet released)."""
-        return self._inflight
-
-    @property
-    def low_inflight(self) -> int:
-        """Of which P1/P2 (bounded by the latency guard)."""
-        return self._low_inflight
-
-    @property
-    def p0_prefilling(self) -> int:
-        """P0 leases without a first token yet (their prompts are being prefilled)."""
-        return self._p0_prefilling
-
-    @property
-    def p0_prefill_tokens(self) -> int:
-        """Estimated prompt tokens of those P0 leases."""
-        return self._p0_prefill_tokens
-
-    @property
-    def low_prefill_tokens(self) -> int:
-        """Estimated prompt tokens of P1/P2 leases without a first token yet (bounded by the prefill gate)."""
-        return self._low_prefill_tokens
+    inflight: int = 0  # leases held (granted and not yet released)
+    low_inflight: int = 0  # of which P1/P2 (bounded by the latency guard)
+    p0_prefilling: int = 0  # P0 leases without a first token yet (their prompts are being prefilled)
+    p0_prefill_tokens: int = 0  # estimated prompt tokens of those P0 leases
+    low_prefill_tokens: int = 0  # estimated prompt tokens of P1/P2 leases without a first token (the prefill gate)
 
     def hold(self, priority: int, *, prompt_tokens: int) -> Hold:
         """Takes a slot for a request granted here; its prompt counts as pending prefill until :meth:`Hold.end_prefill`
         or :meth:`Hold.free`."""
         return Hold(self, priority, prompt_tokens)
-
-    def __repr__(self) -> str:
-        return (f"Occupancy(inflight={self._inflight}, low_inflight={self._low_inflight}, "
-                f"p0_prefilling={self._p0_prefilling}, p0_prefill_tokens={self._p0_prefill_tokens}, "
-                f"low_prefill_tokens={self._low_prefill_tokens})")
 
 
 class Hold:
@@ -95,13 +63,13 @@ class Hold:
         self.prompt_tokens = max(int(prompt_tokens), 1)  # a prompt is at least one token
         self._prefilling = True
         self._held = True
-        occ._inflight += 1
+        occ.inflight += 1
         if priority == P0:
-            occ._p0_prefilling += 1
-            occ._p0_prefill_tokens += self.prompt_tokens
+            occ.p0_prefilling += 1
+            occ.p0_prefill_tokens += self.prompt_tokens
         else:
-            occ._low_inflight += 1
-            occ._low_prefill_tokens += self.prompt_tokens
+            occ.low_inflight += 1
+            occ.low_prefill_tokens += self.prompt_tokens
 
     @property
     def prefilling(self) -> bool:
@@ -115,10 +83,10 @@ class Hold:
         self._prefilling = False
         occ = self._occ
         if self.priority == P0:
-            occ._p0_prefilling -= 1
-            occ._p0_prefill_tokens -= self.prompt_tokens
+            occ.p0_prefilling -= 1
+            occ.p0_prefill_tokens -= self.prompt_tokens
         else:
-            occ._low_prefill_tokens -= self.prompt_tokens
+            occ.low_prefill_tokens -= self.prompt_tokens
         return True
 
     def free(self) -> bool:
@@ -127,9 +95,9 @@ class Hold:
             return False
         self.end_prefill()
         self._held = False
-        self._occ._inflight -= 1
+        self._occ.inflight -= 1
         if self.priority != P0:
-            self._occ._low_inflight -= 1
+            self._occ.low_inflight -= 1
         return True
 
 

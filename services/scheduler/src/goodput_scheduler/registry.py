@@ -57,7 +57,7 @@ class Worker:
     load: inference_pb2.WorkerLoad = field(default_factory=inference_pb2.WorkerLoad)
     model: inference_pb2.ModelInfo | None = None
     # What the scheduler's own grants hold here; changed only through leasebook.Hold (read it through the
-    # properties below, documented on Occupancy).
+    # properties below, documented on Occupancy's fields).
     occupancy: Occupancy = field(default_factory=Occupancy)
     consecutive_failures: int = 0
     consecutive_passes: int = 0
