@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
@@ -21,43 +22,35 @@ class SchedulerMetrics:
     them). Gauges that read live state, and the idle-while-queued counter, are bound by the lease manager."""
 
     def __init__(self, registry: CollectorRegistry, workers: WorkerRegistry) -> None:
-        self.registry = registry
-        self.queue_depth = Gauge("goodput_scheduler_queue_depth", "Requests waiting for a worker.", ["priority"],
-                                 registry=registry)
-        self.queue_tenants = Gauge("goodput_scheduler_queue_tenants", "Tenants with requests waiting (a bounded "
-                                   "class's depth is shared out between them by weight).", ["priority"],
-                                   registry=registry)
+        gauge = partial(Gauge, registry=registry)
+        counter = partial(Counter, registry=registry)
+        self.queue_depth = gauge("goodput_scheduler_queue_depth", "Requests waiting for a worker.", ["priority"])
+        self.queue_tenants = gauge("goodput_scheduler_queue_tenants", "Tenants with requests waiting (a bounded "
+                                   "class's depth is shared out between them by weight).", ["priority"])
         self.queue_wait = Histogram("goodput_scheduler_queue_wait_seconds", "Time from admit to grant.",
                                     ["priority"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.admissions = Counter("goodput_scheduler_admissions_total", "Requests granted a worker.", ["priority"],
-                                  registry=registry)
-        self.shed = Counter("goodput_scheduler_shed_total", "Requests refused or dropped before a grant, by reason "
+        self.admissions = counter("goodput_scheduler_admissions_total", "Requests granted a worker.", ["priority"])
+        self.shed = counter("goodput_scheduler_shed_total", "Requests refused or dropped before a grant, by reason "
                             "(queue_full, tenant_share, overload, deadline, timeout, no_worker).",
-                            ["priority", "reason"], registry=registry)
-        self.inflight = Gauge("goodput_scheduler_inflight", "Leases held per worker.", ["worker"], registry=registry)
-        self.placements = Counter("goodput_scheduler_placements_total", "Placement decisions.",
-                                  ["worker", "reason"], registry=registry)
-        self.releases = Counter("goodput_scheduler_releases_total", "Leases released, by outcome.", ["outcome"],
-                                registry=registry)
-        self.attached = Counter("goodput_scheduler_leases_attached_total", "Leases a previous leader granted that "
-                                "gateways brought to this one after a failover.", registry=registry)
-        self.leader = Gauge("goodput_scheduler_leader", "1 while this replica is the leader (admits and places).",
-                            registry=registry)
-        self.leader_changes = Counter("goodput_scheduler_leader_elections_total", "Times this replica became the "
-                                      "leader.", registry=registry)
-        self.saturation = Gauge("goodput_scheduler_saturation", "Overload signal (1 = P2 shed by default).",
-                                registry=registry)
-        self.shedding = Gauge("goodput_scheduler_shedding", "1 while new requests of the class are shed.",
-                              ["priority"], registry=registry)
-        self.guard_limit = Gauge("goodput_scheduler_guard_limit", "P1/P2 leases one worker may hold now (latency "
-                                 "guard).", registry=registry)
-        self.p0_ttft_target = Gauge("goodput_scheduler_p0_ttft_target_seconds", "P0 TTFT the latency guard "
-                                    "defends (0 until learned).", registry=registry)
-        self.p0_ready_workers = Gauge("goodput_scheduler_p0_ready_workers", "Workers to keep free of P1/P2 prefill "
+                            ["priority", "reason"])
+        self.inflight = gauge("goodput_scheduler_inflight", "Leases held per worker.", ["worker"])
+        self.placements = counter("goodput_scheduler_placements_total", "Placement decisions.", ["worker", "reason"])
+        self.releases = counter("goodput_scheduler_releases_total", "Leases released, by outcome.", ["outcome"])
+        self.attached = counter("goodput_scheduler_leases_attached_total", "Leases a previous leader granted that "
+                                "gateways brought to this one after a failover.")
+        self.leader = gauge("goodput_scheduler_leader", "1 while this replica is the leader (admits and places).")
+        self.leader_changes = counter("goodput_scheduler_leader_elections_total", "Times this replica became the "
+                                      "leader.")
+        self.saturation = gauge("goodput_scheduler_saturation", "Overload signal (1 = P2 shed by default).")
+        self.shedding = gauge("goodput_scheduler_shedding", "1 while new requests of the class are shed.", ["priority"])
+        self.guard_limit = gauge("goodput_scheduler_guard_limit", "P1/P2 leases one worker may hold now (latency "
+                                 "guard).")
+        self.p0_ttft_target = gauge("goodput_scheduler_p0_ttft_target_seconds", "P0 TTFT the latency guard "
+                                    "defends (0 until learned).")
+        self.p0_ready_workers = gauge("goodput_scheduler_p0_ready_workers", "Workers to keep free of P1/P2 prefill "
                                       "for P0 prompts now (0 without recent P0 traffic; the gate never reserves all "
-                                      "workers).", registry=registry)
-        self.drain_rate = Gauge("goodput_scheduler_drain_rate", "Leases released per second (recent window).",
-                                registry=registry)
+                                      "workers).")
+        self.drain_rate = gauge("goodput_scheduler_drain_rate", "Leases released per second (recent window).")
         # Scheduling-level waste (goodput_scheduler.efficiency): engine room left unused while work waited.
         self.idle_while_queued = _BoundCounter(
             "goodput_scheduler_idle_while_queued_seconds",
@@ -69,13 +62,12 @@ class SchedulerMetrics:
             "worker with room, so P0 worker-seconds are waste (head-of-line blocking, or the fifo policy).",
             "priority")
         registry.register(self.idle_while_queued)
-        self.queued_with_idle_workers = Gauge(
+        self.queued_with_idle_workers = gauge(
             "goodput_scheduler_queued_with_idle_workers", "1 while a healthy worker has room and a request it could "
-            "serve waits (what goodput_scheduler_idle_while_queued_seconds_total counts), else 0.",
-            registry=registry)
-        workers_gauge = Gauge("goodput_scheduler_workers", "Workers by state: healthy (new grants go there), "
+            "serve waits (what goodput_scheduler_idle_while_queued_seconds_total counts), else 0.")
+        workers_gauge = gauge("goodput_scheduler_workers", "Workers by state: healthy (new grants go there), "
                               "draining (a terminating or unready Kubernetes endpoint: no new grants, its leases "
-                              "finish), unhealthy (failing its checks).", ["state"], registry=registry)
+                              "finish), unhealthy (failing its checks).", ["state"])
         workers_gauge.labels("healthy").set_function(lambda: len(workers.healthy()))
         workers_gauge.labels("draining").set_function(lambda: len(workers.draining()))
         workers_gauge.labels("unhealthy").set_function(
