@@ -290,10 +290,9 @@ class LeaseManager:
         for queue in self.queues:
             for ticket in list(queue):
                 self._unqueue(ticket)
-                if not ticket.done:
-                    self._fail(ticket, "not_leader", Unavailable(
-                        "this scheduler is no longer the leader; the request is re-admitted at the new one",
-                        retry_after_s=0.5))
+                self._fail(ticket, "not_leader", Unavailable(
+                    "this scheduler is no longer the leader; the request is re-admitted at the new one",
+                    retry_after_s=0.5))
         self._notify()
 
     async def acquire(self, req: PlacementRequest, *, deadline: float | None) -> Lease:
@@ -328,11 +327,10 @@ class LeaseManager:
                 self._pop_head(queue)
                 self._grant(ticket, decision, now)
 
-    def _pop_head(self, queue: ClassQueue) -> Ticket:
+    def _pop_head(self, queue: ClassQueue) -> None:
         """Takes the head out of its queue (its tenant goes to the back of the turn)."""
         ticket = queue.pop_head()
         self.efficiency.left(ticket.priority, model=ticket.request.model)
-        return ticket
 
     def _unqueue(self, ticket: Ticket) -> None:
         """Takes the ticket out of its queue, wherever it is; a no-op once it left."""

@@ -122,8 +122,7 @@ class ClassQueue:
     def __init__(self, name: str = "", *, max_queue: int = 0, timeout_s: float = 0.0,
                  order: Callable[[Ticket], tuple[float, int]] = by_deadline, shares: bool = True) -> None:
         self.name, self.max_queue, self.timeout_s, self.order, self.shares = name, max_queue, timeout_s, order, shares
-        self._tenants: collections.OrderedDict[str, list[tuple[tuple[float, int], Ticket]]] = \
-            collections.OrderedDict()
+        self._tenants: collections.OrderedDict[str, list[tuple[tuple[float, int], Ticket]]] = collections.OrderedDict()
         self._weights: dict[str, float] = {}  # of the tenants queued here: the latest weight each sent
         self._size = 0
 
