@@ -37,6 +37,7 @@ Example (no Redis: the local counters)::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import secrets
@@ -161,10 +162,9 @@ class Admission:
             return
         self.settled = True
         if self.scopes:
-            self.quotas.spawn(self._settle(prompt_tokens if inference else 0, completion_tokens if inference else 0))
+            self.quotas.spawn(self._settle(prompt_tokens + completion_tokens if inference else 0))
 
-    async def _settle(self, prompt_tokens: int, completion_tokens: int) -> None:
-        used = prompt_tokens + completion_tokens
+    async def _settle(self, used: int) -> None:
         try:
             await self.quotas.guarded(self.backend.release(self.scopes, self.member))
             for s in self.scopes:
@@ -271,10 +271,8 @@ class Quotas:
             return await self._admit(self.fallback, principal, scopes, member, prompt_tokens, timeout_s)
 
     async def _forget(self, backend: Backend, scopes: list[Scope], member: str) -> None:
-        try:
+        with contextlib.suppress(*_REDIS_DOWN):  # else it expires with the request's deadline
             await asyncio.wait_for(backend.release(scopes, member), timeout=self.settings.quotas.retry_s)
-        except _REDIS_DOWN:
-            pass  # it expires with the request's deadline
 
     @staticmethod
     async def _windows(backend: Backend, scopes: list[Scope]) -> tuple[list[_Window], list[_Window]]:

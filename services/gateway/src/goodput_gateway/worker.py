@@ -240,15 +240,14 @@ def _register(app: Any, settings: Any) -> None:
             runners.pop().close()
 
 
-def serve_metrics(settings: Any, redis_client: Any) -> tuple[Any, Any] | None:
+def serve_metrics(settings: Any, redis_client: Any) -> None:
     """Starts a worker's metrics server on ``jobs_worker_http_port`` (0 = none) at ``grpc_host``: jobs by state and
-    attempts by outcome (from Redis). Returns the server and its thread; called on Celery's ``worker_ready``."""
+    attempts by outcome (from Redis); called on Celery's ``worker_ready``."""
     if not settings.jobs.worker_http_port:
-        return None
+        return
     from prometheus_client import start_http_server
 
     # Its own thread serves the scrape: it reads Redis then, but waits half a second at most (then the last values).
     JobsMetrics(REGISTRY, JobQueue(settings, redis_client), scrape_wait_s=0.5)
-    server, thread = start_http_server(settings.jobs.worker_http_port, addr=settings.grpc_host, registry=REGISTRY)
+    start_http_server(settings.jobs.worker_http_port, addr=settings.grpc_host, registry=REGISTRY)
     log.info("jobs worker metrics", extra={"addr": settings.grpc_host, "port": settings.jobs.worker_http_port})
-    return server, thread

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -219,10 +220,8 @@ class StreamBuffer:
         next_beat, warned = 0.0, float("-inf")
         while True:
             if not self.dirty:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._kick.wait(), timeout=self.heartbeat_s)
-                except TimeoutError:
-                    pass
             self._kick.clear()
             now = self.clock()
             beat = now >= next_beat

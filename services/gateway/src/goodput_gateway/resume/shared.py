@@ -73,7 +73,6 @@ class RedisStreams:
 
     async def _follow(self, key: str, stream_id: str, after: int) -> AsyncGenerator[Frame, None]:
         """The events after number ``after`` from Redis: caught up, then followed with a blocking XREAD."""
-        redis = self.redis
         cursor = after + 1  # the entry id (0-<n>) of the last event received; the next wanted has number n
         marked = float("-inf")
         window_ms = max(int(self.buffer.window_s * 1000), 1)
@@ -82,8 +81,8 @@ class RedisStreams:
                 now = self.buffer.clock()
                 if now - marked >= self.buffer.heartbeat_s:  # a follower: the producer does not cut the generation
                     marked = now
-                    await redis.set(f"{key}:reader", b"1", px=window_ms)
-                found: Any = await redis.xread({key: f"0-{cursor}"}, count=256,
+                    await self.redis.set(f"{key}:reader", b"1", px=window_ms)
+                found: Any = await self.redis.xread({key: f"0-{cursor}"}, count=256,
                                                block=max(int(self.buffer.block_s * 1000), 1))
                 if not found:
                     quiet = await self._quiet(key, stream_id, cursor)
@@ -166,8 +165,8 @@ class RedisStreams:
                       and "equal or smaller" not in str(r)]  # an XADD already applied by a turn that failed late
             if failed:
                 self.buffer.metrics.errors.labels("write").inc()
-                log.warning("writing a stream's events failed", extra={"stream": rec.stream_id,
-                                                                       "error": repr(failed[0])})
+                log.warning("writing a stream's events failed",
+                            extra={"stream": rec.stream_id, "error": repr(failed[0])})
                 self.retry(rec, batch)
                 continue
             rec.announced, rec.stored_first = True, max(rec.stored_first, first)
