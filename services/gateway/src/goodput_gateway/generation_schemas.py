@@ -210,7 +210,7 @@ class _Generation(Body):
         """The domain request (chat and completions each say how); headers fill what the body leaves unset."""
 
     def _common(self, *, header_priority: str | None, header_kb: str | None, max_tokens: int | None,
-                structured: dict[str, Any] | None = None) -> dict[str, Any]:
+                structured: dict[str, Any]) -> dict[str, Any]:
         priority_value = str(self.priority) if self.priority is not None else header_priority
         priority = parse_priority(priority_value) if priority_value is not None else types_pb2.PRIORITY_UNSPECIFIED
         kb = self.knowledge_base if self.knowledge_base is not None else (header_kb or "")
@@ -230,7 +230,7 @@ class _Generation(Body):
                             include_stop_str_in_output=bool(self.include_stop_str_in_output),
                             skip_special_tokens=self.skip_special_tokens,
                             spaces_between_special_tokens=self.spaces_between_special_tokens,
-                            truncate_prompt_tokens=self.truncate_prompt_tokens, **(structured or {}))
+                            truncate_prompt_tokens=self.truncate_prompt_tokens, **structured)
         return {"model": self.model or "", "sampling": sampling, "priority": priority, "stream": bool(self.stream),
                 "include_usage": bool(self.stream_options and self.stream_options.include_usage),
                 "continuous_usage": bool(self.stream_options and self.stream_options.include_usage

@@ -105,10 +105,10 @@ def estimate_tokens(chars: int) -> int:
     return chars // CHARS_PER_TOKEN
 
 
-def check_length(value: str, limit: int, *, param: str, what: str = "characters") -> None:
+def check_length(value: str, limit: int, *, param: str) -> None:
     """InvalidArgument naming ``param`` when ``value`` is longer than ``limit`` (the value itself is not echoed)."""
     if len(value) > limit:
-        raise InvalidArgument(f"'{param}' is {len(value)} {what} long; the limit is {limit}", param=param,
+        raise InvalidArgument(f"'{param}' is {len(value)} characters long; the limit is {limit}", param=param,
                               code="string_above_max_length")
 
 

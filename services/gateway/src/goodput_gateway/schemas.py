@@ -45,16 +45,12 @@ class Body(BaseModel):
     def _refuse_unsupported(cls, data: Any) -> Any:
         if not isinstance(data, dict) or not cls.UNSUPPORTED:
             return data
-        kept = dict(data)
         for name, neutral in cls.UNSUPPORTED.items():
-            if name not in kept:
-                continue
-            value = kept.pop(name)
-            if not any(value == v and type(value) is type(v) for v in neutral):
+            if name in data and not any(data[name] == v and type(data[name]) is type(v) for v in neutral):
                 accepted = ", ".join(json.dumps(v) for v in neutral)
                 raise PydanticCustomError(UNSUPPORTED, f"is not supported by this gateway (accepted: {accepted})",
                                           {"field": name})
-        return kept
+        return {name: value for name, value in data.items() if name not in cls.UNSUPPORTED}
 
 
 def parse(model: type[M], body: Any) -> M:

@@ -5,7 +5,7 @@ generation answered by one :func:`.respond.respond`, and errors in OpenAI's JSON
 
 Example (the gateway's servers, :func:`goodput_gateway.__main__.build`)::
 
-    app = create_app(service, registry=registry, tracer=tracer, ready=lambda: runner.ready, jobs=jobs)
+    app = create_app(service, registry=registry, tracer=tracer, ready=lambda: runner.ready, jobs_queue=jobs)
 """
 
 from __future__ import annotations
