@@ -176,9 +176,7 @@ async def stream_events(generation: Generation, route: str, span: trace.Span) ->
               logprobs: Sequence[TokenLogprob] = (), calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         lp = logprobs_json(logprobs, route=route, offset=sent[index]) if asked and logprobs else None
         if route == "chat":
-            delta: dict[str, Any] = {}
-            if role:
-                delta["role"] = "assistant"
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if calls is not None:
                 delta["tool_calls"] = calls
             elif delta_text is not None:
