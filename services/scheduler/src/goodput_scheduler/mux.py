@@ -69,25 +69,22 @@ class LeaseMux:
         if not lease_id or len(lease_id) > 256:
             self.emit(error_event(lease_id[:256], InvalidArgument("every message names its lease (lease_id, 1 to "
                                                                   "256 characters)", param="lease_id")))
-            return
-        if kind == "admit":
+        elif kind == "admit":
             self._admit(lease_id, msg.admit, msg.timeout_s, msg.trace_context)
-            return
-        if kind == "attach":
+        elif kind == "attach":
             self._attach(lease_id, msg.attach)
-            return
-        entry = self._open.get(lease_id)
-        if entry is None:  # released already, or never admitted: nothing to do (a late message is harmless)
-            return
-        with request_context(request_id=lease_id, tenant=entry.tenant or None):
-            if kind == "first_token" and entry.lease is not None:
-                self.leases.first_token(entry.lease, msg.first_token.ttft_s)
-            elif kind == "release":
-                r = msg.release
-                self._finish(lease_id, entry, r.outcome or scheduler_pb2.OUTCOME_OK, ttft_s=r.ttft_s,
-                             prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens)
-            elif kind == "cancel":
-                self._finish(lease_id, entry, scheduler_pb2.OUTCOME_CANCELLED)
+        # the other kinds act on an open lease; one released already, or never admitted, is ignored (a late message
+        # is harmless)
+        elif (entry := self._open.get(lease_id)) is not None:
+            with request_context(request_id=lease_id, tenant=entry.tenant or None):
+                if kind == "first_token" and entry.lease is not None:
+                    self.leases.first_token(entry.lease, msg.first_token.ttft_s)
+                elif kind == "release":
+                    r = msg.release
+                    self._finish(lease_id, entry, r.outcome or scheduler_pb2.OUTCOME_OK, ttft_s=r.ttft_s,
+                                 prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens)
+                elif kind == "cancel":
+                    self._finish(lease_id, entry, scheduler_pb2.OUTCOME_CANCELLED)
 
     def _admit(self, lease_id: str, a: scheduler_pb2.Admit, timeout_s: float, trace_context: Mapping[str, str]) -> None:
         if lease_id in self._open:
