@@ -55,8 +55,7 @@ def build(settings: SchedulerSettings, registry: CollectorRegistry, provider: Tr
     guard = LatencyGuard(settings, clock=clock)
     pipeline = build_pipeline(Profile.parse(settings.profile), settings, registry=registry, guard=guard, clock=clock)
     leases = LeaseManager(settings, workers, pipeline, SchedulerMetrics(registry, workers), guard=guard, clock=clock)
-    servicer = SchedulerServicer(leases, workers, mux_max_leases=settings.mux.max_leases,
-                                 mux_max_batch=settings.mux.max_batch)
+    servicer = SchedulerServicer(leases, workers, mux=settings.mux)
     runner = ServiceRunner(name="scheduler", settings=settings, registry=registry, provider=provider)
     runner.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, SERVICE)
     metrics = leases.metrics

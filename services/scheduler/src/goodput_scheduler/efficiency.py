@@ -139,9 +139,7 @@ class IdleWhileQueued:
     def has_room(self, w: Worker) -> bool:
         """Fewer leases than the per-worker cap, and a KV cache below ``kv_full`` once it holds one (the
         ``has_capacity`` filter's room for P0, whose share is the whole cap)."""
-        if w.inflight >= w.lease_cap(self.max_inflight):
-            return False
-        return w.inflight == 0 or w.load.kv_cache_usage < self.kv_full
+        return w.inflight < w.lease_cap(self.max_inflight) and (w.inflight == 0 or w.load.kv_cache_usage < self.kv_full)
 
 
 def _serves(w: Worker, models: collections.Counter[str]) -> bool:

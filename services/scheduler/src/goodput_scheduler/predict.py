@@ -44,8 +44,7 @@ class ServiceTimePredictor:
         if ttft_s <= 0 or duration_s <= 0:
             return
         self.observed += 1
-        self.mean_completion = completion_tokens if self.observed == 1 else \
-            self.mean_completion + self.alpha * (completion_tokens - self.mean_completion)
+        self.mean_completion += (self.alpha if self.observed > 1 else 1.0) * (completion_tokens - self.mean_completion)
         ttft_s = min(ttft_s, duration_s)
         if prompt_tokens > 0:
             self.prefill_s_per_token += self.alpha * (ttft_s / prompt_tokens - self.prefill_s_per_token)

@@ -13,6 +13,7 @@ from grpc import aio
 from goodput_core.batching import event_batches, feed, unbatched
 from goodput_core.errors import InvalidArgument, NotFound, Unavailable
 
+from goodput_scheduler.config import MuxSettings
 from goodput_scheduler.leases import LeaseManager
 from goodput_scheduler.mux import LeaseMux
 from goodput_scheduler.registry import Worker, WorkerRegistry
@@ -50,12 +51,10 @@ def tenant_weight(sent: float) -> float:
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, leases: LeaseManager, registry: WorkerRegistry, *, mux_max_leases: int = 10_000,
-                 mux_max_batch: int = 4096) -> None:
+    def __init__(self, leases: LeaseManager, registry: WorkerRegistry, *, mux: MuxSettings) -> None:
         self.leases = leases
         self.registry = registry
-        self.mux_max_leases = mux_max_leases
-        self.mux_max_batch = mux_max_batch
+        self.mux = mux
         self.leading = True  # a standby (leader election) admits nothing
         self._streams: set[asyncio.Queue[scheduler_pb2.LeaseMuxEvent | None | Exception]] = set()
 
@@ -76,10 +75,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """Many leases over one stream (:mod:`goodput_scheduler.mux`), batched each way: the events that queued up
         while the previous message was being written go out as one (:mod:`goodput_core.batching`)."""
         self._check_leading()
-        requests = unbatched(request_iterator, items=lambda b: b.requests, limit=self.mux_max_batch,
+        requests = unbatched(request_iterator, items=lambda b: b.requests, limit=self.mux.max_batch,
                              method="LeaseBatches")
         events: asyncio.Queue[scheduler_pb2.LeaseMuxEvent | None | Exception] = asyncio.Queue()
-        mux = LeaseMux(self.leases, events.put_nowait, max_leases=self.mux_max_leases, parse_weight=tenant_weight)
+        mux = LeaseMux(self.leases, events.put_nowait, max_leases=self.mux.max_leases, parse_weight=tenant_weight)
         reader = asyncio.get_running_loop().create_task(feed(requests, mux.handle, close=mux.close, events=events),
                                                         name="lease-mux")
         self._streams.add(events)
