@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -23,7 +23,7 @@ from grpc import aio
 from prometheus_client import CollectorRegistry, Counter
 
 from goodput_contracts.access import ACCESS, OPEN_SERVICES, Rule
-from goodput_core.handlers import rewrap
+from goodput_core.handlers import WrappingInterceptor, rewrap
 from goodput_core.tls import SPIFFE_PREFIX
 
 __all__ = ["AuthzInterceptor", "peer_identity", "tenant_of"]
@@ -63,7 +63,7 @@ def tenant_of(request: Any, path: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-class AuthzInterceptor(aio.ServerInterceptor):
+class AuthzInterceptor(WrappingInterceptor):
     """Refuses every call whose peer identity the service's table does not allow (default deny)."""
 
     def __init__(self, service: str, registry: CollectorRegistry, *,
@@ -73,15 +73,7 @@ class AuthzInterceptor(aio.ServerInterceptor):
         self.denied = Counter("goodput_authz_denied_total", "Internal gRPC calls refused by identity.",
                               ["service", "method", "peer", "reason"], registry=registry)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         service = method.lstrip("/").split("/", 1)[0]
         rule = None if service in OPEN_SERVICES else self.table.get(method)
         check_tenant = rule is not None and bool(rule.tenant_field) and not handler.request_streaming

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import grpc
 from grpc import aio
 
-from goodput_core.handlers import rewrap
+from goodput_core.handlers import WrappingInterceptor, rewrap
 
 RETRY_AFTER_KEY = "retry-after"
 # The machine-readable code and the offending parameter travel in trailing metadata, so an error raised by a worker
@@ -173,17 +173,10 @@ async def abort_with(context: aio.ServicerContext, err: GoodputError) -> None:
     await context.abort(err.grpc_code, err.message)
 
 
-class ErrorInterceptor(aio.ServerInterceptor):
+class ErrorInterceptor(WrappingInterceptor):
     """Maps :class:`GoodputError` raised by any handler to its gRPC status (unary and streaming alike)."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         return rewrap(handler, unary=_wrap_unary, stream=_wrap_stream)
 
 

@@ -2,22 +2,41 @@
 
 Example::
 
-    return rewrap(handler, unary=lambda fn: timed(fn), stream=lambda fn: timed_stream(fn))
+    class Timing(WrappingInterceptor):
+        def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+            return rewrap(handler, unary=lambda fn: timed(fn), stream=lambda fn: timed_stream(fn))
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from grpc import aio
 
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 _UNARY = (("unary_unary", grpc.unary_unary_rpc_method_handler), ("stream_unary", grpc.stream_unary_rpc_method_handler))
 _STREAM = (("unary_stream", grpc.unary_stream_rpc_method_handler),
            ("stream_stream", grpc.stream_stream_rpc_method_handler))
+
+
+class WrappingInterceptor(aio.ServerInterceptor):
+    """A server interceptor that wraps the handler of every method the server has (:meth:`wrap`)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        return handler if handler is None else self.wrap(handler, handler_call_details.method)
+
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """The handler of ``method`` (``/package.Service/Method``) with its behaviour wrapped (:func:`rewrap`)."""
+        raise NotImplementedError
 
 
 def rewrap(handler: grpc.RpcMethodHandler, *, unary: Wrap, stream: Wrap) -> grpc.RpcMethodHandler:

@@ -26,14 +26,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from goodput_core.handlers import rewrap
+from goodput_core.handlers import WrappingInterceptor, rewrap
 
 log = logging.getLogger("goodput.metrics")
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
-class GrpcServerMetrics(aio.ServerInterceptor):
+class GrpcServerMetrics(WrappingInterceptor):
     """Counts calls by method and status and times them (streams: until the last message)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -42,19 +42,12 @@ class GrpcServerMetrics(aio.ServerInterceptor):
         self.seconds = Histogram("goodput_grpc_server_handling_seconds", "gRPC call duration.",
                                  ["service", "method"], buckets=LATENCY_BUCKETS, registry=registry)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        _, _, rest = handler_call_details.method.partition("/")
-        service, _, method = rest.partition("/")
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        _, _, rest = method.partition("/")
+        service, _, name = rest.partition("/")
         if service.startswith(("grpc.health", "grpc.reflection")):
             return handler
-        labels = (service, method)
+        labels = (service, name)
         return rewrap(handler, unary=lambda fn: self._unary(fn, labels), stream=lambda fn: self._stream(fn, labels))
 
     def _record(self, labels: tuple[str, str], context: aio.ServicerContext, start: float,
