@@ -30,10 +30,11 @@ import json
 import os
 import re
 import secrets
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from goodput_core.tls import write_private
 
 __all__ = ["DEV_KEY_FILE", "DEV_KEY_ID", "DEV_TENANT", "KEYS_FILE", "KeysFileError", "default_state_dir",
            "edit_keys_document", "hash_key", "key_digest", "key_id", "read_dev_key", "read_keys_document",
@@ -57,33 +58,6 @@ def hash_key(key: str) -> str:
 
 def new_dev_key() -> str:
     return "gp-dev-" + secrets.token_hex(16)
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Replaces ``path`` with ``text`` at once (a temporary file beside it, mode 0600, fsynced, then renamed).
-
-    A symlink is followed: its target is replaced, the link stays.
-    """
-    path = Path(os.path.realpath(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mkstemp: mode 0600
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o600)
-            f.write(text.encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # the rename itself survives a crash once the folder is synced
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def read_dev_key(workdir: Path) -> str | None:
@@ -171,7 +145,7 @@ def edit_keys_document(path: Path, *, move_invalid_aside: bool = False) -> Itera
             os.replace(path, path.with_name(path.name + ".invalid"))
             doc = {}
         yield doc
-        _write_private(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        write_private(path, (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode())
 
 
 def write_keys_file(workdir: Path, entries: list[dict[str, Any]] | dict[str, Any]) -> Path:
@@ -180,7 +154,7 @@ def write_keys_file(workdir: Path, entries: list[dict[str, Any]] | dict[str, Any
     path = workdir / KEYS_FILE
     doc = entries if isinstance(entries, dict) else {"keys": entries}
     with _locked(path):
-        _write_private(path, json.dumps(doc, indent=2) + "\n")
+        write_private(path, (json.dumps(doc, indent=2) + "\n").encode())
     return path
 
 
@@ -206,7 +180,7 @@ def write_dev_keys(workdir: Path) -> str:
         replaced = [i for i, e in enumerate(keys) if _is_dev_entry(e) or key_digest(e) == digest]
         keys[:] = [e for i, e in enumerate(keys) if i not in replaced]
         keys.insert(replaced[0] if replaced else len(keys), entry)  # where it was: a diff shows only the change
-    _write_private(workdir / DEV_KEY_FILE, key + "\n")
+    write_private(workdir / DEV_KEY_FILE, (key + "\n").encode())
     return key
 
 

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from goodput_core.logging import configure_logging
-from goodput_core.settings import ServiceSettings, env_prefix, load_settings
+from goodput_core.settings import ServiceSettings, load_settings
 from goodput_core.tls import TlsConfigError, configured_files
 from goodput_core.tracing import setup_tracing
 
@@ -33,7 +33,7 @@ class Runtime(Generic[S]):
 def bootstrap(service: str, settings_cls: type[S]) -> Runtime[S]:
     settings = load_settings(settings_cls)
     try:
-        configured_files(settings, prefix=env_prefix(settings_cls), warn=False)
+        configured_files(settings, warn=False)
     except TlsConfigError as err:
         print(f"invalid configuration for {settings_cls.__name__}: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 from goodput_core.authz import AuthzInterceptor
 from goodput_core.errors import ErrorInterceptor
 from goodput_core.metrics import GrpcServerMetrics, ops_app
-from goodput_core.settings import ServiceSettings, env_prefix
+from goodput_core.settings import ServiceSettings
 from goodput_core.tls import server_credentials
 from goodput_core.tracing import server_interceptor
 
@@ -147,7 +147,7 @@ class ServiceRunner:
         self.settings = settings
         self.registry = registry
         self.public = public
-        self._credentials = None if public else server_credentials(settings, prefix=env_prefix(type(settings)))
+        self._credentials = None if public else server_credentials(settings)
         authz = [] if self._credentials is None else [AuthzInterceptor(name, registry)]
         self.server = aio.server(
             interceptors=[server_interceptor(provider), GrpcServerMetrics(registry), ErrorInterceptor(), *authz,

@@ -24,10 +24,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import logging
 import os
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +43,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = ["SPIFFE_PREFIX", "TlsConfigError", "TlsFiles", "TlsSettings", "channel_credentials", "configured_files",
-           "ensure_dev_pki", "identity_of", "server_credentials", "spiffe_id", "tls_files"]
+           "ensure_dev_pki", "identity_of", "server_credentials", "spiffe_id", "tls_files", "write_private"]
 
 log = logging.getLogger("goodput.tls")
 
@@ -88,6 +90,11 @@ class TlsFiles:
     def read(self) -> tuple[bytes, bytes, bytes]:
         return self.cert.read_bytes(), self.key.read_bytes(), self.ca.read_bytes()
 
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """Presents this certificate to the peers it dials and verifies theirs against the CA."""
+        cert, key, ca = self.read()
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
 
 def spiffe_id(identity: str) -> str:
     """The URI SAN naming ``identity``.
@@ -114,14 +121,28 @@ def identity_of(cert_pem: bytes) -> str | None:
 
 # --- the development CA (``goodput up``, tests) -----------------------------------------------------------------
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Writes a key readable by its owner only (0600 from the first byte, not chmod'ed afterwards)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    tmp.replace(path)
+def write_private(path: Path, data: bytes) -> None:
+    """Replaces ``path`` with ``data`` at once, readable by its owner only: a temporary file beside it, mode 0600 from
+    the first byte, fsynced, then renamed. A symlink is followed: its target is replaced, the link stays."""
+    path = Path(os.path.realpath(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mkstemp: mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # the rename itself survives a crash once the folder is synced
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -173,7 +194,7 @@ def _ensure_ca(folder: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateK
                                          crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
-    _write_private(key_path, _key_pem(key))
+    write_private(key_path, _key_pem(key))
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     log.info("created a development CA", extra={"path": str(cert_path)})
     return cert, key, True
@@ -213,7 +234,7 @@ def _issue(files: TlsFiles, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivat
                            critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    _write_private(files.key, _key_pem(key))
+    write_private(files.key, _key_pem(key))
     files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
@@ -240,10 +261,10 @@ def ensure_dev_pki(folder: Path, identities: Iterable[str]) -> dict[str, TlsFile
 
 # --- credentials from settings -------------------------------------------------------------------------------------
 
-def configured_files(settings: TlsSettings, *, prefix: str = "", warn: bool = True) -> TlsFiles | None:
+def configured_files(settings: TlsSettings, *, warn: bool = True) -> TlsFiles | None:
     """The settings' files, None when plaintext is asked for (with a warning, at every start); fails fast naming the
-    missing settings. ``prefix`` (for messages) defaults to the settings class's env prefix."""
-    prefix = prefix or str(getattr(type(settings), "model_config", {}).get("env_prefix", ""))
+    missing settings (with the settings class's env prefix)."""
+    prefix = str(getattr(type(settings), "model_config", {}).get("env_prefix", ""))
     if settings.insecure_internal:
         if warn:
             log.warning("internal gRPC is PLAINTEXT (%sINSECURE_INTERNAL=true): peers are not authenticated and calls "
@@ -258,19 +279,16 @@ def configured_files(settings: TlsSettings, *, prefix: str = "", warn: bool = Tr
     return TlsFiles(Path(settings.tls_cert_file), Path(settings.tls_key_file), Path(settings.tls_ca_file))
 
 
-def server_credentials(settings: TlsSettings, *, prefix: str = "") -> grpc.ServerCredentials | None:
+def server_credentials(settings: TlsSettings) -> grpc.ServerCredentials | None:
     """TLS that requires a client certificate signed by the CA; None when ``insecure_internal`` is set."""
-    files = configured_files(settings, prefix=prefix)
+    files = configured_files(settings)
     if files is None:
         return None
     cert, key, ca = files.read()
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
 
 
-def channel_credentials(settings: TlsSettings, *, prefix: str = "") -> grpc.ChannelCredentials | None:
+def channel_credentials(settings: TlsSettings) -> grpc.ChannelCredentials | None:
     """The service's own certificate for dialling its peers (verified against the CA); None when insecure."""
-    files = configured_files(settings, prefix=prefix)
-    if files is None:
-        return None
-    cert, key, ca = files.read()
-    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    files = configured_files(settings)
+    return None if files is None else files.channel_credentials()
