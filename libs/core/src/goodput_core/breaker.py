@@ -124,7 +124,7 @@ class BreakerSettings(BaseModel):
 
 class BreakerMetrics:
     """The breakers' metrics, registered once in ``registry`` and shared by every breaker of a service (one
-    ``dependency`` label value each). Named ``{prefix}_{service}_breaker_*`` (``{prefix}_breaker_*`` without a
+    ``dependency`` label value each). Named ``goodput_{service}_breaker_*`` (``goodput_breaker_*`` without a
     service): ``..._state{dependency}`` (0 closed, 1 half_open, 2 open), ``..._transitions_total{dependency,to}``
     and ``..._rejected_total{dependency}`` (calls refused by the breaker). ``registry=None`` registers nothing.
 
@@ -137,9 +137,8 @@ class BreakerMetrics:
         0.0
     """
 
-    def __init__(self, registry: CollectorRegistry | None, *, service: str | None = None,
-                 prefix: str = "goodput") -> None:
-        base = "_".join(part for part in (prefix, service, "breaker") if part)
+    def __init__(self, registry: CollectorRegistry | None, *, service: str | None = None) -> None:
+        base = f"goodput_{service}_breaker" if service else "goodput_breaker"
         self.state = Gauge(f"{base}_state", "Circuit breaker state per dependency (0 closed, 1 half_open, 2 open).",
                            ["dependency"], registry=registry)
         self.transitions = Counter(f"{base}_transitions_total", "Circuit breaker state changes, by the state "
@@ -259,9 +258,7 @@ class CircuitBreaker:
             return True
         if not isinstance(exc, Exception) or isinstance(exc, self.ignore):
             return None  # CancelledError, GeneratorExit, KeyboardInterrupt: nothing is known of the dependency
-        if self.is_failure is not None:
-            return not self.is_failure(exc)
-        return False
+        return self.is_failure is not None and not self.is_failure(exc)
 
     def _settle(self, permit: _Permit, success: bool | None) -> None:
         if permit.epoch != self._epoch:

@@ -77,9 +77,6 @@ class JsonLinesSpanExporter(SpanExporter):
             fh.write("".join(line + "\n" for line in lines))
         return SpanExportResult.SUCCESS
 
-    def shutdown(self) -> None:
-        return None
-
 
 def _jsonable(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
