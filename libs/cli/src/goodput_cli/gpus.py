@@ -59,6 +59,5 @@ def find_gpu(name: str) -> Gpu:
     matches = [g for key, g in GPUS.items() if key.startswith(wanted)]
     if len(matches) == 1:
         return matches[0]
-    known = ", ".join(GPUS)
-    raise KeyError(f"unknown GPU type {name!r} (known: {known})" if not matches else
+    raise KeyError(f"unknown GPU type {name!r} (known: {', '.join(GPUS)})" if not matches else
                    f"GPU type {name!r} is ambiguous: {', '.join(g.name for g in matches)}")

@@ -46,7 +46,7 @@ from goodput_cli.keys import (
     read_keys_document,
 )
 
-__all__ = ["new_api_key", "register"]
+__all__ = ["Priority", "new_api_key", "register"]
 
 NAME_MAX = 128  # the gateway's limit on a key's id and a tenant's name
 LIMITS = ("rpm", "tpm", "max_concurrent", "monthly_tokens", "monthly_soft")

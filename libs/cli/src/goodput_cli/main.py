@@ -9,7 +9,6 @@ import signal
 import sys
 import time
 from collections.abc import Collection
-from enum import Enum
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -19,6 +18,7 @@ from rich.console import Console
 
 from goodput_cli.chat import DEFAULT_GATEWAY_URL, DEV_MODEL, ChatError, resolve_key, stream_chat
 from goodput_cli.keys import default_state_dir
+from goodput_cli.keys_cli import Priority
 from goodput_cli.keys_cli import register as register_keys_commands
 from goodput_cli.knowledge import register as register_knowledge_commands
 from goodput_cli.pools import Pool, PoolsError, default_pools, load_pools
@@ -35,12 +35,6 @@ EXAMPLE_QUESTION = "What is the capital of France?"
 StateDir = Annotated[Path | None, typer.Option(
     "--state-dir", envvar="GOODPUT_STATE_DIR", show_default=False,
     help="State folder of the platform: key file, dev key, logs (default: .goodput here).")]
-
-
-class Priority(str, Enum):
-    P0 = "P0"
-    P1 = "P1"
-    P2 = "P2"
 
 
 def cross_encoder_env(models_dir: Path, inherited: dict[str, str],
@@ -321,8 +315,6 @@ def chat(
 def operator_credentials(state_dir: Path) -> Any:
     """The operator's mTLS credentials of the platform in ``state_dir`` (its ``up.json`` names the CA's folder; else
     ``tls/`` there); None when that platform runs plaintext or has no certificates."""
-    import grpc
-
     from goodput_core.tls import tls_files
 
     tls_dir = state_dir / "tls"
@@ -335,10 +327,7 @@ def operator_credentials(state_dir: Path) -> Any:
     except (OSError, ValueError, AttributeError):
         pass
     files = tls_files(tls_dir, "operator")
-    if not files.cert.exists():
-        return None
-    cert, key, ca = files.read()
-    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    return files.channel_credentials() if files.cert.exists() else None
 
 
 def status_endpoints(state_dir: Path, port_offset: int) -> dict[str, str]:

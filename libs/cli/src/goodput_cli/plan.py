@@ -151,12 +151,6 @@ class Wiring:
         if self.scheduler_replicas < 1:
             raise ValueError("scheduler_replicas must be at least 1")
 
-    def worker_pool(self, i: int) -> Pool | None:
-        """The pool of worker ``i`` (None without pools)."""
-        if not self.pools:
-            return None
-        return worker_pools(self.pools)[i]
-
     def log_path(self, name: str) -> Path:
         return self.workdir / "logs" / f"{name}.log"
 
@@ -239,10 +233,11 @@ def plan(w: Wiring) -> list[ServiceSpec]:
     specs: list[ServiceSpec] = []
     for key in running:
         svc = SERVICES[key]
+        argv = [w.python, "-m", svc.package]
         if key == "inference":
+            pools = worker_pools(w.pools)
             for i in range(w.workers):
-                pool = w.worker_pool(i)
-                own = pool.worker_env() if pool else {}  # the pool's settings win over inherited ones
+                own = pools[i].worker_env() if pools else {}  # the pool's settings win over inherited ones
                 env = {**own, **_service_env(key, w, running, i), svc.env("WORKER_ID"): f"worker-{i}"}
                 if w.engine and svc.env("ENGINE") not in own:
                     env[svc.env("ENGINE")] = w.engine
@@ -255,8 +250,7 @@ def plan(w: Wiring) -> list[ServiceSpec]:
                     env[svc.env("KV_CACHE_SPACE_GB")] = DEFAULT_KV_CACHE_SPACE_GB
                 if bindings[i] is not None and "VLLM_CPU_OMP_THREADS_BIND" not in explicit:
                     env["VLLM_CPU_OMP_THREADS_BIND"] = str(bindings[i])
-                specs.append(_spec(f"worker-{i}", [w.python, "-m", svc.package], env,
-                                   grpc_addr(key, w.port_offset, i), w))
+                specs.append(_spec(f"worker-{i}", argv, env, grpc_addr(key, w.port_offset, i), w))
             continue
         if key == "gateway":
             for i in range(w.gateways):
@@ -265,15 +259,15 @@ def plan(w: Wiring) -> list[ServiceSpec]:
                     # The built-in SLOs are a GPU fleet's; a 135M model on a few CPU cores gets its own, so a local
                     # platform's degradation ladder moves on real trouble, not on the CPU's ordinary pace.
                     env[svc.env("LATENCY_PROFILE")] = LOCAL_LATENCY_PROFILE
-                specs.append(_spec("gateway" if i == 0 else f"gateway-{i}", [w.python, "-m", svc.package], env,
-                                   grpc_addr(key, w.port_offset, i), w, public=True))
+                specs.append(_spec("gateway" if i == 0 else f"gateway-{i}", argv, env, grpc_addr(key, w.port_offset, i),
+                                   w, public=True))
             continue
         if key == "scheduler":
             for i in range(w.scheduler_replicas):
                 env = _service_env(key, w, running, i)
                 if w.scheduler_replicas > 1:
                     env.update(_leader_env(w))
-                specs.append(_spec("scheduler" if i == 0 else f"scheduler-{i}", [w.python, "-m", svc.package], env,
+                specs.append(_spec("scheduler" if i == 0 else f"scheduler-{i}", argv, env,
                                    grpc_addr(key, w.port_offset, i), w))
             continue
         env = _service_env(key, w, running)
@@ -285,11 +279,11 @@ def plan(w: Wiring) -> list[ServiceSpec]:
                 # The jobs worker runs parked requests through the gateway's own pipeline: the gateway's settings.
                 env = {**_service_env("gateway", w, running), **env,
                        svc.env("API_KEYS_FILE"): str(w.workdir / "api-keys.json")}
-            argv = [w.python, "-m", "celery", "-A", svc.celery_app, "worker"]
+            celery = [w.python, "-m", "celery", "-A", svc.celery_app, "worker"]
             if key == "jobsWorker":
-                argv += ["-Q", w.inherited.get(svc.env(svc.queue_setting), svc.default_queue)]
+                celery += ["-Q", w.inherited.get(svc.env(svc.queue_setting), svc.default_queue)]
             # --pool solo: one process, so its metrics port sees every job.
-            specs.append(_spec(name, argv + _CELERY_FLAGS, env, None, w))
+            specs.append(_spec(name, celery + _CELERY_FLAGS, env, None, w))
         else:
-            specs.append(_spec(name, [w.python, "-m", svc.package], env, grpc_addr(key, w.port_offset), w))
+            specs.append(_spec(name, argv, env, grpc_addr(key, w.port_offset), w))
     return specs

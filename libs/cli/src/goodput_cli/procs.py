@@ -5,6 +5,7 @@ pinned to CPUs, and how its log is read back. No knowledge of which services exi
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import signal
 import socket
@@ -62,23 +63,13 @@ def cpu_bindings(workers: int, cpus: list[int] | None = None) -> list[str | None
     if cpus is None:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     per = len(cpus) // workers
-    if per == 0:
-        return [_cpu_list([cpus[i % len(cpus)]]) for i in range(workers)]
-    return [_cpu_list(cpus[i * per:(i + 1) * per]) for i in range(workers)]
+    return [_cpu_list(cpus[i * per:(i + 1) * per] if per else [cpus[i % len(cpus)]]) for i in range(workers)]
 
 
 def _cpu_list(cpus: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    parts: list[str] = []
-    start = prev = cpus[0]
-    for c in [*cpus[1:], None]:
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if c is not None:
-            start = prev = c
-    return ",".join(parts)
+    """[0, 1, 2, 5] -> "0-2,5": runs of consecutive CPUs (a constant CPU minus position) as ranges."""
+    runs = [[c for _, c in run] for _, run in itertools.groupby(enumerate(cpus), lambda ic: ic[1] - ic[0])]
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def redis_ping(host: str, port: int, timeout_s: float = 0.5) -> bool:
@@ -150,10 +141,11 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the forked child
         pass
 
 
-def check_health(channel: grpc.Channel, timeout_s: float = 1.0) -> str:
-    """'serving', 'not serving' (the server answers but is not ready) or 'down'."""
+def check_health(channel: grpc.Channel, timeout_s: float = 1.0, *, service: str = "") -> str:
+    """'serving', 'not serving' (the server answers but is not ready) or 'down', for ``service`` ("": the server)."""
     try:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                          timeout=timeout_s)
     except grpc.RpcError:
         return "down"
     return "serving" if reply.status == health_pb2.HealthCheckResponse.SERVING else "not serving"

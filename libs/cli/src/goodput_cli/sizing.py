@@ -149,20 +149,16 @@ def model_from_count(text: str) -> ModelShape:
     label = text.strip().upper()
     if label in SHAPES:
         exact = SHAPES[label]
-        return _replace(exact, source=f"{exact.source} ({_describe(exact)}); {exact.parameters / 1e9:.2f}e9 parameters")
+        return replace(exact, source=f"{exact.source} ({_describe(exact)}); {exact.parameters / 1e9:.2f}e9 parameters")
     count = parse_count(text)
     nearest = min(SHAPES.values(), key=lambda s: abs(math.log(s.parameters / count)))
-    return _replace(nearest, name=f"{count / 1e9:g}B", parameters=count,
+    return replace(nearest, name=f"{count / 1e9:g}B", parameters=count,
                     source=f"{nearest.source} ({_describe(nearest)}); {count / 1e9:.1f}e9 parameters as given")
 
 
 def _describe(s: ModelShape) -> str:
     return (f"{s.num_hidden_layers} layers, {s.num_attention_heads} heads, {s.num_key_value_heads} KV heads x "
             f"{s.head_dim}")
-
-
-def _replace(shape: ModelShape, **changes: Any) -> ModelShape:
-    return replace(shape, **changes)
 
 
 def model_from_folder(folder: Path) -> ModelShape:
@@ -334,7 +330,7 @@ def kv_cache_tokens(shape: ModelShape, *, cache_bytes: int, kv_bytes: int, block
     """Tokens a KV cache of ``cache_bytes`` per GPU holds, in whole blocks of ``block_tokens`` (what vLLM logs as "KV
     cache size: N tokens" for a full-attention model).
 
-    >>> dev = _replace(SHAPES["0.5B"], num_hidden_layers=30, num_key_value_heads=3, head_dim=64)  # SmolLM2-135M
+    >>> dev = replace(SHAPES["0.5B"], num_hidden_layers=30, num_key_value_heads=3, head_dim=64)  # SmolLM2-135M
     >>> kv_cache_tokens(dev, cache_bytes=GIB, kv_bytes=4, block_tokens=128)  # float32, vLLM's CPU block size
     23296
     """

@@ -66,7 +66,6 @@ from urllib.parse import urlsplit
 
 import grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
 from goodput_contracts.access import IDENTITIES, OPERATOR
@@ -228,8 +227,7 @@ class Platform:
             if spec.grpc_addr:
                 out[spec.name] = spec.grpc_addr
             else:
-                key = {"index-worker": "indexWorker", "jobs-worker": "jobsWorker"}[spec.name]
-                out[spec.name] = f"http://{HOST}:{http_port(key, self.port_offset)}"
+                out[spec.name] = f"http://{HOST}:{http_port(_HTTP_READY[spec.name], self.port_offset)}"
         return out
 
     # --- identities (mutual TLS) ------------------------------------------------------------------------------------
@@ -246,10 +244,7 @@ class Platform:
 
     def credentials(self, identity: str = OPERATOR) -> grpc.ChannelCredentials | None:
         """Channel credentials presenting ``identity``'s certificate; None on a plaintext platform."""
-        if self.tls_dir is None:
-            return None
-        cert, key, ca = self.tls_files(identity).read()
-        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+        return None if self.tls_dir is None else self.tls_files(identity).channel_credentials()
 
     def internal_channel(self, address: str, *, identity: str = OPERATOR,
                          options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
@@ -334,21 +329,7 @@ class Platform:
             running = [self._procs[name] for name in reversed(self._order) if name in self._procs]
             self._procs.clear()
             self._order.clear()
-        for p in running:
-            if p.popen.poll() is None:
-                signal_group(p.popen, signal.SIGCONT)  # a frozen child would not act on SIGTERM
-                signal_group(p.popen, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for p in running:
-            try:
-                p.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for p in running:
-            # Also reaches grandchildren left behind by a child that exited (vLLM's engine core).
-            signal_group(p.popen, signal.SIGKILL)
-            p.popen.wait()
-            p.state = "stopped"
+        _terminate(running, grace_s)
         self._release_state()
 
     def kill_worker(self, i: int) -> None:
@@ -376,16 +357,7 @@ class Platform:
 
     def terminate(self, name: str, grace_s: float = 20) -> None:
         """Stops child ``name`` as Kubernetes stops a pod: SIGTERM, up to ``grace_s`` to exit, then SIGKILL."""
-        proc = self._proc(name)
-        signal_group(proc.popen, signal.SIGCONT)
-        signal_group(proc.popen, signal.SIGTERM)
-        try:
-            proc.popen.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        signal_group(proc.popen, signal.SIGKILL)
-        proc.popen.wait()
-        proc.state = "stopped"
+        _terminate([self._proc(name)], grace_s)
 
     def restart(self, name: str, timeout_s: float = 900) -> None:
         """Starts child ``name`` again (after it was killed, stopped or exited) from the same spec, its log appended
@@ -442,13 +414,8 @@ class Platform:
         """The scheduler replica that leads now (its Scheduler service SERVING), or None while none does."""
         for i in range(self.scheduler_replicas):
             with self.internal_channel(self.scheduler_grpc_at(i)) as channel:
-                try:
-                    reply = health_pb2_grpc.HealthStub(channel).Check(
-                        health_pb2.HealthCheckRequest(service=SCHEDULER_SERVICE), timeout=timeout_s)
-                except grpc.RpcError:
-                    continue
-            if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                return i
+                if check_health(channel, timeout_s, service=SCHEDULER_SERVICE) == "serving":
+                    return i
         return None
 
     def wait_leader(self, timeout_s: float = 30) -> int:
@@ -638,3 +605,22 @@ class Platform:
                 raise PlatformError(f"timed out after {timeout_s:.0f} s: the scheduler sees {max(healthy, 0)} of "
                                     f"{self.workers} workers healthy; see {sched.spec.log_path}")
             time.sleep(0.5)
+
+
+def _terminate(running: Sequence[Proc], grace_s: float) -> None:
+    """SIGTERM to each child still running, up to ``grace_s`` for all of them to exit, then SIGKILL."""
+    for p in running:
+        if p.popen.poll() is None:
+            signal_group(p.popen, signal.SIGCONT)  # a frozen child would not act on SIGTERM
+            signal_group(p.popen, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in running:
+        try:
+            p.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in running:
+        # Also reaches grandchildren left behind by a child that exited (vLLM's engine core).
+        signal_group(p.popen, signal.SIGKILL)
+        p.popen.wait()
+        p.state = "stopped"
