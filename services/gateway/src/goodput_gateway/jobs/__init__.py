@@ -5,8 +5,7 @@
   error body). ``POST /v1/jobs`` submits batch work directly the same way.
 * **Retry.** A Celery task (``celery -A goodput_gateway.worker worker -Q goodput-jobs``, Redis broker) runs the job
   through the gateway's own pipeline (lease -> worker -> release) at P2. Shed again, or the scheduler unreachable
-  (restarting), it is re-parked with :func:`retry_delay` — the scheduler's retry-after (from its drain rate) or an
-  exponential backoff, whichever is longer, with jitter — until it completes or its deadline passes.
+  (restarting), it is re-parked with :func:`retry_delay` until it completes or its deadline passes.
 * **Fetch.** ``GET /v1/jobs/{id}`` (the caller's tenant only) returns the job and, once completed, the same
   OpenAI-shaped body the synchronous call would have returned.
 

@@ -35,7 +35,7 @@ __all__ = ["StreamBuffer"]
 
 class StreamBuffer:
     """The recorded streams of this gateway: produced here, followed by their clients, resumed from here or from
-    Redis (``redis``, shared by every replica; None = this process only). See the module's documentation."""
+    Redis (``redis``, shared by every replica; None = this process only). See :mod:`goodput_gateway.resume`."""
 
     def __init__(self, settings: GatewaySettings, *, redis: aioredis.Redis | None,
                  registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.monotonic,
