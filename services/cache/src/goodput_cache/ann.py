@@ -135,8 +135,7 @@ class AnnPartition:
         graph = graph_row_bytes(self.dim, self.config.m)
         held = (PARTITION_BYTES + len(self.vectors) * self._row_bytes() + self.n * 16
                 + len(self) * (ENTRY_BYTES - 16) + self.text_bytes + self.graph_rows * graph + self.reserved)
-        transient = (self.dead * (self._row_bytes() + 16) + self.dead_text + self.dead_graph * graph
-                     + self.reserved)
+        transient = self.dead * (self._row_bytes() + 16) + self.dead_text + self.dead_graph * graph + self.reserved
         return held, transient
 
     def build_bytes(self) -> int:

@@ -66,8 +66,7 @@ _ANTONYMS = [("on", "off"), ("enable", "disable"), ("enabled", "disabled"), ("ac
 _COUNTING: dict[str, float] = {w: float(i) for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
     "seventeen eighteen nineteen twenty".split())}
-_COUNTING.update({"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
-                  "hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9})
+_COUNTING.update({"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90})
 _SCALES = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9}
 _SCALES.update({f"{w}s": v for w, v in _SCALES.items()})  # "thousands of files" = "several thousand files"
 _COUNTING.update({w: float(v) for w, v in _SCALES.items()})
@@ -194,11 +193,6 @@ def _entities(text: str, tokens: list[str]) -> list[tuple[int, str]]:
     return out
 
 
-def _initials(tokens: list[str]) -> str:
-    """The first letters of the words, camel-case parts counted as words ("JavaScript" -> "js")."""
-    return "".join(p[0] for t in tokens if t[0].isalpha() for p in _CAMEL.findall(t)).lower()
-
-
 def _found(k: int, name: str, own: _Side, other: _Side) -> bool:
     """Whether the name at token ``k`` of one side occurs in the other: as a word (singular or plural), run together
     with a neighbour on either side ("Hugging Face" = "Huggingface"), or as an acronym of consecutive words there
@@ -224,24 +218,24 @@ class _Side:
         self.stems = {_stem(w) for w in self.lower}
         # two or three words run together: "Hugging Face" as written "Huggingface"
         self.joined = {"".join(self.lower[i:i + n]) for n in (2, 3) for i in range(len(self.lower) - n + 1)}
-        self.initials = _initials(self.tokens)
         self.entities = _entities(text, self.tokens)
         self.content = {_stem(w) for w in self.lower if w not in _STOPWORDS and w not in _NEGATIONS}
         self.negated = _negations(text, self.tokens, self.lower) % 2 == 1
         self.asks = _asks(self.tokens) | {m.lower() for m in _QUANTITY.findall(text)}
         self.numbers = _numbers(text, self.tokens, self.lower)
         self.dates = {w for w in self.lower if w in _DATES}
-        # first letters of the words (and of camel-case parts): where an acronym of the other side may be spelt out
+        # first letters of the words, camel-case parts counted as words ("JavaScript" -> "js"): an acronym of one
+        # side is found in, or spelt out by, the other's
         self._firsts = [(k, p[0].lower()) for k, t in enumerate(self.tokens) if t[0].isalpha()
                         for p in _CAMEL.findall(t)]
-        self._letters = "".join(c for _, c in self._firsts)
+        self.initials = "".join(c for _, c in self._firsts)
 
     def expanded(self, other: _Side) -> set[str]:
         """The words of this side that spell out an acronym of the other ("Random Access Memory" for RAM)."""
         out: set[str] = set()
         for _, name in other.entities:
             if 2 <= len(name) <= 6 and name.isalpha():
-                at = self._letters.find(name)
+                at = self.initials.find(name)
                 if at >= 0:
                     out.update(self.lower[k] for k, _ in self._firsts[at:at + len(name)])
         return out

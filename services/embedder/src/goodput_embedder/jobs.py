@@ -107,8 +107,7 @@ def run_reindex(indexer: Indexer, jobs: JobStore, job_id: str, tenant: str, kb: 
     try:
         total = sum(1 for _ in access.read(source))
         jobs.update(job_id, documents_total=total)
-        docs = (Doc(id=d.id, text=d.text, type=d.type, title=d.title, metadata=d.metadata)
-                for d in access.read(source))
+        docs = (Doc(id=d.id, text=d.text, type=d.type, title=d.title, metadata=d.metadata) for d in access.read(source))
 
         def progress(done: int, result: IndexResult) -> None:
             jobs.update(job_id, documents_done=done, chunks_embedded=result.chunks_embedded)

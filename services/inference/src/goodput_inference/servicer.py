@@ -31,20 +31,12 @@ _FINISH = {"stop": types_pb2.FINISH_REASON_STOP, "length": types_pb2.FINISH_REAS
 
 
 def to_gen_request(req: inference_pb2.GenerateRequest) -> GenRequest:
-    sampling = sampling_from_proto(req.sampling)
-    return GenRequest(
-        request_id=req.request_id,
-        messages=tuple(ChatTurn(m.role, m.content, m.name, tool_call_id=m.tool_call_id,
-                                tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls))
-                       for m in req.messages),
-        prompt=req.prompt,
-        sampling=sampling,
-        priority=int(req.priority),
-        model=req.model,
-        tenant=req.tenant,
-        tools=req.tools,
-        parallel_tool_calls=req.parallel_tool_calls,
-    )
+    messages = tuple(ChatTurn(m.role, m.content, m.name, tool_call_id=m.tool_call_id,
+                              tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls))
+                     for m in req.messages)
+    return GenRequest(request_id=req.request_id, messages=messages, prompt=req.prompt,
+                      sampling=sampling_from_proto(req.sampling), priority=int(req.priority), model=req.model,
+                      tenant=req.tenant, tools=req.tools, parallel_tool_calls=req.parallel_tool_calls)
 
 
 PEAK_WINDOW_S = 10.0  # goodput_worker_peak_tokens_per_second: the best rate sustained over this long
@@ -60,8 +52,7 @@ class WorkerMetrics:
                                 registry=registry)
         self.prompt_tokens = Counter("goodput_worker_prompt_tokens_total", "Prompt tokens processed.",
                                      registry=registry)
-        self.generated_tokens = Counter("goodput_worker_generated_tokens_total", "Tokens generated.",
-                                        registry=registry)
+        self.generated_tokens = Counter("goodput_worker_generated_tokens_total", "Tokens generated.", registry=registry)
         # What finished requests' usage reported as cached (the sum of Usage.cached_tokens, as the gateway meters
         # it); goodput_worker_prefix_cache_hits_total is the engine's own count of lookups, aborted requests' too.
         self.cached_prompt_tokens = Counter(

@@ -140,8 +140,7 @@ class ToolReader:
             return self._rest(), ()
         if not info.tools_called or not info.tool_calls:
             return self._rest(), ()
-        calls = tuple(ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments)
-                      for c in info.tool_calls)
+        calls = tuple(ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in info.tool_calls)
         return "", calls if self._parallel else calls[:1]
 
     def _rest(self) -> str:

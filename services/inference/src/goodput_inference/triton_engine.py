@@ -346,18 +346,12 @@ class TritonEngine:
     def load(self) -> Load:
         cap = self.settings.max_num_seqs
         m = self._fresh()
-        return Load(
-            running=m.running if m.running is not None else min(self._inflight, cap),
-            waiting=m.waiting if m.waiting is not None else max(self._inflight - cap, 0),
-            kv_cache_usage=m.kv_cache_usage or 0.0,
-            gpu_utilization=m.gpu_utilization if m.gpu_utilization is not None else -1.0,
-            max_num_seqs=cap,
-            aborted_total=self._aborted,
-            finished_total=self._finished,
-            ready=self._ready,
-            prefix_cache_queries=m.prefix_cache_queries or 0,
-            prefix_cache_hits=m.prefix_cache_hits or 0,
-        )
+        return Load(running=m.running if m.running is not None else min(self._inflight, cap),
+                    waiting=m.waiting if m.waiting is not None else max(self._inflight - cap, 0),
+                    kv_cache_usage=m.kv_cache_usage or 0.0,
+                    gpu_utilization=m.gpu_utilization if m.gpu_utilization is not None else -1.0,
+                    max_num_seqs=cap, aborted_total=self._aborted, finished_total=self._finished, ready=self._ready,
+                    prefix_cache_queries=m.prefix_cache_queries or 0, prefix_cache_hits=m.prefix_cache_hits or 0)
 
     @property
     def inflight(self) -> int:
@@ -366,14 +360,11 @@ class TritonEngine:
     # ---- introspection ---------------------------------------------------------------------------------------
 
     def describe(self) -> ModelDescription:
-        return ModelDescription(
-            served_model_name=self.served_model_name,
-            model=f"triton://{self.settings.triton_url}/{self.triton_model}",
-            max_model_len=self._max_model_len,
-            max_prompt_tokens=self._max_prompt_tokens(),
-            engine=f"triton {self._server_version} ({self._backend or 'unknown'} backend)",
-            model_version=self._model_version,
-        )
+        return ModelDescription(served_model_name=self.served_model_name,
+                                model=f"triton://{self.settings.triton_url}/{self.triton_model}",
+                                max_model_len=self._max_model_len, max_prompt_tokens=self._max_prompt_tokens(),
+                                engine=f"triton {self._server_version} ({self._backend or 'unknown'} backend)",
+                                model_version=self._model_version)
 
     def numerics(self) -> dict[str, str]:
         """The server's version, the model's backend and where it runs (``gpu`` when Triton reports GPU metrics,
@@ -488,8 +479,7 @@ class TritonEngine:
                     if said and said != "None":
                         reason = said
                     answer += delta
-                    completion_tokens = completion_tokens + counted if counted is not None \
-                        else self._count(answer)
+                    completion_tokens = completion_tokens + counted if counted is not None else self._count(answer)
                     if delta:
                         if first is None:
                             first = self._clock()

@@ -51,8 +51,7 @@ log = logging.getLogger("goodput.inference.vllm")
 
 VLLM_VERSION = "0.32.0"
 _ROLES = {"system", "user", "assistant", "tool"}
-_DEFAULTABLE = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                "frequency_penalty"}
+_DEFAULTABLE = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
 
 
 class _SchedulerStatsSink:
@@ -160,8 +159,7 @@ class VllmEngine:
                                                 "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype,
                                                 **{f"cpu_{k}": v for k, v in cpu_info().items()}})
         # Engine construction blocks (profiling, warm-up); keep the event loop answering health checks meanwhile.
-        self._engine = await asyncio.to_thread(
-            AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory()])
+        self._engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory()])
         self._max_model_len = int(self._engine.model_config.max_model_len)
         scheduler_config = getattr(getattr(self._engine, "vllm_config", None), "scheduler_config", None)
         self._max_batched_tokens = int(getattr(scheduler_config, "max_num_batched_tokens", 0) or 0)
@@ -182,31 +180,20 @@ class VllmEngine:
     # ---- introspection ---------------------------------------------------------------------------------------
 
     def describe(self) -> ModelDescription:
-        return ModelDescription(
-            served_model_name=self.served_model_name,
-            model=str(self.model_dir),
-            max_model_len=self._max_model_len,
-            max_prompt_tokens=self._max_prompt_tokens(),
-            engine=f"vllm {VLLM_VERSION}",
-            model_version=self._model_version,
-            max_num_batched_tokens=self._max_batched_tokens,
-            tool_call_parser=self.tool_call_parser,
-        )
+        return ModelDescription(served_model_name=self.served_model_name, model=str(self.model_dir),
+                                max_model_len=self._max_model_len, max_prompt_tokens=self._max_prompt_tokens(),
+                                engine=f"vllm {VLLM_VERSION}", model_version=self._model_version,
+                                max_num_batched_tokens=self._max_batched_tokens, tool_call_parser=self.tool_call_parser)
 
     def load(self) -> Load:
         idle = self._inflight == 0
-        return Load(
-            running=0 if idle else min(self._stats.running, self._inflight),
-            waiting=0 if idle else self._stats.waiting,
-            kv_cache_usage=0.0 if idle else self._stats.kv_cache_usage,
-            gpu_utilization=self._gpu.utilization(),
-            max_num_seqs=self.settings.max_num_seqs,
-            aborted_total=self._aborted,
-            finished_total=self._finished,
-            ready=self._ready,
-            prefix_cache_queries=self._stats.prefix_cache_queries,
-            prefix_cache_hits=self._stats.prefix_cache_hits,
-        )
+        return Load(running=0 if idle else min(self._stats.running, self._inflight),
+                    waiting=0 if idle else self._stats.waiting,
+                    kv_cache_usage=0.0 if idle else self._stats.kv_cache_usage,
+                    gpu_utilization=self._gpu.utilization(), max_num_seqs=self.settings.max_num_seqs,
+                    aborted_total=self._aborted, finished_total=self._finished, ready=self._ready,
+                    prefix_cache_queries=self._stats.prefix_cache_queries,
+                    prefix_cache_hits=self._stats.prefix_cache_hits)
 
     def numerics(self) -> dict[str, str]:
         """What the engine computes with: device, CPU (vendor, model, ISA, AMX/AVX-512 present), the dtype the
@@ -359,8 +346,7 @@ class VllmEngine:
                 for completion in out.outputs:  # one per answer with news (n > 1: several answers, by index)
                     completion_tokens += len(completion.token_ids)
                     logprobs = _logprobs(completion, params.logprobs) if params.logprobs is not None else ()
-                    text = completion.text if reader is None else reader.feed(completion.text,
-                                                                              completion.token_ids)
+                    text = completion.text if reader is None else reader.feed(completion.text, completion.token_ids)
                     if text or logprobs:
                         yield Delta(text=text, completion_tokens=completion_tokens, logprobs=logprobs,
                                     index=completion.index)

@@ -57,6 +57,5 @@ def normalise(hits: Sequence[Hit]) -> dict[str, float]:
 
 def weighted(dense: Sequence[Hit], lexical: Sequence[Hit], *, dense_weight: float) -> list[Hit]:
     nd, nl = normalise(dense), normalise(lexical)
-    scores = {cid: dense_weight * nd.get(cid, 0.0) + (1 - dense_weight) * nl.get(cid, 0.0)
-              for cid in {*nd, *nl}}
+    scores = {cid: dense_weight * nd.get(cid, 0.0) + (1 - dense_weight) * nl.get(cid, 0.0) for cid in {*nd, *nl}}
     return _merge([dense, lexical], scores)

@@ -156,20 +156,17 @@ class Retriever:
                                   param="query", code="invalid_value")
         fusion = q.fusion or s.default_fusion
         if fusion not in FUSIONS:
-            raise InvalidArgument(f"'fusion' must be one of {', '.join(FUSIONS)}", param="fusion",
-                                  code="invalid_value")
+            raise InvalidArgument(f"'fusion' must be one of {', '.join(FUSIONS)}", param="fusion", code="invalid_value")
         top_k = q.top_k or s.default_top_k
         if not 1 <= top_k <= s.max_top_k:
-            raise InvalidArgument(f"'top_k' must be between 1 and {s.max_top_k}", param="top_k",
-                                  code="invalid_value")
+            raise InvalidArgument(f"'top_k' must be between 1 and {s.max_top_k}", param="top_k", code="invalid_value")
         recall_k = max(q.recall_k or s.default_recall_k, top_k)
         if recall_k > s.max_recall_k:
             raise InvalidArgument(f"'recall_k' must be at most {s.max_recall_k}", param="recall_k",
                                   code="invalid_value")
         w = s.default_dense_weight if q.dense_weight is None else q.dense_weight
         if not (math.isfinite(w) and 0.0 <= w <= 1.0):
-            raise InvalidArgument("'dense_weight' must be between 0 and 1", param="dense_weight",
-                                  code="invalid_value")
+            raise InvalidArgument("'dense_weight' must be between 0 and 1", param="dense_weight", code="invalid_value")
         return fusion, top_k, recall_k, w
 
     async def exists(self, tenant: str, kb: str) -> bool:
@@ -321,8 +318,7 @@ class Retriever:
             if not c.chunk_id or not c.document_id:
                 raise InvalidArgument("every chunk needs a chunk_id and a document_id", param="upserts")
             if len(c.vector) != getattr(self.vectors, "dim", len(c.vector)):
-                raise InvalidArgument(f"chunk {c.chunk_id!r} has a {len(c.vector)}-dimensional vector",
-                                      param="upserts")
+                raise InvalidArgument(f"chunk {c.chunk_id!r} has a {len(c.vector)}-dimensional vector", param="upserts")
         if not generation and not await self.exists(tenant, kb):
             raise NotFound(f"knowledge base {kb!r} does not exist (Open it first)", param="knowledge_base")
         async with self._lock(tenant, kb):
