@@ -131,21 +131,21 @@ class ResponseCache:
         if is_time_sensitive(keys.question):
             return LookupResult(key=keys.exact, reason="time-sensitive", kb_version=req.kb_version)
         started = time.perf_counter()
-        if self.verifier is not None:
-            result = await self._verified(req, keys.partition, keys.question,
+        vector = await self._vector_or_none(req, keys.question, tally)
+        if vector is None:
+            result = LookupResult(degraded=True, reason="embedder unavailable")
+        elif self.verifier is not None:
+            result = await self._verified(req, keys.partition, keys.question, vector,
                                           threshold or self.settings.verify_min_similarity, tally, self.verifier)
         else:
-            result = await self._semantic(req, keys.partition, keys.question, threshold or
-                                          self.settings.threshold_for(req.tenant), tally)
+            result = await self._semantic(req, keys.partition, keys.question, vector,
+                                          threshold or self.settings.threshold_for(req.tenant), tally)
         self.metrics.lookup_seconds.labels("l2").observe(time.perf_counter() - started)
         result.key, result.kb_version = keys.exact, req.kb_version
         return result
 
-    async def _semantic(self, req: CacheRequest, partition: str, question: str, threshold: float,
-                        tally: Tally) -> LookupResult:
-        vector = await self._vector_or_none(req, question, tally)
-        if vector is None:
-            return LookupResult(degraded=True, reason="embedder unavailable")
+    async def _semantic(self, req: CacheRequest, partition: str, question: str, vector: np.ndarray,
+                        threshold: float, tally: Tally) -> LookupResult:
         margin = self.settings.ambiguity_margin
         candidates = await asyncio.to_thread(self.index.search, partition, vector, k=CANDIDATES,
                                              min_similarity=max(0.0, threshold - margin))
@@ -183,21 +183,14 @@ class ResponseCache:
                                            f"({best[0].similarity:.3f} vs {cand.similarity:.3f})")
             break  # the runner-up gives the same answer
         if best is not None:
-            cand, entry = best
-            self.index.touch(cand.key)
-            self._count("l2", "hit", req.tenant, tally, entry)
-            return LookupResult(hit=True, layer="l2", similarity=cand.similarity, answer=_answer(entry),
-                                matched_query=entry.question)
+            return self._l2_hit(req, tally, *best)
         self._count("l2", "miss", req.tenant, tally)
         return LookupResult(reason=f"near miss: {guarded}" if guarded else "")
 
-    async def _verified(self, req: CacheRequest, partition: str, question: str, min_similarity: float,
-                        tally: Tally, verifier: Verifier) -> LookupResult:
+    async def _verified(self, req: CacheRequest, partition: str, question: str, vector: np.ndarray,
+                        min_similarity: float, tally: Tally, verifier: Verifier) -> LookupResult:
         """L2 with a verifier: the candidates from ``min_similarity`` up (after the guard, when on) are read by the
         cross-encoder in one call; the most probable one at or above its threshold is served."""
-        vector = await self._vector_or_none(req, question, tally)
-        if vector is None:
-            return LookupResult(degraded=True, reason="embedder unavailable")
         candidates = await asyncio.to_thread(self.index.search, partition, vector, k=CANDIDATES,
                                              min_similarity=min_similarity)
         guarded = ""
@@ -241,16 +234,19 @@ class ResponseCache:
             if not _answers(entry, req) or entry.partition != partition:
                 continue
             self.metrics.verifications.labels("same", req.tenant).inc()
-            self.index.touch(cand.key)
-            self._count("l2", "hit", req.tenant, tally, entry)
-            return LookupResult(hit=True, layer="l2", similarity=cand.similarity, answer=_answer(entry),
-                                matched_query=entry.question, verdict="same",
-                                verifier_probability=float(probs[i]))
+            return self._l2_hit(req, tally, cand, entry, verdict="same", verifier_probability=float(probs[i]))
         best = float(probs.max())
         self.metrics.verifications.labels("different", req.tenant).inc()
         self._count("l2", "miss", req.tenant, tally)
         return LookupResult(reason=f"verifier: not the same question (p={best:.3f} < {verifier.threshold:.3f})",
                             verdict="different", verifier_probability=best)
+
+    def _l2_hit(self, req: CacheRequest, tally: Tally, cand: Candidate, entry: Entry, verdict: str = "",
+                verifier_probability: float = 0.0) -> LookupResult:
+        self.index.touch(cand.key)
+        self._count("l2", "hit", req.tenant, tally, entry)
+        return LookupResult(hit=True, layer="l2", similarity=cand.similarity, answer=_answer(entry),
+                            matched_query=entry.question, verdict=verdict, verifier_probability=verifier_probability)
 
     async def _vector_or_none(self, req: CacheRequest, question: str, tally: Tally) -> np.ndarray | None:
         """The question's vector, or None when the embedder failed (counted: the lookup is a degraded miss)."""

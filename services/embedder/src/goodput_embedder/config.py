@@ -16,8 +16,7 @@ class EmbedderSettings(ServiceSettings):
 
     grpc_port: int = 50053
     http_port: int = 9103
-    worker_http_port: int = Field(9106, ge=0, le=65535, description="/metrics of a Celery indexing worker "
-                                                                   "(0 = none).")
+    worker_http_port: int = Field(9106, ge=0, le=65535, description="/metrics of a Celery indexing worker (0 = none).")
     # --- model and micro-batching ---
     model: Literal["minilm-onnx-int8", "minilm-torch"] = Field(
         "minilm-onnx-int8", description="Embedding backend: the int8 ONNX all-MiniLM-L6-v2 (onnxruntime, no torch) "

@@ -246,8 +246,7 @@ class Indexer:
             return
         old = self._records(records_key, ids)
         self.store.write(tenant, kb, upserts=[], delete_document_ids=list(ids))
-        for rec in old.values():
-            result.chunks_deleted += len(rec.get("chunks", []))
+        result.chunks_deleted += sum(len(rec.get("chunks", [])) for rec in old.values())
         result.documents_deleted += len(old)
         self.redis.hdel(records_key, *ids)
 
@@ -258,8 +257,7 @@ class Indexer:
             self.redis.delete(self._key(tenant, kb, "docs"))
 
     def publish_version(self, tenant: str, kb: str) -> int:
-        version = int(self.redis.incr(self._key(tenant, kb, "version")))
-        return version
+        return int(self.redis.incr(self._key(tenant, kb, "version")))
 
     def _announce(self, tenant: str, kb: str, version: int) -> None:
         self.redis.publish(self.settings.version_channel, VersionChange(tenant, kb, version).encode())

@@ -39,10 +39,9 @@ class InferenceSettings(ServiceSettings):
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     max_num_seqs: int = Field(64, ge=1)
-    max_num_batched_tokens: int = Field(0, ge=0, description="Most tokens the engine schedules in one step "
-                                                             "(vLLM's --max-num-batched-tokens: small for an "
-                                                             "interactive pool, large for a batch pool); 0 = the "
-                                                             "engine's default.")
+    max_num_batched_tokens: int = Field(0, ge=0, description="Most tokens the engine schedules in one step (vLLM's "
+                                                             "--max-num-batched-tokens: small for an interactive pool, "
+                                                             "large for a batch pool); 0 = the engine's default.")
     max_model_len: int = Field(2048, ge=16)
     max_prompt_tokens: int = Field(0, ge=0, description="Largest prompt accepted; 0 = max_model_len - 1.")
     enable_prefix_caching: bool = True

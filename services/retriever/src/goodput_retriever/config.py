@@ -53,8 +53,7 @@ class RetrieverSettings(ServiceSettings):
                                                                     "model card's (else 256).")
     rerank_candidates: int = Field(20, ge=1, le=200, description="Fused candidates the cross-encoder reads "
                                                                  "(hybrid top-K).")
-    rerank_top_n: int = Field(5, ge=1, description="Results kept after a rerank (top-N; at most the request's "
-                                                   "top_k).")
+    rerank_top_n: int = Field(5, ge=1, description="Results kept after a rerank (top-N; at most the request's top_k).")
     rerank_blend: float = Field(-1.0, ge=-1, le=1, description="Share of the cross-encoder's ranking in the final "
                                 "order (reciprocal-rank fusion with the fused order; 1 = the model alone); -1 = the "
                                 "weight in the model card (chosen on validation queries), else 1.")

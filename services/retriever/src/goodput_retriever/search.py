@@ -274,23 +274,17 @@ class Retriever:
             limit = None if deadline is None else max(deadline - now, 0.0) + 0.05  # the model stops itself first
             reranked = await asyncio.wait_for(asyncio.to_thread(
                 self.reranker.rerank, q.query, candidates, top_n, deadline=deadline), limit)
-        except (DeadlineExceeded, asyncio.TimeoutError) as err:
-            info.reason = why
+        except Exception as err:  # noqa: BLE001 - a late or failed rerank serves the fused order
+            late = isinstance(err, (DeadlineExceeded, asyncio.TimeoutError))
+            info.reason = why if late else "error"
             info.seconds = time.perf_counter() - started
-            detail = str(err) or "over time"
-            result.notes.append(f"rerank skipped: over its {'budget' if why == 'budget' else 'deadline'} ({detail})")
+            result.notes.append(f"rerank skipped: over its {why} ({str(err) or 'over time'})" if late
+                                else f"rerank skipped: {type(err).__name__}: {str(err)[:200]}")
             result.timings.append(LegTiming("rerank", info.seconds, False))
-            self.metrics.leg_failures.labels("rerank", "timeout").inc()
-            self.metrics.rerank.labels(f"skipped_{why}").inc()
-            return fused
-        except Exception as err:  # noqa: BLE001 - a failed rerank serves the fused order
-            info.reason = "error"
-            info.seconds = time.perf_counter() - started
-            result.notes.append(f"rerank skipped: {type(err).__name__}: {str(err)[:200]}")
-            result.timings.append(LegTiming("rerank", info.seconds, False))
-            self.metrics.leg_failures.labels("rerank", "error").inc()
-            self.metrics.rerank.labels("skipped_error").inc()
-            log.warning("rerank failed", extra={"error": str(err)[:500]})
+            self.metrics.leg_failures.labels("rerank", "timeout" if late else "error").inc()
+            self.metrics.rerank.labels(f"skipped_{info.reason}").inc()
+            if not late:
+                log.warning("rerank failed", extra={"error": str(err)[:500]})
             return fused
         info.status, info.seconds = "applied", time.perf_counter() - started
         result.timings.append(LegTiming("rerank", info.seconds, True))
