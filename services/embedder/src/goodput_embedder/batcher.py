@@ -69,13 +69,11 @@ class MicroBatcher:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
         loop = asyncio.get_running_loop()
-        parts = [texts[i:i + self.max_batch] for i in range(0, len(texts), self.max_batch)]
-        futures = []
-        for part in parts:
-            fut: asyncio.Future[np.ndarray] = loop.create_future()
-            self._queue.put_nowait(_Pending(part, fut))
-            futures.append(fut)
-        results = await asyncio.gather(*futures)
+        pending = [_Pending(texts[i:i + self.max_batch], loop.create_future())
+                   for i in range(0, len(texts), self.max_batch)]
+        for p in pending:
+            self._queue.put_nowait(p)
+        results = await asyncio.gather(*(p.future for p in pending))
         return np.concatenate(results, axis=0) if len(results) > 1 else results[0]
 
     async def _run(self) -> None:

@@ -40,7 +40,6 @@ __all__ = ["JobStore", "JobInfo", "REINDEX_TASK", "create_app", "run_reindex"]
 
 log = logging.getLogger("goodput.embedder.jobs")
 REINDEX_TASK = "goodput_embedder.reindex"
-STATES = ("pending", "running", "succeeded", "failed")
 
 
 @dataclass
@@ -91,11 +90,8 @@ class JobStore:
             return None
         d = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
              for k, v in raw.items()}
-        return JobInfo(job_id=job_id, state=d.get("state", "pending"),
-                       documents_done=int(d.get("documents_done", 0)),
-                       documents_total=int(d.get("documents_total", 0)),
-                       chunks_embedded=int(d.get("chunks_embedded", 0)), kb_version=int(d.get("kb_version", 0)),
-                       error=d.get("error", ""))
+        counts = {f: int(d.get(f, 0)) for f in ("documents_done", "documents_total", "chunks_embedded", "kb_version")}
+        return JobInfo(job_id=job_id, state=d.get("state", "pending"), error=d.get("error", ""), **counts)
 
 
 def run_reindex(indexer: Indexer, jobs: JobStore, job_id: str, tenant: str, kb: str, source: str,
@@ -119,8 +115,7 @@ def run_reindex(indexer: Indexer, jobs: JobStore, job_id: str, tenant: str, kb: 
         log.warning("reindex failed", extra={"job_id": job_id, "error": message})
         return IndexResult()
     jobs.update(job_id, state="succeeded", documents_done=total, chunks_embedded=result.chunks_embedded,
-                kb_version=result.kb_version, finished=time.time(),
-                result=json.dumps(result.__dict__))
+                kb_version=result.kb_version, finished=time.time(), result=json.dumps(result.__dict__))
     return result
 
 

@@ -30,6 +30,13 @@ async def serve() -> None:
     s = rt.settings
     engine: Engine
     salts = CacheSalts.from_settings(s)  # the prefix cache is salted per tenant (or sharing group)
+
+    async def model_folder(folder: str) -> tuple[Path, str]:
+        """The model's folder and the name it is served by default: the folder given, else the dev model's."""
+        if folder:
+            return Path(folder), Path(folder).name
+        return await asyncio.to_thread(ensure_dev_model, Path(s.data_dir) if s.data_dir else None), SERVED_NAME
+
     if s.engine == "sim":
         from goodput_inference.sim_engine import SimEngine
 
@@ -38,12 +45,7 @@ async def serve() -> None:
         from goodput_inference.triton_engine import TritonEngine
 
         # The tokenizer and chat template: the model's folder (only its tokenizer files are read), or the dev model's.
-        folder = s.triton_tokenizer or s.model
-        if folder:
-            tokenizer_dir, default_name = Path(folder), Path(folder).name
-        else:
-            data_dir = Path(s.data_dir) if s.data_dir else None
-            tokenizer_dir, default_name = await asyncio.to_thread(ensure_dev_model, data_dir), SERVED_NAME
+        tokenizer_dir, default_name = await model_folder(s.triton_tokenizer or s.model)
         served = s.served_model_name or default_name
         engine = TritonEngine(s, tokenizer_dir=tokenizer_dir, served_model_name=served,
                               triton_model=s.triton_model or served)
@@ -51,21 +53,16 @@ async def serve() -> None:
         from goodput_inference.vllm_engine import VllmEngine
 
         tool_parser, tool_template = None, None  # the settings'
-        if s.model:
-            model_dir, default_name = Path(s.model), Path(s.model).name
-        else:
-            data_dir = Path(s.data_dir) if s.data_dir else None
-            model_dir, default_name = await asyncio.to_thread(ensure_dev_model, data_dir), SERVED_NAME
-            if not s.tool_call_parser and not s.tool_chat_template:  # the dev model's tool format (tool_parsing)
-                tool_parser, tool_template = DEV_TOOL_PARSER, DEV_TEMPLATE
+        model_dir, default_name = await model_folder(s.model)
+        if not s.model and not s.tool_call_parser and not s.tool_chat_template:  # the dev model's tool format
+            tool_parser, tool_template = DEV_TOOL_PARSER, DEV_TEMPLATE
         engine = VllmEngine(s, model_dir=model_dir, served_model_name=s.served_model_name or default_name,
                             salts=salts, tool_call_parser=tool_parser, tool_chat_template=tool_template)
     worker_id = s.worker_id or f"{socket.gethostname()}:{s.grpc_port}"
     progress = Progress(stall_after_s=s.stall_after_s)
     servicer = InferenceServicer(engine, worker_id=worker_id, metrics=WorkerMetrics(rt.registry, engine),
-                                 pool=s.pool, pool_classes=s.pool_classes,
-                                 aliases=s.served_model_aliases, cost_per_hour=s.pool_cost_per_hour,
-                                 progress=progress)
+                                 pool=s.pool, pool_classes=s.pool_classes, aliases=s.served_model_aliases,
+                                 cost_per_hour=s.pool_cost_per_hour, progress=progress)
     runner = ServiceRunner(name="inference", settings=s, registry=rt.registry, provider=rt.provider)
     runner.add(inference_pb2_grpc.add_InferenceServicer_to_server, servicer, "goodput.inference.v1.Inference")
 

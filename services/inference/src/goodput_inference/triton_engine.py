@@ -475,7 +475,7 @@ class TritonEngine:
                     counted = _first_int(result, "num_output_tokens") if "num_output_tokens" in self._outputs \
                         else None
                     server_prompt_tokens = _first_int(result, "num_input_tokens") or server_prompt_tokens
-                    said = _first_text(result, "finish_reason") if "finish_reason" in self._outputs else None
+                    said = _text(result.as_numpy("finish_reason")) if "finish_reason" in self._outputs else ""
                     if said and said != "None":
                         reason = said
                     answer += delta
@@ -524,11 +524,6 @@ def _text(array: Any) -> str:
         return ""
     item = value[0]
     return item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item)
-
-
-def _first_text(result: Any, name: str) -> str | None:
-    array = result.as_numpy(name)
-    return _text(array) if array is not None else None
 
 
 def _first_int(result: Any, name: str) -> int | None:
