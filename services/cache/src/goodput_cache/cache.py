@@ -467,10 +467,7 @@ class ResponseCache:
     async def stop(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
-            try:
-                await self._watch
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
+            await asyncio.gather(self._watch, return_exceptions=True)
         await self.redis.aclose()
         if self.versions is not self.redis:
             await self.versions.aclose()
@@ -495,9 +492,8 @@ class ResponseCache:
 def _answers(entry: Entry, req: CacheRequest) -> bool:
     """The stored entry may answer the request: the same tenant and, for RAG, the same knowledge base and version
     (the key already says so; this holds even if two keys ever collided)."""
-    if entry.tenant != req.tenant:
-        return False
-    return not req.rag or (entry.knowledge_base == req.knowledge_base and entry.kb_version == req.kb_version)
+    return entry.tenant == req.tenant and (not req.rag or (entry.knowledge_base == req.knowledge_base
+                                                           and entry.kb_version == req.kb_version))
 
 
 def _answer(e: Entry) -> Answer:

@@ -100,9 +100,8 @@ def server_env(install: TritonInstall, *, model_dir: Path, base: Mapping[str, st
     env = dict(os.environ if base is None else base)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(install.libs), env.get("LD_LIBRARY_PATH", "")) if p)
     env["PATH"] = os.pathsep.join(p for p in (str(install.venv / "bin"), env.get("PATH", "")) if p)
-    env.pop("PYTHONPATH", None)
-    env.pop("PYTHONHOME", None)
-    env.pop("VIRTUAL_ENV", None)
+    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
+        env.pop(name, None)
     env["GOODPUT_TRITON_MODEL_DIR"] = str(model_dir)
     return env
 

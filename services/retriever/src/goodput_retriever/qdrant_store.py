@@ -32,15 +32,13 @@ def point_id(tenant: str, kb: str, chunk_id: str) -> str:
 
 class QdrantStore:
     def __init__(self, *, url: str = "", api_key: str = "", location: str = ":memory:", dim: int = 384) -> None:
+        self.local = not url
         if url:
             self.client = QdrantClient(url=url, api_key=api_key or None, timeout=30)
-            self.local = False
         elif location == ":memory:":
             self.client = QdrantClient(location=":memory:")
-            self.local = True
         else:
             self.client = QdrantClient(path=location)
-            self.local = True
         self.dim = dim
         # Local mode is not safe for concurrent writers in one process; a server serialises on its side.
         self._lock = threading.RLock()

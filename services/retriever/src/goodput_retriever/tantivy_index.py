@@ -203,13 +203,9 @@ class TantivyIndex:
             (tantivy.Occur.Must, tantivy.Query.term_query(self.schema, "kb", kb)),
         ])
         searcher = index.searcher()
-        res = searcher.search(q, limit)
-        hits = []
-        for score, addr in res.hits:
-            d = searcher.doc(addr)
-            hits.append(Hit(chunk_id=d["chunk_id"][0], document_id=d["document_id"][0], score=float(score),
-                            text=d["text"][0], metadata=json.loads(d["metadata"][0]) if d["metadata"] else {}))
-        return hits
+        found = [(score, searcher.doc(addr)) for score, addr in searcher.search(q, limit).hits]
+        return [Hit(chunk_id=d["chunk_id"][0], document_id=d["document_id"][0], score=float(score), text=d["text"][0],
+                    metadata=json.loads(d["metadata"][0]) if d["metadata"] else {}) for score, d in found]
 
     def close(self) -> None:
         with self._lock:
