@@ -19,7 +19,6 @@ from goodput_embedder.config import EmbedderSettings
 from goodput_embedder.indexer import Indexer
 from goodput_embedder.jobs import JobStore, create_app
 from goodput_embedder.models import Embedder, load_model
-from goodput_embedder.sources import SourceAccess
 from goodput_embedder.store_client import GrpcStoreWriter
 
 
@@ -39,9 +38,8 @@ def build(settings: EmbedderSettings, registry: CollectorRegistry, provider: Tra
 
     runner.add(embedder_pb2_grpc.add_EmbeddingServicer_to_server, EmbeddingServicer(settings, batcher),
                "goodput.embedder.v1.Embedding")
-    indexer_servicer = IndexerServicer(settings, indexer, jobs, create_app(settings),
-                                       sources=SourceAccess.from_settings(settings))
-    runner.add(embedder_pb2_grpc.add_IndexerServicer_to_server, indexer_servicer, "goodput.embedder.v1.Indexer")
+    runner.add(embedder_pb2_grpc.add_IndexerServicer_to_server,
+               IndexerServicer(settings, indexer, jobs, create_app(settings)), "goodput.embedder.v1.Indexer")
 
     async def close() -> None:
         await batcher.close()

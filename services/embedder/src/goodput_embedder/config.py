@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
 from goodput_contracts import DEFAULT_CHANNEL, DEFAULT_KEY_PREFIX
@@ -83,9 +83,3 @@ class EmbedderSettings(ServiceSettings):
             if not r.startswith("/"):
                 raise ValueError(f"source root {r!r} is not an absolute path")
         return roots
-
-    @model_validator(mode="after")
-    def _check(self) -> EmbedderSettings:
-        if self.max_batch < 1:
-            raise ValueError("max_batch must be at least 1")
-        return self

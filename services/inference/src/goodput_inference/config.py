@@ -122,7 +122,5 @@ class InferenceSettings(ServiceSettings):
     @classmethod
     def _parse_json(cls, value: Any) -> Any:
         if isinstance(value, str):
-            if not value.strip():
-                return None
-            return json.loads(value)
+            return json.loads(value) if value.strip() else None
         return value
