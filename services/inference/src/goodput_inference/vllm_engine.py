@@ -51,6 +51,7 @@ log = logging.getLogger("goodput.inference.vllm")
 
 VLLM_VERSION = "0.32.0"
 _ROLES = {"system", "user", "assistant", "tool"}
+_SAMPLED = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty")
 _DEFAULTABLE = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
 
 
@@ -258,10 +259,7 @@ class VllmEngine:
                                     max_model_len=self._max_model_len)
         kwargs: dict[str, Any] = {**self._sampling_defaults, "max_tokens": max_tokens,
                                   "output_kind": RequestOutputKind.DELTA}
-        for name in ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty"):
-            value = getattr(s, name)
-            if value is not None:
-                kwargs[name] = value
+        kwargs.update({name: getattr(s, name) for name in _SAMPLED if getattr(s, name) is not None})
         if s.stop:
             kwargs["stop"] = list(s.stop)
         # vLLM's own extensions, as its OpenAI server passes them (truncate_prompt_tokens was applied to the prompt)
