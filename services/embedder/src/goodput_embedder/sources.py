@@ -43,14 +43,11 @@ class SourceAccess:
     def from_settings(cls, settings: EmbedderSettings) -> SourceAccess:
         return cls([Path(r) for r in settings.source_roots], max_file_bytes=settings.source_max_file_bytes)
 
-    def _refuse_without_roots(self) -> None:
+    def check(self, source: str) -> Path:
+        """The resolved path of a source a job may read, or the refusal (a GoodputError)."""
         if not self.roots:
             raise PermissionDenied(f"this embedder reads no local paths ({_SETTING} is empty); send the documents "
                                    "with IndexDocuments", param="source_uri", code="no_source_roots")
-
-    def check(self, source: str) -> Path:
-        """The resolved path of a source a job may read, or the refusal (a GoodputError)."""
-        self._refuse_without_roots()
         if "://" in source:
             raise InvalidArgument(f"{source[:200]!r}: a source is a local path (file, folder or JSONL), not a URL",
                                   param="source_uri", code="invalid_value")

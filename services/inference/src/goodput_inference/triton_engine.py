@@ -435,11 +435,8 @@ class TritonEngine:
         tensors = request_inputs(self.settings.triton_protocol, prompt=text, sampling=sampling,
                                  max_tokens=max_tokens, stop=list(s.stop), declared=self._inputs,
                                  batched=self._batched)
-        inputs = []
-        for name, (dtype, array) in tensors.items():
-            tensor = InferInput(name, list(array.shape), dtype)
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
+        inputs = [InferInput(name, list(array.shape), dtype).set_data_from_numpy(array)
+                  for name, (dtype, array) in tensors.items()]
         message = _get_inference_request(
             model_name=self.triton_model, inputs=inputs, model_version=self.settings.triton_model_version,
             request_id=request.request_id, outputs=None, sequence_id=0, sequence_start=False, sequence_end=False,
