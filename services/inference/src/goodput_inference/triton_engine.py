@@ -514,12 +514,9 @@ class TritonEngine:
 
 def _text(array: Any) -> str:
     """text_output of one response: its first element (one answer), bytes or str."""
-    if array is None:
+    if array is None or np.asarray(array).size == 0:
         return ""
-    value = np.asarray(array).reshape(-1)
-    if value.size == 0:
-        return ""
-    item = value[0]
+    item = np.asarray(array).reshape(-1)[0]
     return item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item)
 
 
