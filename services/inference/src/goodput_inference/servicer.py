@@ -68,9 +68,8 @@ class WorkerMetrics:
         ):
             Gauge(name, doc, registry=registry).set_function(_load_reader(engine, attr))
         registry.register(_EngineInfo(engine))
-        registry.register(_PrefixCache(engine))
         self.busy = BusyClock(now=clock)
-        registry.register(_Busy(self.busy))
+        registry.register(_Counters(engine, self.busy))
         # Runtime efficiency: rate(goodput_worker_generated_tokens_total) over the best rate this worker has shown.
         self.peak = PeakRate(window_s=PEAK_WINDOW_S, now=clock)
         Gauge("goodput_worker_peak_tokens_per_second",
@@ -108,13 +107,14 @@ class _EngineInfo(Collector):
             yield family
 
 
-class _PrefixCache(Collector):
-    """``goodput_worker_prefix_cache_queries_total`` and ``..._hits_total``: prompt tokens the engine looked up in
-    its prefix cache since start, and those it found (reuse is per tenant: a hit is always the tenant's own prefix
-    or its sharing group's)."""
+class _Counters(Collector):
+    """Counters read at scrape time: ``goodput_worker_prefix_cache_queries_total`` and ``..._hits_total``, prompt
+    tokens the engine looked up in its prefix cache since start, and those it found (reuse is per tenant: a hit is
+    always the tenant's own prefix or its sharing group's); ``goodput_worker_engine_busy_seconds_total``."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, busy: BusyClock) -> None:
         self.engine = engine
+        self.busy = busy
 
     def describe(self) -> list[Metric]:
         return []
@@ -125,6 +125,8 @@ class _PrefixCache(Collector):
                                   "cache.", value=load.prefix_cache_queries)
         yield CounterMetricFamily("goodput_worker_prefix_cache_hits", "Prompt tokens found in the prefix cache "
                                   "(their prefill was skipped).", value=load.prefix_cache_hits)
+        yield CounterMetricFamily("goodput_worker_engine_busy_seconds", "Seconds the engine had at least one "
+                                  "request (goodput per engine-second divides by this).", value=self.busy.seconds())
 
 
 class BusyClock:
@@ -156,18 +158,6 @@ class BusyClock:
 
     def seconds(self) -> float:
         return self._total + (self._now() - self._since if self._active else 0.0)
-
-
-class _Busy(Collector):
-    def __init__(self, busy: BusyClock) -> None:
-        self.busy = busy
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        yield CounterMetricFamily("goodput_worker_engine_busy_seconds", "Seconds the engine had at least one "
-                                  "request (goodput per engine-second divides by this).", value=self.busy.seconds())
 
 
 class PeakRate:
