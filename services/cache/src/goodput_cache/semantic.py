@@ -42,7 +42,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -50,6 +50,8 @@ from goodput_cache.ann import AnnConfig, AnnPartition
 from goodput_cache.memory import ENTRY_BYTES, PARTITION_BYTES, grow_step, str_bytes, trimmer
 
 __all__ = ["AnnConfig", "Candidate", "NumpyIndex", "VectorIndex"]
+
+P = TypeVar("P", "_Partition", AnnPartition)
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,7 @@ class NumpyIndex:
             if cold:
                 self._where.move_to_end(key, last=False)
             if self.ann is not None and isinstance(part, _Partition) and len(part) >= self.ann.min_entries:
-                part = self._promote(partition, part, self.ann)
+                part = self._replace(partition, part, AnnPartition(self.dim, self.ann, self._lock, name=partition))
             self._recharge(part)
             if isinstance(part, AnnPartition):
                 self._maybe_build(part)
@@ -261,24 +263,15 @@ class NumpyIndex:
             if key in self._where:
                 self._where.move_to_end(key)
 
-    def _promote(self, partition: str, small: _Partition, config: AnnConfig) -> AnnPartition:
-        """An exact partition that reached ``min_entries`` becomes an HNSW one (searched exactly until built)."""
-        big = AnnPartition(self.dim, config, self._lock, name=partition)
-        for i, key in enumerate(small.keys):
-            big.add(key, small.vectors[i], small.questions[i], float(small.expires[i]))
-        self._drop(partition, small)
-        self._parts[partition] = big
-        return big
-
-    def _demote(self, partition: str, big: AnnPartition) -> _Partition:
-        """A large partition that fell below half of ``min_entries`` is scanned exactly again (its rows packed, its
-        tombstones and graph gone)."""
-        small = _Partition(self.dim)
-        for key, i in big.row_of.items():
-            small.add(key, big.vectors[i], big.questions[i], float(big.expires[i]))
-        self._drop(partition, big)
-        self._parts[partition] = small
-        return small
+    def _replace(self, partition: str, old: _Partition | AnnPartition, new: P) -> P:
+        """``new`` takes over ``old``'s entries, in row order: an exact partition that reached ``min_entries`` becomes
+        an HNSW one (searched exactly until built), a large one that fell below half of it is scanned exactly again
+        (its rows packed, its tombstones and graph gone)."""
+        for key, i in sorted(old.row_of.items(), key=lambda item: item[1]):
+            new.add(key, old.vectors[i], old.questions[i], float(old.expires[i]))
+        self._drop(partition, old)
+        self._parts[partition] = new
+        return new
 
     def _maybe_build(self, part: AnnPartition, *, complete: bool = False) -> None:
         if part.needs_build(complete=complete):
@@ -307,7 +300,7 @@ class NumpyIndex:
         if not len(part):
             self._drop(partition, part)
         elif isinstance(part, AnnPartition) and self.ann is not None and len(part) < self.ann.min_entries // 2:
-            self._recharge(self._demote(partition, part))
+            self._recharge(self._replace(partition, part, _Partition(self.dim)))
         else:
             self._recharge(part)
 
