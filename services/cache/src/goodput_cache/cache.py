@@ -304,8 +304,7 @@ class ResponseCache:
             return self._not_stored("incomplete")
         if not (greedy(req.sampling) or opt_in):
             return self._not_stored("not reusable")
-        question = req.last_user()
-        sensitive = is_time_sensitive(question)
+        sensitive = is_time_sensitive(req.last_user())
         if sensitive:
             ttl = min(ttl_s or self.settings.ttl_time_sensitive_s, self.settings.ttl_time_sensitive_s)
             if ttl <= 0:
@@ -428,9 +427,7 @@ class ResponseCache:
                         await self.on_kb_version(change.tenant, change.knowledge_base, change.version)
                 finally:
                     await pubsub.aclose()
-            except asyncio.CancelledError:
-                raise
-            except _STORE_ERRORS as err:
+            except _STORE_ERRORS as err:  # (a cancellation is no store error: it ends the loop)
                 self.metrics.degraded.labels("redis").inc()
                 log.warning("kb-version subscription lost, retrying", extra={"error": repr(err)[:200]})
                 await asyncio.sleep(1.0)

@@ -166,10 +166,7 @@ class ExactStore:
         """Every stored entry L2 may serve, with its vector, the most recently used first (what a restart loads
         into the semantic index, up to its budget: the caller stops reading when it is full)."""
         start = 0
-        while True:
-            keys = await self.redis.zrevrange(self._lru, start, start + batch - 1)
-            if not keys:
-                return
+        while keys := await self.redis.zrevrange(self._lru, start, start + batch - 1):
             start += len(keys)
             pipe = self.redis.pipeline(transaction=False)
             for k in keys:

@@ -239,10 +239,7 @@ class SimEngine:
         finished = False
         try:
             yield Started(prompt_tokens=prompt_tokens)
-            while True:
-                event = await seq.events.get()
-                if event is None:
-                    break
+            while (event := await seq.events.get()) is not None:
                 if isinstance(event, Finished):
                     finished = True
                 yield event
