@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 
 from goodput_core.errors import InvalidArgument, Unavailable
@@ -243,7 +244,6 @@ class TritonEngine:
     # ---- lifecycle -------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        import grpc
         import tritonclient.grpc.aio as triton_aio
         from transformers import AutoTokenizer
         from tritonclient.grpc import service_pb2_grpc
@@ -494,13 +494,8 @@ class TritonEngine:
                 prompt_tokens=server_prompt_tokens or prompt_tokens, completion_tokens=completion_tokens,
                 timing=EngineTiming(preprocess_s=sent - entered, prefill_s=(first or now) - sent,
                                     decode_s=now - first if first is not None else 0.0))
-        except Exception as err:
-            import grpc
-
-            if isinstance(err, grpc.aio.AioRpcError):
-                raise Unavailable(f"Triton at {self.settings.triton_url}: {err.code().name}: {err.details()}") \
-                    from None
-            raise
+        except grpc.aio.AioRpcError as err:
+            raise Unavailable(f"Triton at {self.settings.triton_url}: {err.code().name}: {err.details()}") from None
         finally:
             done.set()
             self._inflight -= 1
