@@ -69,10 +69,7 @@ class CacheRequest:
 
     def last_user(self) -> str:
         """The question being asked: the last user message (or the completion prompt)."""
-        for m in reversed(self.messages):
-            if m.role == "user":
-                return m.content
-        return self.prompt
+        return next((m.content for m in reversed(self.messages) if m.role == "user"), self.prompt)
 
     def chars(self) -> int:
         return len(self.prompt) + sum(len(m.content) for m in self.messages)

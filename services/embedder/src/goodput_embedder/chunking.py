@@ -109,8 +109,7 @@ def _faq_entries(text: str) -> list[str]:
     entries = []
     if starts[0] > 0 and "\n".join(lines[:starts[0]]).strip():
         entries.append("\n".join(lines[:starts[0]]))
-    for a, b in zip(starts, [*starts[1:], len(lines)], strict=True):
-        entries.append("\n".join(lines[a:b]))
+    entries.extend("\n".join(lines[a:b]) for a, b in zip(starts, [*starts[1:], len(lines)], strict=True))
     return entries
 
 

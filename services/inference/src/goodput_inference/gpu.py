@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -16,14 +17,12 @@ class GpuMonitor:
         self._nvml: Any = None
         self._handles: list[Any] = []
         self._last = (0.0, -1.0)
-        try:
+        with contextlib.suppress(Exception):  # no NVML library or no driver: a CPU worker
             import pynvml
 
             pynvml.nvmlInit()
             self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
             self._nvml = pynvml
-        except Exception:  # noqa: BLE001 - no NVML library or no driver: a CPU worker
-            self._handles = []
 
     @property
     def available(self) -> bool:

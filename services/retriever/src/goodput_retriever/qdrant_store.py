@@ -61,10 +61,7 @@ class QdrantStore:
                 self.client.create_payload_index(name, key, models.PayloadSchemaType.KEYWORD)
 
     def _alias_target(self, alias: str) -> str | None:
-        for a in self.client.get_aliases().aliases:
-            if a.alias_name == alias:
-                return str(a.collection_name)
-        return None
+        return next((str(a.collection_name) for a in self.client.get_aliases().aliases if a.alias_name == alias), None)
 
     def exists(self, tenant: str, kb: str) -> bool:
         with self._lock:
