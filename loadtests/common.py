@@ -1,11 +1,12 @@
 """Helpers every benchmark in ``loadtests`` shares: percentiles, differences with confidence intervals, machine
-information and the JSON + Markdown report files.
+information, and the Markdown table and report files the chaos suite writes (benchmarks write theirs through
+:mod:`loadtests.bench`).
 
 Example:
     >>> s = summarize([0.010, 0.012, 0.011, 0.030])
     >>> round(s["p50_ms"], 2)
     11.5
-    >>> markdown_table(["path", "p50"], [["direct", fmt_ms(0.0115)]])
+    >>> markdown_table(["path", "p50"], [["direct", "11.50"]])
     '| path | p50 |\\n|---|---|\\n| direct | 11.50 |'
 """
 
