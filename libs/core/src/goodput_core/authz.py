@@ -73,7 +73,8 @@ class AuthzInterceptor(WrappingInterceptor):
         self.denied = Counter("goodput_authz_denied_total", "Internal gRPC calls refused by identity.",
                               ["service", "method", "peer", "reason"], registry=registry)
 
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    def wrap(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method: str = details.method
         service = method.lstrip("/").split("/", 1)[0]
         rule = None if service in OPEN_SERVICES else self.table.get(method)
         check_tenant = rule is not None and bool(rule.tenant_field) and not handler.request_streaming

@@ -176,7 +176,7 @@ async def abort_with(context: aio.ServicerContext, err: GoodputError) -> None:
 class ErrorInterceptor(WrappingInterceptor):
     """Maps :class:`GoodputError` raised by any handler to its gRPC status (unary and streaming alike)."""
 
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    def wrap(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         return rewrap(handler, unary=_wrap_unary, stream=_wrap_stream)
 
 

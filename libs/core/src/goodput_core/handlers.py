@@ -3,12 +3,13 @@
 Example::
 
     class Timing(WrappingInterceptor):
-        def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        def wrap(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
             return rewrap(handler, unary=lambda fn: timed(fn), stream=lambda fn: timed_stream(fn))
 """
 
 from __future__ import annotations
 
+import abc
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -32,11 +33,12 @@ class WrappingInterceptor(aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        return handler if handler is None else self.wrap(handler, handler_call_details.method)
+        return handler if handler is None else self.wrap(handler, handler_call_details)
 
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        """The handler of ``method`` (``/package.Service/Method``) with its behaviour wrapped (:func:`rewrap`)."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def wrap(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        """The handler of the call ``details`` names (``details.method``: ``/package.Service/Method``; its metadata)
+        with its behaviour wrapped (:func:`rewrap`)."""
 
 
 def rewrap(handler: grpc.RpcMethodHandler, *, unary: Wrap, stream: Wrap) -> grpc.RpcMethodHandler:

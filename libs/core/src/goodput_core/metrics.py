@@ -42,8 +42,8 @@ class GrpcServerMetrics(WrappingInterceptor):
         self.seconds = Histogram("goodput_grpc_server_handling_seconds", "gRPC call duration.",
                                  ["service", "method"], buckets=LATENCY_BUCKETS, registry=registry)
 
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        _, _, rest = method.partition("/")
+    def wrap(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        _, _, rest = details.method.partition("/")
         service, _, name = rest.partition("/")
         if service.startswith(("grpc.health", "grpc.reflection")):
             return handler

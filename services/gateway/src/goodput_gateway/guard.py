@@ -18,7 +18,7 @@ Example (the gateway's servers, :func:`goodput_gateway.__main__.build`)::
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -26,6 +26,7 @@ from grpc import aio
 
 from goodput_core.context import tenant_id_var
 from goodput_core.errors import GoodputError, InvalidArgument, abort_with
+from goodput_core.handlers import WrappingInterceptor
 
 from goodput_gateway.auth import ApiKeyStore, Principal, caller_var
 from goodput_gateway.limits import PayloadTooLarge
@@ -42,22 +43,16 @@ def _authorization(details: grpc.HandlerCallDetails) -> str | None:
     return None
 
 
-class PublicApiGuard(aio.ServerInterceptor):
+class PublicApiGuard(WrappingInterceptor):
     def __init__(self, keys: ApiKeyStore, *, max_message_bytes: int) -> None:
         self.keys = keys
         self.max_message_bytes = max_message_bytes
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or method.rpartition("/")[0].lstrip("/") != GUARDED_SERVICE:
+    def wrap(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        if details.method.rpartition("/")[0].lstrip("/") != GUARDED_SERVICE:
             return handler
         try:
-            principal = self.keys.authenticate(_authorization(handler_call_details))
+            principal = self.keys.authenticate(_authorization(details))
         except GoodputError as err:
             return _refusal(handler, err)
         if handler.request_streaming:  # the API has no request-streaming method
