@@ -31,7 +31,7 @@ class FirstToken(_message.Message):
     def __init__(self, ttft_s: _Optional[float] = ...) -> None: ...
 
 class Admit(_message.Message):
-    __slots__ = ("request_id", "tenant", "priority", "model", "prompt_tokens_estimate", "max_tokens", "prefix_hint", "session_id", "tenant_weight", "max_queue_wait_s", "fixed_output")
+    __slots__ = ("request_id", "tenant", "priority", "model", "prompt_tokens_estimate", "max_tokens", "prefix_hint", "session_id", "tenant_weight", "max_queue_wait_s", "fixed_output", "n")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class Admit(_message.Message):
     TENANT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     FIXED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     priority: _types_pb2.Priority
@@ -54,7 +55,8 @@ class Admit(_message.Message):
     tenant_weight: float
     max_queue_wait_s: float
     fixed_output: bool
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., model: _Optional[str] = ..., prompt_tokens_estimate: _Optional[int] = ..., max_tokens: _Optional[int] = ..., prefix_hint: _Optional[str] = ..., session_id: _Optional[str] = ..., tenant_weight: _Optional[float] = ..., max_queue_wait_s: _Optional[float] = ..., fixed_output: _Optional[bool] = ...) -> None: ...
+    n: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., model: _Optional[str] = ..., prompt_tokens_estimate: _Optional[int] = ..., max_tokens: _Optional[int] = ..., prefix_hint: _Optional[str] = ..., session_id: _Optional[str] = ..., tenant_weight: _Optional[float] = ..., max_queue_wait_s: _Optional[float] = ..., fixed_output: _Optional[bool] = ..., n: _Optional[int] = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ("outcome", "prompt_tokens", "completion_tokens", "ttft_s")
@@ -110,18 +112,26 @@ class Cancel(_message.Message):
     def __init__(self) -> None: ...
 
 class LeaseMuxEvent(_message.Message):
-    __slots__ = ("lease_id", "queued", "granted", "released", "error")
+    __slots__ = ("lease_id", "queued", "granted", "released", "error", "preempted")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     queued: Queued
     granted: Granted
     released: Released
     error: LeaseError
-    def __init__(self, lease_id: _Optional[str] = ..., queued: _Optional[_Union[Queued, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ..., released: _Optional[_Union[Released, _Mapping]] = ..., error: _Optional[_Union[LeaseError, _Mapping]] = ...) -> None: ...
+    preempted: Preempted
+    def __init__(self, lease_id: _Optional[str] = ..., queued: _Optional[_Union[Queued, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ..., released: _Optional[_Union[Released, _Mapping]] = ..., error: _Optional[_Union[LeaseError, _Mapping]] = ..., preempted: _Optional[_Union[Preempted, _Mapping]] = ...) -> None: ...
+
+class Preempted(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class LeaseMuxBatch(_message.Message):
     __slots__ = ("requests",)
