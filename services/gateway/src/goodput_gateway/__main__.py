@@ -37,6 +37,7 @@ from goodput_gateway.responses import ResponseStore
 from goodput_gateway.resume import StreamBuffer
 from goodput_gateway.service import GatewayService
 from goodput_gateway.servicer import GatewayServicer
+from goodput_gateway.storage import AsyncStorageLedger, StorageLedger, storage_prefix
 from goodput_gateway.tenants import TenantLabels
 from goodput_gateway.timing import TimingMetrics
 from goodput_gateway.trace_recorder import TraceRecorder
@@ -48,10 +49,11 @@ class Wiring:
 
     service: GatewayService
     _channels: list[aio.Channel]
-    responses: ResponseStore  # stored Responses API responses (the state Redis, shared by every replica)
+    responses: ResponseStore  # stored Responses API responses (the data Redis, shared by every replica)
     _redis: aioredis.Redis | None = None
     streams: StreamBuffer | None = None  # streamed answers recorded for resume (goodput_gateway.resume)
-    _stream_redis: aioredis.Redis | None = None  # its own Redis (RESUME__REDIS_URL), when not the state Redis
+    _stream_redis: aioredis.Redis | None = None  # its own Redis (RESUME__REDIS_URL), when not the data Redis
+    _data_redis: aioredis.Redis | None = None  # the data Redis (REDIS_URL), when not the quota Redis
 
     async def settle(self) -> None:
         """Waits for the work sent off the response path (lease releases, cache stores, quota settlements) and
@@ -81,6 +83,8 @@ class Wiring:
             await self._redis.aclose()
         if self._stream_redis is not None:
             await self._stream_redis.aclose()
+        if self._data_redis is not None:
+            await self._data_redis.aclose()
 
 
 SCHEDULER_SERVICE = "goodput.scheduler.v1.Scheduler"
@@ -123,20 +127,30 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
     usage_redis = (aioredis.Redis.from_url(quota_url, socket_timeout=2, socket_connect_timeout=2)
                    if quota_url else None)
     meter = Meter(settings, redis=usage_redis, registry=registry, labels=labels)
+    # What tenants store (responses, answers kept for feedback, resume recordings) is on the data Redis (REDIS_URL)
+    # where that is another instance, and its ledger (goodput_gateway.storage) beside the quota counters: filling a
+    # store can never make quotas fail open.
+    data_redis = None
+    if settings.redis_url and settings.redis_url != quota_url:
+        data_redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+    state_redis = data_redis or usage_redis
+    ledger = AsyncStorageLedger(usage_redis, prefix=storage_prefix(settings))
     timing = TimingMetrics(registry, settings.latency_profile, labels=labels)
     service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics, knowledge=knowledge,
                              cache=cache, jobs=jobs, quotas=quotas, meter=meter,
-                             timing_metrics=timing, feedback=FeedbackStore(settings, redis=usage_redis, metrics=timing),
-                             ladder=Ladder(settings.latency_profile, metrics=LadderMetrics(registry),
+                             timing_metrics=timing,
+                             feedback=FeedbackStore(settings, redis=state_redis, metrics=timing, ledger=ledger),
+                             ladder=Ladder(settings.latency_profile, metrics=LadderMetrics(registry, labels),
                                            enabled=settings.ladder.enabled, interval_s=settings.ladder.interval_s,
                                            raise_at=settings.ladder.raise_at, lower_at=settings.ladder.lower_at),
                              trace=TraceRecorder.from_settings(settings, registry=registry))
     # Stream resume's event buffers: rewritten at token rate and short-lived, so they may have a Redis of their own.
     stream_redis = None
-    if settings.resume.redis_url and settings.resume.redis_url != quota_url:
+    if settings.resume.redis_url and settings.resume.redis_url not in (quota_url, settings.redis_url):
         stream_redis = aioredis.Redis.from_url(settings.resume.redis_url, socket_timeout=2, socket_connect_timeout=2)
-    streams = StreamBuffer(settings, redis=stream_redis or usage_redis, registry=registry)
-    return Wiring(service, channels, ResponseStore(settings, redis=usage_redis), usage_redis, streams, stream_redis)
+    streams = StreamBuffer(settings, redis=stream_redis or state_redis, registry=registry)
+    return Wiring(service, channels, ResponseStore(settings, redis=state_redis, ledger=ledger), usage_redis, streams,
+                  stream_redis, data_redis)
 
 
 def build(settings: GatewaySettings, registry: CollectorRegistry, provider: TracerProvider | None) -> ServiceRunner:
@@ -145,7 +159,10 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     if settings.redis_url and settings.jobs.park_shed_p2:
         import redis
 
-        jobs = JobQueue(settings, redis.Redis.from_url(settings.redis_url, socket_timeout=2), registry=registry)
+        quota_url = settings.quota_redis_url or settings.redis_url
+        jobs = JobQueue(settings, redis.Redis.from_url(settings.redis_url, socket_timeout=2), registry=registry,
+                        ledger=StorageLedger(redis.Redis.from_url(quota_url, socket_timeout=2),
+                                             prefix=storage_prefix(settings)))
     wiring = compose(settings, registry, provider, jobs=jobs)
     tracer = (provider.get_tracer("goodput.gateway") if provider is not None
               else TracerProvider().get_tracer("goodput.gateway"))

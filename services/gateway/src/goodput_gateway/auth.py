@@ -20,16 +20,28 @@ metric and alert fire. A tenant's limits are its entry's over ``defaults``; a ke
 fields on the key) apply to that key in addition to its tenant's. ``weight`` (tenants only, default 1) is the
 tenant's share of each class's queue at the scheduler. ``operator: true`` lets a key read every tenant's usage.
 
+``storage`` (tenants and ``defaults`` only) bounds what a tenant keeps (:mod:`goodput_gateway.storage`): ``files``
+and ``file_bytes``, ``batches`` and ``batch_lines``, ``jobs`` and ``job_bytes``, ``responses`` and
+``response_bytes``, ``resume_streams``, ``feedback``; each field is the tenant's over ``defaults.storage`` over the
+built-in defaults (:class:`goodput_gateway.storage.StorageQuota`), so a tenant nobody configured is bounded too;
+0 = no limit.
+
     >>> store = ApiKeyStore(parse_keys_document("inline", {"tenants": {"acme": {"rpm": 10, "weight": 2}},
     ...     "keys": [{"id": "acme-ci", "key": "k-1", "tenant": "acme", "tpm": 1000}]}))
     >>> p = store.authenticate("Bearer k-1")
     >>> p.tenant, p.key_id, p.weight, p.tenant_quota.rpm, p.key_quota.tpm
     ('acme', 'acme-ci', 2.0, 10, 1000)
+    >>> store = ApiKeyStore(parse_keys_document("inline", {"defaults": {"storage": {"files": 10}},
+    ...     "tenants": {"acme": {"storage": {"file_bytes": 1000}}}, "keys": [{"key": "k-1", "tenant": "acme"}]}))
+    >>> s = store.authenticate("Bearer k-1").storage
+    >>> s.files, s.file_bytes, s.batches
+    (10, 1000, 20)
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -46,6 +58,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from goodput_core.errors import PermissionDenied, Unauthenticated
 from goodput_core.periodic import Periodic
 from goodput_core.priority import check_priority, more_urgent, parse_priority, priority_name
+
+from goodput_gateway.storage import DEFAULT_STORAGE, StorageQuota
 
 __all__ = ["ApiKeyStore", "KeysFileWatcher", "Principal", "Quota", "caller", "caller_var", "parse_keys_document",
            "sha256_hex"]
@@ -82,6 +96,7 @@ class Principal:
     key_quota: Quota = field(default=NO_QUOTA)
     operator: bool = False  # may read every tenant's usage
     model_fallback: bool = False  # may be answered by a configured lighter model (MODEL_FALLBACKS)
+    storage: StorageQuota = field(default=DEFAULT_STORAGE)  # the tenant's storage quotas
 
     def resolve_priority(self, requested: int) -> int:
         """The request's priority: the key's default when unset; InvalidArgument when it is not a defined class
@@ -123,8 +138,24 @@ class _Limits(BaseModel):
                                                                      "threshold's metric and alert fire.")
 
 
+class _Storage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    files: int | None = Field(None, ge=0, description="Files kept (uploaded and results; 0 = no limit).")
+    file_bytes: int | None = Field(None, ge=0, description="Their bytes together (one larger file is 413).")
+    batches: int | None = Field(None, ge=0, description="Batches kept until they expire.")
+    batch_lines: int | None = Field(None, ge=0, description="Their lines together.")
+    jobs: int | None = Field(None, ge=0, description="Jobs kept (POST /v1/jobs, parked requests).")
+    job_bytes: int | None = Field(None, ge=0, description="Their request bodies' bytes together.")
+    responses: int | None = Field(None, ge=0, description="Stored Responses API responses.")
+    response_bytes: int | None = Field(None, ge=0, description="Their bytes together.")
+    resume_streams: int | None = Field(None, ge=0, description="Streams recorded for resume at once.")
+    feedback: int | None = Field(None, ge=0, description="Answers kept for feedback.")
+
+
 class _Tenant(_Limits):
     weight: float | None = Field(None, gt=0, le=1000, description="Fair-share weight in the scheduler's queues.")
+    storage: _Storage | None = Field(None, description="What the tenant may keep (goodput_gateway.storage).")
 
 
 class _Key(_Limits):
@@ -157,6 +188,15 @@ def _quota(*layers: _Limits | None) -> Quota:
     return Quota(**values)
 
 
+def _storage(*layers: _Tenant | None) -> StorageQuota:
+    """Each storage limit from the most specific layer that sets it, else the built-in default."""
+    values: dict[str, Any] = {}
+    for layer in reversed(layers):
+        if layer is not None and layer.storage is not None:
+            values.update(layer.storage.model_dump(exclude_none=True))
+    return dataclasses.replace(DEFAULT_STORAGE, **values)
+
+
 def parse_keys_document(source: str, doc: Any) -> list[tuple[bytes, Principal]]:
     """The (digest, principal) entries of one keys document; ValueError naming ``source`` when it is invalid."""
     if isinstance(doc, list):  # the first version's bare list of keys
@@ -184,7 +224,7 @@ def parse_keys_document(source: str, doc: Any) -> list[tuple[bytes, Principal]]:
         entries.append((bytes.fromhex(digest), Principal(
             tenant=item.tenant, max_priority=max_p, default_priority=default_p, key_id=item.id or digest[:12],
             weight=float(weight), tenant_quota=_quota(tenant, parsed.defaults), key_quota=_quota(item),
-            operator=item.operator, model_fallback=item.model_fallback)))
+            operator=item.operator, model_fallback=item.model_fallback, storage=_storage(tenant, parsed.defaults))))
     return entries
 
 
@@ -192,6 +232,7 @@ class ApiKeyStore:
     """The keys, by digest. :meth:`replace` swaps them all at once (a reload)."""
 
     _by_digest: dict[bytes, Principal]
+    _storage: dict[str, StorageQuota]
 
     def __init__(self, entries: list[tuple[bytes, Principal]]) -> None:
         self.replace(entries)
@@ -207,6 +248,11 @@ class ApiKeyStore:
                 raise ValueError(f"the key of tenant {principal.tenant!r} ({principal.key_id}) is listed twice")
             index[digest] = principal
         self._by_digest = index
+        self._storage = {p.tenant: p.storage for p in index.values()}
+
+    def storage_of(self, tenant: str) -> StorageQuota:
+        """The tenant's storage quotas (the built-in defaults for a tenant without a key)."""
+        return self._storage.get(tenant, DEFAULT_STORAGE)
 
     def __len__(self) -> int:
         return len(self._by_digest)
@@ -217,8 +263,17 @@ class ApiKeyStore:
         for principal in self._by_digest.values():
             if principal.tenant == tenant:
                 return Principal(tenant=tenant, max_priority=priority, default_priority=priority,
-                                 weight=principal.weight, tenant_quota=principal.tenant_quota)
+                                 weight=principal.weight, tenant_quota=principal.tenant_quota,
+                                 storage=principal.storage)
         raise Unauthenticated(f"tenant {tenant!r} has no API key any more", code="invalid_api_key")
+
+    def key_principal(self, key_id: str, *, tenant: str, priority: int) -> Principal:
+        """The principal of the tenant's key ``key_id`` as the keys file says now (its limits and its tenant's) at
+        ``priority``, for work the key submitted earlier (a job); Unauthenticated once the key is gone."""
+        for principal in self._by_digest.values():
+            if principal.key_id == key_id and principal.tenant == tenant:
+                return dataclasses.replace(principal, max_priority=priority, default_priority=priority)
+        raise Unauthenticated(f"the API key {key_id!r} that submitted this job was revoked", code="invalid_api_key")
 
     def authenticate(self, authorization: str | None) -> Principal:
         """From an `Authorization: Bearer <key>` value to the key's principal, or Unauthenticated."""

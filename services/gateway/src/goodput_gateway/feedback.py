@@ -5,6 +5,8 @@ Each answered request is remembered for ``feedback_ttl_s`` (tenant, model, class
 output tokens when it met its SLO, else 0) in this process (bounded) and, when Redis is configured, in Redis too, so
 feedback may reach any replica: written every ``feedback_flush_s`` in one pipeline with the others answered
 meanwhile, off the response path (a write per answer cost every request a Redis round trip of the event loop).
+Answers kept in Redis count against their tenant's ``feedback`` storage quota (:mod:`goodput_gateway.storage`),
+reserved with the flush (one round trip for all of them); past it, an answer is kept on its own replica only.
 Feedback is tenant-scoped (another tenant's request id is unknown, 404) and counted once per request: a discarded
 answer's tokens go to ``goodput_gateway_goodput_discarded_tokens_total``. An answer is named by its request id
 (``X-Request-Id``: ``req-…``) or by the id the client holds, which names the same request: ``chatcmpl-…``,
@@ -29,6 +31,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -41,6 +45,7 @@ from goodput_core.priority import priority_name
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.schemas import Body
+from goodput_gateway.storage import DEFAULT_STORAGE, AsyncStorageLedger, StorageQuota, storage_prefix
 from goodput_gateway.timing import TimingMetrics
 
 __all__ = ["FeedbackRequest", "FeedbackStore", "request_ids"]
@@ -77,14 +82,19 @@ class _Answer:
 
 
 class FeedbackStore:
-    def __init__(self, settings: GatewaySettings, *, redis: Any, metrics: TimingMetrics) -> None:
+    def __init__(self, settings: GatewaySettings, *, redis: Any, metrics: TimingMetrics,
+                 ledger: AsyncStorageLedger | None = None,
+                 quota_of: Callable[[str], StorageQuota] = lambda tenant: DEFAULT_STORAGE) -> None:
         self.settings = settings
         self.redis = redis
         self.metrics = metrics
+        self.ledger = ledger or AsyncStorageLedger(redis, prefix=storage_prefix(settings))
+        self.quota_of = quota_of  # a tenant's storage quotas (its feedback limit)
         self._local: TTLCache[str, _Answer] = TTLCache(maxsize=settings.feedback.max_local,
                                                        ttl=settings.feedback.ttl_s)
         # key -> its JSON, on its way to Redis with the next flush (a verdict taken meanwhile replaces it)
         self._pending: dict[str, str] = {}
+        self._tenants: dict[str, str] = {}  # key -> its tenant, for its place in the ledger
         self._flush: asyncio.Task[None] | None = None
 
     def _key(self, tenant: str, request_id: str) -> str:
@@ -105,6 +115,7 @@ class FeedbackStore:
         if len(self._pending) >= self.settings.feedback.max_local:  # Redis is far behind: the oldest goes local-only
             self._pending.pop(next(iter(self._pending)))
         self._pending[key] = json.dumps(asdict(answer))
+        self._tenants[key] = answer.tenant
         if self._flush is None or self._flush.done():
             self._flush = asyncio.get_running_loop().create_task(self._write())
 
@@ -113,13 +124,28 @@ class FeedbackStore:
         while self._pending:
             await asyncio.sleep(self.settings.feedback.flush_s)
             batch, self._pending = self._pending, {}
+            tenants, self._tenants = self._tenants, {}
             try:
+                batch = await self._admitted(batch, tenants)
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for key, value in batch.items():
                         pipe.set(key, value, ex=int(self.settings.feedback.ttl_s))
                     await pipe.execute()
             except RedisError as err:
                 log.warning("could not keep answers for feedback", extra={"answers": len(batch), "error": repr(err)})
+
+    async def _admitted(self, batch: dict[str, str], tenants: dict[str, str]) -> dict[str, str]:
+        """The answers of ``batch`` that have a place in their tenants' feedback quotas (one round trip); the
+        others stay on this replica only."""
+        fresh = [k for k in batch if k in tenants]
+        expires_at = time.time() + self.settings.feedback.ttl_s
+        granted = await self.ledger.reserve_many(
+            [(tenants[k], "feedback", k, expires_at, self.quota_of(tenants[k])) for k in fresh])
+        refused = {k for k, ok in zip(fresh, granted, strict=True) if not ok}
+        if refused:
+            log.warning("answers kept for feedback on this replica only: their tenants' feedback quotas are full",
+                        extra={"answers": len(refused)})
+        return {k: v for k, v in batch.items() if k not in refused}
 
     async def settle(self) -> None:
         """Waits (up to 5 s) for the answers still to be written (at shutdown)."""

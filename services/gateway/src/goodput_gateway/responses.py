@@ -1,7 +1,10 @@
 """OpenAI's Responses API: ``POST /v1/responses`` (text or message input, ``instructions``, streaming as the typed
 ``response.*`` events, ``store``), ``GET /v1/responses/{id}``, ``DELETE /v1/responses/{id}``, and a conversation
 continued with ``previous_response_id`` on **any** gateway replica: a stored response keeps its conversation (input
-and output items, not its instructions, as OpenAI does) in Redis under its tenant for ``responses_ttl_s``.
+and output items, not its instructions, as OpenAI does) in Redis under its tenant for ``responses_ttl_s``. Stored
+responses count against the tenant's storage quota (:mod:`goodput_gateway.storage`): a request to store one is
+refused before it is generated when the tenant has no room left, and a response's place is reserved before it is
+written and given back when it is deleted or expires.
 
 A response runs through the same path as a chat completion (quotas, cache, RAG, admission, the worker's stream):
 only its wire shape differs. Fields the gateway does not implement (tools, reasoning, ``text.format`` other than
@@ -16,6 +19,7 @@ text, ...) are refused by name.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
@@ -30,6 +34,7 @@ from goodput_gateway.encoding import dumps
 from goodput_gateway.events import StreamEnd
 from goodput_gateway.requests import ROLE_ALIASES, Message
 from goodput_gateway.schemas import Body
+from goodput_gateway.storage import DEFAULT_STORAGE, AsyncStorageLedger, StorageQuota, storage_prefix
 
 __all__ = ["ResponseStore", "ResponsesRequest", "conversation", "error_event", "event", "message_item", "response_json",
            "turns"]
@@ -96,22 +101,33 @@ def conversation(body: ResponsesRequest, *, history: list[dict[str, str]]) -> tu
 class ResponseStore:
     """Stored responses and their conversations: Redis (every replica) or, without one, this process (bounded)."""
 
-    def __init__(self, settings: GatewaySettings, *, redis: aioredis.Redis | None) -> None:
+    def __init__(self, settings: GatewaySettings, *, redis: aioredis.Redis | None,
+                 ledger: AsyncStorageLedger | None = None) -> None:
         self.settings = settings
         self.redis = redis
+        self.ledger = ledger or AsyncStorageLedger(redis, prefix=storage_prefix(settings))
         self._local: TTLCache[str, str] = TTLCache(maxsize=settings.responses.local_max, ttl=settings.responses.ttl_s)
 
     def _key(self, tenant: str, response_id: str) -> str:
         return f"{self.settings.responses.prefix}:{tenant}:{response_id}"
 
-    async def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, str]]) -> None:
+    async def admit(self, tenant: str, quota: StorageQuota) -> None:
+        """The tenant's quota refusal, if one more response could not be stored now (before it is generated)."""
+        await self.ledger.check(tenant, "responses", quota=quota)
+
+    async def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, str]], *,
+                  quota: StorageQuota = DEFAULT_STORAGE) -> None:
         raw = json.dumps({"response": response, "conversation": conversation}, separators=(",", ":"))
+        ttl = int(self.settings.responses.ttl_s)
+        await self.ledger.reserve(tenant, "responses", response["id"], amount=len(raw), quota=quota,
+                                  expires_at=time.time() + ttl)
         if self.redis is None:
             self._local[self._key(tenant, response["id"])] = raw
             return
         try:
-            await self.redis.set(self._key(tenant, response["id"]), raw, ex=int(self.settings.responses.ttl_s))
+            await self.redis.set(self._key(tenant, response["id"]), raw, ex=ttl)
         except (RedisError, OSError) as err:
+            await self.ledger.release(tenant, "responses", response["id"])
             raise Unavailable(f"the response store is unavailable ({type(err).__name__}); the answer was not "
                               "stored", code="store_unavailable") from None
 
@@ -133,6 +149,7 @@ class ResponseStore:
             self._local.pop(self._key(tenant, response_id), None)
         else:
             await self.redis.delete(self._key(tenant, response_id))
+        await self.ledger.release(tenant, "responses", response_id)
 
 
 def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:

@@ -117,7 +117,7 @@ async def upload_file(request: Request, caller: Caller, service: Service, store:
         raise InvalidArgument(f"the file has {len(content)} bytes; the limit is {settings.limits.file_bytes}",
                               param="file", code="file_too_large")
     f = await asyncio.to_thread(store.put_file, tenant=caller.tenant, filename=upload.filename or "input.jsonl",
-                                purpose=purpose, content=content)
+                                purpose=purpose, content=content, quota=caller.storage)
     return JSONResponse(f.public())
 
 
@@ -153,7 +153,7 @@ async def create_batch(caller: Caller, body: JsonBody, service: Service, store: 
     lines = check_lines(content, endpoint=req.endpoint, settings=service.settings)
     batch = await asyncio.to_thread(store.create, tenant=caller.tenant, endpoint=req.endpoint,
                                     input_file_id=req.input_file_id, window=req.completion_window,
-                                    metadata=req.metadata, bodies=lines)
+                                    metadata=req.metadata, bodies=lines, quota=caller.storage)
     return JSONResponse(batch.public())
 
 

@@ -32,7 +32,8 @@ async def create_job(caller: Caller, body: JsonBody, service: Service, jobs: Job
                  .to_request(), service.settings)
     except InvalidArgument as err:
         raise InvalidArgument(err.message, param=f"body.{err.param}" if err.param else "body", code=err.code) from None
-    job = await asyncio.to_thread(jobs.submit, tenant=caller.tenant, route=route, body=submitted.body)
+    job = await asyncio.to_thread(jobs.submit, tenant=caller.tenant, route=route, body=submitted.body,
+                                  quota=caller.storage, key=caller.key_id, weight=caller.weight)
     return JSONResponse(job.public(), status_code=202, headers={JOB_HEADER: job.id})
 
 

@@ -38,6 +38,7 @@ from goodput_gateway.responses import (
 )
 from goodput_gateway.resume import LAST_EVENT_ID
 from goodput_gateway.schemas import parse
+from goodput_gateway.storage import StorageQuota
 from goodput_gateway.wire import deadline_header
 
 __all__ = ["router"]
@@ -51,6 +52,8 @@ async def create(request: Request, caller: Caller, service: Service, store: Resp
         return await resume_response(caller, streams, request, error=error_event)
     arrived, request_id = time.monotonic(), new_request_id()
     body = parse(ResponsesRequest, await read_json(request, service))
+    if body.store is not False:  # refused now, not after its tokens are spent
+        await store.admit(caller.tenant, caller.storage)
     history: list[dict[str, str]] = []
     if body.previous_response_id:
         history = (await store.get(caller.tenant, body.previous_response_id,
@@ -68,7 +71,7 @@ async def create(request: Request, caller: Caller, service: Service, store: Resp
 
     call = Call(parse=parsed, principal=caller, request_id=request_id, arrived=arrived,
                 timeout_s=deadline_header(request.headers), cache_control=request.headers.get("cache-control", ""))
-    answer = _Answer(body, store, caller.tenant, so_far=turns(body, history=history),
+    answer = _Answer(body, store, caller.tenant, quota=caller.storage, so_far=turns(body, history=history),
                      rid=f"resp_{request_id.removeprefix('req-')}")  # it names its request, as chatcmpl-… does
     return await respond(request, call, Shape(answer.whole, answer.events, lambda _: answer.rid, error_event),
                          route="responses", service=service, streams=streams)
@@ -77,16 +80,18 @@ async def create(request: Request, caller: Caller, service: Service, store: Resp
 class _Answer:
     """One response as the Responses API writes it: whole, or as its typed events; stored for a continuation."""
 
-    def __init__(self, body: ResponsesRequest, store: ResponseStore, tenant: str, *, so_far: list[dict[str, str]],
-                 rid: str) -> None:
+    def __init__(self, body: ResponsesRequest, store: ResponseStore, tenant: str, *, quota: StorageQuota,
+                 so_far: list[dict[str, str]], rid: str) -> None:
         self.body, self.store, self.tenant, self.so_far, self.rid = body, store, tenant, so_far, rid
+        self.quota = quota
         self.item_id, self.created = f"msg_{uuid.uuid4().hex}", int(time.time())
 
     async def finished(self, opened: Opened, text: str, end: StreamEnd) -> dict[str, Any]:
         response = response_json(self.rid, self.body, opened.model, self.created, status="completed",
                                  output=[message_item(self.item_id, text, "completed")], end=end)
         if self.body.store is not False:
-            await self.store.put(self.tenant, response, [*self.so_far, {"role": "assistant", "content": text}])
+            await self.store.put(self.tenant, response, [*self.so_far, {"role": "assistant", "content": text}],
+                                 quota=self.quota)
         return response
 
     async def whole(self, generation: Generation) -> dict[str, Any]:

@@ -4,6 +4,9 @@ files are written once every line has ended. Files and batches live in Redis, sc
 gateway replica serves them.
 
 * A **file** (``purpose: batch``, JSONL, at most ``max_file_bytes``) is kept for ``file_ttl_s``.
+* Files and batches count against their tenant's storage quotas (:mod:`goodput_gateway.storage`): a file's place is
+  reserved before it is written and given back when it is deleted or expires; a batch holds one place and its lines
+  until it expires (its jobs are not counted again as jobs); a batch's result files are counted, never refused.
 * A **batch** checks every line when it is created (``custom_id`` unique, ``method: POST``, ``url`` equal to the
   batch's endpoint, a ``body`` the endpoint accepts) and refuses the batch naming the first bad line. Its jobs'
   deadline is the end of its completion window (``24h``): a line not done by then ends as ``batch_expired`` in the
@@ -32,6 +35,7 @@ from goodput_core.errors import InvalidArgument, NotFound
 
 from goodput_gateway.jobs.records import ROUTES, Job
 from goodput_gateway.jobs.store import JobQueue
+from goodput_gateway.storage import DEFAULT_STORAGE, StorageQuota
 
 __all__ = ["Batch", "BatchStore", "FileObject", "parse_window"]
 
@@ -102,6 +106,7 @@ class BatchStore:
 
     def __init__(self, queue: JobQueue) -> None:
         self.queue = queue
+        self.ledger = queue.ledger
         self.redis = queue.redis
         self.settings = queue.settings
         self.prefix = queue.prefix
@@ -110,17 +115,26 @@ class BatchStore:
     def _file_key(self, file_id: str) -> str:
         return f"{self.prefix}:file:{file_id}"
 
-    def put_file(self, *, tenant: str, filename: str, purpose: str, content: bytes) -> FileObject:
+    def put_file(self, *, tenant: str, filename: str, purpose: str, content: bytes,
+                 quota: StorageQuota = DEFAULT_STORAGE, enforce: bool = True) -> FileObject:
+        """Keeps the file, its place in the tenant's ``quota`` reserved first (``enforce=False``: counted, never
+        refused)."""
         now = int(time.time())
         ttl = int(self.settings.jobs.file_ttl_s)
         f = FileObject(id=f"file-{uuid.uuid4().hex}", tenant=tenant, filename=filename[:256], purpose=purpose,
                        bytes=len(content), created_at=now, expires_at=now + ttl)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.set(self._file_key(f.id), json.dumps(asdict(f)), ex=ttl)
-        pipe.set(self._file_key(f.id) + ":content", content, ex=ttl)
-        pipe.zadd(f"{self.prefix}:files:{tenant}", {f.id: now})
-        pipe.expire(f"{self.prefix}:files:{tenant}", ttl)
-        pipe.execute()
+        self.ledger.reserve(tenant, "files", f.id, amount=len(content), expires_at=f.expires_at, quota=quota,
+                            enforce=enforce)
+        try:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.set(self._file_key(f.id), json.dumps(asdict(f)), ex=ttl)
+            pipe.set(self._file_key(f.id) + ":content", content, ex=ttl)
+            pipe.zadd(f"{self.prefix}:files:{tenant}", {f.id: now})
+            pipe.expire(f"{self.prefix}:files:{tenant}", ttl)
+            pipe.execute()
+        except BaseException:
+            self.ledger.release(tenant, "files", f.id)
+            raise
         return f
 
     def get_file(self, file_id: str, *, tenant: str) -> FileObject:
@@ -141,6 +155,7 @@ class BatchStore:
         self.get_file(file_id, tenant=tenant)
         self.redis.delete(self._file_key(file_id), self._file_key(file_id) + ":content")
         self.redis.zrem(f"{self.prefix}:files:{tenant}", file_id)
+        self.ledger.release(tenant, "files", file_id)
 
     def list_files(self, *, tenant: str, limit: int) -> list[FileObject]:
         ids = [i.decode() if isinstance(i, bytes) else i
@@ -162,13 +177,23 @@ class BatchStore:
         self.redis.set(self._batch_key(batch.id), json.dumps(asdict(batch)), ex=max(ttl, 60))
 
     def create(self, *, tenant: str, endpoint: str, input_file_id: str, window: str,
-               metadata: dict[str, str] | None, bodies: list[tuple[str, dict[str, Any]]]) -> Batch:
-        """Submits one P2 job per (custom_id, body), due by the end of the window."""
+               metadata: dict[str, str] | None, bodies: list[tuple[str, dict[str, Any]]],
+               quota: StorageQuota = DEFAULT_STORAGE) -> Batch:
+        """Submits one P2 job per (custom_id, body), due by the end of the window, once the batch and its lines
+        have their place in the tenant's ``quota``."""
         now = int(time.time())
         expires = now + parse_window(window)
         route = ROUTES[endpoint]
-        jobs = [self.queue.submit(tenant=tenant, route=route, body=body, deadline_at=expires).id for _, body in bodies]
-        batch = Batch(id=f"batch_{uuid.uuid4().hex}", tenant=tenant, endpoint=endpoint, input_file_id=input_file_id,
+        batch_id = f"batch_{uuid.uuid4().hex}"
+        self.ledger.reserve(tenant, "batches", batch_id, amount=len(bodies), quota=quota,
+                            expires_at=expires + self.settings.jobs.result_ttl_s)
+        try:
+            jobs = [self.queue.submit(tenant=tenant, route=route, body=body, deadline_at=expires, quota=None).id
+                    for _, body in bodies]
+        except BaseException:
+            self.ledger.release(tenant, "batches", batch_id)
+            raise
+        batch = Batch(id=batch_id, tenant=tenant, endpoint=endpoint, input_file_id=input_file_id,
                       created_at=now, expires_at=expires, jobs=jobs, custom_ids=[c for c, _ in bodies],
                       completion_window=window, metadata=metadata)
         self._save(batch)
@@ -234,7 +259,7 @@ class BatchStore:
     def _result_file(self, batch: Batch, kind: str, lines: list[dict[str, Any]]) -> FileObject:
         content = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
         return self.put_file(tenant=batch.tenant, filename=f"{batch.id}_{kind}.jsonl", purpose="batch_output",
-                             content=content)
+                             content=content, enforce=False)
 
     def cancel(self, batch_id: str, *, tenant: str) -> Batch:
         """Fails the lines not started yet; lines already running finish; the batch ends as ``cancelled``."""

@@ -53,6 +53,7 @@ from goodput_core.errors import InvalidArgument, NotFound, Unavailable
 from goodput_gateway.jobs.messages import Send, celery_send
 from goodput_gateway.jobs.metrics import JobsMetrics
 from goodput_gateway.jobs.records import ENDPOINTS, STATES, TERMINAL, WAITING, Job
+from goodput_gateway.storage import DEFAULT_STORAGE, StorageLedger, StorageQuota, storage_prefix
 
 __all__ = ["JobQueue"]
 
@@ -66,9 +67,12 @@ class JobQueue:
     :mod:`.worker`); a message that could not be sent is sent again by the sweeper."""
 
     def __init__(self, settings: Any, redis_client: Any, *, registry: CollectorRegistry | None = None,
-                 send: Send | None = None, clock: Callable[[], float] = time.time) -> None:
+                 send: Send | None = None, clock: Callable[[], float] = time.time,
+                 ledger: StorageLedger | None = None) -> None:
         self.settings = settings
         self.redis = redis_client
+        # the tenants' storage ledger: on the quota Redis where the gateway has one, else beside the jobs
+        self.ledger = ledger or StorageLedger(redis_client, prefix=storage_prefix(settings))
         self.clock = clock  # wall time: deadlines, leases and due times are stored and compared across processes
         self.prefix = settings.jobs.prefix
         self._deadlines = f"{self.prefix}:deadlines"  # unfinished jobs by deadline
@@ -166,9 +170,11 @@ class JobQueue:
                         extra={"job": job.id, "dispatch": job.dispatch, "error": repr(err)[:200]})
 
     def submit(self, *, tenant: str, route: str, body: dict[str, Any], delay_s: float = 0.0,
-               error: str = "", deadline_at: float | None = None) -> Job:
+               error: str = "", deadline_at: float | None = None,
+               quota: StorageQuota | None = DEFAULT_STORAGE) -> Job:
         """Stores a new job and sends its message, due in ``delay_s`` seconds; it expires at ``deadline_at``
-        (default: ``job_deadline_s`` from now)."""
+        (default: ``job_deadline_s`` from now). Its place in the tenant's storage ``quota`` is reserved first,
+        kept until its result expires (None: counted elsewhere, as a batch's line)."""
         if route not in ENDPOINTS:
             raise InvalidArgument(f"unknown route {route!r}", param="endpoint")
         now = self.clock()
@@ -177,9 +183,17 @@ class JobQueue:
                   state="parked" if delay_s > 0 else "queued",
                   deadline_at=deadline_at if deadline_at is not None else now + self.settings.jobs.deadline_s,
                   next_attempt_at=now + delay_s, due_at=now + delay_s, dispatch=1, error=error)
-        with self.redis.pipeline(transaction=True) as pipe:
-            self._write(pipe, job, old=None)
-            pipe.execute()
+        if quota is not None:
+            self.ledger.reserve(tenant, "jobs", job.id, amount=len(json.dumps(body)), quota=quota,
+                                expires_at=job.deadline_at + self.settings.jobs.result_ttl_s)
+        try:
+            with self.redis.pipeline(transaction=True) as pipe:
+                self._write(pipe, job, old=None)
+                pipe.execute()
+        except BaseException:
+            if quota is not None:
+                self.ledger.release(tenant, "jobs", job.id)
+            raise
         self.metrics.transitions.labels(job.state).inc()
         self._dispatch(job, delay_s)
         return job
