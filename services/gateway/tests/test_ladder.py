@@ -3,6 +3,8 @@ is a closed port, so a request that got past the gateway's own decisions fails w
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
@@ -12,13 +14,16 @@ from goodput_gateway.feedback import _Answer
 from goodput_gateway.ladder import Ladder, LadderMetrics
 from goodput_gateway.profile import LatencyProfile
 from goodput_gateway.service import GatewayService
+from goodput_gateway.tenants import TenantLabels
 
-from .helpers import AUTH, FakeClock, GatewayFactory, assert_openai_error, chat, post
+from .helpers import AUTH, KEYS, FakeClock, GatewayFactory, assert_openai_error, chat, post
 
 
 @pytest.fixture
 async def gateway(gateway: GatewayFactory) -> tuple[httpx.AsyncClient, GatewayService, CollectorRegistry]:
-    gw = await gateway(models=[ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)])
+    keys = json.loads(KEYS)["keys"] + [{"key": "k-c", "tenant": "c", "max_priority": "P0"}]  # a second P0 tenant
+    gw = await gateway(models=[ModelEntry(id="m", max_model_len=2048, model_version="v", workers=1)],
+                       api_keys=json.dumps({"keys": keys}))
     return gw.client, gw.service, gw.registry
 
 
@@ -117,3 +122,81 @@ def test_steps_that_change_nothing_here_are_passed_over() -> None:
     assert ladder.active(1) == ("fewer_chunks",)
     _interval(ladder, now, missed=True)
     assert ladder.active(1) == ("fewer_chunks", "shed") and ladder.shed_share(1) > 0
+
+
+def _tenants(ladder: Ladder, now: FakeClock, **missed: bool) -> None:
+    """One interval of 5 P0 answers per tenant, each tenant missing its SLO or not, and the ladder's move on them
+    (made on the first answer after the interval: here one of no tenant, which met its SLO)."""
+    for _ in range(5):
+        for tenant, miss in missed.items():
+            ladder.observe(1, missed=miss, tenant=tenant)
+    now.advance(1.0)
+    ladder.observe(1, missed=False)
+
+
+def test_a_tenant_whose_own_requests_miss_climbs_its_own_ladder_and_no_one_elses() -> None:
+    ladder, now = _ladder()
+    for _ in range(7):  # a misses, b and c meet their SLO: a is the cause
+        _tenants(ladder, now, a=True, b=False, c=False)
+    assert ladder.active(1, "a")[-1] == "shed" and ladder.shed_share(1, "a") > 0 and ladder.sheds(1, "a")
+    for tenant in ("b", "c", ""):  # the full quality path: no step, no shed, no fallback model
+        assert ladder.active(1, tenant) == () and not ladder.sheds(1, tenant)
+    assert ladder.level(1) == 0 and ladder.level(1, "b") == 0
+    for _ in range(12):  # a meets its SLO again: it comes back down, and is forgotten at the bottom
+        _tenants(ladder, now, a=False, b=False, c=False)
+    assert ladder.active(1, "a") == () and not ladder._of(1).tenants
+
+
+def test_misses_spread_over_the_class_move_the_class_ladder() -> None:
+    ladder, now = _ladder()
+    for _ in range(2):  # everyone misses: fleet-wide, the class climbs and every tenant takes its steps
+        _tenants(ladder, now, a=True, b=True, c=True)
+    assert ladder.level(1) == 2 and ladder.active(1, "b") == ("skip_rerank", "fewer_chunks")
+    assert ladder.level(1, "a") == 0 and not ladder._of(1).tenants
+    ladder, now = _ladder()
+    for _ in range(2):  # two of three tenants: the rest without either one still misses, so it is the class's
+        _tenants(ladder, now, a=True, b=True, c=False)
+    assert ladder.level(1) == 2 and ladder.level(1, "a") == ladder.level(1, "b") == 0
+
+
+def test_a_tenant_on_its_own_ladder_holds_while_the_class_misses_and_is_forgotten_when_idle() -> None:
+    ladder, now = _ladder()
+    for _ in range(2):
+        _tenants(ladder, now, a=True, b=False)
+    assert ladder.level(1, "a") == 2 and ladder.level(1) == 0
+    _tenants(ladder, now, a=True, b=True)  # now b misses too: the class climbs, a's own ladder holds
+    assert ladder.level(1) == 1 and ladder.level(1, "a") == 2
+    now.advance(31 * ladder.interval_s)  # a is not heard from for longer than the idle bound
+    assert ladder.level(1, "a") == 0 and "a" not in ladder._of(1).tenants
+
+
+def test_tenant_ladders_are_exported_under_bounded_labels() -> None:
+    registry = CollectorRegistry()
+    now = FakeClock()
+    ladder = Ladder(LatencyProfile(), clock=now, interval_s=1.0, min_samples=5,
+                    metrics=LadderMetrics(registry, TenantLabels("a")))
+    ladder.level(1)
+    for _ in range(3):
+        _tenants(ladder, now, a=True, x=False, y=False, z=False)
+    _tenants(ladder, now, a=False, x=False, y=True, z=False)
+    value = registry.get_sample_value
+    assert value("goodput_gateway_ladder_tenant_level", {"priority": "P0", "tenant": "a"}) == 2  # 3, then back 1
+    assert value("goodput_gateway_ladder_tenant_level", {"priority": "P0", "tenant": "other"}) == 1  # y, unnamed
+    assert value("goodput_gateway_ladder_tenants", {"priority": "P0"}) == 2
+    assert value("goodput_gateway_ladder_level", {"priority": "P0"}) == 0
+
+
+async def test_a_tenant_shed_for_its_misses_leaves_the_others_alone(gateway) -> None:  # type: ignore[no-untyped-def]
+    client, service, _ = gateway
+    ladder, clock = service.ladder, FakeClock()
+    ladder.clock, ladder.rand = clock, lambda: 0.0
+    for _ in range(20):  # a's answers miss their SLO, c's meet theirs
+        clock.advance(ladder.interval_s)
+        for _ in range(ladder.min_samples):
+            ladder.observe(1, missed=True, tenant="a")
+            ladder.observe(1, missed=False, tenant="c")
+    assert ladder.shed_share(1, "a") == pytest.approx(0.9) and ladder.level(1) == 0
+    error = assert_openai_error(await post(client, chat(priority="P0")), 429)  # tenant a
+    assert error["code"] == "degraded_shed" and "your P0 requests" in str(error["message"])
+    # c's request is not shed: it goes on (to the absent scheduler)
+    assert_openai_error(await post(client, chat(priority="P0"), {"Authorization": "Bearer k-c"}), 503)

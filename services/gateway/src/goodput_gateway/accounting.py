@@ -79,7 +79,7 @@ class Accounting:
         if met:
             m.goodput_tokens.labels(prio, tenant, opened.model).inc(timeline.completion_tokens)
         over = set(timeline.over_budget(cls, stages)) & _LADDER_STAGES
-        self.ladder.observe(opened.priority, missed=not met or bool(over))
+        self.ladder.observe(opened.priority, missed=not met or bool(over), tenant=opened.tenant)
         if self.feedback is not None:
             self.feedback.remember(opened, tokens=timeline.completion_tokens if met else 0)
 

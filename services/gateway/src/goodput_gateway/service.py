@@ -208,15 +208,18 @@ class GatewayService:
                                   "(enforced for any model) or 'none'", param="tool_choice", code="unsupported_value")
 
     async def _apply_ladder(self, req: _Request) -> None:
-        """The ladder's steps in force for the class: shed a share, answer with the class's fallback model, skip the
-        semantic cache here; the RAG steps are taken at retrieval (:func:`~goodput_gateway.rag.retrieval_for`), which
-        knows the time left."""
-        priority, steps = req.request.priority, self.ladder.active(req.request.priority)
-        req.steps = steps
-        if "shed" in steps and self.ladder.sheds(priority):
+        """The ladder's steps in force for the class and the tenant (the higher of the two: a tenant whose own
+        requests miss their SLO climbs a ladder of its own): shed a share, answer with the class's fallback model,
+        skip the semantic cache here; the RAG steps are taken at retrieval
+        (:func:`~goodput_gateway.rag.retrieval_for`), which knows the time left."""
+        priority, tenant = req.request.priority, req.principal.tenant
+        steps = req.steps = self.ladder.active(priority, tenant)
+        if "shed" in steps and self.ladder.sheds(priority, tenant):
             self.ladder.taken("shed", priority)
-            raise ResourceExhausted(f"{req.prio} is degraded to its last step: a share of its requests is shed so the "
-                                    "rest meet their SLO; retry shortly", code="degraded_shed",
+            why = (f"your {req.prio} requests miss their SLO while the rest of {req.prio} meets it: a share of yours"
+                   if self.ladder.level(priority, tenant) > self.ladder.level(priority) else
+                   f"{req.prio} is degraded to its last step: a share of its requests")
+            raise ResourceExhausted(f"{why} is shed so the rest meet their SLO; retry shortly", code="degraded_shed",
                                     retry_after_s=self.ladder.retry_after_s())
         fallback = req.cls.fallback_model
         if "fallback_model" in steps and fallback and fallback != req.served.id:
