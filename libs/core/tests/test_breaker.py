@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from goodput_core.breaker import BreakerMetrics, BreakerSettings, BreakerState, CircuitBreaker
+from goodput_core.context import request_context
 from goodput_core.errors import InvalidArgument, NotFound, Unavailable
 from goodput_core.settings import ServiceSettings, service_config
 
@@ -200,6 +201,35 @@ async def test_is_failure_decides_which_exceptions_are_failures() -> None:
     await fail(breaker)
     assert breaker.state is BreakerState.CLOSED
     await fail(breaker)
+    assert breaker.state is BreakerState.OPEN
+
+
+async def test_one_tenants_own_failures_do_not_open_it_for_everyone() -> None:
+    """Tenant a's calls fail (its own input, its own deadline too short for the hop) while b's latest call succeeded:
+    they are a's, not the dependency's, and b's calls keep reaching it; once b's fail too, failures count again."""
+    registry = CollectorRegistry()
+    breaker = CircuitBreaker("retriever", failure_threshold=2, window=4, min_calls=2, clock=FakeClock(),
+                             metrics=BreakerMetrics(registry, service="gateway"))
+    with request_context(tenant="b"):
+        await succeed(breaker)
+    with request_context(tenant="a"):
+        await fail(breaker, 10, TimeoutError())
+    assert breaker.state is BreakerState.CLOSED
+    assert registry.get_sample_value("goodput_gateway_breaker_tenant_failures_total",
+                                     {"dependency": "retriever"}) == 10
+    with request_context(tenant="b"):
+        await succeed(breaker)
+        await fail(breaker)  # b's call fails too: the dependency's failure
+    with request_context(tenant="a"):
+        await fail(breaker)  # and now a's counts as well
+    assert breaker.state is BreakerState.OPEN
+
+
+async def test_failures_of_no_tenant_always_count() -> None:
+    breaker = CircuitBreaker("scheduler", failure_threshold=2, clock=FakeClock())
+    with request_context(tenant="b"):
+        await succeed(breaker)
+    await fail(breaker, 2)  # a call of no tenant (a background refresh): nothing to tell apart
     assert breaker.state is BreakerState.OPEN
 
 

@@ -187,6 +187,33 @@ async def test_the_cache_breaker_opens_on_a_dead_cache_and_closes_after_it_retur
             await runner.stop()
 
 
+async def test_one_tenants_own_timeouts_do_not_open_the_cache_breaker(cache_service: tuple[str, Any]) -> None:
+    """Tenant a's lookups run out of its own deadline (too short for any hop) while b's reach the cache: a's failures
+    are its own, the shared breaker stays closed and b's lookups keep reaching the cache."""
+    from goodput_core.breaker import BreakerSettings, BreakerState
+    from goodput_core.context import request_context
+
+    from goodput_gateway.dependencies import gateway_breakers
+
+    breaker = gateway_breakers(BreakerSettings(failure_threshold=2), None)["cache"]
+    async with aio.insecure_channel(cache_service[0]) as channel:
+        cache = GatewayCache(GatewaySettings(), stub=cache_pb2_grpc.CacheStub(channel), registry=None,
+                             breaker=breaker)
+
+        async def lookup(tenant: str, question: str, timeout_s: float | None = None) -> str:
+            request = parse(ChatCompletionRequest, chat(question)).to_request()
+            with request_context(tenant=tenant):  # as the gateway's authentication sets it
+                principal = Principal(tenant=tenant, max_priority=1, default_priority=1)
+                return (await cache.lookup(principal, request, MODEL, cache_control="", timeout_s=timeout_s))[0].reason
+
+        assert await lookup("b", "Is the cache there?") != "cache unavailable"
+        # new questions each (a semantic lookup embeds them: more than the 1 ms a's deadline leaves)
+        assert [await lookup("a", f"Question number {i} of tenant a?", timeout_s=0.001) for i in range(5)] \
+            == ["cache unavailable"] * 5
+        assert breaker.state is BreakerState.CLOSED
+        assert await lookup("b", "Is the cache still there?") not in ("cache unavailable", "cache breaker open")
+
+
 class _Answering:
     """A stand-in for a worker's stream (no engine runs in these tests): one short answer."""
 

@@ -18,12 +18,18 @@ it is an instance of a type in ``ignore`` (the caller's fault, e.g. :class:`~goo
 neither a success nor a failure) or ``is_failure(exc)`` says it is not one (the dependency answered, e.g. a
 ``NotFound``: a success). ``asyncio.CancelledError`` (the caller went away) is neither, and gives a probe's slot
 back. A timeout counts only when it is raised inside the block: put ``asyncio.timeout`` (or the gRPC ``timeout=``)
-inside ``guard()``, since an outer timeout reaches the block as a cancellation. Everything runs on the event loop's
+inside ``guard()``, since an outer timeout reaches the block as a cancellation.
+
+Whose failure: a call runs for a tenant (:data:`~goodput_core.context.tenant_id_var` when it is entered). A tenant's
+failure while the latest call of another tenant succeeded (since the last state change) is that tenant's own, not
+the dependency's: its own input, its own short deadline or budget. It counts as neither, so one tenant's failing
+calls cannot open the breaker for all; once another tenant's call fails too, failures count again. Calls of no
+tenant always count. Everything runs on the event loop's
 thread without awaiting, so no lock is needed. The state moves from ``open`` to ``half_open`` when it is next read
 (a call, :attr:`CircuitBreaker.state`) after the reset timeout, not on a timer.
 
 Example (a fake clock; a service passes none and gets ``time.monotonic``):
-    >>> import asyncio
+    >>> import asyncio, contextlib
     >>> from goodput_core.errors import Unavailable
     >>> now = [0.0]
     >>> breaker = CircuitBreaker("retriever", failure_threshold=2, reset_timeout_s=5.0, clock=lambda: now[0])
@@ -50,6 +56,23 @@ Example (a fake clock; a service passes none and gets ``time.monotonic``):
     >>> asyncio.run(search(ok=True)), str(breaker.state)
     ('answered', 'closed')
 
+Tenant ``a``'s calls fail (say, its own deadline is too short for the hop) while ``b``'s succeed: it stays closed.
+    >>> from goodput_core.context import request_context
+    >>> breaker = CircuitBreaker("retriever", failure_threshold=2, clock=lambda: now[0])
+    >>> async def call(tenant: str, ok: bool) -> None:
+    ...     with request_context(tenant=tenant), contextlib.suppress(TimeoutError):
+    ...         async with breaker.guard():
+    ...             if not ok:
+    ...                 raise TimeoutError
+    >>> for tenant, ok in [("b", True), ("a", False), ("a", False), ("a", False)]:
+    ...     asyncio.run(call(tenant, ok))
+    >>> print(breaker.state)
+    closed
+    >>> for tenant in ("b", "a"):  # b's calls fail too: the dependency's failures
+    ...     asyncio.run(call(tenant, False))
+    >>> print(breaker.state)
+    open
+
 Several breakers of one service share one :class:`BreakerMetrics` (so their metrics are registered once):
     >>> from prometheus_client import CollectorRegistry
     >>> registry = CollectorRegistry()
@@ -73,6 +96,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from goodput_core.context import tenant_id_var
 from goodput_core.errors import Unavailable
 
 __all__ = ["BreakerMetrics", "BreakerSettings", "BreakerState", "CircuitBreaker"]
@@ -145,22 +169,27 @@ class BreakerMetrics:
                                    "entered.", ["dependency", "to"], registry=registry)
         self.rejected = Counter(f"{base}_rejected_total", "Calls refused by an open (or half-open and busy) "
                                 "circuit breaker without reaching the dependency.", ["dependency"], registry=registry)
+        self.tenant_failures = Counter(f"{base}_tenant_failures_total", "Failed calls of a tenant while another "
+                                       "tenant's latest call succeeded: that tenant's own, not counted against the "
+                                       "dependency.", ["dependency"], registry=registry)
 
     def add(self, dependency: str) -> None:
         """Reports a new breaker (closed, nothing counted yet), so that its series exist before anything happens."""
         self.state.labels(dependency).set(_GAUGE_VALUE[BreakerState.CLOSED])
         self.rejected.labels(dependency)
+        self.tenant_failures.labels(dependency)
         for state in BreakerState:
             self.transitions.labels(dependency, state.value)
 
 
 @dataclass(frozen=True, slots=True)
 class _Permit:
-    """One admitted call: the state epoch it was admitted in (a result from an earlier epoch is stale and ignored)
-    and whether it holds a half-open probe slot."""
+    """One admitted call: the state epoch it was admitted in (a result from an earlier epoch is stale and ignored),
+    whether it holds a half-open probe slot, and the tenant it runs for (None: none)."""
 
     epoch: int
     probe: bool
+    tenant: str | None = None
 
 
 class CircuitBreaker:
@@ -193,6 +222,9 @@ class CircuitBreaker:
         self._open_until = 0.0
         self._probes = 0  # probe calls out while half-open
         self._probe_successes = 0
+        # The latest outcome of the two tenants heard from last (newest first, distinct): the latest call of a tenant
+        # other than any given one is the first entry of another tenant.
+        self._recent: list[tuple[str, bool]] = []
         if metrics is not None:
             metrics.add(name)
 
@@ -236,10 +268,10 @@ class CircuitBreaker:
     def _admit(self) -> _Permit | None:
         self._refresh()
         if self._state is BreakerState.CLOSED:
-            return _Permit(self._epoch, probe=False)
+            return _Permit(self._epoch, probe=False, tenant=tenant_id_var.get())
         if self._state is BreakerState.HALF_OPEN and self._probes < self.settings.half_open_max_calls:
             self._probes += 1
-            return _Permit(self._epoch, probe=True)
+            return _Permit(self._epoch, probe=True, tenant=tenant_id_var.get())
         if self.metrics is not None:
             self.metrics.rejected.labels(self.name).inc()
         return None
@@ -267,6 +299,10 @@ class CircuitBreaker:
             self._probes -= 1
         if success is None:
             return
+        if self._own_failure(permit.tenant, success):
+            if self.metrics is not None:
+                self.metrics.tenant_failures.labels(self.name).inc()
+            return
         if self._state is BreakerState.HALF_OPEN:
             if not success:
                 self._failed_probes += 1
@@ -291,6 +327,15 @@ class CircuitBreaker:
         elif calls >= self.settings.min_calls and self._failures_in_window / calls >= self.settings.failure_ratio:
             self._transition(BreakerState.OPEN, f"{self._failures_in_window} of the last {calls} calls failed")
 
+    def _own_failure(self, tenant: str | None, success: bool) -> bool:
+        """Records the outcome under its tenant; True for a failure of the tenant's own: the latest call of another
+        tenant, since the last state change, succeeded."""
+        if not tenant:
+            return False
+        other = next((ok for t, ok in self._recent if t != tenant), None)
+        self._recent = [(tenant, success), *((t, ok) for t, ok in self._recent if t != tenant)][:2]
+        return not success and other is True
+
     def _reset_timeout_s(self) -> float:
         s = self.settings
         return min(s.max_reset_timeout_s, s.reset_timeout_s * s.backoff_factor ** self._failed_probes)
@@ -310,6 +355,7 @@ class CircuitBreaker:
         self._outcomes.clear()
         self._failures_in_window = 0
         self._consecutive_failures = 0
+        self._recent.clear()
         if to is BreakerState.CLOSED:
             self._failed_probes = 0
         if self.metrics is not None:

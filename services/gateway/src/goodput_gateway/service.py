@@ -177,6 +177,7 @@ class GatewayService:
     async def _parse(self, call: Call) -> _Request:
         arrived = call.arrived or time.monotonic()
         principal = call.principal or self.authenticate(call.authorization)  # before anything is parsed
+        tenant_id_var.set(principal.tenant)  # also for a job's call: the dependencies' breakers tell tenants apart
         started = time.monotonic()
         asked = await call.parse()
         request = replace(asked, priority=principal.resolve_priority(asked.priority))  # once, against the key
