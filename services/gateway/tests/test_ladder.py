@@ -11,10 +11,14 @@ from prometheus_client import CollectorRegistry
 
 from goodput_gateway.catalogue import ModelEntry
 from goodput_gateway.feedback import _Answer
+from goodput_gateway.generation import Opened
+from goodput_gateway.generation_schemas import ChatCompletionRequest
 from goodput_gateway.ladder import Ladder, LadderMetrics
 from goodput_gateway.profile import LatencyProfile
+from goodput_gateway.schemas import parse
 from goodput_gateway.service import GatewayService
 from goodput_gateway.tenants import TenantLabels
+from goodput_gateway.timing import Timeline
 
 from .helpers import AUTH, KEYS, FakeClock, GatewayFactory, assert_openai_error, chat, post
 
@@ -200,3 +204,28 @@ async def test_a_tenant_shed_for_its_misses_leaves_the_others_alone(gateway) -> 
     assert error["code"] == "degraded_shed" and "your P0 requests" in str(error["message"])
     # c's request is not shed: it goes on (to the absent scheduler)
     assert_openai_error(await post(client, chat(priority="P0"), {"Authorization": "Bearer k-c"}), 503)
+
+
+async def test_answers_feed_the_ladder_under_their_tenant(gateway) -> None:  # type: ignore[no-untyped-def]
+    """The accounting's judgement of each finished answer reaches the ladder with the answer's tenant."""
+    _, service, _ = gateway
+    ladder, clock = service.ladder, FakeClock()
+    ladder.clock = clock
+    request = parse(ChatCompletionRequest, chat()).to_request()
+    cls = service.settings.latency_profile.of(1)
+
+    def answered(tenant: str, ttft_s: float) -> None:
+        timeline = Timeline(arrived=0.0, now=lambda: 0.0)
+        timeline.first_token(at=ttft_s)
+        timeline.mark("post_processing", at=ttft_s)
+        service.accounting.answered(Opened(request_id="req", tenant=tenant, priority=1, model="m", worker_id="w",
+                                           request=request, sources=[], cache=None, timeline=timeline,
+                                           profile=cls), timeline)
+
+    for _ in range(3):
+        for _ in range(ladder.min_samples):
+            answered("a", cls.slo.ttft_s * 3)  # a's answers are late
+            answered("c", 0.01)
+        clock.advance(ladder.interval_s)
+    answered("c", 0.01)
+    assert ladder.level(1, "a") > 0 and ladder.level(1) == 0 and ladder.active(1, "c") == ()
