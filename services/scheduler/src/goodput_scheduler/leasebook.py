@@ -1,7 +1,9 @@
 """Lease bookkeeping: what the scheduler's own grants hold on each worker, and the leases the gateways hold.
 
-A worker's counters (leases held, of which P1/P2, P0 prompts being prefilled, prompt tokens pending prefill) have
-one owner, :class:`Occupancy`, and change only through a :class:`Hold`: one grant's share of one worker. A hold is
+A worker's counters (slots held, of which P1/P2, P0 prompts being prefilled, prompt tokens pending prefill) have
+one owner, :class:`Occupancy`, and change only through a :class:`Hold`: one grant's share of one worker. A request
+with ``n`` sequences holds ``n`` slots. The :class:`LeaseBook` also counts the slots each tenant holds per class
+(:meth:`LeaseBook.held`), what the fair share of the slots is measured against. A hold is
 taken when a request is granted, its prefill ends at the first token, and it is freed on release — or when the
 caller went away before taking its grant. Each step happens at most once, so every path (first token, release,
 abandon, a broken stream) may call it and no slot or prefill token is ever counted twice or leaked.
@@ -22,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -40,35 +43,36 @@ class Occupancy:
     """What the scheduler's grants hold on one worker, read by placement (capacity, the prefill gate, load
     scores). The scheduler counts these itself, so they are never stale; only :class:`Hold` changes them."""
 
-    inflight: int = 0  # leases held (granted and not yet released)
+    inflight: int = 0  # slots held by leases (granted and not yet released; a lease of n sequences holds n)
     low_inflight: int = 0  # of which P1/P2 (bounded by the latency guard)
     p0_prefilling: int = 0  # P0 leases without a first token yet (their prompts are being prefilled)
     p0_prefill_tokens: int = 0  # estimated prompt tokens of those P0 leases
     low_prefill_tokens: int = 0  # estimated prompt tokens of P1/P2 leases without a first token (the prefill gate)
 
-    def hold(self, priority: int, *, prompt_tokens: int) -> Hold:
-        """Takes a slot for a request granted here; its prompt counts as pending prefill until :meth:`Hold.end_prefill`
-        or :meth:`Hold.free`."""
-        return Hold(self, priority, prompt_tokens)
+    def hold(self, priority: int, *, prompt_tokens: int, slots: int = 1) -> Hold:
+        """Takes ``slots`` slots for a request granted here; its prompt counts as pending prefill until
+        :meth:`Hold.end_prefill` or :meth:`Hold.free`."""
+        return Hold(self, priority, prompt_tokens, slots)
 
 
 class Hold:
     """One grant's share of one worker's :class:`Occupancy`: a slot, and its prompt's pending prefill."""
 
-    __slots__ = ("_occ", "priority", "prompt_tokens", "_prefilling", "_held")
+    __slots__ = ("_occ", "priority", "prompt_tokens", "slots", "_prefilling", "_held")
 
-    def __init__(self, occ: Occupancy, priority: int, prompt_tokens: int) -> None:
+    def __init__(self, occ: Occupancy, priority: int, prompt_tokens: int, slots: int = 1) -> None:
         self._occ = occ
         self.priority = priority
         self.prompt_tokens = max(int(prompt_tokens), 1)  # a prompt is at least one token
+        self.slots = max(int(slots), 1)
         self._prefilling = True
         self._held = True
-        occ.inflight += 1
+        occ.inflight += self.slots
         if priority == P0:
             occ.p0_prefilling += 1
             occ.p0_prefill_tokens += self.prompt_tokens
         else:
-            occ.low_inflight += 1
+            occ.low_inflight += self.slots
             occ.low_prefill_tokens += self.prompt_tokens
 
     @property
@@ -95,9 +99,9 @@ class Hold:
             return False
         self.end_prefill()
         self._held = False
-        self._occ.inflight -= 1
+        self._occ.inflight -= self.slots
         if self.priority != P0:
-            self._occ.low_inflight -= 1
+            self._occ.low_inflight -= self.slots
         return True
 
 
@@ -129,6 +133,7 @@ class Lease:
     first_token_at: float | None = None  # when the gateway reported the first token (the scheduler's clock)
     batch_at_grant: int = 1  # leases its worker held once it was granted, itself included
     pending_prefill: int = 0  # prompt tokens ahead of it in its worker's prefill when it was granted
+    revoke: Callable[[str], None] | None = None  # tells its holder it was preempted (and why); None: cannot be
 
     @property
     def prefilling(self) -> bool:
@@ -137,24 +142,61 @@ class Lease:
 
 
 class LeaseBook:
-    """The leases held now, by request id, and every change to a worker's occupancy. ``on_change(worker)`` runs
-    after each change (the scheduler mirrors ``inflight`` into its per-worker gauge)."""
+    """The leases held now, by request id, every change to a worker's occupancy, and the slots each tenant holds
+    per class. ``on_change(worker)`` runs after each change (the scheduler mirrors ``inflight`` into its per-worker
+    gauge).
+
+    >>> from goodput_scheduler.placement import Decision, PlacementRequest
+    >>> from goodput_scheduler.registry import Worker
+    >>> book, w = LeaseBook(on_change=lambda w: None), Worker(worker_id="w", address="w", channel=None)
+    >>> grant = book.hold(Decision(worker=w, reason="", score=0.0), PlacementRequest("r", "a", P1, "", 5, 5, slots=3),
+    ...                   P1)
+    >>> w.inflight, book.held(P1)
+    (3, {'a': 3})
+    >>> book.undo(grant), w.inflight, book.held(P1)
+    (True, 0, {})
+    """
 
     def __init__(self, *, on_change: Callable[[Worker], None]) -> None:
         self.leases: dict[str, Lease] = {}
         self._changed = on_change
+        self._tenants: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self._owner: dict[Hold, tuple[int, str]] = {}  # each hold not yet freed: its class and tenant
+        self._weights: dict[int, dict[str, float]] = collections.defaultdict(dict)  # of tenants holding slots
+
+    def held(self, priority: int) -> dict[str, int]:
+        """Slots each tenant holds in a class (granted, not yet freed), tenants holding none left out."""
+        return dict(self._tenants[priority])
+
+    def weights(self, priority: int) -> dict[str, float]:
+        """The latest fair-share weight of each tenant holding slots in a class."""
+        return dict(self._weights[priority])
 
     def hold(self, decision: Decision, request: PlacementRequest, priority: int) -> Grant:
-        """A request was placed: its slot and prompt prefill count on the worker from now on."""
+        """A request was placed: its slots and prompt prefill count on the worker (and its tenant) from now on."""
         w = decision.worker
         pending = w.p0_prefill_tokens + w.low_prefill_tokens
-        hold = w.occupancy.hold(priority, prompt_tokens=request.prompt_tokens)
+        hold = w.occupancy.hold(priority, prompt_tokens=request.prompt_tokens, slots=request.slots)
+        self._tenants[priority][request.tenant] += hold.slots
+        self._owner[hold] = (priority, request.tenant)
+        self._weights[priority][request.tenant] = request.tenant_weight
         self._changed(w)
         return Grant(decision=decision, hold=hold, batch=w.inflight, pending_prefill=pending)
 
+    def _free(self, hold: Hold) -> bool:
+        if not hold.free():
+            return False
+        priority, tenant = self._owner.pop(hold)
+        tenants = self._tenants[priority]
+        tenants[tenant] -= hold.slots
+        if tenants[tenant] <= 0:
+            del tenants[tenant]
+            del self._weights[priority][tenant]
+        return True
+
     def undo(self, grant: Grant) -> bool:
-        """Nobody took the grant (the caller went away meanwhile): give its slot back."""
-        if not grant.hold.free():
+        """Nobody took the grant (the caller went away meanwhile): give its slots back."""
+        if not self._free(grant.hold):
             return False
         self._changed(grant.decision.worker)
         return True
@@ -175,7 +217,7 @@ class LeaseBook:
 
     def close(self, lease: Lease) -> bool:
         """The lease is released. Returns whether it was still held."""
-        if not lease.hold.free():
+        if not self._free(lease.hold):
             return False
         self.leases.pop(lease.request.request_id, None)
         self._changed(lease.worker)

@@ -7,6 +7,10 @@
 * A dispatcher grants the head of the most urgent non-empty class to the best worker with room (late binding:
   nothing is bound to a worker before one has room; :mod:`~goodput_scheduler.placement` decides which). Inside a
   class, tenants take turns and each tenant's requests go earliest deadline first.
+* The slots are shared out too (:mod:`~goodput_scheduler.fairshare`, no configuration): a tenant at its weighted
+  share of a class's slots gets no new one while another waits below its own, and one that waited too long gets a
+  lease of the tenant most over its share taken back before its first token (preempted; the gateway admits it
+  again). A request of ``n`` sequences holds ``n`` slots.
 * A request whose deadline (its own, or its class's queue timeout) passes while it waits is dropped before it
   reaches a worker: DeadlineExceeded.
 * The overload detector (:mod:`~goodput_scheduler.overload`) sheds P2 first, then P1; P0 is refused only when its
@@ -45,6 +49,7 @@ from goodput_core.priority import priority_name
 from goodput_scheduler.clock import Clock, SystemClock
 from goodput_scheduler.config import SchedulerSettings
 from goodput_scheduler.efficiency import IdleWhileQueued
+from goodput_scheduler.fairshare import PREEMPT_AFTER, Shares
 from goodput_scheduler.guard import LatencyGuard
 from goodput_scheduler.leasebook import Grant, Lease, LeaseBook
 from goodput_scheduler.metrics import SchedulerMetrics
@@ -312,25 +317,89 @@ class LeaseManager:
         workers = self.registry.all()
         for queue in self.queues:
             while len(queue):
-                ticket = queue.peek()
-                assert ticket is not None
+                ticket = self._head(queue)
+                if ticket is None:
+                    break
                 if ticket.done:  # cancelled while queued
-                    self._pop_head(queue)
+                    self._pop_head(queue, ticket)
                     continue
                 if ticket.deadline is not None and now >= ticket.deadline:
-                    self._pop_head(queue)
+                    self._pop_head(queue, ticket)
                     self._drop_expired(ticket)
                     continue
                 decision = self.pipeline.place(ticket.request, workers)
                 if decision is None:
                     return
-                self._pop_head(queue)
+                self._pop_head(queue, ticket)
                 self._grant(ticket, decision, now)
 
-    def _pop_head(self, queue: ClassQueue) -> None:
-        """Takes the head out of its queue (its tenant goes to the back of the turn)."""
-        ticket = queue.pop_head()
+    def shares(self, queue: ClassQueue, prio: int) -> Shares:
+        """The fair share of the slots in ``prio`` between the tenants holding slots in it or waiting in ``queue``."""
+        waiting = queue.waiting()
+        return Shares(slots=sum(w.lease_cap(self.settings.max_inflight_per_worker) for w in self.registry.healthy()),
+                      held=self.book.held(prio), weights={**self.book.weights(prio), **waiting},
+                      waiting=waiting.keys())
+
+    def _head(self, queue: ClassQueue) -> Ticket | None:
+        """The next request to grant: the head of the first tenant in turn not held back by its fair share (a tenant
+        at or above its share while another waits below its own). None only for an empty queue: a tenant below its
+        share is never held back."""
+        first = queue.peek()
+        if first is None or not queue.shares:
+            return first
+        shares = self.shares(queue, first.priority)
+        return next((t for t in queue.heads() if t.done or not shares.blocked(t.request.tenant)), None)
+
+    def _pop_head(self, queue: ClassQueue, ticket: Ticket) -> None:
+        """Takes a head out of its queue (its tenant goes to the back of the turn)."""
+        queue.pop_head(ticket)
         self.efficiency.left(ticket.priority, model=ticket.request.model)
+
+    # ---- preemption ------------------------------------------------------------------------------------------
+
+    def _make_room_for_waiting(self) -> None:
+        """Takes back a lease of the tenant most over its share, for each tenant below its share whose most urgent
+        request has waited :data:`~goodput_scheduler.fairshare.PREEMPT_AFTER` of its queue-wait budget (see
+        :mod:`~goodput_scheduler.fairshare`)."""
+        now = self.clock.now()
+        for queue in (q for q in self.queues if q.shares):
+            for head in list(queue.heads()):
+                own = head.queue_deadline - head.enqueued_at if head.queue_deadline is not None else 0.0
+                budget = min((b for b in (queue.timeout_s, own) if b > 0), default=0.0)  # 0: none (P2 by default)
+                if head.done or head.made_room or not budget or now - head.enqueued_at < PREEMPT_AFTER * budget:
+                    continue
+                shares = self.shares(queue, head.priority)
+                if not shares.under(head.request.tenant):
+                    continue
+                for over in shares.over():
+                    victim = self._youngest_prefilling(over, head)
+                    if victim is not None:
+                        head.made_room = True
+                        self._preempt(victim, f"tenant {head.request.tenant} (below its share of "
+                                              f"{priority_name(head.priority)}'s slots) waited "
+                                              f"{now - head.enqueued_at:.2f} s; tenant {over} held {shares.held[over]} "
+                                              f"slots, its share is {shares.share(over):.3g}")
+                        break
+
+    def _youngest_prefilling(self, tenant: str, head: Ticket) -> Lease | None:
+        """The tenant's latest lease of the class and model ``head`` waits for that has no first token yet."""
+        model = head.request.model
+        return max((lease for lease in self.book.leases.values()
+                    if lease.request.tenant == tenant and lease.priority == head.priority and lease.prefilling
+                    and lease.revoke is not None and (not model or lease.request.model == model)),
+                   key=lambda lease: lease.granted_at, default=None)
+
+    def _preempt(self, lease: Lease, reason: str) -> None:
+        """Takes a lease back before its first token: its slots are free at once, and its holder is told (the
+        gateway stops the worker call and admits the request again)."""
+        if not self.book.close(lease):
+            return
+        log.info("lease preempted", extra={"lease": lease.request.request_id, "reason": reason})
+        self.metrics.preemptions.labels(priority_name(lease.priority)).inc()
+        self.metrics.releases.labels("preempted").inc()
+        assert lease.revoke is not None
+        lease.revoke(reason)
+        self._dispatch()
 
     def _unqueue(self, ticket: Ticket) -> None:
         """Takes the ticket out of its queue, wherever it is; a no-op once it left."""
@@ -395,6 +464,7 @@ class LeaseManager:
             self._sweep()
             self.guard.maybe_adjust(self.clock.now())
             self._dispatch_pass()
+            self._make_room_for_waiting()
             self._update_overload()
             self._notify()
         self._update_overload()

@@ -36,6 +36,8 @@ class SchedulerMetrics:
         self.inflight = gauge("goodput_scheduler_inflight", "Leases held per worker.", ["worker"])
         self.placements = counter("goodput_scheduler_placements_total", "Placement decisions.", ["worker", "reason"])
         self.releases = counter("goodput_scheduler_releases_total", "Leases released, by outcome.", ["outcome"])
+        self.preemptions = counter("goodput_scheduler_preemptions_total", "Leases taken back before their first "
+                                   "token from a tenant over its fair share of the slots, by class.", ["priority"])
         self.attached = counter("goodput_scheduler_leases_attached_total", "Leases a previous leader granted that "
                                 "gateways brought to this one after a failover.")
         self.leader = gauge("goodput_scheduler_leader", "1 while this replica is the leader (admits and places).")

@@ -7,6 +7,8 @@ first token, released) through the :class:`~goodput_scheduler.leases.LeaseManage
 ``LeaseError`` event for that lease alone (the error's status, code and retry-after). ``cancel`` withdraws a lease
 (its caller went away). When the stream ends or breaks, every lease it still holds is released as ABANDONED and every
 queued one leaves its queue: capacity is never leaked. The open leases per stream are bounded (``MUX__MAX_LEASES``).
+A lease the manager preempts (:mod:`~goodput_scheduler.fairshare`) is a ``Preempted`` event: already released, the
+gateway admits its request again.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from goodput.scheduler.v1 import scheduler_pb2
 from opentelemetry import propagate, trace
@@ -32,6 +35,7 @@ __all__ = ["LeaseMux", "error_event"]
 
 log = logging.getLogger("goodput.scheduler.mux")
 _tracer = trace.get_tracer("goodput.scheduler")
+MAX_SEQUENCES = 128  # Admit.n: OpenAI's own limit on n
 
 Event = scheduler_pb2.LeaseMuxEvent
 
@@ -123,10 +127,12 @@ class LeaseMux:
                                                                   name=f"lease-{lease_id}")
 
     def _request(self, lease_id: str, a: scheduler_pb2.Admit) -> PlacementRequest:
+        if not 0 <= a.n <= MAX_SEQUENCES:
+            raise InvalidArgument(f"n must be between 0 and {MAX_SEQUENCES} (0 = 1)", param="n")
         return PlacementRequest(request_id=lease_id, tenant=a.tenant, priority=int(a.priority), model=a.model,
                                 prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
                                 prefix_hint=a.prefix_hint, session_id=a.session_id, fixed_output=a.fixed_output,
-                                tenant_weight=self._parse_weight(a.tenant_weight))
+                                tenant_weight=self._parse_weight(a.tenant_weight), slots=a.n or 1)
 
     def _attach(self, lease_id: str, a: scheduler_pb2.Attach) -> None:
         """A lease the previous leader granted, brought here after a failover (see LeaseManager.attach)."""
@@ -142,6 +148,7 @@ class LeaseMux:
                 self.emit(error_event(lease_id, err))
                 return
         self._open[lease_id] = _Open(lease=lease, tenant=a.admit.tenant)
+        lease.revoke = partial(self._preempted, lease_id)
         self.emit(Event(lease_id=lease_id, granted=self.leases.granted(lease)))
 
     async def _wait(self, lease_id: str, entry: _Open, ticket: Ticket) -> None:
@@ -164,10 +171,16 @@ class LeaseMux:
 
     def _granted(self, lease_id: str, entry: _Open, lease: Lease) -> None:
         entry.lease = lease
+        lease.revoke = partial(self._preempted, lease_id)
         if entry.span is not None:
             entry.span.set_attribute("goodput.worker", lease.worker.worker_id)
         _end(entry)
         self.emit(Event(lease_id=lease_id, granted=self.leases.granted(lease)))
+
+    def _preempted(self, lease_id: str, reason: str) -> None:
+        """The manager took the lease back (already released there): the gateway admits the request again."""
+        if self._open.pop(lease_id, None) is not None:
+            self.emit(Event(lease_id=lease_id, preempted=scheduler_pb2.Preempted(reason=reason)))
 
     def _finish(self, lease_id: str, entry: _Open, outcome: int, *, ttft_s: float = 0.0, prompt_tokens: int = 0,
                 completion_tokens: int = 0, emit: bool = True) -> None:

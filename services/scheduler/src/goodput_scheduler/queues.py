@@ -89,6 +89,7 @@ class Ticket:
     queue: ClassQueue | None = None
     claimed: bool = False  # the grant became a Lease (or was undone)
     queue_deadline: float | None = None  # the end of its queue-wait budget (Admit.max_queue_wait_s)
+    made_room: bool = False  # a lease was preempted to make room for it (one per waiting request)
 
     @property
     def done(self) -> bool:
@@ -146,10 +147,21 @@ class ClassQueue:
             return heap[0][1]
         return None
 
-    def pop_head(self) -> Ticket:
-        tenant, heap = next(iter(self._tenants.items()))
+    def heads(self) -> Iterator[Ticket]:
+        """Each tenant's most urgent request, in the tenants' turn order (the first is :meth:`peek`)."""
+        for heap in self._tenants.values():
+            yield heap[0][1]
+
+    def waiting(self) -> dict[str, float]:
+        """The tenants waiting here, with the latest weight each sent."""
+        return dict(self._weights)
+
+    def pop_head(self, t: Ticket | None = None) -> Ticket:
+        """Takes out the head of the tenant whose turn it is, or ``t``, one of :meth:`heads`: its tenant goes to the
+        back of the turn."""
+        tenant = self._tenant(t.request) if t is not None else next(iter(self._tenants))
+        heap = self._tenants.pop(tenant)
         _, t = heapq.heappop(heap)
-        del self._tenants[tenant]
         if heap:
             self._tenants[tenant] = heap  # to the back: the next tenant goes first next time
         else:

@@ -110,12 +110,13 @@ FALLBACK_KEY = "serves_class.fallback"
 
 
 class HasCapacity:
-    """Room for one more lease: fewer than ``cap * share`` leases held, where ``cap`` is the worker's lease cap
-    (``max_inflight`` when set, else the batch size its engine reports: :meth:`Worker.lease_cap`), ``share``
-    (from ``shares`` by priority, 1.0 when absent) keeps headroom for more urgent classes, fewer P1/P2 leases
-    than ``low_limit()`` (the latency guard's current limit), and a KV cache below ``kv_full``. Leases are counted
-    by the scheduler itself, so they are never stale. On a worker whose model pool serves no more urgent class than
-    the request's, no headroom is kept, and the guard (which protects P0) applies only where the pool serves P0."""
+    """Room for one more lease of ``n`` sequences: at most ``cap * share`` slots held with it, where ``cap`` is the
+    worker's lease cap (``max_inflight`` when set, else the batch size its engine reports: :meth:`Worker.lease_cap`),
+    ``share`` (from ``shares`` by priority, 1.0 when absent) keeps headroom for more urgent classes, fewer P1/P2
+    leases than ``low_limit()`` (the latency guard's current limit), and a KV cache below ``kv_full``. Leases are
+    counted by the scheduler itself, so they are never stale. On a worker whose model pool serves no more urgent class
+    than the request's, no headroom is kept, and the guard (which protects P0) applies only where the pool serves
+    P0."""
 
     name = "has_capacity"
 
@@ -134,7 +135,9 @@ class HasCapacity:
         # serves no more urgent class (a batch pool) gives P2 every slot
         urgent = any(pool_serves(w, c) for c in _MORE_URGENT.get(req.priority, ()))
         limit = w.lease_cap(self.max_inflight) * (self.shares.get(req.priority, 1.0) if urgent else 1.0)
-        if w.inflight >= max(limit, 1.0) or (w.inflight > 0 and w.load.kv_cache_usage >= self.kv_full):
+        # a request of n sequences needs n slots free; one larger than the whole limit runs alone on an empty worker
+        if w.inflight + (req.slots - 1 if w.inflight else 0) >= max(limit, 1.0) \
+                or (w.inflight > 0 and w.load.kv_cache_usage >= self.kv_full):
             return False
         return (self.low_limit is None or req.priority == P0 or not pool_serves(w, P0)
                 or w.low_inflight < self.low_limit())

@@ -55,6 +55,7 @@ class PlacementRequest:
     session_id: str = ""
     tenant_weight: float = 1.0  # the tenant's weight in each bounded class queue's fair share (> 0)
     fixed_output: bool = False  # the answer runs to max_tokens (ignore_eos): its expected output is max_tokens
+    slots: int = 1  # sequences it runs (OpenAI's n): the lease slots it holds on its worker and in its tenant's share
 
 
 class CycleState:

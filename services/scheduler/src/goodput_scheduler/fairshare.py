@@ -1,0 +1,68 @@
+"""Fair share of the slots, with no configuration: each active tenant of a class (holding slots in it or waiting in
+its queue) is entitled to ``slots * w_t / sum(w)`` of the fleet's slots, where ``slots`` is the lease cap of every
+placeable worker summed and ``w`` the weights the tenants sent (``Admit.tenant_weight``). A request of ``n``
+sequences holds ``n`` slots.
+
+Two rules follow, applied by the :class:`~goodput_scheduler.leases.LeaseManager`:
+
+* **No new slot over the share while another waits below its own** (:meth:`Shares.blocked`): the dispatcher skips a
+  tenant at or above its share while a tenant below its share waits in the same queue (a tenant alone takes every
+  slot: nothing is held back for tenants that do not come).
+* **Room is made for a tenant that waited too long below its share**: once its most urgent request has waited
+  :data:`PREEMPT_AFTER` of its queue-wait budget, the youngest lease (for the same model) of the tenant most over its
+  share that has one without a first token yet is taken back (preempted: the gateway stops its worker call and
+  admits it again, so it is never lost and its caller never sees it). One lease per waiting request. Work past its
+  first token is never preempted: vLLM cannot pause one chosen request and resume it later (its own preemption, by
+  recomputation, happens only under KV-cache pressure and picks by its priority order), so an answer already
+  streaming runs to its end.
+
+Quotas (the gateway's) stay the operator's hard limits on top of this.
+
+Example: 8 slots, tenant ``a`` holds all of them and ``b`` (weight 1 as well) waits:
+
+    >>> s = Shares(slots=8, held={"a": 8}, weights={"a": 1.0, "b": 1.0}, waiting={"a", "b"})
+    >>> s.share("a"), s.under("b"), s.blocked("a"), s.blocked("b")
+    (4.0, True, True, False)
+    >>> s.over()
+    ['a']
+    >>> Shares(slots=8, held={"a": 8}, weights={"a": 1.0}, waiting={"a"}).blocked("a")   # alone: not held back
+    False
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+
+__all__ = ["PREEMPT_AFTER", "Shares"]
+
+# A request below its share waits at most 1% of its queue-wait budget (0.3 s of P0's 30 s) behind over-share work
+# before a lease is taken back for it: ordinary turnover usually frees a slot sooner, and what a preemption before the
+# first token costs is one prompt's prefill, far less than a budget missed.
+PREEMPT_AFTER = 0.01
+
+
+@dataclass(frozen=True)
+class Shares:
+    """One class's slots shared out between its active tenants (see the module)."""
+
+    slots: int  # the fleet's slots (placeable workers' lease caps summed)
+    held: Mapping[str, int]  # slots each tenant holds in the class
+    weights: Mapping[str, float]  # of every active tenant (holding or waiting): the latest weight it sent
+    waiting: Set[str]  # tenants with requests in the class's queue
+
+    def share(self, tenant: str) -> float:
+        total = sum(self.weights.values())
+        return self.slots * self.weights.get(tenant, 1.0) / total if total > 0 else float(self.slots)
+
+    def under(self, tenant: str) -> bool:
+        return self.held.get(tenant, 0) < self.share(tenant)
+
+    def blocked(self, tenant: str) -> bool:
+        """At or above its share while another tenant waits below its own: no new slot for it now."""
+        return not self.under(tenant) and any(u != tenant and self.under(u) for u in self.waiting)
+
+    def over(self) -> list[str]:
+        """The tenants above their share, furthest above first."""
+        excess = {t: n - self.share(t) for t, n in self.held.items() if n > self.share(t)}
+        return sorted(excess, key=excess.__getitem__, reverse=True)

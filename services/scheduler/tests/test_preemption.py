@@ -1,0 +1,128 @@
+"""Fair share of the slots with no limits configured (goodput_scheduler.fairshare): a tenant at its share gets no new
+slot while another waits below its own, and one that waited too long gets a slot taken back from the tenant most
+over its share, before that lease's first token; a request of n sequences counts as n slots. Leases over gRPC, as
+the gateway takes them."""
+
+from __future__ import annotations
+
+from goodput.common.v1 import types_pb2
+from goodput.scheduler.v1 import scheduler_pb2
+
+from goodput_scheduler.fairshare import PREEMPT_AFTER
+
+from .conftest import SchedulerHarness, Stream, scheduler_settings
+
+P0 = types_pb2.PRIORITY_P0
+P0_TIMEOUT_S = 30.0  # P0's queue timeout (its default): the budget the preemption bound is a fraction of
+
+
+def admit(lease_id: str, tenant: str, **fields: object) -> scheduler_pb2.LeaseMuxRequest:
+    return scheduler_pb2.LeaseMuxRequest(lease_id=lease_id, timeout_s=60, admit=scheduler_pb2.Admit(
+        request_id=lease_id, tenant=tenant, priority=P0, prompt_tokens_estimate=10, max_tokens=10,
+        **fields))  # type: ignore[arg-type]
+
+
+def first_token(lease_id: str) -> scheduler_pb2.LeaseMuxRequest:
+    return scheduler_pb2.LeaseMuxRequest(lease_id=lease_id, first_token=scheduler_pb2.FirstToken(ttft_s=0.05))
+
+
+def release(lease_id: str) -> scheduler_pb2.LeaseMuxRequest:
+    return scheduler_pb2.LeaseMuxRequest(lease_id=lease_id, release=scheduler_pb2.Release(
+        outcome=scheduler_pb2.OUTCOME_OK))
+
+
+async def granted(stream: Stream, *lease_ids: str) -> None:
+    """The next grants on ``stream`` are those of ``lease_ids`` (in any order)."""
+    seen = {(await stream.next("granted")).lease_id for _ in lease_ids}
+    assert seen == set(lease_ids)
+
+
+async def test_a_tenant_at_its_share_gets_no_new_slot_while_another_waits(workers) -> None:
+    (w,) = await workers(1)
+    async with SchedulerHarness(scheduler_settings([w.address], max_inflight_per_worker=2)) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        a, b = Stream(h), Stream(h)
+        a.send(admit("a1", "a"), admit("a2", "a"), first_token("a1"))
+        await granted(a, "a1", "a2")
+        a.send(admit("a3", "a"))  # queued first
+        assert (await a.next()).HasField("queued")
+        b.send(admit("b1", "b"))
+        assert (await b.next()).HasField("queued")
+        a.send(release("a1"))  # a (2 of 2 slots, its share is 1) does not get the slot back: b waits below its share
+        await granted(b, "b1")
+        assert h.leases.queued(P0) == 1 and h.leases.book.held(P0) == {"a": 1, "b": 1}
+        b.send(release("b1"))  # nobody waits below its share any more: a takes the slot
+        await granted(a, "a3")
+        for s in (a, b):
+            s.close()
+
+
+async def test_a_tenant_waiting_too_long_below_its_share_gets_a_slot_taken_back(workers) -> None:
+    (w,) = await workers(1)
+    async with SchedulerHarness(scheduler_settings([w.address], max_inflight_per_worker=3)) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        a, b = Stream(h), Stream(h)
+        a.send(admit("a1", "a"), first_token("a1"))
+        await granted(a, "a1")
+        await h.clock.advance(0.01)
+        a.send(admit("a2", "a"))  # both still without a first token: a3 is the youngest
+        await granted(a, "a2")
+        await h.clock.advance(0.01)
+        a.send(admit("a3", "a"))
+        await granted(a, "a3")
+        b.send(admit("b1", "b"))
+        assert (await b.next()).HasField("queued")
+        await h.clock.advance(PREEMPT_AFTER * P0_TIMEOUT_S / 2)
+        assert h.metric("goodput_scheduler_preemptions_total", {"priority": "P0"}) == 0
+        await h.clock.advance(PREEMPT_AFTER * P0_TIMEOUT_S)
+        event = await a.next()
+        assert event.lease_id == "a3" and event.HasField("preempted")
+        assert "tenant b" in event.preempted.reason
+        await granted(b, "b1")
+        assert h.metric("goodput_scheduler_preemptions_total", {"priority": "P0"}) == 1
+        assert h.metric("goodput_scheduler_releases_total", {"outcome": "preempted"}) == 1
+        # a's gateway admits it again: it waits (a holds 2 of 3 slots, at its share of 1.5) and finishes later
+        a.send(admit("a3-again", "a"), first_token("a3"), release("a3"))  # a late report on the old lease: ignored
+        assert (await a.next()).HasField("queued")
+        b.send(release("b1"))
+        await granted(a, "a3-again")
+        assert h.leases.book.held(P0) == {"a": 3}
+        for s in (a, b):
+            s.close()
+
+
+async def test_work_past_its_first_token_is_never_preempted(workers) -> None:
+    (w,) = await workers(1)
+    async with SchedulerHarness(scheduler_settings([w.address], max_inflight_per_worker=2)) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        a, b = Stream(h), Stream(h)
+        a.send(admit("a1", "a"), admit("a2", "a"), first_token("a1"), first_token("a2"))
+        await granted(a, "a1", "a2")
+        b.send(admit("b1", "b"))
+        assert (await b.next()).HasField("queued")
+        await h.clock.advance(PREEMPT_AFTER * P0_TIMEOUT_S * 10)
+        assert h.metric("goodput_scheduler_preemptions_total", {"priority": "P0"}) == 0
+        a.send(release("a1"))  # a slot frees by turnover: b's
+        await granted(b, "b1")
+        for s in (a, b):
+            s.close()
+
+
+async def test_n_sequences_hold_n_slots(workers) -> None:
+    (w,) = await workers(1)
+    async with SchedulerHarness(scheduler_settings([w.address], max_inflight_per_worker=4)) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        s = Stream(h)
+        s.send(admit("n3", "a", n=3))
+        await granted(s, "n3")
+        assert h.workers.all()[0].inflight == 3 and h.leases.book.held(P0) == {"a": 3}
+        s.send(admit("n2", "a", n=2))  # 3 + 2 > 4: it waits
+        assert (await s.next()).HasField("queued")
+        s.send(admit("n1", "b", n=1))  # 3 + 1 fits, and a (3 slots, share 2) is held back while b waits
+        await granted(s, "n1")
+        s.send(release("n3"))
+        await granted(s, "n2")
+        assert h.workers.all()[0].inflight == 3 and h.leases.book.held(P0) == {"a": 2, "b": 1}
+        s.send(admit("huge", "a", n=129))
+        assert (await s.next("error")).error.param == "n"
+        s.close()
