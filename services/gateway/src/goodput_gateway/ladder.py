@@ -21,10 +21,9 @@ for the class. The class's ladder moves on what is left, so it climbs only when 
 class (most tenants missing: fleet-wide overload) or cannot be told apart from it (a tenant alone in the
 interval, requests of no tenant). A tenant's ladder comes back down, as the class's does, when its own share falls
 below ``lower_at``; while misses are the class's, it holds. A request takes the higher of its class's and its
-tenant's steps (and shed share). Memory: one
-entry per tenant on a ladder of its own (tenants come from the keys file) and one count per tenant heard from in
-the current interval; a tenant back at the bottom is dropped, and so is one not heard from for
-``_IDLE_INTERVALS`` intervals (it is judged afresh when it comes back).
+tenant's steps (and shed share). Memory: one entry per tenant on a ladder of its own (tenants come from the keys
+file) and one count per tenant heard from in the current interval; a tenant back at the bottom is dropped, and so
+is one not heard from for ``_IDLE_INTERVALS`` intervals (it is judged afresh when it comes back).
 
     >>> from goodput_gateway.profile import LatencyProfile
     >>> now = [0.0]
