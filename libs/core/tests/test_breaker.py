@@ -225,6 +225,26 @@ async def test_one_tenants_own_failures_do_not_open_it_for_everyone() -> None:
     assert breaker.state is BreakerState.OPEN
 
 
+async def test_a_breaker_one_tenant_opened_alone_is_not_kept_open_by_its_probes() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker("retriever", failure_threshold=2, clock=clock)
+    with request_context(tenant="a"):
+        await fail(breaker, 2)  # nobody else calls: a's failures count, and open it
+        assert breaker.state is BreakerState.OPEN
+        clock.advance(5.0)
+        await fail(breaker, 3)  # a's probes fail: nothing new, the slot is freed each time, no backoff
+    assert breaker.state is BreakerState.HALF_OPEN
+    with request_context(tenant="b"):
+        await succeed(breaker)  # b's probe decides
+    assert breaker.state is BreakerState.CLOSED
+    with request_context(tenant="a"):
+        await fail(breaker, 2)
+    clock.advance(5.0)
+    with request_context(tenant="b"):
+        await fail(breaker)  # b's probe fails: the dependency's failure, reopened with backoff
+    assert breaker.state is BreakerState.OPEN and breaker.retry_after_s() == pytest.approx(10.0)
+
+
 async def test_failures_of_no_tenant_always_count() -> None:
     breaker = CircuitBreaker("scheduler", failure_threshold=2, clock=FakeClock())
     with request_context(tenant="b"):

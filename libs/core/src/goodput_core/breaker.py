@@ -24,7 +24,8 @@ Whose failure: a call runs for a tenant (:data:`~goodput_core.context.tenant_id_
 failure while the latest call of another tenant succeeded (since the last state change) is that tenant's own, not
 the dependency's: its own input, its own short deadline or budget. It counts as neither, so one tenant's failing
 calls cannot open the breaker for all; once another tenant's call fails too, failures count again. Calls of no
-tenant always count. Everything runs on the event loop's
+tenant always count. A breaker opened by the failures of one tenant alone (nobody else called) is not reopened by
+that tenant's failed probes (they free the slot): another tenant's probe decides. Everything runs on the event loop's
 thread without awaiting, so no lock is needed. The state moves from ``open`` to ``half_open`` when it is next read
 (a call, :attr:`CircuitBreaker.state`) after the reset timeout, not on a timer.
 
@@ -225,6 +226,8 @@ class CircuitBreaker:
         # The latest outcome of the two tenants heard from last (newest first, distinct): the latest call of a tenant
         # other than any given one is the first entry of another tenant.
         self._recent: list[tuple[str, bool]] = []
+        self._failing: set[str | None] = set()  # the tenants of the failures counted since the last state change
+        self._blamed: str | None = None  # the one tenant whose failures opened it, if they were one tenant's
         if metrics is not None:
             metrics.add(name)
 
@@ -304,6 +307,8 @@ class CircuitBreaker:
                 self.metrics.tenant_failures.labels(self.name).inc()
             return
         if self._state is BreakerState.HALF_OPEN:
+            if not success and permit.tenant is not None and permit.tenant == self._blamed:
+                return  # the tenant that alone opened it fails again: nothing new of the dependency
             if not success:
                 self._failed_probes += 1
                 self._transition(BreakerState.OPEN, "probe failed")
@@ -321,6 +326,7 @@ class CircuitBreaker:
         else:
             self._failures_in_window += 1
             self._consecutive_failures += 1
+            self._failing.add(permit.tenant)
         calls = len(self._outcomes)
         if self._consecutive_failures >= self.settings.failure_threshold:
             self._transition(BreakerState.OPEN, f"{self._consecutive_failures} failures in a row")
@@ -348,6 +354,8 @@ class CircuitBreaker:
         self._probe_successes = 0
         extra: dict[str, Any] = {"dependency": self.name, "from": before.value, "to": to.value, "reason": reason}
         if to is BreakerState.OPEN:
+            self._blamed = next(iter(self._failing)) if before is BreakerState.CLOSED and len(self._failing) == 1 \
+                else None
             timeout = self._reset_timeout_s()
             self._open_until = self._clock() + timeout
             extra["retry_after_s"] = round(timeout, 3)
@@ -356,6 +364,7 @@ class CircuitBreaker:
         self._failures_in_window = 0
         self._consecutive_failures = 0
         self._recent.clear()
+        self._failing.clear()
         if to is BreakerState.CLOSED:
             self._failed_probes = 0
         if self.metrics is not None:
