@@ -21,6 +21,7 @@ from goodput_testing import async_wait_until, dead_port
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.resume import Frame, StreamBuffer, StreamGone, parse_last_event_id, sse_events
+from goodput_gateway.storage import StorageQuota
 
 from .helpers import FakeClock
 
@@ -396,3 +397,37 @@ def test_last_event_id_is_checked() -> None:
             parse_last_event_id(bad)
     with pytest.raises(InvalidArgument):
         parse_last_event_id("req-1:3", stream_id="req-2")
+
+
+async def test_a_tenant_past_its_resume_quota_is_recorded_on_its_replica_only(redis_url: str,
+                                                                             redis_prefix: str) -> None:
+    """resume_streams (goodput_gateway.storage) bounds a tenant's recordings in Redis: past it, a stream is still
+    served and resumable on its own replica, never written to the shared store; another tenant's are; an ended
+    stream holds its place only for the window."""
+    settings = GatewaySettings(resume={"window_s": 30, "prefix": redis_prefix, "flush_s": 0.01},
+                               quotas={"prefix": redis_prefix})
+    quota = StorageQuota(resume_streams=1)
+    a, b = (StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), quota_of=lambda tenant: quota, **TIMING)
+            for _ in range(2))
+    for tenant, sid in (("acme", "req-q1"), ("acme", "req-q2"), ("globex", "req-q3")):  # one after the other
+        source = Source()
+        client = a.stream(source.events(), api="sse", tenant=tenant, stream_id=sid, closer=source.closer)
+        source.send(*frames(2), None)
+        assert len(await take(client)) == 2
+        if sid != "req-q2":
+            await stored(a, "sse", tenant, sid)
+    assert [f.seq for f in await take(await b.resume(api="sse", tenant="acme", stream_id="req-q1", after=0))] == [1]
+    assert not await a.redis.exists(a.key("sse", "acme", "req-q2"))  # type: ignore[union-attr]
+    with pytest.raises(NotFound):
+        await b.resume(api="sse", tenant="acme", stream_id="req-q2", after=-1)
+    assert len(await take(await a.resume(api="sse", tenant="acme", stream_id="req-q2", after=-1))) == 2
+    assert a.ledger is not None
+    await async_wait_until(lambda: _held_until(a, "acme"), timeout=5, message="the ended stream's hold not moved")
+    await close(a, b)
+
+
+async def _held_until(buffer: StreamBuffer, tenant: str) -> bool:
+    """True once the tenant's one held recording expires within the window (its end moved its hold)."""
+    assert buffer.redis is not None and buffer.ledger is not None
+    held = await buffer.redis.zrange(buffer.ledger._keys(tenant, "resume")[0], 0, -1, withscores=True)  # noqa: SLF001
+    return len(held) == 1 and held[0][1] <= time.time() + buffer.window_s + 1

@@ -139,7 +139,8 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
     service = GatewayService(settings, keys=keys, pipeline=pipeline, metrics=metrics, knowledge=knowledge,
                              cache=cache, jobs=jobs, quotas=quotas, meter=meter,
                              timing_metrics=timing,
-                             feedback=FeedbackStore(settings, redis=state_redis, metrics=timing, ledger=ledger),
+                             feedback=FeedbackStore(settings, redis=state_redis, metrics=timing, ledger=ledger,
+                                                    quota_of=keys.storage_of),
                              ladder=Ladder(settings.latency_profile, metrics=LadderMetrics(registry, labels),
                                            enabled=settings.ladder.enabled, interval_s=settings.ladder.interval_s,
                                            raise_at=settings.ladder.raise_at, lower_at=settings.ladder.lower_at),
@@ -148,7 +149,8 @@ def compose(settings: GatewaySettings, registry: CollectorRegistry, provider: Tr
     stream_redis = None
     if settings.resume.redis_url and settings.resume.redis_url not in (quota_url, settings.redis_url):
         stream_redis = aioredis.Redis.from_url(settings.resume.redis_url, socket_timeout=2, socket_connect_timeout=2)
-    streams = StreamBuffer(settings, redis=stream_redis or state_redis, registry=registry)
+    streams = StreamBuffer(settings, redis=stream_redis or state_redis, registry=registry, ledger=ledger,
+                           quota_of=keys.storage_of)
     return Wiring(service, channels, ResponseStore(settings, redis=state_redis, ledger=ledger), usage_redis, streams,
                   stream_redis, data_redis)
 

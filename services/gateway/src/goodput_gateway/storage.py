@@ -12,8 +12,8 @@ three keys on the quota Redis, under one hash tag so that Redis Cluster keeps th
 
 One Lua script checks and reserves (or releases) atomically, so two gateway replicas cannot both take the last
 place. It first forgets what has expired (at most :data:`REAP` entries a call, more than any call adds), so space
-comes back without a delete and without keyspace notifications. A reservation of an id already held changes
-nothing (a retried write is not counted twice).
+comes back without a delete and without keyspace notifications. A reservation of an id already held only moves
+its expiry (a retried write is not counted twice; a stream that ended holds its place only while it is kept).
 
 The ledger sits on the quota Redis, apart from the stores' data: a tenant that fills the data Redis cannot touch
 the quota counters, and the ledger refuses it long before that. Without Redis the ledger is this process's (right
@@ -107,7 +107,11 @@ if ARGV[2] == 'release' then
 end
 local count = redis.call('ZCARD', KEYS[1]) - redis.call('ZCOUNT', KEYS[1], '-inf', now)
 local total = tonumber(redis.call('GET', KEYS[3]) or '0')
-if (ARGV[2] ~= 'reserve' and ARGV[2] ~= 'check') or redis.call('ZSCORE', KEYS[1], ARGV[3]) then
+if ARGV[2] == 'reserve' and redis.call('ZSCORE', KEYS[1], ARGV[3]) then
+  redis.call('ZADD', KEYS[1], 'XX', ARGV[5], ARGV[3])
+  return {1, count, total, 0}
+end
+if ARGV[2] ~= 'reserve' and ARGV[2] ~= 'check' then
   return {1, count, total, 0}
 end
 local amount, max_count, max_amount = tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -175,7 +179,10 @@ class _Local:
         if op == "release":
             entries.pop(object_id, None)
         count, total = len(entries), sum(a for _, a in entries.values())
-        if op not in ("reserve", "check") or object_id in entries:
+        if op == "reserve" and object_id in entries:
+            entries[object_id] = (expires_at, entries[object_id][1])
+            return 1, count, total, 0
+        if op not in ("reserve", "check"):
             return 1, count, total, 0
         if (max_count and count + 1 > max_count) or (max_amount and total + amount > max_amount):
             return 0, count, total, min(until for until, _ in entries.values()) if entries else 0

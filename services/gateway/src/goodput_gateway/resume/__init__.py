@@ -32,7 +32,9 @@ elsewhere (so the producer does not cut the generation under it). Without Redis 
 finished ones for the window (bounded by ``RESUME__LOCAL_MAX_BYTES``): resumes must reach the same replica.
 
 Bounds: ``RESUME__MAX_EVENTS`` and ``RESUME__MAX_BYTES`` per stream (the oldest events are dropped past them), kept
-``RESUME__WINDOW_S`` after the stream ended.
+``RESUME__WINDOW_S`` after the stream ended. Per tenant, ``resume_streams`` in the keys file (goodput_gateway.storage)
+bounds its recordings in Redis (running, and ended ones for the window): past it a stream is recorded on its own
+replica only (a resume elsewhere is 404), and the client is served as ever.
 
 Example (in a coroutine; ``source`` yields an API's wire events, ``generation`` is what it streams)::
 

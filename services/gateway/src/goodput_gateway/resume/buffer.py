@@ -13,7 +13,14 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
-from goodput_core.errors import GoodputError, Internal, InvalidArgument, Unavailable, Unimplemented
+from goodput_core.errors import (
+    GoodputError,
+    Internal,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    Unimplemented,
+)
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.resume.frames import (
@@ -29,6 +36,7 @@ from goodput_gateway.resume.frames import (
 )
 from goodput_gateway.resume.recording import Recording, ResumeMetrics
 from goodput_gateway.resume.shared import RedisStreams
+from goodput_gateway.storage import DEFAULT_STORAGE, AsyncStorageLedger, StorageQuota, storage_prefix
 
 __all__ = ["StreamBuffer"]
 
@@ -40,9 +48,13 @@ class StreamBuffer:
     def __init__(self, settings: GatewaySettings, *, redis: aioredis.Redis | None,
                  registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.monotonic,
                  heartbeat_s: float = 1.0, live_ttl_s: float = 10.0, block_s: float = 0.5,
-                 close_wait_s: float = 5.0) -> None:
+                 close_wait_s: float = 5.0, ledger: AsyncStorageLedger | None = None,
+                 quota_of: Callable[[str], StorageQuota] = lambda tenant: DEFAULT_STORAGE) -> None:
         self.settings = settings
         self.redis = redis  # the shared store's; None = this process only
+        # a shared recording's place in its tenant's resume_streams quota (goodput_gateway.storage)
+        self.ledger = ledger or (AsyncStorageLedger(redis, prefix=storage_prefix(settings)) if redis else None)
+        self.quota_of = quota_of
         self.window_s = settings.resume.window_s
         self.heartbeat_s = heartbeat_s  # the producer's heartbeat, a follower's mark, the abandonment check
         self.live_ttl_s = live_ttl_s  # a producer not heard of for this long is gone (its replica died)
@@ -77,7 +89,8 @@ class StreamBuffer:
         however it ended; the stream's errors reach every follower after its last event."""
         key = self.key(api, tenant, stream_id)
         rec = Recording(key, stream_id, max_events=self.settings.resume.max_events,
-                         max_bytes=self.settings.resume.max_bytes, shared=self.shared is not None, now=self.clock())
+                         max_bytes=self.settings.resume.max_bytes, shared=self.shared is not None, now=self.clock(),
+                         tenant=tenant)
         rec.source, rec.closer = source, closer
         self.by_key[key] = rec  # stream ids are unique (request and response ids)
         self._finished.pop(key, None)
@@ -86,13 +99,34 @@ class StreamBuffer:
             self._flusher = asyncio.get_running_loop().create_task(self._run(), name="stream flusher")
         return self._follow_local(rec, -1)
 
+    async def _admit(self, rec: Recording) -> None:
+        """A shared recording takes its place in the tenant's quota (until the longest it may run, plus the window;
+        shortened when it ends); without one it is recorded in this process only (a resume must reach it here)."""
+        assert self.ledger is not None
+        try:
+            await self.ledger.reserve(rec.tenant, "resume", rec.key, quota=self.quota_of(rec.tenant),
+                                      expires_at=time.time() + self.settings.request_timeout_s + self.window_s)
+        except ResourceExhausted as err:
+            rec.shared = False
+            log.warning("a stream is recorded on this replica only", extra={"stream": rec.stream_id,
+                                                                             "why": err.message})
+        except GoodputError as err:  # the ledger unreachable: the stream's own bounds and window still hold
+            self.metrics.errors.labels("quota").inc()
+            log.warning("a stream's place in its tenant's quota is not counted", extra={"stream": rec.stream_id,
+                                                                                         "why": err.message})
+
     async def _produce(self, rec: Recording) -> None:
         assert rec.source is not None
         end = End("done")
+        # decided while the first event is awaited, before anything is written to the shared store
+        admission = asyncio.ensure_future(self._admit(rec)) if rec.shared and self.ledger is not None else None
         try:
             async for data in rec.source:
                 if rec.add(data):
                     self.metrics.overflows.inc()
+                if admission is not None:
+                    await admission
+                    admission = None
                 if rec.shared:
                     self.dirty.add(rec)
                     self._kick.set()
@@ -107,6 +141,9 @@ class StreamBuffer:
             log.exception("a recorded stream failed", extra={"stream": rec.stream_id})
             end = End.of(Internal(f"the stream failed ({type(err).__name__})"))
         finally:
+            if admission is not None:
+                with contextlib.suppress(BaseException):
+                    await admission
             await self._close_source(rec)
             self._finish(rec, end)
 

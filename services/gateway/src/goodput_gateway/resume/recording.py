@@ -42,9 +42,11 @@ class ResumeMetrics:
 class Recording:
     """One stream's events as produced, the newest within the bounds, and who follows them in this process."""
 
-    def __init__(self, key: str, stream_id: str, *, max_events: int, max_bytes: int, shared: bool, now: float) -> None:
+    def __init__(self, key: str, stream_id: str, *, max_events: int, max_bytes: int, shared: bool, now: float,
+                 tenant: str = "") -> None:
         self.key = key
         self.stream_id = stream_id
+        self.tenant = tenant  # whose storage quota its place in the shared store counts against
         self._max_events = max_events
         self._max_bytes = max_bytes
         self.frames: deque[bytes] = deque()

@@ -11,11 +11,12 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
-from goodput_core.errors import Unavailable
+from goodput_core.errors import GoodputError, Unavailable
 
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.resume.frames import UNKNOWN_AFTER_S, End, Frame, abandoned, dropped, log, not_found, seq_of
 from goodput_gateway.resume.recording import Recording, ResumeMetrics
+from goodput_gateway.storage import DEFAULT_STORAGE, AsyncStorageLedger
 
 
 class Buffer(Protocol):
@@ -30,6 +31,7 @@ class Buffer(Protocol):
     clock: Callable[[], float]
     dirty: set[Recording]
     by_key: dict[str, Recording]
+    ledger: AsyncStorageLedger | None
 
     def idle_too_long(self, rec: Recording, now: float) -> bool: ...
 
@@ -160,6 +162,7 @@ class RedisStreams:
             for rec, batch, *_ in plans:
                 self.retry(rec, batch)
             raise
+        ended = []
         for rec, batch, start, stop, first, ending, check in plans:
             failed = [r for r in results[start:stop] if isinstance(r, Exception)
                       and "equal or smaller" not in str(r)]  # an XADD already applied by a turn that failed late
@@ -173,10 +176,24 @@ class RedisStreams:
             self.buffer.metrics.stored.inc(sum(len(d) for _, d in batch))
             if ending:
                 rec.end_stored = True
+                ended.append(rec)
                 if self.buffer.by_key.get(rec.key) is rec:
                     del self.buffer.by_key[rec.key]
             elif check is not None and not results[check]:
                 self.buffer.abandon(rec)
+        await self.release(ended)
+
+    async def release(self, ended: list[Recording]) -> None:
+        """Ended streams hold their place in their tenants' quotas only until their events expire (one round trip
+        for all of them)."""
+        if not ended or self.buffer.ledger is None:
+            return
+        until = time.time() + self.buffer.window_s
+        try:
+            await self.buffer.ledger.reserve_many([(r.tenant, "resume", r.key, until, DEFAULT_STORAGE) for r in ended])
+        except GoodputError as err:  # they keep their places until the longest a stream may run
+            self.buffer.metrics.errors.labels("quota").inc()
+            log.warning("ended streams keep their places in the quota longer", extra={"error": err.message})
 
     def retry(self, rec: Recording, batch: list[tuple[int, bytes]]) -> None:
         rec.pending = [p for p in batch + rec.pending if p[0] >= rec.first]
