@@ -97,10 +97,10 @@ class Accounting:
         self.meter.record(principal.tenant, model, usage, outcome=outcome)
 
     async def admit(self, principal: Principal, *, what: str, tokens: int, timeout_s: float) -> Admission:
-        """The caller's quotas admit ``tokens`` estimated input tokens for ``what`` (a model, or embeddings...);
-        a refusal is metered and raised (a 429 with the limits)."""
+        """The caller's quotas admit and reserve ``tokens`` (the most the call may use) for ``what`` (a model, or
+        embeddings...); a refusal is metered and raised (a 429 with the limits)."""
         try:
-            return await self.quotas.admit(principal, prompt_tokens=tokens, timeout_s=timeout_s)
+            return await self.quotas.admit(principal, tokens=tokens, timeout_s=timeout_s)
         except RateLimited:
             self.meter.record(principal.tenant, what, Usage(refused=1))
             raise

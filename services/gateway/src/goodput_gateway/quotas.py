@@ -1,35 +1,39 @@
 """Per-tenant and per-key limits, enforced the same by every gateway replica because their counters live in Redis.
 
-Each request is admitted against the limits of its tenant and of its key (:class:`~goodput_gateway.auth.Quota`),
-before anything is spent on it, and settled when it ends:
+Each request is admitted against the limits of its tenant and of its key (:class:`~goodput_gateway.auth.Quota`)
+before anything is spent on it, by one atomic step over every limit of both (:mod:`goodput_gateway.quota_counters`:
+one script on Redis), and settled when it ends. Admission **reserves** what the request may use: its prompt
+(estimated) and ``max_tokens`` for each of its ``n`` answers; the settle corrects the reservation to what the worker
+reports (its real prompt tokens and the completion tokens generated, nothing for a cache hit) and gives back the
+concurrency place.
 
-* **requests per minute**: the ``limits`` library's moving window (a Lua script on Redis): exact over any 60 s, so
-  a tenant allowed N sending 3N through any number of replicas gets exactly N;
-  With ``quota_quantum_s`` set, the same limit is also enforced pro rata over that many seconds (as OpenAI
-  quantises its limits), so a tenant cannot spend a whole minute's requests in one burst that floods the fleet;
-* **tokens per minute**: ``limits``' fixed window of 60 s. The prompt's estimated tokens are counted at admission
-  (a request that would pass the limit is refused and its count given back); at the end the count is corrected to
-  what the worker reports: its real prompt tokens plus the completion tokens generated, so a stream that ends early
-  counts only what it produced, and a cache hit counts nothing (no inference was spent on it);
-* **concurrent requests**: a sorted set per scope (an atomic script, all scopes at once; Redis's own clock), each
-  member expiring with its request's deadline so a replica that dies leaks nothing for long;
-* **monthly tokens**: a counter per calendar month (UTC) and scope; at or over the budget every request is refused
-  with ``insufficient_quota`` (the hard stop) until the month ends. Requests in flight finish, so the budget can be
-  passed by what they were already generating. The share used is exported for the soft threshold's alert.
+* **requests per minute** and **tokens per minute**: sliding-window counters (constant cost per admission), the
+  whole reservation counted in the tokens; with ``quota_quantum_s`` set, requests are also limited pro rata over that
+  many seconds (as OpenAI quantises its limits), so a minute's requests cannot all arrive in one burst;
+* **concurrent requests**: a sorted set per scope, each member expiring with its request's deadline so a replica
+  that dies leaks nothing for long;
+* **monthly tokens**: a counter per calendar month (UTC) and scope, holding what was used and what is reserved by the
+  requests in flight. While it is under the budget a request is admitted and its reservation counted; at or over it
+  every request is refused with ``insufficient_quota`` (the hard stop) until the month ends. So the month's metered
+  tokens pass the budget by at most **one reservation** (the last admitted while under it), whatever the number of
+  requests or replicas, plus any error of the prompt's estimate. The share used is exported for the soft alert.
 
-Refusals are :class:`RateLimited` (429 ``rate_limit_exceeded``) or :class:`QuotaExhausted` (429
-``insufficient_quota``), with ``Retry-After`` and OpenAI's ``x-ratelimit-*`` values, which every admitted response
-carries too (REST headers, gRPC metadata).
+A refused scope is turned away here, without Redis: until its retry time when requests per minute refused it, for
+a second when tokens or the budget did (a request ending may give back part of its reservation). Refusals are
+:class:`RateLimited` (429 ``rate_limit_exceeded``) or :class:`QuotaExhausted` (429 ``insufficient_quota``), with
+``Retry-After`` and OpenAI's ``x-ratelimit-*`` values, which every admitted response carries too (REST headers,
+gRPC metadata).
 
 When Redis cannot be reached (or answers slower than ``quota_timeout_s``), quotas **fail open with a local bound**:
 for ``quota_retry_s`` each replica enforces ``quota_fail_open_share`` of every rate and concurrency limit with
-in-process counters (``limits``' memory storage), budgets are not checked, and every such decision is counted in
-``goodput_quota_fail_open_total``. Without a Redis URL at all, the local counters are the quotas (one replica only).
+in-process counters, and each month's use starts from what Redis last said of it, so a budget Redis said was spent
+stays spent; every such decision is counted in ``goodput_quota_fail_open_total``. Without a Redis URL at all, the
+local counters are the quotas (one replica only).
 
 Example (no Redis: the local counters)::
 
     quotas = Quotas(settings, redis_url="", registry=registry)
-    admission = await quotas.admit(principal, prompt_tokens=120, timeout_s=300)
+    admission = await quotas.admit(principal, tokens=120 + 2 * 256, timeout_s=300)  # prompt + n * max_tokens
     ...  # the request runs; admission.headers go on its response
     admission.settle(prompt_tokens=118, completion_tokens=40, inference=True)
 """
@@ -47,8 +51,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from limits.aio.storage import MemoryStorage, RedisStorage
-from limits.errors import StorageError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.exceptions import RedisError
 
@@ -56,7 +58,7 @@ from goodput_core.errors import ResourceExhausted
 
 from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.quota_counters import Backend, Scope, scopes_of
+from goodput_gateway.quota_counters import Counters, MemoryCounters, Reading, RedisCounters, Scope, scopes_of
 from goodput_gateway.tenants import TenantLabels
 
 __all__ = ["Admission", "QuotaExhausted", "Quotas", "RateLimited", "format_reset", "month_of"]
@@ -64,7 +66,11 @@ __all__ = ["Admission", "QuotaExhausted", "Quotas", "RateLimited", "format_reset
 log = logging.getLogger("goodput.gateway.quotas")
 T = TypeVar("T")
 
-_REDIS_DOWN = (RedisError, StorageError, OSError, asyncio.TimeoutError, ConnectionError)
+# How long a refusal that a settle could undo (tokens, budget) turns its scope away here: it bounds a refused
+# tenant's flood to one Redis step per second per replica, and a given-back reservation is seen a second later.
+_TURN_AWAY_S = 1.0
+_TURNS_AWAY = ("budget", "rpm", "rpq", "tpm")  # the refusals remembered (not concurrency: a place frees any time)
+_REDIS_DOWN = (RedisError, OSError, asyncio.TimeoutError, ConnectionError)
 
 
 def format_reset(seconds: float) -> str:
@@ -109,50 +115,36 @@ class QuotaExhausted(RateLimited):
         super().__init__(message, headers=headers, retry_after_s=retry_after_s, code="insufficient_quota")
 
 
-@dataclass
-class _Window:
-    """What one scope's rate limits showed at admission (for the x-ratelimit headers)."""
-
-    limit: int
-    remaining: int
-    reset_s: float
-
-
-async def _rpm_window(backend: Backend, scope: Scope) -> _Window:
-    item = backend.rpm_item(scope)
-    stats = await backend.moving.get_window_stats(item, *scope.id())
-    return _Window(item.amount, stats.remaining, stats.reset_time - time.time())
-
-
-async def _tpm_window(backend: Backend, scope: Scope) -> _Window:
-    item = backend.tpm_item(scope)
-    stats = await backend.fixed.get_window_stats(item, *scope.id())
-    return _Window(item.amount, stats.remaining, stats.reset_time - time.time() if stats.reset_time else 60.0)
-
-
-def _headers(requests: list[_Window], tokens: list[_Window]) -> dict[str, str]:
-    """OpenAI's six x-ratelimit headers, from the tightest scope of each kind (none of a kind without a limit)."""
+def _headers(reading: Reading, cost: int) -> dict[str, str]:
+    """OpenAI's six x-ratelimit headers, from the tightest scope of each kind (none of a kind without a limit); an
+    admitted request counted in them."""
     out: dict[str, str] = {}
-    for kind, windows in (("requests", requests), ("tokens", tokens)):
+    counted = reading.refused is None
+    for kind, name in (("requests", "rpm"), ("tokens", "tpm")):
+        windows = [w[name].after((1 if name == "rpm" else cost) if counted else 0)
+                   for w in reading.windows if name in w]
         if not windows:
             continue
-        w = min(windows, key=lambda w: (w.remaining, -w.reset_s))
+        w = min(windows, key=lambda w: w.remaining())
         out[f"x-ratelimit-limit-{kind}"] = str(w.limit)
-        out[f"x-ratelimit-remaining-{kind}"] = str(max(w.remaining, 0))
-        out[f"x-ratelimit-reset-{kind}"] = format_reset(max(w.reset_s, 0.0))
+        out[f"x-ratelimit-remaining-{kind}"] = str(w.remaining())
+        out[f"x-ratelimit-reset-{kind}"] = format_reset(w.wait_s(0))
     return out
 
 
 @dataclass
 class Admission:
-    """A request admitted against its quotas. :meth:`settle` (always, once) corrects its token count, counts it in
-    the month and gives back its concurrency place, off the response path."""
+    """A request admitted against its quotas, with ``reserved`` tokens counted in its month and its tokens per
+    minute. :meth:`settle` (always, once) corrects the reservation to what was really used, and gives back its
+    concurrency place, off the response path."""
 
     quotas: Quotas
     scopes: list[Scope]
-    backend: Backend
+    counters: Counters
     member: str
-    estimate: int
+    reserved: int
+    month: str = ""
+    window_index: int = 0
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
     used: int | None = None  # the tokens a call that is not a generation really used (set by the caller)
@@ -166,18 +158,15 @@ class Admission:
 
     async def _settle(self, used: int) -> None:
         try:
-            await self.quotas.guarded(self.backend.release(self.scopes, self.member))
-            for s in self.scopes:
-                if s.quota.tpm and used != self.estimate:
-                    await self.quotas.guarded(self.backend.add_tokens(s, used - self.estimate))
-            month, _ = month_of()
-            totals = await self.quotas.guarded(self.backend.add_month(self.scopes, month, used))
-            for s, total in zip(self.scopes, totals, strict=False):
-                self.quotas.observe_budget(s, total)
+            months = await self.quotas.guarded(self.counters.settle(
+                self.scopes, member=self.member, month=self.month, window_index=self.window_index,
+                correction=used - self.reserved))
+            for s, month_used in zip(self.scopes, months, strict=True):
+                self.quotas.observe_budget(s, month_used)
         except _REDIS_DOWN as err:
-            # The in-flight member expires with its deadline; the tokens of this request are not in the counters.
+            # The in-flight member expires with its deadline; the reservation stands in place of the real use.
             self.quotas.metrics.fail_open.labels("settle").inc()
-            log.warning("quota settle failed; counters miss this request", extra={"error": str(err)})
+            log.warning("quota settle failed; the reservation stands for this request", extra={"error": str(err)})
 
 
 class QuotaMetrics:
@@ -198,29 +187,31 @@ class Quotas:
                  labels: TenantLabels | None = None) -> None:
         self.settings = settings
         self.metrics = QuotaMetrics(registry, labels or TenantLabels(settings.metrics_tenants))
-        prefix = settings.quotas.prefix
-        self.local = Backend(MemoryStorage(), redis=None, prefix=prefix)
-        self.fallback = Backend(MemoryStorage(), redis=None, prefix=prefix, share=settings.quotas.fail_open_share)
-        self.remote: Backend | None = None
+        self.local = MemoryCounters()
+        self.fallback = MemoryCounters()
+        self.remote: RedisCounters | None = None
         self._redis: aioredis.Redis | None = None
         if redis_url:
             timeout = settings.quotas.timeout_s
             self._redis = aioredis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
-            storage = RedisStorage(f"async+{redis_url}", implementation="redispy", key_prefix=f"{prefix}:limits",
-                                   wrap_exceptions=True, socket_timeout=timeout, socket_connect_timeout=timeout)
-            self.remote = Backend(storage, redis=self._redis, prefix=prefix)
+            self.remote = RedisCounters(self._redis, settings.quotas.prefix)
         self._down_until = 0.0
         self._background: set[asyncio.Task[None]] = set()
+        # refusals that hold until a known time, answered here without Redis: (scope, limit) -> (until, error)
+        self._turned_away: dict[tuple[Scope, str], tuple[float, RateLimited, int]] = {}
 
     @property
     def shared(self) -> bool:
         """Whether the counters are shared by every replica (Redis configured)."""
         return self.remote is not None
 
-    def _backend(self) -> Backend:
+    def _counters(self) -> tuple[Counters, float]:
+        """The counters to use now and the share of each rate and concurrency limit they enforce."""
         if self.remote is None:
-            return self.local
-        return self.fallback if time.monotonic() < self._down_until else self.remote
+            return self.local, 1.0
+        if time.monotonic() < self._down_until:
+            return self.fallback, self.settings.quotas.fail_open_share
+        return self.remote, 1.0
 
     async def guarded(self, step: Awaitable[T]) -> T:
         return await asyncio.wait_for(step, timeout=self.settings.quotas.timeout_s)
@@ -249,105 +240,102 @@ class Quotas:
         self.metrics.refused.labels(self.metrics.labels(principal.tenant), limit).inc()
         return err
 
-    async def admit(self, principal: Principal, *, prompt_tokens: int, timeout_s: float) -> Admission:
-        """Admits a request of ``prompt_tokens`` (estimated) against the principal's limits, or raises
-        RateLimited / QuotaExhausted. ``timeout_s`` bounds how long its concurrency place is held if it is never
-        settled (its deadline)."""
+    def _still_turned_away(self, principal: Principal, scopes: list[Scope], tokens: int) -> None:
+        """Raises the refusal a scope got earlier when it still holds (until its retry time; a tokens-per-minute
+        refusal only for a request at least as large), without asking the counters."""
+        now = time.monotonic()
+        for key in ((s, limit) for s in scopes for limit in _TURNS_AWAY):
+            if (held := self._turned_away.get(key)) is None:
+                continue
+            until, err, cost = held
+            if until <= now:
+                del self._turned_away[key]
+            elif tokens >= cost:
+                cls = QuotaExhausted if isinstance(err, QuotaExhausted) else RateLimited
+                raise self._refuse(principal, "rpm" if key[1] == "rpq" else key[1],
+                                   cls(err.message, headers=err.headers, retry_after_s=until - now))
+
+    async def admit(self, principal: Principal, *, tokens: int, timeout_s: float) -> Admission:
+        """Admits a request that may use ``tokens`` (its prompt and every answer's max_tokens) against the
+        principal's limits, reserving them, or raises RateLimited / QuotaExhausted. ``timeout_s`` bounds how long
+        its concurrency place is held if it is never settled (its deadline)."""
         scopes = scopes_of(principal)
-        backend = self._backend()
+        counters, share = self._counters()
         member = secrets.token_hex(8)
         if not scopes:
-            return Admission(self, scopes, backend, member, prompt_tokens)
+            return Admission(self, scopes, counters, member, tokens)
+        self._still_turned_away(principal, scopes, tokens)
+        for s in scopes:
+            if s.quota.tpm and tokens > s.quota.tpm:
+                raise self._refuse(principal, "tpm", RateLimited(
+                    f"this request may use {tokens} tokens (its prompt and max_tokens for every answer), more than "
+                    f"{s.describe()}'s limit of {s.quota.tpm} tokens per minute; lower max_tokens or n",
+                    headers={}, retry_after_s=60.0))
+        month, month_left = month_of()
         try:
-            return await self._admit(backend, principal, scopes, member, prompt_tokens, timeout_s)
+            reading = await self._count(counters, scopes, member, tokens, timeout_s, month, share)
         except _REDIS_DOWN as err:
-            if backend is not self.remote:
+            if counters is not self.remote:
                 raise
             self._down_until = time.monotonic() + self.settings.quotas.retry_s
             self.metrics.fail_open.labels("admit").inc()
-            # a step that timed out may still have taken a concurrency place in Redis: given back when Redis answers
-            self.spawn(self._forget(backend, scopes, member))
+            # a script that timed out may still have counted the request in Redis: its place is given back when
+            # Redis answers (the reservation stays, which only errs on the side of the budget)
+            self.spawn(self._forget(scopes, member, month))
             log.warning("quota store unreachable: enforcing the local bound", extra={"error": repr(err)})
-            return await self._admit(self.fallback, principal, scopes, member, prompt_tokens, timeout_s)
+            counters, share = self.fallback, self.settings.quotas.fail_open_share
+            reading = await self._count(counters, scopes, member, tokens, timeout_s, month, share)
+        if reading.refused is None:
+            return Admission(self, scopes, counters, member, tokens, month=month,
+                             window_index=reading.window_index, headers=_headers(reading, tokens))
+        raise self._refused(principal, scopes, reading, tokens, month, month_left)
 
-    async def _forget(self, backend: Backend, scopes: list[Scope], member: str) -> None:
-        with contextlib.suppress(*_REDIS_DOWN):  # else it expires with the request's deadline
-            await asyncio.wait_for(backend.release(scopes, member), timeout=self.settings.quotas.retry_s)
-
-    @staticmethod
-    async def _windows(backend: Backend, scopes: list[Scope]) -> tuple[list[_Window], list[_Window]]:
-        """Each scope's request and token windows as they stand, without counting anything in them."""
-        return ([await _rpm_window(backend, s) for s in scopes if s.quota.rpm],
-                [await _tpm_window(backend, s) for s in scopes if s.quota.tpm])
-
-    async def _admit(self, backend: Backend, principal: Principal, scopes: list[Scope], member: str,
-                     prompt_tokens: int, timeout_s: float) -> Admission:
-        if backend is self.fallback:
+    async def _count(self, counters: Counters, scopes: list[Scope], member: str, tokens: int, timeout_s: float,
+                     month: str, share: float) -> Reading:
+        if counters is self.fallback:
             self.metrics.fail_open.labels("local_bound").inc()
-        guarded = self.guarded
-        month, month_left = month_of()
+        reading = await self.guarded(counters.admit(scopes, member=member, cost=tokens, ttl_s=timeout_s + 30.0,
+                                                    month=month, quantum_s=self.settings.quotas.quantum_s,
+                                                    share=share))
+        for s, used in zip(scopes, reading.month_used, strict=True):
+            self.observe_budget(s, used + (tokens if reading.refused is None else 0))
+            # what Redis last said of the month holds while it is down: a spent budget stays spent
+            self.fallback.floor(s, month, used + (tokens if reading.refused is None else 0))
+        return reading
 
-        # the hard stop: a spent monthly budget refuses everything until the month ends
-        budgeted = [s for s in scopes if s.quota.monthly_tokens]
-        if budgeted:
-            for s, used in zip(budgeted, await guarded(backend.month_used(budgeted, month)), strict=True):
-                self.observe_budget(s, used)
-                if used >= s.quota.monthly_tokens:
-                    raise self._refuse(principal, "budget", QuotaExhausted(
-                        f"{s.describe()} has used its monthly budget of {s.quota.monthly_tokens} tokens "
-                        f"({used} in {month}); it resets at the start of next month (UTC)",
-                        headers=_headers(*await guarded(self._windows(backend, scopes))), retry_after_s=month_left))
+    async def _forget(self, scopes: list[Scope], member: str, month: str) -> None:
+        assert self.remote is not None
+        with contextlib.suppress(*_REDIS_DOWN):  # else it expires with the request's deadline
+            await asyncio.wait_for(self.remote.settle(scopes, member=member, month=month, window_index=0,
+                                                      correction=0), timeout=self.settings.quotas.retry_s)
 
-        # concurrency: a place in every scope at once, or none (the refusal shows the rate windows, uncounted)
-        full = await guarded(backend.acquire(scopes, member, timeout_s + 30.0))
-        if full is not None:
-            raise self._refuse(principal, "concurrent", RateLimited(
-                f"{full.describe()} already has {full.quota.max_concurrent} requests in flight "
-                f"(its max_concurrent); retry when one finishes",
-                headers=_headers(*await guarded(self._windows(backend, scopes))), retry_after_s=1.0))
-        try:
-            requests: list[_Window] = []
-            tokens: list[_Window] = []
-            # requests per minute (moving window)
-            for s in [s for s in scopes if s.quota.rpm]:
-                item = backend.rpm_item(s)
-                if self.settings.quotas.quantum_s:  # quantised: a share of the minute's requests per quantum
-                    quantum = backend.quantum_item(s, self.settings.quotas.quantum_s)
-                    if not await guarded(backend.moving.hit(quantum, *s.id())):
-                        requests.append(await guarded(_rpm_window(backend, s)))
-                        q_stats = await guarded(backend.moving.get_window_stats(quantum, *s.id()))
-                        raise self._refuse(principal, "rpm", RateLimited(
-                            f"{s.describe()} is over its limit of {item.amount} requests per minute, enforced as "
-                            f"{quantum.amount} per {quantum.multiples} s", headers=_headers(requests, tokens),
-                            retry_after_s=max(q_stats.reset_time - time.time(), 0.05)))
-                ok = await guarded(backend.moving.hit(item, *s.id()))
-                requests.append(await guarded(_rpm_window(backend, s)))
-                if not ok:
-                    raise self._refuse(principal, "rpm", RateLimited(
-                        f"{s.describe()} is over its limit of {item.amount} requests per minute",
-                        headers=_headers(requests, tokens), retry_after_s=max(requests[-1].reset_s, 0.05)))
-            # tokens per minute (fixed window): the prompt now, corrected at the end
-            counted: list[Scope] = []
-            for s in [s for s in scopes if s.quota.tpm]:
-                item = backend.tpm_item(s)
-                if prompt_tokens > item.amount:
-                    raise self._refuse(principal, "tpm", RateLimited(
-                        f"this request's {prompt_tokens} prompt tokens are more than {s.describe()}'s limit of "
-                        f"{item.amount} tokens per minute", headers=_headers(requests, tokens), retry_after_s=60.0))
-                ok = await guarded(backend.fixed.hit(item, *s.id(), cost=prompt_tokens))
-                if ok:
-                    counted.append(s)
-                else:  # the window counted the refused prompt too: given back before its stats are read
-                    await guarded(backend.add_tokens(s, -prompt_tokens))
-                tokens.append(await guarded(_tpm_window(backend, s)))
-                if not ok:
-                    for other in counted:
-                        await guarded(backend.add_tokens(other, -prompt_tokens))
-                    raise self._refuse(principal, "tpm", RateLimited(
-                        f"{s.describe()} is over its limit of {item.amount} tokens per minute "
-                        f"(this request: {prompt_tokens} prompt tokens)",
-                        headers=_headers(requests, tokens), retry_after_s=max(tokens[-1].reset_s, 0.05)))
-        except BaseException:
-            await backend.release(scopes, member)
-            raise
-        return Admission(self, scopes, backend, member, prompt_tokens, headers=_headers(requests, tokens))
+    def _refused(self, principal: Principal, scopes: list[Scope], reading: Reading, tokens: int, month: str,
+                 month_left: float) -> RateLimited:
+        """The refusal for the limit ``reading`` names, remembered until its retry time where that is known."""
+        s, limit = reading.scope, reading.refused
+        assert s is not None and limit is not None
+        i = scopes.index(s)
+        headers = _headers(reading, tokens)
+        err: RateLimited
+        if limit == "budget":
+            err = QuotaExhausted(
+                f"{s.describe()} has used its monthly budget of {s.quota.monthly_tokens} tokens "
+                f"({reading.month_used[i]} in {month}, the requests in flight counted at their max_tokens); it "
+                f"resets at the start of next month (UTC)", headers=headers, retry_after_s=month_left)
+        elif limit == "concurrent":
+            return self._refuse(principal, limit, RateLimited(
+                f"{s.describe()} already has {s.quota.max_concurrent} requests in flight (its max_concurrent); "
+                f"retry when one finishes", headers=headers, retry_after_s=1.0))
+        else:
+            w = reading.windows[i][limit]
+            retry = max(w.wait_s(w.limit - (tokens if limit == "tpm" else 1)), 0.05)
+            what = {"rpm": f"its limit of {s.quota.rpm} requests per minute",
+                    "rpq": f"its limit of {s.quota.rpm} requests per minute, enforced as {w.limit} per "
+                           f"{self.settings.quotas.quantum_s} s",
+                    "tpm": f"its limit of {s.quota.tpm} tokens per minute (this request may use {tokens})"}[limit]
+            err = RateLimited(f"{s.describe()} is over {what}", headers=headers, retry_after_s=retry)
+        assert err.retry_after_s is not None
+        # a settle may give back reserved tokens, so a token or budget refusal is remembered for a second only
+        hold = err.retry_after_s if limit in ("rpm", "rpq") else min(err.retry_after_s, _TURN_AWAY_S)
+        self._turned_away[(s, limit)] = (time.monotonic() + hold, err, tokens if limit == "tpm" else 0)
+        return self._refuse(principal, "rpm" if limit == "rpq" else limit, err)

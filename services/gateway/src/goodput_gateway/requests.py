@@ -215,11 +215,13 @@ class Cost:
     prompt_tokens: int  # estimated (the worker counts them exactly)
     max_tokens: int
     fixed_output: bool = False  # the answer runs to max_tokens (ignore_eos): its output is known at admission
+    n: int = 1  # answers (sequences) generated
 
     @property
-    def known_tokens(self) -> int:
-        """Tokens known to be used at admission: the prompt's, and the output's when it runs to max_tokens."""
-        return self.prompt_tokens + (self.max_tokens if self.fixed_output else 0)
+    def reservation(self) -> int:
+        """The most the request may use, which its quotas reserve at admission: the prompt and every answer's
+        max_tokens."""
+        return self.prompt_tokens + self.max_tokens * self.n
 
 
 def resolve_cost(req: GenerationRequest, settings: GatewaySettings, *,
@@ -241,4 +243,4 @@ def resolve_cost(req: GenerationRequest, settings: GatewaySettings, *,
         raise InvalidArgument(f"'min_tokens' ({sampling.min_tokens}) must be at most max_tokens "
                               f"({sampling.max_tokens}, the default here)", param="min_tokens", code="invalid_value")
     return replace(req, sampling=sampling), Cost(prompt_tokens=prompt_tokens, max_tokens=sampling.max_tokens,
-                                                 fixed_output=sampling.fixed_length)
+                                                 fixed_output=sampling.fixed_length, n=sampling.n)

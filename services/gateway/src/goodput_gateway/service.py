@@ -234,8 +234,8 @@ class GatewayService:
     async def _admit(self, req: _Request) -> Admission:
         started = time.monotonic()
         _, estimate = resolve_cost(req.request, self.settings, max_model_len=req.served.max_model_len)
-        # an answer that runs to max_tokens (ignore_eos) is counted whole at admission: its size is known
-        admission = await self.accounting.admit(req.principal, what=req.served.id, tokens=estimate.known_tokens,
+        # the most it may use is reserved (prompt + n * max_tokens), and corrected when it ends
+        admission = await self.accounting.admit(req.principal, what=req.served.id, tokens=estimate.reservation,
                                                 timeout_s=req.deadline.deadline - req.timeline.arrived)
         self.metrics.stage.labels("quota").observe(time.monotonic() - started)
         req.timeline.mark("quota")
