@@ -97,7 +97,8 @@ class FeedbackSettings(SettingsGroup):
     ttl_s: float = Field(86_400.0, gt=0, description="How long an answer takes feedback (POST "
                                                      "/v1/feedback) after it was given.")
     max_local: int = Field(100_000, ge=1, description="Answers remembered for feedback in this process "
-                                                      "when there is no Redis (QUOTA_REDIS_URL/REDIS_URL).")
+                                                      "(all of them when there is no Redis: REDIS_URL, else "
+                                                      "QUOTA_REDIS_URL).")
     prefix: str = Field("goodput:feedback", description="Prefix of the feedback store's Redis keys.")
     flush_s: float = Field(0.05, gt=0, le=5, description="How often the answers kept for feedback are "
                            "written to Redis, together in one pipeline (not one write per answer); this "
@@ -164,8 +165,8 @@ class JobSettings(SettingsGroup):
 class ResponsesSettings(SettingsGroup):
     """Stored Responses API responses (goodput_gateway.responses)."""
 
-    prefix: str = Field("goodput:responses", description="Prefix of stored responses' Redis keys (the "
-                                                         "quota Redis, shared by every replica).")
+    prefix: str = Field("goodput:responses", description="Prefix of stored responses' Redis keys (REDIS_URL, "
+                                                         "else QUOTA_REDIS_URL; shared by every replica).")
     ttl_s: float = Field(30 * 86_400.0, gt=0, description="How long a stored response (and so its "
                                                           "previous_response_id continuation) is kept.")
     local_max: int = Field(10_000, ge=1, description="Without Redis: most responses kept in this process.")
@@ -190,7 +191,7 @@ class ResumeSettings(SettingsGroup):
                            "once): a reconnect on another replica lags the stream by about this much.")
     redis_url: str = Field("", description="Stream resume: Redis of the event buffers, shared by every "
                            "replica (short-lived, rewritten at token rate: an instance without persistence "
-                           "suits it); empty = QUOTA_REDIS_URL, else REDIS_URL; all empty = this process "
+                           "suits it); empty = REDIS_URL, else QUOTA_REDIS_URL; all empty = this process "
                            "only (a resume must reach the same replica).")
     prefix: str = Field("goodput:streams", description="Stream resume: prefix of the event buffers' Redis "
                         "keys.")
@@ -213,9 +214,11 @@ class GatewaySettings(ServiceSettings):
     api_keys_reload_s: float = Field(2.0, ge=0, description="How often the keys file is checked for changes and "
                                                             "re-read (a rotated key stops working); 0 = never.")
     # ---- tenants: quotas (goodput_gateway.quotas) and metering (goodput_gateway.metering) ----
-    quota_redis_url: str = Field("", description="Redis of the per-tenant limits, budgets and usage, shared by "
-                                                 "every replica; empty = redis_url; both empty = counters in this "
-                                                 "process (right for one replica only).")
+    quota_redis_url: str = Field("", description="Redis of the per-tenant limits, budgets, usage and storage "
+                                                 "ledger (goodput_gateway.storage), shared by every replica; give it "
+                                                 "an instance apart from redis_url's, so that no store can fill it; "
+                                                 "empty = redis_url; both empty = counters in this process (right "
+                                                 "for one replica only).")
     metrics_tenants: str = Field("", description="Tenants with a label of their own in the per-tenant metrics, "
                                                  "comma-separated; \"*\" = all (few tenants only); others are "
                                                  "\"other\".")
@@ -267,8 +270,10 @@ class GatewaySettings(ServiceSettings):
     cache_timeout_s: float = Field(0.25, gt=0, description="Longest a cache lookup may take; slower is served "
                                                            "uncached (fail-open).")
     # ---- deferred batch work (goodput_gateway.jobs) ----
-    redis_url: str = Field("", description="Redis for deferred jobs (store and Celery broker); empty = jobs off: "
-                                           "shed P2 requests get their 429 and are not parked.")
+    redis_url: str = Field("", description="Redis of the data tenants store: deferred jobs (store and Celery "
+                                           "broker), files, batches, stored responses, answers kept for feedback, "
+                                           "stream-resume recordings; empty = jobs off (shed P2 requests get "
+                                           "their 429 and are not parked), the rest on QUOTA_REDIS_URL.")
     # ---- stream resume (goodput_gateway.resume) ----
 
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
