@@ -7,7 +7,9 @@ message (``goodput_core.batching``), so under load an admit waits for at most on
 of it. Events come back, batched the same way by the scheduler, through one reader task that hands each to its lease
 by ``lease_id``. A lease is admit, then ``granted`` (or a ``LeaseError``, turned back into the
 :class:`~goodput_core.errors.GoodputError` it stands for), first token, release. A caller that goes away while it
-waits sends ``cancel``.
+waits sends ``cancel``. A granted lease may be ``preempted`` before its first token (the scheduler made room for a
+tenant below its fair share): it is released there, and :meth:`LeaseStream.preempted` tells its holder, which
+admits the request again.
 
 **Failover.** The scheduler runs active-passive (``goodput_scheduler.leader``); the channel reaches the replica that
 leads. When the stream breaks (the leader died, stepped down or restarted), the scheduler side has given back
@@ -68,7 +70,8 @@ class _Broken(Exception):
 class _Stream:
     """One open ``LeaseBatches`` call: its outgoing queue, its reader, the leases waiting for a grant or a release."""
 
-    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub, on_broken: Callable[[_Stream], None]) -> None:
+    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub, on_broken: Callable[[_Stream], None],
+                 on_preempted: Callable[[str, str], None]) -> None:
         self.out: asyncio.Queue[object] = asyncio.Queue()
         self.waiting: dict[str, asyncio.Future[scheduler_pb2.LeaseMuxEvent]] = {}  # admits awaiting their answer
         self.releasing: dict[str, asyncio.Future[None]] = {}  # releases awaiting the scheduler's `released`
@@ -77,6 +80,7 @@ class _Stream:
         self.broken: GoodputError | None = None
         self.answered = False  # a scheduler answered on it (so its end is a failover, not an absent scheduler)
         self._on_broken = on_broken
+        self._on_preempted = on_preempted
         self.reader = asyncio.get_running_loop().create_task(self._read(), name="lease-stream-reader")
 
     async def _requests(self) -> AsyncIterator[scheduler_pb2.LeaseMuxBatch]:
@@ -112,6 +116,9 @@ class _Stream:
             queued = self.on_queued.pop(event.lease_id, None)
             if queued is not None:
                 queued()
+            return
+        if kind == "preempted":
+            self._on_preempted(event.lease_id, event.preempted.reason)
             return
         if kind == "released":
             done = self.releasing.pop(event.lease_id, None)
@@ -153,6 +160,7 @@ class _Held:
     admit: scheduler_pb2.Admit
     worker_id: str
     first_token_seen: bool = False
+    preempted: asyncio.Future[str] | None = None  # set (to the reason) when the scheduler takes the lease back
 
 
 class LeaseStream:
@@ -172,8 +180,21 @@ class LeaseStream:
     def _open(self) -> _Stream:
         stream = self._stream
         if stream is None or stream.broken is not None or stream.call.done():
-            stream = self._stream = _Stream(self._stub, self._broken)
+            stream = self._stream = _Stream(self._stub, self._broken, self._preempted)
         return stream
+
+    def _preempted(self, lease_id: str, reason: str) -> None:
+        """The scheduler took a lease back before its first token (it is released there): whoever holds it is told,
+        through :meth:`preempted`, and admits the request again."""
+        held = self._held.pop(lease_id, None)
+        log.info("lease preempted", extra={"lease": lease_id, "reason": reason})
+        if held is not None and held.preempted is not None and not held.preempted.done():
+            held.preempted.set_result(reason)
+
+    def preempted(self, lease_id: str) -> asyncio.Future[str] | None:
+        """Done (with the scheduler's reason) once the held lease ``lease_id`` is preempted; None when not held."""
+        held = self._held.get(lease_id)
+        return held.preempted if held is not None else None
 
     def _broken(self, stream: _Stream) -> None:
         """A stream broke: the leases it held are attached to a new one (in the background, while no replica leads
@@ -261,7 +282,8 @@ class LeaseStream:
             raise from_status(getattr(grpc.StatusCode, e.status, grpc.StatusCode.UNKNOWN), e.message,
                               code=e.code or None, param=e.param or None,
                               retry_after_s=e.retry_after_s if e.retry_after_s > 0 else None)
-        self._held[lease_id] = _Held(stream=stream, admit=admit, worker_id=event.granted.worker_id)
+        self._held[lease_id] = _Held(stream=stream, admit=admit, worker_id=event.granted.worker_id,
+                                     preempted=loop.create_future())
         self._failover_until = 0.0  # a leader answers again
         return event.granted
 

@@ -71,6 +71,9 @@ class GatewayMetrics:
         self.worker_failures = Counter("goodput_gateway_worker_failures_total",
                                        "Worker calls lost (before or after the first token).", ["phase"],
                                        registry=registry)
+        self.preempted = Counter("goodput_gateway_preempted_total", "Requests whose lease the scheduler took back "
+                                 "before their first token (fair share): admitted again, never lost.",
+                                 registry=registry)
 
 
 async def timed(events: AsyncIterator[TextDelta | StreamEnd], metrics: GatewayMetrics, *, priority: str,

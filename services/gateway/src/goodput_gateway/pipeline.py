@@ -23,7 +23,8 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, cast
 
 import grpc
@@ -164,6 +165,10 @@ class Pipeline:
                                 await self.speculation.drop(guessed, "miss")
                     call, start, span = started or await self.start_worker(
                         principal, request, lease, request_id=request_id, model=model, deadline=deadline)
+                    if (preempted := self.lease_stream.preempted(lease.lease_id)) is not None:
+                        call = cast(WorkerCall, _Preemptible(call, preempted, partial(
+                            self._restart, principal, request, cost, lease, request_id=request_id, model=model,
+                            deadline=deadline, max_queue_wait_s=max_queue_wait_s)))
                     return GenerationStream(self, lease=lease, call=call, start=start, arrived=arrived,
                                             timeline=timeline, span=span)
                 except WorkerLost as lost:
@@ -214,6 +219,28 @@ class Pipeline:
         self.catalogue.queue_waits.observe(model, req.priority, granted.queue_wait_s)
         return Lease(worker_id=granted.worker_id, address=granted.address, lease_id=lease_id,
                       free_slots=granted.free_slots)
+
+    async def _restart(self, principal: Principal, req: GenerationRequest, cost: Cost, lease: Lease, *,
+                       request_id: str, model: str, deadline: float,
+                       max_queue_wait_s: float) -> tuple[WorkerCall, asyncio.Future[str] | None]:
+        """A request whose lease was preempted before its first token: leased again (back in the queue) and started
+        on its new worker; ``lease`` becomes the new lease, so the stream reports and releases that one."""
+        self.metrics.preempted.inc()
+        new = await self._lease(principal, req, cost, request_id=request_id, model=model, deadline=deadline,
+                                max_queue_wait_s=max_queue_wait_s)
+        lease.worker_id, lease.address, lease.lease_id, lease.free_slots = (new.worker_id, new.address, new.lease_id,
+                                                                            new.free_slots)
+        try:
+            call, _, span = await self.start_worker(principal, req, lease, request_id=request_id, model=model,
+                                                    deadline=deadline)
+        except WorkerLost as lost:
+            self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
+            raise Unavailable(f"the inference worker failed: {lost}") from None
+        except BaseException:
+            self.release(lease, scheduler_pb2.OUTCOME_ERROR)
+            raise
+        span.end()  # the stream ends the first call's span; this one's call runs on under it
+        return call, self.lease_stream.preempted(lease.lease_id)
 
     async def start_worker(self, principal: Principal, req: GenerationRequest, lease: Lease, *, request_id: str,
                             model: str, deadline: float) -> tuple[WorkerCall, StreamStart, Span]:
@@ -269,6 +296,40 @@ class Pipeline:
         task = asyncio.get_running_loop().create_task(self.lease_stream.release(lease.lease_id, release))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+class _Preemptible:
+    """The worker call of a lease the scheduler may preempt before its first token (``goodput_scheduler.fairshare``):
+    the first read races the preemption. Preempted first, the call is cancelled (the worker aborts the request;
+    nothing reached the caller) and ``restart`` leases and starts the request again, so it waits in the queue again
+    and is never lost; once a first chunk has come, it reads straight through."""
+
+    def __init__(self, call: WorkerCall, preempted: asyncio.Future[str],
+                 restart: Callable[[], Awaitable[tuple[WorkerCall, asyncio.Future[str] | None]]]) -> None:
+        self._call, self._restart = call, restart
+        self._preempted: asyncio.Future[str] | None = preempted
+
+    def done(self) -> bool:
+        return self._call.done()
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
+
+    async def read(self) -> Any:
+        while self._preempted is not None:
+            if not self._preempted.done():
+                read = asyncio.ensure_future(self._call.read())
+                try:
+                    await asyncio.wait({read, self._preempted}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if not read.done():
+                        read.cancel()
+                if read.done() and not read.cancelled():  # the first chunk came first: no longer preemptible
+                    self._preempted = None
+                    return read.result()
+            self._call.cancel()
+            self._call, self._preempted = await self._restart()
+        return await self._call.read()
 
 
 def _trace_metadata(span: Span) -> tuple[tuple[str, str], ...]:
