@@ -126,3 +126,21 @@ async def test_n_sequences_hold_n_slots(workers) -> None:
         s.send(admit("huge", "a", n=129))
         assert (await s.next("error")).error.param == "n"
         s.close()
+
+
+async def test_an_active_tenant_below_its_share_keeps_headroom_for_its_next_request(workers) -> None:
+    (w,) = await workers(1)
+    async with SchedulerHarness(scheduler_settings([w.address], max_inflight_per_worker=4)) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        a, b = Stream(h), Stream(h)
+        b.send(admit("b1", "b"), first_token("b1"))
+        await granted(b, "b1")
+        a.send(admit("a1", "a"), admit("a2", "a"), admit("a3", "a"))  # a reaches its share (2 of 4), then waits:
+        await granted(a, "a1", "a2")                                    # the last free slot is b's headroom
+        assert (await a.next()).HasField("queued")
+        b.send(admit("b2", "b"))  # b's next request finds its slot at once
+        await granted(b, "b2")
+        b.send(release("b1"), release("b2"))  # b holds nothing any more: a takes what is free
+        await granted(a, "a3")
+        for s in (a, b):
+            s.close()

@@ -6,8 +6,10 @@ sequences holds ``n`` slots.
 Two rules follow, applied by the :class:`~goodput_scheduler.leases.LeaseManager`:
 
 * **No new slot over the share while another waits below its own** (:meth:`Shares.blocked`): the dispatcher skips a
-  tenant at or above its share while a tenant below its share waits in the same queue (a tenant alone takes every
-  slot: nothing is held back for tenants that do not come).
+  tenant at or above its share while a tenant below its share waits in the same queue, or while the free slots are
+  no more than the headroom kept for the active tenants below their share (those holding slots in the class: up to
+  :data:`HEADROOM` slots each, so their next requests find a slot at once instead of waiting for one to end). A
+  tenant alone takes every slot: nothing is held back for tenants that do not come.
 * **Room is made for a tenant that waited too long below its share**: once its most urgent request has waited
   :data:`PREEMPT_AFTER` of its queue-wait budget, the youngest lease (for the same model) of the tenant most over its
   share that has one without a first token yet is taken back (preempted: the gateway stops its worker call and
@@ -20,26 +22,37 @@ Quotas (the gateway's) stay the operator's hard limits on top of this.
 
 Example: 8 slots, tenant ``a`` holds all of them and ``b`` (weight 1 as well) waits:
 
-    >>> s = Shares(slots=8, held={"a": 8}, weights={"a": 1.0, "b": 1.0}, waiting={"a", "b"})
+    >>> s = Shares(slots=8, held={"a": 8}, weights={"a": 1.0, "b": 1.0}, waiting={"a", "b"}, free=0)
     >>> s.share("a"), s.under("b"), s.blocked("a"), s.blocked("b")
     (4.0, True, True, False)
     >>> s.over()
     ['a']
-    >>> Shares(slots=8, held={"a": 8}, weights={"a": 1.0}, waiting={"a"}).blocked("a")   # alone: not held back
+    >>> Shares(slots=8, held={"a": 8}, weights={"a": 1.0}, waiting={"a"}, free=0).blocked("a")   # alone
     False
+
+``b`` holds 1 slot and waits for nothing: ``a`` (at its share) does not take the last :data:`HEADROOM` free slots.
+
+    >>> busy = {"held": {"a": 4, "b": 1}, "weights": {"a": 1.0, "b": 1.0}, "waiting": {"a"}}
+    >>> Shares(slots=8, free=3, **busy).blocked("a"), Shares(slots=8, free=2, **busy).blocked("a")
+    (False, True)
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
-__all__ = ["PREEMPT_AFTER", "Shares"]
+__all__ = ["HEADROOM", "PREEMPT_AFTER", "Shares"]
 
 # A request below its share waits at most 1% of its queue-wait budget (0.3 s of P0's 30 s) behind over-share work
 # before a lease is taken back for it: ordinary turnover usually frees a slot sooner, and what a preemption before the
 # first token costs is one prompt's prefill, far less than a budget missed.
 PREEMPT_AFTER = 0.01
+# Free slots kept, per active tenant below its share, from tenants at or above theirs: a tenant's next requests usually
+# come before a slot turns over, and two cover most Poisson gaps; what it costs is at most two idle slots per such
+# tenant, and only while another tenant is over its share.
+HEADROOM = 2
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,7 @@ class Shares:
     held: Mapping[str, int]  # slots each tenant holds in the class
     weights: Mapping[str, float]  # of every active tenant (holding or waiting): the latest weight it sent
     waiting: Set[str]  # tenants with requests in the class's queue
+    free: int  # slots free now on the placeable workers
 
     def share(self, tenant: str) -> float:
         total = sum(self.weights.values())
@@ -59,8 +73,15 @@ class Shares:
         return self.held.get(tenant, 0) < self.share(tenant)
 
     def blocked(self, tenant: str) -> bool:
-        """At or above its share while another tenant waits below its own: no new slot for it now."""
-        return not self.under(tenant) and any(u != tenant and self.under(u) for u in self.waiting)
+        """At or above its share while another tenant waits below its own, or while the free slots are the headroom
+        of the active tenants below their share: no new slot for it now."""
+        if self.under(tenant):
+            return False
+        if any(u != tenant and self.under(u) for u in self.waiting):
+            return True
+        headroom = sum(min(HEADROOM, math.ceil(self.share(u) - n)) for u, n in self.held.items()
+                       if u != tenant and self.under(u))
+        return 0 < headroom >= self.free
 
     def over(self) -> list[str]:
         """The tenants above their share, furthest above first."""

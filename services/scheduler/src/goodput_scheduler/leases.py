@@ -8,7 +8,8 @@
   nothing is bound to a worker before one has room; :mod:`~goodput_scheduler.placement` decides which). Inside a
   class, tenants take turns and each tenant's requests go earliest deadline first.
 * The slots are shared out too (:mod:`~goodput_scheduler.fairshare`, no configuration): a tenant at its weighted
-  share of a class's slots gets no new one while another waits below its own, and one that waited too long gets a
+  share of a class's slots gets no new one while another waits below its own (nor the few free slots kept for one
+  that holds slots below its share), and one that waited too long gets a
   lease of the tenant most over its share taken back before its first token (preempted; the gateway admits it
   again). A request of ``n`` sequences holds ``n`` slots.
 * A request whose deadline (its own, or its class's queue timeout) passes while it waits is dropped before it
@@ -335,10 +336,11 @@ class LeaseManager:
 
     def shares(self, queue: ClassQueue, prio: int) -> Shares:
         """The fair share of the slots in ``prio`` between the tenants holding slots in it or waiting in ``queue``."""
-        waiting = queue.waiting()
-        return Shares(slots=sum(w.lease_cap(self.settings.max_inflight_per_worker) for w in self.registry.healthy()),
-                      held=self.book.held(prio), weights={**self.book.weights(prio), **waiting},
-                      waiting=waiting.keys())
+        waiting, caps = queue.waiting(), [(w.lease_cap(self.settings.max_inflight_per_worker), w.inflight)
+                                          for w in self.registry.healthy()]
+        return Shares(slots=sum(cap for cap, _ in caps), held=self.book.held(prio),
+                      weights={**self.book.weights(prio), **waiting}, waiting=waiting.keys(),
+                      free=sum(max(cap - held, 0) for cap, held in caps))
 
     def _head(self, queue: ClassQueue) -> Ticket | None:
         """The next request to grant: the head of the first tenant in turn not held back by its fair share (a tenant
