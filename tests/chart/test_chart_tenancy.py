@@ -215,6 +215,16 @@ def test_notes_warn_when_replicas_would_count_quotas_apart(chart: Any, tmp_path:
     assert WARNING not in _notes(chart, tmp_path, "cpu-dev-values.yaml", sets=("gateway.config.useRedis=false",))
 
 
+SHARED = "NOTE: the quota counters share one Redis (external.redis) with the data tenants store"
+
+
+def test_notes_say_when_the_quota_counters_share_the_data_redis(chart: Any, tmp_path: Path) -> None:
+    assert SHARED in _notes(chart, tmp_path)  # the default: one Redis for every role
+    assert SHARED not in _notes(chart, tmp_path, sets=("external.queueRedis.url=redis://queue-redis:6379/0",))
+    assert SHARED not in _notes(chart, tmp_path, sets=("tenancy.quotas.redis.url=redis://quota-redis:6379/0",))
+    assert SHARED not in _notes(chart, tmp_path, sets=("gateway.config.useRedis=false",))
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -594,7 +594,8 @@ indexer (the embedder, on the queues' Redis) writes them. */}}
   value: {{ $qr.url | quote }}
 {{- end }}
 {{- else if and (eq $p "GOODPUT_GATEWAY_") $usesRedis $ext.queueRedis.url }}
-{{- /* REDIS_URL is the queues' Redis: quotas, usage and stored responses stay on external.redis. */}}
+{{- /* REDIS_URL is the queues' Redis, with the data tenants store: quotas, usage and the storage ledger stay on
+external.redis, apart from it. */}}
 {{- include "goodput.redisUrlEnv" (dict "redis" $ext.redis "name" (printf "%sQUOTA_REDIS_URL" $p) "password" "GOODPUT_REDIS_PASSWORD") }}
 {{- end }}
 {{- end }}
