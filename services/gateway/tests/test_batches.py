@@ -45,7 +45,7 @@ def make_batch(store: BatchStore, *ids: str, tenant: str = "acme") -> str:
     f = store.put_file(tenant=tenant, filename="in.jsonl", purpose="batch", content=content)
     lines = check_lines(store.file_content(f.id, tenant=tenant), endpoint=CHAT, settings=store.settings)
     return store.create(tenant=tenant, endpoint=CHAT, input_file_id=f.id, window="24h", metadata={"run": "1"},
-                        bodies=lines).id
+                        lines=lines).id
 
 
 def finish(store: BatchStore, job_id: str, state: str, result: dict[str, object] | None = None,

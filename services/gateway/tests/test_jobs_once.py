@@ -55,11 +55,13 @@ class Runs:
         self.release = threading.Event()
         self.fail: list[BaseException] = []
         self.lock = threading.Lock()
+        self.tenants: list[str] = []  # whose job each run was, in order
 
     def __call__(self, job: Job) -> dict[str, Any]:
         with self.lock:
             self.count += 1
             n = self.count
+            self.tenants.append(job.tenant)
         if self.held:
             assert self.release.wait(timeout=10), "the test never released the run"
         if self.fail:
@@ -91,8 +93,8 @@ def queue(redis_url: str, redis_prefix: str, broker: Broker, clock: FakeClock) -
     client.close()
 
 
-def submit(queue: JobQueue, **kw: Any) -> Job:
-    return queue.submit(tenant="acme", route="chat", body={"messages": [{"role": "user", "content": "hi"}]}, **kw)
+def submit(queue: JobQueue, tenant: str = "acme", **kw: Any) -> Job:
+    return queue.submit(tenant=tenant, route="chat", body={"messages": [{"role": "user", "content": "hi"}]}, **kw)
 
 
 def assert_consistent(queue: JobQueue, *job_ids: str) -> None:
@@ -209,7 +211,8 @@ def test_a_worker_that_dies_mid_run_lets_its_claim_lapse_and_the_job_runs_once_m
     assert broker.sent[-1] == (job.id, 2, 0.0)
     assert queue.attempts() == {"lost": 1}
     assert_consistent(queue, job.id)
-    # Redis redelivers the dead worker's message later: stale, the new dispatch's message runs the job.
+    # Redis redelivers the dead worker's message later: a message is a turn, so it runs the job's new dispatch (the
+    # next queued job); the new dispatch's own message then finds it done.
     run_job(queue, job.id, runner=runs, dispatch=1)
     done = run_job(queue, job.id, runner=runs, dispatch=2)
     assert done is not None and done.state == "completed" and done.attempts == 2 and runs.count == 2
@@ -219,7 +222,7 @@ def test_a_worker_that_dies_mid_run_lets_its_claim_lapse_and_the_job_runs_once_m
     assert not written and stored is not None and stored.result == done.result
     assert queue.attempts() == {"lost": 1, "completed": 1}
     assert queue.tally("recoveries") == {"lease_expired": 1}
-    assert queue.tally("messages") == {"claimed": 2, "duplicate": 1, "stale": 1}
+    assert queue.tally("messages") == {"claimed": 2, "duplicate": 2}
     assert_consistent(queue, job.id)
 
 
@@ -330,3 +333,42 @@ def test_cancelling_a_batch_line_never_touches_a_running_one(queue: JobQueue, br
     assert run_job(queue, waiting.id, runner=runs, dispatch=1).state == "failed"  # type: ignore[union-attr]
     assert runs.count == 1
     assert_consistent(queue, waiting.id, started.id)
+
+
+@pytest.mark.parametrize("weight_b,within", [(1.0, 20), (3.0, 14)])
+def test_a_tenants_backlog_delays_another_tenants_few_jobs_by_about_as_many(queue: JobQueue, broker: Broker,
+                                                                           weight_b: float, within: int) -> None:
+    """Tenant A has 300 lines queued (their messages first in the broker's FIFO), B then queues 10: the messages are
+    turns taken in weighted fair order, so B's ten finish within the next 20 runs (weights 1:1; 10 + 10/3 with
+    weight 3), however long A's backlog. Then every job runs exactly once, delivered by four workers at once."""
+    runs = Runs()
+    a = [submit(queue, tenant="a").id for _ in range(300)]
+    for job_id, dispatch, _ in broker.sent[:50]:  # A's batch has been running for a while
+        run_job(queue, job_id, runner=runs, dispatch=dispatch)
+    b = [submit(queue, tenant="b", weight=weight_b).id for _ in range(10)]
+    pending = broker.sent[50:]  # A's 250 remaining messages, then B's ten
+    for job_id, dispatch, _ in pending[:within]:
+        run_job(queue, job_id, runner=runs, dispatch=dispatch)
+    assert runs.tenants[50:].count("b") == 10, runs.tenants[50:]
+    assert all(queue.load(j).state == "completed" for j in b)  # type: ignore[union-attr]
+
+    rest = iter(pending[within:])
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                message = next(rest, None)
+            if message is None:
+                return
+            run_job(queue, message[0], runner=runs, dispatch=message[1])
+
+    workers = [threading.Thread(target=worker) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert runs.count == 310 and queue.count("completed") == 310
+    assert queue.tally("messages") == {"claimed": 310}
+    assert_consistent(queue, *a, *b)
+

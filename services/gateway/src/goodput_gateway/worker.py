@@ -66,8 +66,11 @@ class JobRunner:
         async def parse_body() -> Any:
             return parse(schema, job.body).to_request()
 
-        # The job runs as its tenant, under the tenant's limits and budget (not around them).
-        principal = self._wiring.service.keys.tenant_principal(job.tenant, priority=types_pb2.PRIORITY_P2)
+        # The job runs as the key that submitted it, under the key's limits and its tenant's (not around them), as
+        # the keys file says now: a key revoked since fails its jobs (Unauthenticated).
+        keys = self._wiring.service.keys
+        principal = (keys.key_principal(job.key, tenant=job.tenant, priority=types_pb2.PRIORITY_P2) if job.key
+                     else keys.tenant_principal(job.tenant, priority=types_pb2.PRIORITY_P2))
         call = Call(parse=parse_body, principal=principal, request_id=f"req-{job.id.removeprefix('job-')}")
         try:
             async with await self._wiring.service.open(call) as generation:
@@ -85,9 +88,15 @@ class JobRunner:
 
 
 def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, Any]], dispatch: int) -> Job | None:
-    """What one delivered message of the job's ``dispatch`` does (the Celery task's body): claims the job and runs
-    one attempt (completed, re-parked with a delay, or failed for good), or, when the job is running under a live
-    claim, finished or waiting for a later dispatch, nothing. Returns the job as stored afterwards."""
+    """What one delivered message of the job's ``dispatch`` does (the Celery task's body): a turn. A job parked under
+    it queues now (:meth:`JobQueue.wake`); the next queued job in fair order across tenants is taken (this one when
+    its tenant's turn has come; :mod:`goodput_gateway.jobs.store`) and claimed, and one attempt runs (completed,
+    re-parked with a delay, or failed for good). With nothing queued the message's own job is claimed, which does
+    nothing when it is running under a live claim, finished or waiting for a later dispatch. Returns the job
+    claimed (or found) as stored afterwards."""
+    own = queue.wake(job_id, dispatch)
+    if (taken := queue.take(prefer=(own.tenant if own else "", job_id, dispatch))) is not None:
+        job_id, dispatch = taken
     verdict, job = queue.claim(job_id, dispatch)
     if verdict != "claimed" or job is None:
         if verdict in ("duplicate", "stale"):

@@ -25,13 +25,15 @@ gateway replica serves them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from goodput_core.errors import InvalidArgument, NotFound
+from goodput_core.errors import InvalidArgument, NotFound, ResourceExhausted
 
 from goodput_gateway.jobs.records import ROUTES, Job
 from goodput_gateway.jobs.store import JobQueue
@@ -40,6 +42,7 @@ from goodput_gateway.storage import DEFAULT_STORAGE, StorageQuota
 __all__ = ["Batch", "BatchStore", "FileObject", "parse_window"]
 
 WINDOWS = {"24h": 86_400}
+READ_CHUNK = 1 << 20  # a file is read in pieces this large: a few ms of the interpreter each
 
 
 def parse_window(window: str) -> int:
@@ -110,6 +113,7 @@ class BatchStore:
         self.redis = queue.redis
         self.settings = queue.settings
         self.prefix = queue.prefix
+        self._creating: set[str] = set()  # tenants whose batch this process is checking and creating now
 
     # ---- files ----
     def _file_key(self, file_id: str) -> str:
@@ -145,9 +149,14 @@ class BatchStore:
         return f
 
     def file_content(self, file_id: str, *, tenant: str) -> bytes:
-        self.get_file(file_id, tenant=tenant)
-        content = self.redis.get(self._file_key(file_id) + ":content")
-        if content is None:
+        """The file's bytes, read in :data:`READ_CHUNK` pieces (a 16 MiB reply read whole holds the interpreter
+        long enough to stall the event loop's thread); a file deleted meanwhile is not found."""
+        f = self.get_file(file_id, tenant=tenant)
+        content = bytearray()
+        while piece := self.redis.getrange(self._file_key(file_id) + ":content", len(content),
+                                           len(content) + READ_CHUNK - 1):
+            content += piece
+        if len(content) != f.bytes:
             raise NotFound(f"No such File object: {file_id[:80]}", param="file_id", code="file_not_found")
         return bytes(content)
 
@@ -169,6 +178,20 @@ class BatchStore:
         return out
 
     # ---- batches ----
+    @contextlib.contextmanager
+    def creating(self, tenant: str) -> Iterator[None]:
+        """Holds the tenant's one place to create a batch in this process (its file checked, its lines submitted);
+        while it is held, another of the tenant's is refused (429, retry in a second), so a tenant's batches never
+        take more than one turn of the event loop's checking, nor wait unbounded."""
+        if tenant in self._creating:
+            raise ResourceExhausted("a batch of this tenant is being created; retry when it is done",
+                                    code="batch_in_progress", retry_after_s=1.0)
+        self._creating.add(tenant)
+        try:
+            yield
+        finally:
+            self._creating.discard(tenant)
+
     def _batch_key(self, batch_id: str) -> str:
         return f"{self.prefix}:batch:{batch_id}"
 
@@ -177,24 +200,26 @@ class BatchStore:
         self.redis.set(self._batch_key(batch.id), json.dumps(asdict(batch)), ex=max(ttl, 60))
 
     def create(self, *, tenant: str, endpoint: str, input_file_id: str, window: str,
-               metadata: dict[str, str] | None, bodies: list[tuple[str, dict[str, Any]]],
-               quota: StorageQuota = DEFAULT_STORAGE) -> Batch:
-        """Submits one P2 job per (custom_id, body), due by the end of the window, once the batch and its lines
-        have their place in the tenant's ``quota``."""
+               metadata: dict[str, str] | None, lines: list[tuple[str, bytes]],
+               quota: StorageQuota = DEFAULT_STORAGE, key: str = "", weight: float = 1.0) -> Batch:
+        """Submits one P2 job per checked line (custom_id, the line as uploaded: its body is parsed as it is
+        submitted, so the batch's bodies are never all in memory at once), due by the end of the window, once the
+        batch and its lines have their place in the tenant's ``quota``. ``key`` and ``weight``: the submitting
+        key's id and its tenant's weight (:class:`goodput_gateway.jobs.records.Job`)."""
         now = int(time.time())
         expires = now + parse_window(window)
         route = ROUTES[endpoint]
         batch_id = f"batch_{uuid.uuid4().hex}"
-        self.ledger.reserve(tenant, "batches", batch_id, amount=len(bodies), quota=quota,
+        self.ledger.reserve(tenant, "batches", batch_id, amount=len(lines), quota=quota,
                             expires_at=expires + self.settings.jobs.result_ttl_s)
         try:
-            jobs = [self.queue.submit(tenant=tenant, route=route, body=body, deadline_at=expires, quota=None).id
-                    for _, body in bodies]
+            jobs = [self.queue.submit(tenant=tenant, route=route, body=json.loads(line)["body"], deadline_at=expires,
+                                      quota=None, key=key, weight=weight).id for _, line in lines]
         except BaseException:
             self.ledger.release(tenant, "batches", batch_id)
             raise
         batch = Batch(id=batch_id, tenant=tenant, endpoint=endpoint, input_file_id=input_file_id,
-                      created_at=now, expires_at=expires, jobs=jobs, custom_ids=[c for c, _ in bodies],
+                      created_at=now, expires_at=expires, jobs=jobs, custom_ids=[c for c, _ in lines],
                       completion_window=window, metadata=metadata)
         self._save(batch)
         self.redis.zadd(f"{self.prefix}:batches:{tenant}", {batch.id: now})

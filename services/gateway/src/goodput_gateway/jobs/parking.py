@@ -28,6 +28,7 @@ from goodput.common.v1 import types_pb2
 
 from goodput_core.errors import GoodputError, ResourceExhausted
 
+from goodput_gateway.auth import Principal
 from goodput_gateway.generation_schemas import to_body
 from goodput_gateway.jobs.records import JOB_ID_KEY, SHED_CODES, retry_delay
 from goodput_gateway.jobs.store import JobQueue
@@ -53,10 +54,11 @@ class Parked(ResourceExhausted):
 
 
 async def park(queue: JobQueue | None, err: ResourceExhausted, *, tenant: str,
-               request: GenerationRequest) -> ResourceExhausted:
+               request: GenerationRequest, principal: Principal | None = None) -> ResourceExhausted:
     """Parks ``request`` (the caller's, parsed, its priority resolved) when it is batch (P2) work the scheduler shed
     for load (queue full or overloaded) and jobs are configured; returns the error to raise: :class:`Parked`
-    naming the job, else ``err``. Best effort: the caller gets its honest 429 either way."""
+    naming the job, else ``err``. Best effort: the caller gets its honest 429 either way. With the caller's
+    ``principal``, the job runs under its key's limits too and waits its turn with its tenant's weight."""
     if queue is None or err.code not in SHED_CODES or request.priority != types_pb2.PRIORITY_P2:
         return err
     route, body = to_body(request)
@@ -64,7 +66,9 @@ async def park(queue: JobQueue | None, err: ResourceExhausted, *, tenant: str,
                         cap_s=queue.settings.jobs.retry_cap_s)
     try:
         job = await asyncio.to_thread(queue.submit, tenant=tenant, route=route, body=body, delay_s=delay,
-                                      error=f"ResourceExhausted: {err.message}")
+                                      error=f"ResourceExhausted: {err.message}",
+                                      key=principal.key_id if principal else "",
+                                      weight=principal.weight if principal else 1.0)
     except Exception:  # noqa: BLE001
         log.exception("could not park a shed P2 request")
         return err

@@ -74,6 +74,10 @@ class Job:
     due_at: float = 0.0  # when the current dispatch's message is due (or was last sent again)
     claim: str = ""  # the running attempt's fencing token ("" when none runs)
     lease_until: float = 0.0  # the claim lapses then unless renewed
+    # Who submitted it: the key's id (the job runs under that key's limits as well as its tenant's; "" = the tenant's
+    # alone, as jobs stored before keys were recorded) and the tenant's fair-share weight among waiting jobs.
+    key: str = ""
+    weight: float = 1.0
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Job:

@@ -26,6 +26,20 @@ Keys, under ``jobs_prefix`` (``<p>``):
 * ``<p>:attempts`` (by outcome), ``<p>:messages`` (by verdict), ``<p>:recoveries`` (by reason): counters every
   process adds to.
 
+**Fair order.** Jobs that wait their turn do not share one FIFO: each tenant's queued jobs sit in their own sorted set
+(``<p>:ready:<tenant>``, ``<id>:<dispatch>`` in the order they were queued), written in the same transaction as the
+job, and the tenants take turns by start-time fair queuing with the tenant's weight (the keys file's, as the
+scheduler's live queues use): ``<p>:turns`` holds each tenant with waiting jobs scored by its virtual start, a tenant
+served moves on by ``1 / weight``, and one that comes back from idle starts at the virtual time now (what it did not
+use while idle is not saved up). A job's message is a turn, not an order: the worker that receives it takes the next
+job in fair order (:meth:`JobQueue.take`, one Lua script, so several workers never take the same one) -- its own job
+when its tenant's turn has come -- and claims that. A parked job joins its tenant's turns when its message arrives
+(:meth:`JobQueue.wake`). Every waiting job has a message still to come, so every one gets a turn; a worker that dies
+between taking and claiming leaves its job queued without a place, which the sweeper's resend (a lost message)
+puts back, as before. So tenant A's 10,000 queued lines delay tenant B's ten by about ten of A's, not by 10,000::
+
+    A submits 10,000 lines, then B 10: turns go A B A B ... until B's ten are done, then A's remain.
+
 Example (with a Redis at ``settings.redis_url``)::
 
     queue = JobQueue(settings, redis.Redis.from_url(settings.redis_url))
@@ -76,6 +90,9 @@ class JobQueue:
         self.clock = clock  # wall time: deadlines, leases and due times are stored and compared across processes
         self.prefix = settings.jobs.prefix
         self._deadlines = f"{self.prefix}:deadlines"  # unfinished jobs by deadline
+        self._turns = [f"{self.prefix}:turns{part}" for part in ("", ":clock", ":finish", ":weight")]
+        self._join = redis_client.register_script(_JOIN)
+        self._take = redis_client.register_script(_TAKE)
         self._send = send or celery_send(settings)
         self.metrics = JobsMetrics(registry, self)
 
@@ -132,6 +149,35 @@ class JobQueue:
             pipe.hincrby(f"{self.prefix}:attempts", outcome, 1)
         if count is not None:
             pipe.hincrby(f"{self.prefix}:{count[0]}", count[1], 1)
+        if old is not None and old.state == "queued" and (job.state, job.dispatch) != ("queued", old.dispatch):
+            pipe.zrem(self._ready(old.tenant), f"{old.id}:{old.dispatch}")  # taken, cancelled or expired
+        if job.state == "queued":  # waits its tenant's turn (a place it holds already is kept)
+            self._join(keys=[self._ready(job.tenant), *self._turns],
+                       args=[job.tenant, f"{job.id}:{job.dispatch}", job.due_at, job.weight], client=pipe)
+
+    def _ready(self, tenant: str) -> str:
+        return f"{self.prefix}:ready:{tenant}"
+
+    def take(self, *, prefer: tuple[str, str, int] = ("", "", 0)) -> tuple[str, int] | None:
+        """The next queued job in weighted fair order across tenants, taken from its place: (job id, dispatch);
+        ``prefer`` (a message's own job: tenant, job id, dispatch) when its tenant's turn is next and it is queued
+        under that dispatch. None: nothing waits."""
+        tenant, job_id, dispatch = prefer
+        taken = self._take(keys=self._turns, args=[self._ready(""), tenant, f"{job_id}:{dispatch}"])
+        if not taken:
+            return None
+        taken_id, _, taken_dispatch = (taken.decode() if isinstance(taken, bytes) else taken).rpartition(":")
+        return taken_id, int(taken_dispatch)
+
+    def wake(self, job_id: str, dispatch: int) -> Job | None:
+        """A message of ``dispatch`` arrived: a job parked under it is due now and queues for its tenant's turn.
+        Returns the job as stored (None: no such job)."""
+        def change(job: Job) -> Job | None:
+            if job.state != "parked" or job.dispatch != dispatch:
+                return None
+            job.state = "queued"
+            return job
+        return self.update(job_id, change)[0]
 
     def update(self, job_id: str, change: Callable[[Job], Job | None], *,
                count: tuple[str, str] | None = None) -> tuple[Job | None, bool]:
@@ -170,10 +216,11 @@ class JobQueue:
                         extra={"job": job.id, "dispatch": job.dispatch, "error": repr(err)[:200]})
 
     def submit(self, *, tenant: str, route: str, body: dict[str, Any], delay_s: float = 0.0,
-               error: str = "", deadline_at: float | None = None,
+               error: str = "", deadline_at: float | None = None, key: str = "", weight: float = 1.0,
                quota: StorageQuota | None = DEFAULT_STORAGE) -> Job:
         """Stores a new job and sends its message, due in ``delay_s`` seconds; it expires at ``deadline_at``
-        (default: ``job_deadline_s`` from now). Its place in the tenant's storage ``quota`` is reserved first,
+        (default: ``job_deadline_s`` from now). ``key`` (the submitting key's id) and ``weight`` (its tenant's): see
+        :class:`Job`. Its place in the tenant's storage ``quota`` is reserved first,
         kept until its result expires (None: counted elsewhere, as a batch's line)."""
         if route not in ENDPOINTS:
             raise InvalidArgument(f"unknown route {route!r}", param="endpoint")
@@ -182,7 +229,7 @@ class JobQueue:
         job = Job(id=f"job-{uuid.uuid4().hex}", tenant=tenant, route=route, body=body, created_at=now,
                   state="parked" if delay_s > 0 else "queued",
                   deadline_at=deadline_at if deadline_at is not None else now + self.settings.jobs.deadline_s,
-                  next_attempt_at=now + delay_s, due_at=now + delay_s, dispatch=1, error=error)
+                  next_attempt_at=now + delay_s, due_at=now + delay_s, dispatch=1, error=error, key=key, weight=weight)
         if quota is not None:
             self.ledger.reserve(tenant, "jobs", job.id, amount=len(json.dumps(body)), quota=quota,
                                 expires_at=job.deadline_at + self.settings.jobs.result_ttl_s)
@@ -353,3 +400,48 @@ class JobQueue:
         if done:
             log.info("jobs swept", extra=dict(done))
         return dict(done)
+
+
+# Joins a tenant's turns: KEYS ready set of the tenant, turns, virtual clock, last finish per tenant, weight per
+# tenant; ARGV tenant, member, its order, the tenant's weight. A tenant that had no place starts at the virtual time
+# now, or where its last turn ended if that is later.
+_JOIN = """
+if redis.call('ZADD', KEYS[1], 'NX', ARGV[3], ARGV[2]) == 1 then
+  redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
+  if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+    local now = tonumber(redis.call('GET', KEYS[3]) or '0')
+    local last = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0')
+    redis.call('ZADD', KEYS[2], math.max(now, last), ARGV[1])
+  end
+end
+"""
+
+# Takes the next job: the tenant of the lowest virtual start (a tenant whose places were all taken otherwise is
+# dropped on the way); the preferred member when it is that tenant's, else its oldest. The tenant moves on by
+# 1 / weight. KEYS turns, virtual clock, last finish, weight; ARGV ready-set prefix, preferred tenant and member.
+_TAKE = """
+while true do
+  local top = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if #top == 0 then return false end
+  local tenant, start = top[1], tonumber(top[2])
+  local ready = ARGV[1] .. tenant
+  local member = nil
+  if tenant == ARGV[2] and redis.call('ZREM', ready, ARGV[3]) == 1 then
+    member = ARGV[3]
+  else
+    member = redis.call('ZPOPMIN', ready)[1]
+  end
+  if member then
+    local finish = start + 1 / tonumber(redis.call('HGET', KEYS[4], tenant) or '1')
+    redis.call('SET', KEYS[2], start)
+    redis.call('HSET', KEYS[3], tenant, finish)
+    if redis.call('ZCARD', ready) > 0 then
+      redis.call('ZADD', KEYS[1], finish, tenant)
+    else
+      redis.call('ZREM', KEYS[1], tenant)
+    end
+    return member
+  end
+  redis.call('ZREM', KEYS[1], tenant)
+end
+"""
