@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from goodput_core.errors import InvalidArgument, NotFound
+from goodput_core.errors import InvalidArgument, NotFound, ResourceExhausted
 
 from goodput_gateway.api.batches import check_lines
 from goodput_gateway.config import GatewaySettings
@@ -34,7 +34,8 @@ def jsonl(*lines: dict[str, object]) -> bytes:
 def store(redis_url: str, redis_prefix: str) -> Iterator[BatchStore]:
     client = redis.Redis.from_url(redis_url)
     sent: list[str] = []
-    queue = JobQueue(GatewaySettings(redis_url=redis_url, jobs={"prefix": redis_prefix}), client,
+    queue = JobQueue(GatewaySettings(redis_url=redis_url, jobs={"prefix": redis_prefix},
+                                     quotas={"prefix": f"{redis_prefix}:quota"}), client,
                      send=lambda job_id, dispatch, delay_s: sent.append(job_id))
     yield BatchStore(queue)
     client.close()
@@ -125,3 +126,16 @@ def test_a_batch_is_bounded_by_a_setting() -> None:
     with pytest.raises(InvalidArgument, match="more than 2 requests"):
         check_lines(jsonl(line("a"), line("b"), line("c")), endpoint=CHAT,
                     settings=GatewaySettings(limits={"batch_requests": 2}))
+
+
+def test_a_tenant_creates_one_batch_at_a_time_and_others_are_not_held_up(store: BatchStore) -> None:
+    with store.creating("acme"):
+        with pytest.raises(ResourceExhausted) as busy:  # a second of acme's, while its first is being checked
+            with store.creating("acme"):
+                pass
+        assert busy.value.code == "batch_in_progress" and busy.value.retry_after_s == 1.0
+        with store.creating("globex"):  # another tenant's goes ahead
+            pass
+    with store.creating("acme"):  # and acme's next, once its first is done
+        pass
+

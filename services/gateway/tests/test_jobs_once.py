@@ -87,7 +87,8 @@ def clock() -> FakeClock:
 def queue(redis_url: str, redis_prefix: str, broker: Broker, clock: FakeClock) -> Iterator[JobQueue]:
     settings = GatewaySettings(redis_url=redis_url, jobs={"prefix": redis_prefix, "lease_s": LEASE_S,
                                                           "lost_after_s": LOST_AFTER_S, "retry_base_s": 0.1,
-                                                          "retry_cap_s": 0.2})
+                                                          "retry_cap_s": 0.2},
+                                quotas={"prefix": f"{redis_prefix}:quota"})  # the storage ledger's keys too
     client = redis.Redis.from_url(redis_url)
     yield JobQueue(settings, client, registry=CollectorRegistry(), send=broker.send, clock=clock)
     client.close()

@@ -1,9 +1,10 @@
 """The jobs worker, the gateway's second entry point beside :mod:`goodput_gateway.__main__`:
 ``celery -A goodput_gateway.worker worker -Q goodput-jobs`` runs each job through the gateway's
 own composition root (:func:`goodput_gateway.__main__.compose`, built once per worker process on one event loop
-that lives as long as the process) at P2, as the tenant that submitted it.
+that lives as long as the process) at P2, as the API key that submitted it (its limits and its tenant's).
 
-A message starts an attempt only by claiming the job (:meth:`JobQueue.claim`); the claim's lease is renewed while
+A message is a turn: it runs the next queued job in fair order across tenants (:mod:`goodput_gateway.jobs.store`).
+An attempt starts only by claiming the job (:meth:`JobQueue.claim`); the claim's lease is renewed while
 the attempt runs (:class:`Heartbeat`) and the outcome is written only under that claim (:mod:`goodput_gateway.jobs`
 tells the whole policy). The worker's main process also runs the :class:`Sweeper`.
 

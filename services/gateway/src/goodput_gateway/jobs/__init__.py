@@ -4,8 +4,11 @@
   Redis and the caller gets its 429 with ``Retry-After`` plus an ``X-Goodput-Job-Id`` header (and ``job_id`` in the
   error body). ``POST /v1/jobs`` submits batch work directly the same way.
 * **Retry.** A Celery task (``celery -A goodput_gateway.worker worker -Q goodput-jobs``, Redis broker) runs the job
-  through the gateway's own pipeline (lease -> worker -> release) at P2. Shed again, or the scheduler unreachable
-  (restarting), it is re-parked with :func:`retry_delay` until it completes or its deadline passes.
+  through the gateway's own pipeline (lease -> worker -> release) at P2, under the limits of the key that submitted
+  it and its tenant's. Shed again, or the scheduler unreachable (restarting), it is re-parked with
+  :func:`retry_delay` until it completes or its deadline passes. Jobs waiting to run are taken in weighted fair
+  order across tenants, not first-in first-out (:mod:`.store`): one tenant's long batch does not hold up
+  another's few lines.
 * **Fetch.** ``GET /v1/jobs/{id}`` (the caller's tenant only) returns the job and, once completed, the same
   OpenAI-shaped body the synchronous call would have returned.
 

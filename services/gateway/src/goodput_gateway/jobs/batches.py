@@ -29,6 +29,7 @@ import contextlib
 import json
 import time
 import uuid
+from collections import Counter as Tally
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -232,59 +233,59 @@ class BatchStore:
             raise NotFound(f"No such Batch object: {batch_id[:80]}", param="batch_id", code="batch_not_found")
         return batch
 
-    def _jobs(self, batch: Batch) -> list[Job | None]:
+    def _jobs(self, batch: Batch) -> Iterator[Job | None]:
+        """The batch's jobs in order (None: expired from Redis), read 500 at a time and never all kept: 10,000
+        parsed jobs alive at once would make the collector's full passes long stalls of every thread."""
         keys = [self.queue.key(j) for j in batch.jobs]
-        out: list[Job | None] = []
         for i in range(0, len(keys), 500):
-            out += [Job.from_json(r) if r is not None else None for r in self.redis.mget(keys[i:i + 500])]
-        return out
+            yield from (Job.from_json(r) if r is not None else None for r in self.redis.mget(keys[i:i + 500]))
 
     def get(self, batch_id: str, *, tenant: str) -> Batch:
         """The batch with its status brought up to date (and its files written once every line has ended)."""
         batch = self._load(batch_id, tenant=tenant)
         if batch.status in ("completed", "expired", "cancelled"):
             return batch
-        jobs = self._jobs(batch)
-        batch.counts = {"completed": sum(1 for j in jobs if j is not None and j.state == "completed"),
-                        "failed": sum(1 for j in jobs if j is None or j.state in ("failed", "expired"))}
-        if any(j is not None and j.state not in ("completed", "failed", "expired") for j in jobs):
+        states = Tally("gone" if j is None else j.state for j in self._jobs(batch))
+        batch.counts = {"completed": states["completed"], "failed": states["gone"] + states["failed"] +
+                        states["expired"]}
+        if sum(batch.counts.values()) < len(batch.jobs):  # a line is still waiting or running
             return batch
         # every line has ended: one replica writes the files (the others answer "finalizing" meanwhile)
         if not self.redis.set(self._batch_key(batch.id) + ":finalizing", "1", nx=True, ex=60):
             batch.status = "finalizing"
             return batch
-        self._finalize(batch, jobs)
+        self._finalize(batch)
         return batch
 
-    def _finalize(self, batch: Batch, jobs: list[Job | None]) -> None:
-        out_lines, err_lines = [], []
-        for custom_id, job_id, job in zip(batch.custom_ids, batch.jobs, jobs, strict=True):
+    def _finalize(self, batch: Batch) -> None:
+        """Writes the output and error files, each line serialized as its job is read."""
+        out_lines, err_lines, expired = [], [], False
+        for custom_id, job_id, job in zip(batch.custom_ids, batch.jobs, self._jobs(batch), strict=True):
             line_id = f"batch_req_{job_id.removeprefix('job-')}"
             if job is not None and job.state == "completed":
-                out_lines.append({"id": line_id, "custom_id": custom_id, "error": None, "response": {
-                    "status_code": 200, "request_id": f"req-{job_id.removeprefix('job-')}", "body": job.result}})
+                out_lines.append(_jsonl({"id": line_id, "custom_id": custom_id, "error": None, "response": {
+                    "status_code": 200, "request_id": f"req-{job_id.removeprefix('job-')}", "body": job.result}}))
                 continue
             if job is None or job.state == "expired":
+                expired = True
                 error = {"code": "batch_expired", "message": "This request could not be executed before the "
                          "completion window expired."}
             elif job.error.endswith("cancelled"):
                 error = {"code": "batch_cancelled", "message": "This request was cancelled with its batch."}
             else:
                 error = {"code": "request_failed", "message": job.error}
-            err_lines.append({"id": line_id, "custom_id": custom_id, "response": None, "error": error})
+            err_lines.append(_jsonl({"id": line_id, "custom_id": custom_id, "response": None, "error": error}))
         if out_lines:
             batch.output_file_id = self._result_file(batch, "output", out_lines).id
         if err_lines:
             batch.error_file_id = self._result_file(batch, "error", err_lines).id
-        expired = any(j is None or j.state == "expired" for j in jobs)
         batch.status = "cancelled" if batch.status == "cancelling" else "expired" if expired else "completed"
         batch.finished_at = int(time.time())
         self._save(batch)
 
-    def _result_file(self, batch: Batch, kind: str, lines: list[dict[str, Any]]) -> FileObject:
-        content = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
+    def _result_file(self, batch: Batch, kind: str, lines: list[str]) -> FileObject:
         return self.put_file(tenant=batch.tenant, filename=f"{batch.id}_{kind}.jsonl", purpose="batch_output",
-                             content=content, enforce=False)
+                             content="".join(lines).encode(), enforce=False)
 
     def cancel(self, batch_id: str, *, tenant: str) -> Batch:
         """Fails the lines not started yet; lines already running finish; the batch ends as ``cancelled``."""
@@ -310,3 +311,7 @@ class BatchStore:
             except NotFound:
                 self.redis.zrem(f"{self.prefix}:batches:{tenant}", batch_id)
         return out
+
+
+def _jsonl(line: dict[str, Any]) -> str:
+    return json.dumps(line, separators=(",", ":")) + "\n"
