@@ -7,6 +7,7 @@ Celery worker is in test_jobs.py."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -14,14 +15,18 @@ from typing import Any
 
 import pytest
 import redis
+from goodput.common.v1 import types_pb2
 from prometheus_client import CollectorRegistry
 
-from goodput_core.errors import ResourceExhausted
+from goodput_core.errors import ResourceExhausted, Unauthenticated
 from goodput_testing import wait_until
 
+from goodput_gateway.auth import ApiKeyStore, parse_keys_document
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.jobs.parking import Parked, park
 from goodput_gateway.jobs.records import STATES, TERMINAL, Job
 from goodput_gateway.jobs.store import JobQueue
+from goodput_gateway.requests import GenerationRequest, Message
 from goodput_gateway.worker import Sweeper, run_job
 
 from .helpers import FakeClock
@@ -372,4 +377,27 @@ def test_a_tenants_backlog_delays_another_tenants_few_jobs_by_about_as_many(queu
     assert runs.count == 310 and queue.count("completed") == 310
     assert queue.tally("messages") == {"claimed": 310}
     assert_consistent(queue, *a, *b)
+
+
+def test_a_parked_request_remembers_its_key_and_waits_its_tenants_turn(queue: JobQueue, broker: Broker) -> None:
+    keys = ApiKeyStore(parse_keys_document("inline", {"tenants": {"acme": {"weight": 2}}, "keys": [
+        {"id": "acme-ci", "key": "k-1", "tenant": "acme", "max_priority": "P2", "rpm": 5}]}))
+    principal = keys.authenticate("Bearer k-1")
+    shed = ResourceExhausted("scheduler queue is full", code="queue_full", retry_after_s=0.1)
+    request = GenerationRequest(messages=(Message("user", "hi"),), priority=types_pb2.PRIORITY_P2)
+    parked = asyncio.run(park(queue, shed, tenant="acme", request=request, principal=principal))
+    assert isinstance(parked, Parked)
+    job = queue.load(parked.job_id)
+    assert job is not None and job.state == "parked" and (job.key, job.weight) == ("acme-ci", 2.0)
+    [(job_id, dispatch, delay)] = broker.sent
+    assert delay > 0 and queue.take() is None  # not queued before its retry time
+    runs = Runs()
+    done = run_job(queue, job_id, runner=runs, dispatch=dispatch)  # its message comes: queued, taken, run
+    assert done is not None and done.state == "completed" and runs.count == 1
+    # the worker runs it as that key, as the keys file says now: with its own limits, or not at all once revoked
+    again = keys.key_principal("acme-ci", tenant="acme", priority=types_pb2.PRIORITY_P2)
+    assert (again.key_id, again.key_quota.rpm, again.max_priority) == ("acme-ci", 5, types_pb2.PRIORITY_P2)
+    keys.replace([])
+    with pytest.raises(Unauthenticated, match="revoked"):
+        keys.key_principal("acme-ci", tenant="acme", priority=types_pb2.PRIORITY_P2)
 
