@@ -36,7 +36,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from goodput_core.breaker import CircuitBreaker
-from goodput_core.errors import DeadlineExceeded, GoodputError, Unavailable, from_rpc_error
+from goodput_core.errors import DeadlineExceeded, GoodputError, ResourceExhausted, Unavailable, from_rpc_error
 from goodput_core.sampling import sampling_to_proto
 
 from goodput_gateway.auth import Principal
@@ -56,6 +56,9 @@ __all__ = ["Pipeline"]
 log = logging.getLogger("goodput.gateway.pipeline")
 _tracer = trace.get_tracer("goodput.gateway")
 _GENERATE = "goodput.inference.v1.Inference/Generate"
+# a preempted request refused a place in the queue tries again after the scheduler's retry-after, at most this late:
+# it has already sent its response's headers, so it waits for its turn (until its deadline) rather than fail
+_READMIT_WAIT_S = 0.5
 
 class Pipeline:
     def __init__(self, settings: GatewaySettings, *, scheduler: scheduler_pb2_grpc.SchedulerStub,
@@ -226,8 +229,16 @@ class Pipeline:
         """A request whose lease was preempted before its first token: leased again (back in the queue) and started
         on its new worker; ``lease`` becomes the new lease, so the stream reports and releases that one."""
         self.metrics.preempted.inc()
-        new = await self._lease(principal, req, cost, request_id=request_id, model=model, deadline=deadline,
-                                max_queue_wait_s=max_queue_wait_s)
+        while True:
+            try:
+                new = await self._lease(principal, req, cost, request_id=request_id, model=model, deadline=deadline,
+                                        max_queue_wait_s=max_queue_wait_s)
+                break
+            except ResourceExhausted as full:  # its tenant's places in the queue are taken: it tries again in turn
+                wait = min(full.retry_after_s or _READMIT_WAIT_S, _READMIT_WAIT_S)
+                if time.monotonic() + wait >= deadline:
+                    raise
+                await asyncio.sleep(wait)
         lease.worker_id, lease.address, lease.lease_id, lease.free_slots = (new.worker_id, new.address, new.lease_id,
                                                                             new.free_slots)
         try:
