@@ -8,7 +8,7 @@ from __future__ import annotations
 from goodput.common.v1 import types_pb2
 from goodput.scheduler.v1 import scheduler_pb2
 
-from goodput_scheduler.fairshare import PREEMPT_AFTER
+from goodput_scheduler.fairshare import ACTIVE_S, PREEMPT_AFTER
 
 from .conftest import SchedulerHarness, Stream, scheduler_settings
 
@@ -51,7 +51,11 @@ async def test_a_tenant_at_its_share_gets_no_new_slot_while_another_waits(worker
         a.send(release("a1"))  # a (2 of 2 slots, its share is 1) does not get the slot back: b waits below its share
         await granted(b, "b1")
         assert h.leases.queued(P0) == 1 and h.leases.book.held(P0) == {"a": 1, "b": 1}
-        b.send(release("b1"))  # nobody waits below its share any more: a takes the slot
+        b.send(release("b1"))  # nobody waits below its share any more, but b was active lately: its headroom
+        await h.until(lambda: not h.leases.book.held(P0).get("b"))
+        await h.clock.advance(ACTIVE_S / 2)
+        assert h.leases.queued(P0) == 1
+        await h.clock.advance(ACTIVE_S)  # b's claim lapsed: a takes the slot
         await granted(a, "a3")
         for s in (a, b):
             s.close()
@@ -85,6 +89,8 @@ async def test_a_tenant_waiting_too_long_below_its_share_gets_a_slot_taken_back(
         a.send(admit("a3-again", "a"), first_token("a3"), release("a3"))  # a late report on the old lease: ignored
         assert (await a.next()).HasField("queued")
         b.send(release("b1"))
+        await h.until(lambda: not h.leases.book.held(P0).get("b"))
+        await h.clock.advance(ACTIVE_S * 1.5)  # once b's claim to its headroom lapsed
         await granted(a, "a3-again")
         assert h.leases.book.held(P0) == {"a": 3}
         for s in (a, b):
@@ -140,7 +146,9 @@ async def test_an_active_tenant_below_its_share_keeps_headroom_for_its_next_requ
         assert (await a.next()).HasField("queued")
         b.send(admit("b2", "b"))  # b's next request finds its slot at once
         await granted(b, "b2")
-        b.send(release("b1"), release("b2"))  # b holds nothing any more: a takes what is free
+        b.send(release("b1"), release("b2"))  # b holds nothing any more, and once it has been idle a while,
+        await h.until(lambda: not h.leases.book.held(P0).get("b"))
+        await h.clock.advance(ACTIVE_S * 1.5)  # a takes what is free
         await granted(a, "a3")
         for s in (a, b):
             s.close()

@@ -7,9 +7,10 @@ Two rules follow, applied by the :class:`~goodput_scheduler.leases.LeaseManager`
 
 * **No new slot over the share while another waits below its own** (:meth:`Shares.blocked`): the dispatcher skips a
   tenant at or above its share while a tenant below its share waits in the same queue, or while the free slots are
-  no more than the headroom kept for the active tenants below their share (those holding slots in the class: up to
-  :data:`HEADROOM` slots each, so their next requests find a slot at once instead of waiting for one to end). A
-  tenant alone takes every slot: nothing is held back for tenants that do not come.
+  no more than the headroom kept for the active tenants below their share (those holding slots in the class, or that
+  held one in the last :data:`ACTIVE_S`: up to :data:`HEADROOM` slots each, so their next requests find a slot at
+  once instead of waiting for one to end). A tenant alone takes every slot: nothing is held back for tenants that do
+  not come.
 * **Room is made for a tenant that waited too long below its share**: once its most urgent request has waited
   :data:`PREEMPT_AFTER` of its queue-wait budget, the youngest lease (for the same model) of the tenant most over its
   share that has one without a first token yet is taken back (preempted: the gateway stops its worker call and
@@ -30,11 +31,14 @@ Example: 8 slots, tenant ``a`` holds all of them and ``b`` (weight 1 as well) wa
     >>> Shares(slots=8, held={"a": 8}, weights={"a": 1.0}, waiting={"a"}, free=0).blocked("a")   # alone
     False
 
-``b`` holds 1 slot and waits for nothing: ``a`` (at its share) does not take the last :data:`HEADROOM` free slots.
+``b`` holds 1 slot and waits for nothing: ``a`` (at its share) does not take the last :data:`HEADROOM` free slots;
+nor when ``b`` holds nothing but held a slot lately.
 
     >>> busy = {"held": {"a": 4, "b": 1}, "weights": {"a": 1.0, "b": 1.0}, "waiting": {"a"}}
     >>> Shares(slots=8, free=3, **busy).blocked("a"), Shares(slots=8, free=2, **busy).blocked("a")
     (False, True)
+    >>> Shares(slots=8, free=2, held={"a": 6}, weights={"a": 1.0, "b": 1.0}, waiting={"a"}, recent={"b"}).blocked("a")
+    True
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import math
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
-__all__ = ["HEADROOM", "PREEMPT_AFTER", "Shares"]
+__all__ = ["ACTIVE_S", "HEADROOM", "PREEMPT_AFTER", "Shares"]
 
 # A request below its share waits at most 1% of its queue-wait budget (0.3 s of P0's 30 s) behind over-share work
 # before a lease is taken back for it: ordinary turnover usually frees a slot sooner, and what a preemption before the
@@ -53,6 +57,9 @@ PREEMPT_AFTER = 0.01
 # come before a slot turns over, and two cover most Poisson gaps; what it costs is at most two idle slots per such
 # tenant, and only while another tenant is over its share.
 HEADROOM = 2
+# A tenant whose last slot in a class ended this long ago is still active there (keeps its weight in the shares and its
+# headroom): an interactive client's next request comes within seconds; an idle tenant's claim lapses after that.
+ACTIVE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,7 @@ class Shares:
     weights: Mapping[str, float]  # of every active tenant (holding or waiting): the latest weight it sent
     waiting: Set[str]  # tenants with requests in the class's queue
     free: int  # slots free now on the placeable workers
+    recent: Set[str] = frozenset()  # tenants holding no slot in the class that held one in the last ACTIVE_S
 
     def share(self, tenant: str) -> float:
         total = sum(self.weights.values())
@@ -79,8 +87,8 @@ class Shares:
             return False
         if any(u != tenant and self.under(u) for u in self.waiting):
             return True
-        headroom = sum(min(HEADROOM, math.ceil(self.share(u) - n)) for u, n in self.held.items()
-                       if u != tenant and self.under(u))
+        headroom = sum(min(HEADROOM, math.ceil(self.share(u) - self.held.get(u, 0)))
+                       for u in {*self.held, *self.recent} if u != tenant and self.under(u))
         return 0 < headroom >= self.free
 
     def over(self) -> list[str]:

@@ -50,7 +50,7 @@ from goodput_core.priority import priority_name
 from goodput_scheduler.clock import Clock, SystemClock
 from goodput_scheduler.config import SchedulerSettings
 from goodput_scheduler.efficiency import IdleWhileQueued
-from goodput_scheduler.fairshare import PREEMPT_AFTER, Shares
+from goodput_scheduler.fairshare import ACTIVE_S, PREEMPT_AFTER, Shares
 from goodput_scheduler.guard import LatencyGuard
 from goodput_scheduler.leasebook import Grant, Lease, LeaseBook
 from goodput_scheduler.metrics import SchedulerMetrics
@@ -94,6 +94,8 @@ class LeaseManager:
             max_inflight=cap.max_inflight if cap is not None else settings.max_inflight_per_worker,
             kv_full=cap.kv_full if cap is not None else HasCapacity.Parameters().kv_full)
         self.on_change: list[Callable[[], None]] = []  # after every change of the queues or the leases
+        # per class, tenants whose last lease there ended lately: when, and their weight (fairshare.ACTIVE_S)
+        self._recent: dict[int, dict[str, tuple[float, float]]] = {prio: {} for prio in CLASSES}
         self._seq = itertools.count()
         self._ticker: asyncio.Task[None] | None = None
         self._bind_gauges()
@@ -338,9 +340,12 @@ class LeaseManager:
         """The fair share of the slots in ``prio`` between the tenants holding slots in it or waiting in ``queue``."""
         waiting, caps = queue.waiting(), [(w.lease_cap(self.settings.max_inflight_per_worker), w.inflight)
                                           for w in self.registry.healthy()]
-        return Shares(slots=sum(cap for cap, _ in caps), held=self.book.held(prio),
-                      weights={**self.book.weights(prio), **waiting}, waiting=waiting.keys(),
-                      free=sum(max(cap - held, 0) for cap, held in caps))
+        held, recent, since = self.book.held(prio), self._recent[prio], self.clock.now() - ACTIVE_S
+        for tenant in [t for t, (ended, _) in recent.items() if ended < since or t in held]:
+            del recent[tenant]
+        return Shares(slots=sum(cap for cap, _ in caps), held=held,
+                      weights={**{t: w for t, (_, w) in recent.items()}, **self.book.weights(prio), **waiting},
+                      waiting=waiting.keys(), free=sum(max(cap - n, 0) for cap, n in caps), recent=recent.keys())
 
     def _head(self, queue: ClassQueue) -> Ticket | None:
         """The next request to grant: the head of the first tenant in turn not held back by its fair share (a tenant
@@ -502,6 +507,7 @@ class LeaseManager:
         ttft_reported = not lease.prefilling  # first_token() already gave the guard this P0's TTFT
         if not self.book.close(lease):
             return
+        self._recent[lease.priority][lease.request.tenant] = (self.clock.now(), lease.request.tenant_weight)
         if outcome == scheduler_pb2.OUTCOME_OK and completion_tokens:
             # Service time from the grant: the gateway's TTFT counts from arrival (queue, retrieval...), the first
             # token's report on this lease from the grant.
