@@ -16,7 +16,7 @@ from goodput_gateway.timing import TimingMetrics
 
 
 def _store(redis: aioredis.Redis, prefix: str, **feedback: float) -> FeedbackStore:
-    settings = GatewaySettings(feedback={"prefix": prefix, **feedback})
+    settings = GatewaySettings(feedback={"prefix": prefix, **feedback}, quotas={"prefix": prefix})
     return FeedbackStore(settings, redis=redis, metrics=TimingMetrics(None, LatencyProfile()))
 
 

@@ -18,7 +18,8 @@ from goodput_gateway.schemas import parse
 @pytest.mark.parametrize("url", ["redis", ""])
 async def test_a_stored_response_is_its_tenants_alone(url: str, redis_url: str, redis_prefix: str) -> None:
     client = aioredis.Redis.from_url(redis_url) if url else None
-    store = ResponseStore(GatewaySettings(responses={"prefix": redis_prefix}), redis=client)
+    store = ResponseStore(GatewaySettings(responses={"prefix": redis_prefix}, quotas={"prefix": redis_prefix}),
+                          redis=client)
     await store.put("acme", {"id": "resp_1", "object": "response"}, [{"role": "user", "content": "hi"}])
     assert (await store.get("acme", "resp_1"))["conversation"] == [{"role": "user", "content": "hi"}]
     with pytest.raises(NotFound):

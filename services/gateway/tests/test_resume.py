@@ -81,7 +81,8 @@ async def replicas(request: pytest.FixtureRequest, redis_url: str,
     made: list[StreamBuffer] = []
 
     def make(*, clock: Callable[[], float] = time.monotonic, **resume: object) -> tuple[StreamBuffer, StreamBuffer]:
-        settings = GatewaySettings(resume={"window_s": 30.0, "prefix": redis_prefix, "flush_s": 0.01, **resume})
+        settings = GatewaySettings(resume={"window_s": 30.0, "prefix": redis_prefix, "flush_s": 0.01, **resume},
+                                   quotas={"prefix": f"{redis_prefix}-quota"})
         pair = [StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url) if request.param == "redis" else None,
                              clock=clock, **TIMING) for _ in range(2 if request.param == "redis" else 1)]
         made.extend(pair)
@@ -140,7 +141,8 @@ async def test_a_resume_on_another_replica_before_the_first_flush_waits_for_it(r
     """A client reconnects to another replica before the producing one has written anything of the stream to Redis
     (its first events are written at its next flush): the stream is looked for again for a moment, not answered
     404."""
-    settings = GatewaySettings(resume={"window_s": 30, "prefix": redis_prefix, "flush_s": 0.1})
+    settings = GatewaySettings(resume={"window_s": 30, "prefix": redis_prefix, "flush_s": 0.1},
+                               quotas={"prefix": f"{redis_prefix}-quota"})
     looking = Looking.from_url(redis_url)
     a = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
     b = StreamBuffer(settings, redis=looking, **TIMING)
@@ -247,7 +249,8 @@ async def test_a_generation_nobody_follows_is_cut_after_the_window(replicas) -> 
 
 
 async def test_a_follower_on_another_replica_keeps_the_generation_going(redis_url: str, redis_prefix: str) -> None:
-    settings = GatewaySettings(resume={"window_s": 0.4, "prefix": redis_prefix, "flush_s": 0.01})
+    settings = GatewaySettings(resume={"window_s": 0.4, "prefix": redis_prefix, "flush_s": 0.01},
+                               quotas={"prefix": f"{redis_prefix}-quota"})
     a = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
     b = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
     source = Source()
@@ -271,7 +274,8 @@ async def test_a_follower_on_another_replica_keeps_the_generation_going(redis_ur
 
 
 async def test_a_replica_that_dies_mid_stream_is_an_error_not_a_wait(redis_url: str, redis_prefix: str) -> None:
-    settings = GatewaySettings(resume={"window_s": 30, "prefix": redis_prefix, "flush_s": 0.01})
+    settings = GatewaySettings(resume={"window_s": 30, "prefix": redis_prefix, "flush_s": 0.01},
+                               quotas={"prefix": f"{redis_prefix}-quota"})
     a = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
     b = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
     source = Source()
@@ -405,7 +409,7 @@ async def test_a_tenant_past_its_resume_quota_is_recorded_on_its_replica_only(re
     served and resumable on its own replica, never written to the shared store; another tenant's are; an ended
     stream holds its place only for the window."""
     settings = GatewaySettings(resume={"window_s": 30, "prefix": redis_prefix, "flush_s": 0.01},
-                               quotas={"prefix": redis_prefix})
+                               quotas={"prefix": f"{redis_prefix}-quota"})
     quota = StorageQuota(resume_streams=1)
     a, b = (StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), quota_of=lambda tenant: quota, **TIMING)
             for _ in range(2))

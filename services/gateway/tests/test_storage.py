@@ -226,3 +226,10 @@ async def test_without_redis_the_limits_hold_in_this_process() -> None:
         await asyncio.wait_for(store.admit("a", quota), 1)
     await store.delete("a", "resp_1")
     await store.admit("a", quota)
+
+
+async def test_a_responses_metadata_is_bounded_as_openais(replicas: list[httpx.AsyncClient]) -> None:
+    for metadata in ({"k": "v" * 513}, {"k" * 65: "v"}, {f"k{i}": "v" for i in range(17)}):
+        refused = await replicas[0].post("/v1/responses", headers=A, json={"model": "m", "input": "hi",
+                                                                             "metadata": metadata})
+        assert assert_openai_error(refused, 400)["param"].startswith("metadata")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import redis.asyncio as aioredis
 from cachetools import TTLCache
@@ -76,7 +76,9 @@ class ResponsesRequest(Body):
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    # OpenAI's bounds: 16 pairs, keys of at most 64 characters, values of at most 512 (stored with the response)
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=16)
     user: str | None = None
     prompt_cache_key: str | None = None  # placement for prefix reuse, within the tenant (as on chat)
     safety_identifier: str | None = None  # the end user; logs and traces keep only a hash of it
