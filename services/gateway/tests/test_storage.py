@@ -16,6 +16,7 @@ import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
+from goodput.common.v1 import types_pb2
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
@@ -23,10 +24,13 @@ from goodput_core.errors import ResourceExhausted
 
 from goodput_gateway.__main__ import compose
 from goodput_gateway.api import create_app
+from goodput_gateway.auth import ApiKeyStore, parse_keys_document
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.feedback import FeedbackStore, _Answer
 from goodput_gateway.jobs import JobQueue
+from goodput_gateway.jobs.parking import Parked, park
 from goodput_gateway.profile import LatencyProfile
+from goodput_gateway.requests import GenerationRequest, Message
 from goodput_gateway.responses import ResponseStore
 from goodput_gateway.storage import StorageLedger, StorageQuota
 from goodput_gateway.timing import TimingMetrics
@@ -233,3 +237,18 @@ async def test_a_responses_metadata_is_bounded_as_openais(replicas: list[httpx.A
         refused = await replicas[0].post("/v1/responses", headers=A, json={"model": "m", "input": "hi",
                                                                              "metadata": metadata})
         assert assert_openai_error(refused, 400)["param"].startswith("metadata")
+
+
+async def test_a_shed_request_past_its_tenants_jobs_quota_gets_its_429_unparked(redis_url: str,
+                                                                               redis_prefix: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    queue = JobQueue(settings(redis_url, redis_prefix), client, send=lambda job_id, dispatch, delay_s: None)
+    principal = ApiKeyStore(parse_keys_document("inline", json.loads(KEYS))).authenticate("Bearer k-a")
+    shed = ResourceExhausted("scheduler queue is full", code="queue_full", retry_after_s=0.1)
+    request = GenerationRequest(messages=(Message("user", "hi"),), priority=types_pb2.PRIORITY_P2)
+    try:
+        outcomes = [await park(queue, shed, tenant="a", request=request, principal=principal) for _ in range(3)]
+        assert [isinstance(o, Parked) for o in outcomes] == [True, True, False]  # jobs: 2
+        assert outcomes[2] is shed and queue.count("parked") == 2
+    finally:
+        client.close()

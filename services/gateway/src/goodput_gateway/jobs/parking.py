@@ -33,6 +33,7 @@ from goodput_gateway.generation_schemas import to_body
 from goodput_gateway.jobs.records import JOB_ID_KEY, SHED_CODES, retry_delay
 from goodput_gateway.jobs.store import JobQueue
 from goodput_gateway.requests import GenerationRequest
+from goodput_gateway.storage import DEFAULT_STORAGE
 
 log = logging.getLogger("goodput.gateway.jobs")
 
@@ -68,7 +69,11 @@ async def park(queue: JobQueue | None, err: ResourceExhausted, *, tenant: str,
         job = await asyncio.to_thread(queue.submit, tenant=tenant, route=route, body=body, delay_s=delay,
                                       error=f"ResourceExhausted: {err.message}",
                                       key=principal.key_id if principal else "",
-                                      weight=principal.weight if principal else 1.0)
+                                      weight=principal.weight if principal else 1.0,
+                                      quota=principal.storage if principal else DEFAULT_STORAGE)
+    except ResourceExhausted as full:  # the tenant's jobs quota (goodput_gateway.storage): not parked
+        log.warning("a shed P2 request was not parked", extra={"tenant": tenant, "why": full.message})
+        return err
     except Exception:  # noqa: BLE001
         log.exception("could not park a shed P2 request")
         return err
