@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from goodput_core.errors import ResourceExhausted
+from goodput_testing import RedisServer
 
 from goodput_gateway.__main__ import compose
 from goodput_gateway.api import create_app
@@ -252,3 +253,36 @@ async def test_a_shed_request_past_its_tenants_jobs_quota_gets_its_429_unparked(
         assert outcomes[2] is shed and queue.count("parked") == 2
     finally:
         client.close()
+
+
+async def test_a_full_data_redis_leaves_the_quota_counters_working(redis_url: str, redis_prefix: str) -> None:
+    """The stores on their own Redis (REDIS_URL, here with room for 2 MiB, noeviction), the counters on
+    QUOTA_REDIS_URL: a tenant without storage limits fills the data Redis, and another tenant's rate limit still
+    holds from Redis (no decision taken fail-open)."""
+    keys = json.dumps({"tenants": {"a": {"storage": {"files": 0, "file_bytes": 0}}, "b": {"rpm": 2}},
+                       "keys": [{"key": "k-a", "tenant": "a", "max_priority": "P2"},
+                                {"key": "k-b", "tenant": "b", "max_priority": "P2"}]})
+    with RedisServer() as data:
+        admin = redis.Redis.from_url(data.url)
+        admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]) + (2 << 20))  # room for 2 MiB
+        admin.close()
+        s = settings(data.url, redis_prefix).model_copy(update={"api_keys": keys, "quota_redis_url": redis_url})
+        client, ledger_client = redis.Redis.from_url(data.url), redis.Redis.from_url(redis_url)
+        queue = JobQueue(s, client, send=lambda job_id, dispatch, delay_s: None,
+                         ledger=StorageLedger(ledger_client, prefix=f"{redis_prefix}:quota:storage"))
+        registry = CollectorRegistry()
+        wiring = compose(s, registry, None, jobs=queue)
+        app = create_app(wiring.service, registry=registry, tracer=TracerProvider().get_tracer("test"),
+                         ready=lambda: True, jobs_queue=queue, responses_store=wiring.responses)
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+                statuses = [(await upload(http, A, b"{}\n" * (200 << 10))).status_code for _ in range(12)]
+                assert statuses[0] == 200 and statuses[-1] == 503, statuses  # the data Redis is full
+                answers = [await http.post("/v1/embeddings", headers=B, json={"input": "hi"}) for _ in range(3)]
+                assert [r.status_code for r in answers][:2] != [429, 429]
+                assert assert_openai_error(answers[2], 429)["code"] == "rate_limit_exceeded"
+                assert not registry.get_sample_value("goodput_quota_fail_open_total")
+        finally:
+            await wiring.close()
+            client.close()
+            ledger_client.close()
