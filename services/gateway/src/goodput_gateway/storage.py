@@ -16,8 +16,9 @@ comes back without a delete and without keyspace notifications. A reservation of
 its expiry (a retried write is not counted twice; a stream that ended holds its place only while it is kept).
 
 The ledger sits on the quota Redis, apart from the stores' data: a tenant that fills the data Redis cannot touch
-the quota counters, and the ledger refuses it long before that. Without Redis the ledger is this process's (right
-for one replica only).
+the quota counters, and the ledger refuses it long before that. A ledger that cannot be reached refuses the write
+(503 ``store_unavailable``): storage never fails open. Without Redis the ledger is this process's (right for one
+replica only).
 
 Refusals come before anything is written: an object larger than its kind's byte limit on its own is 413
 ``object_too_large``; one that would take the tenant past its count or its bytes is 429 ``insufficient_quota``
