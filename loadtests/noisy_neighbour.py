@@ -14,13 +14,17 @@ workers, ``GOODPUT_INFERENCE_ENGINE=sim``; only the GPU is simulated) and, in th
    goal), ``without_quotas`` (A + B, keys without limits: only the scheduler's per-tenant queue shares act) and one
    ``with_quotas`` run per ``--quota-runs`` entry (A + B, each tenant limited to its share in the gateway's keys
    file: ``rpm`` = share_rps x 60, and with ``+concurrent`` also ``max_concurrent`` = share_slots; the quota
-   counters start empty).
+   counters start empty), and ``no_limits_a_holds_every_slot`` (keys without limits; A holds every slot with long
+   streams, ``--long-tokens`` each, in a closed loop of twice the fleet's slots started ``--hold-lead-s`` before B's
+   arrivals, so B meets a full fleet: only the scheduler's fair share of the slots, with preemption, acts).
 
 Per phase it reports B's success rate and TTFT p50/p95/p99 (first content delta of the SSE stream) with the ratio
-of p99 to B's p99 alone (goal: <= 1.25x) and A's admitted and refused requests: by what refused them, and whether
-every refusal was a 429 with ``code: rate_limit_exceeded`` (``queue_full`` when the scheduler refused it), a
-``Retry-After`` and sane ``x-ratelimit-*-requests`` headers (limit = the configured rpm, 0 <= remaining <= limit, a
-parseable reset within the minute), and whether A passed its rpm more often than the limit allows. A's flood is
+of p99 to B's p99 alone (goal: <= 1.25x; <= 1.5x when A holds every slot with no limits, where it also reports how
+many of A's requests were preempted, admitted again by the gateway, and how many finished) and A's admitted and
+refused requests: by what refused them, and whether every refusal was a 429 with ``code: rate_limit_exceeded``
+(``queue_full`` when the scheduler refused it), a ``Retry-After`` and sane ``x-ratelimit-*-requests`` headers (limit =
+the configured rpm, 0 <= remaining <= limit, a parseable reset within the minute), and whether A passed its rpm more
+often than the limit allows. A's flood is
 sent from a separate process, so B's client (and its TTFT clock) does not share an event loop with it.
 
     python -m loadtests.noisy_neighbour                          # 2 and 4 workers, ~9 min on 2 cores
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import multiprocessing
@@ -64,6 +69,7 @@ NOISY, QUIET, PROBE = "tenant-a", "tenant-b", "calibration"
 LABELS = {NOISY: "A", QUIET: "B"}
 PORT_OFFSET = 3400  # no other test or benchmark uses it (tests: 1000, 2300-3200, 3500, 3700; loadtests: 300, 3000)
 TTFT_GOAL_RATIO = 1.25
+HOLD_GOAL_RATIO = 1.5  # B's TTFT p99 against B alone when A holds every slot with no limits configured
 RPM_WINDOW_S = 60.0
 # The gateway's x-ratelimit-reset-* format (goodput_gateway.quotas.format_reset): 20ms, 1s, 59.5s, 6m0s, 1h2m5s.
 _RESET = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
@@ -175,6 +181,30 @@ async def drive(traffic: Traffic) -> list[Outcome]:
 def drive_in_process(traffic: Traffic) -> list[Outcome]:
     """:func:`drive` in a process of its own (a ProcessPoolExecutor's worker)."""
     return asyncio.run(drive(traffic))
+
+
+async def hold(traffic: Traffic, *, concurrency: int, until: float) -> list[Outcome]:
+    """A closed loop of ``concurrency`` requests at once, each sent again as soon as it ends (0.1 s later when it
+    failed), until ``until`` (``time.monotonic()``); waits for the last ones."""
+    out: list[Outcome] = []
+    counter = itertools.count()
+    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+    async with httpx.AsyncClient(base_url=traffic.base_url, timeout=httpx.Timeout(traffic.timeout_s, connect=10.0),
+                                 limits=limits) as client:
+        async def loop() -> None:
+            while time.monotonic() < until:
+                r = await send(client, traffic, next(counter))
+                out.append(r)
+                if not r.ok:
+                    await asyncio.sleep(0.1)
+
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return out
+
+
+def hold_in_process(traffic: Traffic, concurrency: int, until: float) -> list[Outcome]:
+    """:func:`hold` in a process of its own."""
+    return asyncio.run(hold(traffic, concurrency=concurrency, until=until))
 
 
 def _ready() -> bool:
@@ -292,7 +322,9 @@ async def gateway_counters(base_url: str) -> dict[str, float]:
             text = (await client.get(f"{base_url}/metrics")).text
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                if s.name == "goodput_quota_refused_total":
+                if s.name == "goodput_gateway_preempted_total":
+                    name = "preempted"
+                elif s.name == "goodput_quota_refused_total":
                     name = f"refused:{s.labels.get('limit', '?')}"
                 elif s.name == "goodput_quota_fail_open_total":
                     name = f"fail_open:{s.labels.get('reason', '?')}"
@@ -463,6 +495,7 @@ def analyse_flood(outcomes: list[Outcome], *, phase_s: float, rpm: int | None) -
 
 QUOTA_RUNS = {"rpm": ("rpm",), "rpm+concurrent": ("rpm", "max_concurrent")}
 AT_SHARE = "a_at_its_share"
+HOLDS_ALL = "no_limits_a_holds_every_slot"
 
 
 async def run_fleet(args: argparse.Namespace, workers: int, pool: ProcessPoolExecutor,
@@ -529,6 +562,8 @@ async def run_fleet(args: argparse.Namespace, workers: int, pool: ProcessPoolExe
             phases.append((AT_SHARE, None, True))
         phases.append(("without_quotas", None, True))
         phases += [(f"with_quotas[{name}]", QUOTA_RUNS[name], True) for name in args.quota_runs]
+        if args.holds_all:
+            phases.append((HOLDS_ALL, None, True))
         await asyncio.wrap_future(flood_ready)
         for name, limit_kinds, flood in phases:
             phase_s = args.phase_s if flood else args.alone_s
@@ -539,14 +574,21 @@ async def run_fleet(args: argparse.Namespace, workers: int, pool: ProcessPoolExe
             reload_s = await apply(limits)
             await asyncio.sleep(0.5)  # the probe's request leaves the fleet
             before = await gateway_counters(base)
-            t0 = time.monotonic() + 0.5  # A's process gets its arrivals meanwhile
+            # A's process gets its arrivals meanwhile (and, holding every slot, fills them before B's first)
+            t0 = time.monotonic() + (args.hold_lead_s if name == HOLDS_ALL else 0.5)
             tag = f"{name} {workers}w"
             quiet = Traffic(base, keys[QUIET], QUIET, f"{tag} B", tuple(a for a in arrivals[QUIET] if a <= phase_s),
                             t0, args.prompt_chars, args.max_tokens)
-            noisy = Traffic(base, keys[NOISY], NOISY, f"{tag} A", at_share if name == AT_SHARE else arrivals[NOISY],
-                            t0, args.prompt_chars, args.max_tokens)
             loop = asyncio.get_running_loop()
-            flood_future = loop.run_in_executor(pool, drive_in_process, noisy) if flood else None
+            flood_future: asyncio.Future[list[Outcome]] | None
+            if name == HOLDS_ALL:
+                noisy = Traffic(base, keys[NOISY], NOISY, f"{tag} A", (), t0, args.prompt_chars, args.long_tokens)
+                flood_future = loop.run_in_executor(pool, hold_in_process, noisy, 2 * slots, t0 + phase_s)
+            else:
+                noisy = Traffic(base, keys[NOISY], NOISY, f"{tag} A",
+                                at_share if name == AT_SHARE else arrivals[NOISY], t0, args.prompt_chars,
+                                args.max_tokens)
+                flood_future = loop.run_in_executor(pool, drive_in_process, noisy) if flood else None
             quiet_out = await drive(quiet)
             noisy_out = await flood_future if flood_future is not None else []
             drain_s = time.monotonic() - (t0 + phase_s)
@@ -566,6 +608,9 @@ async def run_fleet(args: argparse.Namespace, workers: int, pool: ProcessPoolExe
                 line += f"; A {a['admitted']}/{a['n']} admitted, refused by {dict(a['refused_by'])}"
                 if "refusal_checks" in a:
                     line += f", {a['refusal_checks']['ok']}/{a['refusal_checks']['checked']} refusals as promised"
+                if name == HOLDS_ALL:
+                    line += (f"; A {a['completed']} finished, "
+                             f"{phase['gateway_counters'].get('preempted', 0):.0f} preempted and admitted again")
             print(line, flush=True)
     finally:
         platform.stop()
@@ -596,7 +641,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                   "share": args.share, "flood": args.flood, "b_load": args.b_load, "quota_runs": args.quota_runs,
                   "quantum_s": args.quantum_s, "at_share": args.at_share, "unloaded_n": args.unloaded_n,
                   "seed": args.seed, "p0_max_queue": 20, "smoke": args.quick,
-                  "goal_ttft_ratio": TTFT_GOAL_RATIO},
+                  "goal_ttft_ratio": TTFT_GOAL_RATIO, "holds_all": args.holds_all, "long_tokens": args.long_tokens,
+                  "hold_lead_s": args.hold_lead_s, "hold_goal_ratio": HOLD_GOAL_RATIO},
         "fleets": [],
     }
     ctx = multiprocessing.get_context("spawn")
@@ -631,6 +677,17 @@ def goals(report: dict[str, Any]) -> list[bench.Goal]:
     out = []
     for fleet in report["fleets"]:
         phases = fleet["phases"]
+        if HOLDS_ALL in phases:
+            phase, where = phases[HOLDS_ALL], f"{fleet['workers']} workers, {HOLDS_ALL}"
+            q, a = phase["quiet"], phase["noisy"]
+            alone = phases.get("alone", {}).get("quiet", {}).get("ttft", {}).get("p99_ms")
+            out += [bench.Goal(f"{where}: B's P0 success 100%", _measured(q["success_rate"]), 1.0, unit="%",
+                               digits=1),
+                    bench.Goal(f"{where}: B's TTFT p99 ≤ {HOLD_GOAL_RATIO}x B alone", _measured(q["ttft"]["p99_ms"],
+                               alone), HOLD_GOAL_RATIO, at_most=True, judged="ratio", digits=0),
+                    bench.Goal(f"{where}: every admitted request of A finished (its preempted work included)",
+                               _measured(a["completed"] / a["admitted"] if a.get("admitted") else None), 1.0,
+                               unit="%", digits=1)]
         for name, phase in phases.items():
             if not name.startswith("with_quotas"):
                 continue
@@ -665,7 +722,7 @@ def context(report: dict[str, Any]) -> dict[str, Any]:
     """Per fleet and phase A's passes through its quota and the bound; what refusals and admitted responses lacked
     (workers, phase, whose admitted responses or "" for A's refusals, problems)."""
     fleets = report["fleets"]
-    return {"at_share_phase": AT_SHARE, "goal_ratio": TTFT_GOAL_RATIO,
+    return {"at_share_phase": AT_SHARE, "goal_ratio": TTFT_GOAL_RATIO, "hold_phase": HOLDS_ALL,
             "passes": [{name: quota_passes(ph) for name, ph in f["phases"].items()} for f in fleets],
             "lacked": [(f["workers"], name, "", ph["noisy"]["refusal_checks"]["problems"]) for f in fleets
                        for name, ph in f["phases"].items()
@@ -715,6 +772,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "seconds (0 = per minute only, so a flood spends its minute in a burst)")
     ap.add_argument("--no-at-share", dest="at_share", action="store_false",
                     help="skip the reference phase in which A sends exactly its share")
+    ap.add_argument("--no-holds-all", dest="holds_all", action="store_false",
+                    help=f"skip the {HOLDS_ALL} phase (no limits; A's long streams hold every slot)")
+    ap.add_argument("--long-tokens", type=int, default=256, help=f"output tokens of A's streams in {HOLDS_ALL}")
+    ap.add_argument("--hold-lead-s", type=float, default=3.0,
+                    help=f"seconds A's streams run in {HOLDS_ALL} before B's first arrival")
     ap.add_argument("--unloaded-n", type=int, default=30, help="B's requests one at a time (unloaded TTFT)")
     ap.add_argument("--capacity-s", type=float, default=12.0)
     ap.add_argument("--port-offset", type=int, default=PORT_OFFSET)
@@ -739,8 +801,8 @@ BENCHMARK = bench.Benchmark(
     # 7 s phases: A at 10x its share passes a minute's rpm (60 s x its share) after ~6 s, so the rpm run refuses;
     # per minute only (no quantum): B's Poisson arrivals never meet a quantum in a few seconds.
     quick={"workers": [2], "phase_s": 7.0, "alone_s": 3.0, "time_scale": 2.0, "unloaded_n": 5, "capacity_s": 3.0,
-           "warmup_s": 2.0, "quota_runs": ["rpm"], "at_share": False, "quantum_s": 0},
-    quick_help="one fleet of 2 workers, short phases, the rpm quota run only (a smoke run, ~45 s)", ok=served,
+           "warmup_s": 2.0, "quota_runs": ["rpm"], "at_share": False, "quantum_s": 0, "long_tokens": 128},
+    quick_help="one fleet of 2 workers, short phases, the rpm quota run only (a smoke run, ~70 s)", ok=served,
     reports=("noisy_neighbour",))
 
 

@@ -76,7 +76,7 @@ def test_smoke_run_reports_every_phase_with_the_cpu_named(smoke: tuple[dict[str,
         assert out.with_suffix(suffix).exists(), suffix
     assert [f["workers"] for f in report["fleets"]] == [2]
     fleet = report["fleets"][0]
-    assert list(fleet["phases"]) == ["alone", "without_quotas", "with_quotas[rpm]"]
+    assert list(fleet["phases"]) == ["alone", "without_quotas", "with_quotas[rpm]", nn.HOLDS_ALL]
     assert fleet["capacity"]["rps"] > 0 and fleet["limits"]["rpm"] >= 1
     markdown = out.with_suffix(".md").read_text(encoding="utf-8")
     assert cpu_label(report["machine"]) in markdown
@@ -110,3 +110,11 @@ def test_smoke_run_refuses_a_by_its_quota_with_the_promised_headers(smoke: tuple
     # without quotas nothing is refused by a quota (the scheduler's queue may refuse A)
     without = dict(fleet["phases"]["without_quotas"]["noisy"]["refused_by"])
     assert not set(without) & set(nn.QUOTA_KINDS), without
+
+
+@pytest.mark.integration
+def test_smoke_run_a_holding_every_slot_without_limits_finishes_all_it_was_admitted(
+        smoke: tuple[dict[str, Any], Path]) -> None:
+    report, _ = smoke
+    flood = report["fleets"][0]["phases"][nn.HOLDS_ALL]["noisy"]
+    assert flood["admitted"] > 0 and flood["completed"] == flood["admitted"], flood["other_failures"]
