@@ -27,9 +27,9 @@ the configured rpm, 0 <= remaining <= limit, a parseable reset within the minute
 often than the limit allows. A's flood is
 sent from a separate process, so B's client (and its TTFT clock) does not share an event loop with it.
 
-    python -m loadtests.noisy_neighbour                          # 2 and 4 workers, ~9 min on 2 cores
+    python -m loadtests.noisy_neighbour                          # 2 and 4 workers, ~11 min on 2 cores
     python -m loadtests.noisy_neighbour --out loadtests/reports/noisy_neighbour   # the reference run
-    python -m loadtests.noisy_neighbour --smoke                  # 2 workers, short phases, one quota run (~45 s)
+    python -m loadtests.noisy_neighbour --smoke                  # 2 workers, short phases, one quota run (~70 s)
     python -m loadtests.noisy_neighbour --render loadtests/reports/noisy_neighbour.json   # the report again
 
 A benchmark reports numbers; it does not fail on a missed goal (only when nothing could be served).
