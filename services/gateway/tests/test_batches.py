@@ -136,6 +136,10 @@ def test_a_tenant_creates_one_batch_at_a_time_and_others_are_not_held_up(store: 
         assert busy.value.code == "batch_in_progress" and busy.value.retry_after_s == 1.0
         with store.creating("globex"):  # another tenant's goes ahead
             pass
+        with store.creating("b"), store.creating("c"), store.creating("d"):  # up to four tenants' at once
+            with pytest.raises(ResourceExhausted, match="creating 4 batches"):
+                with store.creating("e"):
+                    pass
     with store.creating("acme"):  # and acme's next, once its first is done
         pass
 

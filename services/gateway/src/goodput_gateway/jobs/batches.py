@@ -44,6 +44,9 @@ __all__ = ["Batch", "BatchStore", "FileObject", "parse_window"]
 
 WINDOWS = {"24h": 86_400}
 READ_CHUNK = 1 << 20  # a file is read in pieces this large: a few ms of the interpreter each
+# Batches checked at once in one process: each takes a 2 ms turn of the event loop per round, so four keep another
+# stream's next token within about 8 ms (goodput_gateway.api.batches.check_file).
+CREATING_AT_ONCE = 4
 
 
 def parse_window(window: str) -> int:
@@ -183,9 +186,13 @@ class BatchStore:
     def creating(self, tenant: str) -> Iterator[None]:
         """Holds the tenant's one place to create a batch in this process (its file checked, its lines submitted);
         while it is held, another of the tenant's is refused (429, retry in a second), so a tenant's batches never
-        take more than one turn of the event loop's checking, nor wait unbounded."""
+        take more than one turn of the event loop's checking, nor wait unbounded; so is any past
+        :data:`CREATING_AT_ONCE` in this process."""
         if tenant in self._creating:
             raise ResourceExhausted("a batch of this tenant is being created; retry when it is done",
+                                    code="batch_in_progress", retry_after_s=1.0)
+        if len(self._creating) >= CREATING_AT_ONCE:
+            raise ResourceExhausted(f"this gateway is creating {CREATING_AT_ONCE} batches; retry in a second",
                                     code="batch_in_progress", retry_after_s=1.0)
         self._creating.add(tenant)
         try:
