@@ -331,7 +331,8 @@ class GatewayService:
             reason = "saturated" if isinstance(err, ResourceExhausted) else "down"
             if not await self._fall_back(req, reason, asked=asked.model, grounded=grounded):
                 if isinstance(err, ResourceExhausted):  # batch work is parked, not lost
-                    raise await park(self.jobs, err, tenant=req.principal.tenant, request=asked)  # noqa: B904
+                    raise await park(self.jobs, err, tenant=req.principal.tenant, request=asked,
+                                     principal=req.principal) from None
                 raise
         used.model = req.served.id  # never stored under the model asked for
         if status is not None:
@@ -339,7 +340,8 @@ class GatewayService:
         try:
             return await lease()
         except ResourceExhausted as refused:  # batch work is parked as asked for, not lost
-            raise await park(self.jobs, refused, tenant=req.principal.tenant, request=asked)  # noqa: B904
+            raise await park(self.jobs, refused, tenant=req.principal.tenant, request=asked,
+                             principal=req.principal) from None
 
     # ---- degradation and fallback ---------------------------------------------------------------------------------
 
