@@ -115,6 +115,8 @@ def test_files_and_batches_are_their_tenants_alone(store: BatchStore) -> None:
     (jsonl({**line("a"), "body": {"messages": [{"role": "user", "content": "x"}], "tools": [{"x": 1}]}}),
      "tools"),
     (b"\n\n", "no requests"),
+    (jsonl(line("a"), line("b", "x" * (1 << 20))), "line 2 of the input file: longer than 1048576 bytes"),
+    (jsonl(line("a")) + b'{"custom_id": "\xff"}\n', "line 2 of the input file: not UTF-8"),
 ])
 def test_a_bad_input_file_is_refused_naming_its_line(content: bytes, why: str) -> None:
     with pytest.raises(InvalidArgument) as err:
