@@ -209,7 +209,7 @@ class Pipeline:
         started = time.monotonic()
         admit = scheduler_pb2.Admit(request_id=request_id, tenant=principal.tenant, priority=cast(Any, req.priority),
                                     model=model, prompt_tokens_estimate=cost.prompt_tokens,
-                                    max_tokens=cost.max_tokens, prefix_hint=req.prefix_hint(),
+                                    max_tokens=cost.max_tokens, n=cost.n, prefix_hint=req.prefix_hint(),
                                     session_id=req.affinity(principal.tenant), fixed_output=cost.fixed_output,
                                     tenant_weight=principal.weight,
                                     max_queue_wait_s=max_queue_wait_s)

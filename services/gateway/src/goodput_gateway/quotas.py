@@ -128,7 +128,9 @@ def _headers(reading: Reading, cost: int) -> dict[str, str]:
         w = min(windows, key=lambda w: w.remaining())
         out[f"x-ratelimit-limit-{kind}"] = str(w.limit)
         out[f"x-ratelimit-remaining-{kind}"] = str(w.remaining())
-        out[f"x-ratelimit-reset-{kind}"] = format_reset(w.wait_s(0))
+        # every request counted now has left the last minute within the minute (the counter's estimate of that
+        # minute may lag behind it, which Retry-After allows for)
+        out[f"x-ratelimit-reset-{kind}"] = format_reset(min(w.wait_s(0), w.period))
     return out
 
 
