@@ -6,7 +6,7 @@ the error body; gRPC with RESOURCE_EXHAUSTED, ``retry-after`` and ``x-goodput-jo
 
 Example (in the service, with the jobs' Redis behind ``queue``)::
 
-    raise await park(queue, shed_error, tenant="acme", request=request)   # Parked, or shed_error when not parked
+    raise await park(queue, shed_error, tenant="acme", request=request, principal=caller)   # or shed_error
 
 The error a parked request answers with is the shed one, naming the job:
 
@@ -33,7 +33,6 @@ from goodput_gateway.generation_schemas import to_body
 from goodput_gateway.jobs.records import JOB_ID_KEY, SHED_CODES, retry_delay
 from goodput_gateway.jobs.store import JobQueue
 from goodput_gateway.requests import GenerationRequest
-from goodput_gateway.storage import DEFAULT_STORAGE
 
 log = logging.getLogger("goodput.gateway.jobs")
 
@@ -55,11 +54,12 @@ class Parked(ResourceExhausted):
 
 
 async def park(queue: JobQueue | None, err: ResourceExhausted, *, tenant: str,
-               request: GenerationRequest, principal: Principal | None = None) -> ResourceExhausted:
+               request: GenerationRequest, principal: Principal) -> ResourceExhausted:
     """Parks ``request`` (the caller's, parsed, its priority resolved) when it is batch (P2) work the scheduler shed
     for load (queue full or overloaded) and jobs are configured; returns the error to raise: :class:`Parked`
-    naming the job, else ``err``. Best effort: the caller gets its honest 429 either way. With the caller's
-    ``principal``, the job runs under its key's limits too and waits its turn with its tenant's weight."""
+    naming the job, else ``err``. Best effort: the caller gets its honest 429 either way. The job runs under the
+    limits of the caller's (``principal``) key and its tenant's, waits its turn with the tenant's weight and counts
+    against the tenant's jobs quota."""
     if queue is None or err.code not in SHED_CODES or request.priority != types_pb2.PRIORITY_P2:
         return err
     route, body = to_body(request)
@@ -68,9 +68,7 @@ async def park(queue: JobQueue | None, err: ResourceExhausted, *, tenant: str,
     try:
         job = await asyncio.to_thread(queue.submit, tenant=tenant, route=route, body=body, delay_s=delay,
                                       error=f"ResourceExhausted: {err.message}",
-                                      key=principal.key_id if principal else "",
-                                      weight=principal.weight if principal else 1.0,
-                                      quota=principal.storage if principal else DEFAULT_STORAGE)
+                                      key=principal.key_id, weight=principal.weight, quota=principal.storage)
     except ResourceExhausted as full:  # the tenant's jobs quota (goodput_gateway.storage): not parked
         log.warning("a shed P2 request was not parked", extra={"tenant": tenant, "why": full.message})
         return err
