@@ -90,7 +90,7 @@ class Principal:
     tenant: str
     max_priority: int
     default_priority: int
-    key_id: str = ""  # the key's id (never the key): "" for a principal not made from a key (a parked job)
+    key_id: str = ""  # the key's id (never the key): "" for a principal not made from a key (a job stored without one)
     weight: float = 1.0  # the tenant's fair-share weight at the scheduler
     tenant_quota: Quota = field(default=NO_QUOTA)
     key_quota: Quota = field(default=NO_QUOTA)
@@ -259,7 +259,8 @@ class ApiKeyStore:
 
     def tenant_principal(self, tenant: str, *, priority: int) -> Principal:
         """The tenant's own principal (its limits and weight, no key's) at ``priority``, for work it submitted
-        earlier that runs without a key (a parked job); Unauthenticated once the tenant has no key any more."""
+        earlier that runs without a key (a job stored without the key that sent it); Unauthenticated once the tenant has
+        no key any more."""
         for principal in self._by_digest.values():
             if principal.tenant == tenant:
                 return Principal(tenant=tenant, max_priority=priority, default_priority=priority,
