@@ -401,3 +401,19 @@ def test_a_parked_request_remembers_its_key_and_waits_its_tenants_turn(queue: Jo
     with pytest.raises(Unauthenticated, match="revoked"):
         keys.key_principal("acme-ci", tenant="acme", priority=types_pb2.PRIORITY_P2)
 
+
+def test_a_worker_that_dies_between_taking_and_claiming_loses_no_job(queue: JobQueue, broker: Broker,
+                                                                      clock: FakeClock) -> None:
+    runs = Runs()
+    job = submit(queue)
+    assert queue.take() == (job.id, 1)  # a worker takes the job from its tenant's turns, then dies
+    assert queue.take() is None and queue.load(job.id).state == "queued"  # type: ignore[union-attr]
+    clock.advance(LOST_AFTER_S + 1)
+    assert queue.sweep() == {"lost_message": 1}  # its message is sent again, and the job gets its place back
+    assert len(broker.sent) == 2 and queue.redis.zcard(queue._ready("acme")) == 1  # noqa: SLF001
+    for job_id, dispatch, _ in broker.sent:  # both copies of its message arrive: it runs once
+        run_job(queue, job_id, runner=runs, dispatch=dispatch)
+    done = queue.load(job.id)
+    assert done is not None and done.state == "completed" and runs.count == 1
+    assert_consistent(queue, job.id)
+
