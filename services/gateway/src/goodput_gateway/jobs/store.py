@@ -36,9 +36,9 @@ job in fair order (:meth:`JobQueue.take`, one Lua script, so several workers nev
 when its tenant's turn has come -- and claims that. A parked job joins its tenant's turns when its message arrives
 (:meth:`JobQueue.wake`). Every waiting job has a message still to come, so every one gets a turn; a worker that dies
 between taking and claiming leaves its job queued without a place, which the sweeper's resend (a lost message)
-puts back, as before. So tenant A's 10,000 queued lines delay tenant B's ten by about ten of A's, not by 10,000::
-
-    A submits 10,000 lines, then B 10: turns go A B A B ... until B's ten are done, then A's remain.
+puts back, as before. So tenant A's 10,000 queued lines delay tenant B's ten by about ten of A's, not by 10,000:
+A has run some lines when B queues ten; the next turns go B A B A ... (B A with weight 1 each; B B B A with B's
+weight 3) until B's ten are done, then A's remaining lines.
 
 Example (with a Redis at ``settings.redis_url``)::
 
