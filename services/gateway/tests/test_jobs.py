@@ -384,6 +384,36 @@ async def test_a_job_runs_under_the_limits_of_the_key_that_submitted_it(procs: P
     await asyncio.to_thread(queue.cancel, by_ci.id)  # it would wait for a tpm it never gets
 
 
+async def test_a_batch_runs_through_the_jobs_worker_to_its_output_file(procs: Procs, queue: JobQueue) -> None:
+    keys = json.dumps({"keys": [{"key": API_KEY, "tenant": "batch", "max_priority": "P2"}]})
+    http_port = free_port()
+    runner = build_gateway(procs.settings(api_keys=keys, grpc_port=0, http_port=http_port, models_cache_s=0.0,
+                                          drain_grace_s=0.5), CollectorRegistry(), None)
+    await runner.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=30,
+                                     headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+            lines = [{"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions", "body": chat_body()}
+                     for i in range(3)]
+            uploaded = await http.post("/v1/files", files={"file": ("in.jsonl", "".join(
+                json.dumps(x) + "\n" for x in lines).encode())}, data={"purpose": "batch"})
+            created = await http.post("/v1/batches", json={"input_file_id": uploaded.json()["id"],
+                                                           "endpoint": "/v1/chat/completions",
+                                                           "completion_window": "24h"})
+            assert created.status_code == 200, created.text
+
+            async def finished() -> dict[str, Any] | None:
+                body: dict[str, Any] = (await http.get(f"/v1/batches/{created.json()['id']}")).json()
+                return body if body["status"] == "completed" else None
+            done = await async_wait_until(finished, timeout=60, interval=0.2, message="the batch did not complete")
+            assert done["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+            out = (await http.get(f"/v1/files/{done['output_file_id']}/content")).text.splitlines()
+            assert sorted(json.loads(x)["custom_id"] for x in out) == ["q0", "q1", "q2"]
+            assert all(json.loads(x)["response"]["body"]["usage"]["completion_tokens"] == 6 for x in out)
+    finally:
+        await runner.stop()
+
+
 async def test_a_batch_files_check_leaves_another_tenants_stream_on_time(procs: Procs, queue: JobQueue) -> None:
     """Tenant A creates a batch from a 10,000-line, ~15 MiB file whose last line is bad while tenant B streams from
     the same gateway: the file is checked on the event loop in turns (goodput_gateway.api.batches.check_file), so

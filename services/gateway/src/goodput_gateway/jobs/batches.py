@@ -29,7 +29,6 @@ import contextlib
 import json
 import time
 import uuid
-from collections import Counter as Tally
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -222,7 +221,7 @@ class BatchStore:
                             expires_at=expires + self.settings.jobs.result_ttl_s)
         try:
             jobs = [self.queue.submit(tenant=tenant, route=route, body=json.loads(line)["body"], deadline_at=expires,
-                                      quota=None, key=key, weight=weight).id for _, line in lines]
+                                      quota=None, key=key, weight=weight, batch=batch_id).id for _, line in lines]
         except BaseException:
             self.ledger.release(tenant, "batches", batch_id)
             raise
@@ -248,13 +247,14 @@ class BatchStore:
             yield from (Job.from_json(r) if r is not None else None for r in self.redis.mget(keys[i:i + 500]))
 
     def get(self, batch_id: str, *, tenant: str) -> Batch:
-        """The batch with its status brought up to date (and its files written once every line has ended)."""
+        """The batch with its status brought up to date from its lines' counts (and its files written once every
+        line has ended)."""
         batch = self._load(batch_id, tenant=tenant)
         if batch.status in ("completed", "expired", "cancelled"):
             return batch
-        states = Tally("gone" if j is None else j.state for j in self._jobs(batch))
-        batch.counts = {"completed": states["completed"], "failed": states["gone"] + states["failed"] +
-                        states["expired"]}
+        ended = {(k.decode() if isinstance(k, bytes) else k): int(v)
+                 for k, v in self.redis.hgetall(self.queue.batch_ended(batch.id)).items()}
+        batch.counts = {"completed": ended.get("completed", 0), "failed": ended.get("failed", 0)}
         if sum(batch.counts.values()) < len(batch.jobs):  # a line is still waiting or running
             return batch
         # every line has ended: one replica writes the files (the others answer "finalizing" meanwhile)

@@ -78,6 +78,7 @@ class Job:
     # alone, as jobs stored before keys were recorded) and the tenant's fair-share weight among waiting jobs.
     key: str = ""
     weight: float = 1.0
+    batch: str = ""  # the batch this job is a line of ("" = none): its end is counted for the batch (JobQueue)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Job:
