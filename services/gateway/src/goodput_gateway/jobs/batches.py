@@ -11,7 +11,8 @@ gateway replica serves them.
   batch's endpoint, a ``body`` the endpoint accepts) and refuses the batch naming the first bad line. Its jobs'
   deadline is the end of its completion window (``24h``): a line not done by then ends as ``batch_expired`` in the
   error file, and the batch as ``expired``.
-* Its **status** is derived from its jobs when it is read: ``in_progress`` while any runs; then ``finalizing``
+* Its **status** is derived from its lines' counts when it is read (each line's job adds to them as it ends:
+  :meth:`JobQueue.batch_ended`): ``in_progress`` while any line waits or runs; then ``finalizing``
   while one replica writes the output file (``{"id", "custom_id", "response": {"status_code", "request_id",
   "body"}, "error"}`` per completed line) and the error file (failed and expired lines), then ``completed``,
   ``expired`` or ``cancelled``. Cancelling fails the lines not started yet; lines already running finish.
