@@ -108,6 +108,7 @@ async def test_tokens_per_minute_count_real_usage_not_the_estimate(replicas: Fac
 async def test_a_prompt_larger_than_the_whole_minute_is_refused_by_name(replicas: Factory) -> None:
     err = await admit(replicas(), principal(tenant_quota=Quota(tpm=50)), prompt_tokens=51)
     assert isinstance(err, RateLimited) and "may use 51 tokens" in err.message
+    assert err.code == "request_too_large" and err.http_status == 429  # no retry helps it (a job fails at once)
 
 
 async def test_concurrent_requests_are_bounded_across_replicas_and_given_back(replicas: Factory) -> None:

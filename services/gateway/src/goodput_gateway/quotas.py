@@ -272,7 +272,7 @@ class Quotas:
                 raise self._refuse(principal, "tpm", RateLimited(
                     f"this request may use {tokens} tokens (its prompt and max_tokens for every answer), more than "
                     f"{s.describe()}'s limit of {s.quota.tpm} tokens per minute; lower max_tokens or n",
-                    headers={}, retry_after_s=60.0))
+                    headers={}, retry_after_s=60.0, code="request_too_large"))
         month, month_left = month_of()
         try:
             reading = await self._count(counters, scopes, member, tokens, timeout_s, month, share)

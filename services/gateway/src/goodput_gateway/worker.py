@@ -34,7 +34,7 @@ from goodput_gateway.generation import Call
 from goodput_gateway.generation_schemas import ChatCompletionRequest, CompletionRequest
 from goodput_gateway.jobs.messages import celery_client
 from goodput_gateway.jobs.metrics import JobsMetrics
-from goodput_gateway.jobs.records import RETRYABLE, Job, retry_delay
+from goodput_gateway.jobs.records import FINAL_CODES, RETRYABLE, Job, retry_delay
 from goodput_gateway.jobs.store import JobQueue
 from goodput_gateway.schemas import parse
 from goodput_gateway.wire import completion_body
@@ -108,7 +108,7 @@ def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, A
             result = runner(job)
     except RETRYABLE as err:
         error = f"{type(err).__name__}: {err.message}"
-        if err.code == "insufficient_quota":  # the tenant's monthly budget is spent: no retry helps this month
+        if err.code in FINAL_CODES:  # a spent budget, a request larger than its limit: no retry helps
             return queue.finish(job, "failed", error=error)[0]
         delay = retry_delay(job.attempts, err.retry_after_s, base_s=queue.settings.jobs.retry_base_s,
                             cap_s=queue.settings.jobs.retry_cap_s)

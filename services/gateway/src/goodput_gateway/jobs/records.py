@@ -19,8 +19,8 @@ from typing import Any
 
 from goodput_core.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 
-__all__ = ["ENDPOINTS", "JOB_HEADER", "JOB_ID_KEY", "OUTCOMES", "RECOVERIES", "RETRYABLE", "ROUTES", "SHED_CODES",
-           "STATES", "TERMINAL", "VERDICTS", "WAITING", "Job", "retry_delay"]
+__all__ = ["ENDPOINTS", "FINAL_CODES", "JOB_HEADER", "JOB_ID_KEY", "OUTCOMES", "RECOVERIES", "RETRYABLE", "ROUTES",
+           "SHED_CODES", "STATES", "TERMINAL", "VERDICTS", "WAITING", "Job", "retry_delay"]
 
 STATES = ("queued", "running", "parked", "completed", "failed", "expired")
 TERMINAL = ("completed", "failed", "expired")
@@ -37,6 +37,8 @@ JOB_ID_KEY = "x-goodput-job-id"  # gRPC trailing metadata of a shed request that
 # Worth retrying later: shed, scheduler or workers unreachable, expired in the queue.
 RETRYABLE = (ResourceExhausted, Unavailable, DeadlineExceeded)
 SHED_CODES = ("overloaded", "queue_full")
+# Refusals no retry helps: the month's budget is spent, or one request is larger than its tokens-per-minute limit.
+FINAL_CODES = ("insufficient_quota", "request_too_large")
 
 
 def retry_delay(attempt: int, retry_after_s: float | None, *, base_s: float = 1.0, cap_s: float = 60.0,
