@@ -7,10 +7,11 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from goodput_testing import dead_port
+from goodput_testing import RedisServer, dead_port
 
 from goodput_gateway.auth import Principal, Quota
 from goodput_gateway.config import GatewaySettings
@@ -295,3 +296,30 @@ async def test_a_budget_redis_said_was_spent_stays_spent_while_redis_is_down(
     down = await admit(q, who)
     assert isinstance(down, QuotaExhausted)  # failed open for the rates, not for the budget
     assert q.metrics.fail_open.labels("admit")._value.get() == 1  # noqa: SLF001
+
+
+async def test_a_redis_filled_by_the_stores_it_shares_still_counts_the_quotas(redis_prefix: str) -> None:
+    """One Redis for every role (the chart's default), filled by stored data to its maxmemory with noeviction: the
+    counters' scripts may still write (allow-oom), so limits and budgets hold from Redis, not from the local bound."""
+    with RedisServer() as shared:
+        async with aioredis.Redis.from_url(shared.url) as admin:
+            await admin.config_set("maxmemory-policy", "noeviction")
+            for i in range(16):  # a tenant's files, then the limit set below what they take
+                await admin.set(f"{redis_prefix}:files:{i}", b"x" * (64 << 10))
+            await admin.config_set("maxmemory", int((await admin.info("memory"))["used_memory"]) - (256 << 10))
+            with pytest.raises(redis.exceptions.ResponseError, match="maxmemory"):
+                await admin.incrby(f"{redis_prefix}:quota:probe", 1)
+        q = Quotas(GatewaySettings(quotas={"prefix": f"{redis_prefix}:quota"}), redis_url=shared.url,
+                   registry=CollectorRegistry())
+        try:
+            who = principal(tenant_quota=Quota(rpm=2, monthly_tokens=1000))
+            results = [await admit(q, who) for _ in range(3)]
+            assert [type(r) for r in results] == [Admission, Admission, RateLimited]
+            assert not q.metrics.fail_open.labels("admit")._value.get()  # noqa: SLF001
+            first = results[0]
+            assert isinstance(first, Admission)
+            first.settle(prompt_tokens=5, completion_tokens=5, inference=True)
+            await q.settle_all()
+            assert not q.metrics.fail_open.labels("settle")._value.get()  # noqa: SLF001
+        finally:
+            await q.close()

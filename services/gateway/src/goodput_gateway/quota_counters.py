@@ -8,7 +8,9 @@ constant work and memory per admission whatever the limit, where a moving window
 
 :meth:`Counters.admit` reads every counter of every scope, refuses naming the first limit passed, or else counts the
 request in all of them; :meth:`Counters.settle` corrects the reservation to what was really used and gives back the
-concurrency place. On Redis both are one Lua script each (atomic across replicas, on Redis's clock); in memory
+concurrency place. On Redis both are one Lua script each (atomic across replicas, on Redis's clock), flagged
+``allow-oom`` (Redis 7): the counters are small, and a store that filled a Redis it shares with them (one Redis for
+every role, the chart's default) must not turn the quotas off; in memory
 (:class:`MemoryCounters`: one replica without Redis, or the local bound while Redis is down) the same steps run in
 Python.
 
@@ -43,7 +45,7 @@ _MONTH_TTL_S = 40 * 86_400  # a month's counter outlives its month, for the usag
 # KEYS: five per scope (month, inflight, rpm, rpq, tpm). ARGV: member, ttl_s, cost, quantum_s, then five limits per
 # scope (0 = none). Returns {verdict (0 or the 1-based LIMITS index), scope (1-based), now, then per scope: month
 # used, in flight, and current/previous counts of rpm, rpq, tpm} read before this request was counted.
-_ADMIT = """
+_ADMIT = """#!lua flags=allow-oom
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local ttl, cost, quantum = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -104,7 +106,7 @@ return out
 # KEYS: three per scope (month, inflight, tpm). ARGV: member, correction (tokens; negative gives back), the tpm
 # window the reservation was counted in. A window's count never goes below zero, and one gone is left alone. Returns
 # each scope's month as it now stands.
-_SETTLE = """
+_SETTLE = """#!lua flags=allow-oom
 local member, delta, w, out = ARGV[1], tonumber(ARGV[2]), ARGV[3], {}
 for i = 1, #KEYS / 3 do
   local k = (i - 1) * 3
