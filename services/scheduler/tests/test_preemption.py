@@ -152,3 +152,35 @@ async def test_an_active_tenant_below_its_share_keeps_headroom_for_its_next_requ
         await granted(a, "a3")
         for s in (a, b):
             s.close()
+
+
+async def test_slots_a_tenant_below_its_share_gives_back_stay_its_own_while_it_is_active(workers) -> None:
+    """b's load needs more than the headroom: the slots it got from a's turnover are not lost to a (whose answers,
+    past their first token, cannot be taken back) when b's own requests end, so b's next burst is served at once."""
+    (w,) = await workers(1)
+    async with SchedulerHarness(scheduler_settings([w.address], max_inflight_per_worker=8)) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        a, b = Stream(h), Stream(h)
+        b.send(admit("b1", "b"), first_token("b1"))
+        await granted(b, "b1")
+        a_ids = [f"a{i}" for i in range(1, 9)]
+        a.send(*(admit(i, "a") for i in a_ids), *(first_token(i) for i in a_ids[:5]))
+        await granted(a, *a_ids[:5])  # its share (4 of 8), and one more: the last 2 free slots are b's headroom
+        b.send(admit("b2", "b"), admit("b3", "b"), admit("b4", "b"))
+        await granted(b, "b2", "b3")
+        assert (await b.next()).HasField("queued")
+        a.send(release("a1"))  # a turnover: b4's, since b waits below its share
+        await granted(b, "b4")
+        assert h.leases.book.held(P0) == {"a": 4, "b": 4} and h.leases.queued(P0) == 3
+        b.send(*(release(f"b{i}") for i in range(1, 5)))
+        await h.until(lambda: not h.leases.book.held(P0).get("b"))
+        await h.clock.advance(ACTIVE_S / 2)
+        assert h.leases.book.held(P0) == {"a": 4} and h.leases.queued(P0) == 3  # the 4 free slots stay b's
+        b.send(*(admit(f"b{i}", "b") for i in range(5, 9)))
+        await granted(b, "b5", "b6", "b7", "b8")
+        b.send(*(release(f"b{i}") for i in range(5, 9)))
+        await h.until(lambda: not h.leases.book.held(P0).get("b"))
+        await h.clock.advance(ACTIVE_S * 1.5)  # once b has been idle a while, a takes what is free
+        await granted(a, *a_ids[5:])
+        for s in (a, b):
+            s.close()

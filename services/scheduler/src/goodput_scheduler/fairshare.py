@@ -8,9 +8,13 @@ Two rules follow, applied by the :class:`~goodput_scheduler.leases.LeaseManager`
 * **No new slot over the share while another waits below its own** (:meth:`Shares.blocked`): the dispatcher skips a
   tenant at or above its share while a tenant below its share waits in the same queue, or while the free slots are
   no more than the headroom kept for the active tenants below their share (those holding slots in the class, or that
-  held one in the last :data:`ACTIVE_S`: up to :data:`HEADROOM` slots each, so their next requests find a slot at
-  once instead of waiting for one to end). A tenant alone takes every slot: nothing is held back for tenants that do
-  not come.
+  held one in the last :data:`ACTIVE_S`), so their next requests find a slot at once instead of waiting for one to
+  end: for each, up to its share, :data:`HEADROOM` slots or the slots it gave back since it last held the most in the
+  last :data:`ACTIVE_S` (its peak), whichever is more. A slot a tenant below its share frees so stays its own while it
+  is active: given to a tenant over its share, it would come back only when one of that tenant's answers ends (work
+  past its first token is never taken back), so a tenant whose load needs more than :data:`HEADROOM` slots would
+  queue behind its own requests, its queue growing, between two ends of the other's long answers. A tenant alone
+  takes every slot: nothing is held back for tenants that do not come.
 * **Room is made for a tenant that waited too long below its share**: once its most urgent request has waited
   :data:`PREEMPT_AFTER` of its queue-wait budget, the youngest lease (for the same model) of the tenant most over its
   share that has one without a first token yet is taken back (preempted: the gateway stops its worker call and
@@ -39,13 +43,20 @@ nor when ``b`` holds nothing but held a slot lately.
     (False, True)
     >>> Shares(slots=8, free=2, held={"a": 6}, weights={"a": 1.0, "b": 1.0}, waiting={"a"}, recent={"b"}).blocked("a")
     True
+
+``b`` held 3 slots lately and holds none now: the 3 it gave back stay free for it, not ``a``'s.
+
+    >>> idle_b = {"held": {"a": 5}, "weights": {"a": 1.0, "b": 1.0}, "waiting": {"a"}, "recent": {"b"},
+    ...           "peak": {"b": 3}}
+    >>> Shares(slots=8, free=3, **idle_b).blocked("a"), Shares(slots=8, free=4, **idle_b).blocked("a")
+    (True, False)
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["ACTIVE_S", "HEADROOM", "PREEMPT_AFTER", "Shares"]
 
@@ -53,9 +64,10 @@ __all__ = ["ACTIVE_S", "HEADROOM", "PREEMPT_AFTER", "Shares"]
 # before a lease is taken back for it: ordinary turnover usually frees a slot sooner, and what a preemption before the
 # first token costs is one prompt's prefill, far less than a budget missed.
 PREEMPT_AFTER = 0.01
-# Free slots kept, per active tenant below its share, from tenants at or above theirs: a tenant's next requests usually
-# come before a slot turns over, and two cover most Poisson gaps; what it costs is at most two idle slots per such
-# tenant, and only while another tenant is over its share.
+# Free slots kept at the least, per active tenant below its share, from tenants at or above theirs (more when it gave
+# back more since its peak): a tenant's next requests usually come before a slot turns over, and two cover most Poisson
+# gaps; what it costs is at most two idle slots per such tenant beyond those it held lately, and only while another
+# tenant is over its share.
 HEADROOM = 2
 # A tenant whose last slot in a class ended this long ago is still active there (keeps its weight in the shares and its
 # headroom): an interactive client's next request comes within seconds; an idle tenant's claim lapses after that.
@@ -72,6 +84,7 @@ class Shares:
     waiting: Set[str]  # tenants with requests in the class's queue
     free: int  # slots free now on the placeable workers
     recent: Set[str] = frozenset()  # tenants holding no slot in the class that held one in the last ACTIVE_S
+    peak: Mapping[str, int] = field(default_factory=dict)  # most slots each tenant held at once in the last ACTIVE_S
 
     def share(self, tenant: str) -> float:
         total = sum(self.weights.values())
@@ -87,7 +100,8 @@ class Shares:
             return False
         if any(u != tenant and self.under(u) for u in self.waiting):
             return True
-        headroom = sum(min(HEADROOM, math.ceil(self.share(u) - self.held.get(u, 0)))
+        headroom = sum(min(max(HEADROOM, self.peak.get(u, 0) - self.held.get(u, 0)),
+                           math.ceil(self.share(u) - self.held.get(u, 0)))
                        for u in {*self.held, *self.recent} if u != tenant and self.under(u))
         return 0 < headroom >= self.free
 

@@ -168,6 +168,10 @@ class LeaseBook:
         """Slots each tenant holds in a class (granted, not yet freed), tenants holding none left out."""
         return dict(self._tenants[priority])
 
+    def holding(self, priority: int, tenant: str) -> int:
+        """Slots ``tenant`` holds in a class."""
+        return self._tenants[priority][tenant]
+
     def weights(self, priority: int) -> dict[str, float]:
         """The latest fair-share weight of each tenant holding slots in a class."""
         return dict(self._weights[priority])

@@ -8,8 +8,9 @@
   nothing is bound to a worker before one has room; :mod:`~goodput_scheduler.placement` decides which). Inside a
   class, tenants take turns and each tenant's requests go earliest deadline first.
 * The slots are shared out too (:mod:`~goodput_scheduler.fairshare`, no configuration): a tenant at its weighted
-  share of a class's slots gets no new one while another waits below its own (nor the few free slots kept for one
-  that holds slots below its share), and one that waited too long gets a
+  share of a class's slots gets no new one while another waits below its own (nor the free slots kept for an active
+  tenant below its share: those it gave back since its peak of the last seconds, two at the least), and one that
+  waited too long gets a
   lease of the tenant most over its share taken back before its first token (preempted; the gateway admits it
   again). A request of ``n`` sequences holds ``n`` slots.
 * A request whose deadline (its own, or its class's queue timeout) passes while it waits is dropped before it
@@ -37,6 +38,7 @@ Example (in a coroutine; :mod:`~goodput_scheduler.mux` does this per lease)::
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 from collections.abc import Callable
@@ -96,6 +98,9 @@ class LeaseManager:
         self.on_change: list[Callable[[], None]] = []  # after every change of the queues or the leases
         # per class, tenants whose last lease there ended lately: when, and their weight (fairshare.ACTIVE_S)
         self._recent: dict[int, dict[str, tuple[float, float]]] = {prio: {} for prio in CLASSES}
+        # per class and tenant, the slots it held at its changes in the last ACTIVE_S as a running maximum: (when,
+        # slots) with the slots falling from the head, which is its peak (Shares.peak); at most the fleet's slots long
+        self._peaks: dict[int, dict[str, collections.deque[tuple[float, int]]]] = {prio: {} for prio in CLASSES}
         self._seq = itertools.count()
         self._ticker: asyncio.Task[None] | None = None
         self._bind_gauges()
@@ -343,9 +348,23 @@ class LeaseManager:
         held, recent, since = self.book.held(prio), self._recent[prio], self.clock.now() - ACTIVE_S
         for tenant in [t for t, (ended, _) in recent.items() if ended < since or t in held]:
             del recent[tenant]
+        peaks = self._peaks[prio]
+        for tenant, marks in list(peaks.items()):
+            while marks and marks[0][0] < since:
+                marks.popleft()
+            if not marks:
+                del peaks[tenant]
         return Shares(slots=sum(cap for cap, _ in caps), held=held,
                       weights={**{t: w for t, (_, w) in recent.items()}, **self.book.weights(prio), **waiting},
-                      waiting=waiting.keys(), free=sum(max(cap - n, 0) for cap, n in caps), recent=recent.keys())
+                      waiting=waiting.keys(), free=sum(max(cap - n, 0) for cap, n in caps), recent=recent.keys(),
+                      peak={t: marks[0][1] for t, marks in peaks.items()})
+
+    def _held_until_now(self, prio: int, tenant: str, slots: int) -> None:
+        """Notes that ``tenant`` held ``slots`` slots of ``prio`` until now (at a grant: from now), for its peak."""
+        marks = self._peaks[prio].setdefault(tenant, collections.deque())
+        while marks and marks[-1][1] <= slots:
+            marks.pop()
+        marks.append((self.clock.now(), slots))
 
     def _head(self, queue: ClassQueue) -> Ticket | None:
         """The next request to grant: the head of the first tenant in turn not held back by its fair share (a tenant
@@ -415,6 +434,8 @@ class LeaseManager:
 
     def _grant(self, ticket: Ticket, decision: Decision, now: float) -> None:
         grant: Grant = self.book.hold(decision, ticket.request, ticket.priority)
+        tenant = ticket.request.tenant
+        self._held_until_now(ticket.priority, tenant, self.book.holding(ticket.priority, tenant))
         self.pipeline.commit(ticket.request, decision)
         label = priority_name(ticket.priority)
         self.metrics.admissions.labels(label).inc()
@@ -505,8 +526,10 @@ class LeaseManager:
         guard when the lease was P0 (unless :meth:`first_token` already did); with the tokens, a finished request
         teaches the service-time predictor."""
         ttft_reported = not lease.prefilling  # first_token() already gave the guard this P0's TTFT
+        held = self.book.holding(lease.priority, lease.request.tenant)
         if not self.book.close(lease):
             return
+        self._held_until_now(lease.priority, lease.request.tenant, held)
         self._recent[lease.priority][lease.request.tenant] = (self.clock.now(), lease.request.tenant_weight)
         if outcome == scheduler_pb2.OUTCOME_OK and completion_tokens:
             # Service time from the grant: the gateway's TTFT counts from arrival (queue, retrieval...), the first
