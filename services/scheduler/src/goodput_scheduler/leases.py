@@ -360,7 +360,10 @@ class LeaseManager:
                       peak={t: marks[0][1] for t, marks in peaks.items()})
 
     def _held_until_now(self, prio: int, tenant: str, slots: int) -> None:
-        """Notes that ``tenant`` held ``slots`` slots of ``prio`` until now (at a grant: from now), for its peak."""
+        """Notes that ``tenant`` held ``slots`` slots of ``prio`` until now (at a grant: from now), for its peak; only
+        where the class's slots are shared (:meth:`shares`, which forgets the old marks, is asked only there)."""
+        if not self.queues.of[prio].shares:
+            return
         marks = self._peaks[prio].setdefault(tenant, collections.deque())
         while marks and marks[-1][1] <= slots:
             marks.pop()
