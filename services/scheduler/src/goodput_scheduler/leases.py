@@ -533,7 +533,8 @@ class LeaseManager:
         if not self.book.close(lease):
             return
         self._held_until_now(lease.priority, lease.request.tenant, held)
-        self._recent[lease.priority][lease.request.tenant] = (self.clock.now(), lease.request.tenant_weight)
+        if self.queues.of[lease.priority].shares:  # as for the peaks: forgotten only where the slots are shared
+            self._recent[lease.priority][lease.request.tenant] = (self.clock.now(), lease.request.tenant_weight)
         if outcome == scheduler_pb2.OUTCOME_OK and completion_tokens:
             # Service time from the grant: the gateway's TTFT counts from arrival (queue, retrieval...), the first
             # token's report on this lease from the grant.
