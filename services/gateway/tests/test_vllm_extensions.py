@@ -31,16 +31,15 @@ def test_a_parked_request_keeps_its_extensions_and_its_cache_fields() -> None:
     assert route == "completions" and parse(CompletionRequest, again).to_request() == req
 
 
-def test_an_answer_that_runs_to_max_tokens_is_counted_whole_at_admission() -> None:
+def test_admission_reserves_the_prompt_and_max_tokens_for_every_answer() -> None:
     settings = GatewaySettings()
     fixed = parse(CompletionRequest, {"prompt": "x" * 300, "max_tokens": 64, "ignore_eos": True}).to_request()
     _, cost = resolve_cost(fixed, settings, max_model_len=2048)
-    assert cost.fixed_output and cost.known_tokens == cost.prompt_tokens + 64
-    # a stop condition may end it early: then only the prompt is known, as for any answer
-    stopped = parse(CompletionRequest, {"prompt": "x" * 300, "max_tokens": 64, "ignore_eos": True,
-                                        "stop": "\n"}).to_request()
-    _, cost = resolve_cost(stopped, settings, max_model_len=2048)
-    assert not cost.fixed_output and cost.known_tokens == cost.prompt_tokens
+    assert cost.fixed_output and cost.reservation == cost.prompt_tokens + 64
+    # a stop condition may end it early: still the most it may use is reserved, and corrected when it ends
+    several = parse(CompletionRequest, {"prompt": "x" * 300, "max_tokens": 64, "n": 3, "stop": "\n"}).to_request()
+    _, cost = resolve_cost(several, settings, max_model_len=2048)
+    assert not cost.fixed_output and cost.reservation == cost.prompt_tokens + 3 * 64
 
 
 def test_the_affinity_key_is_the_tenants_own() -> None:
