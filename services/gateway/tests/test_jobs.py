@@ -491,8 +491,6 @@ async def grpc_gateway(procs: Procs, grpc_port: int) -> AsyncIterator[None]:
 async def test_grpc_sheds_p2_with_resource_exhausted_retry_after_and_a_job(procs: Procs, queue: JobQueue) -> None:
     from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
-    # the scheduler this test's fixture just started serves before the gateway first dials it: a dial refused
-    # meanwhile would leave the gateway's channel in its reconnect backoff, failing calls UNAVAILABLE
     await scheduler_ready(procs)
     grpc_port = free_port()
     async with grpc_gateway(procs, grpc_port):
@@ -502,6 +500,18 @@ async def test_grpc_sheds_p2_with_resource_exhausted_retry_after_and_a_job(procs
                 messages=[types_pb2.ChatMessage(role="user", content="Classify these tickets.")],
                 sampling=types_pb2.SamplingParams(max_tokens=5), priority=types_pb2.PRIORITY_P2)
             metadata = (("authorization", f"Bearer {API_KEY}"),)
+
+            # gRPC shares subchannels between a process's channels of the same target and options: the previous
+            # test's in-process gateway left the one to this (restarted) scheduler in its reconnect backoff (up to
+            # 2 s), so this gateway's first calls may fail UNAVAILABLE. Until it lists the scheduler's models:
+            async def reaches_the_scheduler() -> bool:
+                try:
+                    listed = await stub.ListModels(gateway_pb2.ListModelsRequest(), metadata=metadata, timeout=5)
+                except grpc.RpcError:
+                    return False
+                return bool(listed.models)
+            await async_wait_until(reaches_the_scheduler, timeout=30, interval=0.2,
+                                   message="the gateway never reached the scheduler")
             async with Overload(procs.scheduler_addr) as load:
                 job_ids = []
                 for call in (stub.Generate(request, metadata=metadata, timeout=20),
@@ -533,7 +543,6 @@ async def test_grpc_stream_cancelled_after_its_start_message_releases_the_worker
     worker's slot: the scheduler's only slot is free again at once, not when the generation would have ended."""
     from goodput.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
-    await scheduler_ready(procs)
     grpc_port = free_port()
     async with grpc_gateway(procs, grpc_port):
         async with aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel, \
