@@ -26,6 +26,7 @@ Python.
 
 from __future__ import annotations
 
+import abc
 import math
 import time
 from collections import defaultdict
@@ -216,31 +217,28 @@ def _reading(scopes: list[Scope], limits: list[list[int]], raw: list[object], qu
                    windows, math.floor(now / 60))
 
 
-class Counters:
+class Counters(abc.ABC):
     """The counters of every scope in one storage."""
-
-    shared = False  # whether every replica sees them
-
-    async def admit(self, scopes: list[Scope], *, member: str, cost: int, ttl_s: float, month: str,
-                    quantum_s: int, share: float) -> Reading:
-        raise NotImplementedError
-
-    async def settle(self, scopes: list[Scope], *, member: str, month: str, window_index: int,
-                     correction: int) -> list[int]:
-        """Gives back the request's place and corrects its reservation by ``correction``; each scope's month."""
-        raise NotImplementedError
-
-    def month_key(self, scope: Scope, month: str) -> str:
-        return f"{self.prefix}:month:{scope.kind}:{scope.name}:{month}"
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
 
+    @abc.abstractmethod
+    async def admit(self, scopes: list[Scope], *, member: str, cost: int, ttl_s: float, month: str,
+                    quantum_s: int, share: float) -> Reading:
+        """Refuses naming the first limit passed, or counts the request (``cost`` tokens) in every counter."""
+
+    @abc.abstractmethod
+    async def settle(self, scopes: list[Scope], *, member: str, month: str, window_index: int,
+                     correction: int) -> list[int]:
+        """Gives back the request's place and corrects its reservation by ``correction``; each scope's month."""
+
+    def month_key(self, scope: Scope, month: str) -> str:
+        return f"{self.prefix}:month:{scope.kind}:{scope.name}:{month}"
+
 
 class RedisCounters(Counters):
     """The counters in Redis, shared by every replica: one script per admission and per settle."""
-
-    shared = True
 
     def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
         super().__init__(prefix)
