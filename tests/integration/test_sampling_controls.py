@@ -1,8 +1,10 @@
 """Sampling controls through the unchanged SDK on the real vLLM CPU engine: the same seed gives the same sampled
 text; logit_bias bans the token a greedy answer starts with and forces another; a token id outside the vocabulary
 is refused by name; vLLM's own extensions (``extra_body``) do what they do under ``vllm serve``; OpenAI's
-``prompt_cache_key`` shares a prefix between the users of one tenant and never with another tenant. Token ids come
-from the served model's own tokenizer (the worker reports its folder)."""
+``prompt_cache_key`` shares a prefix between the users of one tenant and never with another tenant; an answer
+continued on a new worker call from the tokens already sent (as the gateway resumes a preempted stream) is, at
+temperature 0, the uninterrupted answer. Token ids come from the served model's own tokenizer (the worker reports its
+folder)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,11 @@ from typing import Any
 
 import openai
 import pytest
+from goodput.common.v1 import types_pb2
 from goodput.inference.v1 import inference_pb2, inference_pb2_grpc
 from transformers import AutoTokenizer
+
+from goodput_core.sampling import Sampling, sampling_to_proto
 
 from goodput_cli.supervisor import Platform
 
@@ -131,3 +136,31 @@ def test_prompt_cache_key_shares_a_prefix_within_the_tenant_only(client: openai.
     theirs = ask(other_tenant, "ann", "What is streamed?")  # the same key and prefix, another tenant
     assert theirs.usage.prompt_tokens == second.usage.prompt_tokens
     assert (theirs.usage.prompt_tokens_details.cached_tokens or 0) == 0
+
+
+def test_an_answer_continued_from_its_sent_tokens_is_the_uninterrupted_answer(platform: Platform) -> None:
+    def generate(continuation: list[int]) -> tuple[list[int], str, list[int], Any]:
+        """Token ids, text and the completion count of each delta, and the final usage, of one worker call."""
+        request = inference_pb2.GenerateRequest(
+            request_id=f"continue-{uuid.uuid4().hex[:8]}",
+            messages=[types_pb2.ChatMessage(role="user", content=QUESTION[0]["content"])],
+            sampling=sampling_to_proto(Sampling(temperature=0.0, max_tokens=24, ignore_eos=True)),
+            continue_token_ids=continuation)
+        ids, text, counts, usage = [], "", [], None
+        with platform.internal_channel(platform.worker_grpc(0)) as ch:
+            for chunk in inference_pb2_grpc.InferenceStub(ch).Generate(request, timeout=120):
+                if chunk.HasField("delta"):
+                    ids += chunk.delta.token_ids
+                    text += chunk.delta.text
+                    counts.append(chunk.delta.completion_tokens)
+                elif chunk.HasField("finished"):
+                    usage = chunk.finished.usage
+        return ids, text, counts, usage
+
+    whole_ids, whole_text, _, whole_usage = generate([])
+    assert len(whole_ids) == 24
+    rest_ids, rest_text, counts, usage = generate(whole_ids[:10])  # ten tokens reached the caller, then a pause
+    assert whole_ids[:10] + rest_ids == whole_ids  # greedy: the same tokens, none lost or repeated
+    assert whole_text.endswith(rest_text) and rest_text  # the text goes on where the sent tokens left it
+    assert counts[0] == 11 and counts[-1] == 24  # counted as the whole answer's tokens
+    assert (usage.prompt_tokens, usage.completion_tokens) == (whole_usage.prompt_tokens, 24)

@@ -39,6 +39,27 @@ async def test_streams_started_deltas_and_finished_like_a_worker() -> None:
     await e.shutdown()
 
 
+async def test_a_continuation_prefills_the_answer_so_far_and_generates_only_the_rest() -> None:
+    e = engine()
+    await e.start()
+    whole = await run(e, "r1", "hello " * 100, max_tokens=6)
+    sent = [t for ev in whole[:4] if isinstance(ev, Delta) for t in ev.token_ids]  # three tokens reached the caller
+    assert len(sent) == 3
+    rest = [ev async for ev in e.generate(GenRequest(request_id="r1-resumed", prompt="hello " * 100,
+                                                     sampling=Sampling(max_tokens=6), continuation=tuple(sent)))]
+    assert isinstance(rest[0], Started) and rest[0].prompt_tokens == 150  # the prompt's, as the first call said
+    deltas = [ev for ev in rest if isinstance(ev, Delta)]
+    assert [d.completion_tokens for d in deltas] == [4, 5, 6]  # the whole answer's count: nothing generated twice
+    assert "".join(d.text for d in whole if isinstance(d, Delta)) == "".join(
+        d.text for d in whole[1:4] if isinstance(d, Delta)) + "".join(d.text for d in deltas)
+    end = rest[-1]
+    assert isinstance(end, Finished) and (end.prompt_tokens, end.completion_tokens) == (150, 6)
+    with pytest.raises(InvalidArgument, match="continuation"):  # nothing left to generate
+        await anext(aiter(e.generate(GenRequest(request_id="r2", prompt="hi", sampling=Sampling(max_tokens=3),
+                                                continuation=(1, 1, 1)))))
+    await e.shutdown()
+
+
 async def test_prefix_cache_hits_skip_prefill_of_a_shared_prefix() -> None:
     e = engine()
     await e.start()

@@ -14,8 +14,8 @@ from goodput_core.errors import InvalidArgument
 from goodput_core.sampling import Sampling, TokenLogprob
 
 __all__ = ["ChatTurn", "Delta", "Engine", "EngineTiming", "Finished", "GenEvent", "GenRequest", "Load",
-           "ModelDescription", "Sampling", "Started", "ToolCall", "check_model", "max_tokens_for", "prompt_limit",
-           "truncate"]
+           "ModelDescription", "Sampling", "Started", "ToolCall", "check_model", "continue_answer", "max_tokens_for",
+           "prompt_limit", "truncate"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,9 @@ class GenRequest:
     # the answer with its tool-call parser (refused without one)
     tools: str = ""
     parallel_tool_calls: bool = True
+    # the answer's tokens an earlier call already generated: the rest of the prompt, and counted in the answer
+    # (inference.proto's continue_token_ids; see continue_answer)
+    continuation: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class Delta:
     logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.logprobs: the tokens this text came from
     index: int = 0  # with Sampling.n > 1: the answer this text belongs to
     prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with Sampling.echo and logprobs, on the first delta only
+    token_ids: tuple[int, ...] = ()  # the tokens generated since the previous delta (n = 1)
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,7 @@ class ModelDescription:
     model_version: str
     max_num_batched_tokens: int = 0  # the engine's per-step token budget (chunked prefill); 0 = unknown
     tool_call_parser: str = ""  # what gives tool_choice "auto"; empty = none
+    continues: bool = True  # takes GenRequest.continuation (the prompt as token ids)
 
 
 @dataclass(frozen=True)
@@ -177,3 +182,22 @@ def max_tokens_for(prompt_tokens: int, sampling: Sampling, *, default_max_tokens
         raise InvalidArgument(f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the context "
                               f"window of {max_model_len} tokens", param="max_tokens", code="context_length_exceeded")
     return max_tokens
+
+
+def continue_answer(request: GenRequest, max_tokens: int) -> tuple[int, int]:
+    """(max_tokens, min_tokens) left to generate for a continuation (``request.continuation``: the answer's tokens
+    generated already), from the whole answer's ``max_tokens``; InvalidArgument when nothing is left, or for what a
+    continuation cannot carry on (several answers, constrained decoding, tools: their state is not in the tokens).
+
+    >>> from goodput_core.sampling import Sampling
+    >>> continue_answer(GenRequest(request_id="r", prompt="p", continuation=(5, 6),
+    ...                            sampling=Sampling(max_tokens=10, min_tokens=3)), 10)
+    (8, 1)
+    """
+    s, done = request.sampling, len(request.continuation)
+    for refused, param in ((s.n > 1, "n"), (s.structured, "response_format"), (bool(request.tools), "tools"),
+                           (done >= max_tokens, "continue_token_ids")):
+        if refused:
+            raise InvalidArgument(f"a continuation of {done} tokens cannot carry on a request with this {param} "
+                                  f"(max_tokens {max_tokens})", param=param, code="unsupported_parameter")
+    return max_tokens - done, max((s.min_tokens or 0) - done, 0)

@@ -36,7 +36,8 @@ def to_gen_request(req: inference_pb2.GenerateRequest) -> GenRequest:
                      for m in req.messages)
     return GenRequest(request_id=req.request_id, messages=messages, prompt=req.prompt,
                       sampling=sampling_from_proto(req.sampling), priority=int(req.priority), model=req.model,
-                      tenant=req.tenant, tools=req.tools, parallel_tool_calls=req.parallel_tool_calls)
+                      tenant=req.tenant, tools=req.tools, parallel_tool_calls=req.parallel_tool_calls,
+                      continuation=tuple(req.continue_token_ids))
 
 
 PEAK_WINDOW_S = 10.0  # goodput_worker_peak_tokens_per_second: the best rate sustained over this long
@@ -248,7 +249,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             raise Unavailable("worker is draining")
         gen = to_gen_request(request)
         outcome = "aborted"
-        counted = 0  # of this request's output tokens, those the peak token rate has seen
+        # of this request's output tokens, those the peak token rate has seen (a continuation's earlier ones were, by
+        # the worker that generated them)
+        counted = len(gen.continuation)
         with request_context(request_id=gen.request_id, tenant=gen.tenant or None):
             self.metrics.busy.enter()
             self.progress.begin()
@@ -261,7 +264,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                         yield inference_pb2.GenerateChunk(delta=inference_pb2.Delta(
                             text=event.text, completion_tokens=event.completion_tokens,
                             logprobs=logprobs_to_proto(event.logprobs), index=event.index,
-                            prompt_logprobs=logprobs_to_proto(event.prompt_logprobs)))
+                            prompt_logprobs=logprobs_to_proto(event.prompt_logprobs), token_ids=event.token_ids))
                     elif isinstance(event, Started):
                         self.metrics.prompt_tokens.inc(event.prompt_tokens)
                         yield inference_pb2.GenerateChunk(started=inference_pb2.Started(
@@ -269,12 +272,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     elif isinstance(event, Finished):
                         outcome = "finished"
                         counted = self.metrics.generated(event.completion_tokens, counted)
-                        self.metrics.generated_tokens.inc(event.completion_tokens)
-                        self.metrics.cached_prompt_tokens.inc(event.cached_tokens)
+                        self.metrics.generated_tokens.inc(event.completion_tokens - len(gen.continuation))
+                        # a continuation's hits beyond the prompt are on the answer's own tokens: not the caller's
+                        cached = min(event.cached_tokens, event.prompt_tokens)
+                        self.metrics.cached_prompt_tokens.inc(cached)
                         usage = types_pb2.Usage(prompt_tokens=event.prompt_tokens,
                                                 completion_tokens=event.completion_tokens,
                                                 total_tokens=event.prompt_tokens + event.completion_tokens,
-                                                cached_tokens=event.cached_tokens)
+                                                cached_tokens=cached)
                         yield inference_pb2.GenerateChunk(finished=inference_pb2.Finished(
                             finish_reason=_FINISH[event.reason], usage=usage,
                             choice_finish_reasons=[_FINISH[r] for r in event.reasons],
@@ -309,4 +314,4 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                        max_num_batched_tokens=d.max_num_batched_tokens,
                                        tool_call_parser=d.tool_call_parser, pool=self.pool,
                                        pool_classes=self.pool_classes, aliases=self.aliases,
-                                       cost_per_hour=self.cost_per_hour)
+                                       cost_per_hour=self.cost_per_hour, continues=d.continues)

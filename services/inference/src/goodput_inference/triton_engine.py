@@ -364,7 +364,7 @@ class TritonEngine:
                                 model=f"triton://{self.settings.triton_url}/{self.triton_model}",
                                 max_model_len=self._max_model_len, max_prompt_tokens=self._max_prompt_tokens(),
                                 engine=f"triton {self._server_version} ({self._backend or 'unknown'} backend)",
-                                model_version=self._model_version)
+                                model_version=self._model_version, continues=False)
 
     def numerics(self) -> dict[str, str]:
         """The server's version, the model's backend and where it runs (``gpu`` when Triton reports GPU metrics,
@@ -402,6 +402,7 @@ class TritonEngine:
         vllm_only = [] if self.settings.triton_protocol == "vllm" else \
             [name for name in extensions if name not in _TRTLLM_SAMPLING]
         for refused, param in ((bool(request.tools), "tools"), (s.n > 1, "n"), (s.logprobs is not None, "logprobs"),
+                               (bool(request.continuation), "continue_token_ids"),
                                (s.echo, "echo"), (bool(s.logit_bias), "logit_bias"),
                                (s.structured, "response_format"),
                                (s.truncate_prompt_tokens is not None, "truncate_prompt_tokens"),

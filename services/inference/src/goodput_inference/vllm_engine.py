@@ -39,6 +39,7 @@ from goodput_inference.engine import (
     ModelDescription,
     Started,
     check_model,
+    continue_answer,
     max_tokens_for,
     prompt_limit,
     truncate,
@@ -264,6 +265,8 @@ class VllmEngine:
             kwargs["stop"] = list(s.stop)
         # vLLM's own extensions, as its OpenAI server passes them (truncate_prompt_tokens was applied to the prompt)
         kwargs.update({k: v for k, v in s.vllm_extensions().items() if k != "truncate_prompt_tokens"})
+        if request.continuation:  # what is left of the answer after the tokens generated already
+            kwargs["max_tokens"], kwargs["min_tokens"] = continue_answer(request, max_tokens)
         if s.stop_token_ids:
             kwargs["stop_token_ids"] = self._in_vocabulary(list(s.stop_token_ids), "stop_token_ids")
         if s.n > 1:
@@ -328,12 +331,13 @@ class VllmEngine:
                 param="messages", code="context_length_exceeded")
         params = self._sampling_params(request, len(ids))
         priority = max(request.priority - 1, 0) if self.settings.scheduling_policy == "priority" else 0
-        prompt_tokens, completion_tokens, finished = len(ids), 0, False
+        prompt_tokens, completion_tokens, finished = len(ids), len(request.continuation), False
         self._inflight += 1
         try:
             yield Started(prompt_tokens=prompt_tokens)
             # The tenant's salt: its prompt reuses only its own (or its sharing group's) cached prefixes.
-            prompt = TokensPrompt(prompt_token_ids=ids, cache_salt=self.salts.salt(request.tenant))
+            prompt = TokensPrompt(prompt_token_ids=ids + list(request.continuation),
+                                  cache_salt=self.salts.salt(request.tenant))
             reasons = ["stop"] * max(params.n, 1)  # each answer's, as its last output says
             prompt_logprobs: tuple[TokenLogprob, ...] = ()
             preprocess_s = time.monotonic() - entered
@@ -345,9 +349,10 @@ class VllmEngine:
                     completion_tokens += len(completion.token_ids)
                     logprobs = _logprobs(completion, params.logprobs) if params.logprobs is not None else ()
                     text = completion.text if reader is None else reader.feed(completion.text, completion.token_ids)
-                    if text or logprobs:
+                    if text or logprobs or completion.token_ids:
                         yield Delta(text=text, completion_tokens=completion_tokens, logprobs=logprobs,
-                                    index=completion.index)
+                                    index=completion.index,
+                                    token_ids=tuple(completion.token_ids) if params.n == 1 else ())
                     if completion.finish_reason is not None:
                         reasons[completion.index] = "length" if completion.finish_reason == "length" else "stop"
                 if out.finished:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from goodput.common.v1 import types_pb2 as goodput_dot_common_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$goodput/inference/v1/inference.proto\x12\x14goodput.inference.v1\x1a\x1dgoodput/common/v1/types.proto\"\x96\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x30\n\x08messages\x18\x03 \x03(\x0b\x32\x1e.goodput.common.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x33\n\x08sampling\x18\x05 \x01(\x0b\x32!.goodput.common.v1.SamplingParams\x12-\n\x08priority\x18\x06 \x01(\x0e\x32\x1b.goodput.common.v1.Priority\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\r\n\x05tools\x18\x08 \x01(\t\x12\x1b\n\x13parallel_tool_calls\x18\t \x01(\x08\"\xab\x01\n\rGenerateChunk\x12\x30\n\x07started\x18\x01 \x01(\x0b\x32\x1d.goodput.inference.v1.StartedH\x00\x12,\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x1b.goodput.inference.v1.DeltaH\x00\x12\x32\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x1e.goodput.inference.v1.FinishedH\x00\x42\x06\n\x04kind\"3\n\x07Started\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x11\n\tworker_id\x18\x02 \x01(\t\"\xac\x01\n\x05\x44\x65lta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x31\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1f.goodput.common.v1.TokenLogprob\x12\r\n\x05index\x18\x04 \x01(\x05\x12\x38\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x1f.goodput.common.v1.TokenLogprob\"\x90\x02\n\x08\x46inished\x12\x36\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12\'\n\x05usage\x18\x02 \x01(\x0b\x32\x18.goodput.common.v1.Usage\x12>\n\x15\x63hoice_finish_reasons\x18\x03 \x03(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12/\n\ntool_calls\x18\x04 \x03(\x0b\x32\x1b.goodput.common.v1.ToolCall\x12\x32\n\x06timing\x18\x05 \x01(\x0b\x32\".goodput.inference.v1.EngineTiming\"[\n\x0c\x45ngineTiming\x12\x14\n\x0cpreprocess_s\x18\x01 \x01(\x01\x12\x10\n\x08queued_s\x18\x02 \x01(\x01\x12\x11\n\tprefill_s\x18\x03 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x04 \x01(\x01\"\x10\n\x0eGetLoadRequest\"\xc6\x01\n\nWorkerLoad\x12\x0f\n\x07running\x18\x01 \x01(\x05\x12\x0f\n\x07waiting\x18\x02 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x02\x12\x17\n\x0fgpu_utilization\x18\x04 \x01(\x02\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\x05\x12\x15\n\raborted_total\x18\x06 \x01(\x03\x12\x16\n\x0e\x66inished_total\x18\x07 \x01(\x03\x12\r\n\x05ready\x18\x08 \x01(\x08\x12\x11\n\tstalled_s\x18\t \x01(\x01\"\x15\n\x13GetModelInfoRequest\"\xb1\x02\n\tModelInfo\x12\x19\n\x11served_model_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x19\n\x11max_prompt_tokens\x18\x04 \x01(\x05\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x15\n\rmodel_version\x18\x06 \x01(\t\x12\x1e\n\x16max_num_batched_tokens\x18\x07 \x01(\x05\x12\x18\n\x10tool_call_parser\x18\x08 \x01(\t\x12\x0c\n\x04pool\x18\t \x01(\t\x12\x31\n\x0cpool_classes\x18\n \x03(\x0e\x32\x1b.goodput.common.v1.Priority\x12\x0f\n\x07\x61liases\x18\x0b \x03(\t\x12\x15\n\rcost_per_hour\x18\x0c \x01(\x01\x32\x94\x02\n\tInference\x12X\n\x08Generate\x12%.goodput.inference.v1.GenerateRequest\x1a#.goodput.inference.v1.GenerateChunk0\x01\x12Q\n\x07GetLoad\x12$.goodput.inference.v1.GetLoadRequest\x1a .goodput.inference.v1.WorkerLoad\x12Z\n\x0cGetModelInfo\x12).goodput.inference.v1.GetModelInfoRequest\x1a\x1f.goodput.inference.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$goodput/inference/v1/inference.proto\x12\x14goodput.inference.v1\x1a\x1dgoodput/common/v1/types.proto\"\xb2\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x30\n\x08messages\x18\x03 \x03(\x0b\x32\x1e.goodput.common.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x33\n\x08sampling\x18\x05 \x01(\x0b\x32!.goodput.common.v1.SamplingParams\x12-\n\x08priority\x18\x06 \x01(\x0e\x32\x1b.goodput.common.v1.Priority\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\r\n\x05tools\x18\x08 \x01(\t\x12\x1b\n\x13parallel_tool_calls\x18\t \x01(\x08\x12\x1a\n\x12\x63ontinue_token_ids\x18\n \x03(\x05\"\xab\x01\n\rGenerateChunk\x12\x30\n\x07started\x18\x01 \x01(\x0b\x32\x1d.goodput.inference.v1.StartedH\x00\x12,\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x1b.goodput.inference.v1.DeltaH\x00\x12\x32\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x1e.goodput.inference.v1.FinishedH\x00\x42\x06\n\x04kind\"3\n\x07Started\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x11\n\tworker_id\x18\x02 \x01(\t\"\xbf\x01\n\x05\x44\x65lta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x31\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1f.goodput.common.v1.TokenLogprob\x12\r\n\x05index\x18\x04 \x01(\x05\x12\x38\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x1f.goodput.common.v1.TokenLogprob\x12\x11\n\ttoken_ids\x18\x06 \x03(\x05\"\x90\x02\n\x08\x46inished\x12\x36\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12\'\n\x05usage\x18\x02 \x01(\x0b\x32\x18.goodput.common.v1.Usage\x12>\n\x15\x63hoice_finish_reasons\x18\x03 \x03(\x0e\x32\x1f.goodput.common.v1.FinishReason\x12/\n\ntool_calls\x18\x04 \x03(\x0b\x32\x1b.goodput.common.v1.ToolCall\x12\x32\n\x06timing\x18\x05 \x01(\x0b\x32\".goodput.inference.v1.EngineTiming\"[\n\x0c\x45ngineTiming\x12\x14\n\x0cpreprocess_s\x18\x01 \x01(\x01\x12\x10\n\x08queued_s\x18\x02 \x01(\x01\x12\x11\n\tprefill_s\x18\x03 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x04 \x01(\x01\"\x10\n\x0eGetLoadRequest\"\xc6\x01\n\nWorkerLoad\x12\x0f\n\x07running\x18\x01 \x01(\x05\x12\x0f\n\x07waiting\x18\x02 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x02\x12\x17\n\x0fgpu_utilization\x18\x04 \x01(\x02\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\x05\x12\x15\n\raborted_total\x18\x06 \x01(\x03\x12\x16\n\x0e\x66inished_total\x18\x07 \x01(\x03\x12\r\n\x05ready\x18\x08 \x01(\x08\x12\x11\n\tstalled_s\x18\t \x01(\x01\"\x15\n\x13GetModelInfoRequest\"\xc4\x02\n\tModelInfo\x12\x19\n\x11served_model_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x19\n\x11max_prompt_tokens\x18\x04 \x01(\x05\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x15\n\rmodel_version\x18\x06 \x01(\t\x12\x1e\n\x16max_num_batched_tokens\x18\x07 \x01(\x05\x12\x18\n\x10tool_call_parser\x18\x08 \x01(\t\x12\x0c\n\x04pool\x18\t \x01(\t\x12\x31\n\x0cpool_classes\x18\n \x03(\x0e\x32\x1b.goodput.common.v1.Priority\x12\x0f\n\x07\x61liases\x18\x0b \x03(\t\x12\x15\n\rcost_per_hour\x18\x0c \x01(\x01\x12\x11\n\tcontinues\x18\r \x01(\x08\x32\x94\x02\n\tInference\x12X\n\x08Generate\x12%.goodput.inference.v1.GenerateRequest\x1a#.goodput.inference.v1.GenerateChunk0\x01\x12Q\n\x07GetLoad\x12$.goodput.inference.v1.GetLoadRequest\x1a .goodput.inference.v1.WorkerLoad\x12Z\n\x0cGetModelInfo\x12).goodput.inference.v1.GetModelInfoRequest\x1a\x1f.goodput.inference.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,25 +33,25 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'goodput.inference.v1.infere
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=94
-  _globals['_GENERATEREQUEST']._serialized_end=372
-  _globals['_GENERATECHUNK']._serialized_start=375
-  _globals['_GENERATECHUNK']._serialized_end=546
-  _globals['_STARTED']._serialized_start=548
-  _globals['_STARTED']._serialized_end=599
-  _globals['_DELTA']._serialized_start=602
-  _globals['_DELTA']._serialized_end=774
-  _globals['_FINISHED']._serialized_start=777
-  _globals['_FINISHED']._serialized_end=1049
-  _globals['_ENGINETIMING']._serialized_start=1051
-  _globals['_ENGINETIMING']._serialized_end=1142
-  _globals['_GETLOADREQUEST']._serialized_start=1144
-  _globals['_GETLOADREQUEST']._serialized_end=1160
-  _globals['_WORKERLOAD']._serialized_start=1163
-  _globals['_WORKERLOAD']._serialized_end=1361
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1363
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1384
-  _globals['_MODELINFO']._serialized_start=1387
-  _globals['_MODELINFO']._serialized_end=1692
-  _globals['_INFERENCE']._serialized_start=1695
-  _globals['_INFERENCE']._serialized_end=1971
+  _globals['_GENERATEREQUEST']._serialized_end=400
+  _globals['_GENERATECHUNK']._serialized_start=403
+  _globals['_GENERATECHUNK']._serialized_end=574
+  _globals['_STARTED']._serialized_start=576
+  _globals['_STARTED']._serialized_end=627
+  _globals['_DELTA']._serialized_start=630
+  _globals['_DELTA']._serialized_end=821
+  _globals['_FINISHED']._serialized_start=824
+  _globals['_FINISHED']._serialized_end=1096
+  _globals['_ENGINETIMING']._serialized_start=1098
+  _globals['_ENGINETIMING']._serialized_end=1189
+  _globals['_GETLOADREQUEST']._serialized_start=1191
+  _globals['_GETLOADREQUEST']._serialized_end=1207
+  _globals['_WORKERLOAD']._serialized_start=1210
+  _globals['_WORKERLOAD']._serialized_end=1408
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1410
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1431
+  _globals['_MODELINFO']._serialized_start=1434
+  _globals['_MODELINFO']._serialized_end=1758
+  _globals['_INFERENCE']._serialized_start=1761
+  _globals['_INFERENCE']._serialized_end=2037
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "messages", "prompt", "sampling", "priority", "tenant", "tools", "parallel_tool_calls")
+    __slots__ = ("request_id", "model", "messages", "prompt", "sampling", "priority", "tenant", "tools", "parallel_tool_calls", "continue_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class GenerateRequest(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[_types_pb2.ChatMessage]
@@ -27,7 +28,8 @@ class GenerateRequest(_message.Message):
     tenant: str
     tools: str
     parallel_tool_calls: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., tenant: _Optional[str] = ..., tools: _Optional[str] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
+    continue_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., tenant: _Optional[str] = ..., tools: _Optional[str] = ..., parallel_tool_calls: _Optional[bool] = ..., continue_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("started", "delta", "finished")
@@ -48,18 +50,20 @@ class Started(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ...) -> None: ...
 
 class Delta(_message.Message):
-    __slots__ = ("text", "completion_tokens", "logprobs", "index", "prompt_logprobs")
+    __slots__ = ("text", "completion_tokens", "logprobs", "index", "prompt_logprobs", "token_ids")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     text: str
     completion_tokens: int
     logprobs: _containers.RepeatedCompositeFieldContainer[_types_pb2.TokenLogprob]
     index: int
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_types_pb2.TokenLogprob]
-    def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_types_pb2.TokenLogprob, _Mapping]]] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Finished(_message.Message):
     __slots__ = ("finish_reason", "usage", "choice_finish_reasons", "tool_calls", "timing")
@@ -118,7 +122,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("served_model_name", "model", "max_model_len", "max_prompt_tokens", "engine", "model_version", "max_num_batched_tokens", "tool_call_parser", "pool", "pool_classes", "aliases", "cost_per_hour")
+    __slots__ = ("served_model_name", "model", "max_model_len", "max_prompt_tokens", "engine", "model_version", "max_num_batched_tokens", "tool_call_parser", "pool", "pool_classes", "aliases", "cost_per_hour", "continues")
     SERVED_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +135,7 @@ class ModelInfo(_message.Message):
     POOL_CLASSES_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     COST_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    CONTINUES_FIELD_NUMBER: _ClassVar[int]
     served_model_name: str
     model: str
     max_model_len: int
@@ -143,4 +148,5 @@ class ModelInfo(_message.Message):
     pool_classes: _containers.RepeatedScalarFieldContainer[_types_pb2.Priority]
     aliases: _containers.RepeatedScalarFieldContainer[str]
     cost_per_hour: float
-    def __init__(self, served_model_name: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., engine: _Optional[str] = ..., model_version: _Optional[str] = ..., max_num_batched_tokens: _Optional[int] = ..., tool_call_parser: _Optional[str] = ..., pool: _Optional[str] = ..., pool_classes: _Optional[_Iterable[_Union[_types_pb2.Priority, str]]] = ..., aliases: _Optional[_Iterable[str]] = ..., cost_per_hour: _Optional[float] = ...) -> None: ...
+    continues: bool
+    def __init__(self, served_model_name: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., engine: _Optional[str] = ..., model_version: _Optional[str] = ..., max_num_batched_tokens: _Optional[int] = ..., tool_call_parser: _Optional[str] = ..., pool: _Optional[str] = ..., pool_classes: _Optional[_Iterable[_Union[_types_pb2.Priority, str]]] = ..., aliases: _Optional[_Iterable[str]] = ..., cost_per_hour: _Optional[float] = ..., continues: _Optional[bool] = ...) -> None: ...

@@ -31,7 +31,7 @@ class FirstToken(_message.Message):
     def __init__(self, ttft_s: _Optional[float] = ...) -> None: ...
 
 class Admit(_message.Message):
-    __slots__ = ("request_id", "tenant", "priority", "model", "prompt_tokens_estimate", "max_tokens", "prefix_hint", "session_id", "tenant_weight", "max_queue_wait_s", "fixed_output", "n")
+    __slots__ = ("request_id", "tenant", "priority", "model", "prompt_tokens_estimate", "max_tokens", "prefix_hint", "session_id", "tenant_weight", "max_queue_wait_s", "fixed_output", "n", "resumable", "resumed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,8 @@ class Admit(_message.Message):
     MAX_QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     FIXED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
+    RESUMABLE_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     priority: _types_pb2.Priority
@@ -56,7 +58,9 @@ class Admit(_message.Message):
     max_queue_wait_s: float
     fixed_output: bool
     n: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., model: _Optional[str] = ..., prompt_tokens_estimate: _Optional[int] = ..., max_tokens: _Optional[int] = ..., prefix_hint: _Optional[str] = ..., session_id: _Optional[str] = ..., tenant_weight: _Optional[float] = ..., max_queue_wait_s: _Optional[float] = ..., fixed_output: _Optional[bool] = ..., n: _Optional[int] = ...) -> None: ...
+    resumable: bool
+    resumed: bool
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., model: _Optional[str] = ..., prompt_tokens_estimate: _Optional[int] = ..., max_tokens: _Optional[int] = ..., prefix_hint: _Optional[str] = ..., session_id: _Optional[str] = ..., tenant_weight: _Optional[float] = ..., max_queue_wait_s: _Optional[float] = ..., fixed_output: _Optional[bool] = ..., n: _Optional[int] = ..., resumable: _Optional[bool] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ("outcome", "prompt_tokens", "completion_tokens", "ttft_s")
