@@ -35,6 +35,7 @@ class StandInWorker(inference_pb2_grpc.InferenceServicer):
         self.server = aio.server()
         self.health = HealthServicer()
         self.load = inference_pb2.WorkerLoad(max_num_seqs=8, ready=True)
+        self.continues = True  # its engine takes continuations (ModelInfo.continues), as vLLM's adapter does
         inference_pb2_grpc.add_InferenceServicer_to_server(self, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
@@ -50,7 +51,7 @@ class StandInWorker(inference_pb2_grpc.InferenceServicer):
 
     async def GetModelInfo(self, request: inference_pb2.GetModelInfoRequest, context: aio.ServicerContext
                            ) -> inference_pb2.ModelInfo:
-        return inference_pb2.ModelInfo(served_model_name="m", max_model_len=2048)
+        return inference_pb2.ModelInfo(served_model_name="m", max_model_len=2048, continues=self.continues)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Fair share of the slots with no limits configured (goodput_scheduler.fairshare): a tenant at its share gets no new
 slot while another waits below its own, and one that waited too long gets a slot taken back from the tenant most
-over its share, before that lease's first token; a request of n sequences counts as n slots. Leases over gRPC, as
-the gateway takes them."""
+over its share, before that lease's first token where it has one, else a lease the gateway can resume on a worker
+that continues answers; a request of n sequences counts as n slots. Leases over gRPC, as the gateway takes them."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from goodput.common.v1 import types_pb2
 from goodput.scheduler.v1 import scheduler_pb2
 
 from goodput_scheduler.fairshare import ACTIVE_S, PREEMPT_AFTER
+from goodput_scheduler.leases import DISPATCH_INTERVAL_S
 
 from .conftest import SchedulerHarness, Stream, scheduler_settings
 
@@ -78,7 +79,7 @@ async def test_a_tenant_waiting_too_long_below_its_share_gets_a_slot_taken_back(
         assert (await b.next()).HasField("queued")
         await h.clock.advance(PREEMPT_AFTER * P0_TIMEOUT_S / 2)
         assert h.metric("goodput_scheduler_preemptions_total", {"priority": "P0"}) == 0
-        await h.clock.advance(PREEMPT_AFTER * P0_TIMEOUT_S)
+        await h.clock.advance(PREEMPT_AFTER * P0_TIMEOUT_S + DISPATCH_INTERVAL_S)  # and the dispatcher's next tick
         event = await a.next()
         assert event.lease_id == "a3" and event.HasField("preempted")
         assert "tenant b" in event.preempted.reason
@@ -97,19 +98,63 @@ async def test_a_tenant_waiting_too_long_below_its_share_gets_a_slot_taken_back(
             s.close()
 
 
-async def test_work_past_its_first_token_is_never_preempted(workers) -> None:
-    (w,) = await workers(1)
-    async with SchedulerHarness(scheduler_settings([w.address], max_inflight_per_worker=2)) as h:
-        await h.until(lambda: len(h.workers.healthy()) == 1)
+async def test_work_past_its_first_token_is_preempted_only_where_its_answer_can_be_continued(workers) -> None:
+    w, triton_like = await workers(2)
+    triton_like.continues = False  # an engine that takes no continuation (Triton's adapter)
+    async with SchedulerHarness(scheduler_settings([w.address, triton_like.address], max_inflight_per_worker=1)) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 2)
         a, b = Stream(h), Stream(h)
-        a.send(admit("a1", "a"), admit("a2", "a"), first_token("a1"), first_token("a2"))
-        await granted(a, "a1", "a2")
+        # a1 cannot be resumed by its gateway (Admit.resumable unset: a seed, a schema...); a2 can, where its worker's
+        # engine continues answers (placement decides which of the two workers it lands on)
+        a.send(admit("a1", "a"), first_token("a1"))
+        await granted(a, "a1")
+        await h.clock.advance(0.01)
+        a.send(admit("a2", "a", resumable=True), first_token("a2"))
+        await granted(a, "a2")
+        workers_of = {lease.request.request_id: lease.worker.address for lease in h.leases.leases.values()}
+        assert set(workers_of.values()) == {w.address, triton_like.address}  # one lease on each worker
+        a2_continues = workers_of["a2"] == w.address
         b.send(admit("b1", "b"))
         assert (await b.next()).HasField("queued")
         await h.clock.advance(PREEMPT_AFTER * P0_TIMEOUT_S * 10)
-        assert h.metric("goodput_scheduler_preemptions_total", {"priority": "P0"}) == 0
-        a.send(release("a1"))  # a slot frees by turnover: b's
+        preempted = h.metric("goodput_scheduler_preemptions_total", {"priority": "P0"})
+        if a2_continues:  # a2 is resumable and on the worker that continues: taken back for b
+            event = await a.next()
+            assert event.lease_id == "a2" and event.HasField("preempted") and preempted == 1
+            await granted(b, "b1")
+        else:  # neither lease can be taken back: b waits for a slot's turnover
+            assert preempted == 0
+            a.send(release("a1"))
+            await granted(b, "b1")
+        for s in (a, b):
+            s.close()
+
+
+async def test_a_resumable_lease_is_taken_back_after_its_first_token_and_readmitted_past_a_full_queue(
+        workers) -> None:
+    (w,) = await workers(1)
+    async with SchedulerHarness(scheduler_settings([w.address], max_inflight_per_worker=2, p0_max_queue=2)) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 1)
+        a, b = Stream(h), Stream(h)
+        a.send(admit("a1", "a", resumable=True), first_token("a1"))
+        await granted(a, "a1")
+        await h.clock.advance(0.01)
+        a.send(admit("a2", "a", resumable=True), first_token("a2"))
+        await granted(a, "a2")
+        a.send(admit("a3", "a"), admit("a4", "a"))  # a's waiting requests fill the queue
+        assert (await a.next()).HasField("queued") and (await a.next()).HasField("queued")
+        b.send(admit("b1", "b"))  # b, below its share, takes the place of a's newest waiting request
+        events = {(e.lease_id, e.WhichOneof("kind")) for e in [await a.next(), await b.next()]}
+        assert events == {("a4", "error"), ("b1", "queued")}
+        await h.clock.advance(PREEMPT_AFTER * P0_TIMEOUT_S + DISPATCH_INTERVAL_S)
+        event = await a.next()
+        assert event.lease_id == "a2" and event.HasField("preempted")  # the youngest, past its first token
         await granted(b, "b1")
+        # its gateway admits it again to continue the answer: a place in the full queue, whatever the depth
+        a.send(admit("a2-resumed", "a", resumable=True, resumed=True))
+        assert (await a.next()).HasField("queued") and h.leases.queued(P0) == 2
+        a.send(admit("a5", "a"))  # an ordinary request of a is still refused by the full queue
+        assert (await a.next("error")).error.code == "queue_full"
         for s in (a, b):
             s.close()
 

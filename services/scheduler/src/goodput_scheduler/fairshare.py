@@ -16,12 +16,15 @@ Two rules follow, applied by the :class:`~goodput_scheduler.leases.LeaseManager`
   queue behind its own requests, its queue growing, between two ends of the other's long answers. A tenant alone
   takes every slot: nothing is held back for tenants that do not come.
 * **Room is made for a tenant that waited too long below its share**: once its most urgent request has waited
-  :data:`PREEMPT_AFTER` of its queue-wait budget, the youngest lease (for the same model) of the tenant most over its
-  share that has one without a first token yet is taken back (preempted: the gateway stops its worker call and
-  admits it again, so it is never lost and its caller never sees it). One lease per waiting request. Work past its
-  first token is never preempted: vLLM cannot pause one chosen request and resume it later (its own preemption, by
-  recomputation, happens only under KV-cache pressure and picks by its priority order), so an answer already
-  streaming runs to its end.
+  :data:`PREEMPT_AFTER` of its queue-wait budget, a lease (for the same model) of the tenant most over its share is
+  taken back: its youngest without a first token yet (it costs one prefill: the gateway stops its worker call and
+  admits it again, so it is never lost and its caller never sees it), else its youngest that the gateway can resume
+  (``Admit.resumable``) on a worker whose engine continues answers (``ModelInfo.continues``). That one is paused and
+  resumed by recomputation, as vLLM resumes the requests it preempts itself: the gateway admits it again (always
+  given a place in the queue, ``Admit.resumed``) and continues the answer on its new lease from the tokens already
+  sent, which the new worker prefills after the prompt (mostly prefix-cache hits on the same worker); its caller's
+  stream pauses, with nothing lost or repeated. vLLM cannot pause one chosen request in place (its own preemption
+  happens only under KV-cache pressure), hence the round trip. One lease per waiting request.
 
 Quotas (the gateway's) stay the operator's hard limits on top of this.
 
@@ -60,10 +63,11 @@ from dataclasses import dataclass, field
 
 __all__ = ["ACTIVE_S", "HEADROOM", "PREEMPT_AFTER", "Shares"]
 
-# A request below its share waits at most 1% of its queue-wait budget (0.3 s of P0's 30 s) behind over-share work
-# before a lease is taken back for it: ordinary turnover usually frees a slot sooner, and what a preemption before the
-# first token costs is one prompt's prefill, far less than a budget missed.
-PREEMPT_AFTER = 0.01
+# A request below its share waits at most 0.2% of its queue-wait budget (60 ms of P0's 30 s, about a dispatch tick)
+# behind over-share work before a lease is taken back for it: what a preemption costs the over-share tenant is one
+# re-prefill (its stream pauses for it), while every tick waited is added to the TTFT of the tenant below its share
+# (1% let a burst of B wait 0.3 s and more in loadtests/reports/noisy_neighbour-tenants.md).
+PREEMPT_AFTER = 0.002
 # Free slots kept at the least, per active tenant below its share, from tenants at or above theirs (more when it gave
 # back more since its peak): a tenant's next requests usually come before a slot turns over, and two cover most Poisson
 # gaps; what it costs is at most two idle slots per such tenant beyond those it held lately, and only while another

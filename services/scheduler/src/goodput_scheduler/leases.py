@@ -10,9 +10,9 @@
 * The slots are shared out too (:mod:`~goodput_scheduler.fairshare`, no configuration): a tenant at its weighted
   share of a class's slots gets no new one while another waits below its own (nor the free slots kept for an active
   tenant below its share: those it gave back since its peak of the last seconds, two at the least), and one that
-  waited too long gets a
-  lease of the tenant most over its share taken back before its first token (preempted; the gateway admits it
-  again). A request of ``n`` sequences holds ``n`` slots.
+  waited too long gets a lease of the tenant most over its share taken back (preempted: the gateway admits it again
+  and starts it, or continues its answer from the tokens already sent). A request of ``n`` sequences holds ``n``
+  slots.
 * A request whose deadline (its own, or its class's queue timeout) passes while it waits is dropped before it
   reaches a worker: DeadlineExceeded.
 * The overload detector (:mod:`~goodput_scheduler.overload`) sheds P2 first, then P1; P0 is refused only when its
@@ -182,12 +182,12 @@ class LeaseManager:
         if prio == P0:
             self.guard.note_p0(now)
         self._update_overload()
-        if self.policy.sheds_classes and self.overload.sheds(prio):
+        if self.policy.sheds_classes and self.overload.sheds(prio) and not req.resumed:
             self.metrics.shed.labels(label, "overload").inc()
             raise ResourceExhausted(
                 f"overloaded (saturation {self.overload.saturation:.2f}): {label} requests are shed for now",
                 code="overloaded", retry_after_s=self.retry_after_s(prio))
-        if queue.max_queue and len(queue) >= queue.max_queue:
+        if queue.max_queue and len(queue) >= queue.max_queue and not req.resumed:
             self._make_room(queue, req, prio)
         timeout = now + queue.timeout_s if queue.timeout_s > 0 else None
         effective = min((d for d in (deadline, timeout, queue_deadline) if d is not None), default=None)
@@ -401,7 +401,7 @@ class LeaseManager:
                 if not shares.under(head.request.tenant):
                     continue
                 for over in shares.over():
-                    victim = self._youngest_prefilling(over, head)
+                    victim = self._victim(over, head)
                     if victim is not None:
                         head.made_room = True
                         self._preempt(victim, f"tenant {head.request.tenant} (below its share of "
@@ -410,17 +410,22 @@ class LeaseManager:
                                               f"slots, its share is {shares.share(over):.3g}")
                         break
 
-    def _youngest_prefilling(self, tenant: str, head: Ticket) -> Lease | None:
-        """The tenant's latest lease of the class and model ``head`` waits for that has no first token yet."""
+    def _victim(self, tenant: str, head: Ticket) -> Lease | None:
+        """The lease of ``tenant`` to take back for ``head`` (its class and model): its latest without a first token
+        (what it costs is one prefill), else its latest resumable one on a worker that continues answers (a
+        re-prefill of its prompt and the answer so far, mostly from the prefix cache; the least answer to redo)."""
         model = head.request.model
-        return max((lease for lease in self.book.leases.values()
-                    if lease.request.tenant == tenant and lease.priority == head.priority and lease.prefilling
-                    and lease.revoke is not None and (not model or lease.request.model == model)),
+        mine = [lease for lease in self.book.leases.values()
+                if lease.request.tenant == tenant and lease.priority == head.priority and lease.revoke is not None
+                and (not model or lease.request.model == model)]
+        prefilling = [lease for lease in mine if lease.prefilling]
+        return max(prefilling or [lease for lease in mine if lease.request.resumable and lease.worker.model is not None
+                                  and lease.worker.model.continues],
                    key=lambda lease: lease.granted_at, default=None)
 
     def _preempt(self, lease: Lease, reason: str) -> None:
-        """Takes a lease back before its first token: its slots are free at once, and its holder is told (the
-        gateway stops the worker call and admits the request again)."""
+        """Takes a lease back: its slots are free at once, and its holder is told (the gateway stops the worker call
+        and admits the request again, to start it or to continue its answer)."""
         if not self.book.close(lease):
             return
         log.info("lease preempted", extra={"lease": lease.request.request_id, "reason": reason})

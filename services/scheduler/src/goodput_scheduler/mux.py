@@ -132,7 +132,8 @@ class LeaseMux:
         return PlacementRequest(request_id=lease_id, tenant=a.tenant, priority=int(a.priority), model=a.model,
                                 prompt_tokens=a.prompt_tokens_estimate, max_tokens=a.max_tokens,
                                 prefix_hint=a.prefix_hint, session_id=a.session_id, fixed_output=a.fixed_output,
-                                tenant_weight=self._parse_weight(a.tenant_weight), slots=a.n or 1)
+                                tenant_weight=self._parse_weight(a.tenant_weight), slots=a.n or 1,
+                                resumable=a.resumable, resumed=a.resumed)
 
     def _attach(self, lease_id: str, a: scheduler_pb2.Attach) -> None:
         """A lease the previous leader granted, brought here after a failover (see LeaseManager.attach)."""

@@ -56,6 +56,8 @@ class PlacementRequest:
     tenant_weight: float = 1.0  # the tenant's weight in each bounded class queue's fair share (> 0)
     fixed_output: bool = False  # the answer runs to max_tokens (ignore_eos): its expected output is max_tokens
     slots: int = 1  # sequences it runs (OpenAI's n): the lease slots it holds on its worker and in its tenant's share
+    resumable: bool = False  # the gateway can continue its answer on a new lease: preemptible past its first token
+    resumed: bool = False  # admitted again to continue an answer its preempted lease began: always queued
 
 
 class CycleState:
