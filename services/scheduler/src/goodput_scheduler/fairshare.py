@@ -11,9 +11,9 @@ Two rules follow, applied by the :class:`~goodput_scheduler.leases.LeaseManager`
   held one in the last :data:`ACTIVE_S`), so their next requests find a slot at once instead of waiting for one to
   end: for each, up to its share, :data:`HEADROOM` slots or the slots it gave back since it last held the most in the
   last :data:`ACTIVE_S` (its peak), whichever is more. A slot a tenant below its share frees so stays its own while it
-  is active: given to a tenant over its share, it would come back only when one of that tenant's answers ends (work
-  past its first token is never taken back), so a tenant whose load needs more than :data:`HEADROOM` slots would
-  queue behind its own requests, its queue growing, between two ends of the other's long answers. A tenant alone
+  is active: given to a tenant over its share, it would come back only when one of that tenant's answers ends or is
+  paused (below), so a tenant whose load needs more than :data:`HEADROOM` slots would wait for a preemption at each
+  request beyond them. A tenant alone
   takes every slot: nothing is held back for tenants that do not come.
 * **Room is made for a tenant that waited too long below its share**: once its most urgent request has waited
   :data:`PREEMPT_AFTER` of its queue-wait budget, a lease (for the same model) of the tenant most over its share is
