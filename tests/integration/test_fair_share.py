@@ -1,8 +1,9 @@
 """Fair share of the slots with no limits configured, end to end: the gateway's pipeline against a scheduler process
 and a simulated worker process over gRPC on localhost. Tenant A fills every slot (and more waits), tenant B then sends
-requests: B is served, because A gets no new slot while B waits below its share and, once B has waited a moment, A's
-youngest lease still prefilling is preempted; A's preempted work goes back to the queue and finishes whole, its
-caller never seeing it."""
+requests: B is served, because A gets no new slot while B waits below its share and, once B has waited a moment, a
+lease of A is preempted: its youngest still prefilling, else (every answer of A streaming) its youngest resumable one,
+whose answer the gateway continues on a new lease from the tokens already sent. A's preempted work goes back to the
+queue and finishes whole, its caller seeing at most a pause."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ pytestmark = [pytest.mark.integration]
 
 P0 = types_pb2.PRIORITY_P0
 SLOTS = 4
-# A's prompts (1000 tokens at 0.5 ms each, about 2 s for the four that fit) are still prefilling long after the 0.3 s
-# B may wait below its share (1% of P0's 30 s queue timeout) before one of A's leases is taken back.
+# A's prompts (1000 tokens at 0.5 ms each, about 2 s for the four that fit) are still prefilling long after the 60 ms
+# B may wait below its share (0.2% of P0's 30 s queue timeout) before one of A's leases is taken back.
 SIM = '{"time_scale": 1.0, "prefill_s_per_token": 0.0005, "step_base_s": 0.002, "step_per_seq_s": 0.0}'
 
 
@@ -95,11 +96,58 @@ async def test_a_tenant_filling_every_slot_cannot_starve_another(fleet) -> None:
               for i in range(2)]
         served_b = await asyncio.wait_for(asyncio.gather(*b), timeout=30)
         assert [tokens for tokens, _, _ in served_b] == [8, 8]
-        assert pipeline.metrics.preempted._value.get() >= 1  # a slot was taken back for B
+        assert pipeline.metrics.preempted.labels("before_first_token")._value.get() >= 1  # a slot taken back for B
         finished_a = await asyncio.wait_for(asyncio.gather(*a), timeout=60)
         assert [tokens for tokens, _, _ in finished_a] == [40] * (2 * SLOTS)  # preempted work went back and finished
         # B did not wait for any of A's answers to end (a slot's turnover): it was served first
         assert max(end for _, _, end in served_b) < min(end for _, _, end in finished_a)
+    finally:
+        for task in a + b:
+            task.cancel()
+        await asyncio.gather(*a, *b, return_exceptions=True)
+        await pipeline.close()
+
+
+async def test_a_tenant_streaming_in_every_slot_is_paused_for_another_and_its_answers_end_whole(fleet) -> None:
+    stub, model = fleet
+    pipeline = Pipeline(GatewaySettings(), scheduler=stub, channel_factory=aio.insecure_channel,
+                        metrics=GatewayMetrics(CollectorRegistry()))
+    principal = Principal(tenant="a", max_priority=P0, default_priority=P0)
+    streaming = asyncio.Event()
+    first_tokens = 0
+
+    async def long_answer(i: int) -> tuple[str, int, float]:
+        """A's answer of 1500 tokens (about 3 s of 2 ms steps), read whole: its text, tokens and end time."""
+        nonlocal first_tokens
+        request = GenerationRequest(model=model, messages=(Message("user", f"a {i} tell me everything"),),
+                                    priority=P0, sampling=Sampling(max_tokens=1500))
+        now = time.monotonic()
+        stream = await pipeline.open(principal, request, Cost(prompt_tokens=8, max_tokens=1500),
+                                     request_id=f"a-{i}", model=model, arrived=now, deadline=now + 60)
+        text, tokens = "", 0
+        async for event in stream.events():
+            if isinstance(event, TextDelta):
+                if not text:
+                    first_tokens += 1
+                    if first_tokens == SLOTS:
+                        streaming.set()
+                text += event.text
+            elif isinstance(event, StreamEnd):
+                tokens = event.completion_tokens
+        return text, tokens, time.monotonic()
+
+    a = [asyncio.ensure_future(long_answer(i)) for i in range(SLOTS)]
+    b: list[asyncio.Future[tuple[int, float, float]]] = []
+    try:
+        await asyncio.wait_for(streaming.wait(), timeout=30)  # every slot holds an answer of A past its first token
+        b += [asyncio.ensure_future(answer(pipeline, "b", i, model, prompt_words=8, max_tokens=8)) for i in range(2)]
+        served_b = await asyncio.wait_for(asyncio.gather(*b), timeout=30)
+        assert [tokens for tokens, _, _ in served_b] == [8, 8]
+        assert pipeline.metrics.preempted.labels("mid_stream")._value.get() >= 1  # an answer of A was paused
+        finished_a = await asyncio.wait_for(asyncio.gather(*a), timeout=60)
+        # each answer of A whole: every token once, nothing lost or repeated across the pause
+        assert [(text, tokens) for text, tokens, _ in finished_a] == [(" tok" * 1500, 1500)] * SLOTS
+        assert max(end for _, _, end in served_b) < min(end for _, _, end in finished_a)  # B did not wait for A's ends
     finally:
         for task in a + b:
             task.cancel()

@@ -147,7 +147,7 @@ def test_an_answer_continued_from_its_sent_tokens_is_the_uninterrupted_answer(pl
             sampling=sampling_to_proto(Sampling(temperature=0.0, max_tokens=24, ignore_eos=True)),
             continue_token_ids=continuation)
         ids, text, counts, usage = [], "", [], None
-        with platform.internal_channel(platform.worker_grpc(0)) as ch:
+        with platform.internal_channel(platform.worker_grpc(0), identity="gateway") as ch:  # as the gateway calls
             for chunk in inference_pb2_grpc.InferenceStub(ch).Generate(request, timeout=120):
                 if chunk.HasField("delta"):
                     ids += chunk.delta.token_ids

@@ -72,7 +72,8 @@ class GatewayMetrics:
                                        "Worker calls lost (before or after the first token).", ["phase"],
                                        registry=registry)
         self.preempted = Counter("goodput_gateway_preempted_total", "Requests whose lease the scheduler took back "
-                                 "before their first token (fair share): admitted again, never lost.",
+                                 "(fair share), by when: before_first_token (admitted and started again) or mid_stream "
+                                 "(admitted again, the answer continued from the tokens sent); never lost.", ["stage"],
                                  registry=registry)
 
 

@@ -171,7 +171,8 @@ class Pipeline:
                     if (preempted := self.lease_stream.preempted(lease.lease_id)) is not None:
                         call = cast(WorkerCall, _Preemptible(call, preempted, partial(
                             self._restart, principal, request, cost, lease, request_id=request_id, model=model,
-                            deadline=deadline, max_queue_wait_s=max_queue_wait_s)))
+                            deadline=deadline, max_queue_wait_s=max_queue_wait_s), resumable=request.resumable,
+                            report_first_token=partial(self.report_first_token, lease)))
                     return GenerationStream(self, lease=lease, call=call, start=start, arrived=arrived,
                                             timeline=timeline, span=span)
                 except WorkerLost as lost:
@@ -205,14 +206,14 @@ class Pipeline:
 
     async def _lease(self, principal: Principal, req: GenerationRequest, cost: Cost, *, request_id: str,
                      model: str, deadline: float, max_queue_wait_s: float = 0.0,
-                     on_queued: Callable[[], None] | None = None) -> Lease:
+                     on_queued: Callable[[], None] | None = None, continuation: tuple[int, ...] = ()) -> Lease:
         started = time.monotonic()
         admit = scheduler_pb2.Admit(request_id=request_id, tenant=principal.tenant, priority=cast(Any, req.priority),
                                     model=model, prompt_tokens_estimate=cost.prompt_tokens,
                                     max_tokens=cost.max_tokens, n=cost.n, prefix_hint=req.prefix_hint(),
                                     session_id=req.affinity(principal.tenant), fixed_output=cost.fixed_output,
-                                    tenant_weight=principal.weight,
-                                    max_queue_wait_s=max_queue_wait_s)
+                                    tenant_weight=principal.weight, resumable=req.resumable,
+                                    resumed=bool(continuation), max_queue_wait_s=max_queue_wait_s)
         # unique on the stream even when a caller reuses its request id (or the worker retry leases again)
         lease_id = f"{request_id}/{next(self._lease_seq)}"
         async with self.breaker.guard():
@@ -223,16 +224,17 @@ class Pipeline:
         return Lease(worker_id=granted.worker_id, address=granted.address, lease_id=lease_id,
                       free_slots=granted.free_slots)
 
-    async def _restart(self, principal: Principal, req: GenerationRequest, cost: Cost, lease: Lease, *,
-                       request_id: str, model: str, deadline: float,
+    async def _restart(self, principal: Principal, req: GenerationRequest, cost: Cost, lease: Lease,
+                       continuation: tuple[int, ...], *, request_id: str, model: str, deadline: float,
                        max_queue_wait_s: float) -> tuple[WorkerCall, asyncio.Future[str] | None]:
-        """A request whose lease was preempted before its first token: leased again (back in the queue) and started
-        on its new worker; ``lease`` becomes the new lease, so the stream reports and releases that one."""
-        self.metrics.preempted.inc()
+        """A request whose lease was preempted: leased again (back in the queue) and started on its new worker, or
+        its answer continued there after the ``continuation`` tokens already sent; ``lease`` becomes the new lease,
+        so the stream reports and releases that one."""
+        self.metrics.preempted.labels("mid_stream" if continuation else "before_first_token").inc()
         while True:
             try:
                 new = await self._lease(principal, req, cost, request_id=request_id, model=model, deadline=deadline,
-                                        max_queue_wait_s=max_queue_wait_s)
+                                        max_queue_wait_s=max_queue_wait_s, continuation=continuation)
                 break
             except ResourceExhausted as full:  # its tenant's places in the queue are taken: it tries again in turn
                 wait = min(full.retry_after_s or _READMIT_WAIT_S, _READMIT_WAIT_S)
@@ -241,9 +243,10 @@ class Pipeline:
                 await asyncio.sleep(wait)
         lease.worker_id, lease.address, lease.lease_id, lease.free_slots = (new.worker_id, new.address, new.lease_id,
                                                                             new.free_slots)
+        lease.first_token_sent = False  # the new lease's first token is reported when it comes
         try:
             call, _, span = await self.start_worker(principal, req, lease, request_id=request_id, model=model,
-                                                    deadline=deadline)
+                                                    deadline=deadline, continuation=continuation)
         except WorkerLost as lost:
             self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
             raise Unavailable(f"the inference worker failed: {lost}") from None
@@ -254,11 +257,13 @@ class Pipeline:
         return call, self.lease_stream.preempted(lease.lease_id)
 
     async def start_worker(self, principal: Principal, req: GenerationRequest, lease: Lease, *, request_id: str,
-                            model: str, deadline: float) -> tuple[WorkerCall, StreamStart, Span]:
+                            model: str, deadline: float,
+                            continuation: tuple[int, ...] = ()) -> tuple[WorkerCall, StreamStart, Span]:
         tools, parallel = worker_tools(req)  # tool_choice auto: the worker's template and tool parser take them
         gen = inference_pb2.GenerateRequest(
             request_id=request_id, model=model, prompt=req.prompt, sampling=sampling_to_proto(req.sampling),
             priority=cast(Any, req.priority), tenant=principal.tenant, tools=tools, parallel_tool_calls=parallel,
+            continue_token_ids=continuation,
             messages=[types_pb2.ChatMessage(role=m.role, content=m.content, name=m.name, tool_call_id=m.tool_call_id,
                                             tool_calls=_calls_proto(m.tool_calls)) for m in req.messages])
         # The worker call's client span, made here rather than by a channel interceptor: an intercepted grpc.aio
@@ -310,37 +315,63 @@ class Pipeline:
 
 
 class _Preemptible:
-    """The worker call of a lease the scheduler may preempt before its first token (``goodput_scheduler.fairshare``):
-    the first read races the preemption. Preempted first, the call is cancelled (the worker aborts the request;
-    nothing reached the caller) and ``restart`` leases and starts the request again, so it waits in the queue again
-    and is never lost; once a first chunk has come, it reads straight through."""
+    """The worker call of a lease the scheduler may preempt (``goodput_scheduler.fairshare``). Preempted, the call is
+    cancelled (the worker aborts the request) and ``restart`` leases the request again, so it waits in the queue
+    again and is never lost: before its first chunk it starts again (nothing reached the caller); after it, a
+    ``resumable`` request's answer continues on the new worker from the tokens already read (``Delta.token_ids``),
+    the caller's stream only pausing, while any other request reads on where it is (the scheduler preempts such a
+    lease only before its first token, as far as it knows). A preemption cancels the call as it comes, so each read
+    costs no more than the call's own."""
 
     def __init__(self, call: WorkerCall, preempted: asyncio.Future[str],
-                 restart: Callable[[], Awaitable[tuple[WorkerCall, asyncio.Future[str] | None]]]) -> None:
-        self._call, self._restart = call, restart
-        self._preempted: asyncio.Future[str] | None = preempted
+                 restart: Callable[[tuple[int, ...]], Awaitable[tuple[WorkerCall, asyncio.Future[str] | None]]], *,
+                 resumable: bool, report_first_token: Callable[[float], None]) -> None:
+        self._call, self._restart, self._resumable = call, restart, resumable
+        self._report_first_token = report_first_token  # the new lease's, after a restart
+        self._restarted_at: float | None = None
+        self._sent: list[int] = []  # the answer's tokens read so far
+        self._read_any = False
+        self._cut = False  # this call was cancelled for a preemption
+        self._watch(preempted)
+
+    def _watch(self, preempted: asyncio.Future[str] | None) -> None:
+        if preempted is not None:
+            preempted.add_done_callback(self._preempted)
+
+    def _preempted(self, preempted: asyncio.Future[str]) -> None:
+        if not preempted.cancelled() and (self._resumable or not self._read_any) and not self._call.done():
+            self._cut = True
+            self._call.cancel()
 
     def done(self) -> bool:
-        return self._call.done()
+        return self._call.done() and not self._cut
 
     def cancel(self) -> bool:
         return self._call.cancel()
 
     async def read(self) -> Any:
-        while self._preempted is not None:
-            if not self._preempted.done():
-                read = asyncio.ensure_future(self._call.read())
-                try:
-                    await asyncio.wait({read, self._preempted}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    if not read.done():
-                        read.cancel()
-                if read.done() and not read.cancelled():  # the first chunk came first: no longer preemptible
-                    self._preempted = None
-                    return read.result()
-            self._call.cancel()
-            self._call, self._preempted = await self._restart()
-        return await self._call.read()
+        while True:
+            try:
+                chunk = await self._call.read()
+            except (asyncio.CancelledError, grpc.RpcError):
+                task = asyncio.current_task()
+                if not self._cut or (task is not None and task.cancelling()):
+                    raise
+            else:
+                if not self._cut:
+                    self._read_any = True
+                    if chunk is not aio.EOF and chunk.WhichOneof("kind") == "delta":
+                        self._sent.extend(chunk.delta.token_ids)
+                        if chunk.delta.text and not chunk.delta.token_ids:  # a worker that does not say its tokens
+                            self._resumable = False
+                    if self._restarted_at is not None:
+                        self._report_first_token(time.monotonic() - self._restarted_at)
+                        self._restarted_at = None
+                    return chunk
+            self._cut = False
+            self._call, preempted = await self._restart(tuple(self._sent) if self._read_any else ())
+            self._restarted_at = time.monotonic()
+            self._watch(preempted)
 
 
 def _trace_metadata(span: Span) -> tuple[tuple[str, str], ...]:

@@ -89,6 +89,21 @@ class GenerationRequest:
         """The safety_identifier as logs and traces keep it: a hash with the tenant, never the value."""
         return _tenant_digest(tenant, self.safety_identifier, 16)
 
+    @property
+    def resumable(self) -> bool:
+        """Whether the answer can be continued on another worker call from the tokens already sent (the prompt plus
+        those tokens, as vLLM resumes a request it preempted): not for several answers, constrained decoding, tools
+        (their state is not in the tokens), a seed (a resumed answer would not be the one the seed reproduces), stop
+        strings (one could span the seam), presence or frequency penalties (they count the answer's tokens, which
+        become prompt) or echo (the prompt's logprobs would cover the continuation).
+
+        >>> GenerationRequest().resumable, GenerationRequest(sampling=Sampling(seed=7)).resumable
+        (True, False)
+        """
+        s = self.sampling
+        return (s.n == 1 and not s.structured and not self.tools and s.seed is None and not s.stop and not s.echo
+                and not s.presence_penalty and not s.frequency_penalty)
+
     def prefix_hint(self, limit: int = 512) -> str:
         """The start of the prompt (system prompt first) for prefix-affinity placement."""
         text = "".join(f"{m.role}:{m.content}\n" for m in self.messages) if self.messages else self.prompt

@@ -108,6 +108,8 @@ class GenerationStream:
                         self.pipeline.report_first_token(self._lease, self._ttft_s)
                     self._completion_tokens = chunk.delta.completion_tokens
                     delta = chunk.delta
+                    if not (delta.text or delta.logprobs or delta.prompt_logprobs):
+                        continue  # tokens that make no text yet (an incomplete character): nothing for the caller
                     yield TextDelta(delta.text, logprobs_from_proto(delta.logprobs) if delta.logprobs else (),
                                     delta.index,
                                     logprobs_from_proto(delta.prompt_logprobs) if delta.prompt_logprobs else (),
