@@ -324,7 +324,7 @@ async def gateway_counters(base_url: str) -> dict[str, float]:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name == "goodput_gateway_preempted_total":
-                    name = "preempted"
+                    name = f"preempted:{s.labels.get('stage', '?')}"
                 elif s.name == "goodput_quota_refused_total":
                     name = f"refused:{s.labels.get('limit', '?')}"
                 elif s.name == "goodput_quota_fail_open_total":
@@ -610,8 +610,10 @@ async def run_fleet(args: argparse.Namespace, workers: int, pool: ProcessPoolExe
                 if "refusal_checks" in a:
                     line += f", {a['refusal_checks']['ok']}/{a['refusal_checks']['checked']} refusals as promised"
                 if name == HOLDS_ALL:
-                    line += (f"; A {a['completed']} finished, "
-                             f"{phase['gateway_counters'].get('preempted', 0):.0f} preempted and admitted again")
+                    counters = phase["gateway_counters"]
+                    line += (f"; A {a['completed']} finished, {counters.get('preempted:before_first_token', 0):.0f} "
+                             f"preempted before their first token, {counters.get('preempted:mid_stream', 0):.0f} "
+                             "mid-stream (resumed)")
             print(line, flush=True)
     finally:
         platform.stop()

@@ -54,6 +54,7 @@ async def test_a_continuation_prefills_the_answer_so_far_and_generates_only_the_
         d.text for d in whole[1:4] if isinstance(d, Delta)) + "".join(d.text for d in deltas)
     end = rest[-1]
     assert isinstance(end, Finished) and (end.prompt_tokens, end.completion_tokens) == (150, 6)
+    assert end.cached_tokens == 144  # the blocks the first call computed (prompt and answer) were cached
     with pytest.raises(InvalidArgument, match="continuation"):  # nothing left to generate
         await anext(aiter(e.generate(GenRequest(request_id="r2", prompt="hi", sampling=Sampling(max_tokens=3),
                                                 continuation=(1, 1, 1)))))

@@ -155,6 +155,10 @@ async def test_a_resumable_lease_is_taken_back_after_its_first_token_and_readmit
         assert (await a.next()).HasField("queued") and h.leases.queued(P0) == 2
         a.send(admit("a5", "a"))  # an ordinary request of a is still refused by the full queue
         assert (await a.next("error")).error.code == "queue_full"
+        await h.clock.advance(P0_TIMEOUT_S)  # its caller mid-stream, it outlives the class's queue timeout (a3 not)
+        assert (await a.next("error")).lease_id == "a3"
+        a.send(release("a1"))  # and goes first among a's waiting requests
+        await granted(a, "a2-resumed")
         for s in (a, b):
             s.close()
 

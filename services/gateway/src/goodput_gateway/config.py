@@ -23,9 +23,8 @@ class QuotaSettings(SettingsGroup):
                            "this many seconds (as OpenAI quantises them: rpm 600 with 1 s is 10 per second), so "
                            "a tenant cannot spend its minute in one burst; 0 = per minute only.")
     fail_open_share: float = Field(1.0, gt=0, le=1, description="Redis unreachable: the share of every rate "
-                                   "and concurrency limit each replica enforces on its own (1 / replicas "
-                                   "keeps the total); a budget is checked against the month as Redis last "
-                                   "showed it.")
+                                   "and concurrency limit each replica enforces on its own, and of the "
+                                   "budget Redis last showed left (1 / replicas keeps the total).")
     retry_s: float = Field(5.0, gt=0, description="After Redis failed, how long the local bound is used "
                                                   "before Redis is tried again.")
 

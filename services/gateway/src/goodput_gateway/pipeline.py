@@ -213,7 +213,8 @@ class Pipeline:
                                     max_tokens=cost.max_tokens, n=cost.n, prefix_hint=req.prefix_hint(),
                                     session_id=req.affinity(principal.tenant), fixed_output=cost.fixed_output,
                                     tenant_weight=principal.weight, resumable=req.resumable,
-                                    resumed=bool(continuation), max_queue_wait_s=max_queue_wait_s)
+                                    resumed=bool(continuation),
+                                    max_queue_wait_s=0.0 if continuation else max_queue_wait_s)
         # unique on the stream even when a caller reuses its request id (or the worker retry leases again)
         lease_id = f"{request_id}/{next(self._lease_seq)}"
         async with self.breaker.guard():

@@ -137,7 +137,7 @@ class Scope:
 
     def limits(self, quantum_s: int, share: float) -> list[int]:
         """The five limits the scripts take (LIMITS' order); rates and concurrency scaled by ``share`` (the
-        fail-open bound), never the budget."""
+        fail-open bound); the budget whole (the local bound shares out what is left of it: MemoryCounters)."""
         q = self.quota
 
         def bound(limit: int) -> int:
@@ -264,23 +264,40 @@ class RedisCounters(Counters):
 
 class MemoryCounters(Counters):
     """The same counters in this process (the scripts' steps in Python): one replica without Redis, or the local
-    bound while Redis is down. :meth:`floor` carries a month's use last seen in Redis into it."""
+    bound while Redis is down. :meth:`floor` carries a month's use last seen in Redis into it; as the local bound
+    (``share`` < 1) a replica may then spend only its share of what was left of the budget, so the replicas together
+    spend at most replicas x share of the remainder while Redis is away (the remainder itself at 1 / replicas).
+
+    >>> import asyncio
+    >>> from goodput_gateway.auth import Quota
+    >>> c, s = MemoryCounters(), Scope("tenant", "acme", Quota(monthly_tokens=1000))
+    >>> c.floor(s, "2026-12", 600)  # Redis last said 600 of 1000 were used: 400 left, this replica's half is 200
+    >>> [asyncio.run(c.admit([s], member=str(i), cost=100, ttl_s=60, month="2026-12", quantum_s=0, share=0.5)).refused
+    ...  for i in range(3)]
+    [None, None, 'budget']
+    """
 
     def __init__(self, prefix: str = "local") -> None:
         super().__init__(prefix)
         self._month: defaultdict[str, int] = defaultdict(int)
+        self._seen: defaultdict[str, int] = defaultdict(int)  # a month's use as Redis last said it
         self._inflight: defaultdict[tuple[str, str], dict[str, float]] = defaultdict(dict)
         self._rates: defaultdict[tuple[str, str, str], dict[int, int]] = defaultdict(dict)
 
     def floor(self, scope: Scope, month: str, used: int) -> None:
         key = self.month_key(scope, month)
         self._month[key] = max(self._month[key], used)
+        self._seen[key] = max(self._seen[key], used)
 
     async def admit(self, scopes: list[Scope], *, member: str, cost: int, ttl_s: float, month: str,
                     quantum_s: int, share: float) -> Reading:
         now = time.time()
         period = {"rpm": 60, "rpq": quantum_s, "tpm": 60}
         limits = [s.limits(quantum_s, share) for s in scopes]
+        for s, lim in zip(scopes, limits, strict=True):
+            if lim[0] and share < 1:  # the local bound: this replica's share of what Redis last said was left
+                seen = min(self._seen[self.month_key(s, month)], lim[0])
+                lim[0] = seen + math.floor((lim[0] - seen) * share)
         raw: list[object] = [0, 0, repr(now)]
         passed: list[tuple[int, int]] = []
         for i, (s, lim) in enumerate(zip(scopes, limits, strict=True), start=1):

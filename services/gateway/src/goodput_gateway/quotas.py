@@ -27,7 +27,9 @@ gRPC metadata).
 When Redis cannot be reached (or answers slower than ``quota_timeout_s``), quotas **fail open with a local bound**:
 for ``quota_retry_s`` each replica enforces ``quota_fail_open_share`` of every rate and concurrency limit with
 in-process counters, and each month's use starts from what Redis last said of it, so a budget Redis said was spent
-stays spent; every such decision is counted in ``goodput_quota_fail_open_total``. Without a Redis URL at all, the
+stays spent, and each replica may spend only that share of what was left (1 / replicas: the replicas together
+spend at most the remainder, whatever made Redis look unreachable: a busy event loop can, as well as a Redis that is
+down); every such decision is counted in ``goodput_quota_fail_open_total``. Without a Redis URL at all, the
 local counters are the quotas (one replica only).
 
 Example (no Redis: the local counters)::
@@ -301,8 +303,8 @@ class Quotas:
                                                     share=share))
         for s, used in zip(scopes, reading.month_used, strict=True):
             self.observe_budget(s, used + (tokens if reading.refused is None else 0))
-            # what Redis last said of the month holds while it is down: a spent budget stays spent
-            self.fallback.floor(s, month, used + (tokens if reading.refused is None else 0))
+            if counters is self.remote:  # what Redis last said of the month holds while it is down
+                self.fallback.floor(s, month, used + (tokens if reading.refused is None else 0))
         return reading
 
     async def _forget(self, scopes: list[Scope], member: str, month: str) -> None:

@@ -176,7 +176,7 @@ class LeaseManager:
         if deadline is not None and deadline <= now:
             self.metrics.shed.labels(label, "deadline").inc()
             raise DeadlineExceeded("the request's deadline passed before it was admitted")
-        if deadline is not None and self.settings.predict.deadlines:
+        if deadline is not None and self.settings.predict.deadlines and not req.resumed:
             self._refuse_if_late(req, prio, deadline, now)
         queue = self.queues.of[prio]
         if prio == P0:
@@ -189,7 +189,8 @@ class LeaseManager:
                 code="overloaded", retry_after_s=self.retry_after_s(prio))
         if queue.max_queue and len(queue) >= queue.max_queue and not req.resumed:
             self._make_room(queue, req, prio)
-        timeout = now + queue.timeout_s if queue.timeout_s > 0 else None
+        # a resumed answer waits until its own deadline, never the class's queue timeout: its caller is mid-stream
+        timeout = now + queue.timeout_s if queue.timeout_s > 0 and not req.resumed else None
         effective = min((d for d in (deadline, timeout, queue_deadline) if d is not None), default=None)
         ticket = Ticket(request=req, priority=prio, deadline=effective, call_deadline=deadline, enqueued_at=now,
                         queue_deadline=queue_deadline,

@@ -97,7 +97,9 @@ class Ticket:
 
 
 def by_deadline(t: Ticket) -> tuple[float, int]:
-    return (t.deadline if t.deadline is not None else math.inf, t.seq)
+    """Earliest deadline first; an answer being resumed (its caller mid-stream, its slot taken a moment ago) before
+    any."""
+    return (-math.inf if t.request.resumed else t.deadline if t.deadline is not None else math.inf, t.seq)
 
 
 @dataclass(frozen=True)
