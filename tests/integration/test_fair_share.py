@@ -1,7 +1,7 @@
 """Fair share of the slots with no limits configured, end to end: the gateway's pipeline against a scheduler process
 and a simulated worker process over gRPC on localhost. Tenant A fills every slot (and more waits), tenant B then sends
-requests: B is served, because A gets no new slot while B waits below its share and, once B has waited a moment, a
-lease of A is preempted: its youngest still prefilling, else (every answer of A streaming) its youngest resumable one,
+requests: B is served, because A gets no new slot while B waits below its share and a lease of A is preempted for
+B's request at once: its youngest still prefilling, else (every answer of A streaming) its youngest resumable one,
 whose answer the gateway continues on a new lease from the tokens already sent. A's preempted work goes back to the
 queue and finishes whole, its caller seeing at most a pause."""
 
@@ -32,8 +32,7 @@ pytestmark = [pytest.mark.integration]
 
 P0 = types_pb2.PRIORITY_P0
 SLOTS = 4
-# A's prompts (1000 tokens at 0.5 ms each, about 2 s for the four that fit) are still prefilling long after the 60 ms
-# B may wait below its share (0.2% of P0's 30 s queue timeout) before one of A's leases is taken back.
+# A's prompts (1000 tokens at 0.5 ms each, about 2 s for the four that fit) are still prefilling when B comes.
 SIM = '{"time_scale": 1.0, "prefill_s_per_token": 0.0005, "step_base_s": 0.002, "step_per_seq_s": 0.0}'
 
 

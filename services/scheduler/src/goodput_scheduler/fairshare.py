@@ -15,16 +15,19 @@ Two rules follow, applied by the :class:`~goodput_scheduler.leases.LeaseManager`
   paused (below), so a tenant whose load needs more than :data:`HEADROOM` slots would wait for a preemption at each
   request beyond them. A tenant alone
   takes every slot: nothing is held back for tenants that do not come.
-* **Room is made for a tenant that waited too long below its share**: once its most urgent request has waited
-  :data:`PREEMPT_AFTER` of its queue-wait budget, a lease (for the same model) of the tenant most over its share is
-  taken back: its youngest without a first token yet (it costs one prefill: the gateway stops its worker call and
-  admits it again, so it is never lost and its caller never sees it), else its youngest that the gateway can resume
+* **Room is made at once for a tenant below its share**: when its most urgent request is still waiting after a
+  dispatch pass (in a class with a queue-wait budget: P0 and P1 by default), a lease (for the same model) of the
+  tenant most over its share is taken back: its youngest without a first token yet (it costs one prefill: the
+  gateway stops its worker call and admits it again, so it is never lost and its caller never sees it), else its youngest that the gateway can resume
   (``Admit.resumable``) on a worker whose engine continues answers (``ModelInfo.continues``). That one is paused and
   resumed by recomputation, as vLLM resumes the requests it preempts itself: the gateway admits it again (always
   given a place in the queue, ``Admit.resumed``) and continues the answer on its new lease from the tokens already
   sent, which the new worker prefills after the prompt (mostly prefix-cache hits on the same worker); its caller's
   stream pauses, with nothing lost or repeated. vLLM cannot pause one chosen request in place (its own preemption
-  happens only under KV-cache pressure), hence the round trip. One lease per waiting request.
+  happens only under KV-cache pressure), hence the round trip. One lease per waiting request, at once: what it costs
+  the over-share tenant is a re-prefill (mostly prefix-cache hits), while every moment waited for a turnover is added
+  to the TTFT of the tenant below its share (waiting 1%, then 0.2% of the budget left B's bursts 0.3 s, then ~0.1 s
+  behind A's streams in loadtests/reports/noisy_neighbour-tenants.md).
 
 Quotas (the gateway's) stay the operator's hard limits on top of this.
 
@@ -61,13 +64,8 @@ import math
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
-__all__ = ["ACTIVE_S", "HEADROOM", "PREEMPT_AFTER", "Shares"]
+__all__ = ["ACTIVE_S", "HEADROOM", "Shares"]
 
-# A request below its share waits at most 0.2% of its queue-wait budget (60 ms of P0's 30 s, about a dispatch tick)
-# behind over-share work before a lease is taken back for it: what a preemption costs the over-share tenant is one
-# re-prefill (its stream pauses for it), while every tick waited is added to the TTFT of the tenant below its share
-# (1% let a burst of B wait 0.3 s and more in loadtests/reports/noisy_neighbour-tenants.md).
-PREEMPT_AFTER = 0.002
 # Free slots kept at the least, per active tenant below its share, from tenants at or above theirs (more when it gave
 # back more since its peak): a tenant's next requests usually come before a slot turns over, and two cover most Poisson
 # gaps; what it costs is at most two idle slots per such tenant beyond those it held lately, and only while another

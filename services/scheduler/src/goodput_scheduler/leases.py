@@ -52,7 +52,7 @@ from goodput_core.priority import priority_name
 from goodput_scheduler.clock import Clock, SystemClock
 from goodput_scheduler.config import SchedulerSettings
 from goodput_scheduler.efficiency import IdleWhileQueued
-from goodput_scheduler.fairshare import ACTIVE_S, PREEMPT_AFTER, Shares
+from goodput_scheduler.fairshare import ACTIVE_S, Shares
 from goodput_scheduler.guard import LatencyGuard
 from goodput_scheduler.leasebook import Grant, Lease, LeaseBook
 from goodput_scheduler.metrics import SchedulerMetrics
@@ -319,6 +319,7 @@ class LeaseManager:
         """Grants queue heads, most urgent class first, while workers have room. A head that cannot be placed
         stops the pass (strict priority: a less urgent class never jumps a more urgent one)."""
         self._dispatch_pass()
+        self._make_room_for_waiting()
         self._notify()
 
     def _dispatch_pass(self) -> None:
@@ -388,15 +389,13 @@ class LeaseManager:
     # ---- preemption ------------------------------------------------------------------------------------------
 
     def _make_room_for_waiting(self) -> None:
-        """Takes back a lease of the tenant most over its share, for each tenant below its share whose most urgent
-        request has waited :data:`~goodput_scheduler.fairshare.PREEMPT_AFTER` of its queue-wait budget (see
+        """Takes back a lease of the tenant most over its share for the most urgent request of each tenant below its
+        share still waiting after a dispatch pass, in a class with a queue-wait budget (see
         :mod:`~goodput_scheduler.fairshare`)."""
         now = self.clock.now()
-        for queue in (q for q in self.queues if q.shares):
+        for queue in (q for q in self.queues if q.shares and len(q)):
             for head in list(queue.heads()):
-                own = head.queue_deadline - head.enqueued_at if head.queue_deadline is not None else 0.0
-                budget = min((b for b in (queue.timeout_s, own) if b > 0), default=0.0)  # 0: none (P2 by default)
-                if head.done or head.made_room or not budget or now - head.enqueued_at < PREEMPT_AFTER * budget:
+                if head.done or head.made_room or not (queue.timeout_s or head.queue_deadline is not None):
                     continue
                 shares = self.shares(queue, head.priority)
                 if not shares.under(head.request.tenant):
@@ -434,7 +433,7 @@ class LeaseManager:
         self.metrics.releases.labels("preempted").inc()
         assert lease.revoke is not None
         lease.revoke(reason)
-        self._dispatch()
+        self._dispatch_pass()
 
     def _unqueue(self, ticket: Ticket) -> None:
         """Takes the ticket out of its queue, wherever it is; a no-op once it left."""
