@@ -18,8 +18,9 @@ Two rules follow, applied by the :class:`~goodput_scheduler.leases.LeaseManager`
 * **Room is made at once for a tenant below its share**: when its most urgent request is still waiting after a
   dispatch pass (in a class with a queue-wait budget: P0 and P1 by default), a lease (for the same model) of the
   tenant most over its share is taken back: its youngest without a first token yet (it costs one prefill: the
-  gateway stops its worker call and admits it again, so it is never lost and its caller never sees it), else its youngest that the gateway can resume
-  (``Admit.resumable``) on a worker whose engine continues answers (``ModelInfo.continues``). That one is paused and
+  gateway stops its worker call and admits it again, so it is never lost and its caller never sees it), else its
+  youngest that the gateway can resume (``Admit.resumable``) on a worker whose engine continues answers
+  (``ModelInfo.continues``). That one is paused and
   resumed by recomputation, as vLLM resumes the requests it preempts itself: the gateway admits it again (always
   given a place in the queue, ``Admit.resumed``) and continues the answer on its new lease from the tokens already
   sent, which the new worker prefills after the prompt (mostly prefix-cache hits on the same worker); its caller's
