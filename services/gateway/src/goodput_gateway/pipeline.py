@@ -59,6 +59,10 @@ _GENERATE = "goodput.inference.v1.Inference/Generate"
 # a preempted request refused a place in the queue tries again after the scheduler's retry-after, at most this late:
 # it has already sent its response's headers, so it waits for its turn (until its deadline) rather than fail
 _READMIT_WAIT_S = 0.5
+# a stream whose worker is lost goes on on another at most this many times (and a restart tries at most this many
+# workers that fail before taking it): the scheduler checks a worker reported failed at once, so a second loss in a
+# row is a fleet in trouble, which the caller should hear of
+_FAILOVERS = 2
 
 class Pipeline:
     def __init__(self, settings: GatewaySettings, *, scheduler: scheduler_pb2_grpc.SchedulerStub,
@@ -226,36 +230,48 @@ class Pipeline:
                       free_slots=granted.free_slots)
 
     async def _restart(self, principal: Principal, req: GenerationRequest, cost: Cost, lease: Lease,
-                       continuation: tuple[int, ...], *, request_id: str, model: str, deadline: float,
-                       max_queue_wait_s: float) -> tuple[WorkerCall, asyncio.Future[str] | None]:
-        """A request whose lease was preempted: leased again (back in the queue) and started on its new worker, or
-        its answer continued there after the ``continuation`` tokens already sent; ``lease`` becomes the new lease,
-        so the stream reports and releases that one."""
-        self.metrics.preempted.labels("mid_stream" if continuation else "before_first_token").inc()
-        while True:
-            try:
-                new = await self._lease(principal, req, cost, request_id=request_id, model=model, deadline=deadline,
-                                        max_queue_wait_s=max_queue_wait_s, continuation=continuation)
-                break
-            except ResourceExhausted as full:  # its tenant's places in the queue are taken: it tries again in turn
-                wait = min(full.retry_after_s or _READMIT_WAIT_S, _READMIT_WAIT_S)
-                if time.monotonic() + wait >= deadline:
-                    raise
-                await asyncio.sleep(wait)
-        lease.worker_id, lease.address, lease.lease_id, lease.free_slots = (new.worker_id, new.address, new.lease_id,
-                                                                            new.free_slots)
-        lease.first_token_sent = False  # the new lease's first token is reported when it comes
-        try:
-            call, _, span = await self.start_worker(principal, req, lease, request_id=request_id, model=model,
-                                                    deadline=deadline, continuation=continuation)
-        except WorkerLost as lost:
+                       continuation: tuple[int, ...], worker_lost: bool, *, request_id: str, model: str,
+                       deadline: float, max_queue_wait_s: float) -> tuple[WorkerCall, asyncio.Future[str] | None]:
+        """A request whose lease was preempted, or whose worker was lost (the lease then released as failed):
+        leased again (back in the queue) and started on its new worker, or its answer continued there after the
+        ``continuation`` tokens already sent; ``lease`` becomes the new lease, so the stream reports and releases
+        that one. A worker lost before it takes the request is tried again, up to :data:`_FAILOVERS` times."""
+        if worker_lost:
+            self.metrics.worker_failures.labels("mid_stream").inc()
+            log.warning("worker lost mid-stream; the answer goes on on another", extra={
+                "worker": lease.worker_id, "tokens": len(continuation)})
             self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
-            raise Unavailable(f"the inference worker failed: {lost}") from None
-        except BaseException:
-            self.release(lease, scheduler_pb2.OUTCOME_ERROR)
-            raise
-        span.end()  # the stream ends the first call's span; this one's call runs on under it
-        return call, self.lease_stream.preempted(lease.lease_id)
+        else:
+            self.metrics.preempted.labels("mid_stream" if continuation else "before_first_token").inc()
+        for attempt in range(_FAILOVERS):
+            while True:
+                try:
+                    new = await self._lease(principal, req, cost, request_id=request_id, model=model,
+                                            deadline=deadline, max_queue_wait_s=max_queue_wait_s,
+                                            continuation=continuation)
+                    break
+                except ResourceExhausted as full:  # its tenant's places in the queue are taken: tries again in turn
+                    wait = min(full.retry_after_s or _READMIT_WAIT_S, _READMIT_WAIT_S)
+                    if time.monotonic() + wait >= deadline:
+                        raise
+                    await asyncio.sleep(wait)
+            lease.worker_id, lease.address, lease.lease_id, lease.free_slots = (
+                new.worker_id, new.address, new.lease_id, new.free_slots)
+            lease.first_token_sent = lease.released = False  # the new lease's first token, and its end, to come
+            try:
+                call, _, span = await self.start_worker(principal, req, lease, request_id=request_id, model=model,
+                                                        deadline=deadline, continuation=continuation)
+            except WorkerLost as lost:
+                self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
+                if attempt + 1 == _FAILOVERS:
+                    raise Unavailable(f"the inference worker failed: {lost}") from None
+                continue
+            except BaseException:
+                self.release(lease, scheduler_pb2.OUTCOME_ERROR)
+                raise
+            span.end()  # the stream ends the first call's span; this one's call runs on under it
+            return call, self.lease_stream.preempted(lease.lease_id)
+        raise AssertionError("unreachable")
 
     async def start_worker(self, principal: Principal, req: GenerationRequest, lease: Lease, *, request_id: str,
                             model: str, deadline: float,
@@ -316,23 +332,25 @@ class Pipeline:
 
 
 class _Preemptible:
-    """The worker call of a lease the scheduler may preempt (``goodput_scheduler.fairshare``). Preempted, the call is
-    cancelled (the worker aborts the request) and ``restart`` leases the request again, so it waits in the queue
+    """The worker call of a lease the scheduler may preempt (``goodput_scheduler.fairshare``) and whose worker may be
+    lost. Preempted, the call is cancelled (the worker aborts the request); lost (the call ends UNAVAILABLE and the
+    like), its lease is released as failed. Either way ``restart`` leases the request again, so it waits in the queue
     again and is never lost: before its first chunk it starts again (nothing reached the caller); after it, a
     ``resumable`` request's answer continues on the new worker from the tokens already read (``Delta.token_ids``),
-    the caller's stream only pausing, while any other request reads on where it is (the scheduler preempts such a
-    lease only before its first token, as far as it knows). A preemption cancels the call as it comes, so each read
-    costs no more than the call's own."""
+    the caller's stream only pausing, while any other request reads on where it is when preempted (the scheduler
+    preempts such a lease only before its first token, as far as it knows) and fails when its worker is lost. A
+    preemption cancels the call as it comes, so each read costs no more than the call's own."""
 
     def __init__(self, call: WorkerCall, preempted: asyncio.Future[str],
-                 restart: Callable[[tuple[int, ...]], Awaitable[tuple[WorkerCall, asyncio.Future[str] | None]]], *,
-                 resumable: bool, report_first_token: Callable[[float], None]) -> None:
+                 restart: Callable[[tuple[int, ...], bool], Awaitable[tuple[WorkerCall, asyncio.Future[str] | None]]],
+                 *, resumable: bool, report_first_token: Callable[[float], None]) -> None:
         self._call, self._restart, self._resumable = call, restart, resumable
         self._report_first_token = report_first_token  # the new lease's, after a restart
         self._restarted_at: float | None = None
         self._sent: list[int] = []  # the answer's tokens read so far
         self._read_any = False
         self._cut = False  # this call was cancelled for a preemption
+        self._failovers = 0
         self._watch(preempted)
 
     def _watch(self, preempted: asyncio.Future[str] | None) -> None:
@@ -350,13 +368,25 @@ class _Preemptible:
     def cancel(self) -> bool:
         return self._call.cancel()
 
+    def _fails_over(self, err: BaseException) -> bool:
+        """Whether the call's failure is its worker's (the gateway cancels a call only when it stops reading, or for a
+        preemption), and the request can go on on another."""
+        if not (isinstance(err, aio.AioRpcError) and err.code() in WORKER_LOST and self._failovers < _FAILOVERS
+                and (self._resumable or not self._read_any)):
+            return False
+        self._failovers += 1
+        return True
+
     async def read(self) -> Any:
         while True:
+            lost = False
             try:
                 chunk = await self._call.read()
-            except (asyncio.CancelledError, grpc.RpcError):
+            except (asyncio.CancelledError, grpc.RpcError) as err:
                 task = asyncio.current_task()
-                if not self._cut or (task is not None and task.cancelling()):
+                if task is not None and task.cancelling():
+                    raise
+                if not self._cut and not (lost := self._fails_over(err)):
                     raise
             else:
                 if not self._cut:
@@ -370,7 +400,7 @@ class _Preemptible:
                         self._restarted_at = None
                     return chunk
             self._cut = False
-            self._call, preempted = await self._restart(tuple(self._sent) if self._read_any else ())
+            self._call, preempted = await self._restart(tuple(self._sent) if self._read_any else (), lost)
             self._restarted_at = time.monotonic()
             self._watch(preempted)
 
