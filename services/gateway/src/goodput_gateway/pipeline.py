@@ -243,7 +243,7 @@ class Pipeline:
             self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
         else:
             self.metrics.preempted.labels("mid_stream" if continuation else "before_first_token").inc()
-        for attempt in range(_FAILOVERS):
+        for attempt in range(1, _FAILOVERS + 1):
             while True:
                 try:
                     new = await self._lease(principal, req, cost, request_id=request_id, model=model,
@@ -263,15 +263,15 @@ class Pipeline:
                                                         deadline=deadline, continuation=continuation)
             except WorkerLost as lost:
                 self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
-                if attempt + 1 == _FAILOVERS:
-                    raise Unavailable(f"the inference worker failed: {lost}") from None
-                continue
+                if attempt < _FAILOVERS:
+                    continue
+                raise Unavailable(f"the inference worker failed: {lost}") from None
             except BaseException:
                 self.release(lease, scheduler_pb2.OUTCOME_ERROR)
                 raise
             span.end()  # the stream ends the first call's span; this one's call runs on under it
             return call, self.lease_stream.preempted(lease.lease_id)
-        raise AssertionError("unreachable")
+        raise AssertionError("the loop returns or raises")  # for the type checker
 
     async def start_worker(self, principal: Principal, req: GenerationRequest, lease: Lease, *, request_id: str,
                             model: str, deadline: float,

@@ -200,11 +200,13 @@ class SimEngine:
             return request.prompt
         raise InvalidArgument("either messages or prompt is required", param="messages")
 
-    def _hashes(self, text: str, prompt_tokens: int, salt: str = "") -> list[bytes]:
+    def _hashes(self, text: str, prompt_tokens: int, salt: str = "", known: list[bytes] | None = None) -> list[bytes]:
+        """The chain of the full blocks' hashes; ``known``: the chain of a prefix of ``text``, taken as it is."""
         chars = int(self.params.block_tokens * self.params.chars_per_token)
-        out: list[bytes] = []
-        prev = salt.encode()
-        for i in range(prompt_tokens // self.params.block_tokens):
+        blocks = prompt_tokens // self.params.block_tokens
+        out = (known or [])[:blocks]
+        prev = out[-1] if out else salt.encode()
+        for i in range(len(out), blocks):
             prev = hashlib.blake2b(prev + text[i * chars:(i + 1) * chars].encode("utf-8", "surrogatepass"),
                                    digest_size=8).digest()
             out.append(prev)
@@ -380,7 +382,7 @@ class SimEngine:
         else:
             answered = s.generated - s.continued
             computed, text = s.prompt_tokens + answered, s.text + _TOKEN * answered
-        for h in self._hashes(text, computed, s.salt):
+        for h in self._hashes(text, computed, s.salt, known=s.block_hashes):
             if h in self._cache:
                 self._cache.move_to_end(h)
             else:

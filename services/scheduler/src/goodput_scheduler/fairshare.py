@@ -20,15 +20,15 @@ Two rules follow, applied by the :class:`~goodput_scheduler.leases.LeaseManager`
   tenant most over its share is taken back: its youngest without a first token yet (it costs one prefill: the
   gateway stops its worker call and admits it again, so it is never lost and its caller never sees it), else its
   youngest that the gateway can resume (``Admit.resumable``) on a worker whose engine continues answers
-  (``ModelInfo.continues``). That one is paused and
-  resumed by recomputation, as vLLM resumes the requests it preempts itself: the gateway admits it again (always
-  given a place in the queue, ``Admit.resumed``) and continues the answer on its new lease from the tokens already
-  sent, which the new worker prefills after the prompt (mostly prefix-cache hits on the same worker); its caller's
-  stream pauses, with nothing lost or repeated. vLLM cannot pause one chosen request in place (its own preemption
-  happens only under KV-cache pressure), hence the round trip. One lease per waiting request, at once: what it costs
-  the over-share tenant is a re-prefill (mostly prefix-cache hits), while every moment waited for a turnover is added
-  to the TTFT of the tenant below its share (waiting 1%, then 0.2% of the budget left B's bursts 0.3 s, then ~0.1 s
-  behind A's streams in loadtests/reports/noisy_neighbour-tenants.md).
+  (``ModelInfo.continues``). That one is paused and resumed by recomputation, as vLLM resumes the requests it
+  preempts itself: the gateway admits it again (always given a place in the queue, ``Admit.resumed``) and continues
+  the answer on its new lease from the tokens already sent, which the new worker prefills after the prompt (mostly
+  prefix-cache hits on the same worker); its caller's stream pauses, with nothing lost or repeated. vLLM cannot pause
+  one chosen request in place (its own preemption happens only under KV-cache pressure), hence the round trip. One
+  lease per waiting request, at once: what it costs the over-share tenant is a re-prefill (mostly prefix-cache hits),
+  while a wait for a turnover would add to the TTFT of the tenant below its share (a wait of 1% of the budget left
+  B's bursts 0.3 s behind A's streams in loadtests/reports/noisy_neighbour-tenants.md; 0.2% and at once could not be
+  told apart there, within its run-to-run noise).
 
 Quotas (the gateway's) stay the operator's hard limits on top of this.
 

@@ -10,9 +10,9 @@
 * The slots are shared out too (:mod:`~goodput_scheduler.fairshare`, no configuration): a tenant at its weighted
   share of a class's slots gets no new one while another waits below its own (nor the free slots kept for an active
   tenant below its share: those it gave back since its peak of the last seconds, two at the least), and one that
-  waited too long gets a lease of the tenant most over its share taken back (preempted: the gateway admits it again
-  and starts it, or continues its answer from the tokens already sent). A request of ``n`` sequences holds ``n``
-  slots.
+  finds no slot gets a lease of the tenant most over its share taken back at once (preempted: the gateway admits it
+  again and starts it, or continues its answer from the tokens already sent). A request of ``n`` sequences holds
+  ``n`` slots.
 * A request whose deadline (its own, or its class's queue timeout) passes while it waits is dropped before it
   reaches a worker: DeadlineExceeded.
 * The overload detector (:mod:`~goodput_scheduler.overload`) sheds P2 first, then P1; P0 is refused only when its
@@ -394,10 +394,11 @@ class LeaseManager:
         :mod:`~goodput_scheduler.fairshare`)."""
         now = self.clock.now()
         for queue in (q for q in self.queues if q.shares and len(q)):
+            shares: Shares | None = None  # once per queue (this runs at every dispatch), again after a preemption
             for head in list(queue.heads()):
                 if head.done or head.made_room or not (queue.timeout_s or head.queue_deadline is not None):
                     continue
-                shares = self.shares(queue, head.priority)
+                shares = shares or self.shares(queue, head.priority)
                 if not shares.under(head.request.tenant):
                     continue
                 for over in shares.over():
@@ -408,6 +409,7 @@ class LeaseManager:
                                               f"{priority_name(head.priority)}'s slots) waited "
                                               f"{now - head.enqueued_at:.2f} s; tenant {over} held {shares.held[over]} "
                                               f"slots, its share is {shares.share(over):.3g}")
+                        shares = None
                         break
 
     def _victim(self, tenant: str, head: Ticket) -> Lease | None:
