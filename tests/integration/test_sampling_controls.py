@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import grpc
 import openai
 import pytest
 from goodput.common.v1 import types_pb2
@@ -164,3 +165,6 @@ def test_an_answer_continued_from_its_sent_tokens_is_the_uninterrupted_answer(pl
     assert whole_text.endswith(rest_text) and rest_text  # the text goes on where the sent tokens left it
     assert counts[0] == 11 and counts[-1] == 24  # counted as the whole answer's tokens
     assert (usage.prompt_tokens, usage.completion_tokens) == (whole_usage.prompt_tokens, 24)
+    with pytest.raises(grpc.RpcError) as bad:  # a token the model does not have is refused by name
+        generate([999_999_999])
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "continue_token_ids" in bad.value.details()

@@ -267,6 +267,7 @@ class VllmEngine:
         kwargs.update({k: v for k, v in s.vllm_extensions().items() if k != "truncate_prompt_tokens"})
         if request.continuation:  # what is left of the answer after the tokens generated already
             kwargs["max_tokens"], kwargs["min_tokens"] = continue_answer(request, max_tokens)
+            self._in_vocabulary(list(request.continuation), "continue_token_ids")
         if s.stop_token_ids:
             kwargs["stop_token_ids"] = self._in_vocabulary(list(s.stop_token_ids), "stop_token_ids")
         if s.n > 1:
