@@ -29,9 +29,9 @@ import contextlib
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from loadtests import bench
-from loadtests.common import machine_info, summarize
+from loadtests.common import free_port_block, machine_info, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 GOALS_MS = {"exact_p99": 5.0, "semantic_p99": 20.0}
@@ -75,12 +75,6 @@ def _pairs(data_dir: Path, n: int, questions: str = "mock") -> list[tuple[str, s
     return (FALLBACK_PAIRS * (n // len(FALLBACK_PAIRS) + 1))[:n]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
 async def _vectoriser(args: argparse.Namespace) -> AsyncIterator[Any]:
     """The cache's model in-process, or the Embedding service (given, or started here and stopped afterwards)."""
@@ -92,26 +86,35 @@ async def _vectoriser(args: argparse.Namespace) -> AsyncIterator[Any]:
         yield LocalVectoriser(threads=args.embed_threads, spin=args.embed_spin)
         return
     proc = None
+    log = tempfile.TemporaryFile()
     addr = args.embedder_addr
     if not addr:
-        addr = f"127.0.0.1:{_free_port()}"
+        # Below the ephemeral range: a port the kernel handed out for port 0 can be taken by any outgoing connection
+        # before the service binds it, and the service then cannot start.
+        port = free_port_block(2)
+        addr = f"127.0.0.1:{port}"
         # Plaintext, said explicitly: the benchmark's client dials the embedder without a certificate.
-        env = {**os.environ, "GOODPUT_INSECURE_INTERNAL": "true", "GOODPUT_EMBEDDER_GRPC_PORT": addr.rsplit(":", 1)[1],
-               "GOODPUT_EMBEDDER_HTTP_PORT": str(_free_port()),
+        env = {**os.environ, "GOODPUT_INSECURE_INTERNAL": "true", "GOODPUT_EMBEDDER_GRPC_PORT": str(port),
+               "GOODPUT_EMBEDDER_HTTP_PORT": str(port + 1),
                "GOODPUT_EMBEDDER_INTRA_OP_THREADS": str(args.embed_threads)}
-        proc = subprocess.Popen([sys.executable, "-m", "goodput_embedder"], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        # Its log goes to a file that the error below quotes when the service does not come up.
+        proc = subprocess.Popen([sys.executable, "-m", "goodput_embedder"], env=env, stdout=log, stderr=log)
     channel = make_channel(addr, None, traced=False)
     try:
         vectoriser = RemoteVectoriser(channel, timeout_s=10.0)
-        deadline = time.monotonic() + 180
+        started = time.monotonic()
         while True:  # until the service answers (a fresh one loads its model first)
             try:
                 await vectoriser.embed(["ready?"])
                 break
-            except Exception:  # noqa: BLE001 - not up yet
-                if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
-                    raise RuntimeError(f"the Embedding service at {addr} did not answer") from None
+            except Exception as exc:  # noqa: BLE001 - not up yet
+                exited = proc is not None and proc.poll() is not None
+                if exited or time.monotonic() - started > 180:
+                    log.seek(0)
+                    tail = "\n".join(log.read().decode(errors="replace").splitlines()[-30:])
+                    why = f"exited with {proc.returncode}" if exited and proc else f"last error: {exc!r}"
+                    raise RuntimeError(f"the Embedding service at {addr} did not answer after "
+                                       f"{time.monotonic() - started:.0f} s ({why}); its log ends:\n{tail}") from None
                 await asyncio.sleep(0.5)
         yield vectoriser
     finally:
@@ -119,6 +122,7 @@ async def _vectoriser(args: argparse.Namespace) -> AsyncIterator[Any]:
         if proc is not None:
             proc.terminate()
             proc.wait(30)
+        log.close()
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,7 +6,6 @@ not a timed test."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,8 @@ from typing import Any
 import grpc
 import pytest
 from goodput.retriever.v1 import retriever_pb2, retriever_pb2_grpc
+
+from goodput_testing import free_port
 
 from loadtests import ladder
 from loadtests.common import cpu_label
@@ -24,14 +25,8 @@ ARM_KEYS = {"n", "offered_rps", "served", "met", "share_within_slo", "goodput_to
             "ttft", "tpot", "shed", "shed_share", "degraded_steps", "outcomes", "settled", "gateway_metrics"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_stand_in_retriever_answers_top_k_chunks_and_reports_each_search() -> None:
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     stand_in = ladder.StandIn([("ladder", address, None)], ladder.RetrievalCost(base_s=0.001, per_chunk_s=0.0,
                                                                                  rerank_s=0.001, chunk_chars=120))
     stand_in.start()

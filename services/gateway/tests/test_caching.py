@@ -19,7 +19,7 @@ from grpc import aio
 from prometheus_client import CollectorRegistry
 
 from goodput_core.errors import Unavailable
-from goodput_testing import async_wait_until
+from goodput_testing import async_wait_until, free_port
 
 from goodput_gateway.__main__ import build
 from goodput_gateway.auth import Principal
@@ -150,16 +150,12 @@ async def test_the_cache_breaker_opens_on_a_dead_cache_and_closes_after_it_retur
                                                                                    redis_prefix: str) -> None:
     """A dead cache is skipped at once once its breaker opens (no call waits out its timeout); when the cache is
     back, the first probe after the reset timeout closes the breaker and lookups reach it again."""
-    import socket
-
     cache_mod = pytest.importorskip("goodput_cache.__main__")
     from goodput_core.breaker import BreakerMetrics, CircuitBreaker
 
     from goodput_cache.config import CacheSettings
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing there yet; the cache starts on it later
     now = [0.0]
     registry = CollectorRegistry()
     breaker = CircuitBreaker("cache", failure_threshold=2, reset_timeout_s=5.0, clock=lambda: now[0],
