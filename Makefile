@@ -13,7 +13,7 @@ empty :=
 space := $(empty) $(empty)
 PACKAGES = $(notdir $(filter-out %.egg-info,$(wildcard libs/*/src/goodput_* services/*/src/goodput_*)))
 
-.PHONY: install protos docs run test test-unit lint chaos bench litellm peers clean
+.PHONY: install protos docs run images test test-unit lint chaos bench litellm peers clean
 
 install:  ## virtualenv, pinned dependencies, vLLM (CPU), the dev model, editable packages; near-instant when done
 	VENV=$(VENV) scripts/install.sh
@@ -26,6 +26,9 @@ docs:  ## regenerate the README's configuration reference from the settings clas
 
 run: install  ## the whole platform on this machine (Ctrl-C stops it)
 	$(VENV)/bin/goodput up
+
+images: install  ## every service image (podman; a Debian base made here when no registry answers): .tools/images/
+	$(PY) scripts/images.py
 
 test: lint litellm  ## ruff, mypy, then the whole suite, integration and end-to-end tests included (LiteLLM's too)
 	$(PY) -m pytest $(TEST_DIRS) $(PYTEST_ARGS)
