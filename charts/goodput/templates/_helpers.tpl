@@ -458,6 +458,7 @@ its settings (empty = the app's default queue). ctx: root, svc */}}
 {{ $p }}SCHEDULING_POLICY: {{ $l.schedulingPolicy | quote }}
 {{ $p }}DTYPE: {{ $l.dtype | quote }}
 {{ $p }}KV_CACHE_DTYPE: {{ $l.kvCacheDtype | quote }}
+{{ $p }}ENFORCE_EAGER: {{ ternary "true" "false" ($l.enforceEager | default false) | quote }}
 {{ $p }}MAX_PROMPT_TOKENS: {{ include "goodput.num" $l.maxPromptTokens | quote }}
 {{ $p }}CACHE_SHARING_GROUPS: {{ ternary "" (toJson .root.Values.tenancy.cacheSharingGroups) (empty .root.Values.tenancy.cacheSharingGroups) | quote }}
 {{- if $l.kvCacheSpaceGb }}
@@ -499,6 +500,9 @@ HF_HUB_OFFLINE: "1"
 {{ $p }}ELASTICSEARCH_URL: {{ .root.Values.external.elasticsearch.url | quote }}
 {{ $p }}EMBEDDER_ADDR: {{ ternary (include "goodput.grpcAddr" (dict "root" .root "svc" "embedder")) "" (and .root.Values.retriever.config.useEmbedder .root.Values.embedder.enabled) | quote }}
 {{ $p }}LEXICAL_BACKEND: {{ ternary "elasticsearch" "tantivy" (ne .root.Values.external.elasticsearch.url "") | quote }}
+{{- /* Without a Qdrant or Elasticsearch URL the stores are embedded: their files go to the writable cache emptyDir
+(the root filesystem is read-only) and live as long as the pod; a cluster that keeps its indexes sets both URLs. */}}
+{{ $p }}DATA_DIR: "/cache/retriever"
 {{- with .root.Values.retriever.crossEncoder }}
 {{ $p }}RERANKER: {{ ternary "cross-encoder" "auto" .enabled | quote }}
 {{ $p }}RERANKER_MODEL: {{ ternary .mountPath "" .enabled | quote }}
