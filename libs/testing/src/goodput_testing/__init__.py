@@ -3,7 +3,8 @@ for kube-apiserver's EndpointSlice list/watch (:class:`KubeApiStandIn`; no API s
 
 Installed, this package is a pytest plugin (entry point ``pytest11``): the fixtures of :mod:`goodput_testing.plugin`
 (``redis_url``, ``redis_prefix``, ``redis_session_prefix``) are there in every test folder without an import. The
-helpers below are imported where a test needs them.
+helpers below are imported where a test needs them; :class:`ChartPods` runs the chart's rendered Deployments as podman
+containers (tests/containers).
 
 Example:
     >>> port = free_port()
@@ -15,13 +16,15 @@ Example:
 
 from typing import TYPE_CHECKING
 
+from goodput_testing._pods import ChartPods, podman
 from goodput_testing._ports import dead_port, free_port
 from goodput_testing._procs import ServiceProcess, SimBackend, sim_backend, sim_worker_env
 from goodput_testing._redis import RedisServer, delete_keys, redis_answers
 from goodput_testing._wait import async_wait_until, wait_until
 
-__all__ = ["KubeApiStandIn", "RedisServer", "ServiceProcess", "SimBackend", "async_wait_until", "dead_port",
-           "delete_keys", "endpoint_slice", "free_port", "redis_answers", "sim_backend", "sim_worker_env", "wait_until"]
+__all__ = ["ChartPods", "KubeApiStandIn", "RedisServer", "ServiceProcess", "SimBackend", "async_wait_until",
+           "dead_port", "delete_keys", "endpoint_slice", "free_port", "podman", "redis_answers", "sim_backend",
+           "sim_worker_env", "wait_until"]
 
 if TYPE_CHECKING:
     from goodput_testing._kubeapi import KubeApiStandIn, endpoint_slice

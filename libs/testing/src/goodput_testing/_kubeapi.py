@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from typing import Any
 
 from aiohttp import web
@@ -81,7 +82,8 @@ class KubeApiStandIn:
         self._runner: web.AppRunner | None = None
         self.url = ""
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    async def start(self, host: str = "127.0.0.1", port: int = 0, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        """Listens on ``host:port`` (0: a free one); HTTPS with ``ssl_context``, as the in-cluster address is."""
         app = web.Application()
         app.router.add_get(_PATH, self._handle)
         app.router.add_post(_LEASES, self._create_lease)
@@ -89,8 +91,8 @@ class KubeApiStandIn:
         app.router.add_put(_LEASES + "/{name}", self._replace_lease)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
-        self.url = f"http://{host}:{self._runner.addresses[0][1]}"
+        await web.TCPSite(self._runner, host, port, ssl_context=ssl_context).start()
+        self.url = f"{'https' if ssl_context else 'http'}://{host}:{self._runner.addresses[0][1]}"
 
     async def stop(self) -> None:
         self.interrupt()
