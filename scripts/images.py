@@ -105,7 +105,7 @@ def base_image() -> str:
                         str(rootfs), MIRROR], check=True, stdout=subprocess.DEVNULL)
         for leftover in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man"):
             for path in (rootfs / leftover).glob("*"):
-                if path.is_file():
+                if path.is_symlink() or path.is_file():
                     path.unlink()
                 elif path.is_dir() and path.name != "partial":
                     shutil.rmtree(path)

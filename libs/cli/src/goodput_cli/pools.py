@@ -48,6 +48,7 @@ VLLM_SETTINGS = {
     "speculativeConfig": "SPECULATIVE_CONFIG", "toolCallParser": "TOOL_CALL_PARSER",
     "toolChatTemplate": "TOOL_CHAT_TEMPLATE", "schedulingPolicy": "SCHEDULING_POLICY", "dtype": "DTYPE",
     "kvCacheDtype": "KV_CACHE_DTYPE", "maxPromptTokens": "MAX_PROMPT_TOKENS", "kvCacheSpaceGb": "KV_CACHE_SPACE_GB",
+    "enforceEager": "ENFORCE_EAGER",
 }
 # A pool's shorthands for vllm.<same name> (the chart's too).
 SHORTHANDS = ("tensorParallelSize", "maxNumSeqs", "maxNumBatchedTokens")
