@@ -99,5 +99,44 @@ async def test_leases_over_one_stream_against_a_scheduler_process(service_proces
         await channel.close()
 
 
+async def test_a_failover_is_not_granted_the_worker_it_leaves(service_processes) -> None:  # type: ignore[no-untyped-def]
+    # As the gateway's pipeline does when a worker is lost: the lost lease's release is started (not awaited), then
+    # the request is admitted again at once. The release reaches the scheduler first, which grants nothing on that
+    # worker until its check answers, though the worker is alive here and would be the emptier of the two.
+    ports = [free_port(), free_port()]
+    for port in ports:
+        service_processes("goodput_inference", "worker", **sim_worker_env(port))
+    grpc_port = free_port()
+    service_processes("goodput_scheduler", "scheduler", GOODPUT_SCHEDULER_WORKERS=",".join(
+        f"127.0.0.1:{p}" for p in ports), GOODPUT_SCHEDULER_INSECURE_INTERNAL="true",
+        GOODPUT_SCHEDULER_GRPC_PORT=str(grpc_port), GOODPUT_SCHEDULER_HTTP_PORT=str(free_port()),
+        GOODPUT_SCHEDULER_HEALTH_INTERVAL_S="0.5")
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}")
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+
+    async def healthy() -> int:
+        try:
+            return sum(w.healthy for w in (await stub.ListWorkers(scheduler_pb2.ListWorkersRequest())).workers)
+        except grpc.aio.AioRpcError:
+            return 0
+
+    leases = LeaseStream(stub)
+    admit = scheduler_pb2.Admit(request_id="r", tenant="t", priority=P0)  # type: ignore[arg-type]
+    try:
+        await async_wait_until(lambda: _is(healthy(), 2), timeout=60, interval=0.1)
+        held = {lease: (await leases.acquire(lease, admit, timeout_s=10)).address for lease in ("a", "b", "c")}
+        # "c" went where "a" or "b" is: the lease left alone on its worker is the one lost, so that worker is the
+        # emptier one once it is released
+        lost = next(lease for lease in ("a", "b") if held[lease] != held["c"])
+        left = held[lost]
+        released = asyncio.ensure_future(leases.release(lost, scheduler_pb2.Release(
+            outcome=scheduler_pb2.OUTCOME_WORKER_FAILED)))
+        assert (await leases.acquire("failover", admit, timeout_s=10)).address != left
+        await released
+    finally:
+        await leases.close()
+        await channel.close()
+
+
 async def _is(value: "asyncio.Future[int] | object", expected: int) -> bool:
     return await value == expected  # type: ignore[misc]

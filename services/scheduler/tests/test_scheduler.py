@@ -7,10 +7,11 @@ import asyncio
 import grpc
 import pytest
 from goodput.scheduler.v1 import scheduler_pb2
+from goodput.common.v1 import types_pb2
 
 from goodput_core.errors import GoodputError
 
-from .conftest import SchedulerHarness, open_lease, scheduler_settings
+from .conftest import SchedulerHarness, Stream, open_lease, scheduler_settings
 
 
 async def test_least_loaded_placement_spreads_leases(workers) -> None:  # type: ignore[no-untyped-def]
@@ -127,6 +128,30 @@ async def test_reported_worker_failure_ejects_at_once(workers) -> None:  # type:
         # With 30 s between routine checks, only the reported failure can eject it this fast.
         await h.until(lambda: [w.address for w in h.workers.healthy()] == [
             (b if victim is a else a).address], timeout=3)
+
+
+async def test_the_failover_is_never_granted_the_worker_it_leaves(workers) -> None:  # type: ignore[no-untyped-def]
+    # The gateway's failover sends the lost lease's release and the request's new admission on one stream, the one
+    # right after the other; the worker's check has not answered yet (it is even alive here, the emptier of the two).
+    a, b = await workers(2)
+    async with SchedulerHarness(scheduler_settings([a.address, b.address], health_interval_s=30)) as h:
+        await h.until(lambda: len(h.workers.healthy()) == 2)
+        stream = Stream(h)
+
+        def admit(lease_id: str) -> scheduler_pb2.LeaseMuxRequest:
+            return scheduler_pb2.LeaseMuxRequest(lease_id=lease_id, timeout_s=10, admit=scheduler_pb2.Admit(
+                request_id=lease_id, tenant="t", priority=types_pb2.PRIORITY_P0))
+
+        stream.send(admit("lost"))
+        left = (await stream.next("granted")).granted.address
+        stream.send(admit("other"))
+        assert (await stream.next("granted")).granted.address != left  # the worker left is the emptier one now
+        stream.send(scheduler_pb2.LeaseMuxRequest(lease_id="lost", release=scheduler_pb2.Release(
+            outcome=scheduler_pb2.OUTCOME_WORKER_FAILED)), admit("failover"))
+        assert (await stream.next("granted")).granted.address != left
+        # its check passes (it was alive): it takes grants again, without waiting for the next routine check
+        await h.until(lambda: len(h.workers.healthy()) == 2, timeout=3)
+        stream.cancel()
 
 
 async def test_register_and_deregister_at_runtime(workers) -> None:  # type: ignore[no-untyped-def]

@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -301,16 +302,23 @@ class LeaseStream:
         if held.stream.broken is None:
             held.stream.send(_Request(lease_id=lease_id, first_token=scheduler_pb2.FirstToken(ttft_s=ttft_s)))
 
-    async def release(self, lease_id: str, release: scheduler_pb2.Release, *, timeout_s: float = 5.0) -> None:
-        """Releases the lease and waits (at most ``timeout_s``) for the scheduler to confirm; a lease whose stream
-        broke and could not be attached elsewhere was already given back there."""
+    def release(self, lease_id: str, release: scheduler_pb2.Release, *,
+                timeout_s: float = 5.0) -> Coroutine[Any, Any, None]:
+        """Releases the lease: sent at once, so it reaches the scheduler before anything sent after it (a failed
+        worker's release before the failover's admission, which must not be granted that worker again); the
+        returned coroutine waits (at most ``timeout_s``) for the scheduler to confirm. A lease whose stream broke and
+        could not be attached elsewhere was already given back there."""
         held = self._held.pop(lease_id, None)
         if held is None or held.stream.broken is not None:
-            return
+            return asyncio.sleep(0)
         stream = held.stream
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         stream.releasing[lease_id] = done
         stream.send(_Request(lease_id=lease_id, release=release))
+        return self._confirmed(stream, lease_id, done, timeout_s)
+
+    @staticmethod
+    async def _confirmed(stream: _Stream, lease_id: str, done: asyncio.Future[None], timeout_s: float) -> None:
         try:
             await asyncio.wait_for(done, timeout=timeout_s)
         except TimeoutError:

@@ -562,6 +562,5 @@ class LeaseManager:
         self.metrics.releases.labels(scheduler_pb2.Outcome.Name(outcome).removeprefix("OUTCOME_").lower()).inc()
         self.drain.add(now)
         if outcome == scheduler_pb2.OUTCOME_WORKER_FAILED:
-            asyncio.get_running_loop().create_task(
-                self.registry.report_failure(lease.worker.worker_id, "reported by the gateway"))
+            self.registry.report_failure(lease.worker.worker_id, "reported by the gateway")
         self._dispatch()

@@ -67,12 +67,16 @@ class Worker:
     draining: bool = False
     # How fast it serves, learned from its finished leases (placement by predicted finish time, model "auto").
     speed: WorkerSpeed = field(default_factory=lambda: WorkerSpeed(DEFAULT_SPEED_PRIOR))
+    # A gateway reported it failed and its check has not answered yet: no new grants until it does (a failover
+    # admitted meanwhile must not be granted the worker it is leaving).
+    suspect: bool = False
 
     @property
     def placeable(self) -> bool:
         """New grants may go here: it passes its checks, is not draining, is still registered and its engine is making
         progress (a worker reporting ``stalled_s`` has a hung engine; it also turns NOT_SERVING itself)."""
-        return self.healthy and not self.draining and not self.removed and self.load.stalled_s <= 0
+        return (self.healthy and not self.suspect and not self.draining and not self.removed
+                and self.load.stalled_s <= 0)
 
     @property
     def capacity(self) -> int:
@@ -122,6 +126,7 @@ class WorkerRegistry:
         self._workers: dict[str, Worker] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._reapers: dict[str, asyncio.Task[None]] = {}  # workers whose endpoint is gone, waiting for their leases
+        self._checks: set[asyncio.Task[None]] = set()  # checks of workers reported failed
         self._kube: ApiClient | None = None
         self.on_change: list[Callable[[], None]] = []
 
@@ -260,7 +265,7 @@ class WorkerRegistry:
         return True
 
     async def stop(self) -> None:
-        tasks = [*self._tasks.values(), *self._reapers.values()]
+        tasks = [*self._tasks.values(), *self._reapers.values(), *self._checks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)  # the watches close their connections
@@ -333,13 +338,24 @@ class WorkerRegistry:
                         extra={"worker": worker.worker_id, "error": error})
         await self._notify()
 
-    async def report_failure(self, worker_id: str, reason: str) -> None:
-        """The gateway saw this worker fail mid-request: check it now and eject it if the check fails."""
+    def report_failure(self, worker_id: str, reason: str) -> None:
+        """The gateway saw this worker fail mid-request: it takes no new grants from now on (so not the failover's
+        admission that follows the report) until a check, started now, answers; it is ejected if the check fails."""
         worker = self._workers.get(worker_id)
-        if worker is None or worker.removed:
+        if worker is None or worker.removed or worker.suspect:
             return
         log.warning("worker failure reported", extra={"worker": worker_id, "reason": reason})
-        await self.check(worker, eject_on_failure=True)
+        worker.suspect = True
+        task = asyncio.get_running_loop().create_task(self._check_suspect(worker), name=f"suspect:{worker_id}")
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _check_suspect(self, worker: Worker) -> None:
+        try:
+            await self.check(worker, eject_on_failure=True)
+        finally:
+            worker.suspect = False
+            await self._notify()
 
 
 class _NotServing(Exception):
