@@ -58,13 +58,22 @@ def test_a_batch_completes_with_its_output_file(platform: Platform) -> None:
         other.files.content(done.output_file_id)
 
 
-def test_a_bad_line_is_refused_by_number(platform: Platform) -> None:
+@pytest.mark.parametrize("body,why", [
+    ({"messages": []}, "line 2"),
+    # poison: text no encoder takes (a lone surrogate, as JSON can spell it) is refused with the batch, never run
+    # and retried as a job
+    ({"messages": [{"role": "user", "content": "caf\ud800"}]}, "line 2 of the input file: body.messages[0].content"),
+])
+def test_a_bad_line_is_refused_by_number(platform: Platform, body: dict[str, object], why: str) -> None:
     client = sdk(platform, KEY_P2)
-    bad = {"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}
-    uploaded = client.files.create(file=("bad.jsonl", (json.dumps(bad) + "\n").encode()), purpose="batch")
+    good = {"custom_id": "x", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "hi"}]}}
+    bad = {**good, "custom_id": "y", "body": body}
+    uploaded = client.files.create(file=("bad.jsonl", (json.dumps(good) + "\n" + json.dumps(bad) + "\n").encode()),
+                                   purpose="batch")
     with pytest.raises(openai.BadRequestError) as err:
         client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
-    assert "line 1" in str(err.value)
+    assert why in str(err.value)
     client.files.delete(uploaded.id)
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(uploaded.id)

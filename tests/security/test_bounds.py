@@ -215,6 +215,48 @@ def test_grpc_refuses_undefined_priorities_and_oversized_fields(stub: gateway_pb
         assert dict(err.value.trailing_metadata())["goodput-error-param"] == param  # type: ignore[attr-defined]
 
 
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize("route,raw,param", [
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": "a\ud800b"}], "max_tokens": 4}',
+     "messages[0].content"),
+    ("/v1/completions", r'{"prompt": "a\udfffb", "max_tokens": 4}', "prompt"),
+    ("/v1/embeddings", r'{"model": "m", "input": ["fine", "a\ud800"]}', "input[1]"),
+    ("/v1/responses", r'{"input": "a\udbff", "max_output_tokens": 4}', "input"),
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": "hi"}], "metadata": {"\ud800": "x"}}',
+     "metadata"),
+])
+def test_text_that_is_not_unicode_is_400_by_name(http: httpx.Client, route: str, raw: str, param: str) -> None:
+    # JSON's escapes can spell a lone surrogate, which no encoder downstream takes: it could never be served
+    assert refusal(http.post(route, content=raw, headers=JSON), 400, param)["code"] == "invalid_encoding"
+
+
+@pytest.mark.parametrize("depth", [33, 1_000, 100_000])
+def test_deeply_nested_json_is_400(http: httpx.Client, depth: int) -> None:
+    raw = '{"messages": [{"role": "user", "content": "hi"}], "metadata": {"x": ' + "[" * depth + "]" * depth + "}}"
+    assert refusal(http.post("/v1/chat/completions", content=raw, headers=JSON), 400)["code"] == "json_too_deep"
+
+
+@pytest.mark.parametrize("path", ["/v1/files/file-x:content", "/v1/files/file-x:content/content",
+                                  "/v1/batches/batch-x:y", "/v1/responses/resp-x:y", "/v1/jobs/job-x:y",
+                                  "/v1/files/%00", "/v1/batches/" + "b" * 10_000])
+def test_unknown_ids_are_404(http: httpx.Client, path: str) -> None:
+    assert http.get(path).status_code == 404
+
+
+def test_text_that_is_not_utf8_is_invalid_argument_on_grpc(platform: Platform) -> None:
+    # What a client in another language can send: a string field's bytes that are not UTF-8 (a CESU-8 surrogate)
+    request = gateway_pb2.GenerateRequest(messages=[types_pb2.ChatMessage(role="user", content="a---b")],
+                                          sampling=types_pb2.SamplingParams(max_tokens=4)).SerializeToString()
+    with grpc.insecure_channel(platform.gateway_grpc) as channel:
+        generate = channel.unary_unary("/goodput.gateway.v1.Gateway/Generate")
+        with pytest.raises(grpc.RpcError) as err:
+            generate(request.replace(b"a---b", b"a\xed\xa0\x80b"), metadata=(("authorization", f"Bearer {KEY}"),),
+                     timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value  # type: ignore[attr-defined]
+
+
 def test_the_platform_still_serves_after_all_of_it(platform: Platform, http: httpx.Client) -> None:
     resp = http.post("/v1/chat/completions", json=chat())
     assert resp.status_code == 200, resp.text

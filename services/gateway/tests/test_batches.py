@@ -26,6 +26,10 @@ def line(custom_id: str, content: str = "hi", **extra: object) -> dict[str, obje
             "body": {"messages": [{"role": "user", "content": content}], "max_tokens": 4}, **extra}
 
 
+def nested(depth: int) -> object:
+    return [nested(depth - 1)] if depth else []
+
+
 def jsonl(*lines: dict[str, object]) -> bytes:
     return "".join(json.dumps(x) + "\n" for x in lines).encode()
 
@@ -109,14 +113,17 @@ def test_files_and_batches_are_their_tenants_alone(store: BatchStore) -> None:
 @pytest.mark.parametrize("content,why", [
     (jsonl(line("a"), line("a")), "not unique"),
     (jsonl(line("a"), {**line("b"), "url": "/v1/completions"}), "line 2"),
-    (b'{"custom_id": "a"\n', "not JSON"),
+    (b'{"custom_id": "a"\n', "not valid JSON"),
+    (jsonl(line("a", "caf\ud800")), "line 1 of the input file: body.messages[0].content is not Unicode text"),
+    (jsonl(line("a"), {**line("b"), "body": {"metadata": {"x": nested(32)}}}),
+     "line 2 of the input file: body.metadata.x[0][0]"),
     (jsonl(line("a", extra=1)), "unrecognized field 'extra'"),
     (jsonl({**line("a"), "body": {"messages": [], "max_tokens": 4}}), "body:"),
     (jsonl({**line("a"), "body": {"messages": [{"role": "user", "content": "x"}], "tools": [{"x": 1}]}}),
      "tools"),
     (b"\n\n", "no requests"),
     (jsonl(line("a"), line("b", "x" * (1 << 20))), "line 2 of the input file: longer than 1048576 bytes"),
-    (jsonl(line("a")) + b'{"custom_id": "\xff"}\n', "line 2 of the input file: not UTF-8"),
+    (jsonl(line("a")) + b'{"custom_id": "\xff"}\n', "line 2 of the input file: it is not valid UTF-8"),
 ])
 def test_a_bad_input_file_is_refused_naming_its_line(content: bytes, why: str) -> None:
     with pytest.raises(InvalidArgument) as err:

@@ -6,8 +6,8 @@ import asyncio
 
 import grpc
 import pytest
-from goodput.scheduler.v1 import scheduler_pb2
 from goodput.common.v1 import types_pb2
+from goodput.scheduler.v1 import scheduler_pb2
 
 from goodput_core.errors import GoodputError
 

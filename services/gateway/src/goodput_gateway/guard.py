@@ -6,7 +6,8 @@ request is received and deserialised before the handler runs. So :class:`PublicA
 request-streaming handler in its place: a call without a valid ``authorization`` is ended UNAUTHENTICATED without
 its message being read at all (an unauthenticated caller costs the gateway its metadata, which gRPC bounds, and
 what flow control lets in); an authenticated call's message is taken as raw bytes, refused RESOURCE_EXHAUSTED when
-larger than ``max_message_bytes``, and only then parsed and handed to the servicer, which sees the usual
+larger than ``max_message_bytes``, and only then parsed (INVALID_ARGUMENT when it cannot be, as when a string's bytes
+are not UTF-8) and handed to the servicer, which sees the usual
 (request, context) call, its caller's principal in :func:`goodput_gateway.auth.caller` (authenticated once, here).
 
 What gRPC's transport receives before that is bounded by the server's ``grpc.max_receive_message_length``.
@@ -22,6 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from goodput_core.context import tenant_id_var
@@ -70,7 +72,12 @@ class PublicApiGuard(WrappingInterceptor):
             async for raw in requests:
                 if len(raw) > limit:
                     raise PayloadTooLarge(f"request message is {len(raw)} bytes; the limit is {limit}")
-                return parse(raw) if parse is not None else raw
+                if parse is None:
+                    return raw
+                try:
+                    return parse(raw)
+                except DecodeError as err:  # e.g. a string field whose bytes are not UTF-8: it can never be served
+                    raise InvalidArgument(f"request message cannot be parsed: {err}", code="invalid_message") from None
             raise InvalidArgument("the call carried no request message")
 
         if handler.response_streaming:

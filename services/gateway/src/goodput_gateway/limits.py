@@ -1,5 +1,6 @@
-"""Size limits at the REST edge, applied before anything is parsed: the request head (request line and headers,
-431) and the body (413), chunked bodies included. Both answer in OpenAI's error shape.
+"""Limits at the REST edge, applied before anything is parsed: the request head (request line and headers, 431) and
+the body (413), chunked bodies included; then what a body's JSON may be (:func:`load_json`: nesting depth, text
+that is Unicode). All answer in OpenAI's error shape.
 
 The body is read in the pieces the server hands over and reading stops as soon as the limit is passed, so a body
 without a ``Content-Length`` (``Transfer-Encoding: chunked``) is never read to its end; a declared length above the
@@ -18,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,7 +27,7 @@ import grpc
 
 from goodput_core.errors import GoodputError, InvalidArgument
 
-__all__ = ["HeaderLimit", "HeadersTooLarge", "PayloadTooLarge", "read_limited"]
+__all__ = ["HeaderLimit", "HeadersTooLarge", "PayloadTooLarge", "load_json", "read_limited"]
 
 
 class PayloadTooLarge(GoodputError):
@@ -62,6 +64,73 @@ async def read_limited(chunks: AsyncIterator[bytes], *, limit: int, declared: st
             raise PayloadTooLarge(f"request body is larger than {limit} bytes")
         parts.append(chunk)
     return b"".join(parts)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def load_json(raw: bytes, *, max_depth: int, what: str = "request body") -> Any:
+    """``raw`` as JSON a request can be made of, or InvalidArgument naming the field: UTF-8, JSON, nested at most
+    ``max_depth`` arrays and objects deep, and every string (keys too) Unicode text. JSON's ``\\ud800`` escapes
+    decode to lone surrogates, which no encoder downstream accepts (protobuf, Redis, the tokenizer), so such a
+    request could never succeed: it is refused here rather than failing, or being retried, later.
+
+    >>> load_json(b'{"messages": [{"content": "a\\\\ud800b"}]}', max_depth=8)
+    Traceback (most recent call last):
+    goodput_core.errors.InvalidArgument: messages[0].content is not Unicode text: it holds a lone surrogate (U+D800)
+    >>> load_json(b'{"a": [[[1]]]}', max_depth=3)
+    Traceback (most recent call last):
+    goodput_core.errors.InvalidArgument: a[0][0] nests deeper than 3 levels of arrays and objects
+    >>> load_json(b'{"a": [[1]]}', max_depth=3)
+    {'a': [[1]]}
+    """
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise InvalidArgument(f"{what} is not valid UTF-8 (byte {err.start})", code="invalid_encoding") from None
+    except json.JSONDecodeError as err:
+        raise InvalidArgument(f"{what} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}",
+                              code="invalid_json") from None
+    except RecursionError:  # deeper than the interpreter's own bound, far past any max_depth
+        raise InvalidArgument(f"{what} nests deeper than {max_depth} levels of arrays and objects",
+                              code="json_too_deep") from None
+    _check_json(value, max_depth)
+    return value
+
+
+def _check_json(value: Any, max_depth: int) -> None:
+    # Depth-first without recursion; each entry keeps its parent and key, so a path is only built for an error.
+    Entry = tuple[Any, int, Any, "str | int | None"]
+    stack: list[Entry] = [(value, 1, None, None)]
+
+    def path(entry: Entry) -> str:
+        keys: list[str | int] = []
+        while entry[2] is not None:
+            keys.append(entry[3])  # type: ignore[arg-type]
+            entry = entry[2]
+        return "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in reversed(keys)).lstrip(".") or "body"
+
+    while stack:
+        entry = stack.pop()
+        item, depth = entry[0], entry[1]
+        if isinstance(item, str):
+            if not item.isascii() and (bad := _SURROGATE.search(item)):
+                where = path(entry)
+                raise InvalidArgument(f"{where} is not Unicode text: it holds a lone surrogate "
+                                      f"(U+{ord(bad.group()):04X})", param=where, code="invalid_encoding")
+        elif isinstance(item, dict | list):
+            if depth > max_depth:
+                where = path(entry)
+                raise InvalidArgument(f"{where} nests deeper than {max_depth} levels of arrays and objects",
+                                      param=where, code="json_too_deep")
+            if isinstance(item, list):
+                stack.extend((child, depth + 1, entry, i) for i, child in enumerate(item))
+                continue
+            for key, child in item.items():
+                if not key.isascii() and (bad := _SURROGATE.search(key)):
+                    raise InvalidArgument(f"a key of {path(entry)} is not Unicode text: it holds a lone surrogate "
+                                          f"(U+{ord(bad.group()):04X})", param=path(entry), code="invalid_encoding")
+                stack.append((child, depth + 1, entry, key))
 
 
 class HeaderLimit:

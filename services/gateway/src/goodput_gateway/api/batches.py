@@ -4,7 +4,6 @@ list, get, content, delete) and ``/v1/batches`` (create, get, cancel, list), eac
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any
@@ -20,7 +19,7 @@ from goodput_gateway.api.deps import Batches, Caller, JsonBody, Service
 from goodput_gateway.generation_schemas import ChatCompletionRequest, CompletionRequest
 from goodput_gateway.jobs.batches import Batch
 from goodput_gateway.jobs.records import ROUTES
-from goodput_gateway.limits import read_limited
+from goodput_gateway.limits import load_json, read_limited
 from goodput_gateway.requests import validate
 from goodput_gateway.schemas import BatchRequest, parse
 
@@ -40,6 +39,7 @@ def check_lines(content: bytes, *, endpoint: str, settings: Any) -> list[tuple[s
     are kept as bytes, which the garbage collector never walks (10,000 parsed bodies kept alive would make its
     full passes take 100 ms and more, each a stall of the event loop).
 
+    >>> import json
     >>> from goodput_gateway.config import GatewaySettings
     >>> line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
     ...         "body": {"messages": [{"role": "user", "content": "hi"}]}}
@@ -84,11 +84,9 @@ def _checked(content: bytes, *, endpoint: str, settings: Any) -> Iterator[tuple[
         if len(raw) > settings.limits.body_bytes:
             raise bad(f"longer than {settings.limits.body_bytes} bytes (the bound of one request's body)")
         try:
-            line = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise bad("not UTF-8") from None
-        except json.JSONDecodeError as err:
-            raise bad(f"not JSON ({err.msg})") from None
+            line = load_json(raw, max_depth=settings.limits.json_depth, what="it")
+        except InvalidArgument as err:
+            raise bad(err.message) from None
         if not isinstance(line, dict):
             raise bad("not a JSON object")
         custom_id, body = line.get("custom_id"), line.get("body")

@@ -11,18 +11,15 @@ Example (a route)::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from goodput_core.errors import InvalidArgument
-
 from goodput_gateway.auth import Principal
 from goodput_gateway.jobs import JobQueue
 from goodput_gateway.jobs.batches import BatchStore
-from goodput_gateway.limits import read_limited
+from goodput_gateway.limits import load_json, read_limited
 from goodput_gateway.responses import ResponseStore
 from goodput_gateway.resume import StreamBuffer
 from goodput_gateway.service import GatewayService
@@ -49,18 +46,11 @@ Caller = Annotated[Principal, Depends(_caller)]
 
 async def read_json(request: Request, service: GatewayService) -> Any:
     """The body as JSON, read in pieces: 413 as soon as it passes max_body_bytes (a declared Content-Length above it
-    is refused before any of it is read). Called only once the caller is authenticated (:data:`JsonBody`)."""
+    is refused before any of it is read), then 400 unless it is JSON a request can be made of (:func:`load_json`).
+    Called only once the caller is authenticated (:data:`JsonBody`)."""
     raw = await read_limited(request.stream(), limit=service.settings.limits.body_bytes,
                              declared=request.headers.get("content-length"))
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InvalidArgument(f"request body is not valid UTF-8 (byte {err.start})", code="invalid_encoding") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InvalidArgument(f"request body is not valid JSON: {err.msg} at line {err.lineno} column "
-                              f"{err.colno}", code="invalid_json") from None
+    return load_json(raw, max_depth=service.settings.limits.json_depth)
 
 
 async def _json_body(request: Request, service: Service, _: Caller) -> Any:
