@@ -72,6 +72,18 @@ def error_of(resp: httpx.Response, status: int, param: str | None = None) -> dic
     (chat(top_k=2**40), "top_k"),
     (chat(seed=2**70), "seed"),
     (chat(max_tokens=10**30), "max_tokens"),
+    # every field the prompt is rendered from counts: tool-call arguments, the ids tool answers name, names
+    (chat(messages=[{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "a" * 200}}]}]),
+     "messages[0].tool_calls"),
+    (chat(messages=[{"role": "tool", "content": "r", "tool_call_id": "i" * 33}]), "messages[0].tool_call_id"),
+    (chat(messages=[{"role": "user", "content": "x" * 100, "name": "n"}] * 3), "messages"),
+    # schemas the engine compiles into a grammar: repetition counts are bounded
+    (chat(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": {
+        "type": "array", "minItems": 100_000}}}), "response_format"),
+    (chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "maxLength": 10**6}}}}}]),
+     "tools[0].function.parameters"),
 ])
 async def test_chat_fields_above_their_bounds_are_400_by_name(client: httpx.AsyncClient, body: object,
                                                               param: str) -> None:
@@ -220,6 +232,11 @@ async def _first(stream: object) -> object:
     ({"sampling": types_pb2.SamplingParams(stop_token_ids=list(range(9)))}, "stop_token_ids"),
     ({"sampling": types_pb2.SamplingParams(min_p=2.0)}, "min_p"),
     ({"sampling": types_pb2.SamplingParams(truncate_prompt_tokens=0)}, "truncate_prompt_tokens"),
+    ({"messages": [types_pb2.ChatMessage(role="tool", content="r", tool_call_id="i" * 33)]},
+     "messages[0].tool_call_id"),
+    # a schema arrives as text on gRPC: its depth is checked here, past what the interpreter could parse too
+    ({"sampling": types_pb2.SamplingParams(json_schema='{"a":' * 40 + "1" + "}" * 40)}, "response_format"),
+    ({"sampling": types_pb2.SamplingParams(json_schema="[" * 5000 + "]" * 5000)}, "response_format"),
 ])
 async def test_grpc_fields_above_their_bounds_are_invalid_argument(stub: gateway_pb2_grpc.GatewayStub,
                                                                    fields: dict[str, object], param: str) -> None:

@@ -56,9 +56,13 @@ class Limits(SettingsGroup):
                                                            "(top_logprobs; gRPC SamplingParams.logprobs).")
     response_schema_chars: int = Field(16_384, ge=2, description="Largest response_format JSON Schema (and gRPC "
                                                                  "SamplingParams.json_schema), in characters.")
-    json_depth: int = Field(32, ge=4, le=256, description="Deepest nesting of arrays and objects in a REST body or "
-                                                          "batch line (OpenAI's own shapes need 6; JSON schemas "
-                                                          "more).")
+    json_depth: int = Field(32, ge=4, le=256, description="Deepest nesting of arrays and objects in a REST body, a "
+                                                          "batch line or a JSON Schema (OpenAI's own shapes need "
+                                                          "6).")
+    schema_repetition: int = Field(1000, ge=1, description="Largest repetition count (minItems, maxItems, "
+                                                           "minLength, maxLength, min/maxProperties...) in a "
+                                                           "response_format or tool JSON Schema: constrained "
+                                                           "decoding compiles each into grammar states.")
     body_bytes: int = Field(1 << 20, ge=1024, description="Largest REST request body, chunked bodies included "
                                                           "(413 as soon as it is passed).")
     header_bytes: int = Field(16 << 10, ge=1024, description="Largest REST request head: the request line and "

@@ -29,7 +29,7 @@ from goodput_core.sampling import Sampling
 from goodput_gateway.config import GatewaySettings
 
 __all__ = ["CHARS_PER_TOKEN", "ROLES", "ROLE_ALIASES", "Cost", "GenerationRequest", "Message", "Sampling",
-           "check_length", "estimate_tokens", "resolve_cost", "validate"]
+           "check_length", "check_schema", "estimate_tokens", "resolve_cost", "validate"]
 
 ROLES = {"system", "user", "assistant", "tool"}
 ROLE_ALIASES = {"developer": "system"}
@@ -70,7 +70,10 @@ class GenerationRequest:
     safety_identifier: str = ""  # OpenAI's: the end user, kept only as a hash (safety_hash)
 
     def prompt_chars(self) -> int:
-        return sum(len(m.content) for m in self.messages) + len(self.prompt)
+        """Every character the prompt is rendered from: each message's content, name, tool calls (their arguments)
+        and the call id a tool answer names, or the completion prompt."""
+        return sum(len(m.content) + len(m.name) + len(m.tool_calls) + len(m.tool_call_id)
+                   for m in self.messages) + len(self.prompt)
 
     def affinity(self, tenant: str) -> str:
         """The key of affine placement (the scheduler's session affinity, the gateway's early start): the
@@ -146,10 +149,12 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
             raise InvalidArgument(f"messages[{i}].role {m.role[:32]!r} is not one of {sorted(ROLES)}",
                                   param=f"messages[{i}].role", code="invalid_value")
         check_length(m.name, limits.name_chars, param=f"messages[{i}].name")
-        if len(m.content) > limits.message_chars:
-            raise InvalidArgument(f"messages[{i}].content has {len(m.content)} characters; the limit is "
-                                  f"{limits.message_chars}", param=f"messages[{i}].content",
-                                  code="context_length_exceeded")
+        check_length(m.tool_call_id, limits.name_chars, param=f"messages[{i}].tool_call_id")
+        for part, text in (("content", m.content), ("tool_calls", m.tool_calls)):
+            if len(text) > limits.message_chars:
+                raise InvalidArgument(f"messages[{i}].{part} has {len(text)} characters; the limit is "
+                                      f"{limits.message_chars}", param=f"messages[{i}].{part}",
+                                      code="context_length_exceeded")
     if len(req.prompt) > limits.message_chars:
         raise InvalidArgument(f"the prompt has {len(req.prompt)} characters; the limit is {limits.message_chars}",
                               param="prompt", code="context_length_exceeded")
@@ -163,11 +168,12 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
                                   f"{limits.response_schema_chars}", param="response_format", code="invalid_value")
         try:
             schema = json.loads(s.json_schema)
-        except ValueError:
+        except (ValueError, RecursionError):
             schema = None
         if not isinstance(schema, dict):
             raise InvalidArgument("the response_format schema must be a JSON object (a JSON Schema document)",
                                   param="response_format", code="invalid_value")
+        check_schema(schema, settings, param="response_format")
     if not 1 <= s.n <= limits.choices:
         raise InvalidArgument(f"n asks for {s.n} answers; the limit is {limits.choices}", param="n",
                               code="invalid_value")
@@ -185,6 +191,9 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
     if len(req.tools) > limits.tools_chars:
         raise InvalidArgument(f"the tools take {len(req.tools)} characters; the limit is {limits.tools_chars}",
                               param="tools", code="invalid_value")
+    if req.tools:
+        for i, function in enumerate(json.loads(req.tools)["functions"]):
+            check_schema(function.get("parameters"), settings, param=f"tools[{i}].function.parameters")
     if s.logprobs is not None and not 0 <= s.logprobs <= limits.top_logprobs:
         raise InvalidArgument(f"logprobs asks for {s.logprobs} top tokens per position; the limit is "
                               f"{limits.top_logprobs}", param="top_logprobs", code="invalid_value")
@@ -221,6 +230,39 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
     check_length(req.knowledge_base, limits.name_chars, param="knowledge_base")
     check_length(req.cache_key, limits.name_chars, param="prompt_cache_key")
     check_length(req.safety_identifier, limits.name_chars, param="safety_identifier")
+
+
+# JSON Schema keywords whose number a grammar repeats (constrained decoding compiles minItems 100000 into as many
+# states, stalling the engine for every request beside it)
+_REPEATS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains",
+            "maxContains")
+
+
+def check_schema(schema: object, settings: GatewaySettings, *, param: str) -> None:
+    """InvalidArgument naming ``param`` unless the JSON Schema (response_format's, a tool's parameters) is one the
+    engine can compile at a bounded cost: at most ``limits.json_depth`` levels deep and no repetition count
+    (minItems, maxLength...) above ``limits.schema_repetition``. Its size is bounded by the caller's setting.
+
+    >>> check_schema({"type": "array", "minItems": 100000}, GatewaySettings(), param="response_format")
+    Traceback (most recent call last):
+    goodput_core.errors.InvalidArgument: response_format sets minItems to 100000; the limit is 1000
+    """
+    limits = settings.limits
+    stack: list[tuple[object, int]] = [(schema, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list) and depth > limits.json_depth:
+            raise InvalidArgument(f"{param} nests deeper than {limits.json_depth} levels", param=param,
+                                  code="invalid_value")
+        if isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+        elif isinstance(item, dict):
+            for key in _REPEATS:
+                count = item.get(key)
+                if isinstance(count, int | float) and count > limits.schema_repetition:
+                    raise InvalidArgument(f"{param} sets {key} to {count}; the limit is {limits.schema_repetition}",
+                                          param=param, code="invalid_value")
+            stack.extend((child, depth + 1) for child in item.values())
 
 
 @dataclass(frozen=True)
