@@ -97,7 +97,8 @@ def test_a_duplicate_id_is_refused_and_nothing_is_printed(keys_file):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--tenant", ""], "tenant ''"),
+    (["--tenant", ""], "tenant: '' is not a name"),
+    (["--tenant", "acme:eu"], "tenant: 'acme:eu' is not a name"),
     (["--tenant", "x" * 129], "1 to 128"),
     (["--tenant", "acme", "--id", "i" * 129], "1 to 128"),
     (["--tenant", "acme", "--max-priority", "P1", "--default-priority", "P0"], "more urgent"),

@@ -77,6 +77,12 @@ def test_limits_come_from_the_tenant_over_the_defaults_and_keys_have_their_own()
     ({"tenants": {"t": {"weight": 0}}, "keys": []}, "tenants.t.weight"),
     ({"keys": [{"key": "k", "tenant": "t"}, {"key": "k", "tenant": "u"}]}, "listed twice"),
     ({"keys": [{"key_sha256": "abc", "tenant": "t"}]}, "keys.0.key_sha256"),
+    # names become parts of Redis keys: a ':' would mix this tenant's keys with another's, "tenants" is the usage
+    # index's own word
+    ({"keys": [{"key": "k", "tenant": "acme:usage"}]}, "keys.0.tenant"),
+    ({"keys": [{"key": "k", "tenant": "tenants"}]}, "keys.0.tenant"),
+    ({"keys": [{"key": "k", "tenant": "t", "id": "ops key"}]}, "keys.0.id"),
+    ({"tenants": {"a/b": {}}, "keys": []}, "tenants"),
 ])
 def test_a_bad_keys_document_is_refused_naming_the_field(doc: dict[str, object], named: str) -> None:
     with pytest.raises(ValueError, match=named.replace(".", r"\.")):

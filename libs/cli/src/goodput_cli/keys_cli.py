@@ -16,8 +16,8 @@ Example::
     $ goodput keys revoke acme-ci
 
 Each command edits the file in place (atomically, mode 0600) and keeps what it does not know as it was. It checks
-the values it writes as the gateway will: names of 1 to 128 characters, priorities P0 (most urgent) to P2, limits
-whole numbers >= 0 (0 = none), ``monthly_soft`` in (0, 1], ``weight`` in (0, 1000].
+the values it writes as the gateway will: names by the gateway's one pattern (``goodput_core.names``), priorities
+P0 (most urgent) to P2, limits whole numbers >= 0 (0 = none), ``monthly_soft`` in (0, 1], ``weight`` in (0, 1000].
 
     >>> _check_name("tenant", "acme"), _limits(rpm=60, tpm=None, monthly_soft=0.8)
     ('acme', {'rpm': 60, 'monthly_soft': 0.8})
@@ -35,6 +35,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from goodput_core.names import check_name
+
 from goodput_cli.keys import (
     KEYS_FILE,
     KeysFileError,
@@ -48,7 +50,6 @@ from goodput_cli.keys import (
 
 __all__ = ["Priority", "new_api_key", "register"]
 
-NAME_MAX = 128  # the gateway's limit on a key's id and a tenant's name
 LIMITS = ("rpm", "tpm", "max_concurrent", "monthly_tokens", "monthly_soft")
 
 
@@ -96,10 +97,10 @@ def _keys_path(file: Path | None) -> Path:
 
 
 def _check_name(what: str, value: str) -> str:
-    if not value or len(value) > NAME_MAX or value != value.strip() or not value.isprintable():
-        raise _Invalid(f"{what} {value[:NAME_MAX + 8]!r}: use 1 to {NAME_MAX} printable characters, without spaces "
-                       "around them")
-    return value
+    try:
+        return check_name(value)
+    except ValueError as err:
+        raise _Invalid(f"{what}: {err}") from None
 
 
 def _limits(*, monthly_soft: float | None = None, **ints: int | None) -> dict[str, Any]:

@@ -53,9 +53,10 @@ from typing import Any
 
 from goodput.common.v1 import types_pb2
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from goodput_core.errors import PermissionDenied, Unauthenticated
+from goodput_core.names import check_name
 from goodput_core.periodic import Periodic
 from goodput_core.priority import check_priority, more_urgent, parse_priority, priority_name
 
@@ -159,9 +160,16 @@ class _Tenant(_Limits):
 
 
 class _Key(_Limits):
-    id: str = Field("", max_length=128, description="The key's name in metrics, usage and logs; default: the first "
-                                                    "12 hex digits of its digest.")
-    tenant: str = Field(min_length=1, max_length=128)
+    id: str = Field("", description="The key's name in metrics, usage and logs; default: the first "
+                                                   "12 hex digits of its digest.")
+    tenant: str
+
+    # Tenant names and key ids become parts of Redis keys, metric labels and log fields: one pattern for both
+    # (goodput_core.names), checked when the keys file is loaded
+    @field_validator("id", "tenant")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value) if value else value
     key_sha256: str = Field("", pattern=r"^([0-9a-fA-F]{64})?$")
     key: str = Field("", description="The plain key (tests and development only; production stores the digest).")
     max_priority: str = "P1"
@@ -176,6 +184,13 @@ class _KeysDocument(BaseModel):
 
     defaults: _Tenant = Field(default_factory=_Tenant)
     tenants: dict[str, _Tenant] = Field(default_factory=dict)
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_names(cls, tenants: dict[str, _Tenant]) -> dict[str, _Tenant]:
+        for name in tenants:
+            check_name(name)
+        return tenants
     keys: list[_Key] = Field(default_factory=list)
 
 
