@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import openai
 import pytest
 import yaml
 from redis import Redis
@@ -160,9 +161,7 @@ def platform(images: dict[str, object], redis_url: str,
             pods.stop()
 
 
-def _client():  # type: ignore[no-untyped-def]
-    import openai
-
+def _client() -> openai.OpenAI:
     return openai.OpenAI(base_url="http://127.0.0.1:8080/v1", api_key=API_KEY, timeout=120, max_retries=0)
 
 def test_the_sdk_streams_an_answer_and_embeds_through_the_gateway_container(platform: ChartPods) -> None:
@@ -186,19 +185,23 @@ def test_every_probe_answers_as_the_chart_declares(platform: ChartPods) -> None:
         assert identity.stdout.split() == ["10001"], f"{name}: {identity.stdout} {identity.stderr}"
 
 def test_a_killed_container_comes_back_and_serves_again(platform: ChartPods) -> None:
-    """The scheduler's process is killed: the container restarts (restartPolicy Always), passes its readiness probe
-    again, and the platform answers again."""
+    """The scheduler's process is killed: a request meanwhile gets an answer or a clear error; the container restarts
+    (restartPolicy Always), passes its readiness probe again, and the platform answers again."""
     name = next(n for n in platform.deployments if n.endswith("scheduler"))
     restarts = platform.restarts(name)
     platform.crash(name)
+    # A request while it is down gets an answer (a retry found it back) or a clear error, never a 500 or a hang.
+    try:
+        _client().chat.completions.create(model=MODEL, max_tokens=8, temperature=0.7,
+                                          messages=[{"role": "user", "content": "Are you there?"}])
+    except openai.APIStatusError as exc:
+        assert exc.status_code in (429, 502, 503, 504) and isinstance(exc.body, dict), (exc.status_code, exc.body)
     wait_until(lambda: platform.restarts(name) > restarts and platform.probe(name, "readinessProbe"),
                timeout=platform.startup_budget_s(name), interval=1.0)
     answer = wait_until(lambda: _answer_or_none(), timeout=60, interval=2.0)
     assert answer.strip()
 
 def _answer_or_none() -> str | None:
-    import openai
-
     try:
         reply = _client().chat.completions.create(model=MODEL, max_tokens=8, temperature=0,
                                                   messages=[{"role": "user", "content": "Say hello."}])
