@@ -81,6 +81,7 @@ def test_limits_come_from_the_tenant_over_the_defaults_and_keys_have_their_own()
     # index's own word
     ({"keys": [{"key": "k", "tenant": "acme:usage"}]}, "keys.0.tenant"),
     ({"keys": [{"key": "k", "tenant": "tenants"}]}, "keys.0.tenant"),
+    ({"keys": [{"key": "k", "tenant": ""}]}, "keys.0.tenant"),
     ({"keys": [{"key": "k", "tenant": "t", "id": "ops key"}]}, "keys.0.id"),
     ({"tenants": {"a/b": {}}, "keys": []}, "tenants"),
 ])

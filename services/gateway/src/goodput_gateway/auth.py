@@ -160,16 +160,9 @@ class _Tenant(_Limits):
 
 
 class _Key(_Limits):
-    id: str = Field("", description="The key's name in metrics, usage and logs; default: the first "
-                                                   "12 hex digits of its digest.")
+    id: str = Field("", description="The key's name in metrics, usage and logs; default: the first 12 hex digits of "
+                                    "its digest.")
     tenant: str
-
-    # Tenant names and key ids become parts of Redis keys, metric labels and log fields: one pattern for both
-    # (goodput_core.names), checked when the keys file is loaded
-    @field_validator("id", "tenant")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return check_name(value) if value else value
     key_sha256: str = Field("", pattern=r"^([0-9a-fA-F]{64})?$")
     key: str = Field("", description="The plain key (tests and development only; production stores the digest).")
     max_priority: str = "P1"
@@ -178,12 +171,25 @@ class _Key(_Limits):
     model_fallback: bool = Field(False, description="This key's requests may be answered by the lighter model the "
                                                     "gateway's MODEL_FALLBACKS names when theirs is saturated or down.")
 
+    # Tenant names and key ids become parts of Redis keys, metric labels and log fields: one pattern for both
+    # (goodput_core.names), checked when the keys file is loaded
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_name(cls, value: str) -> str:
+        return check_name(value)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        return check_name(value) if value else value  # empty: named after its digest
+
 
 class _KeysDocument(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     defaults: _Tenant = Field(default_factory=_Tenant)
     tenants: dict[str, _Tenant] = Field(default_factory=dict)
+    keys: list[_Key] = Field(default_factory=list)
 
     @field_validator("tenants")
     @classmethod
@@ -191,7 +197,6 @@ class _KeysDocument(BaseModel):
         for name in tenants:
             check_name(name)
         return tenants
-    keys: list[_Key] = Field(default_factory=list)
 
 
 def _quota(*layers: _Limits | None) -> Quota:
