@@ -237,6 +237,8 @@ async def _first(stream: object) -> object:
     # a schema arrives as text on gRPC: its depth is checked here, past what the interpreter could parse too
     ({"sampling": types_pb2.SamplingParams(json_schema='{"a":' * 40 + "1" + "}" * 40)}, "response_format"),
     ({"sampling": types_pb2.SamplingParams(json_schema="[" * 5000 + "]" * 5000)}, "response_format"),
+    ({"tools": [gateway_pb2.Function(name="f", parameters_json='{"a":' * 5000 + "1" + "}" * 5000)]},
+     "tools[0].parameters_json"),
 ])
 async def test_grpc_fields_above_their_bounds_are_invalid_argument(stub: gateway_pb2_grpc.GatewayStub,
                                                                    fields: dict[str, object], param: str) -> None:

@@ -186,11 +186,11 @@ async def test_grpc_requests_pass_the_same_domain_checks() -> None:
         req = gateway_pb2.GenerateRequest(messages=[types_pb2.ChatMessage(role="user", content="hi")],
                                           sampling=sampling)
         with pytest.raises(InvalidArgument) as err:
-            validate(from_proto(req, stream=False), settings)
+            validate(from_proto(req, stream=False, max_json_depth=settings.limits.json_depth), settings)
         assert err.value.param == param
     too_long = gateway_pb2.GenerateRequest(prompt="x" * 1001)
     with pytest.raises(InvalidArgument) as err:
-        validate(from_proto(too_long, stream=True), settings)
+        validate(from_proto(too_long, stream=True, max_json_depth=settings.limits.json_depth), settings)
     assert err.value.code == "context_length_exceeded" and err.value.param == "prompt"
 
 

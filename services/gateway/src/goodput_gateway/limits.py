@@ -98,6 +98,12 @@ def load_json(raw: bytes, *, max_depth: int, what: str = "request body") -> Any:
     return value
 
 
+def _lone_surrogate(text: str) -> str:
+    """Why ``text`` is not Unicode text, or "" when it is."""
+    bad = None if text.isascii() else _SURROGATE.search(text)
+    return f"it holds a lone surrogate (U+{ord(bad.group()):04X})" if bad else ""
+
+
 def _check_json(value: Any, max_depth: int) -> None:
     # Depth-first without recursion; each entry keeps its parent and key, so a path is only built for an error.
     Entry = tuple[Any, int, Any, "str | int | None"]
@@ -114,10 +120,9 @@ def _check_json(value: Any, max_depth: int) -> None:
         entry = stack.pop()
         item, depth = entry[0], entry[1]
         if isinstance(item, str):
-            if not item.isascii() and (bad := _SURROGATE.search(item)):
+            if why := _lone_surrogate(item):
                 where = path(entry)
-                raise InvalidArgument(f"{where} is not Unicode text: it holds a lone surrogate "
-                                      f"(U+{ord(bad.group()):04X})", param=where, code="invalid_encoding")
+                raise InvalidArgument(f"{where} is not Unicode text: {why}", param=where, code="invalid_encoding")
         elif isinstance(item, dict | list):
             if depth > max_depth:
                 where = path(entry)
@@ -127,9 +132,10 @@ def _check_json(value: Any, max_depth: int) -> None:
                 stack.extend((child, depth + 1, entry, i) for i, child in enumerate(item))
                 continue
             for key, child in item.items():
-                if not key.isascii() and (bad := _SURROGATE.search(key)):
-                    raise InvalidArgument(f"a key of {path(entry)} is not Unicode text: it holds a lone surrogate "
-                                          f"(U+{ord(bad.group()):04X})", param=path(entry), code="invalid_encoding")
+                if why := _lone_surrogate(key):  # checked before the key can be part of a path
+                    where = path(entry)
+                    raise InvalidArgument(f"a key of {where} is not Unicode text: {why}", param=where,
+                                          code="invalid_encoding")
                 stack.append((child, depth + 1, entry, key))
 
 

@@ -27,6 +27,7 @@ from goodput_core.priority import check_priority
 from goodput_core.sampling import Sampling
 
 from goodput_gateway.config import GatewaySettings
+from goodput_gateway.limits import load_json
 
 __all__ = ["CHARS_PER_TOKEN", "ROLES", "ROLE_ALIASES", "Cost", "GenerationRequest", "Message", "Sampling",
            "check_length", "check_schema", "estimate_tokens", "resolve_cost", "validate"]
@@ -167,9 +168,9 @@ def validate(req: GenerationRequest, settings: GatewaySettings) -> None:
             raise InvalidArgument(f"the response_format schema has {len(s.json_schema)} characters; the limit is "
                                   f"{limits.response_schema_chars}", param="response_format", code="invalid_value")
         try:
-            schema = json.loads(s.json_schema)
-        except (ValueError, RecursionError):
-            schema = None
+            schema = load_json(s.json_schema.encode(), max_depth=limits.json_depth, what="the response_format schema")
+        except InvalidArgument as err:
+            raise InvalidArgument(err.message, param="response_format", code=err.code) from None
         if not isinstance(schema, dict):
             raise InvalidArgument("the response_format schema must be a JSON object (a JSON Schema document)",
                                   param="response_format", code="invalid_value")
@@ -239,30 +240,27 @@ _REPEATS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "
 
 
 def check_schema(schema: object, settings: GatewaySettings, *, param: str) -> None:
-    """InvalidArgument naming ``param`` unless the JSON Schema (response_format's, a tool's parameters) is one the
-    engine can compile at a bounded cost: at most ``limits.json_depth`` levels deep and no repetition count
-    (minItems, maxLength...) above ``limits.schema_repetition``. Its size is bounded by the caller's setting.
+    """InvalidArgument naming ``param`` when the JSON Schema (response_format's, a tool's parameters) sets a
+    repetition count (minItems, maxLength...) above ``limits.schema_repetition``. Its size and depth were bounded
+    where it was read (the body's or the text's :func:`~goodput_gateway.limits.load_json`).
 
     >>> check_schema({"type": "array", "minItems": 100000}, GatewaySettings(), param="response_format")
     Traceback (most recent call last):
     goodput_core.errors.InvalidArgument: response_format sets minItems to 100000; the limit is 1000
     """
-    limits = settings.limits
-    stack: list[tuple[object, int]] = [(schema, 1)]
+    bound = settings.limits.schema_repetition
+    stack = [schema]
     while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list) and depth > limits.json_depth:
-            raise InvalidArgument(f"{param} nests deeper than {limits.json_depth} levels", param=param,
-                                  code="invalid_value")
+        item = stack.pop()
         if isinstance(item, list):
-            stack.extend((child, depth + 1) for child in item)
+            stack.extend(item)
         elif isinstance(item, dict):
             for key in _REPEATS:
                 count = item.get(key)
-                if isinstance(count, int | float) and count > limits.schema_repetition:
-                    raise InvalidArgument(f"{param} sets {key} to {count}; the limit is {limits.schema_repetition}",
-                                          param=param, code="invalid_value")
-            stack.extend((child, depth + 1) for child in item.values())
+                if isinstance(count, int | float) and count > bound:
+                    raise InvalidArgument(f"{param} sets {key} to {count}; the limit is {bound}", param=param,
+                                          code="invalid_value")
+            stack.extend(item.values())
 
 
 @dataclass(frozen=True)

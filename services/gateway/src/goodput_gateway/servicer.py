@@ -28,6 +28,7 @@ from goodput_gateway.auth import caller
 from goodput_gateway.events import FINISH_PB, StreamEnd, TextDelta
 from goodput_gateway.generation import Call, Generation, Opened
 from goodput_gateway.knowledge import chars, require
+from goodput_gateway.limits import load_json
 from goodput_gateway.requests import ROLE_ALIASES, GenerationRequest, Message, estimate_tokens
 from goodput_gateway.resume import StreamBuffer
 from goodput_gateway.service import GatewayService
@@ -39,16 +40,17 @@ TIMING_KEY = "goodput-timing"
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-def from_proto(req: gateway_pb2.GenerateRequest, *, stream: bool) -> GenerationRequest:
-    """The request as the domain sees it; its checks (:func:`~goodput_gateway.requests.validate`) come after."""
+def from_proto(req: gateway_pb2.GenerateRequest, *, stream: bool, max_json_depth: int) -> GenerationRequest:
+    """The request as the domain sees it; its checks (:func:`~goodput_gateway.requests.validate`) come after. A
+    tool's ``parameters_json`` is read as a REST body is (:func:`~goodput_gateway.limits.load_json`)."""
     messages = tuple(Message(role=ROLE_ALIASES.get(m.role, m.role), content=m.content, name=m.name,
                              tool_call_id=m.tool_call_id, tool_calls=_calls_json(m.tool_calls))
                      for m in req.messages)
     functions = []
     for i, f in enumerate(req.tools):
         try:
-            parameters = json.loads(f.parameters_json) if f.parameters_json else None
-        except ValueError:
+            parameters = load_json(f.parameters_json.encode(), max_depth=max_json_depth) if f.parameters_json else None
+        except InvalidArgument:
             parameters = None
         if f.parameters_json and not isinstance(parameters, dict):
             raise InvalidArgument("parameters_json must be a JSON object (a JSON Schema)",
@@ -139,7 +141,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def _call(self, request: gateway_pb2.GenerateRequest, context: aio.ServicerContext, *, stream: bool,
               request_id: str) -> Call:
         async def parse() -> GenerationRequest:
-            return from_proto(request, stream=stream)
+            return from_proto(request, stream=stream, max_json_depth=self.service.settings.limits.json_depth)
 
         cache_control = "no-store" if request.no_cache else _metadata(context, "cache-control")
         return Call(parse=parse, principal=caller(), request_id=request_id,
