@@ -19,3 +19,8 @@ collect_ignore: list[str] = [
 # (libs/core/tests) and end to end (tests/security, tests/integration: the local platform runs mTLS whatever this
 # process says, since the supervisor sets the switch for every child).
 os.environ.setdefault("GOODPUT_INSECURE_INTERNAL", "true")
+
+# In-process gateways serve no /metrics (0): its fixed port (8090) would be contended by every gateway a test starts
+# and by a local platform. A test that scrapes gives it a free port; the platform's gateways (their own processes) get
+# theirs from the supervisor.
+os.environ.setdefault("GOODPUT_GATEWAY_METRICS_PORT", "0")

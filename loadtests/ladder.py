@@ -727,7 +727,7 @@ _GATEWAY_FAMILIES = ("goodput_gateway_degradations", "goodput_gateway_ladder_lev
                      "goodput_gateway_deadline_refusals")
 
 
-async def gateway_metrics(base_url: str) -> dict[str, float]:
+async def gateway_metrics(metrics_url: str) -> dict[str, float]:
     """The gateway's ladder, SLO and deadline metrics, by name and labels (the tenant and model labels left out):
     counters (``*_total``) and gauges (the ladder's level and shed share)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -735,7 +735,7 @@ async def gateway_metrics(base_url: str) -> dict[str, float]:
     out: dict[str, float] = {}
     try:
         async with httpx.AsyncClient(timeout=5.0) as client:
-            text = (await client.get(f"{base_url}/metrics")).text
+            text = (await client.get(metrics_url)).text
         for family in text_string_to_metric_families(text):
             if family.name not in _GATEWAY_FAMILIES:
                 continue
@@ -821,7 +821,7 @@ async def run_arm(arm: str, platform: Any, stand_in: StandIn, args: argparse.Nam
     """One arm's run of one set of arrivals, analysed."""
     stand_in.drain()
     busy_before = await engine_busy(platform)
-    metrics_before = await gateway_metrics(platform.gateway_http)
+    metrics_before = await gateway_metrics(platform.gateway_metrics)
     t0 = time.monotonic() + 0.3
     traffic = Traffic(platform.gateway_http, key, tag, arrivals, t0, args.question_chars, args.max_tokens)
     outcomes = await drive(traffic, progress.task(label, len(arrivals)))
@@ -829,7 +829,7 @@ async def run_arm(arm: str, platform: Any, stand_in: StandIn, args: argparse.Nam
     await asyncio.sleep(0.3)  # the last searches' reports reach the queue
     searches = [s for s in stand_in.drain() if s[0] == arm]
     busy_after = await engine_busy(platform)
-    metrics_after = await gateway_metrics(platform.gateway_http)
+    metrics_after = await gateway_metrics(platform.gateway_metrics)
     busy = None if busy_before is None or busy_after is None else busy_after - busy_before
     result = analyse_run(outcomes, slo=slo, duration_s=duration_s, engine_busy_s=busy, searches=searches)
     result["drain_s"] = drain_s

@@ -313,14 +313,14 @@ def reset_counters(redis_url: str, prefix: str) -> int:
         client.close()
 
 
-async def gateway_counters(base_url: str) -> dict[str, float]:
+async def gateway_counters(metrics_url: str) -> dict[str, float]:
     """The gateway's quota counters (refusals by limit, fail-open decisions), summed over labels."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
     try:
         async with httpx.AsyncClient(timeout=5.0) as client:
-            text = (await client.get(f"{base_url}/metrics")).text
+            text = (await client.get(metrics_url)).text
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name == "goodput_gateway_preempted_total":
@@ -574,7 +574,7 @@ async def run_fleet(args: argparse.Namespace, workers: int, pool: ProcessPoolExe
             deleted = reset_counters(platform.redis_url, quota_prefix)
             reload_s = await apply(limits)
             await asyncio.sleep(0.5)  # the probe's request leaves the fleet
-            before = await gateway_counters(base)
+            before = await gateway_counters(platform.gateway_metrics)
             # A's process gets its arrivals meanwhile (and, holding every slot, fills them before B's first)
             t0 = time.monotonic() + (args.hold_lead_s if name == HOLDS_ALL else 0.5)
             tag = f"{name} {workers}w"
@@ -593,7 +593,7 @@ async def run_fleet(args: argparse.Namespace, workers: int, pool: ProcessPoolExe
             quiet_out = await drive(quiet)
             noisy_out = await flood_future if flood_future is not None else []
             drain_s = time.monotonic() - (t0 + phase_s)
-            after = await gateway_counters(base)
+            after = await gateway_counters(platform.gateway_metrics)
             rpm_in_force = limits.get("rpm") if limits else None
             phase = {"limits": limits, "phase_s": phase_s, "quiet": analyse_quiet(quiet_out, rpm=rpm_in_force),
                      "noisy": analyse_flood(noisy_out, phase_s=phase_s, rpm=rpm_in_force) if flood else None,

@@ -191,6 +191,8 @@ class Target:
     # --gateways N: the other gateway replicas' (REST base URL, gRPC address); the client spreads requests over all
     # of them, round robin, as a gRPC client with a headless service and a load balancer in front of REST do
     more_gateways: tuple[tuple[str, str], ...] = ()
+    # Every replica's /metrics (on its metrics port: the REST port serves none), for the stage timings
+    metrics_urls: tuple[str, ...] = ("http://127.0.0.1:8090/metrics",)
 
 
 def _messages(prompt: str) -> list[dict[str, str]]:
@@ -417,12 +419,13 @@ class GatewayScrape:
     requests: list[float] = field(default_factory=list)  # goodput_gateway_requests_total, one entry per replica
 
 
-async def scrape_gateway(http: httpx.AsyncClient) -> GatewayScrape | None:
-    """The gateway's stage timings and speculative starts, from one GET of its /metrics; None if absent."""
+async def scrape_gateway(http: httpx.AsyncClient, url: str) -> GatewayScrape | None:
+    """The gateway's stage timings and speculative starts, from one GET of its /metrics at ``url``; None if
+    absent."""
     try:
         from prometheus_client.parser import text_string_to_metric_families
 
-        resp = await http.get("/metrics", timeout=5)
+        resp = await http.get(url, timeout=5)
         resp.raise_for_status()
     except (ImportError, httpx.HTTPError):
         return None
@@ -446,9 +449,9 @@ async def scrape_gateway(http: httpx.AsyncClient) -> GatewayScrape | None:
                          requests=[requests])
 
 
-async def scrape_gateways(https: list[httpx.AsyncClient]) -> GatewayScrape | None:
-    """:func:`scrape_gateway` over every replica, summed; None if one is absent."""
-    scrapes = [await scrape_gateway(http) for http in https]
+async def scrape_gateways(http: httpx.AsyncClient, urls: tuple[str, ...]) -> GatewayScrape | None:
+    """:func:`scrape_gateway` over every replica's ``urls``, summed; None if one is absent."""
+    scrapes = [await scrape_gateway(http, url) for url in urls]
     if any(s is None for s in scrapes):
         return None
     total = GatewayScrape(stages={}, speculative={})
@@ -951,7 +954,8 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                 replicas: list[int] = []
                 for paths in phases:
                     jobs = schedule(n, rng, paths)
-                    before = await scrape_gateways(clients.https) if paths is GOODPUT_PATHS else None
+                    before = (await scrape_gateways(clients.http, target.metrics_urls) if paths is GOODPUT_PATHS
+                              else None)
                     watched = cpu_watch(target, paths)
                     cpu_before = {name: cpu_seconds(pids) for name, pids in watched.items()}
                     started = time.perf_counter()
@@ -962,7 +966,7 @@ async def measure(target: Target, levels: list[tuple[int, int]], *, max_tokens: 
                     served = GATEWAY_PATHS if paths is GOODPUT_PATHS else ("litellm_proxy",)
                     cpu.update(cpu_per_request(watched, cpu_before, [s for s in level if s.path in served]))
                     if paths is GOODPUT_PATHS:
-                        after = await scrape_gateways(clients.https)
+                        after = await scrape_gateways(clients.http, target.metrics_urls)
                         if before is not None and after is not None:
                             stages = stage_means(before.stages, after.stages)
                             speculative = {k: v - before.speculative.get(k, 0.0)
@@ -1166,6 +1170,8 @@ def figure(report: dict[str, Any]) -> bench.Figure:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--gateway-url", default="http://127.0.0.1:8080", help="gateway REST base URL")
+    ap.add_argument("--gateway-metrics", default="http://127.0.0.1:8090/metrics",
+                    help="the gateway's /metrics (its metrics port), for the stage timings")
     ap.add_argument("--gateway-grpc", default="127.0.0.1:50051", help="gateway gRPC address")
     ap.add_argument("--worker", default="127.0.0.1:50061", help="gRPC address of the worker measured directly; "
                                                                  "must be the only worker behind the gateway")
@@ -1261,7 +1267,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                             if (pid := platform.pid("gateway" if i == 0 else f"gateway-{i}"))],
                                 "scheduler": [pid for pid in (platform.pid("scheduler"),) if pid]},
                             more_gateways=tuple((platform.gateway_http_at(i), platform.gateway_grpc_at(i))
-                                                for i in range(1, args.gateways)))
+                                                for i in range(1, args.gateways)),
+                            metrics_urls=tuple(platform.gateway_metrics_at(i) for i in range(args.gateways)))
             described |= {"gateways": args.gateways, "engine": args.engine, "engine_cores": cores or "all",
                           "internal": "plaintext" if args.insecure_internal else "mutual TLS",
                           "engine_env": {k.removeprefix("GOODPUT_INFERENCE_").lower(): v for k, v in
@@ -1273,7 +1280,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 described |= {"gateway_cores": sorted(gw_cores), "other_cores": sorted(rest)}
         else:
             target = Target(gateway_url=args.gateway_url, gateway_grpc=args.gateway_grpc, worker=args.worker,
-                            api_key=args.api_key, priority=args.priority, litellm=stack)
+                            api_key=args.api_key, priority=args.priority, litellm=stack,
+                            metrics_urls=(args.gateway_metrics,))
         results = await measure(target, levels, max_tokens=args.max_tokens, timeout_s=args.timeout_s,
                                 console=console, http_client=args.http_client, grpc_channels=args.grpc_channels,
                                 warmup_prompts=min(len(PROMPTS), max(n for _, n in levels)))

@@ -41,6 +41,11 @@ def test_the_charts_service_meta_is_the_topology() -> None:
         assert sorted(m["egressTo"]) == sorted(svc.calls), f"{key} calls"
         assert sorted(m["ingressFrom"]) == sorted(callers(key)), f"{key} is called by"
         assert sorted(m["external"]) == sorted(svc.external), key
+    # a metrics port of its own (the gateway's: its REST port is public) is the chart's default too
+    values = yaml.safe_load((REPO / "charts" / "goodput" / "values.yaml").read_text())
+    assert {k: s.metrics_port for k, s in SERVICES.items() if s.metrics_port} == {
+        k: v["service"]["metricsPort"] for k, v in values.items()
+        if isinstance(v, dict) and (v.get("service") or {}).get("metricsPort")}
 
 
 def test_docs_services_md_lists_the_topologys_ports_and_prefixes() -> None:
@@ -66,6 +71,8 @@ def test_the_supervisor_wires_every_peer_of_the_topology(tmp_path: Path) -> None
         if svc.grpc_port:
             assert env[svc.env("GRPC_PORT")] == str(svc.grpc_port + 7), key
         assert env[svc.env(svc.http_port_setting)] == str(svc.http_port + 7), key
+        if svc.metrics_port:
+            assert env[svc.env("METRICS_PORT")] == str(svc.metrics_port + 7), key
         for peer in svc.peers:
             if (key, peer.service) == ("cache", "embedder"):  # embeds in-process on one machine
                 assert svc.env(peer.setting) not in env
@@ -82,7 +89,8 @@ def test_rendered_ports_and_network_policies_follow_the_topology(chart: Any) -> 
     for svc in SERVICES.values():
         (c,) = deployments[svc.component]["spec"]["template"]["spec"]["containers"]
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-        assert (ports.get("grpc", 0), ports["http"]) == (svc.grpc_port, svc.http_port), svc.key
+        assert (ports.get("grpc", 0), ports["http"], ports.get("metrics", 0)) == (
+            svc.grpc_port, svc.http_port, svc.metrics_port), svc.key
         if svc.component in policies:
             egress_ports = {p["port"] for rule in policies[svc.component]["spec"].get("egress", [])
                             for p in rule.get("ports", []) if rule.get("to") and "podSelector" in rule["to"][0]}

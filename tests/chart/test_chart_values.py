@@ -532,7 +532,7 @@ def test_tenant_cache_sharing_reaches_workers_and_scheduler_and_the_salt_key_com
 
 
 def test_a_metrics_port_of_its_own_is_wired_through_env_pod_service_monitor_and_policy(chart: Any) -> None:
-    """gateway.service.metricsPort takes /metrics off the public REST port: the process is told (METRICS_PORT), the
+    """gateway.service.metricsPort keeps /metrics off the public REST port: the process is told (METRICS_PORT), the
     pod and the Service name the port, Prometheus scrapes it and the NetworkPolicy lets only metricsFrom reach it."""
     docs = chart.docs(sets=("gateway.service.metricsPort=9180",))
     assert _config(docs, "gateway")["GOODPUT_GATEWAY_METRICS_PORT"] == "9180"
@@ -544,9 +544,12 @@ def test_a_metrics_port_of_its_own_is_wired_through_env_pod_service_monitor_and_
     ingress = by_kind(docs, "NetworkPolicy")["gateway"]["spec"]["ingress"]
     metrics_rules = [r for r in ingress if {"port": "metrics", "protocol": "TCP"} in r["ports"]]
     assert len(metrics_rules) == 1 and metrics_rules[0].get("from"), "only networkPolicy.metricsFrom reaches it"
-    defaults = chart.docs()
-    assert "GOODPUT_GATEWAY_METRICS_PORT" not in _config(defaults, "gateway")
-    assert by_kind(defaults, "ServiceMonitor")["gateway"]["spec"]["endpoints"][0]["port"] == "http"
+    defaults = chart.docs()  # by default too: the gateway's metrics are never on its public port
+    assert _config(defaults, "gateway")["GOODPUT_GATEWAY_METRICS_PORT"] == "8090"
+    assert by_kind(defaults, "ServiceMonitor")["gateway"]["spec"]["endpoints"][0]["port"] == "metrics"
+    assert by_kind(defaults, "ServiceMonitor")["scheduler"]["spec"]["endpoints"][0]["port"] == "http"
+    with pytest.raises(Exception, match="gateway.service.metricsPort must be set"):
+        chart.docs(sets=("gateway.service.metricsPort=0",))
 
 
 def test_cross_encoders_mount_from_a_claim_and_are_required_when_enabled(chart: Any) -> None:

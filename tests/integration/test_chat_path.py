@@ -133,14 +133,16 @@ def test_one_trace_spans_gateway_scheduler_and_worker(platform: Platform) -> Non
 
 def test_every_service_exposes_metrics(platform: Platform) -> None:
     expectations = {
-        platform.gateway_http: "goodput_gateway_ttft_seconds",
-        platform.scheduler_http: "goodput_scheduler_admissions_total",
-        platform.worker_http(0): "goodput_worker_running_requests",
-        platform.worker_http(1): "goodput_worker_kv_cache_usage_ratio",
+        platform.gateway_metrics: "goodput_gateway_ttft_seconds",
+        platform.scheduler_http + "/metrics": "goodput_scheduler_admissions_total",
+        platform.worker_http(0) + "/metrics": "goodput_worker_running_requests",
+        platform.worker_http(1) + "/metrics": "goodput_worker_kv_cache_usage_ratio",
     }
-    for base, metric in expectations.items():
-        resp = httpx.get(base + "/metrics", timeout=10)
-        assert resp.status_code == 200 and metric in resp.text, base
+    for url, metric in expectations.items():
+        resp = httpx.get(url, timeout=10)
+        assert resp.status_code == 200 and metric in resp.text, url
+    # the gateway's REST port is public: its metrics (tenants, keys) are not served there
+    assert httpx.get(platform.gateway_http + "/metrics", timeout=10).status_code == 404
 
 
 def test_every_served_model_is_listed_and_can_be_retrieved(client: openai.OpenAI) -> None:

@@ -176,6 +176,6 @@ def test_a_rag_request_short_of_time_takes_the_ladders_rag_step_and_says_so(plat
             break
         time.sleep(0.1)
     assert judged.status_code == 200 and judged.json()["verdict"] == "discarded", judged.text
-    metrics = httpx.get(platform.gateway_http + "/metrics", timeout=10).text
+    metrics = httpx.get(platform.gateway_metrics, timeout=10).text
     assert 'goodput_gateway_degradations_total{priority="P0",step="fewer_chunks"}' in metrics
     assert "goodput_gateway_slo_requests_total{" in metrics and "goodput_gateway_feedback_total{" in metrics

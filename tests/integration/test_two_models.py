@@ -60,15 +60,16 @@ def _chat(platform: Platform, model: str, key: str = KEY_FALLBACK) -> httpx.Resp
 
 
 def _metric(url: str, name: str, **labels: str) -> float:
-    """The sum of the samples of counter ``name`` (without ``_total``) whose labels include ``labels``."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+    """The sum of the samples of counter ``name`` (without ``_total``) whose labels include ``labels`` on the
+    metrics page at ``url``."""
+    text = httpx.get(url, timeout=10).text
     return sum(s.value for family in text_string_to_metric_families(text) if family.name == name
                for s in family.samples if s.name.endswith("_total") and labels.items() <= s.labels.items())
 
 
 def _served_by(platform: Platform, pools: tuple[str, ...] = ("small", "b")) -> dict[str, float]:
     """Generate calls the worker of each of ``pools`` has finished."""
-    return {pool: _metric(platform.worker_http(platform.pool_workers(pool)[0]), "goodput_worker_requests")
+    return {pool: _metric(platform.worker_http(platform.pool_workers(pool)[0]) + "/metrics", "goodput_worker_requests")
             for pool in pools}
 
 
@@ -115,7 +116,7 @@ def test_when_pool_b_is_down_its_model_falls_back_to_the_lighter_one_for_keys_th
                message="the scheduler still sees pool b's worker healthy")
     wait_until(lambda: "smollm2-b" not in _listed(fleet), timeout=30, message="the gateway still lists smollm2-b")
     before = _served_by(fleet, ("small",))["small"]
-    fallbacks = _metric(fleet.gateway_http, "goodput_gateway_model_fallbacks", asked="smollm2-b", served="smollm2")
+    fallbacks = _metric(fleet.gateway_metrics, "goodput_gateway_model_fallbacks", asked="smollm2-b", served="smollm2")
 
     reply = _chat(fleet, "smollm2-b", KEY_FALLBACK)
 
@@ -125,7 +126,7 @@ def test_when_pool_b_is_down_its_model_falls_back_to_the_lighter_one_for_keys_th
     assert reply.json()["choices"][0]["message"]["content"]
     wait_until(lambda: _served_by(fleet, ("small",))["small"] == before + 1, timeout=10,
                message="the fallback was not served by pool small")
-    assert _metric(fleet.gateway_http, "goodput_gateway_model_fallbacks", asked="smollm2-b",
+    assert _metric(fleet.gateway_metrics, "goodput_gateway_model_fallbacks", asked="smollm2-b",
                    served="smollm2") == fallbacks + 1
 
     # a key without model_fallback: a clear OpenAI-shaped error naming the model, no silent substitution

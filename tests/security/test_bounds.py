@@ -273,3 +273,14 @@ def test_grpc_serves_through_the_guard(stub: gateway_pb2_grpc.GatewayStub) -> No
     events = list(stub.GenerateStream(request, metadata=metadata, timeout=30))
     assert events[0].HasField("start") and events[-1].HasField("end")
     assert [m.id for m in stub.ListModels(gateway_pb2.ListModelsRequest(), metadata=metadata, timeout=30).models]
+
+
+def test_metrics_are_not_served_on_the_public_port(platform: Platform) -> None:
+    # They count tenants and keys: without a key, with one, and under vLLM's path alike, the REST port has none;
+    # the scraper reads them on the gateway's metrics port.
+    for headers in ({}, {"Authorization": f"Bearer {KEY}"}):
+        for path in ("/metrics", "/metrics/", "/v1/metrics"):
+            resp = httpx.get(platform.gateway_http + path, headers=headers, timeout=10)
+            assert resp.status_code == 404 and "goodput_" not in resp.text, path
+    scraped = httpx.get(platform.gateway_metrics, timeout=10)
+    assert scraped.status_code == 200 and "goodput_gateway_requests_total" in scraped.text

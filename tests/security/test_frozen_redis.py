@@ -47,7 +47,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory, server: RedisServer) -> I
 
 def test_a_frozen_redis_stalls_neither_a_scrape_nor_a_stream(platform: Platform, server: RedisServer) -> None:
     # the Redis-backed gauges are there
-    assert "goodput_gateway_deferred_jobs" in httpx.get(platform.gateway_http + "/metrics", timeout=10).text
+    assert "goodput_gateway_deferred_jobs" in httpx.get(platform.gateway_metrics, timeout=10).text
     arrivals: list[float] = []
     done = threading.Event()
 
@@ -71,7 +71,7 @@ def test_a_frozen_redis_stalls_neither_a_scrape_nor_a_stream(platform: Platform,
     with pytest.raises(redis.TimeoutError):  # the freeze is real: a read waits
         redis.Redis.from_url(server.url, socket_timeout=0.5).get("any")
     started = time.monotonic()
-    scrape = httpx.get(platform.gateway_http + "/metrics", timeout=FREEZE_S + 5)
+    scrape = httpx.get(platform.gateway_metrics, timeout=FREEZE_S + 5)
     scrape_s = time.monotonic() - started
     reader.join(60)
 

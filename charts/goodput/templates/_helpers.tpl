@@ -692,5 +692,8 @@ ctx: root, svc */}}
 {{- define "goodput.metricsPort" -}}
 {{- $v := index .root.Values .svc }}
 {{- $port := dig "service" "metricsPort" 0 $v }}
+{{- if and (eq .svc "gateway") (not $port) }}
+{{- fail "gateway.service.metricsPort must be set: the gateway's /metrics (tenants' and keys' counts) is never served on its public REST port" }}
+{{- end }}
 {{- if $port }}{{ $port }}{{ end }}
 {{- end }}

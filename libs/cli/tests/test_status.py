@@ -25,11 +25,11 @@ runner = CliRunner()
 
 def test_every_service_of_the_platform_is_checked(tmp_path: Path) -> None:
     endpoints = Platform(workdir=tmp_path, port_offset=20000).endpoints()  # nothing listens there
-    assert set(endpoints) == {"gateway_http", "gateway", "scheduler", "embedder", "retriever", "cache",
-                              "index-worker", "jobs-worker"}
+    assert set(endpoints) == {"gateway_http", "gateway_metrics", "gateway", "scheduler", "embedder", "retriever",
+                              "cache", "index-worker", "jobs-worker"}
     names = [s.name for s in collect(endpoints, timeout_s=0.2).services]
-    assert names == ["gateway", "gateway (HTTP)", "scheduler", "embedder", "retriever", "cache", "index-worker",
-                     "jobs-worker"]
+    assert names == ["gateway", "gateway (HTTP)", "gateway (metrics)", "scheduler", "embedder", "retriever", "cache",
+                     "index-worker", "jobs-worker"]
 
 
 def test_a_serving_service_and_a_celery_worker_show_healthy_beside_those_that_are_down(tmp_path: Path) -> None:

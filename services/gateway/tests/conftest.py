@@ -35,7 +35,7 @@ async def gateway() -> AsyncIterator[GatewayFactory]:
             service = wiring.service
             if models:  # what a scheduler would have listed, fresh for as long as the test runs
                 service.pipeline.catalogue.pin(models, workers)
-            app = create_app(service, registry=registry, tracer=TracerProvider().get_tracer("test"),
+            app = create_app(service, tracer=TracerProvider().get_tracer("test"),
                              ready=lambda: True, responses_store=wiring.responses, stream_buffer=wiring.streams)
             client = await stack.enter_async_context(httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                                                        base_url="http://gw"))

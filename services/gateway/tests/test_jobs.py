@@ -263,9 +263,9 @@ async def test_parked_p2_work_survives_a_scheduler_restart(procs: Procs, queue: 
 
 async def test_rest_sheds_p2_with_429_retry_after_and_a_job_to_fetch(procs: Procs, queue: JobQueue) -> None:
     keys = json.dumps({"keys": [{"key": API_KEY, "tenant": "batch", "max_priority": "P0"}]})
-    http_port = free_port()
-    settings = procs.settings(api_keys=keys, grpc_port=0, http_port=http_port, models_cache_s=0.0,
-                              drain_grace_s=0.5)
+    http_port, metrics_port = free_port(), free_port()
+    settings = procs.settings(api_keys=keys, grpc_port=0, http_port=http_port, metrics_port=metrics_port,
+                              models_cache_s=0.0, drain_grace_s=0.5)
     runner = build_gateway(settings, CollectorRegistry(), None)
     await runner.start()
     headers = {"Authorization": f"Bearer {API_KEY}"}
@@ -291,7 +291,7 @@ async def test_rest_sheds_p2_with_429_retry_after_and_a_job_to_fetch(procs: Proc
                     assert body["response"]["choices"][0]["message"]["content"]
             other = {"Authorization": "Bearer nope"}
             assert (await http.get(f"/v1/jobs/{job_id}", headers=other)).status_code == 401
-            metrics = (await http.get("/metrics")).text
+            metrics = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
             assert 'goodput_gateway_deferred_jobs{state="completed"}' in metrics
     finally:
         await runner.stop()

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import redis
 from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import ValidationError
 
 from goodput_testing import async_wait_until, free_port
 
@@ -60,8 +61,8 @@ def silent_redis() -> Iterator[str]:
 
 def _settings(**overrides: Any) -> GatewaySettings:
     keys = json.dumps({"keys": [{"key": API_KEY, "tenant": "acme", "max_priority": "P0"}]})
-    return GatewaySettings(api_keys=keys, grpc_port=0, http_port=free_port(), scheduler_addr="127.0.0.1:1",
-                           drain_grace_s=0.5, **overrides)
+    return GatewaySettings(**{"api_keys": keys, "grpc_port": 0, "http_port": free_port(), "metrics_port": free_port(),
+                              "scheduler_addr": "127.0.0.1:1", "drain_grace_s": 0.5, **overrides})
 
 
 def _queue(url: str, prefix: str, registry: CollectorRegistry) -> JobQueue:
@@ -121,7 +122,7 @@ async def test_gateway_metrics_and_probes_answer_at_once_while_redis_hangs(silen
     runner = build(settings, registry, None)
     await runner.start()
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{settings.http_port}", timeout=10) as http:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{settings.metrics_port}", timeout=10) as http:
             for _ in range(3):
                 started = time.perf_counter()
                 metrics = await http.get("/metrics")
@@ -139,8 +140,14 @@ async def test_gateway_metrics_and_probes_answer_at_once_while_redis_hangs(silen
         await runner.stop()
 
 
-async def test_metrics_port_takes_metrics_off_the_rest_port() -> None:
-    settings = _settings(metrics_port=free_port())
+async def test_metrics_are_on_the_metrics_port_never_on_the_public_rest_port() -> None:
+    # Tenants' and keys' counts are the operator's: by default the gateway has a metrics port apart from REST,
+    # and one that is the REST port is refused at start.
+    defaults = GatewaySettings.model_fields
+    assert defaults["metrics_port"].default and defaults["metrics_port"].default != defaults["http_port"].default
+    with pytest.raises(ValidationError, match="metrics_port 8080 is the public REST port"):
+        GatewaySettings(http_port=8080, metrics_port=8080)
+    settings = _settings()
     runner = build(settings, CollectorRegistry(), None)
     await runner.start()
     try:

@@ -64,7 +64,7 @@ async def replicas(redis_url: str, redis_prefix: str) -> AsyncIterator[list[http
             registry = CollectorRegistry()
             wiring = compose(s, registry, None, jobs=queue)
             stack.push_async_callback(wiring.close)
-            app = create_app(wiring.service, registry=registry, tracer=TracerProvider().get_tracer("test"),
+            app = create_app(wiring.service, tracer=TracerProvider().get_tracer("test"),
                              ready=lambda: True, jobs_queue=queue, responses_store=wiring.responses)
             clients.append(await stack.enter_async_context(
                 httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")))
@@ -272,7 +272,7 @@ async def test_a_full_data_redis_leaves_the_quota_counters_working(redis_url: st
                          ledger=StorageLedger(ledger_client, prefix=f"{redis_prefix}:quota:storage"))
         registry = CollectorRegistry()
         wiring = compose(s, registry, None, jobs=queue)
-        app = create_app(wiring.service, registry=registry, tracer=TracerProvider().get_tracer("test"),
+        app = create_app(wiring.service, tracer=TracerProvider().get_tracer("test"),
                          ready=lambda: True, jobs_queue=queue, responses_store=wiring.responses)
         try:
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:

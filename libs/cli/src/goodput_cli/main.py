@@ -239,7 +239,8 @@ def up(
                      + ", ".join(platform.scheduler_grpc_at(i) for i in range(scheduler_replicas))
                      + f"), replica {platform.leader()} leads")
         print(f"\nGoodput is up: REST {platform.gateway_http}, gRPC {platform.gateway_grpc}{more}. "
-              f"Dev API key: {platform.dev_key} (also in {workdir / 'dev-key'})\n")
+              f"Dev API key: {platform.dev_key} (also in {workdir / 'dev-key'}). "
+              f"Gateway metrics: {platform.gateway_metrics}\n")
         models = _served_models(platform)
         print(served_summary(pools, models) + "\n")
         print(usage_examples(base_url=platform.gateway_http, key=str(platform.dev_key), model=models[0][0]))

@@ -52,7 +52,7 @@ from goodput_core.tls import tls_files
 from goodput_cli.pools import Pool, worker_pools
 from goodput_cli.procs import ServiceSpec, cpu_bindings
 
-__all__ = ["HOST", "SCHEDULER_PORT_STRIDE", "Wiring", "grpc_addr", "http_port", "plan", "redis_db_url",
+__all__ = ["HOST", "SCHEDULER_PORT_STRIDE", "Wiring", "grpc_addr", "http_port", "metrics_port", "plan", "redis_db_url",
            "version_channel"]
 
 HOST = "127.0.0.1"
@@ -92,6 +92,17 @@ def grpc_addr(key: str, port_offset: int, instance: int = 0) -> str:
 
 def http_port(key: str, port_offset: int, instance: int = 0) -> int:
     return SERVICES[key].http_port + port_offset + _shift(key, instance)
+
+
+def metrics_port(key: str, port_offset: int, instance: int = 0) -> int:
+    """The port of ``key``'s ``/metrics``: its own where it has one (the gateway's REST port is public), else the
+    HTTP port.
+
+    >>> metrics_port("gateway", 0, 1), metrics_port("scheduler", 0)
+    (8110, 9102)
+    """
+    own = SERVICES[key].metrics_port
+    return own + port_offset + _shift(key, instance) if own else http_port(key, port_offset, instance)
 
 
 def redis_db_url(url: str, db: int) -> str:
@@ -188,6 +199,8 @@ def _service_env(key: str, w: Wiring, running: list[str], instance: int = 0) -> 
     if svc.grpc_port:
         env[svc.env("GRPC_PORT")] = str(svc.grpc_port + w.port_offset + _shift(key, instance))
     env[svc.env(svc.http_port_setting)] = str(http_port(key, w.port_offset, instance))
+    if svc.metrics_port:
+        env[svc.env("METRICS_PORT")] = str(metrics_port(key, w.port_offset, instance))
     # The gateway's REDIS_URL holds parked jobs only: it gets it when the jobs worker runs. Its quota counters and
     # usage are always in Redis, so that every replica (and the jobs worker) counts against the same limits.
     if "redis" in svc.external and (svc.prefix != SERVICES["gateway"].prefix or w.jobs):

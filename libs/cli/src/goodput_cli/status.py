@@ -124,6 +124,8 @@ def collect(endpoints: dict[str, str], *, timeout_s: float = 2.0,
         if name == "gateway" and "gateway_http" in endpoints:
             report.services.append(http_health("gateway (HTTP)", endpoints["gateway_http"].rstrip("/") + "/healthz",
                                                timeout_s))
+        if name == "gateway" and "gateway_metrics" in endpoints:  # the scraper's port, apart from REST
+            report.services.append(http_health("gateway (metrics)", endpoints["gateway_metrics"], timeout_s))
     for name in HTTP_SERVICES:
         if name in endpoints:
             report.services.append(http_health(name, endpoints[name].rstrip("/") + "/healthz", timeout_s))

@@ -74,7 +74,7 @@ from goodput_core.tls import TlsFiles, ensure_dev_pki, tls_files
 
 from goodput_cli import procs
 from goodput_cli.keys import read_dev_key, write_dev_keys, write_keys_file
-from goodput_cli.plan import HOST, Wiring, grpc_addr, http_port, plan, redis_db_url
+from goodput_cli.plan import HOST, Wiring, grpc_addr, http_port, metrics_port, plan, redis_db_url
 from goodput_cli.pools import Pool, worker_pools
 from goodput_cli.procs import PlatformError, Proc, ServiceSpec, check_health, cpu_bindings, log_tail, signal_group
 from goodput_cli.progress import Progress
@@ -165,6 +165,16 @@ class Platform:
             raise IndexError(f"gateway {i} does not exist (gateways: 0..{self.gateways - 1})")
         return f"http://{HOST}:{http_port('gateway', self.port_offset, i)}"
 
+    @property
+    def gateway_metrics(self) -> str:
+        """The URL of gateway replica 0's ``/metrics``: on a port of its own, not the public REST port."""
+        return self.gateway_metrics_at(0)
+
+    def gateway_metrics_at(self, i: int) -> str:
+        if not 0 <= i < self.gateways:
+            raise IndexError(f"gateway {i} does not exist (gateways: 0..{self.gateways - 1})")
+        return f"http://{HOST}:{metrics_port('gateway', self.port_offset, i)}/metrics"
+
     def gateway_grpc_at(self, i: int) -> str:
         if not 0 <= i < self.gateways:
             raise IndexError(f"gateway {i} does not exist (gateways: 0..{self.gateways - 1})")
@@ -220,7 +230,7 @@ class Platform:
     def endpoints(self) -> dict[str, str]:
         """Where each service of this platform answers: gRPC addresses, and the metrics URL of the Celery workers
         (which serve no gRPC). What `goodput status` checks; written to ``up.json`` by `goodput up`."""
-        out: dict[str, str] = {"gateway_http": self.gateway_http}
+        out: dict[str, str] = {"gateway_http": self.gateway_http, "gateway_metrics": self.gateway_metrics}
         for spec in self.plan():
             if spec.name.startswith("worker-"):
                 continue

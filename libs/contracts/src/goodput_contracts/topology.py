@@ -40,6 +40,8 @@ class Service:
     grpc_port: int
     http_port: int
     http_port_setting: str = "HTTP_PORT"
+    # /metrics on a port of its own (METRICS_PORT) where the HTTP port is public; 0 = /metrics on the HTTP port.
+    metrics_port: int = 0
     celery_app: str = ""
     queue_setting: str = ""
     default_queue: str = ""
@@ -68,7 +70,8 @@ _GATEWAY_PEERS = (Peer("scheduler", "SCHEDULER_ADDR"), Peer("cache", "CACHE_ADDR
                   Peer("retriever", "RETRIEVER_ADDR", optional=True), Peer("embedder", "EMBEDDER_ADDR", optional=True))
 
 SERVICES: dict[str, Service] = {s.key: s for s in (
-    Service("gateway", "gateway", "goodput_gateway", "GOODPUT_GATEWAY_", 50051, 8080, peers=_GATEWAY_PEERS,
+    Service("gateway", "gateway", "goodput_gateway", "GOODPUT_GATEWAY_", 50051, 8080, metrics_port=8090,
+            peers=_GATEWAY_PEERS,
             also_calls=("inference",), external=("redis",), description="REST + gRPC front door"),
     Service("scheduler", "scheduler", "goodput_scheduler", "GOODPUT_SCHEDULER_", 50052, 9102,
             peers=(Peer("inference", "WORKERS"),), external=(), description="queues, admission, placement"),

@@ -50,7 +50,7 @@ class ServiceSettings(BaseSettings):
     grpc_port: int = Field(0, ge=0, le=65535, description="gRPC port.")
     http_port: int = Field(0, ge=0, le=65535, description="Port of /metrics and /healthz (REST on the gateway).")
     metrics_port: int = Field(0, ge=0, le=65535, description="Port of /metrics and /healthz of its own (0 = on "
-                              "http_port); on the gateway it takes /metrics off the public REST port.")
+                              "http_port).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
     otel_exporter: Literal["none", "otlp", "console", "file"] = Field(

@@ -169,9 +169,8 @@ def build(settings: GatewaySettings, registry: CollectorRegistry, provider: Trac
     tracer = (provider.get_tracer("goodput.gateway") if provider is not None
               else TracerProvider().get_tracer("goodput.gateway"))
     holder: dict[str, ServiceRunner] = {}
-    # With a metrics port of its own, /metrics is not on the public REST port.
-    app = create_app(wiring.service, registry=registry, tracer=tracer, ready=lambda: holder["runner"].ready,
-                     jobs_queue=jobs, responses_store=wiring.responses, serve_metrics=not settings.metrics_port,
+    app = create_app(wiring.service, tracer=tracer, ready=lambda: holder["runner"].ready,
+                     jobs_queue=jobs, responses_store=wiring.responses,
                      stream_buffer=wiring.streams)
     # Its gRPC port is the public API (API keys), not an internal one: the key is checked before a message is read,
     # the message's size before it is parsed (guard.py).

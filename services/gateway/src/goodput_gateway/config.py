@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from goodput_core.breaker import BreakerSettings
@@ -212,7 +212,10 @@ class GatewaySettings(ServiceSettings):
     model_config = service_config("GOODPUT_GATEWAY_", nested=True)
 
     grpc_port: int = 50051
-    http_port: int = Field(8080, description="REST API (OpenAI-compatible), /metrics and /healthz.")
+    http_port: int = Field(8080, description="REST API (OpenAI-compatible) and /healthz.")
+    metrics_port: int = Field(8090, ge=0, le=65535, description="/metrics (and /healthz) for the scraper, never on "
+                                                                "the public REST port: its tenant and key counts are "
+                                                                "not the callers'; 0 = no /metrics.")
     scheduler_addr: str = Field("127.0.0.1:50052", description="Scheduler gRPC address: one, a comma-separated list "
                                                             "of its replicas' ip:port, or a dns:/// name resolving "
                                                             "to them (calls go to the leader).")
@@ -293,6 +296,13 @@ class GatewaySettings(ServiceSettings):
     jobs: JobSettings = Field(default_factory=JobSettings)
     responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     resume: ResumeSettings = Field(default_factory=ResumeSettings)
+
+    @model_validator(mode="after")
+    def _metrics_apart(self) -> GatewaySettings:
+        if self.metrics_port and self.metrics_port == self.http_port:
+            raise ValueError(f"metrics_port {self.metrics_port} is the public REST port (http_port): give /metrics "
+                             "a port of its own")
+        return self
 
     @field_validator("auto_models", mode="before")
     @classmethod

@@ -5,7 +5,7 @@ generation answered by one :func:`.respond.respond`, and errors in OpenAI's JSON
 
 Example (the gateway's servers, :func:`goodput_gateway.__main__.build`)::
 
-    app = create_app(service, registry=registry, tracer=tracer, ready=lambda: runner.ready, jobs_queue=jobs)
+    app = create_app(service, tracer=tracer, ready=lambda: runner.ready, jobs_queue=jobs)
 """
 
 from __future__ import annotations
@@ -14,15 +14,13 @@ import logging
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from opentelemetry import trace
-from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from goodput_core.context import REQUEST_ID_HEADER
 from goodput_core.errors import GoodputError, Unavailable
-from goodput_core.metrics import metrics_response
 
 from goodput_gateway.api import batches, jobs, knowledge, openai, responses, streams
 from goodput_gateway.jobs import JobQueue
@@ -39,14 +37,14 @@ log = logging.getLogger("goodput.gateway.rest")
 GENERATION_ROUTES = ("chat", "completions", "responses")  # routes whose requests goodput_gateway_requests counts
 
 
-def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: trace.Tracer,
+def create_app(service: GatewayService, *, tracer: trace.Tracer,
                ready: Callable[[], bool], jobs_queue: JobQueue | None = None,
-               responses_store: ResponseStore | None = None, serve_metrics: bool = True,
+               responses_store: ResponseStore | None = None,
                stream_buffer: StreamBuffer | None = None) -> FastAPI:
-    """The REST app; ``serve_metrics=False`` leaves `/metrics` off it (served on the metrics port instead);
-    ``responses_store`` keeps the Responses API's responses (default: in this process); ``stream_buffer`` records
-    streamed answers for resume (default: in this process, on with RESUME__WINDOW_S); with ``jobs_queue``, the jobs
-    and OpenAI's Files and Batch APIs."""
+    """The public REST app, never with `/metrics` (served on the gateway's metrics port, which callers cannot
+    reach: its tenant and key counts are not theirs to read); ``responses_store`` keeps the Responses API's
+    responses (default: in this process); ``stream_buffer`` records streamed answers for resume (default: in this
+    process, on with RESUME__WINDOW_S); with ``jobs_queue``, the jobs and OpenAI's Files and Batch APIs."""
     app = FastAPI(title="Goodput gateway", version="v1", docs_url=None, redoc_url=None)
     app.add_middleware(HeaderLimit, max_bytes=service.settings.limits.header_bytes)
     app.state.service, app.state.tracer = service, tracer
@@ -84,9 +82,4 @@ def create_app(service: GatewayService, *, registry: CollectorRegistry, tracer: 
     async def healthz() -> JSONResponse:
         ok = ready()
         return JSONResponse({"status": "ok" if ok else "not ready"}, status_code=200 if ok else 503)
-
-    if serve_metrics:
-        @app.get("/metrics")
-        async def metrics() -> Response:
-            return metrics_response(registry)
     return app
