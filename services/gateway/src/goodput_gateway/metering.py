@@ -2,9 +2,11 @@
 the inference they saved, and estimated GPU-seconds. Persisted in Redis per calendar month and day (UTC), read by
 the tenant through ``GET /v1/usage`` (its own only) and by an operator key for every tenant.
 
-Counts are added up in memory and written to Redis in one pipeline every ``usage_flush_s`` (off the response
-path); a write that fails keeps the counts for the next one, so an outage of Redis delays usage, it does not lose
-it (up to the process's lifetime; the gateway flushes on a clean stop). Without Redis, usage lives in this process.
+Counts are added up in memory and written to Redis in one script every ``usage_flush_s`` (off the response path);
+a write that fails is sent again, the same counts under the same flush id, until Redis takes it, so an outage of
+Redis delays usage, it does not lose it (up to the process's lifetime; the gateway flushes on a clean stop). The
+script adds a flush only if its id is new: a write Redis applied whose reply was lost (a timeout) is not counted
+twice when it is sent again. Without Redis, usage lives in this process.
 
 GPU-seconds are an estimate: prompt tokens over ``meter_prefill_tokens_per_s`` plus completion tokens over
 ``meter_decode_tokens_per_s`` (one GPU's prefill rate and its decode throughput at a typical batch), so a tenant
@@ -22,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 import re
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -43,6 +47,25 @@ __all__ = ["Meter", "Usage", "parse_period"]
 
 log = logging.getLogger("goodput.gateway.metering")
 _PERIOD = re.compile(r"^\d{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?$")
+
+# KEYS[1]: the flush's id; KEYS[2]: the id of this replica's flush before it, whose reply came (it will not be sent
+# again: its key goes); KEYS[3..]: the usage hashes and tenant sets it adds to. ARGV[1]: seconds the usage is kept;
+# ARGV[2]: JSON [[hash's KEYS index, set's KEYS index, tenant, [[field, amount, is_float], ...]], ...].
+# allow-oom: usage is small, and a store that filled a Redis it shares must not stop it being counted.
+_FLUSH = """#!lua flags=allow-oom
+redis.call('DEL', KEYS[2])
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', %d) then return 0 end
+for _, op in ipairs(cjson.decode(ARGV[2])) do
+  local hash, set = KEYS[op[1]], KEYS[op[2]]
+  for _, f in ipairs(op[4]) do
+    redis.call(f[3] and 'HINCRBYFLOAT' or 'HINCRBY', hash, f[1], f[2])
+  end
+  redis.call('EXPIRE', hash, ARGV[1])
+  redis.call('SADD', set, op[3])
+  redis.call('EXPIRE', set, ARGV[1])
+end
+return 1
+""" % (24 * 3600)  # an id outlives its flush's retries; one a replica that died could not delete goes in a day
 
 
 @dataclass
@@ -99,6 +122,10 @@ class Meter:
         self.labels = labels or TenantLabels(settings.metrics_tenants)
         self.metrics = MeterMetrics(registry)
         self._pending: dict[tuple[str, str, str], Usage] = defaultdict(Usage)  # (tenant, day, model)
+        # A flush Redis may have applied (its write failed): sent again as it is, under its id, before anything newer
+        self._unsent: tuple[str, dict[tuple[str, str, str], Usage]] | None = None
+        self._acked = ""  # the id of the last flush whose reply came
+        self._script = redis.register_script(_FLUSH) if redis is not None else None
         self._memory: dict[tuple[str, str], dict[str, Usage]] = defaultdict(lambda: defaultdict(Usage))
         self._writer = Periodic(self.flush, interval_s=settings.metering.flush_s, name="usage-writer")
         self._lock = asyncio.Lock()
@@ -135,35 +162,47 @@ class Meter:
     async def flush(self) -> bool:
         """Writes the pending counts; False (and kept for the next flush) when Redis failed."""
         async with self._lock:
-            pending, self._pending = self._pending, defaultdict(Usage)
-            if not pending:
-                return True
-            if self.redis is None:
+            if self._script is None:
+                pending, self._pending = self._pending, defaultdict(Usage)
                 for (tenant, day, model), usage in pending.items():
                     for period in (day, day[:7]):
                         self._memory[(tenant, period)][model].add(usage)
                 return True
-            ttl = int(self.settings.metering.retention_days * 86_400)
-            try:
-                async with self.redis.pipeline(transaction=True) as pipe:
-                    for (tenant, day, model), usage in pending.items():
-                        for period in (day, day[:7]):
-                            key = self._key(tenant, period)
-                            for name, value in asdict(usage).items():
-                                if value:
-                                    incr = pipe.hincrbyfloat if isinstance(value, float) else pipe.hincrby
-                                    incr(key, f"{model}|{name}", value)
-                            pipe.expire(key, ttl)
-                            pipe.sadd(self._tenants_key(period), tenant)
-                            pipe.expire(self._tenants_key(period), ttl)
-                    await pipe.execute()
-            except (RedisError, OSError, asyncio.TimeoutError) as err:
-                for k, usage in pending.items():  # kept, merged with what came since
-                    self._pending[k].add(usage)
-                self.metrics.flush_errors.inc()
-                log.warning("usage not written to Redis; kept for the next write", extra={"error": str(err)})
-                return False
+            while self._unsent is not None or self._pending:
+                if self._unsent is None:
+                    self._unsent, self._pending = (uuid.uuid4().hex, self._pending), defaultdict(Usage)
+                try:
+                    await self._write(*self._unsent)
+                except (RedisError, OSError, asyncio.TimeoutError) as err:
+                    self.metrics.flush_errors.inc()
+                    log.warning("usage not written to Redis; sent again with the next write",
+                                extra={"error": str(err), "flush_id": self._unsent[0]})
+                    return False
+                self._acked, self._unsent = self._unsent[0], None
             return True
+
+    def _flush_key(self, flush_id: str) -> str:
+        return f"{self.settings.metering.usage_prefix}:flush:{flush_id}"
+
+    async def _write(self, flush_id: str, pending: dict[tuple[str, str, str], Usage]) -> None:
+        assert self._script is not None
+        keys = [self._flush_key(flush_id), self._flush_key(self._acked or "-")]  # "-": none acknowledged yet
+        index: dict[str, int] = {}
+
+        def slot(key: str) -> int:  # the key's 1-based place in KEYS
+            if key not in index:
+                keys.append(key)
+                index[key] = len(keys)
+            return index[key]
+
+        ops = []
+        for (tenant, day, model), usage in pending.items():
+            amounts = [[f"{model}|{name}", repr(value) if isinstance(value, float) else str(value),
+                        isinstance(value, float)] for name, value in asdict(usage).items() if value]
+            for period in (day, day[:7]):
+                ops.append([slot(self._key(tenant, period)), slot(self._tenants_key(period)), tenant, amounts])
+        ttl = int(self.settings.metering.retention_days * 86_400)
+        await self._script(keys=keys, args=[ttl, json.dumps(ops)])
 
     async def usage(self, tenant: str, period: str) -> dict[str, dict[str, Any]]:
         """One tenant's usage in ``period`` (a month or a day), by model."""
