@@ -300,12 +300,13 @@ async def install_keys(platform: Any, doc: dict[str, Any], marker: int, probe_ke
 
 
 def reset_counters(redis_url: str, prefix: str) -> int:
-    """Deletes this run's quota (and usage) keys, so a quota run starts with empty counters."""
+    """Deletes this run's quota (and usage) keys, so a quota run starts with empty counters; the store's epoch
+    stays (without it the gateways would take the store for one that lost its counts, and refuse budgets)."""
     import redis
 
     client = redis.Redis.from_url(redis_url)
     try:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        keys = [k for k in client.scan_iter(match=f"{prefix}*", count=1000) if not k.endswith(b":epoch")]
         for i in range(0, len(keys), 500):
             client.delete(*keys[i:i + 500])
         return len(keys)

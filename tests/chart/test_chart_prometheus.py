@@ -70,6 +70,7 @@ GATEWAY_TENANT_METRICS = {
     "goodput_tenant_budget_used_ratio": ("tenant",),
     "goodput_tenant_budget_soft_ratio": ("tenant",),
     "goodput_usage_flush_errors_total": (),
+    "goodput_quota_store_lost": (),
 }
 
 
@@ -82,6 +83,7 @@ def test_alerts_cover_tenant_budgets_and_quota_fail_open() -> None:
         assert "{{ $labels.tenant }}" in rules[name]["annotations"]["summary"], name
     assert "goodput_tenant_budget_soft_ratio" in rules["GoodputTenantBudgetSoftThreshold"]["expr"]
     assert "goodput_quota_fail_open_total" in rules["GoodputQuotaFailOpen"]["expr"]
+    assert "goodput_quota_store_lost" in rules["GoodputQuotaStoreLost"]["expr"]
     # Every goodput_tenant_* / goodput_quota_* / goodput_usage_* name an alert uses is one the gateway exports.
     used = set(re.findall(r"goodput_(?:tenant|quota|usage)_\w+", yaml.safe_dump(groups)))
     assert used <= set(GATEWAY_TENANT_METRICS), used - set(GATEWAY_TENANT_METRICS)

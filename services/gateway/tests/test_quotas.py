@@ -10,13 +10,15 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
 
 from goodput_testing import RedisServer, dead_port
 
+from goodput_cli.main import app
 from goodput_gateway.auth import Principal, Quota
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.quota_counters import RedisCounters
-from goodput_gateway.quotas import Admission, QuotaExhausted, Quotas, RateLimited, month_of
+from goodput_gateway.quotas import Admission, BudgetUnknown, QuotaExhausted, Quotas, RateLimited, month_of
 
 pytestmark = pytest.mark.asyncio
 
@@ -323,3 +325,44 @@ async def test_a_redis_filled_by_the_stores_it_shares_still_counts_the_quotas(re
             assert not q.metrics.fail_open.labels("settle")._value.get()  # noqa: SLF001
         finally:
             await q.close()
+
+
+async def test_a_store_that_lost_its_counts_refuses_budgets_as_unknown_until_an_operator_accepts(
+        replicas: Factory, redis_url: str, redis_prefix: str) -> None:
+    a = replicas()
+    budgeted = principal(tenant_quota=Quota(monthly_tokens=1000))
+    rated = principal("globex", key_id="g", tenant_quota=Quota(rpm=100))  # no budget
+    spent = await admit(a, budgeted, prompt_tokens=1000)
+    assert isinstance(spent, Admission)
+    spent.settle(prompt_tokens=1000, completion_tokens=0, inference=True)  # the whole budget
+    await a.settle_all()
+    assert isinstance(await admit(a, budgeted, prompt_tokens=200), QuotaExhausted)
+    sync = redis.Redis.from_url(redis_url)
+    epoch_key = f"{redis_prefix}:quota:epoch"
+    assert sync.get(epoch_key).startswith(b"g:")  # the first admission found the store new
+    # The store loses everything (a restart without persistence, a FLUSHALL); a replica starts on the empty store
+    # and, seeing no epoch, takes it for a new one: the one loss a replica cannot see alone.
+    sync.delete(*sync.keys(f"{redis_prefix}:quota:*"))
+    late = replicas()
+    assert isinstance(await admit(late, budgeted, prompt_tokens=200), Admission)
+    await asyncio.sleep(1.1)  # the refused budget is turned away locally for a second; then the store is asked
+    # The replica that knew the old epoch sees it replaced and marks the store lost, for every replica.
+    for replica in (a, late, replicas()):
+        with pytest.raises(BudgetUnknown) as refused:
+            await replica.admit(budgeted, tokens=10, timeout_s=30)
+        assert refused.value.code == "budget_unknown" and refused.value.http_status == 503
+        assert "tenant 'acme'" in refused.value.message
+        assert isinstance(await admit(replica, rated), Admission)  # limits without a budget still hold
+        assert replica.metrics.store_lost._value.get() == 1
+    assert sync.get(epoch_key).startswith(b"lost:")
+    # The operator accepts the counts as they stand: budgets are checked again, everywhere.
+    result = CliRunner().invoke(app, ["quotas", "accept-loss", "--redis-url", redis_url, "--prefix",
+                                      f"{redis_prefix}:quota"])
+    assert result.exit_code == 0, result.output
+    for replica in (a, late):
+        assert isinstance(await admit(replica, budgeted, prompt_tokens=200), Admission)
+        assert replica.metrics.store_lost._value.get() == 0
+    # and a later loss is seen again
+    sync.delete(epoch_key)
+    with pytest.raises(BudgetUnknown):
+        await a.admit(budgeted, tokens=10, timeout_s=30)

@@ -22,6 +22,7 @@ from goodput_cli.keys_cli import Priority
 from goodput_cli.keys_cli import register as register_keys_commands
 from goodput_cli.knowledge import register as register_knowledge_commands
 from goodput_cli.pools import Pool, PoolsError, default_pools, load_pools
+from goodput_cli.quotas_cli import register as register_quotas_commands
 from goodput_cli.sizing_cli import register as register_size_command
 from goodput_cli.status import collect, render
 from goodput_cli.supervisor import Platform, PlatformError
@@ -374,6 +375,7 @@ def status(
 
 register_knowledge_commands(app)  # `goodput index` and `goodput search`
 register_keys_commands(app)  # `goodput keys create|list|revoke|tenant`
+register_quotas_commands(app)  # `goodput quotas status|accept-loss`
 register_size_command(app)  # `goodput size`: GPUs, tensor parallelism and max_num_seqs for a model
 register_train_command(app)  # `goodput train reranker|verifier`
 

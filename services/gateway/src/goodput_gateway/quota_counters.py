@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from goodput_contracts.quota_epoch import epoch_key
+
 from goodput_gateway.auth import Principal, Quota
 
 __all__ = ["Counters", "MemoryCounters", "Reading", "RedisCounters", "Scope", "Window", "scopes_of"]
@@ -43,16 +45,20 @@ LIMITS = ("budget", "concurrent", "rpm", "rpq", "tpm")
 _RATES = {"rpm": 2, "rpq": 3, "tpm": 4}  # the sliding windows' places in LIMITS
 _MONTH_TTL_S = 40 * 86_400  # a month's counter outlives its month, for the usage that reads it
 
-# KEYS: five per scope (month, inflight, rpm, rpq, tpm). ARGV: member, ttl_s, cost, quantum_s, then five limits per
-# scope (0 = none). Returns {verdict (0 or the 1-based LIMITS index), scope (1-based), now, then per scope: month
-# used, in flight, and current/previous counts of rpm, rpq, tpm} read before this request was counted.
+# KEYS: five per scope (month, inflight, rpm, rpq, tpm), then the store's epoch. ARGV: member, ttl_s, cost,
+# quantum_s, then five limits per scope (0 = none), then the epoch the replica knows. Returns {-1, the epoch} when
+# that is not the store's or the store has none (nothing counted), else {verdict (0 or the 1-based LIMITS index),
+# scope (1-based), now, then per scope: month used, in flight, and current/previous counts of rpm, rpq, tpm} read
+# before this request was counted.
 _ADMIT = """#!lua flags=allow-oom
+local epoch = redis.call('GET', KEYS[#KEYS]) or ''
+if epoch == '' or epoch ~= ARGV[#ARGV] then return {-1, epoch} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local ttl, cost, quantum = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local period = {0, 0, 60, quantum, 60}
 local costs = {cost, 1, 1, 1, cost}
-local n = #KEYS / 5
+local n = (#KEYS - 1) / 5
 local out, passed = {0, 0, tostring(now)}, {}
 for i = 1, n do
   local k, lim = (i - 1) * 5, function(j) return tonumber(ARGV[4 + (i - 1) * 5 + j]) end
@@ -237,13 +243,29 @@ class Counters(abc.ABC):
         return f"{self.prefix}:month:{scope.kind}:{scope.name}:{month}"
 
 
+class EpochChanged(Exception):
+    """The store's epoch is not the one the replica knows (``epoch``: the store's, "" = none): nothing was counted."""
+
+    def __init__(self, epoch: str) -> None:
+        super().__init__(f"the quota store's epoch is {epoch!r}")
+        self.epoch = epoch
+
+
 class RedisCounters(Counters):
-    """The counters in Redis, shared by every replica: one script per admission and per settle."""
+    """The counters in Redis, shared by every replica: one script per admission and per settle. Every admission
+    names the store's epoch (:mod:`goodput_gateway.quotas`): one that is not the store's counts nothing and raises
+    :class:`EpochChanged`."""
 
     def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
         super().__init__(prefix)
+        self.redis = redis
         self._admit = redis.register_script(_ADMIT)
         self._settle = redis.register_script(_SETTLE)
+        self.epoch = ""  # the store's epoch as this replica knows it
+
+    @property
+    def epoch_key(self) -> str:
+        return epoch_key(self.prefix)
 
     def _keys(self, scope: Scope, month: str) -> list[str]:
         base = f"{self.prefix}:{scope.kind}:{scope.name}"
@@ -252,8 +274,10 @@ class RedisCounters(Counters):
     async def admit(self, scopes: list[Scope], *, member: str, cost: int, ttl_s: float, month: str,
                     quantum_s: int, share: float) -> Reading:
         limits = [s.limits(quantum_s, share) for s in scopes]
-        raw = await self._admit(keys=[k for s in scopes for k in self._keys(s, month)],
-                                args=[member, ttl_s, cost, quantum_s, *(v for lim in limits for v in lim)])
+        raw = await self._admit(keys=[*(k for s in scopes for k in self._keys(s, month)), self.epoch_key],
+                                args=[member, ttl_s, cost, quantum_s, *(v for lim in limits for v in lim), self.epoch])
+        if int(raw[0]) == -1:
+            raise EpochChanged(raw[1].decode() if isinstance(raw[1], bytes) else str(raw[1]))
         return _reading(scopes, limits, raw, quantum_s)
 
     async def settle(self, scopes: list[Scope], *, member: str, month: str, window_index: int,

@@ -32,6 +32,14 @@ spend at most the remainder, whatever made Redis look unreachable: a busy event 
 down); every such decision is counted in ``goodput_quota_fail_open_total``. Without a Redis URL at all, the
 local counters are the quotas (one replica only).
 
+A Redis that **lost its data** (restarted without persistence, flushed, failed over to an empty replica) would say
+every budget is unspent. The store has an **epoch** (``<prefix>:epoch``), named by every admission: a replica that
+starts on a store without one creates it (``g:...``); one whose known epoch went missing or was replaced by
+another replica's marks the store ``lost:<time>``, and from then on every replica refuses the requests of scopes
+with a monthly budget as unknown (503 ``budget_unknown``; rates and concurrency still hold) and exports
+``goodput_quota_store_lost`` 1, until an operator accepts the counters as they stand (``goodput quotas
+accept-loss``, which writes an ``op:...`` epoch every replica adopts). A loss while no replica runs is not seen.
+
 Example (no Redis: the local counters)::
 
     quotas = Quotas(settings, redis_url="", registry=registry)
@@ -56,14 +64,23 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.exceptions import RedisError
 
-from goodput_core.errors import ResourceExhausted
+from goodput_contracts.quota_epoch import GATEWAY, LOST, OPERATOR, is_lost
+from goodput_core.errors import ResourceExhausted, Unavailable
 
 from goodput_gateway.auth import Principal
 from goodput_gateway.config import GatewaySettings
-from goodput_gateway.quota_counters import Counters, MemoryCounters, Reading, RedisCounters, Scope, scopes_of
+from goodput_gateway.quota_counters import (
+    Counters,
+    EpochChanged,
+    MemoryCounters,
+    Reading,
+    RedisCounters,
+    Scope,
+    scopes_of,
+)
 from goodput_gateway.tenants import TenantLabels
 
-__all__ = ["Admission", "QuotaExhausted", "Quotas", "RateLimited", "format_reset", "month_of"]
+__all__ = ["Admission", "BudgetUnknown", "QuotaExhausted", "Quotas", "RateLimited", "format_reset", "month_of"]
 
 log = logging.getLogger("goodput.gateway.quotas")
 T = TypeVar("T")
@@ -73,6 +90,13 @@ T = TypeVar("T")
 _TURN_AWAY_S = 1.0
 _TURNS_AWAY = ("budget", "rpm", "rpq", "tpm")  # the refusals remembered (not concurrency: a place frees any time)
 _REDIS_DOWN = (RedisError, OSError, asyncio.TimeoutError, ConnectionError)
+# Replaces the epoch only if it is still the one seen ("" = none: creates it; an operator's may have come meanwhile);
+# returns the store's epoch. allow-oom, as the counters' scripts (goodput_gateway.quota_counters).
+_SWAP_EPOCH = """#!lua flags=allow-oom
+local now = redis.call('GET', KEYS[1]) or ''
+if now == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]); return ARGV[2] end
+return now
+"""
 
 
 def format_reset(seconds: float) -> str:
@@ -108,6 +132,13 @@ class RateLimited(ResourceExhausted):
                  code: str = "rate_limit_exceeded") -> None:
         super().__init__(message, code=code, retry_after_s=retry_after_s)
         self.headers = dict(headers)
+
+
+class BudgetUnknown(Unavailable):
+    def __init__(self, scope: str) -> None:
+        super().__init__(f"{scope}'s monthly budget cannot be checked: the quota store lost its counts (an operator "
+                         "must confirm them, goodput quotas accept-loss); retry later", code="budget_unknown",
+                         retry_after_s=60.0)
 
 
 class QuotaExhausted(RateLimited):
@@ -184,6 +215,9 @@ class QuotaMetrics:
                                  "as last seen by this replica.", ["tenant"], registry=registry)
         self.budget_soft = Gauge("goodput_tenant_budget_soft_ratio", "The share of the monthly budget at which the "
                                  "soft threshold fires.", ["tenant"], registry=registry)
+        self.store_lost = Gauge("goodput_quota_store_lost", "1 while the quota store is marked as having lost its "
+                                "counts (budgeted requests refused until an operator accepts them).",
+                                registry=registry)
 
 
 class Quotas:
@@ -199,6 +233,7 @@ class Quotas:
             timeout = settings.quotas.timeout_s
             self._redis = aioredis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
             self.remote = RedisCounters(self._redis, settings.quotas.prefix)
+            self._swap_epoch = self._redis.register_script(_SWAP_EPOCH)
         self._down_until = 0.0
         self._background: set[asyncio.Task[None]] = set()
         # refusals that hold until a known time, answered here without Redis: (scope, limit) -> (until, error)
@@ -277,7 +312,9 @@ class Quotas:
                     headers={}, retry_after_s=60.0, code="request_too_large"))
         month, month_left = month_of()
         try:
-            reading = await self._count(counters, scopes, member, tokens, timeout_s, month, share)
+            reading = await self._count_remote(scopes, member, tokens, timeout_s, month) \
+                if counters is self.remote else await self._count(counters, scopes, member, tokens, timeout_s, month,
+                                                                  share)
         except _REDIS_DOWN as err:
             if counters is not self.remote:
                 raise
@@ -293,6 +330,42 @@ class Quotas:
             return Admission(self, scopes, counters, member, tokens, month=month,
                              window_index=reading.window_index, headers=_headers(reading, tokens))
         raise self._refused(principal, scopes, reading, tokens, month, month_left)
+
+    async def _count_remote(self, scopes: list[Scope], member: str, tokens: int, timeout_s: float,
+                            month: str) -> Reading:
+        """:meth:`_count` in Redis under the store's epoch, adopted or marked lost as it changes (at most twice: an
+        operator's or a new store's, then ours)."""
+        assert self.remote is not None
+        for _ in range(3):
+            budgeted = [s for s in scopes if s.quota.monthly_tokens]
+            if budgeted and is_lost(self.remote.epoch):  # until an operator's epoch comes
+                raw = await self.guarded(self.remote.redis.get(self.remote.epoch_key))
+                store = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+                if store != self.remote.epoch:
+                    await self._epoch_changed(store)
+                if is_lost(self.remote.epoch):
+                    raise BudgetUnknown(budgeted[0].describe())
+            try:
+                return await self._count(self.remote, scopes, member, tokens, timeout_s, month, 1.0)
+            except EpochChanged as changed:
+                await self._epoch_changed(changed.epoch)
+        raise Unavailable("the quota store's epoch keeps changing", code="store_unavailable")
+
+    async def _epoch_changed(self, epoch: str) -> None:
+        """Adopts the store's ``epoch``, or marks the store lost when the one this replica knew went missing or
+        another replica replaced it (a replica that started on the emptied store)."""
+        assert self.remote is not None
+        known, key = self.remote.epoch, self.remote.epoch_key
+        if epoch == "" and known == "":  # a new store (or one that lost its data while no replica ran)
+            epoch = (await self.guarded(self._swap_epoch(keys=[key], args=["", GATEWAY + secrets.token_hex(8)]))
+                     ).decode()
+        elif not epoch.startswith((LOST, OPERATOR)) and known:
+            log.error("the quota store lost its counts: budgets are unknown until an operator accepts them",
+                      extra={"epoch_known": known, "epoch_found": epoch})
+            lost = LOST + dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            epoch = (await self.guarded(self._swap_epoch(keys=[key], args=[epoch, lost]))).decode()
+        self.remote.epoch = epoch
+        self.metrics.store_lost.set(1 if is_lost(epoch) else 0)
 
     async def _count(self, counters: Counters, scopes: list[Scope], member: str, tokens: int, timeout_s: float,
                      month: str, share: float) -> Reading:

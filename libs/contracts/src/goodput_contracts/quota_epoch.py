@@ -1,0 +1,25 @@
+"""The quota store's epoch contract (goodput_gateway.quotas): a Redis string at ``<quota prefix>:epoch`` that every
+admission names, so that a store that lost its counts is not taken for one whose budgets are unspent. Its value says
+who wrote it: a gateway that found the store new (``g:``), a gateway that saw the store lose its counts (``lost:``
+and the time), or an operator who accepted the counts as they stand (``op:``, written by ``goodput quotas
+accept-loss``).
+
+Example:
+    >>> epoch_key("goodput:quota"), is_lost("lost:2026-12-07T10:00:00Z"), is_lost("op:1f2e")
+    ('goodput:quota:epoch', True, False)
+"""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_PREFIX", "GATEWAY", "LOST", "OPERATOR", "epoch_key", "is_lost"]
+
+DEFAULT_PREFIX = "goodput:quota"  # the gateway's QUOTAS__PREFIX default
+GATEWAY, LOST, OPERATOR = "g:", "lost:", "op:"
+
+
+def epoch_key(prefix: str = DEFAULT_PREFIX) -> str:
+    return f"{prefix}:epoch"
+
+
+def is_lost(epoch: str) -> bool:
+    return epoch.startswith(LOST)
