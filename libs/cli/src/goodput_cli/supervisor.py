@@ -161,8 +161,7 @@ class Platform:
 
     def gateway_http_at(self, i: int) -> str:
         """The REST base URL of gateway replica ``i`` (0 is :attr:`gateway_http`)."""
-        if not 0 <= i < self.gateways:
-            raise IndexError(f"gateway {i} does not exist (gateways: 0..{self.gateways - 1})")
+        self._check_gateway(i)
         return f"http://{HOST}:{http_port('gateway', self.port_offset, i)}"
 
     @property
@@ -171,13 +170,11 @@ class Platform:
         return self.gateway_metrics_at(0)
 
     def gateway_metrics_at(self, i: int) -> str:
-        if not 0 <= i < self.gateways:
-            raise IndexError(f"gateway {i} does not exist (gateways: 0..{self.gateways - 1})")
+        self._check_gateway(i)
         return f"http://{HOST}:{metrics_port('gateway', self.port_offset, i)}/metrics"
 
     def gateway_grpc_at(self, i: int) -> str:
-        if not 0 <= i < self.gateways:
-            raise IndexError(f"gateway {i} does not exist (gateways: 0..{self.gateways - 1})")
+        self._check_gateway(i)
         return grpc_addr("gateway", self.port_offset, i)
 
     @property
@@ -275,6 +272,10 @@ class Platform:
 
     def log_path(self, name: str) -> Path:
         return self.logs_dir / f"{name}.log"
+
+    def _check_gateway(self, i: int) -> None:
+        if not 0 <= i < self.gateways:
+            raise IndexError(f"gateway {i} does not exist (gateways: 0..{self.gateways - 1})")
 
     def _check_worker(self, i: int) -> None:
         if not 0 <= i < self.workers:
