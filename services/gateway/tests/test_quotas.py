@@ -327,6 +327,21 @@ async def test_a_redis_filled_by_the_stores_it_shares_still_counts_the_quotas(re
             await q.close()
 
 
+async def test_concurrent_first_admissions_on_a_new_store_agree_on_one_epoch(
+        replicas: Factory, redis_url: str, redis_prefix: str) -> None:
+    # Every request of a replica that starts sees the epoch change at once; none may take another's adoption for
+    # a loss.
+    budgeted = principal(tenant_quota=Quota(monthly_tokens=100_000))
+    a, b = replicas(), replicas()
+    results = await asyncio.gather(*(admit(a, budgeted) for _ in range(20)), return_exceptions=True)
+    # and a replica that starts on the store: its first requests all find an epoch it does not know yet
+    results += await asyncio.gather(*(admit(b, budgeted) for _ in range(20)), return_exceptions=True)
+    assert all(isinstance(r, Admission) for r in results), results
+    epoch = redis.Redis.from_url(redis_url).get(f"{redis_prefix}:quota:epoch")
+    assert epoch.startswith(b"g:") and a.remote.epoch == b.remote.epoch == epoch.decode()
+    assert a.metrics.store_lost._value.get() == b.metrics.store_lost._value.get() == 0
+
+
 async def test_a_store_that_lost_its_counts_refuses_budgets_as_unknown_until_an_operator_accepts(
         replicas: Factory, redis_url: str, redis_prefix: str) -> None:
     a = replicas()

@@ -356,6 +356,8 @@ class Quotas:
         another replica replaced it (a replica that started on the emptied store)."""
         assert self.remote is not None
         known, key = self.remote.epoch, self.remote.epoch_key
+        if epoch and epoch == known:  # seen by a request that began before another of this replica's adopted it
+            return
         if epoch == "" and known == "":  # a new store (or one that lost its data while no replica ran)
             epoch = (await self.guarded(self._swap_epoch(keys=[key], args=["", GATEWAY + secrets.token_hex(8)]))
                      ).decode()
