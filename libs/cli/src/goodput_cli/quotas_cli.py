@@ -8,9 +8,10 @@ import os
 import secrets
 from typing import Annotated
 
+import redis
 import typer
 
-from goodput_contracts.quota_epoch import DEFAULT_PREFIX, OPERATOR, epoch_key, is_lost
+from goodput_contracts.quota_epoch import DEFAULT_PREFIX, OPERATOR, epoch_key, epoch_text, is_lost
 
 __all__ = ["register"]
 
@@ -32,10 +33,7 @@ def register(app: typer.Typer) -> None:
     @quotas_app.command()
     def status(redis_url: RedisUrl = "", prefix: Prefix = DEFAULT_PREFIX) -> None:
         """The store's epoch; exits with 1 when it is marked as having lost its counts."""
-        import redis
-
-        raw = redis.Redis.from_url(redis_url or _default_url()).get(epoch_key(prefix))
-        epoch = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+        epoch = epoch_text(redis.Redis.from_url(redis_url or _default_url()).get(epoch_key(prefix)))
         print(f"epoch: {epoch or '(none yet: the first gateway admission creates it)'}")
         if is_lost(epoch):
             print("the store lost its counts: budgeted requests are refused until `goodput quotas accept-loss`")
@@ -44,8 +42,6 @@ def register(app: typer.Typer) -> None:
     @quotas_app.command("accept-loss")
     def accept_loss(redis_url: RedisUrl = "", prefix: Prefix = DEFAULT_PREFIX) -> None:
         """Accepts the quota counts as they stand: every gateway adopts the new epoch and checks budgets again."""
-        import redis
-
         epoch = OPERATOR + secrets.token_hex(8)
         redis.Redis.from_url(redis_url or _default_url()).set(epoch_key(prefix), epoch)
         print(f"epoch: {epoch}; the gateways check budgets against the counts as they stand")

@@ -5,13 +5,13 @@ and the time), or an operator who accepted the counts as they stand (``op:``, wr
 accept-loss``).
 
 Example:
-    >>> epoch_key("goodput:quota"), is_lost("lost:2026-12-07T10:00:00Z"), is_lost("op:1f2e")
-    ('goodput:quota:epoch', True, False)
+    >>> epoch_key("goodput:quota"), is_lost("lost:2026-12-07T10:00:00Z"), is_lost("op:1f2e"), epoch_text(None)
+    ('goodput:quota:epoch', True, False, '')
 """
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_PREFIX", "GATEWAY", "LOST", "OPERATOR", "epoch_key", "is_lost"]
+__all__ = ["DEFAULT_PREFIX", "GATEWAY", "LOST", "OPERATOR", "epoch_key", "epoch_text", "is_lost"]
 
 DEFAULT_PREFIX = "goodput:quota"  # the gateway's QUOTAS__PREFIX default
 GATEWAY, LOST, OPERATOR = "g:", "lost:", "op:"
@@ -19,6 +19,11 @@ GATEWAY, LOST, OPERATOR = "g:", "lost:", "op:"
 
 def epoch_key(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}:epoch"
+
+
+def epoch_text(raw: object) -> str:
+    """The epoch as Redis returned it (bytes, or None where the store has none) as text ("" = none)."""
+    return raw.decode() if isinstance(raw, bytes) else str(raw or "")
 
 
 def is_lost(epoch: str) -> bool:

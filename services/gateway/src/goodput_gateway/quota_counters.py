@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from goodput_contracts.quota_epoch import epoch_key
+from goodput_contracts.quota_epoch import epoch_key, epoch_text
 
 from goodput_gateway.auth import Principal, Quota
 
@@ -109,6 +109,14 @@ for i = 1, n do
 end
 return out
 """.replace("%(month_ttl)d", str(_MONTH_TTL_S))
+
+# Replaces the epoch only if it is still the one seen ("" = none: creates it; an operator's may have come meanwhile);
+# returns the store's epoch.
+_SWAP_EPOCH = """#!lua flags=allow-oom
+local now = redis.call('GET', KEYS[1]) or ''
+if now == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]); return ARGV[2] end
+return now
+"""
 
 # KEYS: three per scope (month, inflight, tpm). ARGV: member, correction (tokens; negative gives back), the tpm
 # window the reservation was counted in. A window's count never goes below zero, and one gone is left alone. Returns
@@ -258,14 +266,18 @@ class RedisCounters(Counters):
 
     def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
         super().__init__(prefix)
-        self.redis = redis
+        self._redis = redis
         self._admit = redis.register_script(_ADMIT)
         self._settle = redis.register_script(_SETTLE)
+        self._swap = redis.register_script(_SWAP_EPOCH)
         self.epoch = ""  # the store's epoch as this replica knows it
 
-    @property
-    def epoch_key(self) -> str:
-        return epoch_key(self.prefix)
+    async def read_epoch(self) -> str:
+        return epoch_text(await self._redis.get(epoch_key(self.prefix)))
+
+    async def swap_epoch(self, seen: str, new: str) -> str:
+        """Writes ``new`` if the store's epoch is still ``seen``; the store's epoch after."""
+        return epoch_text(await self._swap(keys=[epoch_key(self.prefix)], args=[seen, new]))
 
     def _keys(self, scope: Scope, month: str) -> list[str]:
         base = f"{self.prefix}:{scope.kind}:{scope.name}"
@@ -274,10 +286,10 @@ class RedisCounters(Counters):
     async def admit(self, scopes: list[Scope], *, member: str, cost: int, ttl_s: float, month: str,
                     quantum_s: int, share: float) -> Reading:
         limits = [s.limits(quantum_s, share) for s in scopes]
-        raw = await self._admit(keys=[*(k for s in scopes for k in self._keys(s, month)), self.epoch_key],
+        raw = await self._admit(keys=[*(k for s in scopes for k in self._keys(s, month)), epoch_key(self.prefix)],
                                 args=[member, ttl_s, cost, quantum_s, *(v for lim in limits for v in lim), self.epoch])
         if int(raw[0]) == -1:
-            raise EpochChanged(raw[1].decode() if isinstance(raw[1], bytes) else str(raw[1]))
+            raise EpochChanged(epoch_text(raw[1]))
         return _reading(scopes, limits, raw, quantum_s)
 
     async def settle(self, scopes: list[Scope], *, member: str, month: str, window_index: int,

@@ -90,13 +90,6 @@ T = TypeVar("T")
 _TURN_AWAY_S = 1.0
 _TURNS_AWAY = ("budget", "rpm", "rpq", "tpm")  # the refusals remembered (not concurrency: a place frees any time)
 _REDIS_DOWN = (RedisError, OSError, asyncio.TimeoutError, ConnectionError)
-# Replaces the epoch only if it is still the one seen ("" = none: creates it; an operator's may have come meanwhile);
-# returns the store's epoch. allow-oom, as the counters' scripts (goodput_gateway.quota_counters).
-_SWAP_EPOCH = """#!lua flags=allow-oom
-local now = redis.call('GET', KEYS[1]) or ''
-if now == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]); return ARGV[2] end
-return now
-"""
 
 
 def format_reset(seconds: float) -> str:
@@ -233,7 +226,6 @@ class Quotas:
             timeout = settings.quotas.timeout_s
             self._redis = aioredis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
             self.remote = RedisCounters(self._redis, settings.quotas.prefix)
-            self._swap_epoch = self._redis.register_script(_SWAP_EPOCH)
         self._down_until = 0.0
         self._background: set[asyncio.Task[None]] = set()
         # refusals that hold until a known time, answered here without Redis: (scope, limit) -> (until, error)
@@ -312,9 +304,8 @@ class Quotas:
                     headers={}, retry_after_s=60.0, code="request_too_large"))
         month, month_left = month_of()
         try:
-            reading = await self._count_remote(scopes, member, tokens, timeout_s, month) \
-                if counters is self.remote else await self._count(counters, scopes, member, tokens, timeout_s, month,
-                                                                  share)
+            reading = await (self._count_remote(scopes, member, tokens, timeout_s, month) if counters is self.remote
+                             else self._count(counters, scopes, member, tokens, timeout_s, month, share))
         except _REDIS_DOWN as err:
             if counters is not self.remote:
                 raise
@@ -336,13 +327,10 @@ class Quotas:
         """:meth:`_count` in Redis under the store's epoch, adopted or marked lost as it changes (at most twice: an
         operator's or a new store's, then ours)."""
         assert self.remote is not None
+        budgeted = [s for s in scopes if s.quota.monthly_tokens]
         for _ in range(3):
-            budgeted = [s for s in scopes if s.quota.monthly_tokens]
             if budgeted and is_lost(self.remote.epoch):  # until an operator's epoch comes
-                raw = await self.guarded(self.remote.redis.get(self.remote.epoch_key))
-                store = raw.decode() if isinstance(raw, bytes) else str(raw or "")
-                if store != self.remote.epoch:
-                    await self._epoch_changed(store)
+                await self._epoch_changed(await self.guarded(self.remote.read_epoch()))
                 if is_lost(self.remote.epoch):
                     raise BudgetUnknown(budgeted[0].describe())
             try:
@@ -355,17 +343,16 @@ class Quotas:
         """Adopts the store's ``epoch``, or marks the store lost when the one this replica knew went missing or
         another replica replaced it (a replica that started on the emptied store)."""
         assert self.remote is not None
-        known, key = self.remote.epoch, self.remote.epoch_key
+        known = self.remote.epoch
         if epoch and epoch == known:  # seen by a request that began before another of this replica's adopted it
             return
         if epoch == "" and known == "":  # a new store (or one that lost its data while no replica ran)
-            epoch = (await self.guarded(self._swap_epoch(keys=[key], args=["", GATEWAY + secrets.token_hex(8)]))
-                     ).decode()
+            epoch = await self.guarded(self.remote.swap_epoch("", GATEWAY + secrets.token_hex(8)))
         elif not epoch.startswith((LOST, OPERATOR)) and known:
             log.error("the quota store lost its counts: budgets are unknown until an operator accepts them",
                       extra={"epoch_known": known, "epoch_found": epoch})
             lost = LOST + dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-            epoch = (await self.guarded(self._swap_epoch(keys=[key], args=[epoch, lost]))).decode()
+            epoch = await self.guarded(self.remote.swap_epoch(epoch, lost))
         self.remote.epoch = epoch
         self.metrics.store_lost.set(1 if is_lost(epoch) else 0)
 
