@@ -24,3 +24,7 @@ os.environ.setdefault("GOODPUT_INSECURE_INTERNAL", "true")
 # and by a local platform. A test that scrapes gives it a free port; the platform's gateways (their own processes) get
 # theirs from the supervisor.
 os.environ.setdefault("GOODPUT_GATEWAY_METRICS_PORT", "0")
+
+# In-process gateways and jobs workers seal job records with this key (a platform's get one of their own from the
+# supervisor, kept in its state folder).
+os.environ.setdefault("GOODPUT_GATEWAY_JOBS__MAC_KEY", "test-jobs-mac-key")

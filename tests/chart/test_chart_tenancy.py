@@ -111,7 +111,7 @@ def test_quota_and_metering_settings_reach_the_gateway_and_the_jobs_worker(chart
     # The quota counters live in the gateway's own Redis (REDIS_URL): no QUOTA_REDIS_URL of their own.
     env = {e["name"]: e for e in _env(chart, docs, "gateway")}
     assert GW + "QUOTA_REDIS_URL" not in env and GW + "QUOTA_REDIS_URL" not in gw
-    assert env[GW + "REDIS_URL"]["value"] == "redis://redis-master.goodput-data.svc.cluster.local:6379/0"
+    assert env[GW + "REDIS_URL"]["value"].endswith("@redis-master.goodput-data.svc.cluster.local:6379/0")
 
     docs = chart.docs(sets=("tenancy.quotas.prefix=acme:quota", "tenancy.metering.usagePrefix=acme:usage",
                             "tenancy.metering.usageRetentionDays=31", "tenancy.metering.metricsTenants={acme,globex}",
@@ -151,7 +151,8 @@ def test_fail_open_share_splits_each_limit_over_the_gateway_replicas(
 
 def test_a_quota_redis_of_its_own_takes_its_password_from_a_secret(chart: Any) -> None:
     docs = chart.docs(sets=("tenancy.quotas.redis.url=redis://quota-redis.data:6379/2",
-                            "tenancy.quotas.redis.existingSecret=quota-auth"))
+                            "tenancy.quotas.redis.existingSecret=quota-auth",
+                            "redisUsers.enabled=false"))  # else the services' own users: test_chart_redis.py
     for component in ("gateway", "jobs-worker"):
         env = _env(chart, docs, component)
         names = [e["name"] for e in env]
@@ -170,7 +171,7 @@ def test_a_quota_redis_of_its_own_takes_its_password_from_a_secret(chart: Any) -
 
     # Without a password; and without the gateway's Redis (no jobs), quotas are still shared across replicas.
     docs = chart.docs(sets=("tenancy.quotas.redis.url=redis://quota-redis.data:6379/2",
-                            "gateway.config.useRedis=false"))
+                            "gateway.config.useRedis=false", "redisUsers.enabled=false"))
     env = {e["name"]: e for e in _env(chart, docs, "gateway")}
     assert env[GW + "QUOTA_REDIS_URL"] == {"name": GW + "QUOTA_REDIS_URL", "value": "redis://quota-redis.data:6379/2"}
     assert GW + "REDIS_URL" not in env and "GOODPUT_QUOTA_REDIS_PASSWORD" not in env

@@ -329,6 +329,7 @@ def test_secrets_come_from_existing_secrets(chart: Any) -> None:
     docs = chart.docs(
         sets=(
             "external.redis.existingSecret=redis-auth",
+            "redisUsers.enabled=false",  # else every service's own Redis user: test_chart_redis.py
             "external.qdrant.existingSecret=qdrant-auth",
             "external.elasticsearch.existingSecret=es-auth",
         ),
@@ -385,7 +386,9 @@ def test_jobs_worker_shares_the_gateways_jobs_settings(chart: Any) -> None:
     for component in ("gateway", "jobs-worker"):
         (container,) = by_kind(docs, "Deployment")[component]["spec"]["template"]["spec"]["containers"]
         urls[component] = {e["name"]: e.get("value") for e in container["env"]}["GOODPUT_GATEWAY_REDIS_URL"]
-    assert urls["gateway"] == urls["jobs-worker"] == "redis://redis-master.goodput-data.svc.cluster.local:6379/0"
+    # (each as its own Redis user)
+    assert urls["gateway"] == urls["jobs-worker"].replace("-jobsWorker:", "-gateway:") \
+        == "redis://goodput-gateway:$(GOODPUT_REDIS_PASSWORD)@redis-master.goodput-data.svc.cluster.local:6379/0"
 
 
 def test_jobs_worker_network_policy_reaches_the_gateways_pipeline(chart: Any) -> None:

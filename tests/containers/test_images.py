@@ -159,6 +159,19 @@ def platform(images: dict[str, object], redis_url: str,
             yield pods
         finally:
             pods.stop()
+            # The hook Job's Redis users (goodput-<service>): Redis keeps them in memory until deleted.
+            admin = Redis.from_url(redis_url)
+            users = [u for u in admin.execute_command("ACL", "USERS") if u.startswith(b"goodput-")]
+            if users:
+                admin.execute_command("ACL", "DELUSER", *users)
+
+
+def test_every_container_connects_to_redis_as_its_own_user(platform: ChartPods, redis_url: str) -> None:
+    """The chart's hook Job made one ACL user per service, and each container uses its own: Redis itself keeps the
+    cache's credentials off the jobs and the embedder's off the quotas (tests/security/test_redis_acl.py)."""
+    clients = Redis.from_url(redis_url).client_list()
+    users = {c["user"] for c in clients}
+    assert {"goodput-gateway", "goodput-cache", "goodput-embedder", "goodput-indexWorker"} <= users, users
 
 
 def _client() -> openai.OpenAI:

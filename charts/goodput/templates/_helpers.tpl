@@ -546,17 +546,25 @@ external.queueRedis; external.redis where that is empty. */}}
 {{- $role := ternary "CACHE" "QUEUE" (eq .svc "cache") }}
 {{- $own := ternary $ext.cacheRedis $ext.queueRedis (eq .svc "cache") }}
 {{- if $own.url }}
-{{- include "goodput.redisUrlEnv" (dict "redis" $own "name" (printf "%sREDIS_URL" $p) "password" (printf "GOODPUT_REDIS_%s_PASSWORD" $role)) }}
+{{- include "goodput.redisUrlEnv" (dict "root" $root "svc" .svc "redis" $own "name" (printf "%sREDIS_URL" $p) "password" (printf "GOODPUT_REDIS_%s_PASSWORD" $role)) }}
 {{- else }}
-{{- include "goodput.redisUrlEnv" (dict "redis" $ext.redis "name" (printf "%sREDIS_URL" $p) "password" "GOODPUT_REDIS_PASSWORD") }}
+{{- include "goodput.redisUrlEnv" (dict "root" $root "svc" .svc "redis" $ext.redis "name" (printf "%sREDIS_URL" $p) "password" "GOODPUT_REDIS_PASSWORD") }}
+{{- end }}
+{{- if has .svc (list "gateway" "jobsWorker") }}
+{{- /* The key job and batch records are sealed with: a record another Redis user wrote never runs. */}}
+- name: {{ $p }}JOBS__MAC_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "goodput.credentialsSecret" $root }}
+      key: jobs-mac-key
 {{- end }}
 {{- if and (eq .svc "cache") (or $ext.cacheRedis.url $ext.queueRedis.url) }}
 {{- /* The cache's entries and the knowledge-base versions apart: it reads and follows the versions where the
 indexer (the embedder, on the queues' Redis) writes them. */}}
 {{- if $ext.queueRedis.url }}
-{{- include "goodput.redisUrlEnv" (dict "redis" $ext.queueRedis "name" (printf "%sKB_REDIS_URL" $p) "password" "GOODPUT_REDIS_QUEUE_PASSWORD") }}
+{{- include "goodput.redisUrlEnv" (dict "root" $root "svc" .svc "redis" $ext.queueRedis "name" (printf "%sKB_REDIS_URL" $p) "password" "GOODPUT_REDIS_QUEUE_PASSWORD") }}
 {{- else }}
-{{- include "goodput.redisUrlEnv" (dict "redis" $ext.redis "name" (printf "%sKB_REDIS_URL" $p) "password" "GOODPUT_REDIS_PASSWORD") }}
+{{- include "goodput.redisUrlEnv" (dict "root" $root "svc" .svc "redis" $ext.redis "name" (printf "%sKB_REDIS_URL" $p) "password" "GOODPUT_REDIS_PASSWORD") }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -584,32 +592,29 @@ indexer (the embedder, on the queues' Redis) writes them. */}}
 {{- /* The API keys are a mounted file (goodput.apiKeysFile), not env: env never sees a rotated key. */}}
 {{- $qr := $root.Values.tenancy.quotas.redis }}
 {{- if and (eq $p "GOODPUT_GATEWAY_") $qr.url }}
-{{- if $qr.existingSecret }}
-{{- $u := urlParse $qr.url }}
-- name: GOODPUT_QUOTA_REDIS_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ $qr.existingSecret }}
-      key: {{ $qr.passwordKey }}
-- name: {{ $p }}QUOTA_REDIS_URL
-  value: {{ printf "%s://:$(GOODPUT_QUOTA_REDIS_PASSWORD)@%s%s" $u.scheme $u.host $u.path | quote }}
-{{- else }}
-- name: {{ $p }}QUOTA_REDIS_URL
-  value: {{ $qr.url | quote }}
-{{- end }}
+{{- include "goodput.redisUrlEnv" (dict "root" $root "svc" .svc "redis" $qr "name" (printf "%sQUOTA_REDIS_URL" $p) "password" "GOODPUT_QUOTA_REDIS_PASSWORD") }}
 {{- else if and (eq $p "GOODPUT_GATEWAY_") $usesRedis $ext.queueRedis.url }}
 {{- /* REDIS_URL is the queues' Redis, with the data tenants store: quotas, usage and the storage ledger stay on
 external.redis, apart from it. */}}
-{{- include "goodput.redisUrlEnv" (dict "redis" $ext.redis "name" (printf "%sQUOTA_REDIS_URL" $p) "password" "GOODPUT_REDIS_PASSWORD") }}
+{{- include "goodput.redisUrlEnv" (dict "root" $root "svc" .svc "redis" $ext.redis "name" (printf "%sQUOTA_REDIS_URL" $p) "password" "GOODPUT_REDIS_PASSWORD") }}
 {{- end }}
 {{- end }}
 
-{{/* One Redis URL setting, its password (when the Redis has an existingSecret) substituted by Kubernetes from an
-env entry defined just before it. ctx: redis (url, existingSecret, passwordKey), name (the setting's env name),
-password (the password's env name) */}}
+{{/* One Redis URL setting with its credentials, the password substituted by Kubernetes from an env entry defined
+just before it: with redisUsers.enabled, the service's own ACL user (goodput.redisUser) and its password from the
+credentials Secret; else the Redis's existingSecret, if any. ctx: root, svc, redis (url, existingSecret,
+passwordKey), name (the setting's env name), password (the password's env name) */}}
 {{- define "goodput.redisUrlEnv" -}}
-{{- if .redis.existingSecret }}
 {{- $u := urlParse .redis.url }}
+{{- if .root.Values.redisUsers.enabled }}
+- name: {{ .password }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "goodput.credentialsSecret" .root }}
+      key: redis-{{ .svc }}
+- name: {{ .name }}
+  value: {{ printf "%s://%s:$(%s)@%s%s" $u.scheme (include "goodput.redisUser" .) .password $u.host $u.path | quote }}
+{{- else if .redis.existingSecret }}
 - name: {{ .password }}
   valueFrom:
     secretKeyRef:
@@ -621,6 +626,16 @@ password (the password's env name) */}}
 - name: {{ .name }}
   value: {{ .redis.url | quote }}
 {{- end }}
+{{- end }}
+
+{{/* The Secret of the release's own credentials: each Redis ACL user's password, the jobs' MAC key. ctx: root */}}
+{{- define "goodput.credentialsSecret" -}}
+{{- printf "%s-credentials" (include "goodput.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The Redis ACL user of a service (goodput_contracts.redis_access.user_name). ctx: root, svc */}}
+{{- define "goodput.redisUser" -}}
+{{- printf "%s-%s" (.root.Values.redisUsers.namespace | default (include "goodput.fullname" .root)) .svc }}
 {{- end }}
 
 {{/* A probe handler: native gRPC on the gRPC port (grpc.health.v1), HTTP /healthz where there is none. */}}

@@ -94,6 +94,11 @@ spec:
             - worker
             - --loglevel={{ $root.Values.common.logLevel }}
             - --concurrency={{ $v.config.concurrency }}
+            # No gossip, mingle or heartbeat: they need Celery's broadcast keys and channels, outside the queue's own
+            # (its Redis user holds only those; remote control is off: goodput_contracts.redis_access.celery_conf).
+            - --without-gossip
+            - --without-mingle
+            - --without-heartbeat
             {{- with include "goodput.celeryQueues" $ }}
             - --queues={{ . }}
             {{- end }}

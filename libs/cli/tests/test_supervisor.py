@@ -188,10 +188,11 @@ def fake_services(tmp_path):
     return root
 
 
-def _platform(tmp_path: Path, fake: Path, **env: str) -> Platform:
+def _platform(tmp_path: Path, fake: Path, *, redis_users: bool = True, **env: str) -> Platform:
     offset = next(o for o in (random.randrange(1000, 9000) for _ in range(50)) if _ports_free(o))
     redis_port = offset + 6379
     return Platform(workdir=tmp_path / "work", workers=2, port_offset=offset, knowledge=False, cache=False, jobs=False,
+                    redis_users=redis_users,
                     env={"PYTHONPATH": str(fake), "GOODPUT_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", **env})
 
 
@@ -243,7 +244,7 @@ def test_a_service_that_exits_fails_start_with_its_log(tmp_path, fake_services):
 
 
 def test_timeout_names_the_slow_service(tmp_path, fake_services):
-    platform = _platform(tmp_path, fake_services, FAKE_DELAY="30")
+    platform = _platform(tmp_path, fake_services, FAKE_DELAY="30", redis_users=False)
     platform.redis_url = "redis://127.0.0.1:1/0"
     # Pretend Redis answers so the test does not need one.
     import goodput_cli.procs as sup

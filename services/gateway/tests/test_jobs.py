@@ -133,16 +133,10 @@ def procs(redis_url: str, redis_session_prefix: str, tmp_path_factory: pytest.Te
     p.start_celery()
     yield p
     p.stop_all()
-    # Celery's binding of the queue is kept outside any prefix (``_kombu.binding...<queue>``): removed here.
+    # Celery's keys (the queue, its bindings, what a killed worker held unacknowledged) are under "<queue>:".
     client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(match=f"_kombu.binding*.{p.jobs_env['GOODPUT_GATEWAY_JOBS__QUEUE']}"):
+    for key in client.scan_iter(match=f"{p.jobs_env['GOODPUT_GATEWAY_JOBS__QUEUE']}:*"):
         client.delete(key)
-    # So is what a killed worker held unacknowledged (Redis would hand it back to the queue in an hour).
-    for tag, raw in client.hscan_iter("unacked"):
-        with contextlib.suppress(ValueError, TypeError):
-            if json.loads(raw)[2] == p.jobs_env["GOODPUT_GATEWAY_JOBS__QUEUE"]:
-                client.hdel("unacked", tag)
-                client.zrem("unacked_index", tag)
     client.close()
 
 

@@ -191,6 +191,11 @@ def up(
         "--insecure-internal", envvar="GOODPUT_INSECURE_INTERNAL",
         help="Plaintext gRPC between the services (no certificates, no authorization by identity). The default "
              "is mutual TLS with a development CA in the state folder.")] = False,
+    redis_users: Annotated[bool, typer.Option(
+        "--redis-users/--no-redis-users",
+        help="Each service connects to Redis as its own ACL user, limited to its keys (made with GOODPUT_REDIS_URL's "
+             "credentials, deleted on stop). --no-redis-users gives them all GOODPUT_REDIS_URL (a Redis without "
+             "ACLs).")] = True,
     models_dir: Annotated[Path, typer.Option(
         "--models-dir", envvar="GOODPUT_MODELS_DIR",
         help="Where `goodput train` put the cross-encoders.")] = Path("../shared/data/models"),
@@ -214,7 +219,7 @@ def up(
     extra_env = cross_encoder_env(models_dir, dict(os.environ), use={u.strip() for u in use_models.split(",")})
     platform = Platform(workdir=workdir, workers=workers, port_offset=port_offset, redis_db=redis_db,
                         insecure_internal=insecure_internal, gateways=gateways, env=extra_env, pools=pools,
-                        scheduler_replicas=scheduler_replicas, engine=engine)
+                        scheduler_replicas=scheduler_replicas, engine=engine, redis_users=redis_users)
     for name, value in extra_env.items():
         console.print(f"{name}={value}", style="dim", highlight=False)
     for note in notes:

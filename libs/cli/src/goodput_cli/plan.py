@@ -155,6 +155,10 @@ class Wiring:
     # The workers' engine (GOODPUT_INFERENCE_ENGINE: vllm, sim, triton) unless their pool names one; empty = the
     # worker's default (or what the environment says).
     engine: str = ""
+    # Each identity's own Redis URL (its ACL user: goodput_contracts.redis_access); one missing gets ``redis_url``.
+    redis_urls: dict[str, str] = field(default_factory=dict)
+    # The key the gateways and the jobs worker seal job and batch records with (JOBS__MAC_KEY); "" = not set here.
+    jobs_mac_key: str = ""
 
     def __post_init__(self) -> None:
         if self.pools and sum(p.replicas for p in self.pools) != self.workers:
@@ -164,6 +168,9 @@ class Wiring:
 
     def log_path(self, name: str) -> Path:
         return self.workdir / "logs" / f"{name}.log"
+
+    def redis_for(self, key: str) -> str:
+        return self.redis_urls.get(key, self.redis_url)
 
     def running(self) -> list[str]:
         """Topology keys of the services this platform runs, in start order."""
@@ -195,7 +202,7 @@ def _peers(key: str, w: Wiring, running: list[str]) -> dict[str, str]:
 
 def _service_env(key: str, w: Wiring, running: list[str], instance: int = 0) -> dict[str, str]:
     svc = SERVICES[key]
-    env = {"GOODPUT_REDIS_URL": w.redis_url, "PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONUNBUFFERED": "1"}
     if svc.grpc_port:
         env[svc.env("GRPC_PORT")] = str(svc.grpc_port + w.port_offset + _shift(key, instance))
     env[svc.env(svc.http_port_setting)] = str(http_port(key, w.port_offset, instance))
@@ -204,9 +211,11 @@ def _service_env(key: str, w: Wiring, running: list[str], instance: int = 0) -> 
     # The gateway's REDIS_URL holds parked jobs only: it gets it when the jobs worker runs. Its quota counters and
     # usage are always in Redis, so that every replica (and the jobs worker) counts against the same limits.
     if "redis" in svc.external and (svc.prefix != SERVICES["gateway"].prefix or w.jobs):
-        env[svc.env("REDIS_URL")] = w.redis_url
+        env[svc.env("REDIS_URL")] = w.redis_for(key)
     if svc.prefix == SERVICES["gateway"].prefix:
-        env[svc.env("QUOTA_REDIS_URL")] = w.redis_url
+        env[svc.env("QUOTA_REDIS_URL")] = w.redis_for(key)
+        if w.jobs_mac_key:
+            env[svc.env("JOBS__MAC_KEY")] = w.jobs_mac_key
     if key in ("embedder", "indexWorker", "cache"):
         env[svc.env("VERSION_CHANNEL")] = version_channel(w.redis_url)
     env.update(_peers(key, w, running))
@@ -227,7 +236,7 @@ def _leader_env(w: Wiring) -> dict[str, str]:
     """Leader election of scheduler replicas: a lock key in the platform's Redis, named after the first replica's
     port so that two platforms on one Redis database never share it (an explicit LEADER_KEY is kept)."""
     svc = SERVICES["scheduler"]
-    env = {svc.env("LEADER_ELECTION"): "redis", svc.env("LEADER_REDIS_URL"): w.redis_url}
+    env = {svc.env("LEADER_ELECTION"): "redis", svc.env("LEADER_REDIS_URL"): w.redis_for("scheduler")}
     if svc.env("LEADER_KEY") not in w.inherited:
         env[svc.env("LEADER_KEY")] = f"{LEADER_KEY_PREFIX}:{svc.grpc_port + w.port_offset}"
     return env

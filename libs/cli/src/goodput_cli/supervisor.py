@@ -51,8 +51,10 @@ SIGTERM from the kernel when the supervisor dies without cleaning up.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -65,6 +67,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 import grpc
+import redis
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from rich.console import Console
 
@@ -74,10 +77,11 @@ from goodput_core.tls import TlsFiles, ensure_dev_pki, tls_files
 
 from goodput_cli import procs
 from goodput_cli.keys import read_dev_key, write_dev_keys, write_keys_file
-from goodput_cli.plan import HOST, Wiring, grpc_addr, http_port, metrics_port, plan, redis_db_url
+from goodput_cli.plan import HOST, Wiring, grpc_addr, http_port, metrics_port, plan, redis_db_url, version_channel
 from goodput_cli.pools import Pool, worker_pools
 from goodput_cli.procs import PlatformError, Proc, ServiceSpec, check_health, cpu_bindings, log_tail, signal_group
 from goodput_cli.progress import Progress
+from goodput_cli.redis_users import RedisUsers
 
 __all__ = ["DEFAULT_REDIS_URL", "Platform", "PlatformError", "ServiceSpec", "cpu_bindings"]
 
@@ -85,6 +89,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 LOCK_FILE = "platform.lock"  # held by the running supervisor of a state folder
 TLS_DIR = "tls"  # the development CA and every identity's certificate, in the state folder
 REDIS_DIR = "redis"  # the append-only file of a persistent Redis the platform started, in the state folder
+JOBS_MAC_KEY_FILE = "jobs-mac-key"  # the key job records are sealed with (kept: jobs outlive a run)
 SCHEDULER_SERVICE = "goodput.scheduler.v1.Scheduler"  # SERVING only at the leading replica
 # Celery workers serve no gRPC: their readiness is /healthz on their metrics port.
 _HTTP_READY = {"index-worker": "indexWorker", "jobs-worker": "jobsWorker"}
@@ -92,6 +97,15 @@ _HTTP_READY = {"index-worker": "indexWorker", "jobs-worker": "jobsWorker"}
 # Short reconnect backoff: the default grows to minutes, which would hide a server that just came up.
 _PROBE_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
                   ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
+def own_secret(path: Path) -> str:
+    """The secret kept in ``path`` (mode 0600), made the first time."""
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return path.read_text().strip()
 
 
 class Platform:
@@ -107,6 +121,8 @@ class Platform:
     ``scheduler_replicas``: schedulers electing a leader through Redis (1: one scheduler, no election).
     ``engine``: the workers' engine (``sim``: simulated, no model); None: the worker's default or the environment's.
     ``redis_persistent``: a Redis the platform starts keeps an append-only file (survives ``restart("redis")``).
+    ``redis_users``: every process that uses Redis connects as its own ACL user (:mod:`goodput_cli.redis_users`),
+    created with ``GOODPUT_REDIS_URL``'s credentials; False gives them all that URL (a Redis without ACLs).
     """
 
     def __init__(self, *, workdir: Path, workers: int | None = None, port_offset: int = 0,
@@ -114,7 +130,7 @@ class Platform:
                  python: str | None = None, knowledge: bool | None = None, cache: bool | None = None,
                  jobs: bool | None = None, redis_db: int | None = None, insecure_internal: bool = False,
                  gateways: int = 1, pools: Sequence[Pool] | None = None, scheduler_replicas: int = 1,
-                 engine: str | None = None, redis_persistent: bool = False) -> None:
+                 engine: str | None = None, redis_persistent: bool = False, redis_users: bool = True) -> None:
         self.pools = tuple(pools or ())
         replicas = sum(p.replicas for p in self.pools)
         if self.pools and workers is not None and workers != replicas:
@@ -144,6 +160,10 @@ class Platform:
         if redis_db is not None:
             self.redis_url = redis_db_url(self.redis_url, redis_db)
         self.insecure_internal = insecure_internal
+        self._use_redis_users = redis_users
+        self.redis_users: RedisUsers | None = None  # made at start, with the Redis URL then
+        self._redis_urls: dict[str, str] = {}
+        self._jobs_mac_key = ""
         self._lock_file: IO[str] | None = None
         self._procs: dict[str, Proc] = {}
         self._order: list[str] = []
@@ -284,11 +304,14 @@ class Platform:
     # --- what runs ------------------------------------------------------------------------------------------------
     def plan(self) -> list[ServiceSpec]:
         """The Goodput services in start order (Redis is not part of it: it is started only when missing)."""
-        return plan(Wiring(workdir=self.workdir, workers=self.workers, port_offset=self.port_offset,
-                           python=self.python, redis_url=self.redis_url, knowledge=self.knowledge, cache=self.cache,
-                           jobs=self.jobs, gateways=self.gateways, inherited={**os.environ, **self.env},
-                           tls_dir=self.tls_dir, pools=self.pools, scheduler_replicas=self.scheduler_replicas,
-                           engine=self.engine))
+        return plan(self._wiring())
+
+    def _wiring(self) -> Wiring:
+        return Wiring(workdir=self.workdir, workers=self.workers, port_offset=self.port_offset, python=self.python,
+                      redis_url=self.redis_url, knowledge=self.knowledge, cache=self.cache, jobs=self.jobs,
+                      gateways=self.gateways, inherited={**os.environ, **self.env}, tls_dir=self.tls_dir,
+                      pools=self.pools, scheduler_replicas=self.scheduler_replicas, engine=self.engine,
+                      redis_urls=self._redis_urls, jobs_mac_key=self._jobs_mac_key)
 
     def child_env(self, spec: ServiceSpec) -> dict[str, str]:
         """The full environment of a child: gRPC's experiments (:data:`goodput_core.clients.GRPC_EXPERIMENTS`), then
@@ -325,6 +348,8 @@ class Platform:
             self._atexit_registered = True
         try:
             self._ensure_redis(deadline)
+            self._create_redis_users()
+            self._jobs_mac_key = own_secret(self.workdir / JOBS_MAC_KEY_FILE)
             for spec in self.plan():
                 self._spawn(spec)
             self._wait_ready(deadline, timeout_s, console)
@@ -341,6 +366,9 @@ class Platform:
             self._procs.clear()
             self._order.clear()
         _terminate(running, grace_s)
+        if self.redis_users is not None and not any(p.spec.name == "redis" for p in running):
+            with contextlib.suppress(redis.RedisError):
+                self.redis_users.remove()
         self._release_state()
 
     def kill_worker(self, i: int) -> None:
@@ -381,6 +409,8 @@ class Platform:
         deadline = time.monotonic() + timeout_s
         if name == "redis":
             self._wait_redis(deadline)
+            if self.redis_users is not None:  # ACL users live in memory: an append-only file does not keep them
+                self.redis_users.apply()
         elif old.spec.grpc_addr:
             self._wait_ready(deadline, timeout_s, None, only=[name], check_scheduler=False)
         elif name in _HTTP_READY:
@@ -510,6 +540,22 @@ class Platform:
         spec = ServiceSpec(name="redis", env={}, argv=argv, grpc_addr=None, log_path=self.log_path("redis"))
         self._spawn(spec)
         self._wait_redis(min(deadline, time.monotonic() + 15))
+
+    def _create_redis_users(self) -> None:
+        """One ACL user per identity that uses Redis; their key prefixes and channel as the children will have them."""
+        if not self._use_redis_users:
+            return
+        self.redis_users = RedisUsers(self.workdir, self.redis_url)
+        channel = version_channel(self.redis_url)
+        env = {**os.environ, **self.env, "GOODPUT_EMBEDDER_VERSION_CHANNEL": channel,
+               "GOODPUT_CACHE_VERSION_CHANNEL": channel}
+        try:
+            users = [k for k in self._wiring().running() if k != "scheduler" or self.scheduler_replicas > 1]
+            self._redis_urls = self.redis_users.create(users, env)
+        except redis.ResponseError as err:
+            raise PlatformError(f"could not create the platform's Redis users with the credentials of "
+                                f"{urlsplit(self.redis_url).hostname} ({err}); give GOODPUT_REDIS_URL a user that may "
+                                "run ACL SETUSER, or start with --no-redis-users") from None
 
     def _wait_redis(self, deadline: float) -> None:
         proc = self._proc("redis")

@@ -6,7 +6,8 @@ its pod spec: the image and its pull name, ``command``/``args``, ``env`` (values
 the volume's ``defaultMode``), ``emptyDir`` volumes as fresh writable mounts, and the security context: user and
 group, ``readOnlyRootFilesystem``, dropped capabilities, no privilege escalation. Containers restart when they die,
 as ``restartPolicy: Always`` does. The probes are run by :meth:`ChartPods.probe` as declared (``httpGet`` on the
-named port, ``grpc`` health, ``tcpSocket``).
+named port, ``grpc`` health, ``tcpSocket``). The release's hook Jobs (``helm.sh/hook: pre-install``) run to
+completion first, in the order of their hook weight, as Helm runs them before the release's other resources.
 
 What Kubernetes would add and this host cannot: Services and cluster DNS. Every container shares the host's network
 and every Service name of the release resolves to 127.0.0.1 (``--add-host``), so the chart's ports must be free here;
@@ -18,6 +19,7 @@ API server the caller names (``kube_api``: a :class:`KubeApiStandIn` over HTTPS 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -63,16 +65,23 @@ class ChartPods:
         self._secrets = {name: dict(data) for name, data in secrets.items()}
         for d in self.docs:
             if d["kind"] == "Secret":
-                data = d.get("stringData") or {}
-                self._secrets[d["metadata"]["name"]] = {k: str(v).encode() for k, v in data.items()}
+                data = {k: base64.b64decode(v) for k, v in (d.get("data") or {}).items()}
+                data.update({k: str(v).encode() for k, v in (d.get("stringData") or {}).items()})
+                self._secrets[d["metadata"]["name"]] = data
         self._hosts = sorted({*hosts, *(d["metadata"]["name"] for d in self.docs if d["kind"] == "Service")})
         self.deployments = {d["metadata"]["name"]: d for d in self.docs if d["kind"] == "Deployment"}
+        hooks = [d for d in self.docs if d["kind"] == "Job"
+                 and "pre-install" in d["metadata"].get("annotations", {}).get("helm.sh/hook", "")]
+        self.hooks = {d["metadata"]["name"]: d for d in sorted(
+            hooks, key=lambda d: int(d["metadata"]["annotations"].get("helm.sh/hook-weight", "0")))}
         self._work = Path(tempfile.mkdtemp(prefix="goodput-pods-"))
         self.started: list[str] = []
+        self._hooks_done: set[str] = set()
 
     # ------------------------------------------------------------------------------------------- the pod spec
     def pod_spec(self, deployment: str) -> dict[str, Any]:
-        return dict(self.deployments[deployment]["spec"]["template"]["spec"])
+        """The pod spec of a Deployment or of a hook Job."""
+        return dict((self.deployments.get(deployment) or self.hooks[deployment])["spec"]["template"]["spec"])
 
     def container_spec(self, deployment: str) -> dict[str, Any]:
         containers = self.pod_spec(deployment)["containers"]
@@ -140,8 +149,9 @@ class ChartPods:
         user = sc.get("runAsUser", pod_sc.get("runAsUser"))
         group = sc.get("runAsGroup", pod_sc.get("runAsGroup", user))
         fs_group = pod_sc.get("fsGroup", group or 0)
-        args = ["run", "-d", "--name", self.prefix + deployment, "--network", "host", "--restart", "always",
-                "--pull", "never", "--read-only-tmpfs=false", "--hostname", deployment]
+        args = ["run", "--name", self.prefix + deployment, "--network", "host", "--pull", "never",
+                "--read-only-tmpfs=false", "--hostname", deployment]
+        args += ["-d", "--restart", "always"] if deployment in self.deployments else ["--rm"]
         args += [f"--add-host={host}:127.0.0.1" for host in self._hosts]
         if user is not None:
             args += ["--user", f"{user}:{group}"]
@@ -201,6 +211,14 @@ class ChartPods:
 
     # ---------------------------------------------------------------------------------------------- lifecycle
     def start(self, deployments: Iterable[str] | None = None) -> None:
+        """Runs the hook Jobs (once) to completion, then starts the Deployments (default: all)."""
+        for job in self.hooks:
+            if job not in self._hooks_done:
+                podman("rm", "-f", self.prefix + job, check=False)
+                done = podman(*self.run_args(job), check=False, timeout=300)
+                if done.returncode != 0:
+                    raise RuntimeError(f"hook Job {job} failed ({done.returncode}): {done.stdout}{done.stderr}")
+                self._hooks_done.add(job)
         for deployment in deployments or self.deployments:
             podman("rm", "-f", self.prefix + deployment, check=False)
             podman(*self.run_args(deployment))

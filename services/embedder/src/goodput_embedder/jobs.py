@@ -28,6 +28,7 @@ import redis
 from celery import Celery, signals
 from prometheus_client import CollectorRegistry, start_http_server
 
+from goodput_contracts.redis_access import celery_conf
 from goodput_core.errors import GoodputError
 from goodput_core.metrics import SharedCounter, StoreReadings
 from goodput_core.settings import load_settings
@@ -121,16 +122,9 @@ def run_reindex(indexer: Indexer, jobs: JobStore, job_id: str, tenant: str, kb: 
 
 def create_app(settings: EmbedderSettings) -> Celery:
     app = Celery("goodput_embedder", broker=settings.redis_url, set_as_current=False)
-    app.conf.update(
-        task_default_queue=settings.index_queue,  # its own queue: other Celery apps share the same Redis
-        task_acks_late=True,                # a job whose worker dies is redelivered...
-        task_reject_on_worker_lost=True,    # ...and re-run (indexing is idempotent)
-        worker_prefetch_multiplier=1,
-        task_ignore_result=True,            # status lives in the job hash, not in a result backend
-        broker_connection_retry_on_startup=True,
-        worker_hijack_root_logger=False,
-        broker_transport_options={"visibility_timeout": 3600},
-    )
+    # Its own queue and broker keys (other Celery apps share the Redis); a job whose worker dies is redelivered and
+    # re-run (indexing is idempotent); status lives in the job hash, not in a result backend.
+    app.conf.update(celery_conf(settings.index_queue), task_ignore_result=True, worker_hijack_root_logger=False)
     registry = CollectorRegistry()
     scrape_store = JobStore(redis.Redis.from_url(settings.redis_url, socket_timeout=2.0), prefix=settings.key_prefix,
                             ttl_s=settings.job_ttl_s)

@@ -167,6 +167,11 @@ class JobSettings(SettingsGroup):
                                     "lost messages again, requeues jobs whose worker died, expires jobs past "
                                     "their deadline (0 = no sweeper in this worker).")
     sweep_batch: int = Field(1000, ge=1, description="Most jobs of each kind one sweep handles.")
+    mac_key: SecretStr = Field(SecretStr(""), description="Key of the MAC every job and batch record carries "
+                               "(HMAC-SHA256; the gateways' and the jobs workers' own secret): a record another "
+                               "Redis user wrote without it is never run nor shown. Required where jobs run.")
+    mac_key_previous: SecretStr = Field(SecretStr(""), description="A key being rotated out: records it sealed "
+                                        "still verify (new ones get mac_key). Empty = none.")
 
 
 class ResponsesSettings(SettingsGroup):

@@ -205,7 +205,7 @@ class BatchStore:
 
     def _save(self, batch: Batch) -> None:
         ttl = int(max(batch.expires_at - time.time(), 0) + self.settings.jobs.result_ttl_s)
-        self.redis.set(self._batch_key(batch.id), json.dumps(asdict(batch)), ex=max(ttl, 60))
+        self.redis.set(self._batch_key(batch.id), self.queue.seal.seal(asdict(batch)), ex=max(ttl, 60))
 
     def create(self, *, tenant: str, endpoint: str, input_file_id: str, window: str,
                metadata: dict[str, str] | None, lines: list[tuple[str, bytes]],
@@ -235,7 +235,8 @@ class BatchStore:
 
     def _load(self, batch_id: str, *, tenant: str) -> Batch:
         raw = self.redis.get(self._batch_key(batch_id))
-        batch = Batch(**json.loads(raw)) if raw is not None else None
+        record = None if raw is None else self.queue.seal.open(raw)  # None too: not sealed by a key-holder
+        batch = Batch(**record) if record is not None else None
         if batch is None or batch.tenant != tenant:
             raise NotFound(f"No such Batch object: {batch_id[:80]}", param="batch_id", code="batch_not_found")
         return batch
@@ -245,7 +246,7 @@ class BatchStore:
         parsed jobs alive at once would make the collector's full passes long stalls of every thread."""
         keys = [self.queue.key(j) for j in batch.jobs]
         for i in range(0, len(keys), 500):
-            yield from (Job.from_json(r) if r is not None else None for r in self.redis.mget(keys[i:i + 500]))
+            yield from (self.queue.open(r) for r in self.redis.mget(keys[i:i + 500]))
 
     def get(self, batch_id: str, *, tenant: str) -> Batch:
         """The batch with its status brought up to date from its lines' counts (and its files written once every

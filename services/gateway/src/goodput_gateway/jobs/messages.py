@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from goodput_contracts.redis_access import celery_conf
+
 __all__ = ["Send", "celery_client", "celery_send"]
 
 Send = Callable[[str, int, float], None]
@@ -23,10 +25,7 @@ def celery_client(settings: Any) -> Any:
         from celery import Celery  # lazy: only processes that park or run jobs need Celery
 
         app = Celery("goodput_gateway.jobs", broker=settings.redis_url)
-        app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
-                        task_default_queue=settings.jobs.queue, broker_connection_retry_on_startup=True,
-                        # An ETA task waits in its worker; on a crash Redis redelivers it after this timeout.
-                        broker_transport_options={"visibility_timeout": 3600})
+        app.conf.update(celery_conf(settings.jobs.queue))
         _apps[key] = app
     return app
 

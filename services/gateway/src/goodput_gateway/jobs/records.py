@@ -11,6 +11,8 @@ What ``GET /v1/jobs/{id}`` answers for a job, in OpenAI's shape:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import json
 import random
 import time
@@ -20,7 +22,7 @@ from typing import Any
 from goodput_core.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 
 __all__ = ["ENDPOINTS", "FINAL_CODES", "JOB_HEADER", "JOB_ID_KEY", "OUTCOMES", "RECOVERIES", "RETRYABLE", "ROUTES",
-           "SHED_CODES", "STATES", "TERMINAL", "VERDICTS", "WAITING", "Job", "retry_delay"]
+           "SHED_CODES", "STATES", "TERMINAL", "VERDICTS", "WAITING", "Job", "Seal", "retry_delay"]
 
 STATES = ("queued", "running", "parked", "completed", "failed", "expired")
 TERMINAL = ("completed", "failed", "expired")
@@ -28,8 +30,9 @@ WAITING = ("queued", "parked")
 # How an attempt (a claim on a "running" job) ends; "lost": its worker died and the claim lapsed.
 OUTCOMES = ("completed", "parked", "failed", "lost")
 # What a delivered message did: started an attempt, expired the job, or nothing (a duplicate: the job is running
-# under a live claim or finished; stale: an earlier dispatch's message; missing: no such job).
-VERDICTS = ("claimed", "expired", "duplicate", "stale", "missing")
+# under a live claim or finished; stale: an earlier dispatch's message; missing: no such job; forged: a record whose
+# MAC does not verify, deleted unrun).
+VERDICTS = ("claimed", "expired", "duplicate", "stale", "missing", "forged")
 # Why the sweeper (or a redelivered message) stepped in.
 RECOVERIES = ("lost_message", "lease_expired", "deadline")
 JOB_HEADER = "X-Goodput-Job-Id"
@@ -54,6 +57,49 @@ def retry_delay(attempt: int, retry_after_s: float | None, *, base_s: float = 1.
     rng = rng or random.Random()
     backoff = min(cap_s, base_s * 2 ** max(attempt - 1, 0))
     return min(max(backoff, retry_after_s or 0.0), cap_s) * rng.uniform(1.0, 1.5)
+
+
+class Seal:
+    """The MAC of the records that cross from one Redis user to another (jobs, batches): HMAC-SHA256 with the key
+    only the gateways and the jobs workers hold, over the record's canonical JSON, stored in it as ``mac``. A record
+    written by anyone else (another service's Redis user, someone with the gateway's Redis password but not the key)
+    does not verify. ``previous``: a key being rotated out, still accepted.
+
+        >>> seal = Seal("k")
+        >>> raw = seal.seal({"id": "job-1", "tenant": "acme"})
+        >>> seal.open(raw)
+        {'id': 'job-1', 'tenant': 'acme'}
+        >>> seal.open(raw.replace("acme", "other")) is None, Seal("other-key").open(raw) is None
+        (True, True)
+    """
+
+    def __init__(self, key: str, previous: str = "") -> None:
+        if not key:
+            raise ValueError("JOBS__MAC_KEY is not set: jobs and batches need the key their records are sealed "
+                             "with (the same on every gateway and jobs worker)")
+        self._keys = [k.encode() for k in (key, previous) if k]
+
+    @classmethod
+    def of(cls, settings: Any) -> Seal:
+        return cls(settings.jobs.mac_key.get_secret_value(), settings.jobs.mac_key_previous.get_secret_value())
+
+    @staticmethod
+    def _mac(key: bytes, record: dict[str, Any]) -> str:
+        body = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+        return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+    def seal(self, record: dict[str, Any]) -> str:
+        return json.dumps({**record, "mac": self._mac(self._keys[0], record)})
+
+    def open(self, raw: str | bytes) -> dict[str, Any] | None:
+        """The record, or None when it is not one a key-holder wrote."""
+        try:
+            record = json.loads(raw)
+            mac = record.pop("mac", "")
+        except (ValueError, TypeError, AttributeError):
+            return None
+        ok = isinstance(mac, str) and any(hmac.compare_digest(self._mac(k, record), mac) for k in self._keys)
+        return record if ok else None
 
 
 @dataclass
@@ -83,9 +129,8 @@ class Job:
     batch: str = ""  # the batch this job is a line of ("" = none): its end is counted for the batch (JobQueue)
 
     @classmethod
-    def from_json(cls, raw: str | bytes) -> Job:
+    def from_record(cls, data: dict[str, Any]) -> Job:
         """A stored job; fields this version does not know (written by a newer one) are ignored."""
-        data = json.loads(raw)
         return cls(**{k: v for k, v in data.items() if k in _FIELDS})
 
     def public(self) -> dict[str, Any]:

@@ -68,7 +68,7 @@ from goodput_core.errors import InvalidArgument, NotFound, Unavailable
 
 from goodput_gateway.jobs.messages import Send, celery_send
 from goodput_gateway.jobs.metrics import JobsMetrics
-from goodput_gateway.jobs.records import ENDPOINTS, STATES, TERMINAL, WAITING, Job
+from goodput_gateway.jobs.records import ENDPOINTS, STATES, TERMINAL, WAITING, Job, Seal
 from goodput_gateway.storage import DEFAULT_STORAGE, StorageLedger, StorageQuota, storage_prefix
 
 __all__ = ["JobQueue"]
@@ -87,6 +87,7 @@ class JobQueue:
                  ledger: StorageLedger | None = None) -> None:
         self.settings = settings
         self.redis = redis_client
+        self.seal = Seal.of(settings)
         # the tenants' storage ledger: on the quota Redis where the gateway has one, else beside the jobs
         self.ledger = ledger or StorageLedger(redis_client, prefix=storage_prefix(settings))
         self.clock = clock  # wall time: deadlines, leases and due times are stored and compared across processes
@@ -121,8 +122,13 @@ class JobQueue:
 
     # ---- reads ----
     def load(self, job_id: str) -> Job | None:
-        raw = self.redis.get(self.key(job_id))
-        return None if raw is None else Job.from_json(raw)
+        return self.open(self.redis.get(self.key(job_id)))
+
+    def open(self, raw: str | bytes | None) -> Job | None:
+        """A stored job record, or None: none, or one whose MAC does not verify (not written by a gateway or a jobs
+        worker: it is never run nor shown)."""
+        record = None if raw is None else self.seal.open(raw)
+        return None if record is None else Job.from_record(record)
 
     def get(self, job_id: str, *, tenant: str) -> Job:
         job = self.load(job_id)
@@ -136,7 +142,7 @@ class JobQueue:
         now = self.clock()
         job.updated_at = now
         ttl = max(int(max(job.deadline_at - now, 0) + self.settings.jobs.result_ttl_s), 60)
-        pipe.set(self.key(job.id), json.dumps(asdict(job)), ex=ttl)
+        pipe.set(self.key(job.id), self.seal.seal(asdict(job)), ex=ttl)
         if old is not None and old.state != job.state:
             pipe.zrem(self._index(old.state), job.id)
         score = now + ttl if job.state in TERMINAL else job.lease_until if job.state == "running" else job.due_at
@@ -200,10 +206,9 @@ class JobQueue:
             with self.redis.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(key)
-                    raw = pipe.get(key)
-                    if raw is None:
+                    old = self.open(pipe.get(key))
+                    if old is None:
                         return None, False
-                    old = Job.from_json(raw)
                     new = change(dataclasses.replace(old))
                     if new is None:
                         return old, False
@@ -285,6 +290,11 @@ class JobQueue:
             return job
 
         job, changed = self.update(job_id, change)
+        if job is None and self.redis.exists(self.key(job_id)):
+            verdict = "forged"  # a record no key-holder wrote: whoever it names, it never runs
+            log.warning("job record refused: its MAC does not verify; deleted unrun", extra={"job": job_id})
+            self.redis.delete(self.key(job_id))
+            self._forget(job_id)
         self.redis.hincrby(f"{self.prefix}:messages", verdict, 1)
         if changed and recovered:
             self.redis.hincrby(f"{self.prefix}:recoveries", "lease_expired", 1)
