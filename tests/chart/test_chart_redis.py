@@ -137,7 +137,7 @@ def test_each_service_connects_as_its_own_redis_user(chart: Any) -> None:
     assert int(job["metadata"]["annotations"]["helm.sh/hook-weight"]) > -10  # after the Secret it reads
     (container,) = job["spec"]["template"]["spec"]["containers"]
     command = container["command"]
-    assert command[:3] == ["python", "-m", "goodput_contracts.redis_access"]
+    assert command[:3] == ["python", "-m", "goodput_gateway.redis_users"]
     admins = [command[i + 1] for i, a in enumerate(command) if a == "--admin-url"]
     assert admins == ["redis://:$(GOODPUT_REDIS_ADMIN_REDIS)@redis-master.goodput-data.svc.cluster.local:6379/0",
                       "redis://:$(GOODPUT_REDIS_ADMIN_QUEUE)@queue-redis.data:6379/0"]

@@ -25,10 +25,7 @@ Example:
 
 from __future__ import annotations
 
-import argparse
-import os
 import secrets
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -155,25 +152,3 @@ def apply(client: Any, namespace: str, users: Mapping[str, tuple[str, Mapping[st
 
 def remove(client: Any, namespace: str, identities: Iterable[str]) -> None:
     client.execute_command("ACL", "DELUSER", *(user_name(namespace, i) for i in identities))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m goodput_contracts.redis_access``: the chart's install hook. Creates the users of ``--namespace``
-    on every ``--admin-url`` (each with the admin's credentials); identity ``x``'s password is in env
-    ``GOODPUT_REDIS_PASSWORD_<X>`` (upper case), its prefixes in the same env as the services get them."""
-    import redis  # the images that run this hook (the gateway's) have it; the contracts themselves need nothing
-
-    parser = argparse.ArgumentParser(prog="python -m goodput_contracts.redis_access")
-    parser.add_argument("--namespace", required=True)
-    parser.add_argument("--admin-url", action="append", required=True)
-    args = parser.parse_args(argv)
-    users = {i: (os.environ[f"GOODPUT_REDIS_PASSWORD_{i.upper()}"], os.environ) for i in REDIS_ACCESS
-             if f"GOODPUT_REDIS_PASSWORD_{i.upper()}" in os.environ}
-    for url in args.admin_url:
-        apply(redis.Redis.from_url(url, socket_timeout=10), args.namespace, users)
-        print(f"redis users of {args.namespace} ({', '.join(users)}) set on {urlsplit(url).hostname}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
