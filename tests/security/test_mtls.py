@@ -117,6 +117,17 @@ def test_a_fake_worker_registration_with_the_gateways_certificate_is_denied(plat
     assert after == before + 1
 
 
+def test_a_worker_certificate_cannot_register_another_address_nor_take_a_worker_out(platform: Platform) -> None:
+    with platform.internal_channel(platform.scheduler_grpc, identity="inference") as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        # Tenants' prompts pointed at another host: refused, it connects from 127.0.0.1.
+        assert _code(lambda: stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(address="10.255.0.9:50061"),
+                                                 timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    with platform.internal_channel(platform.scheduler_grpc) as ch:  # the operator
+        workers = scheduler_pb2_grpc.SchedulerStub(ch).ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)
+    assert "10.255.0.9:50061" not in [w.address for w in workers.workers]
+
+
 def test_another_services_certificate_may_not_generate_and_the_refusal_is_counted(platform: Platform) -> None:
     metrics = platform.worker_http(0) + "/metrics"
     before = _denied(metrics, "inference", "Generate", "scheduler", "not_allowed")

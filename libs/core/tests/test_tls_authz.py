@@ -3,7 +3,10 @@ the interceptor's decisions (allowed, wrong identity, no identity, tenant named 
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import socket
+import ssl
 import stat
 from pathlib import Path
 
@@ -301,3 +304,50 @@ async def test_plaintext_is_logged_as_a_warning_at_start(caplog):
     with caplog.at_level("WARNING", logger="goodput.tls"):
         ServiceRunner(name="scheduler", settings=_settings(None), registry=CollectorRegistry(), provider=None)
     assert "PLAINTEXT (GOODPUT_TEST_INSECURE_INTERNAL=true)" in caplog.text
+
+
+# --- certificates that rotate ---------------------------------------------------------------------------------------
+
+def _served_serial(address: str, client: TlsFiles) -> int:
+    """The serial of the certificate the server presents to a new connection."""
+    ctx = ssl.create_default_context(cafile=str(client.ca))
+    ctx.load_cert_chain(str(client.cert), str(client.key))
+    ctx.check_hostname = False
+    ctx.set_alpn_protocols(["h2"])
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock, \
+            ctx.wrap_socket(sock, server_hostname="goodput.internal") as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+async def test_a_certificate_renewed_on_disk_is_served_without_a_restart_and_its_expiry_exported(scheduler, pki):
+    address, registry = scheduler
+    files, _ = pki
+    own = files["scheduler"]
+    first = x509.load_pem_x509_certificate(own.cert.read_bytes())
+    assert await asyncio.to_thread(_served_serial, address, files["gateway"]) == first.serial_number
+    def expiry(use: str) -> float | None:
+        return registry.get_sample_value("goodput_tls_certificate_expiry_timestamp_seconds", {"use": use})
+    assert expiry("serve") == expiry("dial") == first.not_valid_after_utc.timestamp()
+    # cert-manager renews the Secret: a new key and certificate replace the files the server was started with.
+    own.cert.unlink()
+    ensure_dev_pki(own.ca.parent, ["scheduler"])
+    renewed = x509.load_pem_x509_certificate(own.cert.read_bytes())
+    assert renewed.serial_number != first.serial_number
+    assert await asyncio.to_thread(_served_serial, address, files["gateway"]) == renewed.serial_number
+    assert expiry("serve") == renewed.not_valid_after_utc.timestamp()
+    assert expiry("dial") == first.not_valid_after_utc.timestamp()  # channels dialled keep the one read at start
+    async with _dial(address, files["gateway"]) as ch:  # and calls go on over the renewed one
+        await scheduler_pb2_grpc.SchedulerStub(ch).ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)
+
+
+async def test_a_certificate_caught_half_written_is_not_served(scheduler, pki, tmp_path):
+    address, _ = scheduler
+    files, _ = pki
+    own = files["scheduler"]
+    served = x509.load_pem_x509_certificate(own.cert.read_bytes()).serial_number
+    # A key of another certificate beside this one (the kubelet's swap seen between two files): kept as it was.
+    own.key.write_bytes(ensure_dev_pki(tmp_path / "elsewhere", ["scheduler"])["scheduler"].key.read_bytes())
+    assert await asyncio.to_thread(_served_serial, address, files["gateway"]) == served

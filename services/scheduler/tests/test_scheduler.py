@@ -166,6 +166,25 @@ async def test_register_and_deregister_at_runtime(workers) -> None:  # type: ign
         assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+async def test_a_worker_registers_only_its_own_address_and_deregisters_only_itself(workers) -> None:  # type: ignore[no-untyped-def]
+    """A stolen worker certificate cannot point the scheduler (and tenants' prompts) at another host, nor take
+    another worker out: the address registered must be the caller's own, by IP or by a name that resolves to it."""
+    (a,) = await workers(1)
+    async with SchedulerHarness(scheduler_settings([])) as h:
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await h.stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(address="10.255.0.9:50061"))
+        assert exc.value.code() == grpc.StatusCode.PERMISSION_DENIED and "10.255.0.9" in exc.value.details()
+        assert not h.workers.all()
+        own = await h.stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(address=f"localhost:{a.port}"))
+        other = h.workers.add("10.255.0.9:50061")  # known otherwise (configured or discovered)
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await h.stub.DeregisterWorker(scheduler_pb2.DeregisterWorkerRequest(worker_id=other.worker_id))
+        assert exc.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert h.workers.get(other.worker_id) is not None
+        await h.stub.DeregisterWorker(scheduler_pb2.DeregisterWorkerRequest(worker_id=own.worker_id))
+        assert [w.worker_id for w in h.workers.all()] == [other.worker_id]
+
+
 async def test_workers_discovered_through_dns(workers) -> None:  # type: ignore[no-untyped-def]
     (a,) = await workers(1)
     settings = scheduler_settings([f"dns:///localhost:{a.port}"], discovery_interval_s=0.2)

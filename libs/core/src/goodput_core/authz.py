@@ -14,7 +14,9 @@ Example::
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -26,7 +28,7 @@ from goodput_contracts.access import ACCESS, OPEN_SERVICES, Rule
 from goodput_core.handlers import WrappingInterceptor, rewrap
 from goodput_core.tls import SPIFFE_PREFIX
 
-__all__ = ["AuthzInterceptor", "peer_identity", "tenant_of"]
+__all__ = ["AuthzInterceptor", "peer_ip", "peer_identity", "tenant_of"]
 
 log = logging.getLogger("goodput.authz")
 
@@ -48,6 +50,26 @@ def peer_identity(context: aio.ServicerContext) -> str | None:
                 return text[len(SPIFFE_PREFIX):]
     names = auth.get("x509_common_name") or []
     return names[0].decode(errors="replace") if names else None
+
+
+def peer_ip(context: aio.ServicerContext) -> str:
+    """The address the caller connects from ("" when not over IP), IPv4-mapped IPv6 as IPv4.
+
+    >>> class Ctx:
+    ...     def __init__(self, peer): self._peer = peer
+    ...     def peer(self): return self._peer
+    >>> peer_ip(Ctx("ipv4:10.1.2.3:41234")), peer_ip(Ctx("ipv6:%5B::ffff:10.1.2.3%5D:5")), peer_ip(Ctx("unix:/s"))
+    ('10.1.2.3', '10.1.2.3', '')
+    """
+    scheme, _, rest = urllib.parse.unquote(context.peer() or "").partition(":")
+    if scheme not in ("ipv4", "ipv6"):
+        return ""
+    try:
+        ip = ipaddress.ip_address(rest.rpartition(":")[0].strip("[]"))
+    except ValueError:
+        return ""
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
 
 
 def tenant_of(request: Any, path: str) -> str:

@@ -30,13 +30,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from goodput_core.authz import AuthzInterceptor
 from goodput_core.errors import ErrorInterceptor
 from goodput_core.metrics import GrpcServerMetrics, ops_app
 from goodput_core.settings import ServiceSettings
-from goodput_core.tls import server_credentials
+from goodput_core.tls import server_certificates
 from goodput_core.tracing import server_interceptor
 
 log = logging.getLogger("goodput.server")
@@ -147,8 +147,17 @@ class ServiceRunner:
         self.settings = settings
         self.registry = registry
         self.public = public
-        self._credentials = None if public else server_credentials(settings)
+        self.certificates = None if public else server_certificates(settings)
+        self._credentials = None if self.certificates is None else self.certificates.credentials()
         authz = [] if self._credentials is None else [AuthzInterceptor(name, registry)]
+        if self.certificates is not None:
+            certificates, dialled = self.certificates, self.certificates.not_after
+            expiry = Gauge("goodput_tls_certificate_expiry_timestamp_seconds", "When the certificate this process "
+                           "uses ends (Unix time): use=serve, the one its server presents (followed when the files "
+                           "are renewed); use=dial, the one read at start for the channels it dials (kept by them "
+                           "until a restart).", ["use"], registry=registry)
+            expiry.labels("serve").set_function(lambda: certificates.not_after)
+            expiry.labels("dial").set(dialled)
         self.server = aio.server(
             interceptors=[server_interceptor(provider), GrpcServerMetrics(registry), ErrorInterceptor(), *authz,
                           *interceptors],

@@ -30,6 +30,7 @@ import ipaddress
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +43,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["SPIFFE_PREFIX", "TlsConfigError", "TlsFiles", "TlsSettings", "channel_credentials", "configured_files",
-           "ensure_dev_pki", "identity_of", "server_credentials", "spiffe_id", "tls_files", "write_private"]
+__all__ = ["SPIFFE_PREFIX", "ServerCertificates", "TlsConfigError", "TlsFiles", "TlsSettings", "channel_credentials",
+           "configured_files", "ensure_dev_pki", "identity_of", "server_certificates", "spiffe_id", "tls_files",
+           "write_private"]
 
 log = logging.getLogger("goodput.tls")
 
@@ -279,13 +281,60 @@ def configured_files(settings: TlsSettings, *, warn: bool = True) -> TlsFiles | 
     return TlsFiles(Path(settings.tls_cert_file), Path(settings.tls_key_file), Path(settings.tls_ca_file))
 
 
-def server_credentials(settings: TlsSettings) -> grpc.ServerCredentials | None:
-    """TLS that requires a client certificate signed by the CA; None when ``insecure_internal`` is set."""
+class ServerCertificates:
+    """A server's certificate, key and CA, read again when their files change on disk (cert-manager renews the
+    Secret and the kubelet swaps the mounted files): every new connection's handshake asks (:meth:`fetch`, a few
+    ``stat`` calls) and gets the new pair once the certificate and key on disk belong together, without a restart;
+    connections already open keep theirs. ``not_after`` is the served certificate's end (the expiry gauge's value).
+    """
+
+    def __init__(self, files: TlsFiles) -> None:
+        self.files = files
+        self.not_after = 0.0
+        self.reloads = 0
+        self._stamp: tuple[tuple[int, int, int], ...] | None = None
+        self._lock = threading.Lock()
+
+    def _stamp_now(self) -> tuple[tuple[int, int, int], ...]:
+        return tuple((st.st_mtime_ns, st.st_size, st.st_ino) for st in map(os.stat, (self.files.cert, self.files.key,
+                                                                                   self.files.ca)))
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """The new configuration when the files changed (and make a valid pair), else None: keep the current one."""
+        with self._lock:
+            try:
+                stamp = self._stamp_now()
+                if stamp == self._stamp:
+                    return None
+                cert, key, ca = self.files.read()
+                leaf = x509.load_pem_x509_certificate(cert)
+                private = serialization.load_pem_private_key(key, password=None)
+                if leaf.public_key().public_numbers() != private.public_key().public_numbers():  # type: ignore[union-attr]
+                    return None  # caught between the certificate's write and the key's: the next handshake looks again
+            except (OSError, ValueError, TypeError, AttributeError) as err:
+                if self._stamp is None:
+                    raise TlsConfigError(f"cannot read the TLS files {self.files}: {err}") from err
+                log.warning("TLS files unreadable; serving the certificate already loaded", extra={"error": repr(err)})
+                return None
+            first, self._stamp = self._stamp is None, stamp
+            self.not_after = leaf.not_valid_after_utc.timestamp()
+            if not first:
+                self.reloads += 1
+                log.warning("TLS certificate reloaded", extra={"serial": f"{leaf.serial_number:x}",
+                                                               "not_after": leaf.not_valid_after_utc.isoformat()})
+            return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """Mutual TLS (a client certificate from the CA required) whose pair follows the files."""
+        initial = self.fetch()
+        assert initial is not None
+        return grpc.dynamic_ssl_server_credentials(initial, self.fetch, require_client_authentication=True)
+
+
+def server_certificates(settings: TlsSettings) -> ServerCertificates | None:
+    """The server's reloading certificates; None when ``insecure_internal`` is set."""
     files = configured_files(settings)
-    if files is None:
-        return None
-    cert, key, ca = files.read()
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+    return None if files is None else ServerCertificates(files)
 
 
 def channel_credentials(settings: TlsSettings) -> grpc.ChannelCredentials | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict
@@ -10,8 +11,10 @@ from dataclasses import asdict
 from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 
+from goodput_contracts.access import OPERATOR
+from goodput_core.authz import peer_identity, peer_ip
 from goodput_core.batching import event_batches, feed, unbatched
-from goodput_core.errors import InvalidArgument, NotFound, Unavailable
+from goodput_core.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
 
 from goodput_scheduler.config import MuxSettings
 from goodput_scheduler.leases import LeaseManager
@@ -100,14 +103,46 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def RegisterWorker(self, request: scheduler_pb2.RegisterWorkerRequest,
                              context: aio.ServicerContext) -> scheduler_pb2.RegisterWorkerResponse:
+        """A worker registers itself: only the address it connects from (a stolen worker certificate cannot point
+        the scheduler, and tenants' prompts, at another host)."""
         address = request.address.strip()
-        if not address or ":" not in address:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
             raise InvalidArgument("address must be host:port", param="address")
+        caller = peer_ip(context)
+        if caller not in await _addresses(host.strip("[]")):
+            raise PermissionDenied(f"a worker may register only the address it connects from ({caller or 'unknown'}), "
+                                   f"not {host}", param="address", code="not_your_address")
         worker = self.registry.add(address)
         return scheduler_pb2.RegisterWorkerResponse(worker_id=worker.worker_id)
 
     async def DeregisterWorker(self, request: scheduler_pb2.DeregisterWorkerRequest,
                                context: aio.ServicerContext) -> scheduler_pb2.DeregisterWorkerResponse:
-        if not await self.registry.remove(request.worker_id):
+        """The worker itself (from its own address) or the operator takes a worker out."""
+        worker = self.registry.get(request.worker_id)
+        if worker is None:
             raise NotFound(f"no worker {request.worker_id!r}")
+        if peer_identity(context) != OPERATOR:
+            caller = peer_ip(context)
+            if caller not in await _addresses(worker.address.rpartition(":")[0].strip("[]")):
+                raise PermissionDenied(f"only worker {request.worker_id!r} itself or the operator may deregister it",
+                                       param="worker_id", code="not_your_worker")
+        await self.registry.remove(request.worker_id)
         return scheduler_pb2.DeregisterWorkerResponse()
+
+
+async def _addresses(host: str) -> set[str]:
+    """The IP addresses ``host`` names (itself when it is one; a name is resolved), IPv4-mapped IPv6 as IPv4."""
+    try:
+        return {str(ipaddress.ip_address(host))}
+    except ValueError:
+        pass
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None)
+    except OSError:
+        return set()
+    out = set()
+    for info in infos:
+        ip = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        out.add(str(getattr(ip, "ipv4_mapped", None) or ip))
+    return out
