@@ -1,7 +1,8 @@
 """The chart's workloads as podman containers on this host: what the rendered manifests say, nothing invented.
 
 :class:`ChartPods` reads ``helm template`` output and starts each Deployment's container the way a kubelet would from
-its pod spec: the image and its pull name, ``command``/``args``, ``env`` (values and ``secretKeyRef``) and
+its pod spec: the image and its pull name, ``command``/``args``, ``env`` (values, with ``$(VAR)`` expanded, and
+``secretKeyRef``) and
 ``envFrom`` ConfigMaps, the Secret and ConfigMap volumes as read-only files (owned by the pod's ``fsGroup``, with
 the volume's ``defaultMode``), ``emptyDir`` volumes as fresh writable mounts, and the security context: user and
 group, ``readOnlyRootFilesystem``, dropped capabilities, no privilege escalation. Containers restart when they die,
@@ -23,6 +24,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -30,6 +32,14 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+_EXPAND = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def _expand(text: str, env: Mapping[str, str]) -> str:
+    """``$(VAR)`` replaced by ``env``'s VAR (an entry defined before it), ``$$`` by ``$``, as the kubelet does in env
+    values, commands and arguments; an unknown VAR is left as written."""
+    return _EXPAND.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
 
 CONTAINERS_CONF = Path(__file__).resolve().parents[4] / "scripts" / "containers.conf"
 
@@ -106,7 +116,7 @@ class ChartPods:
                 env.update({k: v.decode() for k, v in self._secrets[source["secretRef"]["name"]].items()})
         for item in container.get("env", []):
             if "value" in item:
-                env[item["name"]] = str(item["value"])
+                env[item["name"]] = _expand(str(item["value"]), env)
                 continue
             ref = item.get("valueFrom", {})
             if "secretKeyRef" in ref:
@@ -166,7 +176,8 @@ class ChartPods:
         limit = container.get("resources", {}).get("limits", {}).get("memory")
         if limit:
             args += ["--memory", _size(limit)]
-        for name, value in self._env(container).items():
+        env = self._env(container)
+        for name, value in env.items():
             args += ["--env", f"{name}={value}"]
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
         for mount in container.get("volumeMounts", []):
@@ -189,9 +200,9 @@ class ChartPods:
                 raise ValueError(f"{deployment}: volume {mount['name']} ({sorted(volume)}) is not supported here")
         args += self._service_account(deployment, pod)
         if container.get("command"):
-            args += ["--entrypoint", json.dumps(container["command"])]
+            args += ["--entrypoint", json.dumps([_expand(str(c), env) for c in container["command"]])]
         args.append(container["image"])
-        args += [str(a) for a in container.get("args", [])]
+        args += [_expand(str(a), env) for a in container.get("args", [])]
         return args
 
     def _service_account(self, deployment: str, pod: Mapping[str, Any]) -> list[str]:
