@@ -27,6 +27,7 @@ from goodput_gateway.jobs.messages import celery_send
 pytestmark = [pytest.mark.integration]
 
 PORT_OFFSET = 4900
+REDIS_DB = 13
 KEY = "test-key-acl"
 
 
@@ -35,8 +36,10 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     keys = {"tenants": {"victim": {"monthly_tokens": 1_000_000}},
             "keys": [{"key_sha256": hashlib.sha256(KEY.encode()).hexdigest(), "tenant": "acl", "max_priority": "P2"}]}
     env = {"GOODPUT_INFERENCE_ENGINE": "sim", "GOODPUT_SCHEDULER_HEALTH_INTERVAL_S": "0.5"}
+    # A Redis database of its own, emptied first: no other platform's jobs wait in its queue's fair order.
     p = Platform(workdir=tmp_path_factory.mktemp("acl"), workers=1, port_offset=PORT_OFFSET, env=env, api_keys=keys,
-                 knowledge=True, cache=True, jobs=True)
+                 knowledge=True, cache=True, jobs=True, redis_db=REDIS_DB)
+    redis.Redis.from_url(p.redis_url).flushdb()
     with p:
         yield p
 
@@ -103,7 +106,10 @@ def wait_job(http: httpx.Client, job_id: str, state: str) -> dict[str, object]:
     def reached() -> bool:
         seen.update(http.get(f"/v1/jobs/{job_id}").json())
         return seen.get("status") == state
-    wait_until(reached, timeout=60, interval=0.3, message=f"job {job_id} did not reach {state}: {seen}")
+    try:
+        wait_until(reached, timeout=60, interval=0.3)
+    except AssertionError:
+        raise AssertionError(f"job {job_id} did not reach {state}: {seen}") from None
     return seen
 
 

@@ -8,6 +8,7 @@ Celery worker is in test_jobs.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -417,3 +418,18 @@ def test_a_worker_that_dies_between_taking_and_claiming_loses_no_job(queue: JobQ
     assert done is not None and done.state == "completed" and runs.count == 1
     assert_consistent(queue, job.id)
 
+
+
+def test_a_forged_job_ahead_in_the_fair_order_does_not_spend_another_jobs_message(queue: JobQueue,
+                                                                                  broker: Broker) -> None:
+    """A record written without the jobs' key (or gone) that waits in a tenant's turn is deleted unrun, and the
+    message that took it goes on to the next job: the sealed job behind it still runs on its own message."""
+    runs = Runs()
+    forged = submit(queue, tenant="early")
+    raw = json.loads(queue.redis.get(queue.key(forged.id)))
+    queue.redis.set(queue.key(forged.id), json.dumps({**raw, "mac": "0" * 64}))  # its tenant's turn comes first
+    job = submit(queue, tenant="late")
+    done = run_job(queue, job.id, runner=runs, dispatch=broker.last(job.id))
+    assert done is not None and done.id == job.id and done.state == "completed" and runs.tenants == ["late"]
+    assert queue.redis.get(queue.key(forged.id)) is None
+    assert queue.tally("messages") == {"forged": 1, "claimed": 1}

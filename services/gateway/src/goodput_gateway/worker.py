@@ -88,6 +88,10 @@ class JobRunner:
         self._loop.close()
 
 
+# Most turns one message spends on entries that name nothing to run before it gives up its turn.
+EMPTY_TURNS = 100
+
+
 def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, Any]], dispatch: int) -> Job | None:
     """What one delivered message of the job's ``dispatch`` does (the Celery task's body): a turn. A job parked under
     it queues now (:meth:`JobQueue.wake`); the next queued job in fair order across tenants is taken (this one when
@@ -96,12 +100,17 @@ def run_job(queue: JobQueue, job_id: str, *, runner: Callable[[Job], dict[str, A
     nothing when it is running under a live claim, finished or waiting for a later dispatch. Returns the job
     claimed (or found) as stored afterwards."""
     own = queue.wake(job_id, dispatch)
-    if (taken := queue.take(prefer=(own.tenant if own else "", job_id, dispatch))) is not None:
-        job_id, dispatch = taken
-    verdict, job = queue.claim(job_id, dispatch)
+    for _ in range(EMPTY_TURNS):
+        taken = queue.take(prefer=(own.tenant if own else "", job_id, dispatch))
+        target = taken or (job_id, dispatch)
+        verdict, job = queue.claim(*target)
+        # A turn that found nothing to run (its record gone, or forged and deleted) does not spend this message: the
+        # next is taken (past EMPTY_TURNS, the message's own job waits for the sweeper to send it again).
+        if taken is None or taken[0] == job_id or verdict not in ("missing", "forged"):
+            break
     if verdict != "claimed" or job is None:
         if verdict in ("duplicate", "stale"):
-            log.info("job message ignored", extra={"job": job_id, "dispatch": dispatch, "verdict": verdict})
+            log.info("job message ignored", extra={"job": target[0], "dispatch": target[1], "verdict": verdict})
         return job
     try:
         with Heartbeat(queue, job):  # renews the claim's lease while the attempt runs
