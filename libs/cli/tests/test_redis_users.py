@@ -14,6 +14,7 @@ import redis
 
 from goodput_contracts.redis_access import REDIS_ACCESS
 
+from goodput_cli.plan import redis_db_url
 from goodput_cli.redis_users import USERS_FILE, RedisUsers
 
 # One key of every family any identity is granted (its pattern, the wildcard filled in).
@@ -22,15 +23,23 @@ SAMPLES = sorted({k.pattern({}).removeprefix("%R").removeprefix("~").replace("*"
 
 
 @pytest.fixture
-def users(redis_url: str, tmp_path: Path) -> Iterator[dict[str, redis.Redis]]:
-    made = RedisUsers(tmp_path, redis_url)
+def scratch(redis_url: str) -> str:
+    """A Redis database of its own, emptied (the sample keys name real families: never a platform's data)."""
+    url = redis_db_url(redis_url, 14)
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture
+def users(scratch: str, tmp_path: Path) -> Iterator[dict[str, redis.Redis]]:
+    made = RedisUsers(tmp_path, scratch)
     made.create(REDIS_ACCESS, {})
     yield {i: redis.Redis.from_url(made.url(i), socket_timeout=5) for i in REDIS_ACCESS}
     made.remove()
 
 
-def test_every_identity_reaches_its_key_families_and_no_others(users: dict[str, redis.Redis], redis_url: str) -> None:
-    admin = redis.Redis.from_url(redis_url)
+def test_every_identity_reaches_its_key_families_and_no_others(users: dict[str, redis.Redis], scratch: str) -> None:
+    admin = redis.Redis.from_url(scratch)
     for identity, client in users.items():
         patterns = [k.pattern({}) for k in REDIS_ACCESS[identity].keys]
         writable = [p.removeprefix("~") for p in patterns if p.startswith("~")]
