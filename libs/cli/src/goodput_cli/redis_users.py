@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import redis
 
 from goodput_contracts import redis_access
+from goodput_core.tls import write_private
 
 __all__ = ["USERS_FILE", "RedisUsers"]
 
@@ -36,10 +36,8 @@ class RedisUsers:
         self._passwords = {i: redis_access.new_password() for i in identities if i in redis_access.REDIS_ACCESS}
         self._env = env
         self.apply()
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"namespace": self.namespace, "users": {i: {"user": self.user(i), "password": p}
-                                                               for i, p in self._passwords.items()}}, f, indent=1)
+        write_private(self.path, json.dumps({"namespace": self.namespace, "users": {
+            i: {"user": self.user(i), "password": p} for i, p in self._passwords.items()}}, indent=1).encode())
         return {i: self.url(i) for i in self._passwords}
 
     def apply(self) -> None:

@@ -73,7 +73,7 @@ from rich.console import Console
 
 from goodput_contracts.access import IDENTITIES, OPERATOR
 from goodput_core.clients import GRPC_EXPERIMENTS
-from goodput_core.tls import TlsFiles, ensure_dev_pki, tls_files
+from goodput_core.tls import TlsFiles, ensure_dev_pki, tls_files, write_private
 
 from goodput_cli import procs
 from goodput_cli.keys import read_dev_key, write_dev_keys, write_keys_file
@@ -102,9 +102,7 @@ _PROBE_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconne
 def own_secret(path: Path) -> str:
     """The secret kept in ``path`` (mode 0600), made the first time."""
     if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
+        write_private(path, secrets.token_hex(32).encode())
     return path.read_text().strip()
 
 

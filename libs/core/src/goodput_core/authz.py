@@ -28,7 +28,7 @@ from goodput_contracts.access import ACCESS, OPEN_SERVICES, Rule
 from goodput_core.handlers import WrappingInterceptor, rewrap
 from goodput_core.tls import SPIFFE_PREFIX
 
-__all__ = ["AuthzInterceptor", "peer_ip", "peer_identity", "tenant_of"]
+__all__ = ["AuthzInterceptor", "normal_ip", "peer_identity", "peer_ip", "tenant_of"]
 
 log = logging.getLogger("goodput.authz")
 
@@ -62,14 +62,21 @@ def peer_ip(context: aio.ServicerContext) -> str:
     ('10.1.2.3', '10.1.2.3', '')
     """
     scheme, _, rest = urllib.parse.unquote(context.peer() or "").partition(":")
-    if scheme not in ("ipv4", "ipv6"):
-        return ""
+    return normal_ip(rest.rpartition(":")[0]) if scheme in ("ipv4", "ipv6") else ""
+
+
+def normal_ip(text: str) -> str:
+    """``text`` as an IP address in one spelling (brackets and a zone dropped, IPv4-mapped IPv6 as IPv4); "" when
+    it is not one.
+
+    >>> normal_ip("[::ffff:10.1.2.3]"), normal_ip("fe80::1%eth0"), normal_ip("worker-0")
+    ('10.1.2.3', 'fe80::1', '')
+    """
     try:
-        ip = ipaddress.ip_address(rest.rpartition(":")[0].strip("[]"))
+        ip = ipaddress.ip_address(text.strip("[]").split("%")[0])
     except ValueError:
         return ""
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return str(mapped or ip)
+    return str(getattr(ip, "ipv4_mapped", None) or ip)
 
 
 def tenant_of(request: Any, path: str) -> str:

@@ -291,7 +291,6 @@ class ServerCertificates:
     def __init__(self, files: TlsFiles) -> None:
         self.files = files
         self.not_after = 0.0
-        self.reloads = 0
         self._stamp: tuple[tuple[int, int, int], ...] | None = None
         self._lock = threading.Lock()
 
@@ -319,7 +318,6 @@ class ServerCertificates:
             first, self._stamp = self._stamp is None, stamp
             self.not_after = leaf.not_valid_after_utc.timestamp()
             if not first:
-                self.reloads += 1
                 log.warning("TLS certificate reloaded", extra={"serial": f"{leaf.serial_number:x}",
                                                                "not_after": leaf.not_valid_after_utc.isoformat()})
             return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict
@@ -12,7 +11,7 @@ from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 
 from goodput_contracts.access import OPERATOR
-from goodput_core.authz import peer_identity, peer_ip
+from goodput_core.authz import normal_ip, peer_identity, peer_ip
 from goodput_core.batching import event_batches, feed, unbatched
 from goodput_core.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
 
@@ -110,7 +109,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if not host or not port.isdigit():
             raise InvalidArgument("address must be host:port", param="address")
         caller = peer_ip(context)
-        if caller not in await _addresses(host.strip("[]")):
+        if caller not in await _addresses(address):
             raise PermissionDenied(f"a worker may register only the address it connects from ({caller or 'unknown'}), "
                                    f"not {host}", param="address", code="not_your_address")
         worker = self.registry.add(address)
@@ -124,25 +123,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise NotFound(f"no worker {request.worker_id!r}")
         if peer_identity(context) != OPERATOR:
             caller = peer_ip(context)
-            if caller not in await _addresses(worker.address.rpartition(":")[0].strip("[]")):
+            if caller not in await _addresses(worker.address):
                 raise PermissionDenied(f"only worker {request.worker_id!r} itself or the operator may deregister it",
                                        param="worker_id", code="not_your_worker")
         await self.registry.remove(request.worker_id)
         return scheduler_pb2.DeregisterWorkerResponse()
 
 
-async def _addresses(host: str) -> set[str]:
-    """The IP addresses ``host`` names (itself when it is one; a name is resolved), IPv4-mapped IPv6 as IPv4."""
-    try:
-        return {str(ipaddress.ip_address(host))}
-    except ValueError:
-        pass
+async def _addresses(address: str) -> set[str]:
+    """The IP addresses the host of ``address`` (host:port) names: itself when it is one, else what it resolves to."""
+    host = address.rpartition(":")[0]
+    if ip := normal_ip(host):
+        return {ip}
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, None)
     except OSError:
         return set()
-    out = set()
-    for info in infos:
-        ip = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        out.add(str(getattr(ip, "ipv4_mapped", None) or ip))
-    return out
+    return {normal_ip(str(info[4][0])) for info in infos}
