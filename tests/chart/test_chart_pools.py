@@ -97,7 +97,7 @@ def test_rbac_and_certificate_once_for_all_pools(chart: Any) -> None:
     assert list(_named(docs, "RoleBinding")) == ["goodput-scheduler"]
     (rule,) = [r for r in _named(docs, "Role")["goodput-scheduler"]["rules"] if r["resources"] == ["endpointslices"]]
     assert "resourceNames" not in rule
-    # the pools are one service (spiffe://goodput/inference): one certificate, mounted by every pool
+    # the pools are one service (spiffe://goodput/goodput/goodput/inference): one certificate, mounted by every pool
     certificates = [n for n in _named(docs, "Certificate") if n.startswith("goodput-inference")]
     assert certificates == ["goodput-inference"]
     for deploy in _inference(docs, "Deployment").values():

@@ -214,7 +214,9 @@ def test_internal_tls_settings_mounts_and_certificates(chart: Any) -> None:
         assert prefix + "INSECURE_INTERNAL" not in data, component
         (cert,) = [d for d in certificates.values() if d["spec"]["secretName"] == secret]
         key = cert["spec"]["commonName"]
-        assert cert["spec"]["uris"] == [f"spiffe://goodput/{key}"], component
+        # the identity the service authorizes by: this release's (namespace goodput, release goodput) URI
+        assert cert["spec"]["uris"] == [f"spiffe://goodput/goodput/goodput/{key}"], component
+        assert (data[prefix + "TLS_TRUST_DOMAIN"], data[prefix + "TLS_RELEASE"]) == ("goodput", "goodput/goodput")
         assert {"server auth", "client auth"} <= set(cert["spec"]["usages"]), component
         assert cert["spec"]["issuerRef"]["name"] == "goodput-ca", component
     # No issuer given: the release bootstraps its own CA.
@@ -225,9 +227,13 @@ def test_internal_tls_settings_mounts_and_certificates(chart: Any) -> None:
 def test_internal_tls_from_an_issuer_or_existing_secrets(chart: Any) -> None:
     docs = chart.docs(sets=("tls.certManager.issuerRef.name=platform-ca",
                             "tls.certManager.issuerRef.kind=ClusterIssuer",
-                            "tls.existingSecrets.scheduler=my-scheduler-tls"))
+                            "tls.existingSecrets.scheduler=my-scheduler-tls", "tls.trustDomain=example.org"))
     assert not [d for d in docs if d["kind"] == "Issuer"]
     certificates = [d for d in docs if d["kind"] == "Certificate"]
+    # A shared issuer: the URIs name this release and trust domain, which every service checks callers against.
+    assert {d["spec"]["uris"][0].rpartition("/")[0] for d in certificates} == {"spiffe://example.org/goodput/goodput"}
+    assert {v for d in by_kind(docs, "ConfigMap").values() for k, v in d["data"].items()
+            if k.endswith("TLS_TRUST_DOMAIN")} == {"example.org"}
     assert all(d["spec"]["issuerRef"]["name"] == "platform-ca" for d in certificates)
     assert all(d["spec"]["issuerRef"]["kind"] == "ClusterIssuer" for d in certificates)
     assert "scheduler" not in {d["spec"]["commonName"] for d in certificates}  # the user's Secret instead

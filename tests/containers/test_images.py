@@ -119,14 +119,17 @@ def platform(images: dict[str, object], redis_url: str,
         text=True, capture_output=True)
     assert rendered.returncode == 0, f"the chart does not render:\n{rendered.stderr}"
     docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
-    # What cert-manager would write: one Secret per Certificate, for the identity its common name gives.
+    # What cert-manager would write: one Secret per Certificate, for the identity its URI names (the release's
+    # prefix spiffe://<trust domain>/<namespace>/<release>/, the same for all).
     pki_dir = tmp_path_factory.mktemp("pki")
-    certificates = [d for d in docs if d["kind"] == "Certificate" and d["spec"].get("commonName")]
-    pki = ensure_dev_pki(pki_dir, [c["spec"]["commonName"] for c in certificates])
+    certificates = {d["spec"]["uris"][0].rpartition("/")[2]: d for d in docs
+                    if d["kind"] == "Certificate" and d["spec"].get("uris")}
+    prefix = {c["spec"]["uris"][0].rpartition("/")[0] + "/" for c in certificates.values()}
+    assert len(prefix) == 1, prefix
+    pki = ensure_dev_pki(pki_dir, certificates, prefix=prefix.pop())
     secrets: dict[str, dict[str, bytes]] = {
-        c["spec"]["secretName"]: {"tls.crt": pki[c["spec"]["commonName"]].cert.read_bytes(),
-                                  "tls.key": pki[c["spec"]["commonName"]].key.read_bytes(),
-                                  "ca.crt": pki[c["spec"]["commonName"]].ca.read_bytes()} for c in certificates}
+        c["spec"]["secretName"]: {"tls.crt": pki[key].cert.read_bytes(), "tls.key": pki[key].key.read_bytes(),
+                                  "ca.crt": pki[key].ca.read_bytes()} for key, c in certificates.items()}
     keys = {"keys": [{"id": "containers", "key_sha256": hashlib.sha256(API_KEY.encode()).hexdigest(),
                       "tenant": "containers"}]}
     secrets["goodput-api-keys"] = {"api-keys.json": json.dumps(keys).encode()}

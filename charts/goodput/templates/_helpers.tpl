@@ -293,6 +293,8 @@ the kubelet probes the pod IP. */}}
 {{- $_ := set $env (printf "%sTLS_CERT_FILE" $p) (printf "%s/tls.crt" $mount) }}
 {{- $_ := set $env (printf "%sTLS_KEY_FILE" $p) (printf "%s/tls.key" $mount) }}
 {{- $_ := set $env (printf "%sTLS_CA_FILE" $p) (printf "%s/ca.crt" $mount) }}
+{{- $_ := set $env (printf "%sTLS_TRUST_DOMAIN" $p) $root.Values.tls.trustDomain }}
+{{- $_ := set $env (printf "%sTLS_RELEASE" $p) (include "goodput.tlsRelease" $root) }}
 {{- end }}
 {{- $_ := set $env "OTEL_SERVICE_NAME" (printf "goodput-%s" $meta.component) }}
 {{- /* Writable locations: the root filesystem is read-only. */}}
@@ -665,6 +667,17 @@ httpGet:
 {{- end }}
 
 {{/* Sanity checks that the schema cannot express. ctx: root, svc */}}
+{{/* The release part of the identities' URIs (TLS_RELEASE): <namespace>/<release>, so a certificate another
+release got from a shared issuer names nobody here. */}}
+{{- define "goodput.tlsRelease" -}}
+{{ .Release.Namespace }}/{{ .Release.Name }}
+{{- end }}
+
+{{/* A service's identity URI: spiffe://<tls.trustDomain>/<namespace>/<release>/<service key>. */}}
+{{- define "goodput.spiffeId" -}}
+spiffe://{{ .root.Values.tls.trustDomain }}/{{ include "goodput.tlsRelease" .root }}/{{ .svc }}
+{{- end }}
+
 {{/* The Secret with a service's certificate (tls.crt, tls.key, ca.crt); empty when internal gRPC is plaintext.
 ctx: root, svc */}}
 {{- define "goodput.tlsSecret" -}}

@@ -17,13 +17,23 @@ from goodput.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
 
 from goodput_contracts.access import ACCESS, IDENTITIES, OPEN_SERVICES, TENANT_ACTORS, Rule
+from goodput_core import tls
 from goodput_core.authz import AuthzInterceptor
 from goodput_core.clients import make_channel
 from goodput_core.server import ServiceRunner
 from goodput_core.settings import ServiceSettings, service_config
-from goodput_core.tls import TlsConfigError, TlsFiles, channel_credentials, ensure_dev_pki, identity_of, tls_files
+from goodput_core.tls import (
+    TlsConfigError,
+    TlsFiles,
+    channel_credentials,
+    ensure_dev_pki,
+    identity_of,
+    identity_prefix,
+    tls_files,
+)
 
 
 class Settings(ServiceSettings):
@@ -44,7 +54,7 @@ def test_dev_pki_names_each_identity_keeps_keys_private_and_is_reused(tmp_path):
 
     cert = x509.load_pem_x509_certificate(files["jobsWorker"].cert.read_bytes())
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert sans.get_values_for_type(x509.UniformResourceIdentifier) == ["spiffe://goodput/jobsWorker"]
+    assert sans.get_values_for_type(x509.UniformResourceIdentifier) == ["spiffe://goodput/default/jobsWorker"]
     assert sans.get_values_for_type(x509.DNSName) == ["localhost", "goodput.internal"]  # the last is what clients check
     assert "127.0.0.1" in {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
     assert identity_of(files["scheduler"].cert.read_bytes()) == "scheduler"
@@ -93,6 +103,20 @@ def test_the_common_switch_turns_plaintext_on(monkeypatch):
     assert Settings().insecure_internal is True
     monkeypatch.setenv("GOODPUT_TEST_INSECURE_INTERNAL", "false")  # the service's own setting wins
     assert Settings().insecure_internal is False
+
+
+def test_the_identity_prefix_is_the_trust_domain_and_release_of_the_settings(monkeypatch):
+    assert identity_prefix(Settings()) == "spiffe://goodput/default/"
+    monkeypatch.setenv("GOODPUT_TLS_TRUST_DOMAIN", "example.org")
+    monkeypatch.setenv("GOODPUT_TLS_RELEASE", "prod/goodput")
+    assert identity_prefix(Settings()) == "spiffe://example.org/prod/goodput/"
+    monkeypatch.setenv("GOODPUT_TEST_TLS_RELEASE", "staging")  # the service's own setting wins
+    assert identity_prefix(Settings()) == "spiffe://example.org/staging/"
+    for bad in ("../prod", "prod//x", "a/b/c/d/e", "pr od", ""):
+        with pytest.raises(ValidationError):
+            Settings(tls_release=bad)
+    with pytest.raises(ValidationError):
+        Settings(tls_trust_domain="Example.org/x")
 
 
 def test_the_access_table_names_known_identities_and_believes_streamed_tenants_only_from_tenant_actors():
@@ -162,6 +186,26 @@ async def test_an_allowed_peer_is_served_and_a_wrong_identity_is_refused_and_cou
         await scheduler_pb2_grpc.SchedulerStub(ch).RegisterWorker(scheduler_pb2.RegisterWorkerRequest(), timeout=5)
 
 
+async def test_a_certificate_of_the_same_ca_for_another_release_names_nobody(scheduler, pki, tmp_path):
+    # A shared issuer: the same CA signs a "gateway" of the release "staging" (and an "operator" with a common
+    # name only, as a hand-made certificate might be); this scheduler serves the release "default".
+    address, registry = scheduler
+    files, _ = pki
+    shared = tmp_path / "staging"
+    shared.mkdir()
+    for name in ("ca.pem", "ca-key.pem"):
+        (shared / name).write_bytes((files["gateway"].ca.parent / name).read_bytes())
+    staging = ensure_dev_pki(shared, ["gateway"], prefix="spiffe://goodput/staging/")["gateway"]
+    assert identity_of(staging.cert.read_bytes()) is None
+    assert identity_of(staging.cert.read_bytes(), "spiffe://goodput/staging/") == "gateway"
+    async with _dial(address, staging) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            await scheduler_pb2_grpc.SchedulerStub(ch).ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "spiffe://goodput/default/" in (err.value.details() or "")
+    assert _denied(registry, "ListWorkers", "none", "no_identity") == 1
+
+
 async def test_no_certificate_or_another_ca_is_refused_at_the_handshake(scheduler, pki):
     address, _ = scheduler
     files, other = pki
@@ -196,7 +240,7 @@ def _expired_gateway_cert(folder: Path) -> tuple[bytes, bytes]:
     cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gateway")]))
             .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(days=30)).not_valid_after(now - dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier("spiffe://goodput/gateway")]),
+            .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier("spiffe://goodput/default/gateway")]),
                            critical=False)
             .sign(ca_key, hashes.SHA256()))
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -234,8 +278,8 @@ class _Ctx:
         raise aio.AbortError()
 
 
-def _spiffe(identity: str) -> dict[str, list[bytes]]:
-    return {"peer_spiffe_id": [f"spiffe://goodput/{identity}".encode()]}
+def _spiffe(identity: str, prefix: str = "spiffe://goodput/default/") -> dict[str, list[bytes]]:
+    return {"peer_spiffe_id": [f"{prefix}{identity}".encode()]}
 
 
 async def _call(interceptor: AuthzInterceptor, method: str, request: object, ctx: _Ctx) -> str:
@@ -273,8 +317,11 @@ async def test_a_tenant_is_believed_only_from_a_peer_allowed_to_act_for_tenants(
     assert await _call(authz, method, acme, _Ctx({})) == "UNAUTHENTICATED"
     assert await _call(authz, "/goodput.cache.v1.Cache/Lookup", acme, _Ctx(_spiffe("gateway"))) == "PERMISSION_DENIED"
     assert await _call(authz, f"/{OPEN_SERVICES[0]}/Check", acme, _Ctx(_spiffe("scheduler"))) == "served"
-    # The common name counts when the certificate carries no spiffe URI.
-    assert await _call(authz, method, acme, _Ctx({"x509_common_name": [b"gateway"]})) == "served"
+    # Only this release's URI names an identity: a common name, another release's or trust domain's URI, or a
+    # path below an identity name nobody.
+    for other in ({"x509_common_name": [b"gateway"]}, _spiffe("gateway", "spiffe://goodput/staging/"),
+                  _spiffe("gateway", "spiffe://example.org/default/"), _spiffe("x/gateway")):
+        assert await _call(authz, method, acme, _Ctx(other)) == "UNAUTHENTICATED"
 
     def count(peer: str, reason: str, m: str = "Stats") -> float:
         return registry.get_sample_value("goodput_authz_denied_total", {
@@ -282,7 +329,7 @@ async def test_a_tenant_is_believed_only_from_a_peer_allowed_to_act_for_tenants(
 
     assert count("operator", "tenant") == 1
     assert count("scheduler", "not_allowed") == 1
-    assert count("none", "no_identity") == 1
+    assert count("none", "no_identity") == 5
     assert count("gateway", "not_allowed", "Lookup") == 1
 
 
@@ -322,7 +369,9 @@ def _served_serial(address: str, client: TlsFiles) -> int:
     return x509.load_der_x509_certificate(der).serial_number
 
 
-async def test_a_certificate_renewed_on_disk_is_served_without_a_restart_and_its_expiry_exported(scheduler, pki):
+async def test_a_certificate_renewed_on_disk_is_served_without_a_restart_and_its_expiry_exported(scheduler, pki,
+                                                                                               monkeypatch):
+    monkeypatch.setattr(tls, "CLIENT_CHECK_S", 0.0)
     address, registry = scheduler
     files, _ = pki
     own = files["scheduler"]
@@ -338,9 +387,47 @@ async def test_a_certificate_renewed_on_disk_is_served_without_a_restart_and_its
     assert renewed.serial_number != first.serial_number
     assert await asyncio.to_thread(_served_serial, address, files["gateway"]) == renewed.serial_number
     assert expiry("serve") == renewed.not_valid_after_utc.timestamp()
-    assert expiry("dial") == first.not_valid_after_utc.timestamp()  # channels dialled keep the one read at start
+    assert expiry("dial") == renewed.not_valid_after_utc.timestamp()  # its channels take the same files
     async with _dial(address, files["gateway"]) as ch:  # and calls go on over the renewed one
         await scheduler_pb2_grpc.SchedulerStub(ch).ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)
+
+
+class _Recorder(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+
+    async def ListWorkers(self, request, context):  # noqa: N802
+        self.seen.append(context.auth_context()["x509_pem_cert"][0])
+        return scheduler_pb2.ListWorkersResponse()
+
+
+async def test_a_client_certificate_renewed_on_disk_is_dialled_with_without_a_restart(pki, monkeypatch):
+    monkeypatch.setattr(tls, "CLIENT_CHECK_S", 0.0)
+    files, _ = pki
+    recorder = _Recorder()
+    runner = ServiceRunner(name="scheduler", settings=_settings(files["scheduler"]), registry=CollectorRegistry(),
+                           provider=None)
+    runner.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, recorder, "goodput.scheduler.v1.Scheduler")
+    await runner.start()
+    own = files["gateway"]
+    certificates = channel_credentials(_settings(own))
+    assert certificates is channel_credentials(_settings(own))  # one per process: every channel follows the same
+    try:
+        async with _dial(f"127.0.0.1:{runner.grpc_port}", own) as ch:
+            stub = scheduler_pb2_grpc.SchedulerStub(ch)  # made once, as services make theirs
+            first = own.cert.read_bytes()
+            await stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)
+            assert recorder.seen == [first]
+            own.cert.unlink()  # renewed: a new key and certificate in the same files
+            ensure_dev_pki(own.ca.parent, ["gateway"])
+            renewed = own.cert.read_bytes()
+            assert renewed != first
+            await stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=5)
+            assert recorder.seen == [first, renewed]
+            assert certificates is not None
+            assert certificates.expiry() == x509.load_pem_x509_certificate(renewed).not_valid_after_utc.timestamp()
+    finally:
+        await runner.server.stop(None)
 
 
 async def test_a_certificate_caught_half_written_is_not_served(scheduler, pki, tmp_path):

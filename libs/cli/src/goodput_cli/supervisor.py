@@ -73,7 +73,7 @@ from rich.console import Console
 
 from goodput_contracts.access import IDENTITIES, OPERATOR
 from goodput_core.clients import GRPC_EXPERIMENTS
-from goodput_core.tls import TlsFiles, ensure_dev_pki, tls_files, write_private
+from goodput_core.tls import TlsFiles, ensure_dev_pki, platform_prefix, tls_files, write_private
 
 from goodput_cli import procs
 from goodput_cli.keys import read_dev_key, write_dev_keys, write_keys_file
@@ -340,7 +340,7 @@ class Platform:
         else:
             write_keys_file(self.workdir, self.api_keys)
         if self.tls_dir is not None:
-            ensure_dev_pki(self.tls_dir, IDENTITIES)
+            ensure_dev_pki(self.tls_dir, IDENTITIES, prefix=platform_prefix({**os.environ, **self.env}))
         if not self._atexit_registered:
             atexit.register(self.stop)
             self._atexit_registered = True

@@ -26,30 +26,26 @@ from prometheus_client import CollectorRegistry, Counter
 
 from goodput_contracts.access import ACCESS, OPEN_SERVICES, Rule
 from goodput_core.handlers import WrappingInterceptor, rewrap
-from goodput_core.tls import SPIFFE_PREFIX
+from goodput_core.tls import DEFAULT_PREFIX, identity_in
 
 __all__ = ["AuthzInterceptor", "normal_ip", "peer_identity", "peer_ip", "tenant_of"]
 
 log = logging.getLogger("goodput.authz")
 
 
-def peer_identity(context: aio.ServicerContext) -> str | None:
-    """The caller's Goodput identity from its verified certificate: the ``spiffe://goodput/`` URI SAN, else the
-    common name; None on a plaintext call.
+def peer_identity(context: aio.ServicerContext, prefix: str = DEFAULT_PREFIX) -> str | None:
+    """The caller's Goodput identity from its verified certificate: its URI SAN under ``prefix`` (this release's,
+    :func:`goodput_core.tls.identity_prefix`); None on a plaintext call or for a certificate naming no identity
+    here (another release's or trust domain's, or a common name only).
 
     >>> class Ctx:
-    ...     def auth_context(self): return {"peer_spiffe_id": [b"spiffe://goodput/gateway"]}
-    >>> peer_identity(Ctx())
-    'gateway'
+    ...     def auth_context(self): return {"peer_spiffe_id": [b"spiffe://goodput/default/gateway"]}
+    >>> peer_identity(Ctx()), peer_identity(Ctx(), "spiffe://goodput/staging/")
+    ('gateway', None)
     """
     auth = context.auth_context() or {}
-    for key in ("peer_spiffe_id", "peer_uri"):
-        for value in auth.get(key, []):
-            text = value.decode(errors="replace")
-            if text.startswith(SPIFFE_PREFIX):
-                return text[len(SPIFFE_PREFIX):]
-    names = auth.get("x509_common_name") or []
-    return names[0].decode(errors="replace") if names else None
+    return identity_in((value.decode(errors="replace") for key in ("peer_spiffe_id", "peer_uri")
+                        for value in auth.get(key, [])), prefix)
 
 
 def peer_ip(context: aio.ServicerContext) -> str:
@@ -96,8 +92,9 @@ class AuthzInterceptor(WrappingInterceptor):
     """Refuses every call whose peer identity the service's table does not allow (default deny)."""
 
     def __init__(self, service: str, registry: CollectorRegistry, *,
-                 table: Mapping[str, Rule] | None = None) -> None:
+                 table: Mapping[str, Rule] | None = None, prefix: str = DEFAULT_PREFIX) -> None:
         self.service = service
+        self.prefix = prefix
         self.table: Mapping[str, Rule] = ACCESS.get(service, {}) if table is None else table
         self.denied = Counter("goodput_authz_denied_total", "Internal gRPC calls refused by identity.",
                               ["service", "method", "peer", "reason"], registry=registry)
@@ -126,10 +123,10 @@ class AuthzInterceptor(WrappingInterceptor):
 
     async def _refusal(self, request: Any, context: aio.ServicerContext, method: str, rule: Rule | None, *,
                        open_: bool, check_tenant: bool) -> None:
-        peer = peer_identity(context)
+        peer = peer_identity(context, self.prefix)
         if peer is None:
             await self._deny(context, method, "", "no_identity", grpc.StatusCode.UNAUTHENTICATED,
-                             "a client certificate naming a Goodput identity is required")
+                             f"a client certificate naming an identity under {self.prefix} is required")
             return
         if open_:
             return

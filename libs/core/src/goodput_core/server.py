@@ -36,7 +36,7 @@ from goodput_core.authz import AuthzInterceptor
 from goodput_core.errors import ErrorInterceptor
 from goodput_core.metrics import GrpcServerMetrics, ops_app
 from goodput_core.settings import ServiceSettings
-from goodput_core.tls import server_certificates
+from goodput_core.tls import channel_credentials, identity_prefix, server_certificates
 from goodput_core.tracing import server_interceptor
 
 log = logging.getLogger("goodput.server")
@@ -149,15 +149,17 @@ class ServiceRunner:
         self.public = public
         self.certificates = None if public else server_certificates(settings)
         self._credentials = None if self.certificates is None else self.certificates.credentials()
-        authz = [] if self._credentials is None else [AuthzInterceptor(name, registry)]
-        if self.certificates is not None:
-            certificates, dialled = self.certificates, self.certificates.not_after
+        authz = [] if self._credentials is None else [
+            AuthzInterceptor(name, registry, prefix=identity_prefix(settings))]
+        dial = None if settings.insecure_internal else channel_credentials(settings)
+        if dial is not None:
             expiry = Gauge("goodput_tls_certificate_expiry_timestamp_seconds", "When the certificate this process "
-                           "uses ends (Unix time): use=serve, the one its server presents (followed when the files "
-                           "are renewed); use=dial, the one read at start for the channels it dials (kept by them "
-                           "until a restart).", ["use"], registry=registry)
-            expiry.labels("serve").set_function(lambda: certificates.not_after)
-            expiry.labels("dial").set(dialled)
+                           "uses ends (Unix time): use=serve, the one its server presents; use=dial, the one its "
+                           "channels dial with (both follow the files when they are renewed).", ["use"],
+                           registry=registry)
+            expiry.labels("dial").set_function(dial.expiry)
+            if (certificates := self.certificates) is not None:
+                expiry.labels("serve").set_function(lambda: certificates.not_after)
         self.server = aio.server(
             interceptors=[server_interceptor(provider), GrpcServerMetrics(registry), ErrorInterceptor(), *authz,
                           *interceptors],

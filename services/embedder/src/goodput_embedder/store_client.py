@@ -12,6 +12,7 @@ from goodput.retriever.v1 import retriever_pb2, retriever_pb2_grpc
 
 from goodput_core.clients import CHANNEL_OPTIONS
 from goodput_core.errors import from_rpc_error
+from goodput_core.tls import ClientCertificates
 
 from goodput_embedder.indexer import ChunkRecord
 
@@ -20,19 +21,30 @@ __all__ = ["GrpcStoreWriter"]
 
 class GrpcStoreWriter:
     def __init__(self, address: str, *, timeout_s: float = 60.0,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
-        # Mutual TLS with the embedder's (or its Celery worker's) certificate; plaintext only when it is None.
-        self._channel = (grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS) if credentials is not None
-                         else grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
-        self._stub = retriever_pb2_grpc.IndexStoreStub(self._channel)
+                 credentials: ClientCertificates | None = None) -> None:
+        # Mutual TLS with the embedder's (or its Celery worker's) certificate, a new channel once its files were
+        # renewed (the previous one is left to the calls in flight on it); plaintext only when it is None.
+        self.address, self._certificates, self._generation = address, credentials, -1
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS) if credentials is None else None
+        self._stub = retriever_pb2_grpc.IndexStoreStub(self._channel) if self._channel is not None else None
         self.timeout_s = timeout_s
 
     def close(self) -> None:
-        self._channel.close()
+        if self._channel is not None:
+            self._channel.close()
+
+    def _stub_now(self) -> retriever_pb2_grpc.IndexStoreStub:
+        if self._certificates is not None:
+            generation, credentials = self._certificates.current()
+            if generation != self._generation:
+                self._channel = grpc.secure_channel(self.address, credentials, options=CHANNEL_OPTIONS)
+                self._stub, self._generation = retriever_pb2_grpc.IndexStoreStub(self._channel), generation
+        assert self._stub is not None
+        return self._stub
 
     def _call(self, method: str, request: Any) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout_s, wait_for_ready=True)
+            return getattr(self._stub_now(), method)(request, timeout=self.timeout_s, wait_for_ready=True)
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 

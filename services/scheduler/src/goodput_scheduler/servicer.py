@@ -14,6 +14,7 @@ from goodput_contracts.access import OPERATOR
 from goodput_core.authz import normal_ip, peer_identity, peer_ip
 from goodput_core.batching import event_batches, feed, unbatched
 from goodput_core.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
+from goodput_core.tls import identity_prefix
 
 from goodput_scheduler.config import MuxSettings
 from goodput_scheduler.leases import LeaseManager
@@ -121,7 +122,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         worker = self.registry.get(request.worker_id)
         if worker is None:
             raise NotFound(f"no worker {request.worker_id!r}")
-        if peer_identity(context) != OPERATOR:
+        if peer_identity(context, identity_prefix(self.registry.settings)) != OPERATOR:
             caller = peer_ip(context)
             if caller not in await _addresses(worker.address):
                 raise PermissionDenied(f"only worker {request.worker_id!r} itself or the operator may deregister it",
