@@ -107,8 +107,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         the scheduler, and tenants' prompts, at another host)."""
         address = request.address.strip()
         host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise InvalidArgument("address must be host:port", param="address")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536 or len(address) > MAX_ADDRESS:
+            raise InvalidArgument(f"address must be host:port (at most {MAX_ADDRESS} characters)", param="address")
         caller = peer_ip(context)
         if caller not in await _addresses(address):
             raise PermissionDenied(f"a worker may register only the address it connects from ({caller or 'unknown'}), "
@@ -129,6 +129,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                        param="worker_id", code="not_your_worker")
         await self.registry.remove(request.worker_id)
         return scheduler_pb2.DeregisterWorkerResponse()
+
+
+# The longest host:port there is: a DNS name (253) or a bracketed IPv6 address with a zone, ":" and five digits.
+MAX_ADDRESS = 261
 
 
 async def _addresses(address: str) -> set[str]:
