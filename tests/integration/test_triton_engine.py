@@ -5,8 +5,9 @@ and the worker (``python -m goodput_inference``) in front of it, each its own pr
 
 Requests go through the worker's gRPC API as the gateway sends them: the answer streams in pieces and is the
 model's own (greedy SmolLM2 knows the capital of France), token counts match the chat template's tokenization,
-finish reasons, stop strings, load and model info are reported, and a caller that goes away mid-stream stops the
-generation inside Triton.
+finish reasons, stop strings, load and model info are reported, a caller that goes away mid-stream stops the
+generation inside Triton, and every request carries its tenant's cache salt, so the server's prefix cache serves a
+tenant's repeated prompt and never another tenant's.
 
 Skipped, saying why, only where the Triton venv cannot exist (no Debian system Python 3.11 with its libpython).
 """
@@ -14,9 +15,11 @@ Skipped, saying why, only where the Triton venv cannot exist (no Debian system P
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +52,7 @@ class Triton:
 class Worker:
     address: str
     model_dir: Path
+    metrics_url: str  # the worker's /metrics
 
 
 def _venv_impossible() -> str | None:
@@ -117,11 +121,11 @@ def triton(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterato
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory, triton: Triton, model_dir: Path) -> Iterator[Worker]:
-    port = free_port()
+    port, http_port = free_port(), free_port()
     env = {**os.environ, "GOODPUT_INFERENCE_ENGINE": "triton", "GOODPUT_INFERENCE_TRITON_URL": triton.grpc_url,
            "GOODPUT_INFERENCE_TRITON_METRICS_URL": triton.metrics_url,
            "GOODPUT_INFERENCE_TRITON_METRICS_INTERVAL_S": "0.2",
-           "GOODPUT_INFERENCE_GRPC_PORT": str(port), "GOODPUT_INFERENCE_HTTP_PORT": str(free_port()),
+           "GOODPUT_INFERENCE_GRPC_PORT": str(port), "GOODPUT_INFERENCE_HTTP_PORT": str(http_port),
            "GOODPUT_INFERENCE_MAX_NUM_SEQS": str(MAX_NUM_SEQS), "GOODPUT_INFERENCE_INSECURE_INTERNAL": "true",
            "GOODPUT_INFERENCE_TRITON_START_TIMEOUT_S": "60"}
     log = tmp_path_factory.mktemp("worker") / "worker.log"
@@ -138,7 +142,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory, triton: Triton, model_dir: 
                 return False
 
         wait_until(ready, timeout=120, interval=0.25, message=f"the worker never became ready:\n{_tail(log)}")
-        yield Worker(address=address, model_dir=model_dir)
+        yield Worker(address=address, model_dir=model_dir, metrics_url=f"http://127.0.0.1:{http_port}/metrics")
     finally:
         _stop(proc)
 
@@ -211,6 +215,38 @@ def test_vllm_extensions_reach_the_model_or_are_refused_by_name(worker: Worker) 
         with pytest.raises(grpc.RpcError) as err:
             _generate(worker.address, _chat(QUESTION, max_tokens=4, temperature=0.0, **sampling))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and param in err.value.details()
+
+
+def test_prefix_cache_entries_of_one_tenant_never_serve_another(worker: Worker) -> None:
+    # The evidence is the server's own prefix-cache counters (the dev model's, read from Triton's metrics by the
+    # worker, which exports them as goodput_worker_prefix_cache_*): prompt tokens looked up and found.
+    prompt = f"Explain prefix caching in one sentence. ({uuid.uuid4().hex})"
+
+    def counters() -> tuple[float, float]:
+        text = httpx.get(worker.metrics_url, timeout=5).text
+        found = [re.search(rf"^goodput_worker_prefix_cache_{name}_total (\S+)$", text, re.M)
+                 for name in ("queries", "hits")]
+        assert all(found), "the worker exports no prefix-cache counters"
+        return float(found[0].group(1)), float(found[1].group(1))  # type: ignore[union-attr]
+
+    def sent(tenant: str) -> tuple[str, int, int]:
+        """The answer to ``prompt`` as ``tenant``, its prompt tokens and those the server found cached."""
+        queries, hits = counters()
+        request = _chat(prompt, max_tokens=8, temperature=0.0)
+        request.tenant = tenant
+        chunks = _generate(worker.address, request)
+        prompt_tokens = chunks[-1].finished.usage.prompt_tokens
+        after = wait_until(lambda: (c := counters())[0] >= queries + prompt_tokens and c, timeout=10,
+                           message="the server did not count the request's prefix-cache lookup")
+        text = "".join(c.delta.text for c in chunks if c.WhichOneof("kind") == "delta")
+        return text, prompt_tokens, int(after[1] - hits)
+
+    first, prompt_tokens, found = sent("alpha")
+    assert found == 0
+    again, _, found = sent("alpha")  # its own repeat: all but the last token served from the cache
+    assert found == prompt_tokens - 1 and again == first
+    other, _, found = sent("beta")  # the same prompt from another tenant: another salt, nothing found
+    assert found == 0 and other == first
 
 
 def test_model_info_and_load(worker: Worker) -> None:

@@ -48,7 +48,7 @@ async def serve() -> None:
         tokenizer_dir, default_name = await model_folder(s.triton_tokenizer or s.model)
         served = s.served_model_name or default_name
         engine = TritonEngine(s, tokenizer_dir=tokenizer_dir, served_model_name=served,
-                              triton_model=s.triton_model or served)
+                              triton_model=s.triton_model or served, salts=salts)
     else:
         from goodput_inference.vllm_engine import VllmEngine
 

@@ -21,13 +21,19 @@ Started, Delta and Finished events, token counts, finish reasons, load numbers a
 * **Token counts**: the prompt's from the worker's own tokenization (what Started reports; the final count is the
   server's ``num_input_tokens`` when the model gives it), the completion's from ``num_output_tokens`` when the model
   gives it, else by tokenizing the text so far.
+* **Prefix-cache salt**: every request carries its tenant's cache salt (:mod:`goodput_inference.tenancy`) as the
+  ``cache_salt`` input (a string) when the model declares one, so prefix-cache entries of one tenant (or sharing group)
+  never serve another: the dev model keys its prefix cache by it, a vLLM model would pass it on as the prompt's
+  ``cache_salt``. Triton's own vLLM backend (to 25.12) has no such input: a model without it is warned about at start
+  (its prefix cache is shared by every tenant) and gets no salt.
 * **Cancellation**: closing the event iterator (the caller went away) cancels the gRPC stream; Triton then cancels
   the request, and a model that checks ``request.is_cancelled()`` stops generating (the vLLM backend aborts its
   engine request).
 * **Load**: the worker's own in-flight count against ``max_num_seqs``; with ``triton_metrics_url``, the server's
   numbers instead, read every ``triton_metrics_interval_s``: vLLM's ``vllm:num_requests_running`` / ``_waiting`` /
-  KV-cache usage, TensorRT-LLM's request and KV-block metrics, the dev model's ``goodput_model_requests_*``, Triton's
-  pending requests and ``nv_gpu_utilization``.
+  KV-cache usage / prefix-cache counters, TensorRT-LLM's request and KV-block metrics, the dev model's
+  ``goodput_model_requests_*`` and ``goodput_model_prefix_cache_*``, Triton's pending requests and
+  ``nv_gpu_utilization``.
 
 Example::
 
@@ -69,6 +75,7 @@ from goodput_inference.engine import (
     max_tokens_for,
     prompt_limit,
 )
+from goodput_inference.tenancy import CacheSalts
 
 log = logging.getLogger("goodput.inference.triton")
 
@@ -101,7 +108,7 @@ class ServerMetrics:
 def read_server_metrics(text: str, model: str) -> ServerMetrics:
     """Reads the load numbers of ``model`` from Triton's metrics text: the vLLM backend's, the TensorRT-LLM
     backend's (its metrics name the inner ``tensorrt_llm`` model, so they are not filtered by name), the dev model's
-    custom gauges, Triton's pending requests and GPU utilisation (a mean over GPUs).
+    custom metrics, Triton's pending requests and GPU utilisation (a mean over GPUs).
 
     >>> text = '''
     ... vllm:num_requests_running{model="m",version="1"} 3
@@ -117,6 +124,9 @@ def read_server_metrics(text: str, model: str) -> ServerMetrics:
     (3, 3, 0.25, 0.6)
     >>> read_server_metrics('goodput_model_requests_running{model="m",version="1"} 1', "m").running
     1
+    >>> read_server_metrics('# TYPE goodput_model_prefix_cache_hits counter\\n'
+    ...                     'goodput_model_prefix_cache_hits{model="m",version="1"} 36', "m").prefix_cache_hits
+    36
     >>> read_server_metrics("", "m") == ServerMetrics()  # nothing reported: the worker counts for itself
     True
     """
@@ -152,8 +162,9 @@ def read_server_metrics(text: str, model: str) -> ServerMetrics:
     pending = own.get("nv_inference_pending_request_count")
     if pending is not None:  # requests Triton holds before the model has them
         waiting = (waiting or 0.0) + pending
-    queries = first("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
-    hits = first("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
+    queries = first("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries",
+                    "goodput_model_prefix_cache_queries_total")
+    hits = first("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "goodput_model_prefix_cache_hits_total")
     return ServerMetrics(
         running=None if running is None else int(running), waiting=None if waiting is None else int(waiting),
         kv_cache_usage=kv, gpu_utilization=sum(gpus) / len(gpus) if gpus else None,
@@ -162,15 +173,18 @@ def read_server_metrics(text: str, model: str) -> ServerMetrics:
 
 
 def request_inputs(protocol: str, *, prompt: str, sampling: dict[str, Any], max_tokens: int, stop: list[str],
-                   declared: set[str], batched: bool) -> dict[str, tuple[str, np.ndarray]]:
+                   declared: set[str], batched: bool, cache_salt: str = "") -> dict[str, tuple[str, np.ndarray]]:
     """The input tensors of one streaming request, by name: (Triton data type, array). Optional inputs the model
-    does not declare are left out; a sampling value it cannot take is refused by name.
+    does not declare are left out (``cache_salt`` too); a sampling value it cannot take is refused by name.
 
     >>> tensors = request_inputs("vllm", prompt="Hi", sampling={"temperature": 0.0}, max_tokens=8, stop=["\\n"],
     ...                          declared={"text_input", "stream", "sampling_parameters", "return_finish_reason"},
-    ...                          batched=False)
+    ...                          batched=False, cache_salt="5a1t")
     >>> sorted(tensors)
     ['return_finish_reason', 'sampling_parameters', 'stream', 'text_input']
+    >>> request_inputs("vllm", prompt="Hi", sampling={}, max_tokens=8, stop=[], batched=False, cache_salt="5a1t",
+    ...                declared={"text_input", "sampling_parameters", "cache_salt"})["cache_salt"][1]
+    array([b'5a1t'], dtype=object)
     >>> json.loads(tensors["sampling_parameters"][1][0])
     {'max_tokens': 8, 'stop': ['\\n'], 'temperature': 0.0}
     >>> t = request_inputs("tensorrtllm", prompt="Hi", sampling={"top_k": 5}, max_tokens=8, stop=[],
@@ -180,6 +194,8 @@ def request_inputs(protocol: str, *, prompt: str, sampling: dict[str, Any], max_
      ('top_k', 'INT32', (1, 1))]
     """
     tensors: dict[str, tuple[str, list[Any]]] = {"text_input": ("BYTES", [prompt.encode("utf-8")])}
+    if cache_salt:
+        tensors["cache_salt"] = ("BYTES", [cache_salt.encode("utf-8")])
     if protocol == "vllm":
         doc = {"max_tokens": max_tokens, **({"stop": stop} if stop else {}), **sampling}
         tensors["sampling_parameters"] = ("BYTES", [json.dumps(doc).encode("utf-8")])
@@ -200,7 +216,8 @@ def request_inputs(protocol: str, *, prompt: str, sampling: dict[str, Any], max_
     for name in list(tensors):
         if name in declared:
             continue
-        if name in required or (protocol == "tensorrtllm" and name not in ("stream", "exclude_input_in_output")):
+        if name in required or (protocol == "tensorrtllm" and name not in ("stream", "exclude_input_in_output",
+                                                                           "cache_salt")):
             raise InvalidArgument(f"the Triton model takes no {name!r} input (triton_protocol={protocol})",
                                   param="sampling", code="unsupported_value")
         del tensors[name]
@@ -215,8 +232,10 @@ def request_inputs(protocol: str, *, prompt: str, sampling: dict[str, Any], max_
 
 class TritonEngine:
     def __init__(self, settings: InferenceSettings, *, tokenizer_dir: Path, served_model_name: str,
-                 triton_model: str, clock: Callable[[], float] = time.monotonic) -> None:
+                 triton_model: str, salts: CacheSalts | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
+        self.salts = salts or CacheSalts.from_settings(settings)
         self.tokenizer_dir = tokenizer_dir
         self.served_model_name = served_model_name
         self.triton_model = triton_model
@@ -264,6 +283,10 @@ class TritonEngine:
         if "text_input" not in self._inputs or "text_output" not in self._outputs:
             raise RuntimeError(f"Triton model {self.triton_model!r} has no text_input/text_output: not an LLM "
                                f"model of Triton's vLLM or TensorRT-LLM backend (inputs {sorted(self._inputs)})")
+        if "cache_salt" not in self._inputs:
+            log.warning("the Triton model takes no cache_salt input: its prefix cache is shared by every tenant (one "
+                        "can tell from its speed what another recently sent); give it the input, or each isolation "
+                        "domain a server of its own", extra={"triton_model": self.triton_model})
         if not config.get("model_transaction_policy", {}).get("decoupled", False):
             log.warning("the Triton model is not decoupled: its answer arrives in one piece, not streamed",
                         extra={"triton_model": self.triton_model})
@@ -435,7 +458,7 @@ class TritonEngine:
         sampling.update(s.vllm_extensions())  # vLLM's own (its Triton backend takes them in sampling_parameters)
         tensors = request_inputs(self.settings.triton_protocol, prompt=text, sampling=sampling,
                                  max_tokens=max_tokens, stop=list(s.stop), declared=self._inputs,
-                                 batched=self._batched)
+                                 batched=self._batched, cache_salt=self.salts.salt(request.tenant))
         inputs = [InferInput(name, list(array.shape), dtype).set_data_from_numpy(array)
                   for name, (dtype, array) in tensors.items()]
         message = _get_inference_request(

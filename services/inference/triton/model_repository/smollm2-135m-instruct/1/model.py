@@ -6,8 +6,9 @@ vLLM (or, through the same text interface, TensorRT-LLM) model alike:
 
 * inputs ``text_input`` (the rendered prompt), optional ``stream``, ``sampling_parameters`` (JSON: ``max_tokens``,
   ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``presence_penalty``, ``frequency_penalty``,
-  ``ignore_eos``, ``min_tokens``; any other is refused by name), ``exclude_input_in_output`` and the flags
-  ``return_finish_reason``, ``return_num_input_tokens``, ``return_num_output_tokens``;
+  ``ignore_eos``, ``min_tokens``; any other is refused by name), ``exclude_input_in_output``, the flags
+  ``return_finish_reason``, ``return_num_input_tokens``, ``return_num_output_tokens``, and ``cache_salt`` (the
+  tenant's prefix-cache salt, what vLLM takes as the prompt's ``cache_salt``);
 * outputs ``text_output`` (streaming: the new text of each response), and when asked ``finish_reason`` (``"None"``
   until the last response, then ``stop`` or ``length``), ``num_input_tokens``, ``num_output_tokens`` (tokens of
   this response).
@@ -16,6 +17,12 @@ Each request runs in a thread of its own (the backend's decoupled pattern: ``exe
 ``max_num_seqs`` at a time; the others wait for a slot. A request the client cancels (its stream closed,
 ``request.is_cancelled()``) stops generating at the next token and frees its slot. Requests running and waiting
 are published as the custom metrics ``goodput_model_requests_running`` / ``goodput_model_requests_waiting``.
+
+A prefix cache keeps the KV cache of the last ``prefix_cache_entries`` prompts: a prompt reuses the longest start it
+shares with a kept prompt *of the same cache salt* (never another salt's, as vLLM salts its block hashes), all but its
+last token, and prefills the rest. Prompt tokens looked up and found are the counters
+``goodput_model_prefix_cache_queries`` / ``goodput_model_prefix_cache_hits`` (vLLM's ``prefix_cache_queries`` /
+``hits``).
 
 Generation is a plain token loop over the model's KV cache: greedy at temperature 0, otherwise sampling with
 temperature, top-k and top-p (a seeded generator when ``seed`` is given); unset values take the model's
@@ -29,10 +36,12 @@ the worker.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -68,6 +77,7 @@ class TritonPythonModel:
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.slots = threading.BoundedSemaphore(int(params.get("max_num_seqs") or 4))
+        self.prefixes = _PrefixCache(int(params.get("prefix_cache_entries") or 0))
         self.closing = threading.Event()
         self.lock = threading.Lock()
         self.threads: set[threading.Thread] = set()
@@ -78,6 +88,12 @@ class TritonPythonModel:
                          for name, doc in (("goodput_model_requests_running", "Requests generating tokens."),
                                            ("goodput_model_requests_waiting", "Requests waiting for a slot."))]
         self.running_gauge, self.waiting_gauge = (family.Metric(labels=labels) for family in self.families)
+        self.families += [pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.COUNTER)
+                          for name, doc in (("goodput_model_prefix_cache_queries", "Prompt tokens looked up in the "
+                                             "prefix cache."),
+                                            ("goodput_model_prefix_cache_hits", "Prompt tokens found in the prefix "
+                                             "cache (of the same cache salt)."))]
+        self.queries_counter, self.hits_counter = (family.Metric(labels=labels) for family in self.families[2:])
         self.logger.log_info(f"loaded {model_dir} (float32, CPU, {torch.get_num_threads()} threads)")
 
     def execute(self, requests: list[Any]) -> None:
@@ -139,6 +155,8 @@ class TritonPythonModel:
         prepend = not stream and not bool(exclude) if exclude is not None else not stream
         flags = {name: bool(_input(request, name, False)) for name in
                  ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")}
+        salt = _input(request, "cache_salt", b"")
+        salt = salt.decode("utf-8") if isinstance(salt, bytes) else str(salt)
         raw = _input(request, "sampling_parameters", None)
         sampling = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw) if raw is not None else {}
         unknown = set(sampling) - _SAMPLING_KEYS
@@ -174,7 +192,11 @@ class TritonPythonModel:
         reason = "length"
         started = time.monotonic()
         with torch.inference_mode():
-            out = self.model(torch.tensor([ids]), use_cache=True)
+            reused, cached = self.prefixes.take(salt, ids)
+            out = self.model(torch.tensor([ids[reused:]]), past_key_values=cached, use_cache=True)
+            self.prefixes.put(salt, ids, out.past_key_values)  # a copy: generation goes on in this one
+            self.queries_counter.increment(len(ids))
+            self.hits_counter.increment(reused)
             while True:
                 if self.closing.is_set() or _cancelled(request):
                     self.logger.log_info(f"request cancelled after {len(generated)} tokens")
@@ -206,6 +228,55 @@ class TritonPythonModel:
             respond((prompt if prepend else "") + text, len(generated), reason, final=True)
         self.logger.log_verbose(f"generated {len(generated)} tokens in {time.monotonic() - started:.2f} s "
                                 f"({reason})")
+
+
+class _PrefixCache:
+    """The KV caches of the last ``entries`` prompts, by cache salt and tokens (least recently used dropped first)."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self.kept: OrderedDict[tuple[str, tuple[int, ...]], Any] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def take(self, salt: str, ids: list[int]) -> tuple[int, Any]:
+        """(tokens reused, a copy of their KV cache, or None): the longest start ``ids`` shares with a kept prompt
+        of ``salt``, all but its last token at most (that one is run for the next token's logits)."""
+        best, found = 0, None
+        with self.lock:
+            for key in self.kept:
+                if key[0] == salt and (n := _shared(key[1], ids)) > best:
+                    best, found = n, key
+            if found is None:
+                return 0, None
+            self.kept.move_to_end(found)
+            kept = self.kept[found]
+        reused = min(best, len(ids) - 1)
+        if reused <= 0:
+            return 0, None
+        cache = copy.deepcopy(kept)  # a kept cache is never written to
+        if cache.get_seq_length() > reused:
+            cache.crop(reused - cache.get_seq_length())
+        return reused, cache
+
+    def put(self, salt: str, ids: list[int], cache: Any) -> None:
+        if self.entries <= 0:
+            return
+        kept = copy.deepcopy(cache)
+        with self.lock:
+            self.kept[(salt, tuple(ids))] = kept
+            self.kept.move_to_end((salt, tuple(ids)))
+            while len(self.kept) > self.entries:
+                self.kept.popitem(last=False)
+
+
+def _shared(a: tuple[int, ...], b: list[int]) -> int:
+    """How many tokens ``a`` and ``b`` start with in common."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class _Picker:
