@@ -310,5 +310,31 @@ async def test_a_generation_nobody_comes_back_for_is_cut_after_the_window(
         assert late.json()["error"]["code"] in ("stream_abandoned", "stream_not_found")
 
 
+async def test_a_resume_past_the_followers_bound_is_429_in_openais_shape(
+        backend: Backend, redis_url: str, redis_prefix: str) -> None:
+    """RESUME__MAX_FOLLOWERS_PER_STREAM: one resume more than it allows is refused with a 429 the SDKs understand
+    (OpenAI's error body, a code saying why, Retry-After), never a 500; once a follower has gone, its place is free."""
+    async with replicas(backend, redis_url, redis_prefix, max_followers_per_stream=1) as (a, b):
+        body = {**chat(), "max_tokens": 600}  # ~8 s: it runs while the resumes come
+        stream_id, first = await dropped(a.http, "/v1/chat/completions", body)
+        headers = {"Last-Event-ID": first[-1].id}
+        async with b.http.stream("GET", f"/v1/streams/{stream_id}", headers=headers) as held:
+            assert held.status_code == 200
+            refused = await b.http.get(f"/v1/streams/{stream_id}", headers=headers)
+            assert refused.status_code == 429, refused.text
+            assert refused.headers["retry-after"] == "1"
+            error = refused.json()["error"]
+            assert error["code"] == "too_many_stream_followers" and error["type"] == "rate_limit_error"
+        assert b.registry.get_sample_value("goodput_gateway_stream_resumes_total",
+                                           {"api": "sse", "outcome": "limited"}) == 1
+
+        async def taken_back() -> list[Event] | None:  # once the replica has seen the first follower go
+            async with b.http.stream("GET", f"/v1/streams/{stream_id}", headers=headers) as resp:
+                return [e async for e in events(resp.aiter_lines())] if resp.status_code == 200 else None
+        rest = await async_wait_until(taken_back, timeout=10, interval=0.1)
+        assert seq(rest[0]) == DROP_AFTER and rest[-1].data == "[DONE]"
+        assert text(first + rest) == " tok" * 600
+
+
 async def _equals(value: object, expected: object) -> bool:
     return await value == expected  # type: ignore[misc]

@@ -1,6 +1,8 @@
-"""A worker killed mid-stream: its client's answer goes on on the other worker from the tokens already sent, the same
-text at temperature 0 as an uninterrupted answer, with no error; the scheduler ejects the dead worker, the next request
-is served by the healthy one; the CLI shows it. The worker is restarted afterwards so test order does not matter."""
+"""A worker killed mid-stream while serving several answers: each client's answer goes on on the other worker from the
+tokens already sent, the same text at temperature 0 as an uninterrupted answer, with no error (a worker lost holding
+one request alone is that request's suspected crash: tests/integration/test_failover.py); the scheduler ejects the
+dead worker, the next request is served by the healthy one; the CLI shows it. The worker is restarted afterwards so
+test order does not matter."""
 
 from __future__ import annotations
 
@@ -48,21 +50,22 @@ def test_worker_killed_mid_stream(platform: Platform) -> None:
     ask = {"model": model, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 120, "temperature": 0,
            "extra_body": {"ignore_eos": True}}
     uninterrupted = client.completions.create(**ask, extra_headers={"Cache-Control": "no-store"}).choices[0].text
-    # Earlier tests' leases are released off their response path: start from an idle fleet so the one busy
-    # worker below is this stream's.
+    # Earlier tests' leases are released off their response path: start from an idle fleet so the leases below
+    # are these streams'.
     wait_until(lambda: all(w.inflight == 0 for w in list_workers(platform)))
-    stream = client.completions.create(**ask, stream=True, extra_headers={"Cache-Control": "no-store"})
-    chunks = iter(stream)
-    text = "".join(next(chunks).choices[0].text for _ in range(3))
-    busy = wait_until(lambda: [w for w in list_workers(platform) if w.inflight > 0])
-    assert len(busy) == 1, [(w.address, w.inflight) for w in busy]
-    victim = next(i for i in range(2) if platform.worker_grpc(i) == busy[0].address)
+    streams = [iter(client.completions.create(**ask, stream=True, extra_headers={"Cache-Control": "no-store"}))
+               for _ in range(3)]  # over two workers: one serves at least two of them
+    texts = ["".join(next(chunks).choices[0].text for _ in range(3)) for chunks in streams]
+    busiest = max(list_workers(platform), key=lambda w: w.inflight)
+    assert busiest.inflight >= 2, [(w.address, w.inflight) for w in list_workers(platform)]
+    victim = next(i for i in range(2) if platform.worker_grpc(i) == busiest.address)
     threading.Timer(0.2, platform.kill_worker, args=(victim,)).start()
-    finish = None
-    for chunk in chunks:  # no error: the answer goes on on the other worker
-        text += chunk.choices[0].text
-        finish = chunk.choices[0].finish_reason or finish
-    assert finish == "length" and text == uninterrupted  # greedy: every token once, as if nothing had happened
+    for i, chunks in enumerate(streams):
+        finish = None
+        for chunk in chunks:  # no error: the answers go on on the other worker
+            texts[i] += chunk.choices[0].text
+            finish = chunk.choices[0].finish_reason or finish
+        assert finish == "length" and texts[i] == uninterrupted  # greedy: every token once, as if nothing happened
 
     # The scheduler ejects the dead worker and the next request goes to the healthy one.
     wait_until(lambda: not {w.address: w for w in list_workers(platform)}[platform.worker_grpc(victim)].healthy)

@@ -1,7 +1,8 @@
 """Deferred jobs run effectively once, against a real Redis: messages are delivered here by calling the Celery task's
 body (:func:`run_job`) as a broker would, twice, late, or never, and workers "die" mid-run. A duplicated or
 redelivered message runs nothing twice; a lost message is sent again by the sweeper and runs once; a dead worker's
-claim lapses and the job runs exactly once more, with one result; the counters agree with the jobs after each.
+claim lapses and the job runs exactly once more, with one result; a job whose request crashed its inference worker
+(goodput_gateway.quarantine) fails instead of being parked again; the counters agree with the jobs after each.
 Time passes on the queue's clock (:class:`FakeClock`), moved by the test, not slept through. The same with a real
 Celery worker is in test_jobs.py."""
 
@@ -19,7 +20,7 @@ import redis
 from goodput.common.v1 import types_pb2
 from prometheus_client import CollectorRegistry
 
-from goodput_core.errors import ResourceExhausted, Unauthenticated
+from goodput_core.errors import ResourceExhausted, Unauthenticated, Unavailable
 from goodput_testing import wait_until
 
 from goodput_gateway.auth import ApiKeyStore, parse_keys_document
@@ -27,6 +28,7 @@ from goodput_gateway.config import GatewaySettings
 from goodput_gateway.jobs.parking import Parked, park
 from goodput_gateway.jobs.records import STATES, TERMINAL, Job
 from goodput_gateway.jobs.store import JobQueue
+from goodput_gateway.quarantine import Quarantined
 from goodput_gateway.requests import GenerationRequest, Message
 from goodput_gateway.worker import Sweeper, run_job
 
@@ -433,3 +435,18 @@ def test_a_forged_job_ahead_in_the_fair_order_does_not_spend_another_jobs_messag
     assert done is not None and done.id == job.id and done.state == "completed" and runs.tenants == ["late"]
     assert queue.redis.get(queue.key(forged.id)) is None
     assert queue.tally("messages") == {"forged": 1, "claimed": 1}
+
+
+def test_a_job_whose_request_crashed_its_worker_fails_and_is_not_parked_again(queue: JobQueue,
+                                                                                broker: Broker) -> None:
+    runs = Runs()
+    runs.fail = [Unavailable("the inference worker failed mid-stream (unavailable)"),  # lost among others
+                 Quarantined("the inference worker serving this request failed while it held it alone",
+                             code="request_quarantined", retry_after_s=600.0)]
+    job = submit(queue)
+    parked = run_job(queue, job.id, runner=runs, dispatch=1)
+    assert parked is not None and parked.state == "parked"  # an outage: tried again later
+    failed = run_job(queue, job.id, runner=runs, dispatch=2)
+    assert failed is not None and failed.state == "failed" and failed.error.startswith("Quarantined:")
+    assert [d for j, d, _ in broker.sent if j == job.id] == [1, 2]  # no third attempt is sent
+    assert_consistent(queue, job.id)

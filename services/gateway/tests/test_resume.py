@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from goodput_core.errors import NotFound, Unavailable, Unimplemented
+from goodput_core.errors import NotFound, ResourceExhausted, Unavailable, Unimplemented
 from goodput_testing import async_wait_until, dead_port
 
 from goodput_gateway.config import GatewaySettings
@@ -145,7 +145,7 @@ async def test_a_resume_on_another_replica_before_the_first_flush_waits_for_it(r
                                quotas={"prefix": f"{redis_prefix}-quota"})
     looking = Looking.from_url(redis_url)
     a = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING)
-    b = StreamBuffer(settings, redis=looking, **TIMING)
+    b = StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), readers=looking, **TIMING)  # b's resumes
     source = Source()
     client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-early", closer=source.closer)
     resuming = asyncio.ensure_future(b.resume(api="sse", tenant="acme", stream_id="req-early", after=-1))
@@ -154,6 +154,7 @@ async def test_a_resume_on_another_replica_before_the_first_flush_waits_for_it(r
     assert [f.seq for f in await take(await resuming)] == [0, 1]
     await client.aclose()
     await close(a, b)
+    await looking.aclose()
 
 
 async def test_only_its_tenant_may_resume_a_stream_and_unknown_ids_are_404(replicas) -> None:  # type: ignore[no-untyped-def]
@@ -292,10 +293,11 @@ async def test_a_replica_that_dies_mid_stream_is_an_error_not_a_wait(redis_url: 
     await close(a, b)
 
 
-async def _resumable(buffer: StreamBuffer, sid: str, *, api: str = "sse", after: int = -1) -> object:
+async def _resumable(buffer: StreamBuffer, sid: str, *, api: str = "sse", after: int = -1,
+                     tenant: str = "acme") -> object:
     """The stream's events once they reached the store (another replica sees them a flush after they were made)."""
     try:
-        return await buffer.resume(api=api, tenant="acme", stream_id=sid, after=after)
+        return await buffer.resume(api=api, tenant=tenant, stream_id=sid, after=after)
     except NotFound:
         return None
 
@@ -435,3 +437,156 @@ async def _held_until(buffer: StreamBuffer, tenant: str) -> bool:
     assert buffer.redis is not None and buffer.ledger is not None
     held = await buffer.redis.zrange(buffer.ledger._keys(tenant, "resume")[0], 0, -1, withscores=True)  # noqa: SLF001
     return len(held) == 1 and held[0][1] <= time.time() + buffer.window_s + 1
+
+
+async def test_a_slow_client_paces_its_generation_and_gets_every_event(replicas) -> None:  # type: ignore[no-untyped-def]
+    """A client that stops reading while its stream runs is waited for (flow control), not cut: the generation stops
+    pulling events once the client has RESUME__MAX_EVENTS to read, and goes on as the client reads on."""
+    a, _ = replicas(max_events=4, max_bytes=1024)
+    source = Source()
+    client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-p1", closer=source.closer)
+    source.send(*frames(20))
+    assert [f.seq for f in await take(client, 1)] == [0]  # then the client reads nothing for a while
+    await async_wait_until(lambda: source.queue.qsize() == 15, timeout=5)  # 4 to read, the 5th waits its turn
+    await asyncio.sleep(0.3)
+    assert source.queue.qsize() == 15 and a.metrics.overflows._value.get() == 0  # noqa: SLF001
+    source.send(None)
+    rest = await take(client)
+    assert [f.seq for f in rest] == list(range(1, 20))  # every event, none dropped
+    assert b"".join(f.data for f in rest) == b"".join(frames(19, start=1))
+    assert a.metrics.paced._value.get() > 0 and a.metrics.stalled._value.get() == 0  # noqa: SLF001
+
+
+async def test_a_slow_follower_on_another_replica_paces_the_generation_too(redis_url: str,
+                                                                          redis_prefix: str) -> None:
+    """A client that came back on another replica reads the stream from Redis; where it is (its mark, every
+    heartbeat) paces the producing replica as a client of its own would: it gets every event."""
+    settings = GatewaySettings(resume={"window_s": 30, "prefix": redis_prefix, "flush_s": 0.01, "max_events": 4,
+                                       "max_bytes": 1024}, quotas={"prefix": f"{redis_prefix}-quota"})
+    a, b = (StreamBuffer(settings, redis=aioredis.Redis.from_url(redis_url), **TIMING) for _ in range(2))
+    source = Source()
+    await a.stream(source.events(), api="sse", tenant="acme", stream_id="req-p3", closer=source.closer).aclose()
+    source.send(*frames(1))
+    resumed = await async_wait_until(lambda: _resumable(b, "req-p3"), timeout=5)
+    assert [f.seq for f in await take(resumed, 1)] == [0]  # type: ignore[arg-type]  # then it reads nothing a while
+    await async_wait_until(lambda: any(c.name for r in a.recordings() for c in r.cursors), timeout=5,
+                           message="the producer never saw the follower's mark")
+    source.send(*frames(19, start=1))
+    await async_wait_until(lambda: source.queue.qsize() == 15, timeout=5)
+    await asyncio.sleep(0.3)
+    assert source.queue.qsize() == 15
+    source.send(None)
+    assert [f.seq for f in await take(resumed)] == list(range(1, 20))  # type: ignore[arg-type]
+    await close(a, b)
+
+
+async def test_a_client_that_reads_nothing_for_the_stall_timeout_is_let_go(replicas) -> None:  # type: ignore[no-untyped-def]
+    """One client cannot hold a generation (and its worker) forever: one that reads nothing for
+    RESUME__STALL_TIMEOUT_S is waited for no more; the generation runs to its end, and the client, should it read
+    again, gets 410 stream_events_dropped saying why."""
+    clock = FakeClock()
+    a, _ = replicas(max_events=4, max_bytes=1024, stall_timeout_s=10, clock=clock)
+    source = Source()
+    client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-p2", closer=source.closer)
+    source.send(*frames(12), None)
+    assert len(await take(client, 1)) == 1
+    await async_wait_until(lambda: source.queue.qsize() == 8, timeout=5)  # paced
+    clock.advance(9)
+    await _turns(clock)
+    assert source.closed == 0 and source.queue.qsize() == 8  # still waited for
+    clock.advance(1)
+    await async_wait_until(lambda: source.closed == 1, timeout=5, message="the generation still waits")
+    with pytest.raises(StreamGone) as gone:
+        await take(client)
+    assert gone.value.code == "stream_events_dropped" and "RESUME__STALL_TIMEOUT_S" in gone.value.message
+    assert a.metrics.stalled._value.get() == 1  # noqa: SLF001
+
+
+async def test_a_follower_past_the_streams_bound_is_refused_with_429(replicas) -> None:  # type: ignore[no-untyped-def]
+    """RESUME__MAX_FOLLOWERS_PER_STREAM resumes follow a stream at once on a replica (its client's own response
+    aside); one more is 429 too_many_stream_followers in OpenAI's shape; a follower that goes (even before reading
+    anything) gives its place back."""
+    a, b = replicas(max_followers_per_stream=2)
+    source = Source()
+    client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-f1", closer=source.closer)
+    source.send(*frames(3))
+    followers = [await async_wait_until(lambda: _resumable(b, "req-f1"), timeout=5) for _ in range(2)]
+    with pytest.raises(ResourceExhausted) as refused:
+        await b.resume(api="sse", tenant="acme", stream_id="req-f1", after=-1)
+    error = refused.value.openai_body()["error"]
+    assert refused.value.http_status == 429 and refused.value.retry_after_s
+    assert error["code"] == "too_many_stream_followers" and error["type"] == "rate_limit_error"
+    assert b.metrics.resumes.labels("sse", "limited")._value.get() == 1  # noqa: SLF001
+    assert _followers(b) == 2
+    assert len(await take(followers[0], 3)) == 3  # type: ignore[arg-type]
+    await followers[0].aclose()  # type: ignore[attr-defined]
+    await followers[1].aclose()  # type: ignore[attr-defined]  # before its first event
+    again = [await b.resume(api="sse", tenant="acme", stream_id="req-f1", after=0) for _ in range(2)]
+    source.send(None)
+    for follower in again:
+        assert [f.seq for f in await take(follower)] == [1, 2]
+    assert len(await take(client)) == 3
+
+
+async def test_a_tenants_followers_are_bounded_across_its_streams(replicas) -> None:  # type: ignore[no-untyped-def]
+    """RESUME__MAX_FOLLOWERS_PER_TENANT bounds a tenant's resumes on a replica, whatever stream they follow; another
+    tenant's are its own."""
+    a, b = replicas(max_followers_per_tenant=2)
+    sources = {sid: Source() for sid in ("req-t1", "req-t2", "req-t3")}
+    for sid, source in sources.items():
+        tenant = "globex" if sid == "req-t3" else "acme"
+        await a.stream(source.events(), api="sse", tenant=tenant, stream_id=sid, closer=source.closer).aclose()
+        source.send(*frames(2), None)
+    held = [await async_wait_until(lambda sid=sid: _resumable(b, sid), timeout=5) for sid in ("req-t1", "req-t2")]
+    with pytest.raises(ResourceExhausted) as refused:
+        await b.resume(api="sse", tenant="acme", stream_id="req-t1", after=-1)
+    assert refused.value.code == "too_many_tenant_followers"
+    assert _followers(b) == 2
+    other = await async_wait_until(lambda: _resumable(b, "req-t3", tenant="globex"), timeout=5)
+    assert len(await take(other)) == 2  # type: ignore[arg-type]
+    assert len(await take(held[0])) == 2  # type: ignore[arg-type]  # read to its end: its place is free again
+    assert len(await take(await b.resume(api="sse", tenant="acme", stream_id="req-t1", after=-1))) == 2
+    await held[1].aclose()  # type: ignore[attr-defined]
+    assert _followers(b) == 0
+
+
+async def test_past_the_memory_bound_new_streams_are_served_but_not_kept(replicas) -> None:  # type: ignore[no-untyped-def]
+    """RESUME__MAX_TOTAL_BYTES bounds what a replica's recordings hold: with it reached (here by a client that has
+    1.2 MiB to read), a new stream still serves its client every event but is not recorded (a resume is 404, its
+    client leaving cuts it, as with resume off); the bound's own client loses nothing."""
+    a, b = replicas(max_total_bytes=1 << 20, max_bytes=2 << 20)
+    big = Source()
+    slow = a.stream(big.events(), api="sse", tenant="acme", stream_id="req-m1", closer=big.closer)
+    chunks = [bytes([65 + i]) * (300 << 10) for i in range(4)]
+    big.send(*chunks)
+    await async_wait_until(lambda: a.budget.full, timeout=5)
+    source = Source()
+    client = a.stream(source.events(), api="sse", tenant="acme", stream_id="req-m2", closer=source.closer)
+    source.send(*frames(3))
+    assert [f.seq for f in await take(client, 3)] == [0, 1, 2]  # its client is served
+    assert a.metrics.full.labels("unrecorded")._value.get() == 1  # noqa: SLF001
+    for buffer in {a, b}:
+        with pytest.raises(NotFound):
+            await buffer.resume(api="sse", tenant="acme", stream_id="req-m2", after=0)
+    await client.aclose()
+    await async_wait_until(lambda: source.closed == 1, timeout=5, message="the unrecorded stream runs on")
+    big.send(None)
+    assert [f.data for f in await take(slow)] == chunks  # the slow client got all of its own
+    if a.redis is not None:  # its end in Redis: it is no longer held here
+        await async_wait_until(lambda: not a.budget.full, timeout=5)
+    # room again (without Redis: the finished stream kept here is forgotten for it): recorded, resumable
+    kept = Source()
+    client = a.stream(kept.events(), api="sse", tenant="acme", stream_id="req-m3", closer=kept.closer)
+    kept.send(*frames(2), None)
+    assert len(await take(client)) == 2
+    resumed = await async_wait_until(lambda: _resumable(b, "req-m3", after=0), timeout=5)
+    assert [f.seq for f in await take(resumed)] == [1]  # type: ignore[arg-type]
+    if a.redis is None:
+        assert a.metrics.full.labels("evicted")._value.get() == 1  # noqa: SLF001
+        with pytest.raises(NotFound):
+            await a.resume(api="sse", tenant="acme", stream_id="req-m1", after=0)
+
+
+def _followers(buffer: StreamBuffer) -> float:
+    """goodput_gateway_stream_followers, as scraped."""
+    return buffer.metrics.followers.collect()[0].samples[0].value

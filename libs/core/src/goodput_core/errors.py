@@ -71,6 +71,15 @@ class InvalidArgument(GoodputError):
     openai_type = "invalid_request_error"
 
 
+class FailedPrecondition(GoodputError):
+    """A well-formed request the platform will not run as it is now (e.g. quarantined: it may crash a worker); 422,
+    not 5xx, so that clients do not resend it on their own. ``retry_after_s`` says when it would be taken again."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    http_status = 422
+    openai_type = "invalid_request_error"
+
+
 class Unauthenticated(GoodputError):
     grpc_code = grpc.StatusCode.UNAUTHENTICATED
     http_status = 401
@@ -129,8 +138,8 @@ class Internal(GoodputError):
 
 _BY_CODE: dict[grpc.StatusCode, type[GoodputError]] = {
     cls.grpc_code: cls
-    for cls in (InvalidArgument, Unauthenticated, PermissionDenied, NotFound, ResourceExhausted, Unavailable,
-                DeadlineExceeded, Cancelled, Unimplemented)
+    for cls in (InvalidArgument, FailedPrecondition, Unauthenticated, PermissionDenied, NotFound, ResourceExhausted,
+                Unavailable, DeadlineExceeded, Cancelled, Unimplemented)
 }
 
 

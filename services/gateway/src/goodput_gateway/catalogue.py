@@ -93,6 +93,10 @@ class Catalogue:
         self._models = (time.monotonic(), models)
         return models
 
+    def inflight(self, address: str) -> int:
+        """The leases of the worker at ``address``, all gateways', as the scheduler last listed them (0: unlisted)."""
+        return max((w.inflight for w in self._workers if w.address == address), default=0)
+
     async def route_auto(self, *, priority: int, prompt_tokens: int, output_tokens: int, ttft_slo_s: float,
                          tpot_slo_s: float, models: Sequence[str] = ()) -> AutoChoice:
         """``model: "auto"``: the cheapest pool predicted to meet the SLO (:mod:`goodput_gateway.autoroute`)."""

@@ -210,7 +210,46 @@ class ResumeSettings(SettingsGroup):
     local_max_bytes: int = Field(64 << 20, ge=1 << 16, description="Stream resume without Redis: most bytes "
                                  "of finished streams' events kept in this process (the oldest streams are "
                                  "dropped first).")
+    max_total_bytes: int = Field(256 << 20, ge=1 << 20, description="Stream resume: most bytes of events "
+                                 "all recordings (running and finished) hold in a replica's memory. Reaching it, "
+                                 "finished streams kept here are forgotten first (oldest first); a running "
+                                 "stream keeps only what its clients have yet to read (resuming before that is "
+                                 "410); a new stream is served without a recording: its client gets every event, "
+                                 "but it cannot be resumed (404) and its client leaving cancels it, as with "
+                                 "resume off (goodput_gateway_stream_buffer_full_total).")
+    max_followers_per_stream: int = Field(4, ge=1, description="Stream resume: most resumes following one "
+                                          "stream at once on a replica (its client's own response aside); one "
+                                          "more is 429 `too_many_stream_followers`.")
+    max_followers_per_tenant: int = Field(256, ge=1, description="Stream resume: most resumes following a "
+                                          "tenant's streams at once on a replica; one more is 429 "
+                                          "`too_many_tenant_followers`.")
+    max_reader_connections: int = Field(64, ge=1, description="Stream resume: most Redis connections a "
+                                        "replica's resumes read with (a pool of their own, apart from the "
+                                        "writes): a resume waits for a free one, and is 503 `store_unavailable` "
+                                        "after 5 s without one.")
+    stall_timeout_s: float = Field(30.0, gt=0, description="Stream resume: a client following a running "
+                                   "stream that falls RESUME__MAX_EVENTS or RESUME__MAX_BYTES behind paces the "
+                                   "generation (it waits for the client, keeping its worker slot, within the "
+                                   "request's deadline); one that reads nothing for this long is let go: the "
+                                   "generation goes on without it, and it gets 410 `stream_events_dropped` "
+                                   "once the events it missed are dropped.")
 
+
+class QuarantineSettings(SettingsGroup):
+    """Requests suspected of crashing their inference worker (goodput_gateway.quarantine)."""
+
+    ttl_s: float = Field(600.0, ge=0, description="A request whose worker was lost after accepting it is suspected "
+                         "of the crash when the worker held it alone (no other request of this replica on it, and "
+                         "the scheduler's last count of its leases no higher), or when it is the second worker lost "
+                         "with the same request within this time; a worker lost with several requests suspects none "
+                         "of them (a kill or a rollout: they go on on other workers). A suspected request is not "
+                         "retried, continued nor parked as a job, it is counted, and the same request (a hash of "
+                         "tenant, model, prompt, tools and sampling; never the content) is refused for this long "
+                         "(422 / FAILED_PRECONDITION request_quarantined). In this replica only (each gateway "
+                         "replica and jobs worker keeps its own; a restart forgets it). 0 = off: every worker lost "
+                         "mid-request is taken for an outage and the request goes on elsewhere.")
+    max_entries: int = Field(10_000, ge=1, description="Most requests remembered, quarantined or lost once with a "
+                             "worker (the oldest are forgotten first).")
 
 
 class GatewaySettings(ServiceSettings):
@@ -301,6 +340,7 @@ class GatewaySettings(ServiceSettings):
     jobs: JobSettings = Field(default_factory=JobSettings)
     responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     resume: ResumeSettings = Field(default_factory=ResumeSettings)
+    quarantine: QuarantineSettings = Field(default_factory=QuarantineSettings)
 
     @model_validator(mode="after")
     def _metrics_apart(self) -> GatewaySettings:

@@ -71,6 +71,12 @@ class GatewayMetrics:
         self.worker_failures = Counter("goodput_gateway_worker_failures_total",
                                        "Worker calls lost (before or after the first token).", ["phase"],
                                        registry=registry)
+        self.poison_requests = Counter(
+            "goodput_gateway_poison_requests_total", "Requests suspected of crashing their inference worker "
+            "(goodput_gateway.quarantine), by event: crashed_alone (its worker was lost after accepting it, holding "
+            "no other request), crashed_again (the second worker lost with the same request within QUARANTINE__TTL_S) "
+            "- each ended with 422 request_quarantined, not retried nor parked, and quarantined; refused (a "
+            "quarantined request sent again, refused before reaching a worker).", ["event"], registry=registry)
         self.preempted = Counter("goodput_gateway_preempted_total", "Requests whose lease the scheduler took back "
                                  "(fair share), by when: before_first_token (admitted and started again) or mid_stream "
                                  "(admitted again, the answer continued from the tokens sent); never lost.", ["stage"],

@@ -6,7 +6,10 @@ cancels the worker call, which aborts the request in the engine.
 
 Its parts: the models served (:mod:`.catalogue`), the lease client (:mod:`.leasemux`), speculative start
 (:mod:`.speculation`), the worker call (one ``Inference/Generate`` per request) and the stream of one request
-(:mod:`.stream`). It knows nothing of caching, RAG or metering of the answer: the service wraps its token stream.
+(:mod:`.stream`). A worker lost before it accepted a request is tried again on another; one lost with the request in
+flight may have been crashed by it (:mod:`.quarantine`): such a request is not tried on another, and refused for a
+while when it comes again. It knows nothing of caching, RAG or metering of the answer: the service wraps its token
+stream.
 
 Example (with a scheduler and its workers up, inside a coroutine)::
 
@@ -23,6 +26,7 @@ import itertools
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, cast
@@ -44,9 +48,18 @@ from goodput_gateway.catalogue import Catalogue
 from goodput_gateway.config import GatewaySettings
 from goodput_gateway.leasemux import LeaseStream
 from goodput_gateway.metrics import GatewayMetrics
+from goodput_gateway.quarantine import Quarantine, Quarantined
 from goodput_gateway.requests import Cost, GenerationRequest
 from goodput_gateway.speculation import HEAD_START_S, Early, Speculation
-from goodput_gateway.stream import WORKER_LOST, GenerationStream, Lease, StreamStart, WorkerCall, WorkerLost
+from goodput_gateway.stream import (
+    WORKER_CRASHED,
+    WORKER_LOST,
+    GenerationStream,
+    Lease,
+    StreamStart,
+    WorkerCall,
+    WorkerLost,
+)
 from goodput_gateway.timing import Timeline
 from goodput_gateway.tokengate import TokenGate
 from goodput_gateway.tools import worker_tools
@@ -77,9 +90,11 @@ class Pipeline:
         self.metrics = metrics
         self.catalogue = Catalogue(settings, scheduler=scheduler, breaker=self.breaker)
         self.speculation = Speculation(settings, metrics)
+        self.quarantine = Quarantine(settings.quarantine, metrics)  # requests suspected of crashing a worker
         self.lease_stream = LeaseStream(scheduler)
         self._opening = 0  # requests between open() and their stream
         self.streams = 0  # generation streams open
+        self.on_worker: Counter[str] = Counter()  # ... by worker address
         # later tokens a few per event-loop turn, so first tokens and new requests go first (tokengate.PER_TURN)
         self.token_gate = TokenGate(on_park=metrics.token_gate_parked.inc)
         self._lease_seq = itertools.count()
@@ -129,9 +144,11 @@ class Pipeline:
         scheduler granted last for the same model, class and session where it had slots to spare
         (``speculate=False`` for a request the scheduler may well refuse): the scheduler still decides, and a grant
         elsewhere, a refusal or a place in its queue cancels the early call before anything is sent to the
-        caller."""
+        caller. A request under quarantine (:mod:`.quarantine`) is refused before any of it."""
         self._opening += 1
         try:
+            fingerprint = request.fingerprint(principal.tenant, model) if self.quarantine.enabled else ""
+            self.quarantine.check(fingerprint)
             for attempt in range(2):
                 early = self._speculate(principal, request, request_id=request_id, model=model, deadline=deadline) \
                     if attempt == 0 and speculate else None
@@ -176,9 +193,10 @@ class Pipeline:
                         call = cast(WorkerCall, _Preemptible(call, preempted, partial(
                             self._restart, principal, request, cost, lease, request_id=request_id, model=model,
                             deadline=deadline, max_queue_wait_s=max_queue_wait_s), resumable=request.resumable,
-                            report_first_token=partial(self.report_first_token, lease)))
+                            report_first_token=partial(self.report_first_token, lease),
+                            crashed=partial(self.crashed, lease, fingerprint)))
                     return GenerationStream(self, lease=lease, call=call, start=start, arrived=arrived,
-                                            timeline=timeline, span=span)
+                                            timeline=timeline, span=span, fingerprint=fingerprint)
                 except WorkerLost as lost:
                     self.metrics.worker_failures.labels("before_first_token").inc()
                     self.release(lease, scheduler_pb2.OUTCOME_WORKER_FAILED)
@@ -255,6 +273,7 @@ class Pipeline:
                     if time.monotonic() + wait >= deadline:
                         raise
                     await asyncio.sleep(wait)
+            self._moved(lease.address, new.address)
             lease.worker_id, lease.address, lease.lease_id, lease.free_slots = (
                 new.worker_id, new.address, new.lease_id, new.free_slots)
             lease.first_token_sent = lease.released = False  # the new lease's first token, and its end, to come
@@ -310,6 +329,22 @@ class Pipeline:
         return call, StreamStart(request_id=request_id, model=model, worker_id=lease.worker_id,
                                  prompt_tokens=first.started.prompt_tokens), span
 
+    def crashed(self, lease: Lease, fingerprint: str, code: grpc.StatusCode) -> Quarantined | None:
+        """The worker of ``lease`` was lost after it accepted the request (its call ended with ``code``): the error
+        to end the request with when the request is suspected of the crash (:mod:`.quarantine`: counted and
+        quarantined, not tried on another worker), None when another worker may go on with it."""
+        if code not in WORKER_CRASHED:
+            return None
+        return self.quarantine.lost(fingerprint, worker=lease.worker_id, address=lease.address,
+                                    here=self.on_worker[lease.address], listed=self.catalogue.inflight(lease.address))
+
+    def _moved(self, old: str, new: str) -> None:
+        """A stream's request went on from the worker at ``old`` to the one at ``new``."""
+        self.on_worker[old] -= 1
+        if self.on_worker[old] <= 0:
+            del self.on_worker[old]
+        self.on_worker[new] += 1
+
     def report_first_token(self, lease: Lease, ttft_s: float) -> None:
         """Tells the scheduler the prompt's prefill is done (off the caller's path): its prefill gate and latency
         guard act on it before the request ends."""
@@ -339,12 +374,15 @@ class _Preemptible:
     ``resumable`` request's answer continues on the new worker from the tokens already read (``Delta.token_ids``),
     the caller's stream only pausing, while any other request reads on where it is when preempted (the scheduler
     preempts such a lease only before its first token, as far as it knows) and fails when its worker is lost. A
+    request suspected of crashing its worker (``crashed`` says so: :mod:`.quarantine`) goes on nowhere. A
     preemption cancels the call as it comes, so each read costs no more than the call's own."""
 
     def __init__(self, call: WorkerCall, preempted: asyncio.Future[str],
                  restart: Callable[[tuple[int, ...], bool], Awaitable[tuple[WorkerCall, asyncio.Future[str] | None]]],
-                 *, resumable: bool, report_first_token: Callable[[float], None]) -> None:
+                 *, resumable: bool, report_first_token: Callable[[float], None],
+                 crashed: Callable[[grpc.StatusCode], Quarantined | None]) -> None:
         self._call, self._restart, self._resumable = call, restart, resumable
+        self._crashed = crashed
         self._report_first_token = report_first_token  # the new lease's, after a restart
         self._restarted_at: float | None = None
         self._sent: list[int] = []  # the answer's tokens read so far
@@ -370,10 +408,13 @@ class _Preemptible:
 
     def _fails_over(self, err: BaseException) -> bool:
         """Whether the call's failure is its worker's (the gateway cancels a call only when it stops reading, or for a
-        preemption), and the request can go on on another."""
+        preemption), and the request can go on on another; raises :class:`Quarantined` when the request is suspected of
+        the crash instead. A failure it does not fail over is judged by the stream (:class:`GenerationStream`)."""
         if not (isinstance(err, aio.AioRpcError) and err.code() in WORKER_LOST and self._failovers < _FAILOVERS
                 and (self._resumable or not self._read_any)):
             return False
+        if (crashed := self._crashed(err.code())) is not None:
+            raise crashed
         self._failovers += 1
         return True
 

@@ -93,6 +93,23 @@ class GenerationRequest:
         """The safety_identifier as logs and traces keep it: a hash with the tenant, never the value."""
         return _tenant_digest(tenant, self.safety_identifier, 16)
 
+    def fingerprint(self, tenant: str, model: str) -> str:
+        """The request as the quarantine knows it (:mod:`goodput_gateway.quarantine`): a hash of the tenant, the model
+        and everything the worker shapes the answer from (messages, prompt, tools, sampling), never the content;
+        not the priority, the session or whether it streams.
+
+        >>> r = GenerationRequest(messages=(Message("user", "hi"),))
+        >>> r.fingerprint("acme", "m") == replace(r, stream=True).fingerprint("acme", "m"), len(r.fingerprint("a", "m"))
+        (True, 32)
+        >>> len({r.fingerprint("acme", "m"), r.fingerprint("globex", "m"), r.fingerprint("acme", "m2"),
+        ...      replace(r, sampling=Sampling(temperature=0.5)).fingerprint("acme", "m")})
+        4
+        """
+        shaped = json.dumps([model, self.kind, self.prompt, self.tools, repr(self.sampling),
+                             [[m.role, m.content, m.name, m.tool_calls, m.tool_call_id] for m in self.messages]],
+                            ensure_ascii=False)
+        return _tenant_digest(tenant, shaped, 32)
+
     @property
     def resumable(self) -> bool:
         """Whether the answer can be continued on another worker call from the tokens already sent (the prompt plus

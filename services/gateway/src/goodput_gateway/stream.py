@@ -1,11 +1,13 @@
 """One request on a worker, under a lease (:class:`GenerationStream`): the worker's chunks as the gateway's events
 (:mod:`goodput_gateway.events`), the first token reported and the lease released with the request's outcome and
-usage, whatever ended it (finished, caller gone, worker lost, error)."""
+usage, whatever ended it (finished, caller gone, worker lost, error). A worker lost with the request in flight may
+have been crashed by it: the pipeline judges that (:mod:`goodput_gateway.quarantine`)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
@@ -20,16 +22,20 @@ from goodput_core.sampling import logprobs_from_proto
 
 from goodput_gateway.events import StreamEnd, TextDelta, finish_reason
 from goodput_gateway.metrics import GatewayMetrics
+from goodput_gateway.quarantine import Quarantined
 from goodput_gateway.timing import EngineTimes, Timeline
 from goodput_gateway.tokengate import TokenGate
 
-__all__ = ["WORKER_LOST", "GenerationStream", "Lease", "StreamStart", "WorkerCall", "WorkerLost"]
+__all__ = ["WORKER_CRASHED", "WORKER_LOST", "GenerationStream", "Lease", "StreamStart", "WorkerCall", "WorkerLost"]
 
 log = logging.getLogger("goodput.gateway.pipeline")
 WorkerCall: TypeAlias = aio.UnaryStreamCall  # the worker's Generate call
 # What a worker that went away (crashed, restarted, the connection cut) ends its call with.
 WORKER_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
                grpc.StatusCode.CANCELLED}
+# ... and those of them that, once the worker accepted the request, say it died or failed with it in flight: the
+# request may be what crashed it (CANCELLED is a call cancelled on purpose, by a server that stops or by the gateway).
+WORKER_CRASHED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
 
 
 class WorkerLost(Exception):
@@ -60,6 +66,9 @@ class Owner(Protocol):
     metrics: GatewayMetrics
     token_gate: TokenGate
     streams: int
+    on_worker: Counter[str]  # open streams by worker address
+
+    def crashed(self, lease: Lease, fingerprint: str, code: grpc.StatusCode) -> Quarantined | None: ...
 
     def report_first_token(self, lease: Lease, ttft_s: float) -> None: ...
 
@@ -72,10 +81,13 @@ class GenerationStream:
     :meth:`aclose` (always called, also after the last event) stops the worker call and releases the lease."""
 
     def __init__(self, pipeline: Owner, *, lease: Lease, call: WorkerCall, start: StreamStart,
-                 arrived: float, timeline: Timeline | None = None, span: Span | None = None) -> None:
+                 arrived: float, timeline: Timeline | None = None, span: Span | None = None,
+                 fingerprint: str = "") -> None:
         self.pipeline = pipeline
         self._span = span  # the worker call's client span, ended with the call
+        self._fingerprint = fingerprint  # the request's, for the quarantine ("": not judged)
         pipeline.streams += 1
+        pipeline.on_worker[lease.address] += 1  # the pipeline moves it along when the request changes workers
         self._timeline = timeline
         self.start = start
         self._lease = lease
@@ -95,6 +107,9 @@ class GenerationStream:
                     chunk = await self._call.read()
                 except grpc.RpcError as err:
                     raise self._mid_stream_error(err) from None
+                except Quarantined as err:  # judged where the call would have gone on on another worker
+                    self.pipeline.metrics.worker_failures.labels("mid_stream").inc()
+                    raise self._fail(err) from None
                 if chunk is aio.EOF:
                     raise self._fail(Unavailable("the worker ended the stream without finishing"))
                 kind = chunk.WhichOneof("kind")
@@ -155,6 +170,8 @@ class GenerationStream:
             return from_rpc_error(err)
         if code in WORKER_LOST:
             self.pipeline.metrics.worker_failures.labels("mid_stream").inc()
+            if (crashed := self.pipeline.crashed(self._lease, self._fingerprint, code)) is not None:
+                return self._fail(crashed)
             log.warning("worker lost mid-stream", extra={"worker": self._lease.worker_id, "code": code.name})
             return self._fail(Unavailable(f"the inference worker failed mid-stream ({code.name.lower()}); "
                                           "the answer is incomplete, retry the request"))
@@ -167,6 +184,9 @@ class GenerationStream:
             return
         self._closed = True
         self.pipeline.streams -= 1
+        self.pipeline.on_worker[self._lease.address] -= 1
+        if self.pipeline.on_worker[self._lease.address] <= 0:
+            del self.pipeline.on_worker[self._lease.address]
         if not self._call.done():
             self._call.cancel()
         if self._span is not None:

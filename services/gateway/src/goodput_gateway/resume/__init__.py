@@ -27,12 +27,18 @@ pipeline, every ``RESUME__FLUSH_S`` (a stream's first event at once), never on t
 stream (``XADD`` with the event's number as its entry id, ``0-<seq + 1>``; ``XTRIM MINID`` for the bounds;
 ``PEXPIRE`` the window after its end): a reader on another replica catches up and follows live with one blocking
 ``XREAD`` from the id it has, and a gap in the ids (events dropped by the bounds) shows. A heartbeat key marks the
-producer alive (a reader of a stream whose replica died gets an error, not a wait), a reader key marks a follower
-elsewhere (so the producer does not cut the generation under it). Without Redis the recordings stay in this process,
-finished ones for the window (bounded by ``RESUME__LOCAL_MAX_BYTES``): resumes must reach the same replica.
+producer alive (a reader of a stream whose replica died gets an error, not a wait), a hash of readers marks where
+each follower elsewhere is (so the producer neither cuts the generation under it nor runs past it). Those followers
+read through a pool of their own, capped (``RESUME__MAX_READER_CONNECTIONS``). Without Redis the recordings stay in
+this process, finished ones for the window (bounded by ``RESUME__LOCAL_MAX_BYTES``): resumes must reach the same
+replica.
 
-Bounds: ``RESUME__MAX_EVENTS`` and ``RESUME__MAX_BYTES`` per stream (the oldest events are dropped past them), kept
-``RESUME__WINDOW_S`` after the stream ended. Per tenant, ``resume_streams`` in the keys file (goodput_gateway.storage)
+Bounds: ``RESUME__MAX_EVENTS`` and ``RESUME__MAX_BYTES`` per stream (the oldest events are dropped past them, never
+one a follower has yet to read: the generation waits for a slow follower instead, flow control, unless it read nothing
+for ``RESUME__STALL_TIMEOUT_S``), kept ``RESUME__WINDOW_S`` after the stream ended. ``RESUME__MAX_TOTAL_BYTES`` for all
+the recordings of a process (past it: finished ones forgotten, running ones keep what their followers have yet to
+read, new streams are served unrecorded). ``RESUME__MAX_FOLLOWERS_PER_STREAM`` and ``_PER_TENANT`` resumes at once
+per replica (429 past them). Per tenant, ``resume_streams`` in the keys file (goodput_gateway.storage)
 bounds its recordings in Redis (running, and ended ones for the window): past it a stream is recorded on its own
 replica only (a resume elsewhere is 404), and the client is served as ever.
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from goodput_core.errors import GoodputError, InvalidArgument, NotFound, from_status
+from goodput_core.errors import GoodputError, InvalidArgument, NotFound, ResourceExhausted, from_status
 
 __all__ = ["LAST_EVENT_ID", "MAX_SEQ", "STREAM_HEADER", "End", "Frame", "StreamGone", "check_stream_id",
            "parse_last_event_id", "sse_error", "sse_events"]
@@ -28,12 +28,16 @@ MAX_SEQ = 10**12
 UNKNOWN_AFTER_S = 0.25
 # outcomes of a resume by the error code that refused it (goodput_gateway_stream_resumes_total)
 OUTCOMES = {"resume_disabled": "disabled", "stream_not_found": "not_found", "stream_events_dropped": "evicted",
-             "stream_abandoned": "abandoned", "store_unavailable": "error"}
+             "stream_abandoned": "abandoned", "store_unavailable": "error", "too_many_stream_followers": "limited",
+             "too_many_tenant_followers": "limited"}
+# a follower refused by RESUME__MAX_FOLLOWERS_PER_STREAM or _PER_TENANT may try again after this long
+FOLLOWERS_RETRY_AFTER_S = 1.0
 
 
 class StreamGone(GoodputError):
     """A stream that exists but cannot be resumed where asked: the events after the caller's last one were dropped
-    (it passed RESUME__MAX_EVENTS or RESUME__MAX_BYTES), or it was abandoned. REST 410, gRPC OUT_OF_RANGE."""
+    (it passed RESUME__MAX_EVENTS, RESUME__MAX_BYTES or RESUME__MAX_TOTAL_BYTES, or its client stalled), or it was
+    abandoned. REST 410, gRPC OUT_OF_RANGE."""
 
     grpc_code = grpc.StatusCode.OUT_OF_RANGE
     http_status = 410
@@ -83,10 +87,26 @@ def not_found(stream_id: str) -> NotFound:
                     param="stream_id", code="stream_not_found")
 
 
-def dropped(stream_id: str, after: int, first: int) -> StreamGone:
+def dropped(stream_id: str, after: int, first: int, *, why: str = "the stream passed the gateway's bounds: "
+            "RESUME__MAX_EVENTS, RESUME__MAX_BYTES or RESUME__MAX_TOTAL_BYTES") -> StreamGone:
     return StreamGone(f"The events of stream '{stream_id}' after {after} are no longer kept (the oldest kept is "
-                      f"{first}: the stream passed the gateway's RESUME__MAX_EVENTS or RESUME__MAX_BYTES); retry the "
-                      "request.", param="Last-Event-ID", code="stream_events_dropped")
+                      f"{first}: {why}); retry the request.", param="Last-Event-ID", code="stream_events_dropped")
+
+
+def stalled(stream_id: str, after: int, first: int, stall_s: float) -> StreamGone:
+    return dropped(stream_id, after, first, why=f"this client read nothing for {stall_s:g} s while the generation "
+                   "waited for it, RESUME__STALL_TIMEOUT_S, so it went on without it")
+
+
+def too_many_followers(stream_id: str, *, tenant_wide: bool, limit: int) -> ResourceExhausted:
+    if tenant_wide:
+        return ResourceExhausted(f"Your streams already have {limit} resumes following them on this gateway "
+                                 "replica (RESUME__MAX_FOLLOWERS_PER_TENANT); close one, or try again shortly.",
+                                 param="stream_id", code="too_many_tenant_followers",
+                                 retry_after_s=FOLLOWERS_RETRY_AFTER_S)
+    return ResourceExhausted(f"Stream '{stream_id}' already has {limit} resumes following it on this gateway replica "
+                             "(RESUME__MAX_FOLLOWERS_PER_STREAM); close one, or try again shortly.", param="stream_id",
+                             code="too_many_stream_followers", retry_after_s=FOLLOWERS_RETRY_AFTER_S)
 
 
 def abandoned(stream_id: str) -> StreamGone:

@@ -4,7 +4,9 @@ flusher (:meth:`RedisStreams.write`) and followed by a reader on any replica (:m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import uuid
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol
 
@@ -37,19 +39,25 @@ class Buffer(Protocol):
 
     def abandon(self, rec: Recording) -> None: ...
 
+    def forget(self, rec: Recording) -> None: ...
+
 __all__ = ["RedisStreams"]
 
 
 class RedisStreams:
-    def __init__(self, buffer: Buffer, redis: aioredis.Redis) -> None:
+    """Writes with ``redis``; followers read with ``readers`` (a pool of their own, capped: one connection per
+    blocking XREAD, so the cap bounds what a replica's resumes hold)."""
+
+    def __init__(self, buffer: Buffer, redis: aioredis.Redis, readers: aioredis.Redis) -> None:
         self.buffer = buffer
         self.redis = redis
+        self.readers = readers
 
     async def open(self, key: str, stream_id: str, after: int) -> AsyncGenerator[Frame, None]:
         give_up = time.monotonic() + max(4 * self.buffer.settings.resume.flush_s, UNKNOWN_AFTER_S)
         while True:
             try:
-                info = await self.redis.xinfo_stream(key)
+                info = await self.readers.xinfo_stream(key)
                 break
             except ResponseError as err:
                 if "no such key" not in str(err).lower():
@@ -74,52 +82,69 @@ class RedisStreams:
         return Unavailable(f"the stream store is unavailable ({type(err).__name__})", code="store_unavailable")
 
     async def _follow(self, key: str, stream_id: str, after: int) -> AsyncGenerator[Frame, None]:
-        """The events after number ``after`` from Redis: caught up, then followed with a blocking XREAD."""
+        """The events after number ``after`` from Redis: caught up, then followed with a blocking XREAD. Every
+        heartbeat while it reads (or waits for events) the follower marks where it is (``<key>:readers``): the
+        producer then neither cuts the generation nor runs more than the bounds ahead of it."""
         cursor = after + 1  # the entry id (0-<n>) of the last event received; the next wanted has number n
-        marked = float("-inf")
-        window_ms = max(int(self.buffer.window_s * 1000), 1)
-        while True:
-            try:
-                now = self.buffer.clock()
-                if now - marked >= self.buffer.heartbeat_s:  # a follower: the producer does not cut the generation
-                    marked = now
-                    await self.redis.set(f"{key}:reader", b"1", px=window_ms)
-                found: Any = await self.redis.xread({key: f"0-{cursor}"}, count=256,
-                                               block=max(int(self.buffer.block_s * 1000), 1))
-                if not found:
-                    quiet = await self._quiet(key, stream_id, cursor)
-                    if isinstance(quiet, End):
-                        quiet.raise_error(stream_id)
-                        return
-                    found = quiet
-            except (RedisError, OSError) as err:
-                raise self.read_error(err) from None
-            for _, entries in found:
-                for entry_id, fields in entries:
-                    seq = seq_of(entry_id)
-                    if seq != cursor:  # a gap: dropped by the bounds while this reader was behind
-                        raise dropped(stream_id, cursor - 1, seq)
-                    if b"e" in fields:
-                        End.decode(fields[b"e"]).raise_error(stream_id)
-                        return
-                    yield Frame(seq, fields[b"d"])
-                    cursor = seq + 1
+        marked, name = float("-inf"), uuid.uuid4().hex[:16]
+        try:
+            while True:
+                try:
+                    if self.buffer.clock() - marked >= self.buffer.heartbeat_s:
+                        marked = await self._mark(key, name, cursor)
+                    found: Any = await self.readers.xread({key: f"0-{cursor}"}, count=256,
+                                                          block=max(int(self.buffer.block_s * 1000), 1))
+                    if not found:
+                        quiet = await self._quiet(key, stream_id, cursor)
+                        if isinstance(quiet, End):
+                            quiet.raise_error(stream_id)
+                            return
+                        found = quiet
+                except (RedisError, OSError) as err:
+                    raise self.read_error(err) from None
+                for _, entries in found:
+                    for entry_id, fields in entries:
+                        seq = seq_of(entry_id)
+                        if seq != cursor:  # a gap: dropped by the bounds while this reader was behind
+                            raise dropped(stream_id, cursor - 1, seq)
+                        if b"e" in fields:
+                            End.decode(fields[b"e"]).raise_error(stream_id)
+                            return
+                        yield Frame(seq, fields[b"d"])
+                        cursor = seq + 1
+                        if self.buffer.clock() - marked >= self.buffer.heartbeat_s:  # a slow reader marks too
+                            try:
+                                marked = await self._mark(key, name, cursor)
+                            except (RedisError, OSError) as err:
+                                raise self.read_error(err) from None
+        finally:  # gone: not waited for, but the generation still runs the window for a reconnect
+            with contextlib.suppress(RedisError, OSError, TimeoutError):  # at most a moment: the stream is over
+                await asyncio.wait_for(self._mark(key, name, None), timeout=self.buffer.heartbeat_s)
+
+    async def _mark(self, key: str, name: str, cursor: int | None) -> float:
+        """Where a follower is (``<next seq>:<unix ms>``; ``left`` once gone), kept the window; when it marked it (the
+        buffer's clock)."""
+        pipe = self.readers.pipeline(transaction=False)
+        pipe.hset(f"{key}:readers", name, "left" if cursor is None else f"{cursor}:{int(time.time() * 1000)}")
+        pipe.pexpire(f"{key}:readers", max(int(self.buffer.window_s * 1000), 1))
+        await pipe.execute()
+        return self.buffer.clock()
 
     async def _quiet(self, key: str, stream_id: str, cursor: int) -> Any:
         """Nothing new for a while: nothing to read while the producer lives; what came meanwhile, or the end (also
         for a reader that claims events past it), once it is gone; an error when it died before the end (its
         replica is gone)."""
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.readers.pipeline(transaction=False)
         pipe.exists(f"{key}:live")
         pipe.exists(key)
         alive, exists = await pipe.execute()
         if alive and exists:
             return []
         if exists:
-            found = await self.redis.xread({key: f"0-{cursor}"}, count=256)
+            found = await self.readers.xread({key: f"0-{cursor}"}, count=256)
             if found:
                 return found
-            last: Any = await self.redis.xrevrange(key, count=1)
+            last: Any = await self.readers.xrevrange(key, count=1)
             if last and b"e" in last[0][1]:
                 return End.decode(last[0][1][b"e"])
         raise Unavailable(f"the gateway replica producing stream '{stream_id}' stopped before its end; the answer is "
@@ -151,19 +176,24 @@ class RedisStreams:
             elif rec.end is None and (beat or not rec.announced):
                 pipe.set(f"{rec.key}:live", b"1", px=live_ms)
                 pipe.pexpire(rec.key, window_ms + live_ms)
-            check = None
+            check = marks = None
             if beat and self.buffer.idle_too_long(rec, now):
                 check = len(pipe)
-                pipe.exists(f"{rec.key}:reader")
-            plans.append((rec, batch, start, len(pipe), first, ending, check))
+                pipe.exists(f"{rec.key}:readers")
+            if beat and rec.end is None and rec.shared:  # where its followers on other replicas are
+                marks = len(pipe)
+                pipe.hgetall(f"{rec.key}:readers")
+            plans.append((rec, batch, start, len(pipe), first, ending, check, marks))
         try:
             results = await pipe.execute(raise_on_error=False)
         except BaseException:
             for rec, batch, *_ in plans:
                 self.retry(rec, batch)
             raise
-        ended = []
-        for rec, batch, start, stop, first, ending, check in plans:
+        ended, wall = [], time.time()
+        for rec, batch, start, stop, first, ending, check, marks in plans:
+            if marks is not None and isinstance(results[marks], dict):
+                rec.remote(_marks(results[marks], wall), now)
             failed = [r for r in results[start:stop] if isinstance(r, Exception)
                       and "equal or smaller" not in str(r)]  # an XADD already applied by a turn that failed late
             if failed:
@@ -177,8 +207,7 @@ class RedisStreams:
             if ending:
                 rec.end_stored = True
                 ended.append(rec)
-                if self.buffer.by_key.get(rec.key) is rec:
-                    del self.buffer.by_key[rec.key]
+                self.buffer.forget(rec)
             elif check is not None and not results[check]:
                 self.buffer.abandon(rec)
         await self.release(ended)
@@ -198,3 +227,14 @@ class RedisStreams:
     def retry(self, rec: Recording, batch: list[tuple[int, bytes]]) -> None:
         rec.pending = [p for p in batch + rec.pending if p[0] >= rec.first]
         self.buffer.dirty.add(rec)
+
+
+def _marks(raw: dict[bytes, bytes], wall: float) -> dict[str, tuple[int, float]]:
+    """Followers' marks (name: ``<next seq>:<unix ms>``) as name: (next seq, seconds since the mark); those that left
+    are not waited for."""
+    out = {}
+    for name, value in raw.items():
+        seq, _, ms = value.partition(b":")
+        if seq.isdigit() and ms.isdigit():
+            out[name.decode()] = (int(seq), max(wall - int(ms) / 1000, 0.0))
+    return out
