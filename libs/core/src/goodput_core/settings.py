@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from goodput_contracts.sharing import SharingGroups, parse_sharing_groups
-from goodput_core.tls import DEFAULT_RELEASE, DEFAULT_TRUST_DOMAIN, RELEASE_PATTERN, TRUST_DOMAIN_PATTERN
+from goodput_core.tls import RELEASE_PATTERN, TRUST_DOMAIN_PATTERN, common_identity
 
 
 class SettingsGroup(BaseModel):
@@ -41,11 +40,6 @@ def _insecure_default() -> bool:
     """``GOODPUT_INSECURE_INTERNAL`` (one switch for a whole local platform); a service's own
     ``<PREFIX>INSECURE_INTERNAL`` wins over it."""
     return os.environ.get("GOODPUT_INSECURE_INTERNAL", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _common(name: str, default: str) -> Callable[[], str]:
-    """A setting one variable gives a whole platform (``GOODPUT_<NAME>``); a service's own ``<PREFIX><NAME>`` wins."""
-    return lambda: os.environ.get(f"GOODPUT_{name}", "").strip() or default
 
 
 class ServiceSettings(BaseSettings):
@@ -73,10 +67,10 @@ class ServiceSettings(BaseSettings):
                                     description="Plaintext internal gRPC without identities (never in production).")
     # The identity prefix spiffe://<trust domain>/<release>/ (goodput_core.tls): a certificate of the same CA made
     # for another release or trust domain names no identity here.
-    tls_trust_domain: str = Field(default_factory=_common("TLS_TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN),
+    tls_trust_domain: str = Field(default_factory=lambda: common_identity(os.environ)[0],
                                   pattern=TRUST_DOMAIN_PATTERN, description="SPIFFE trust domain of the identities "
                                   "(also GOODPUT_TLS_TRUST_DOMAIN for every service).")
-    tls_release: str = Field(default_factory=_common("TLS_RELEASE", DEFAULT_RELEASE), pattern=RELEASE_PATTERN,
+    tls_release: str = Field(default_factory=lambda: common_identity(os.environ)[1], pattern=RELEASE_PATTERN,
                              description="The release the identities belong to: one to four path segments after "
                              "the trust domain (the chart: <namespace>/<release>; also GOODPUT_TLS_RELEASE).")
 

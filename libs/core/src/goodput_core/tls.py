@@ -50,9 +50,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = ["DEFAULT_PREFIX", "CertificateFiles", "ClientCertificates", "ServerCertificates", "TlsConfigError",
-           "TlsFiles", "TlsSettings", "channel_credentials", "configured_files", "ensure_dev_pki", "identity_of",
-           "identity_prefix", "platform_prefix", "server_certificates", "spiffe_id", "spiffe_prefix", "tls_files",
-           "write_private"]
+           "TlsFiles", "TlsSettings", "channel_credentials", "common_identity", "configured_files", "ensure_dev_pki",
+           "identity_of", "identity_prefix", "platform_prefix", "server_certificates", "spiffe_id", "spiffe_prefix",
+           "tls_files", "write_private"]
 
 log = logging.getLogger("goodput.tls")
 
@@ -133,11 +133,17 @@ def identity_prefix(settings: TlsSettings) -> str:
     return spiffe_prefix(settings.tls_trust_domain, settings.tls_release)
 
 
+def common_identity(env: Mapping[str, str]) -> tuple[str, str]:
+    """The trust domain and release the common variables in ``env`` name (``GOODPUT_TLS_TRUST_DOMAIN``,
+    ``GOODPUT_TLS_RELEASE``): what a service takes without settings of its own."""
+    return (env.get("GOODPUT_TLS_TRUST_DOMAIN", "").strip() or DEFAULT_TRUST_DOMAIN,
+            env.get("GOODPUT_TLS_RELEASE", "").strip() or DEFAULT_RELEASE)
+
+
 def platform_prefix(env: Mapping[str, str]) -> str:
     """The identity prefix a platform's processes take from the common variables in ``env`` (what a launcher that
     issues their certificates must use)."""
-    return spiffe_prefix(env.get("GOODPUT_TLS_TRUST_DOMAIN", "").strip() or DEFAULT_TRUST_DOMAIN,
-                         env.get("GOODPUT_TLS_RELEASE", "").strip() or DEFAULT_RELEASE)
+    return spiffe_prefix(*common_identity(env))
 
 
 def spiffe_id(identity: str, prefix: str = DEFAULT_PREFIX) -> str:
